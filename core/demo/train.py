@@ -1,0 +1,348 @@
+"""The demo trainer: a small char-level transformer on CPU, trained for real on the corpus the
+project ships, with AdamW, a torch LR scheduler, checkpoints through the SDK, the reporter wired in,
+and `--fault NAME` reproducing each row of SCENARIOS.md for real.
+
+Run it under a keeper with `trainroom demo`, or by hand: `python -m trainroom.core.demo.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FAULTS = (
+    "none", "silent-death", "stall", "hang", "hang-lock", "lr-override", "exploded-init", "white-model",
+    "spike", "diverge", "nan", "rank-outlier", "ghost-memory", "orphan-context", "disk-fill",
+    "truncated-ckpt", "masked-enomem", "duplicate",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="trainroom-demo-trainer")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=32)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step (a slower demo)")
+    ap.add_argument("--fault", choices=FAULTS, default="none")
+    ap.add_argument("--fault-step", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tracer", action="store_true", help="name the first module whose output went non-finite")
+    ap.add_argument("--lock-file", help="hold an flock on this file while training (as many trainers do)")
+    ap.add_argument("--ckpt-pad-mb", type=float, default=0.0, help="pad each checkpoint by this many MiB")
+    ap.add_argument("--no-reimpose-lr", action="store_true",
+                    help="on resume, keep the optimizer/scheduler LR from the checkpoint")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from trainroom.core import reporter
+
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    torch.manual_seed(args.seed)
+
+    text = resources.files("trainroom.core.demo").joinpath("corpus.txt").read_text()
+    chars = sorted(set(text))
+    vocab = len(chars)
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    if args.fault == "rank-outlier" and rank == 1:
+        # One rank reads a broken shard: the same symbols in a random order, nothing to learn.
+        g = torch.Generator().manual_seed(1234)
+        data = data[torch.randperm(len(data), generator=g)]
+
+    arch = {"layers": args.layers, "d_model": args.d_model, "vocab": vocab, "heads": args.heads, "ctx": args.ctx}
+    fault_lr = 0.0 if args.fault == "white-model" else args.lr
+    rep = reporter.connect(lr=fault_lr if args.fault == "white-model" else args.lr, vocab_size=vocab,
+                           warmup_steps=0, arch=arch)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(args.d_model)
+            self.attn = nn.MultiheadAttention(args.d_model, args.heads, batch_first=True)
+            self.ln2 = nn.LayerNorm(args.d_model)
+            self.mlp = nn.Sequential(nn.Linear(args.d_model, 4 * args.d_model), nn.GELU(),
+                                     nn.Linear(4 * args.d_model, args.d_model))
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    class CharGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(vocab, args.d_model)
+            self.pos = nn.Embedding(args.ctx, args.d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
+            self.ln_f = nn.LayerNorm(args.d_model)
+            self.lm_head = nn.Linear(args.d_model, vocab, bias=False)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            t = idx.shape[1]
+            mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+            x = self.tok(idx) + self.pos(torch.arange(t))
+            for b in self.blocks:
+                x = b(x, mask)
+            return self.lm_head(self.ln_f(x))
+
+    model = CharGPT()
+    net: nn.Module = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=fault_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
+    step = 0
+    tokens = 0
+
+    resume = os.environ.get("TRAINROOM_RESUME")
+    if resume:
+        with rep.phase("checkpoint-load"):
+            ckpt = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        step, tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
+        print(f"resumed from {resume} at step {step}", flush=True)
+        if not args.no_reimpose_lr:
+            from trainroom.core.lr import reimpose_lr
+
+            reimpose_lr(opt, sched, args.lr)
+    elif args.fault == "lr-override":
+        _restore_state_of_an_earlier_run(torch, model, opt, sched)
+    if args.fault == "exploded-init":
+        with torch.no_grad():
+            model.lm_head.weight.mul_(13.87 / float(model.lm_head.weight.std()))
+    if args.fault == "white-model":
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
+
+    tracer = None
+    if args.tracer:
+        from trainroom.core.tracer import NonFiniteTracer
+
+        tracer = NonFiniteTracer(model, reporter=rep)
+
+    lock_fd = _take_lock(args.lock_file) if args.lock_file else None
+    if args.fault == "orphan-context" and lock_fd is not None and rank == 0:
+        # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], pass_fds=(lock_fd,),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if args.fault == "duplicate" and rank == 0 and not os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
+        _start_duplicate()
+    fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
+    ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
+
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    print(f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {args.lr} "
+          f"fault {args.fault}@{args.fault_step}", flush=True)
+    start_step = step
+    while step < args.steps:
+        if args.fault == "stall" and step >= args.fault_step:
+            _stall(net, data, args, gen, torch, F, vocab)
+        ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
+        x = torch.stack([data[i : i + args.ctx] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + args.ctx] for i in ix])
+        if args.fault == "spike" and step == args.fault_step:
+            with torch.no_grad():  # a bad batch of weights for one step: a spike, then recovery
+                model.lm_head.weight.mul_(4.0)
+        if args.fault == "nan" and step == args.fault_step:
+            with torch.no_grad():
+                model.blocks[-1].mlp[0].weight.fill_(float("nan"))
+        if args.fault == "diverge" and step >= args.fault_step:
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * 1.15
+        logits = net(x)
+        loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+        opt.step()
+        sched.step()
+        step += 1
+        tokens += args.batch * args.ctx * world
+        alloc = None
+        if fake_nvml and rank == 0:
+            alloc = _drive_fake_nvml(fake_nvml, args, step, os.getpid())
+        rep.step(step, loss=float(loss), tokens=tokens, grad_norm=gn, optimizer=opt, alloc=alloc)
+        if tracer is not None:
+            tracer.end_step(step) if hasattr(tracer, "end_step") else None
+        if step % 10 == 0 and rank == 0:
+            print(f"iter {step}: loss {float(loss):.4f}, lr {opt.param_groups[0]['lr']:.3e}, "
+                  f"grad {gn:.3f}", flush=True)
+        if args.fault == "silent-death" and step == args.fault_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.fault == "hang" and step == args.fault_step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if args.fault == "hang-lock" and step == args.fault_step:
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # the main thread parks here for good; the heartbeat thread goes on
+        if args.fault == "masked-enomem" and step == args.fault_step:
+            _load_with_masked_enomem()
+        if args.fault == "orphan-context" and step == args.fault_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        every = 1 if args.fault == "disk-fill" else args.ckpt_every
+        if rank == 0 and every and step % every == 0 and step > start_step:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "scheduler": sched.state_dict(), "step": step, "tokens": tokens,
+                     "config": {"lr": args.lr, "vocab_size": vocab, **arch}}
+            pad = args.ckpt_pad_mb or (8.0 if args.fault == "disk-fill" else 0.0)
+            if pad:
+                state["pad"] = torch.zeros(int(pad * (1 << 20) / 4))
+            _save(state, step, ckpt_root, truncate=args.fault == "truncated-ckpt" and step >= args.fault_step)
+        if args.step_delay:
+            time.sleep(args.step_delay)
+    rep.close("finished")
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    print(f"done at step {step}", flush=True)
+    return 0
+
+
+def _checkpoint_file(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(x for x in p.iterdir() if x.suffix in (".pt", ".pth", ".bin"))
+        if not files:
+            raise FileNotFoundError(f"no checkpoint file in {p}")
+        return str(files[0])
+    return str(p)
+
+
+def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
+    from trainroom.core import reporter
+    from trainroom.core.checkpoints import save_checkpoint
+
+    if not truncate:
+        save_checkpoint(state, step, root=root)
+        return
+    # DrvFs as the seed saw it: the file lands short, nothing says so, and the trainer moves on.
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()[: len(buf.getvalue()) // 2]
+    q = root / ".quarantine"
+    q.mkdir(parents=True, exist_ok=True)
+    path = q / f"step-{step:06d}.pt"
+    rep = reporter.current()
+    with rep.phase("checkpoint-save"):
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    rep.checkpoint(str(path), step, size_bytes=len(data), digest=None)
+
+
+def _restore_state_of_an_earlier_run(torch: Any, model: Any, opt: Any, sched: Any) -> None:
+    """The seed-003 resume: optimizer and scheduler state from a run that began at 1e-6."""
+    old_opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    old_sched = torch.optim.lr_scheduler.StepLR(old_opt, step_size=1000, gamma=0.5)
+    for _ in range(3):
+        old_opt.step()
+        old_sched.step()
+    opt.load_state_dict(old_opt.state_dict())
+    sched.load_state_dict(old_sched.state_dict())
+
+
+def _stall(net: Any, data: Any, args: argparse.Namespace, gen: Any, torch: Any, F: Any, vocab: int) -> None:
+    """The seed-004 bug: after a resume the accumulation counter never meets its multiple, so the
+    loop keeps computing micro-batches and never steps. Alive, busy, no progress."""
+    micro = 1
+    accum = 16
+    while True:
+        ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
+        x = torch.stack([data[i : i + args.ctx] for i in ix])
+        with torch.no_grad():
+            net(x)
+        micro += accum  # wrong increment: micro % accum never returns to 0
+        if micro % accum == 0:
+            return
+        time.sleep(0.01)
+
+
+def _load_with_masked_enomem() -> None:
+    """torch.load under host memory pressure, as the seed saw it: SystemError hides ENOMEM."""
+    try:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    except OSError as exc:
+        raise SystemError("readinto") from exc
+
+
+def _take_lock(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def _start_duplicate() -> None:
+    """A second instance of the same command in the same directory, outside our process group
+    (a session that was not released). It watches us and leaves when we are gone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_")}
+    env["TRAINROOM_DEMO_DUPLICATE"] = str(os.getpid())
+    code = ("import os,sys,time\nppid=int(os.environ['TRAINROOM_DEMO_DUPLICATE'])\n"
+            "while True:\n  time.sleep(0.5)\n  try: os.kill(ppid,0)\n  except OSError: sys.exit(0)\n")
+    # Same argv as ours, so the process table shows two identical trainers.
+    subprocess.Popen([sys.executable, "-c", code, *sys.argv[1:]], env=env, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -> tuple[int, int, int]:
+    """On a machine without a GPU, the ghost-memory and orphan-context faults drive the fake NVML:
+    the allocator view the reporter sends and the driver view the keeper's fake reads agree except
+    where the fault says they must not."""
+    reserved = 4 << 30
+    allocated = 3 << 30
+    ghost = args.fault == "ghost-memory" and step >= args.fault_step
+    used = int(reserved * 2.1) if ghost else reserved + (300 << 20)
+    procs = [{"pid": pid, "used_bytes": used}]
+    util, power = 85, 160.0
+    if args.fault == "orphan-context" and step >= args.fault_step - 1:
+        procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": 12 << 30})
+        util, power = 100, 60.0
+    scenario = {"devices": [{"name": "NVIDIA GeForce RTX 3060 (fake)", "total_bytes": 12 << 30,
+                             "used_bytes": sum(p["used_bytes"] for p in procs), "util_percent": util,
+                             "power_w": power}], "processes": procs}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(scenario, f)
+    os.replace(tmp, path)
+    return allocated, reserved, reserved
+
+
+if __name__ == "__main__":
+    sys.exit(main())

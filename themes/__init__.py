@@ -1,0 +1,1 @@
+"""Theme files (TOML), loaded by the control room at start."""

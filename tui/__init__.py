@@ -1,0 +1,1 @@
+"""The Textual control room: a pure client of the keeper."""
