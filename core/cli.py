@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import runs
@@ -279,12 +280,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+OpenTui = Callable[[argparse.Namespace], int]
+_open_tui: OpenTui | None = None
+
+
+def open_tui(args: argparse.Namespace) -> int:
+    """Open the control room through the hook the console script installed (the core itself
+    never imports the TUI)."""
+    if _open_tui is None:
+        raise CliError("the control room is not available from here: run the `trainroom` command")
+    return _open_tui(args)
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
-    try:
-        from trainroom.tui.app import run_app
-    except ImportError as exc:
-        raise CliError(f"the control room is not available: {exc}") from None
-    return int(run_app(args) or 0)
+    return open_tui(args)
 
 
 # ---------------------------------------------------------------------------- parser
@@ -346,7 +355,10 @@ def _add_module_verbs(sub: Any) -> None:
             mod.add_parser(sub)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
+    global _open_tui
+    if open_tui is not None:
+        _open_tui = open_tui
     ap = build_parser()
     args = ap.parse_args(argv)
     try:

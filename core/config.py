@@ -189,7 +189,9 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("TRAINROOM_HOME") or Path.home() / ".local" / "state" / "trainroom")
 
 
-def find_config(project_dir: str | os.PathLike[str] | None, state_dir: str | os.PathLike[str] | None) -> Path | None:
+def find_config(
+    project_dir: str | os.PathLike[str] | None, state_dir: str | os.PathLike[str] | None
+) -> Path | None:
     """The first `trainroom.toml` in the project dir, then the state dir; None when neither has one."""
     for d in (project_dir, state_dir if state_dir is not None else default_state_dir()):
         if d is None:
@@ -294,7 +296,9 @@ def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
     try:
         pattern = re.compile(config.log.pattern)
     except re.error as exc:
-        raise ConfigError(f"{path}: log.pattern: expected a regular expression, got one that fails: {exc}") from None
+        raise ConfigError(
+            f"{path}: log.pattern: expected a regular expression, got one that fails: {exc}"
+        ) from None
     if "step" not in pattern.groupindex:
         raise ConfigError(f"{path}: log.pattern: expected a named group (?P<step>...), got none")
     if config.resume.command is not None:
@@ -302,7 +306,9 @@ def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
             words = shlex.split(config.resume.command)
             names = {name for w in words for _, name, _, _ in string.Formatter().parse(w) if name is not None}
         except ValueError as exc:
-            raise ConfigError(f"{path}: resume.command: expected a shell-like command, got one that fails: {exc}") from None
+            raise ConfigError(
+                f"{path}: resume.command: expected a shell-like command, got one that fails: {exc}"
+            ) from None
         unknown = sorted(n for n in names if n not in RESUME_PLACEHOLDERS)
         if unknown:
             allowed = ", ".join("{" + p + "}" for p in RESUME_PLACEHOLDERS)

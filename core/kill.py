@@ -100,7 +100,9 @@ def plan_kill(
     if keeper_pid is not None:
         keeper_pgid = _pgid_of(keeper_pid)
         if keeper_pgid == attempt_pgid:
-            refusals.append(f"refusing pgid {attempt_pgid}: it is the keeper's process group (keeper pid {keeper_pid})")
+            refusals.append(
+                f"refusing pgid {attempt_pgid}: it is the keeper's process group (keeper pid {keeper_pid})"
+            )
 
     leader = _process(attempt_pid)
     if leader is not None:
@@ -210,8 +212,14 @@ def execute_kill(
         )
     say(f"all {len(targets)} processes of pgid {plan.pgid} are gone")
 
-    released, vram_after, waited = _wait_vram(vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say)
-    after |= {"vram_bytes": vram_after, "mem_available_bytes": _mem_available(proc_root), "vram_wait_s": round(waited, 1)}
+    released, vram_after, waited = _wait_vram(
+        vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
+    )
+    after |= {
+        "vram_bytes": vram_after,
+        "mem_available_bytes": _mem_available(proc_root),
+        "vram_wait_s": round(waited, 1),
+    }
     gone = f"{len(targets)} processes of pgid {plan.pgid} gone"
     if released is None:
         message = f"{gone}; driver view unavailable, VRAM release not confirmed"
@@ -360,7 +368,9 @@ def _adopt_new_members(plan: KillPlan, targets: dict[int, psutil.Process]) -> No
         targets.setdefault(proc.pid, proc)
 
 
-def _signal_all(plan: KillPlan, targets: dict[int, psutil.Process], sig: signal.Signals, log: list[str]) -> None:
+def _signal_all(
+    plan: KillPlan, targets: dict[int, psutil.Process], sig: signal.Signals, log: list[str]
+) -> None:
     name = signal.Signals(sig).name
     grouped = False
     if _group_is_ours(plan.pgid, plan.leader_start_time):
@@ -414,7 +424,9 @@ def _wait_vram(
         if waited >= timeout_s:
             return False, value, waited
         if not announced:
-            say(f"waiting for the driver to release VRAM: {_size(value)} held, tolerance {_size(tolerance_bytes)}")
+            say(
+                f"waiting for the driver to release VRAM: {_size(value)} held, tolerance {_size(tolerance_bytes)}"
+            )
             announced = True
         time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
         value = _probe(vram_probe)

@@ -169,12 +169,18 @@ def plan_reclaim(
                 value=value,
                 fallback_value=fallback,
                 bytes_requested=nbytes,
-                **_scripted(f"echo {shlex.quote(value)} > {quoted} 2>/dev/null || echo {fallback} > {quoted}"),
+                **_scripted(
+                    f"echo {shlex.quote(value)} > {quoted} 2>/dev/null || echo {fallback} > {quoted}"
+                ),
                 **(common | {"cgroup": v2}),
             )
         passed_over.append(
             "cgroup v2 memory.reclaim: "
-            + ("no v2 cgroup in " + str(proc_root / str(pid) / "cgroup") if v2 is None else f"no memory.reclaim for {v2} (kernel < 5.19 or memory controller not on v2)")
+            + (
+                "no v2 cgroup in " + str(proc_root / str(pid) / "cgroup")
+                if v2 is None
+                else f"no memory.reclaim for {v2} (kernel < 5.19 or memory controller not on v2)"
+            )
         )
 
     if method in (None, "cgroup1-memory.force_empty"):
@@ -292,7 +298,13 @@ def execute_reclaim(
         "before": before,
     }
     if plan.bytes_requested == 0:
-        return ReclaimResult(ok=True, via=None, message="nothing to reclaim: the cgroup holds no page cache", after=before, **base)
+        return ReclaimResult(
+            ok=True,
+            via=None,
+            message="nothing to reclaim: the cgroup holds no page cache",
+            after=before,
+            **base,
+        )
 
     if plan.method == "drop_caches":
         say("sync (writing dirty pages first, so the drop frees them too)")
@@ -306,7 +318,11 @@ def execute_reclaim(
     except OSError as exc:
         if not _is_denied(exc):
             return ReclaimResult(
-                ok=False, via=None, message=f"{plan.method}: writing {plan.target} failed: {_reason(exc)}", after=before, **base
+                ok=False,
+                via=None,
+                message=f"{plan.method}: writing {plan.target} failed: {_reason(exc)}",
+                after=before,
+                **base,
             )
         denied = f"writing {plan.target} was denied ({_reason(exc)})"
         if not use_sudo:
@@ -317,7 +333,12 @@ def execute_reclaim(
             hint = ""
             if exc.errno == errno.EROFS:
                 hint = " (read-only here, as in a container: run it on the host)"
-            return _refused(plan, base, before, f"{denied}; sudo -n: {sudo_error}; run by hand{hint}: {plan.manual_command}")
+            return _refused(
+                plan,
+                base,
+                before,
+                f"{denied}; sudo -n: {sudo_error}; run by hand{hint}: {plan.manual_command}",
+            )
         via = "sudo"
 
     after = memory_figures(proc_root)

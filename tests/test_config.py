@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from trainroom.core.config import (
     DEFAULT_LOG_PATTERN,
     Config,
@@ -147,7 +146,9 @@ def test_invalid_toml(tmp_path: Path) -> None:
 
 def test_disk_warn_must_be_below_critical(tmp_path: Path) -> None:
     write(tmp_path, "[thresholds]\ndisk_warn = 0.95\n")
-    with pytest.raises(ConfigError, match=r"thresholds\.disk_warn: expected less than thresholds\.disk_critical"):
+    with pytest.raises(
+        ConfigError, match=r"thresholds\.disk_warn: expected less than thresholds\.disk_critical"
+    ):
         load_config(tmp_path, tmp_path / "nostate")
 
 
@@ -162,7 +163,9 @@ def test_log_pattern_must_compile_and_name_the_step(tmp_path: Path) -> None:
 
 def test_resume_template_placeholders_are_checked(tmp_path: Path) -> None:
     write(tmp_path, "[resume]\ncommand = 'python train.py --from={checkpoint}'\n")
-    with pytest.raises(ConfigError, match=r"resume\.command: expected placeholders among \{ckpt\}.*got \{checkpoint\}"):
+    with pytest.raises(
+        ConfigError, match=r"resume\.command: expected placeholders among \{ckpt\}.*got \{checkpoint\}"
+    ):
         load_config(tmp_path, tmp_path / "nostate")
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import psutil
 import pytest
-
 from trainroom.core.kill import execute_kill, plan_kill
 
 # The leader starts three workers and prints their pids once each has set up its signals:
@@ -118,7 +117,12 @@ def test_vram_is_polled_until_released(spawn) -> None:
     readings = iter([12 << 30, 12 << 30, 3 << 30, 400 << 20])
     plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time)
     result = execute_kill(
-        plan, grace_s=2, vram_probe=lambda: next(readings), tolerance_bytes=512 << 20, vram_timeout_s=30, vram_poll_s=0.01
+        plan,
+        grace_s=2,
+        vram_probe=lambda: next(readings),
+        tolerance_bytes=512 << 20,
+        vram_timeout_s=30,
+        vram_poll_s=0.01,
     )
     assert result.ok and result.vram_released is True
     assert result.before["vram_bytes"] == 12 << 30
@@ -131,7 +135,12 @@ def test_vram_still_held_after_the_timeout_is_not_ok(spawn) -> None:
     group = spawn("plain")
     plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time)
     result = execute_kill(
-        plan, grace_s=2, vram_probe=lambda: 2 << 30, tolerance_bytes=512 << 20, vram_timeout_s=0.2, vram_poll_s=0.05
+        plan,
+        grace_s=2,
+        vram_probe=lambda: 2 << 30,
+        tolerance_bytes=512 << 20,
+        vram_timeout_s=0.2,
+        vram_poll_s=0.05,
     )
     assert all(_gone(pid) for pid in group.pids)
     assert result.ok is False and result.vram_released is False

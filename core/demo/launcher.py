@@ -80,10 +80,10 @@ def run_demo(args: argparse.Namespace) -> int:
         print(info.run_id)
         return 0
     if not args.no_tui:
-        from trainroom.tui.app import run_app
+        from ..cli import open_tui
 
         args.run = info.run_id
-        return int(run_app(args) or 0)
+        return open_tui(args)
     print(f"run {info.run_id}  (trainroom status {info.run_id} --json; Ctrl-C leaves it running)")
     from ..client import KeeperGone, snapshot
 

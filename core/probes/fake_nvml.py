@@ -1,0 +1,273 @@
+"""A fake NVML at the pynvml function boundary, driven by a JSON scenario file.
+
+The only stand-in the tests allow: the same function names as `pynvml` (nvidia-ml-py), the same
+`NVMLError` class and subclasses (re-exported from pynvml itself, so `except
+pynvml.NVMLError_LibraryNotFound` catches both), the same return shapes. The keeper uses it only
+when `TRAINROOM_FAKE_NVML` names a scenario file; the file is re-read whenever it changes (inode,
+mtime or size), so another process (the demo trainer's ghost-memory and orphan-context faults)
+can drive what the keeper's driver view sees. A file that does not parse (caught mid-write by a
+writer that does not replace atomically) leaves the previous scenario in force; a missing file
+is a driver with no devices.
+
+Scenario (every key optional):
+
+    {
+      "init_error": 12,                       # nvmlInit raises NVMLError(12): LibraryNotFound
+      "driver_version": "560.94",
+      "errors": {"nvmlDeviceGetCount": 15},   # any function -> the NVML error code it raises
+      "process_api": "v3",                    # newest ComputeRunningProcesses the "driver" has:
+                                              # "v2" -> _v3 is FunctionNotFound, "v1" -> _v2 too
+      "devices": [{
+        "name": "NVIDIA GeForce RTX 3060", "total_bytes": 12884901888, "used_bytes": 11811160064,
+        "util_percent": 100, "util_memory_percent": 3, "power_w": 60.0,
+        "errors": {"nvmlDeviceGetPowerUsage": 3},  # per device
+        "processes": [{"pid": 4242, "used_bytes": null}]
+      }],
+      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0}]   # device defaults to 0
+    }
+
+`used_bytes: null` is what nvidia-ml-py returns for N/A (None); the integer 18446744073709551615
+(or the string "ULLONG_MAX") is the raw value older bindings pass through. Both are N/A.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import pynvml
+from pynvml import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_UNINITIALIZED,
+    NVMLError,
+)
+
+# Every NVMLError subclass and NVML_ERROR_* code under its real name: the fake raises the real
+# classes, so code written against pynvml catches the fake's errors unchanged.
+_REAL_NAMES = [n for n in dir(pynvml) if n.startswith(("NVMLError", "NVML_ERROR_", "NVML_VALUE_"))]
+globals().update({n: getattr(pynvml, n) for n in _REAL_NAMES})
+
+ENV = "TRAINROOM_FAKE_NVML"
+ULLONG_MAX = (1 << 64) - 1
+_API_ORDER = ("v1", "v2", "v3")
+
+
+class _Handle:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<fake nvmlDevice {self.index}>"
+
+
+class _Memory:
+    def __init__(self, total: int, used: int) -> None:
+        self.total, self.used, self.free = total, used, max(0, total - used)
+
+
+class _Utilization:
+    def __init__(self, gpu: int, memory: int) -> None:
+        self.gpu, self.memory = gpu, memory
+
+
+class _ProcessInfo:
+    def __init__(self, pid: int, used: int | None) -> None:
+        self.pid = pid
+        self.usedGpuMemory = used
+        self.gpuInstanceId = 0xFFFFFFFF
+        self.computeInstanceId = 0xFFFFFFFF
+
+    def __repr__(self) -> str:
+        return f"<fake process pid={self.pid} usedGpuMemory={self.usedGpuMemory}>"
+
+
+def _used(v: Any) -> int | None:
+    if v is None:
+        return None
+    if v == "ULLONG_MAX":
+        return ULLONG_MAX
+    return int(v)
+
+
+class FakeNvml:
+    """One fake driver. `path=None` reads the scenario file named by $TRAINROOM_FAKE_NVML at each
+    call (so a test can point the module-level functions elsewhere with monkeypatch.setenv)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._path = os.fspath(path) if path is not None else None
+        self._lock = threading.Lock()
+        self._stamp: tuple[str, int, int, int] | None = None
+        self._scenario: dict[str, Any] = {}
+        self._refcount = 0
+        self.calls = 0  # how many NVML functions were called (tests check init happens once)
+        self.init_calls = 0
+
+    # ------------------------------------------------------------------ scenario
+
+    def _path_now(self) -> str | None:
+        return self._path if self._path is not None else os.environ.get(ENV)
+
+    def scenario(self) -> dict[str, Any]:
+        path = self._path_now()
+        with self._lock:
+            if not path:
+                self._stamp, self._scenario = None, {}
+                return self._scenario
+            try:
+                st = os.stat(path)
+            except OSError:
+                self._stamp, self._scenario = None, {}
+                return self._scenario
+            stamp = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp != self._stamp:
+                try:
+                    with open(path) as f:
+                        loaded = json.load(f)
+                    if isinstance(loaded, dict):
+                        self._scenario = loaded
+                        self._stamp = stamp
+                except (OSError, ValueError):
+                    pass  # torn or half-written: keep the last good scenario, retry next call
+            return self._scenario
+
+    def _enter(self, fn: str, device: dict[str, Any] | None = None, *, needs_init: bool = True) -> dict[str, Any]:
+        self.calls += 1
+        sc = self.scenario()
+        if needs_init and self._refcount <= 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        code = (sc.get("errors") or {}).get(fn)
+        if code is None and device is not None:
+            code = (device.get("errors") or {}).get(fn)
+        if code is not None:
+            raise NVMLError(int(code))
+        return sc
+
+    def _device(self, handle: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+        sc = self.scenario()
+        devices = sc.get("devices") or []
+        index = getattr(handle, "index", None)
+        if not isinstance(index, int) or not 0 <= index < len(devices):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return sc, devices[index], index
+
+    # ------------------------------------------------------------------ pynvml functions
+
+    def nvmlInit(self) -> None:
+        self.calls += 1
+        self.init_calls += 1
+        sc = self.scenario()
+        code = sc.get("init_error")
+        if code is not None:
+            raise NVMLError(int(code))
+        self._refcount += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._refcount -= 1
+
+    def nvmlErrorString(self, code: int) -> str:
+        return str(NVMLError(code))
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        sc = self._enter("nvmlSystemGetDriverVersion")
+        return str(sc.get("driver_version", "fake"))
+
+    def nvmlDeviceGetCount(self) -> int:
+        sc = self._enter("nvmlDeviceGetCount")
+        return len(sc.get("devices") or [])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        sc = self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(sc.get("devices") or []):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return _Handle(index)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        _, dev, i = self._device(handle)
+        self._enter("nvmlDeviceGetName", dev)
+        return str(dev.get("name", f"Fake GPU {i}"))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> _Memory:
+        _, dev, _ = self._device(handle)
+        self._enter("nvmlDeviceGetMemoryInfo", dev)
+        return _Memory(int(dev.get("total_bytes", 0)), int(dev.get("used_bytes", 0)))
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> _Utilization:
+        _, dev, _ = self._device(handle)
+        self._enter("nvmlDeviceGetUtilizationRates", dev)
+        return _Utilization(int(dev.get("util_percent", 0)), int(dev.get("util_memory_percent", 0)))
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        _, dev, _ = self._device(handle)
+        self._enter("nvmlDeviceGetPowerUsage", dev)
+        return int(round(float(dev.get("power_w", 0.0)) * 1000))  # NVML says milliwatts
+
+    def _processes(self, handle: Any, fn: str, version: str) -> list[_ProcessInfo]:
+        sc, dev, index = self._device(handle)
+        self._enter(fn, dev)
+        have = str(sc.get("process_api", "v3"))
+        if have in _API_ORDER and _API_ORDER.index(version) > _API_ORDER.index(have):
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        rows = list(dev.get("processes") or [])
+        rows += [p for p in sc.get("processes") or [] if int(p.get("device", 0)) == index]
+        return [_ProcessInfo(int(p["pid"]), _used(p.get("used_bytes"))) for p in rows]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[_ProcessInfo]:
+        return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses_v3", "v3")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[_ProcessInfo]:
+        return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses_v2", "v2")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[_ProcessInfo]:
+        return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses", "v1")
+
+    # The display's processes; nothing in the scenario, as on a headless box.
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[_ProcessInfo]:
+        _, dev, _ = self._device(handle)
+        self._enter("nvmlDeviceGetGraphicsRunningProcesses", dev)
+        return []
+
+
+def write_scenario(path: str | os.PathLike[str], scenario: dict[str, Any]) -> None:
+    """Write a scenario so a reader never sees half of it: a temp file beside it, then rename."""
+    path = os.fspath(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(scenario, f)
+    os.replace(tmp, path)
+
+
+# Module-level functions, so this module stands where `pynvml` stands.
+_default = FakeNvml()
+nvmlInit = _default.nvmlInit
+nvmlInitWithFlags = _default.nvmlInitWithFlags
+nvmlShutdown = _default.nvmlShutdown
+nvmlErrorString = _default.nvmlErrorString
+nvmlSystemGetDriverVersion = _default.nvmlSystemGetDriverVersion
+nvmlDeviceGetCount = _default.nvmlDeviceGetCount
+nvmlDeviceGetHandleByIndex = _default.nvmlDeviceGetHandleByIndex
+nvmlDeviceGetName = _default.nvmlDeviceGetName
+nvmlDeviceGetMemoryInfo = _default.nvmlDeviceGetMemoryInfo
+nvmlDeviceGetUtilizationRates = _default.nvmlDeviceGetUtilizationRates
+nvmlDeviceGetPowerUsage = _default.nvmlDeviceGetPowerUsage
+nvmlDeviceGetComputeRunningProcesses = _default.nvmlDeviceGetComputeRunningProcesses
+nvmlDeviceGetComputeRunningProcesses_v2 = _default.nvmlDeviceGetComputeRunningProcesses_v2
+nvmlDeviceGetComputeRunningProcesses_v3 = _default.nvmlDeviceGetComputeRunningProcesses_v3
+nvmlDeviceGetGraphicsRunningProcesses = _default.nvmlDeviceGetGraphicsRunningProcesses
+
+__all__ = _REAL_NAMES + [
+    "ENV", "FakeNvml", "write_scenario", "ULLONG_MAX",
+]
+
+# The class carries the error classes too, so a FakeNvml instance stands where the module does.
+for _name in _REAL_NAMES:
+    setattr(FakeNvml, _name, getattr(pynvml, _name))
+del _name

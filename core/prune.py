@@ -1,0 +1,250 @@
+"""Prune: free disk by deleting old verified checkpoints, keeping what a resume may need.
+
+Kept, always: the last N verified (default 2, the seed's disk guard kept the last two), pinned
+ones, the one `latest` names, anything in `protect` (the checkpoint a resume is loading, a
+candidate being verified), and everything in quarantine (candidates and rejected evidence) unless
+rejected ones are asked for. Never touched: anything that is not a real directory named
+`step-NNNNNN` with a verified manifest directly under the root, anything whose resolved path is
+outside the root, and any symlink (a link is removed at most, never followed).
+
+`plan` is a pure function of the listing; `execute` re-checks each target just before deleting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import checkpoints as ck
+
+DEFAULT_KEEP = 2
+
+
+class PruneTarget(msgspec.Struct, kw_only=True):
+    path: str
+    step: int | None
+    bytes: int
+    kind: str = "verified"  # verified | rejected
+
+
+class Kept(msgspec.Struct, kw_only=True):
+    path: str
+    step: int | None
+    why: str
+
+
+class PrunePlan(msgspec.Struct, kw_only=True):
+    root: str
+    keep: int
+    delete: list[PruneTarget] = []
+    kept: list[Kept] = []
+    skipped: list[Kept] = []  # entries prune will not touch, with why (a symlink, outside the root)
+    bytes_to_free: int = 0
+
+
+class PruneResult(msgspec.Struct, kw_only=True):
+    root: str
+    keep: int
+    dry_run: bool
+    deleted: list[PruneTarget] = []
+    kept: list[Kept] = []
+    skipped: list[Kept] = []
+    failed: list[Kept] = []
+    bytes_freed: int = 0
+
+
+def _inside(root_real: str, path: str | os.PathLike[str]) -> bool:
+    real = os.path.realpath(path)
+    return real != root_real and real.startswith(root_real.rstrip("/") + "/")
+
+
+def plan(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *,
+         protect: Iterable[str | os.PathLike[str]] = (), include_rejected: bool = False) -> PrunePlan:
+    """What prune would delete and keep, and why, without deleting anything."""
+    if keep < 0:
+        raise ValueError("keep must be >= 0")
+    root_p = Path(root).absolute()
+    root_real = os.path.realpath(root_p)
+    out = PrunePlan(root=str(root_p), keep=keep)
+    # Protected paths, resolved: a file inside a step dir protects its directory.
+    protected: set[str] = set()
+    for x in protect:
+        real = os.path.realpath(x)
+        protected.add(real)
+        protected.add(os.path.dirname(real))
+    latest = ck.latest_dir(root_p)
+    latest_real = os.path.realpath(latest) if latest else None
+    pointer = root_p / ck.LATEST
+    if pointer.is_symlink() and latest is None:
+        out.skipped.append(Kept(path=str(pointer), step=None,
+                                why=f"latest -> {os.readlink(pointer)} is not a verified step dir here: not followed"))
+
+    verified = ck.verified_checkpoints(root_p)
+    listed = {os.path.basename(v.dir) for v in verified}
+    try:
+        entries = sorted(root_p.iterdir())
+    except FileNotFoundError:
+        return out
+    for e in entries:
+        if e.name in listed or e.name in (ck.LATEST, ck.QUARANTINE) or e.name.startswith("."):
+            continue
+        if e.is_symlink():
+            out.skipped.append(Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed"))
+        elif ck.STEP_DIR_RE.match(e.name):
+            out.skipped.append(Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint"))
+
+    newest = {v.dir for v in verified[-keep:]} if keep else set()
+    for v in reversed(verified):
+        real = os.path.realpath(v.dir)
+        why = None
+        if not _inside(root_real, v.dir):
+            out.skipped.append(Kept(path=v.dir, step=v.step, why="resolves outside the root"))
+            continue
+        if real == latest_real:
+            why = "latest"
+        elif real in protected:
+            why = "in use (resume or verification)"
+        elif v.pinned:
+            why = "pinned"
+        elif v.dir in newest:
+            why = f"one of the last {keep} verified"
+        if why:
+            out.kept.append(Kept(path=v.dir, step=v.step, why=why))
+        else:
+            out.delete.append(PruneTarget(path=v.dir, step=v.step, bytes=v.size_bytes))
+    if include_rejected:
+        q = ck.Quarantine(root_p)
+        for f in q.rejected():
+            if os.path.realpath(f) in protected or f.is_symlink() or not _inside(root_real, f):
+                continue
+            side = [Path(str(f) + s) for s in (ck.REASON_SUFFIX, ck.REPORT_SUFFIX, ck.SAVED_SUFFIX)]
+            size = sum(x.lstat().st_size for x in [f, *side] if os.path.lexists(x))
+            out.delete.append(PruneTarget(path=str(f), step=None, bytes=size, kind="rejected"))
+    out.bytes_to_free = sum(t.bytes for t in out.delete)
+    return out
+
+
+def execute(pl: PrunePlan, *, dry_run: bool = False,
+            protect: Iterable[str | os.PathLike[str]] = ()) -> PruneResult:
+    """Delete what the plan lists, re-checking each target first (it may have changed)."""
+    res = PruneResult(root=pl.root, keep=pl.keep, dry_run=dry_run, kept=list(pl.kept), skipped=list(pl.skipped))
+    root_real = os.path.realpath(pl.root)
+    latest = ck.latest_dir(pl.root)
+    latest_real = os.path.realpath(latest) if latest else None
+    protected = {os.path.realpath(x) for x in protect} | {os.path.dirname(os.path.realpath(x)) for x in protect}
+    for t in pl.delete:
+        p_ = Path(t.path)
+        refuse = None
+        if p_.is_symlink():
+            refuse = "became a symlink"
+        elif not _inside(root_real, p_) or os.path.dirname(os.path.realpath(p_)) not in (
+                root_real, os.path.join(root_real, ck.QUARANTINE)):
+            refuse = "outside the root"
+        elif os.path.realpath(p_) == latest_real:
+            refuse = "is latest now"
+        elif os.path.realpath(p_) in protected:
+            refuse = "in use"
+        if refuse:
+            res.failed.append(Kept(path=t.path, step=t.step, why=f"not deleted: {refuse}"))
+            continue
+        if dry_run:
+            res.deleted.append(t)
+            res.bytes_freed += t.bytes
+            continue
+        try:
+            if t.kind == "rejected":
+                for s in ("", ck.REASON_SUFFIX, ck.REPORT_SUFFIX, ck.SAVED_SUFFIX):
+                    x = Path(t.path + s)
+                    if os.path.lexists(x):
+                        x.unlink()
+            else:
+                # rmtree never follows a symlink inside the tree (it unlinks the link itself).
+                shutil.rmtree(p_)
+        except OSError as exc:
+            res.failed.append(Kept(path=t.path, step=t.step, why=f"not deleted: {exc.strerror or exc}"))
+            continue
+        res.deleted.append(t)
+        res.bytes_freed += t.bytes
+    if res.deleted and not dry_run:
+        ck.fsync_dir(pl.root)
+    return res
+
+
+def prune(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *, dry_run: bool = False,
+          protect: Iterable[str | os.PathLike[str]] = (), include_rejected: bool = False) -> PruneResult:
+    """Plan and execute: what the keeper's prune action calls (journal `bytes_freed` after)."""
+    protect = list(protect)
+    return execute(plan(root, keep, protect=protect, include_rejected=include_rejected),
+                   dry_run=dry_run, protect=protect)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: Any) -> None:
+    """`trainroom prune [RUN] [--keep N] [--dry-run] [--json] [--root PATH]`."""
+    ap = subparsers.add_parser("prune", help="delete old verified checkpoints, keeping the last N, pinned and latest",
+                               description="Delete old verified checkpoints under a checkpoint root.")
+    ap.add_argument("run", nargs="?", metavar="RUN", help="the run whose checkpoint root to prune")
+    ap.add_argument("--root", metavar="PATH", help=f"checkpoint root (default: the run's, or ${ck.ENV_ROOT})")
+    ap.add_argument("--keep", type=int, default=None, help=f"verified checkpoints to keep (default {DEFAULT_KEEP})")
+    ap.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
+    ap.add_argument("--include-rejected", action="store_true", help="also delete rejected candidates in quarantine")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.set_defaults(func=run)
+
+
+def _root_for(args: argparse.Namespace) -> Path:
+    if args.root:
+        return Path(args.root)
+    if args.run:
+        from . import runs
+
+        info = runs.resolve_run(args.run)
+        rec = runs.read_record(Path(info.run_dir))
+        root = rec.options.get("ckpt_root")
+        if not root:
+            raise ck.CheckpointError(f"run {info.run_id} has no checkpoint root: pass --root PATH")
+        return Path(str(root))
+    return ck.checkpoint_root(None)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def run(args: argparse.Namespace) -> int:
+    keep = DEFAULT_KEEP if args.keep is None else args.keep
+    if keep < 0:
+        print("trainroom prune: --keep must be 0 or more", file=sys.stderr)
+        return 2
+    try:
+        root = _root_for(args)
+    except Exception as exc:  # RunError, CheckpointError: one line, exit 2
+        print(f"trainroom prune: {exc}", file=sys.stderr)
+        return 2
+    if not root.is_dir():
+        print(f"trainroom prune: {root}: not a directory", file=sys.stderr)
+        return 2
+    res = prune(root, keep, dry_run=args.dry_run, include_rejected=args.include_rejected)
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(res)))
+        return 0 if not res.failed else 1
+    verb = "would delete" if args.dry_run else "deleted"
+    for t in res.deleted:
+        print(f"{verb}  {t.path}  {_gb(t.bytes)}")
+    for k in res.kept:
+        print(f"kept     {k.path}  ({k.why})")
+    for k in res.skipped + res.failed:
+        print(f"skipped  {k.path}  ({k.why})")
+    print(f"{'would free' if args.dry_run else 'freed'} {_gb(res.bytes_freed)} in {len(res.deleted)} checkpoint(s) "
+          f"under {root}, kept {len(res.kept)}")
+    return 0 if not res.failed else 1

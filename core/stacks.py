@@ -1,0 +1,172 @@
+"""Dump a trainer's Python stacks: what a HUNG finding offers on one key.
+
+- Instrumented trainer: its reporter registered `faulthandler.register(SIGUSR1, all_threads=True)`
+  writing to stderr, which is the trainer log. We note the log's size, send SIGUSR1, and read back
+  the block faulthandler wrote after that offset. faulthandler writes from its C signal handler,
+  so it answers even when the main thread is stuck inside a C call (a collective, a lock).
+- Otherwise: `py-spy dump --pid` when it is installed (it reads the process from outside, even a
+  stopped one), else how to install it.
+
+SIGUSR1's default action terminates a process, so it is sent only to a process whose kernel
+signal mask says it catches SIGUSR1 (SigCgt in /proc/<pid>/status): a wrong `instrumented` flag
+never kills the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+DEFAULT_TIMEOUT_S = 5.0
+# faulthandler writes the whole dump in one burst; once the log has been quiet this long after
+# a header, the block is complete.
+QUIET_S = 0.25
+POLL_S = 0.05
+PY_SPY_INSTALL = (
+    "py-spy is not installed: `pip install py-spy` (any environment: it reads the trainer from "
+    "outside), then dump again; it needs ptrace rights over the trainer (the same user with "
+    "kernel.yama.ptrace_scope=0, or root / CAP_SYS_PTRACE)"
+)
+
+_HEADER = re.compile(r"^(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+.*|Stack) \(most recent call first\):$")
+_FRAME = re.compile(r"^  (?:File |<no Python frame>|\.\.\.)")
+
+
+def dump_stacks(
+    pid: int,
+    log_path: str | os.PathLike[str] | None,
+    instrumented: bool,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    *,
+    proc_root: str = "/proc",
+) -> dict[str, Any]:
+    """{"ok", "text", "method" ("faulthandler" | "py-spy" | None), "message"}; never raises.
+
+    Blocking for up to `timeout` (plus py-spy's run): call it from a worker thread.
+    """
+    try:
+        proc = psutil.Process(pid)
+        state = proc.status()
+    except psutil.NoSuchProcess:
+        return _result(False, "", None, f"pid {pid} is not running")
+    except psutil.AccessDenied:
+        state = "unknown"
+    if state == psutil.STATUS_ZOMBIE:
+        return _result(False, "", None, f"pid {pid} has exited (a zombie): no stacks to take")
+    stopped = state in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+    notes: list[str] = []
+    if instrumented and log_path is not None:
+        if stopped:
+            notes.append(
+                f"pid {pid} is stopped (SIGSTOP): SIGUSR1 would wait until `kill -CONT {pid}`, so faulthandler cannot answer"
+            )
+        elif not catches_signal(pid, signal.SIGUSR1, proc_root):
+            notes.append(
+                f"pid {pid} does not catch SIGUSR1 (faulthandler not registered): not sent, since it would kill the trainer"
+            )
+        else:
+            text = _faulthandler_dump(pid, Path(log_path), timeout)
+            if text:
+                threads = sum(1 for line in text.splitlines() if _HEADER.match(line))
+                return _result(
+                    True,
+                    text,
+                    "faulthandler",
+                    f"{threads} thread(s) dumped by faulthandler (SIGUSR1) from {log_path}",
+                )
+            notes.append(f"no faulthandler dump appeared in {log_path} within {timeout:g} s")
+
+    spied = _py_spy(pid, timeout=max(timeout, 10.0))
+    if spied["ok"]:
+        spied["message"] = "; ".join([*notes, spied["message"]])
+        return spied
+    return _result(False, "", None, "; ".join([*notes, spied["message"]]))
+
+
+def catches_signal(pid: int, sig: int, proc_root: str = "/proc") -> bool:
+    """Whether the process has a handler installed for `sig` (its SigCgt mask)."""
+    try:
+        for line in Path(proc_root, str(pid), "status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def extract_dump(text: str) -> tuple[str, bool]:
+    """The first faulthandler block in `text` and whether something other than the dump follows
+    it (which tells the dump is complete). Log lines before the block are skipped."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _HEADER.match(line)), None)
+    if start is None:
+        return "", False
+    end = start
+    ended = False
+    for i in range(start, len(lines)):
+        line = lines[i]
+        if _HEADER.match(line) or _FRAME.match(line):
+            end = i
+        elif line.strip() == "":
+            continue
+        else:
+            ended = True
+            break
+    return "\n".join(lines[start : end + 1]) + "\n", ended
+
+
+def _faulthandler_dump(pid: int, log: Path, timeout: float) -> str:
+    try:
+        offset = log.stat().st_size
+    except OSError:
+        offset = 0
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return ""
+    deadline = time.monotonic() + timeout
+    last_size, quiet_since, text = -1, time.monotonic(), ""
+    while time.monotonic() < deadline:
+        try:
+            with log.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            chunk = b""
+        now = time.monotonic()
+        if len(chunk) != last_size:
+            last_size, quiet_since = len(chunk), now
+        text, ended = extract_dump(chunk.decode(errors="replace"))
+        if text and (ended or now - quiet_since >= QUIET_S):
+            return text
+        time.sleep(POLL_S)
+    return text
+
+
+def _py_spy(pid: int, timeout: float) -> dict[str, Any]:
+    import sh  # external commands go through sh
+
+    try:
+        py_spy = sh.Command("py-spy")
+    except sh.CommandNotFound:
+        return _result(False, "", None, PY_SPY_INSTALL)
+    try:
+        out = py_spy("dump", "--pid", str(pid), _timeout=timeout)
+    except sh.ErrorReturnCode as exc:
+        err = exc.stderr.decode(errors="replace").strip().splitlines() or [f"exit code {exc.exit_code}"]
+        return _result(False, "", None, f"py-spy dump --pid {pid} failed: {err[-1]}")
+    except sh.TimeoutException:
+        return _result(False, "", None, f"py-spy dump --pid {pid} gave no answer in {timeout:g} s")
+    text = str(out)
+    return _result(True, text, "py-spy", f"stacks of pid {pid} read by py-spy")
+
+
+def _result(ok: bool, text: str, method: str | None, message: str) -> dict[str, Any]:
+    return {"ok": ok, "text": text, "method": method, "message": message}

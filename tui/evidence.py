@@ -1,0 +1,74 @@
+"""Plans and before -> after evidence as lines of text: pure, no Textual.
+
+The keeper's plan for an action is a dict whose shape depends on the action (a kill plan lists
+the PGID and its members, a prune plan the checkpoints and bytes). The control room shows it
+whole rather than guessing which fields matter: figures under a `*_bytes` key read as bytes,
+lists of records as one line a record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import fmt
+
+# Fields shown first in a record line, in this order, when present.
+_RECORD_KEYS = ("pid", "pgid", "state", "status", "step", "path", "name", "size_bytes", "cmdline", "cmd")
+
+
+def value_text(key: str, value: Any) -> str:
+    if value is None:
+        return fmt.UNKNOWN
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)) and (key.endswith("_bytes") or key in ("bytes", "vram", "freed")):
+        return fmt.nbytes(value)
+    if isinstance(value, float) and key.endswith("_s"):
+        return fmt.duration(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        if all(not isinstance(v, (Mapping, list, tuple)) for v in value):
+            return ", ".join(str(v) for v in value) if value else "none"
+        return f"{len(value)} items"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={value_text(str(k), v)}" for k, v in value.items())
+    return str(value)
+
+
+def record_line(rec: Mapping[str, Any]) -> str:
+    keys = [k for k in _RECORD_KEYS if k in rec] + [k for k in rec if k not in _RECORD_KEYS]
+    parts = []
+    for k in keys:
+        v = rec[k]
+        if isinstance(v, list) and k in ("cmdline", "cmd"):
+            v = " ".join(str(x) for x in v)
+        parts.append(f"{k} {value_text(k, v)}")
+    return "  ".join(parts)
+
+
+def plan_lines(plan: Mapping[str, Any]) -> list[str]:
+    """Every field of a plan: scalars as `key: value`, lists of records one indented line each."""
+    out: list[str] = []
+    for key, value in plan.items():
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
+            out.append(f"{key}: {len(value)}")
+            out.extend("  " + record_line(v) for v in value)
+        elif isinstance(value, Mapping) and value and any(isinstance(v, (Mapping, list)) for v in value.values()):
+            out.append(f"{key}:")
+            out.extend("  " + line for line in plan_lines(value))
+        else:
+            out.append(f"{key}: {value_text(key, value)}")
+    return out
+
+
+def before_after_lines(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """`key: before -> after` for every key either side has, in the order they appear."""
+    keys = list(before) + [k for k in after if k not in before]
+    out = []
+    for k in keys:
+        b = value_text(k, before.get(k)) if k in before else fmt.UNKNOWN
+        a = value_text(k, after.get(k)) if k in after else fmt.UNKNOWN
+        out.append(f"{k}: {b} -> {a}")
+    return out

@@ -1,0 +1,73 @@
+"""How the control room reaches a run: its keeper while it lives, its journal when it is gone.
+
+No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
+`core.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
+`RunSource` whose links are fakes; everything above that boundary is the real app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from trainroom.core import runs
+from trainroom.core.protocol import Reply
+from trainroom.core.runs import RunInfo
+from trainroom.core.state import RunState
+
+
+class KeeperLink(Protocol):
+    """A keeper's socket, as a blocking client."""
+
+    def subscribe(self, client: str = "tui") -> RunState:
+        """Connect and return the snapshot; `records()` then yields the live deltas."""
+        ...
+
+    def records(self) -> Iterator[list[Any]]:
+        """Batches of keeper records until the keeper goes away (then it raises or ends)."""
+        ...
+
+    def request(self, action: str, args: dict[str, Any], confirm: bool) -> Iterator[Reply]:
+        """An action on its own connection: plan, progress lines, done."""
+        ...
+
+    def close(self) -> None:
+        """Unblock `records()` and release the socket."""
+        ...
+
+
+class RunSource(Protocol):
+    def list_runs(self) -> list[RunInfo]: ...
+
+    def resolve(self, spec: str | None) -> RunInfo: ...
+
+    def connect(self, run: RunInfo) -> KeeperLink: ...
+
+    def load_state(self, run: RunInfo) -> RunState: ...
+
+
+class LocalRuns:
+    """Runs under this machine's state dir (`TRAINROOM_HOME`), reached over their sockets."""
+
+    def list_runs(self) -> list[RunInfo]:
+        return runs.list_runs()
+
+    def resolve(self, spec: str | None) -> RunInfo:
+        return runs.resolve_run(spec)
+
+    def connect(self, run: RunInfo) -> KeeperLink:
+        from trainroom.core.client import KeeperClient  # the lead's client; imported when used
+
+        return KeeperClient(run.sock)  # type: ignore[no-any-return]
+
+    def load_state(self, run: RunInfo) -> RunState:
+        return runs.load_state(run.run_dir)
+
+
+def close_link(link: object) -> None:
+    close = getattr(link, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # closing a dead socket must never take the app down
+            pass

@@ -1,0 +1,38 @@
+"""Messages from the reader threads and the action workers to the app: small dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from trainroom.core.state import RunState
+
+
+@dataclass
+class Attached(Message):
+    """The keeper's snapshot arrived: the state the reader now folds deltas into."""
+
+    state: RunState
+
+
+@dataclass
+class RunChanged(Message):
+    """Records were folded. Carries nothing: a burst collapses to one render."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunChanged)
+
+
+@dataclass
+class KeeperLost(Message):
+    reason: str
+    t: float
+
+
+@dataclass
+class LogTailChanged(Message):
+    lines: tuple[str, ...]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, LogTailChanged)

@@ -1,0 +1,1 @@
+"""The control room's modal screens: confirmation, result, help, run picker."""

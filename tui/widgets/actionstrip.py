@@ -1,0 +1,20 @@
+"""A one-line strip over the footer: the action running now and its latest progress line."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from .base import Panel
+
+
+class ActionStrip(Panel):
+    view: reactive[str | None] = reactive(None)
+    """The progress line, or None when no action runs (the strip is then hidden)."""
+
+    def watch_view(self, view: str | None) -> None:
+        self.display = view is not None
+
+    def render(self) -> RenderableType:
+        return Text(self.view or "", style=self.style("info"), no_wrap=True, overflow="ellipsis")

@@ -1,0 +1,44 @@
+"""The disconnect banner: since when the keeper is gone, the journal's last state, the way back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from .. import fmt
+from .base import Panel
+
+
+@dataclass(frozen=True)
+class BannerView:
+    since: float
+    reason: str
+    state: str  # the journal's last verdict
+    state_reason: str
+    last_step: int | None
+    now: float
+    resume_key: str = "r"
+
+
+class DisconnectBanner(Panel):
+    view: reactive[BannerView | None] = reactive(None)
+
+    def render(self) -> RenderableType:
+        v = self.view
+        if v is None:
+            return Text("")
+        t = Text(overflow="ellipsis")
+        t.append(f"keeper gone since {fmt.clock(v.since)} ({fmt.duration(v.now - v.since)} ago)",
+                 style=self.style("crit"))
+        t.append(f": {v.reason}", style=self.style("value"))
+        t.append("\njournal's last state: ", style=self.style("label"))
+        t.append(v.state.upper(), style=self.style("crit" if v.state in ("dead", "hung", "stalled") else "value"))
+        if v.state_reason:
+            t.append(f" ({v.state_reason})", style=self.style("label"))
+        if v.last_step is not None:
+            t.append(f", last step {v.last_step}", style=self.style("value"))
+        t.append(f"  ·  press {v.resume_key} to resume", style=self.style("info"))
+        return t

@@ -1,0 +1,58 @@
+"""The base of every panel: a widget that renders one view and draws in theme colours only."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.console import RenderableType
+from rich.style import Style
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+# Levels a figure is drawn at, and the drawing parts the panels share; each is a component
+# class styled in control_room.tcss from the theme's variables.
+PANEL_STYLES = (
+    "ok", "info", "warn", "crit", "dim", "label", "value", "curve", "lnv", "mark", "axis",
+    "bar-driver", "bar-allocator", "bar-empty",
+)
+
+
+class Panel(Widget):
+    """One panel of the control room. Data flows down: the app sets `view`; the panel renders it."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {f"panel--{name}" for name in PANEL_STYLES}
+    TITLE: ClassVar[str] = ""
+    WAITING: ClassVar[str] = "waiting for the keeper…"
+
+    view: reactive[Any] = reactive(None)
+    """The frozen view from `figures`; None until the first snapshot arrives."""
+
+    def on_mount(self) -> None:
+        if self.TITLE:
+            self.border_title = self.TITLE
+
+    def style(self, name: str) -> Style:
+        return self.get_component_rich_style(f"panel--{name}", partial=True)
+
+    @property
+    def inner_width(self) -> int:
+        return max(self.content_size.width, 1)
+
+    @property
+    def inner_height(self) -> int:
+        return max(self.content_size.height, 1)
+
+    def render(self) -> RenderableType:
+        if self.view is None:
+            return Text(self.WAITING, style=self.style("dim"))
+        return self.render_view(self.view)
+
+    def render_view(self, view: Any) -> RenderableType:
+        raise NotImplementedError
+
+    # Small builders the panels share.
+    def pair(self, text: Text, label: str, value: str, level: str = "value") -> Text:
+        text.append(label + " ", style=self.style("label"))
+        text.append(value, style=self.style(level))
+        return text

@@ -1,0 +1,51 @@
+"""The disk guard: checkpoint filesystem usage, time to full, and each checkpoint's state."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from .. import fmt
+from ..figures import DiskView
+from .base import Panel
+
+_STATE_LEVEL = {"verified": "ok", "rejected": "crit", "candidate": "info", "verifying": "info"}
+
+
+class DiskPanel(Panel):
+    TITLE = "disk guard"
+
+    view: reactive[DiskView | None] = reactive(None)
+
+    def render_view(self, view: DiskView) -> RenderableType:
+        t = Text(overflow="ellipsis")
+        level = view.level if view.level != "ok" else "value"
+        if view.known:
+            self.pair(t, "used", fmt.percent(view.used_fraction), level)
+            self.pair(t, "  free", fmt.nbytes(view.free))
+            if view.time_to_full_s is not None:
+                self.pair(t, "  full in", fmt.duration(view.time_to_full_s), level)
+            if view.path:
+                t.append("  " + view.path, style=self.style("dim"))
+            t.append("\n")
+        else:
+            t.append("no disk probe yet\n", style=self.style("dim"))
+        if view.finding:
+            t.append(view.finding + "\n", style=self.style(view.level))
+        if not view.checkpoints:
+            t.append("no checkpoints yet", style=self.style("dim"))
+        room = max(self.inner_height - t.plain.count("\n"), 1)
+        for row in view.checkpoints[:room]:
+            step = f"step {row.step}" if row.step is not None else row.name
+            t.append(step.ljust(11), style=self.style("value"))
+            t.append(row.state.ljust(9), style=self.style(_STATE_LEVEL.get(row.state, "dim")))
+            t.append(" " + fmt.nbytes(row.size_bytes), style=self.style("label"))
+            if row.latest:
+                t.append("  ← latest", style=self.style("ok"))
+            if row.reason:
+                t.append(f"  {row.reason}", style=self.style("crit" if row.state == "rejected" else "label"))
+            t.append("\n")
+        if view.pruned:
+            t.append(f"{view.pruned} pruned", style=self.style("dim"))
+        return t

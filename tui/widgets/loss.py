@@ -1,0 +1,65 @@
+"""Loss against tokens, with the ln(V) line a model that learned nothing sits on, and marks for
+checkpoints (c), restarts (R), LR changes (L), loss-scale events (s) and non-finite steps (!)."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from .. import fmt
+from ..figures import LossView
+from ..plot import MARK_SYMBOLS, chart
+from .base import Panel
+
+GUTTER = 7  # the y-axis labels
+
+
+class LossPanel(Panel):
+    TITLE = "loss"
+
+    view: reactive[LossView | None] = reactive(None)
+
+    def render_view(self, view: LossView) -> RenderableType:
+        self.border_title = f"loss vs {view.x_label}"
+        t = Text(no_wrap=True, overflow="crop")
+        self.pair(t, "median", fmt.loss(view.median), view.level if view.level != "ok" else "value")
+        if view.ranks > 1 and view.worst_rank is not None:
+            self.pair(t, "  worst", f"r{view.worst_rank} {fmt.loss(view.worst)}", view.level)
+        if view.ln_v is not None:
+            self.pair(t, "  ln V", f"{view.ln_v:.2f}", "lnv")
+            t.append(f" (V={view.vocab_size})", style=self.style("label"))
+        t.append("\n")
+        rows = self.inner_height - 3
+        cols = self.inner_width - GUTTER - 1
+        if rows < 2 or cols < 8:
+            return t
+        if not view.points:
+            t.append("no loss reported yet", style=self.style("dim"))
+            return t
+        c = chart(view.points, cols, rows, guides={"lnv": view.ln_v} if view.ln_v else None,
+                  marks=[(m.x, m.kind) for m in view.marks])
+        labels = dict(c.y_labels)
+        for r, row in enumerate(c.rows):
+            t.append(labels.get(r, "").rjust(GUTTER - 1)[: GUTTER - 1] + " ", style=self.style("axis"))
+            t.append("┤" if r in labels else "│", style=self.style("axis"))
+            for ch, kind in row:
+                t.append(ch, style=self.style("curve" if kind == "curve" else "lnv" if kind == "lnv" else "axis"))
+            t.append("\n")
+        t.append(" " * GUTTER + "└", style=self.style("axis"))
+        for ch, kind in c.marks:
+            t.append(ch, style=self.style("mark" if kind != "blank" else "axis"))
+        t.append("\n")
+        x_lo, x_hi = _x(c.x_min, view.x_label), _x(c.x_max, view.x_label)
+        kinds = sorted({m.kind for m in view.marks})
+        legend = " ".join(f"{MARK_SYMBOLS.get(k, '*')} {k}" for k in kinds)
+        space = cols + 1 - len(x_lo) - len(x_hi)
+        middle = f" {legend} " if legend and len(legend) + 2 <= space else ""
+        t.append(" " * GUTTER + " " + x_lo, style=self.style("axis"))
+        t.append(middle.center(max(space, 0)), style=self.style("label"))
+        t.append(x_hi, style=self.style("axis"))
+        return t
+
+
+def _x(v: float, label: str) -> str:
+    return fmt.count(v) if label == "tokens" else f"{v:.0f}"

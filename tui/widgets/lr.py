@@ -1,0 +1,40 @@
+"""The learning rate the optimizer really uses, beside the one the session asked for."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from .. import fmt
+from ..figures import LrView
+from .base import Panel
+
+GROUPS_SHOWN = 3
+
+
+class LrPanel(Panel):
+    TITLE = "learning rate"
+
+    view: reactive[LrView | None] = reactive(None)
+
+    def render_view(self, view: LrView) -> RenderableType:
+        t = Text(overflow="ellipsis")
+        self.pair(t, "requested", fmt.lr(view.requested))
+        if view.warmup_steps:
+            self.pair(t, "  warmup", f"{view.warmup_steps} steps")
+        t.append("\n")
+        if not view.groups:
+            t.append("effective: no step reported it yet", style=self.style("dim"))
+            return t
+        for g in view.groups[:GROUPS_SHOWN]:
+            label = "effective" if len(view.groups) == 1 else f"group {g.group}"
+            self.pair(t, label.ljust(9), fmt.lr(g.effective), view.level)
+            if g.ratio is not None:
+                t.append(f"  ({fmt.ratio(g.ratio)} of requested)", style=self.style("label"))
+            t.append("\n")
+        if len(view.groups) > GROUPS_SHOWN:
+            t.append(f"+{len(view.groups) - GROUPS_SHOWN} groups\n", style=self.style("dim"))
+        if view.finding:
+            t.append(view.finding, style=self.style(view.level))
+        return t

@@ -1,0 +1,37 @@
+"""The trainer: its pid and process group (what `k` kills), uptime, and how it ended."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from .. import fmt
+from ..figures import TrainerView
+from .base import Panel
+
+
+class TrainerPanel(Panel):
+    TITLE = "trainer"
+
+    view: reactive[TrainerView | None] = reactive(None)
+
+    def render_view(self, view: TrainerView) -> RenderableType:
+        t = Text(overflow="ellipsis")
+        self.pair(t, "pid", str(view.pid) if view.pid is not None else fmt.UNKNOWN)
+        self.pair(t, "  pgid", str(view.pgid) if view.pgid is not None else fmt.UNKNOWN)
+        t.append("\n")
+        self.pair(t, "up" if view.alive else "ran", fmt.duration(view.uptime_s))
+        t.append("  ")
+        t.append(view.exit_text, style=self.style(view.exit_level))
+        t.append("\n")
+        if view.crash:
+            t.append(view.crash, style=self.style("crit"))
+            t.append("\n")
+        mode = "reporter" if view.instrumented else "log lines"
+        self.pair(t, "telemetry", mode, "value" if view.instrumented else "dim")
+        if view.resume_from:
+            self.pair(t, "  from", view.resume_from.rstrip("/").rsplit("/", 1)[-1])
+        t.append("\n")
+        t.append(fmt.shorten(view.command, self.inner_width * 2), style=self.style("dim"))
+        return t
