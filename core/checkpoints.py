@@ -541,6 +541,7 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
     r = checkpoint_root(root)
     q = Quarantine(r)
     q.dir.mkdir(parents=True, exist_ok=True)
+    q.sweep()  # what an earlier, killed save left behind
     need = estimate_bytes(state)
     diskguard.check_fit(q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes)
     rep = reporter.current()

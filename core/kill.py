@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +239,42 @@ def execute_kill(
         before=before,
         after=after,
     )
+
+
+def run_vram_probe(
+    gpu_probe: Any, pids: Collection[int], devices: Collection[int] | None = None
+) -> VramProbe:
+    """A VramProbe over a GpuProbe (anything with `sample(our_pids) -> dict`, see probes/gpu.py).
+
+    Where the driver reports per-process memory (and its PIDs are ours to see), the run's share
+    is the memory of the run's pids plus contexts whose pid no longer exists here: a context that
+    outlived its process is what still holds the memory after a kill (nvidia-smi's "[Not Found]").
+    Where it does not (WSL2/WDDM, MIG, another PID namespace), it is the devices' used memory, as
+    NVRx checks before a restart (the seed: 12 GB -> 400 MiB). None: the driver view is
+    unavailable.
+    """
+    run_pids = set(pids)
+    wanted = None if devices is None else set(devices)
+
+    def probe() -> int | None:
+        sample = gpu_probe.sample(run_pids)
+        if not sample.get("available"):
+            return None
+        if sample.get("per_process") and sample.get("pid_namespace") == "host":
+            return sum(
+                p["used_bytes"] or 0
+                for p in sample.get("processes", [])
+                if (wanted is None or p.get("device") in wanted)
+                and (p["pid"] in run_pids or not p.get("exists"))
+            )
+        used = [
+            d["used_bytes"]
+            for d in sample.get("devices", [])
+            if (wanted is None or d.get("index") in wanted) and d.get("used_bytes") is not None
+        ]
+        return sum(used) if used else None
+
+    return probe
 
 
 # --------------------------------------------------------------------------- helpers

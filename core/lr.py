@@ -212,7 +212,7 @@ def _rebase(
         ratios: list[float | None] = [None] * len(groups)
         for k, child in enumerate(children):
             r = _rebase(child, groups, targets, f"{field}._schedulers[{k}]", changes, torch)
-            ratios = [a if a is not None else b for a, b in zip(ratios, r)]
+            ratios = [a if a is not None else b for a, b in zip(ratios, r, strict=True)]
         return ratios
     ratios = []
     for i, g in enumerate(groups):
@@ -276,7 +276,7 @@ def _current_lrs(
         out = [_val(v) for v in values]
         if all(v is not None and math.isfinite(v) for v in out):
             return [float(v) for v in out if v is not None]
-    return [old * r if r is not None else t for old, r, t in zip(old_lrs, ratios, targets)]
+    return [old * r if r is not None else t for old, r, t in zip(old_lrs, ratios, targets, strict=True)]
 
 
 def _set_last_lr(sched: Any, current: list[float], field: str, changes: list[LrChange]) -> None:
@@ -301,7 +301,7 @@ def _announce(
     if len(set(old_lrs)) == 1 and len(set(new_lrs)) == 1:
         lrs = f"{old_lrs[0]:.3g} -> {new_lrs[0]:.3g}"
     else:
-        lrs = ", ".join(f"group {i} {o:.3g} -> {n:.3g}" for i, (o, n) in enumerate(zip(old_lrs, new_lrs)))
+        lrs = ", ".join(f"group {i} {o:.3g} -> {n:.3g}" for i, (o, n) in enumerate(zip(old_lrs, new_lrs, strict=True)))
     if changes:
         message = (f"LR re-imposed after loading state: {lrs} (requested {', '.join(f'{t:.3g}' for t in sorted(set(targets)))}; "
                    f"{where}; {len(changes)} values changed)")
@@ -318,6 +318,6 @@ def _announce(
     reporter.note(
         "lr-reimposed", message, step=step,
         requested=targets, scheduler=kind, last_epoch=epoch if isinstance(epoch, int) else None,
-        groups=[{"group": i, "old": o, "new": n} for i, (o, n) in enumerate(zip(old_lrs, new_lrs))],
+        groups=[{"group": i, "old": o, "new": n} for i, (o, n) in enumerate(zip(old_lrs, new_lrs, strict=True))],
         changes=[{"field": c.field, "old": c.old, "new": c.new} for c in changes],
     )

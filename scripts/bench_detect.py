@@ -1,0 +1,110 @@
+"""How fast a client sees the truth after a fault, against a real keeper and a real trainer.
+
+  kill -9  -> state `dead`     (the keeper waits on its child: no polling interval to wait out)
+  stall    -> state `stalled`  (alive, heartbeats flowing, no step: bound max(3 x median, floor))
+  SIGSTOP  -> state `hung`     (no heartbeat within the bound)
+
+Each as seconds after the fault and as a multiple of the median step interval; p50/p99 over
+the trials. The trainer is a light instrumented loop (no torch) stepping every --interval s.
+
+    python scripts/bench_detect.py [--trials 30] [--interval 0.05] [--stall-trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRAINER = """
+import os, sys, time
+from trainroom.core import reporter
+rep = reporter.connect(lr=1e-3)
+interval = float(sys.argv[1]); stall_at = int(sys.argv[2])
+step = 0
+while True:
+    time.sleep(interval)
+    if stall_at and step >= stall_at:
+        continue  # alive, heartbeats flowing, no step: the seed-004 loop
+    step += 1
+    rep.step(step, loss=2.0, tokens=step * 512)
+"""
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def trial(kind: str, interval: float, script: Path) -> tuple[float, float]:
+    from trainroom.core import cli, protocol
+    from trainroom.core.client import KeeperClient
+
+    stall_at = 40 if kind == "stall" else 0
+    info = cli.launch([sys.executable, str(script), str(interval), str(stall_at)], {"linger_s": 2})
+    c = KeeperClient(info.sock)
+    st = c.subscribe(client="bench")
+    target = {"kill": "dead", "stall": "stalled", "hang": "hung"}[kind]
+    fault_t: float | None = None
+    try:
+        for batch in c.records(timeout_s=120):
+            for r in batch:
+                st.apply(r)
+                if isinstance(r, protocol.RunStatus) and r.state == target and fault_t is not None:
+                    seen = time.time() - fault_t
+                    return seen, st.step_interval() or interval
+            a = st.attempt
+            if fault_t is None and a is not None and (st.current_step() or 0) >= 30:
+                if kind == "kill":
+                    fault_t = time.time()
+                    os.kill(a.pid, signal.SIGKILL)
+                elif kind == "hang":
+                    fault_t = time.time()
+                    os.kill(a.pid, signal.SIGSTOP)
+            if kind == "stall" and fault_t is None and (st.current_step() or 0) >= stall_at:
+                fault_t = st.last_step_t() or time.time()
+        raise RuntimeError("no verdict")
+    finally:
+        c.close()
+        a = st.attempt
+        if a is not None:
+            try:
+                os.killpg(a.pgid, signal.SIGCONT)
+                os.killpg(a.pgid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--stall-trials", type=int, default=3)
+    ap.add_argument("--interval", type=float, default=0.05)
+    args = ap.parse_args()
+    home = tempfile.mkdtemp(prefix="trd", dir="/tmp")
+    os.environ["TRAINROOM_HOME"] = home
+    script = Path(home) / "trainer.py"
+    script.write_text(TRAINER)
+    print(f"{'fault':10} {'verdict':9} {'n':>3} {'p50 s':>8} {'p99 s':>8} {'p50 x step':>11} {'p99 x step':>11}")
+    for kind, n in (("kill", args.trials), ("stall", args.stall_trials), ("hang", args.stall_trials)):
+        if n <= 0:
+            continue
+        secs, mult = [], []
+        for _ in range(n):
+            s, step = trial(kind, args.interval, script)
+            secs.append(s)
+            mult.append(s / step)
+        verdict = {"kill": "dead", "stall": "stalled", "hang": "hung"}[kind]
+        print(f"{kind:10} {verdict:9} {n:3d} {statistics.median(secs):8.3f} {_pct(secs, 0.99):8.3f} "
+              f"{statistics.median(mult):11.1f} {_pct(mult, 0.99):11.1f}", flush=True)
+    print(f"step interval {args.interval} s; {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

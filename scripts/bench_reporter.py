@@ -1,0 +1,98 @@
+"""Per-step cost of `reporter.step` (8 values) against what a user would otherwise write:
+TensorBoard's `SummaryWriter.add_scalar` x 8 and a `print` to a file, in one process, median and
+p99, with a real keeper reading and with that keeper stopped (SIGSTOP): the reporter must never
+block the training loop.
+
+    python scripts/bench_reporter.py [--steps 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    s = sorted(samples)
+    return statistics.median(s) * 1e6, s[min(len(s) - 1, int(len(s) * 0.99))] * 1e6
+
+
+def bench(fn, steps: int) -> tuple[float, float]:
+    for i in range(200):
+        fn(i)
+    out = []
+    clock = time.perf_counter
+    for i in range(steps):
+        t0 = clock()
+        fn(i)
+        out.append(clock() - t0)
+    return _percentiles(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20000)
+    args = ap.parse_args()
+    home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
+    os.environ["TRAINROOM_HOME"] = home
+    from trainroom.core import cli, protocol, reporter, runs
+
+    info = cli.launch(["sleep", "3600"], {"linger_s": 5})
+    rec = runs.read_record(Path(info.run_dir))
+    rep = reporter.Reporter(info.sock, protocol.Hello(pid=os.getpid()), heartbeat_s=1.0)
+
+    def rstep(i: int) -> None:
+        rep.step(i, loss=2.5, tokens=i * 512, grad_norm=0.9, lr=1e-4, loss_scale=65536.0,
+                 alloc=(1 << 30, 2 << 30, 3 << 30))
+
+    results: list[tuple[str, float, float]] = []
+    results.append(("reporter.step, keeper reading", *bench(rstep, args.steps)))
+    os.kill(rec.keeper_pid, signal.SIGSTOP)
+    try:
+        results.append(("reporter.step, keeper SIGSTOPped", *bench(rstep, args.steps)))
+        dropped = rep.dropped
+    finally:
+        os.kill(rec.keeper_pid, signal.SIGCONT)
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    tb = SummaryWriter(log_dir=os.path.join(home, "tb"))
+    names = ["loss", "tokens", "grad_norm", "lr", "loss_scale", "allocated", "reserved", "peak"]
+
+    def tstep(i: int) -> None:
+        for n in names:
+            tb.add_scalar(n, 1.0, i)
+
+    results.append(("SummaryWriter.add_scalar x 8", *bench(tstep, args.steps)))
+    tb.close()
+    f = open(os.path.join(home, "log.txt"), "w")
+
+    def pstep(i: int) -> None:
+        print(f"step {i} loss 2.5 tokens {i * 512} gn 0.9 lr 1e-4 ls 65536 a 1 r 2 p 3", file=f)
+
+    results.append(("print to a file", *bench(pstep, args.steps)))
+    f.close()
+    rep.close()
+    st = runs.load_state(info.run_dir)
+    if st.attempt is not None:
+        os.killpg(st.attempt.pgid, signal.SIGKILL)
+
+    base = results[0][1]
+    print(f"{'what':36} {'median us':>10} {'p99 us':>10} {'median vs reporter':>20}")
+    for name, med, p99 in results:
+        print(f"{name:36} {med:10.2f} {p99:10.2f} {med / base:19.1f}x")
+    tb_med = results[2][1]
+    print(f"\nTensorBoard / reporter (keeper reading): {tb_med / base:.1f}x; "
+          f"p99 with the keeper stopped: {results[1][2]:.1f} us; frames dropped while stopped: {dropped}")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
