@@ -224,7 +224,8 @@ def _seconds_arg(value: str) -> float:
     return s
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --seconds, for a `bench` verb defined elsewhere (the keeper-bound one)."""
     parser.add_argument(
         "--device",
         type=_device_arg,
@@ -234,6 +235,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seconds", type=_seconds_arg, default=DEFAULT_SECONDS, help="timed duration (default 1)"
     )
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_device_options(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -246,8 +251,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_bench(args.device, seconds=args.seconds)
-    print(json.dumps(result) if args.json else describe(result))
+    """Bench here, without a keeper (args: device, seconds, json)."""
+    result = run_bench(getattr(args, "device", "auto"), seconds=getattr(args, "seconds", DEFAULT_SECONDS))
+    print(json.dumps(result) if getattr(args, "json", False) else describe(result))
     return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
 
 

@@ -524,10 +524,22 @@ def keep_verified_copy(src: str | os.PathLike[str], report: Mapping[str, Any],
 # --------------------------------------------------------------------------- the SDK save
 
 
+def _innermost_oserror(exc: BaseException) -> OSError | None:
+    found: OSError | None = None
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno is not None:
+            found = cur
+        cur = cur.__cause__ or cur.__context__
+    return found
+
+
 def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None = None, *,
                     promote_inline: bool | None = None, declared_arch: Mapping[str, Any] | None = None,
                     statvfs: diskguard.StatvfsFn = os.statvfs,
-                    reserve_bytes: int = diskguard.DEFAULT_RESERVE_BYTES) -> Saved:
+                    reserve_bytes: int | None = None) -> Saved:
     """Save `state` (anything torch.save takes) as the candidate for `step`.
 
     Refuses first (CheckpointWontFit, an OSError with ENOSPC) when the checkpoint will not fit.
@@ -560,12 +572,18 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
                                "digest_algo": verifier.DIGEST_ALGO, "saved_at": time.time(), "pid": os.getpid()})
             os.rename(tmp, final)
             fsync_dir(q.dir)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             with contextlib.suppress(FileNotFoundError):
                 if not final.exists():
                     Path(str(final) + SAVED_SUFFIX).unlink()
+            inner = _innermost_oserror(exc)
+            if inner is not None and inner is not exc:
+                # torch.save's zip writer masks a failed write (ENOSPC) behind a RuntimeError from
+                # its __exit__: raise what really happened.
+                raise OSError(inner.errno, f"{inner.strerror or inner} while saving checkpoint step {step} "
+                                           f"in {q.dir}") from exc
             raise
         rep.checkpoint(str(final), step, w.size, w.digest)
     saved = Saved(path=str(final), step=step, size_bytes=w.size, digest=w.digest, file=str(final))

@@ -8,7 +8,7 @@ setting. Every field has a default: no file at all is a valid configuration.
 
 Example::
 
-    theme = "textual-dark"
+    theme = "trainroom-light"
     lock_files = ["out/train.lock"]
 
     [checkpoints]
@@ -152,7 +152,9 @@ class Log(_Section):
 
 
 class Config(_Section):
-    theme: str = "textual-dark"
+    # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
+    # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
+    theme: str | None = None
     # Lock files the trainer takes (flock/fcntl): STALE_LOCK names their holder from /proc/locks
     # and resume refuses while one is held. Relative to the project dir.
     lock_files: list[str] = []

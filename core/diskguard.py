@@ -25,7 +25,9 @@ DISK_CRITICAL = 0.94
 FULL_SOON_HORIZON_S = 12 * 3600.0
 FULL_SOON_CRITICAL_S = 3600.0
 # What a save must leave free: a disk filled to the last byte breaks more than the checkpoint.
+# 256 MiB, or 2 % of a small filesystem.
 DEFAULT_RESERVE_BYTES = 256 << 20
+RESERVE_FRACTION = 0.02
 # Filesystems where torch.save has truncated checkpoints (WSL's DrvFs is 9p underneath) or where
 # rename/fsync give weaker guarantees than a native disk.
 REMOTE_FSTYPES = frozenset({"9p", "v9fs", "drvfs", "cifs", "smb3", "smbfs", "nfs", "nfs4", "fuse.sshfs"})
@@ -104,6 +106,22 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
+def budget_usage(root: str | os.PathLike[str], budget_bytes: int, used_bytes: int | None = None) -> DiskUsage:
+    """The checkpoint root against a byte budget (`launch --disk-budget 50G`), as if the budget
+    were a disk of its own: the same DISK_HIGH / DISK_FULL_SOON rules apply to it. `used_bytes`
+    defaults to what the root holds (by lstat, symlinks not followed)."""
+    if used_bytes is None:
+        used_bytes = 0
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                try:
+                    used_bytes += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+    return DiskUsage(path=str(root), total_bytes=budget_bytes, used_bytes=used_bytes,
+                     free_bytes=max(0, budget_bytes - used_bytes))
+
+
 def read_mounts(mounts_path: str | os.PathLike[str] = "/proc/mounts") -> list[MountEntry]:
     entries: list[MountEntry] = []
     try:
@@ -172,14 +190,20 @@ def disk_high(usage: DiskUsage, warn: float = DISK_WARN, critical: float = DISK_
     )
 
 
+def reserve_for(usage: DiskUsage, reserve_bytes: int | None = None) -> int:
+    if reserve_bytes is not None:
+        return reserve_bytes
+    return min(DEFAULT_RESERVE_BYTES, int(usage.total_bytes * RESERVE_FRACTION))
+
+
 def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
-            reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> Projection | None:
+            reserve_bytes: int | None = None) -> Projection | None:
     """Time to full from the recent saves, each `(t, size_bytes)` of a checkpoint that added a new
     file (an overwrite in place adds nothing and should not be passed). None with under 2 saves."""
     recent = sorted(saves)[-11:]
     if len(recent) < 2:
         return None
-    intervals = [b[0] - a[0] for a, b in zip(recent, recent[1:]) if b[0] > a[0]]
+    intervals = [b[0] - a[0] for a, b in zip(recent, recent[1:], strict=False) if b[0] > a[0]]
     if not intervals:
         return None
     cadence = statistics.median(intervals)
@@ -187,7 +211,7 @@ def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
     size = max(s for _, s in recent[-3:])
     if size <= 0 or cadence <= 0:
         return None
-    saves_left = max(0, (usage.free_bytes - reserve_bytes) // size)
+    saves_left = max(0, (usage.free_bytes - reserve_for(usage, reserve_bytes)) // size)
     last_t = recent[-1][0]
     fail_t = last_t + (saves_left + 1) * cadence
     return Projection(checkpoint_bytes=size, cadence_s=cadence, bytes_per_s=size / cadence,
@@ -196,7 +220,7 @@ def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
 
 def disk_full_soon(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float, *,
                    horizon_s: float = FULL_SOON_HORIZON_S, critical_s: float = FULL_SOON_CRITICAL_S,
-                   reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+                   reserve_bytes: int | None = None,
                    prunable_bytes: int | None = None) -> Finding | None:
     proj = project(usage, saves, now, reserve_bytes)
     if proj is None or proj.time_to_full_s > horizon_s:
@@ -244,21 +268,22 @@ def disk_findings(usage: DiskUsage, mount: MountEntry | None, saves: Sequence[tu
 # --------------------------------------------------------------------------- the pre-save check
 
 
-def next_save_fits(usage: DiskUsage, next_bytes: int, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> bool:
-    return usage.free_bytes - next_bytes >= reserve_bytes
+def next_save_fits(usage: DiskUsage, next_bytes: int, reserve_bytes: int | None = None) -> bool:
+    return usage.free_bytes - next_bytes >= reserve_for(usage, reserve_bytes)
 
 
 def check_fit(path: str | os.PathLike[str], next_bytes: int, *, statvfs: StatvfsFn = os.statvfs,
-              reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> DiskUsage:
+              reserve_bytes: int | None = None) -> DiskUsage:
     """Raise CheckpointWontFit (ENOSPC) before writing a checkpoint that cannot fit."""
     import errno
 
     usage = disk_usage(path, statvfs)
-    if not next_save_fits(usage, next_bytes, reserve_bytes):
+    reserve = reserve_for(usage, reserve_bytes)
+    if not next_save_fits(usage, next_bytes, reserve):
         raise CheckpointWontFit(
             errno.ENOSPC,
             f"checkpoint of ~{_gb(next_bytes)} will not fit in {path}: {_gb(usage.free_bytes)} free, "
-            f"{_gb(reserve_bytes)} kept in reserve ({usage.used_fraction * 100:.1f}% used); "
+            f"{_gb(reserve)} kept in reserve ({usage.used_fraction * 100:.1f}% used); "
             "prune old checkpoints (`trainroom prune`) or free space",
         )
     return usage

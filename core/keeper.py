@@ -117,7 +117,8 @@ class Keeper:
         self.conns: set[Conn] = set()
         self.proc: asyncio.subprocess.Process | None = None
         self.attempt_n = 0
-        self.tail = LogTail(self.log_path, self.options.get("log_pattern"))
+        self.config, self.config_note = _load_config(rec)
+        self.tail = LogTail(self.log_path, self.options.get("log_pattern") or self.config.log.pattern)
         self.stop_event = asyncio.Event()
         self.idle_since: float | None = None
         self.linger_s = float(self.options.get("linger_s", DEFAULT_LINGER_S))
@@ -127,14 +128,45 @@ class Keeper:
             # The demo's GPU faults on a machine without one: the trainer writes the scenario the
             # keeper's fake NVML reads (see probes/fake_nvml.py); both inherit this variable.
             os.environ["TRAINROOM_FAKE_NVML"] = str(run_dir / "fake-nvml.json")
+        n_auto = int(self.options.get("auto_resume") or self.config.auto_resume.max or 0)
+        from .recovery import AutoResume
+
+        self.auto_resume: Any = AutoResume(self, n_auto) if n_auto > 0 else None
         self.watch = _load_watch(self)
         self.actions = _load_actions(self)
+
+    # ------------------------------------------------------------------ what actions need
+
+    def lock_files(self) -> list[str]:
+        files = list(self.options.get("lock_files") or [])
+        for f in self.config.lock_files:
+            path = f if os.path.isabs(f) else os.path.join(self.record.cwd, f)
+            if path not in files:
+                files.append(path)
+        return files
+
+    def gpu_probe(self) -> Any:
+        return self.watch.gpu_probe() if self.watch is not None else None
+
+    def reclaim_roots(self) -> dict[str, str]:
+        # Tests point reclaim at a temporary tree that mimics /sys/fs/cgroup and /proc.
+        return {"sys_root": os.environ.get("TRAINROOM_SYS_ROOT", "/sys/fs/cgroup"),
+                "proc_root": os.environ.get("TRAINROOM_PROC_ROOT", "/proc")}
+
+    def trainer_python(self) -> str:
+        """The trainer's interpreter (it has torch) when the command names one, else ours."""
+        argv = self.record.argv
+        if argv and "python" in os.path.basename(argv[0]):
+            return argv[0]
+        return sys.executable
 
     # ------------------------------------------------------------------ records
 
     def emit(self, rec: Any, journal: bool = True) -> None:
         """Fold a record into the run, journal it, and queue it for every live client."""
         self.state.apply(rec)
+        if self.watch is not None:
+            self.watch.observe(rec)
         if journal:
             self.journal.append(rec)
         for c in self.conns:
@@ -278,7 +310,8 @@ class Keeper:
             t0 = time.monotonic()
             if self.watch is not None:
                 try:
-                    sample = await loop.run_in_executor(None, self.watch.probe, self)
+                    targets = self.watch.targets()
+                    sample = await loop.run_in_executor(None, self.watch.probe, targets)
                 except Exception as exc:  # a probe must never take the keeper down
                     sample = p.ProbeSample(t=time.time(), host={"error": f"{type(exc).__name__}: {exc}"})
                 self.emit(sample, journal=False)
@@ -422,6 +455,8 @@ class Keeper:
         me = psutil.Process()
         self.record.keeper_pid, self.record.keeper_start_time = me.pid, me.create_time()
         runs.write_record(self.run_dir, self.record)
+        if self.config_note:
+            self.emit(p.KeeperNote(t=time.time(), message=self.config_note, kind="warning"))
         await self.start_attempt()
         tasks = [loop.create_task(self.tick_loop()), loop.create_task(self.probe_loop())]
         await self.stop_event.wait()
@@ -434,6 +469,18 @@ class Keeper:
             self.sock_path.unlink()
         self.journal.close()
         return 0
+
+
+def _load_config(rec: runs.RunRecord) -> tuple[Any, str | None]:
+    """The run's trainroom.toml (project dir, then state dir); a bad one falls back to the
+    defaults here, with a note: `launch` already refused it with exit 2 when it was given."""
+    from .config import Config, ConfigError, load_config
+
+    try:
+        cfg, _path = load_config(rec.cwd, runs.state_dir())
+        return cfg.resolved(rec.cwd) if hasattr(cfg, "resolved") else cfg, None
+    except ConfigError as exc:
+        return Config(), f"config ignored: {exc}"
 
 
 def _basic_verdict(st: RunState) -> str:

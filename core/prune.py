@@ -210,9 +210,11 @@ def _root_for(args: argparse.Namespace) -> Path:
 
         info = runs.resolve_run(args.run)
         rec = runs.read_record(Path(info.run_dir))
-        root = rec.options.get("ckpt_root")
-        if not root:
-            raise ck.CheckpointError(f"run {info.run_id} has no checkpoint root: pass --root PATH")
+        if args.keep is None and isinstance(rec.options.get("keep"), int):
+            args.keep = rec.options["keep"]
+        root = rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints"
+        if not Path(root).is_dir():
+            raise ck.CheckpointError(f"run {info.run_id} has no checkpoint root at {root}: pass --root PATH")
         return Path(str(root))
     return ck.checkpoint_root(None)
 
@@ -222,14 +224,14 @@ def _gb(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    keep = DEFAULT_KEEP if args.keep is None else args.keep
-    if keep < 0:
-        print("trainroom prune: --keep must be 0 or more", file=sys.stderr)
-        return 2
     try:
         root = _root_for(args)
     except Exception as exc:  # RunError, CheckpointError: one line, exit 2
         print(f"trainroom prune: {exc}", file=sys.stderr)
+        return 2
+    keep = DEFAULT_KEEP if args.keep is None else args.keep
+    if keep < 0:
+        print("trainroom prune: --keep must be 0 or more", file=sys.stderr)
         return 2
     if not root.is_dir():
         print(f"trainroom prune: {root}: not a directory", file=sys.stderr)

@@ -23,9 +23,12 @@ from typing import Any
 
 import msgspec
 
+from . import protocol as p
 from .findings import Finding
 from .protocol import RequestedConfig
 
+# Up to this many ranks each is held against the others without it; beyond, against all of them.
+LEAVE_ONE_OUT_MAX = 8
 # MAD x 1.4826 estimates the standard deviation of normal noise, so the thresholds read as sigmas.
 MAD_TO_SIGMA = 1.4826
 
@@ -69,6 +72,10 @@ class SanityThresholds(msgspec.Struct, frozen=True, kw_only=True):
     spike_sigmas: float = 6.0
     spike_min_rel: float = 0.10
     spike_min_nats: float = 0.05
+    # One observation past the band is a candidate; it is a spike once `confirm_steps` in a row are
+    # past it, or at once when past `spike_immediate` x the band (a hard batch is not a spike).
+    confirm_steps: int = 2
+    spike_immediate: float = 2.0
     # DIVERGENCE: `divergence_chunks` consecutive chunk medians above the attempt's best chunk
     # median by max(rel x best, min nats).
     divergence_chunk: int = 25
@@ -80,10 +87,15 @@ class SanityThresholds(msgspec.Struct, frozen=True, kw_only=True):
     grad_sigmas: float = 6.0
     grad_ratio: float = 10.0
     grad_abs_max: float = 1e8
+    grad_immediate: float = 10.0  # x the band: a single step that far out is an explosion at once
     # RANK_OUTLIER: a rank against the median of the others, by max(k sigma, rel x ref, floor).
     rank_sigmas: float = 5.0
     rank_loss_rel: float = 0.25
     rank_loss_min_nats: float = 0.5
+    # A rank's loss is the median of its last few (one hard batch on one rank is not an outlier);
+    # its latest loss alone counts when it is `rank_immediate` x the band out.
+    rank_loss_window: int = 3
+    rank_immediate: float = 2.0
     rank_time_rel: float = 1.0
     rank_time_min_s: float = 0.1
     rank_time_window: int = 16
@@ -151,16 +163,21 @@ def rank_deviations(
 ) -> list[tuple[int, float, float, float]]:
     """(rank, value, reference, threshold) for each rank that lies outside the others.
 
-    Each rank is held against the median of the *other* ranks (leave one out), so with two ranks
-    each is compared with the other, and the spread is their MAD. With two ranks only the high side
+    Each rank is held against the median of the *other* ranks (leave one out; above
+    LEAVE_ONE_OUT_MAX ranks, of all of them), so with two ranks each is compared with the other. With two ranks only the high side
     counts (which of two is wrong is unknowable; the higher loss or slower step is the suspect)."""
     out: list[tuple[int, float, float, float]] = []
     if len(values) < 2:
         return out
     two_sided = both_sides and len(values) >= 3
+    # Past a handful of ranks one rank barely moves the median or the MAD: one pass for all.
+    shared = robust_level(list(values.values())) if len(values) > LEAVE_ONE_OUT_MAX else None
     for r, v in values.items():
-        others = [x for q, x in values.items() if q != r]
-        ref, sigma = robust_level(others) if len(others) >= 2 else (others[0], 0.0)
+        if shared is not None:
+            ref, sigma = shared
+        else:
+            others = [x for q, x in values.items() if q != r]
+            ref, sigma = robust_level(others) if len(others) >= 2 else (others[0], 0.0)
         thr = max(sigmas * sigma, rel * abs(ref), floor)
         dev = v - ref
         if dev > thr or (two_sided and -dev > thr):
@@ -225,6 +242,7 @@ class Excursion(msgspec.Struct, kw_only=True):
     recovered_step: int | None = None
     recovered_t: float | None = None
     count: int = 1  # excursions seen in this attempt, this one included
+    run: int = 1  # observations in a row past the band (what confirms a candidate)
 
 
 class Divergence(msgspec.Struct, kw_only=True):
@@ -281,9 +299,9 @@ class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class _RankState:
     __slots__ = ("rank", "step", "t", "loss", "grad_norm", "tokens", "dts", "rate_t", "rate_tok",
-                 "scale", "pending_grad")
+                 "scale", "pending_grad", "losses")
 
-    def __init__(self, rank: int, window: int) -> None:
+    def __init__(self, rank: int, window: int, loss_window: int) -> None:
         self.rank = rank
         self.step: int | None = None
         self.t: float | None = None
@@ -296,6 +314,7 @@ class _RankState:
         self.scale: float | None = None
         # A non-finite grad norm under a loss scaler waits one step: a halving means overflow.
         self.pending_grad: tuple[int, float, float, float | None] | None = None  # step, t, value, scale
+        self.losses: deque[float] = deque(maxlen=loss_window)
 
     def step_time(self, min_samples: int) -> float | None:
         return statistics.median(self.dts) if len(self.dts) >= min_samples else None
@@ -366,6 +385,22 @@ class SanityTracker:
             arch=config.arch or r.arch,
         )
 
+    def observe_record(self, rec: Any) -> None:
+        """Fold one keeper record (what it journals, in journal order): AttemptStarted starts an
+        attempt (a resume when n > 1 or it names a checkpoint), and a Received Hello / Step / Note
+        feeds the matching method. Anything else is ignored."""
+        if isinstance(rec, p.AttemptStarted):
+            self.start_attempt(rec.requested, resumed=rec.n > 1 or rec.resume_from is not None, t=rec.t)
+        elif isinstance(rec, p.Received):
+            msg = rec.msg
+            if isinstance(msg, p.Step):
+                self.observe_step(rec.rank, msg.step, msg.t, loss=msg.loss, grad_norm=msg.grad_norm,
+                                  lrs=msg.lr, loss_scale=msg.loss_scale, tokens=msg.tokens)
+            elif isinstance(msg, p.Note):
+                self.observe_note(rec.rank, msg.kind, msg.step, msg.data, msg.t)
+            elif isinstance(msg, p.Hello) and (rec.rank == 0 or self.requested == RequestedConfig()):
+                self.update_requested(msg.config)
+
     def observe_note(self, rank: int, kind: str, step: int | None, data: Mapping[str, Any], t: float) -> None:
         if kind == "nonfinite-module" and isinstance(data.get("module"), str):
             self.tracer = TracerReport(rank=rank, step=step, t=t, module=data["module"])
@@ -387,7 +422,7 @@ class SanityTracker:
         th = self.th
         rs = self._ranks.get(rank)
         if rs is None:
-            rs = self._ranks[rank] = _RankState(rank, th.rank_time_window)
+            rs = self._ranks[rank] = _RankState(rank, th.rank_time_window, max(1, th.rank_loss_window))
         if rs.step is not None and rs.t is not None and step > rs.step:
             rs.dts.append(max(t - rs.t, 0.0) / (step - rs.step))
         if tokens is not None:
@@ -397,6 +432,8 @@ class SanityTracker:
         rs.step, rs.t = step, t
         if loss is not None:
             rs.loss = loss
+            if math.isfinite(loss):
+                rs.losses.append(loss)
         if grad_norm is not None:
             rs.grad_norm = grad_norm
         if self.primary is None or rank < self.primary:
@@ -472,6 +509,7 @@ class SanityTracker:
         self.white: WhiteStreak | None = None
         self._loss = _Rolling(th.loss_window, th.refresh_every, th.min_window)
         self.spike: Excursion | None = None
+        self._spike_cand: Excursion | None = None
         self._chunk: list[float] = []
         self._chunk_start: tuple[int, float] | None = None
         self._chunk_medians: deque[tuple[float, int, float]] = deque(maxlen=th.divergence_chunks)
@@ -479,6 +517,7 @@ class SanityTracker:
         self.divergence: Divergence | None = None
         self._grad = _Rolling(th.grad_window, th.refresh_every, th.min_window)
         self.grad: Excursion | None = None
+        self._grad_cand: Excursion | None = None
         self.nonfinite: NonFinite | None = None
         self.halvings: deque[ScaleHalving] = deque(maxlen=256)
         self.tracer: TracerReport | None = None
@@ -486,6 +525,12 @@ class SanityTracker:
     def _primary_scale(self) -> float | None:
         rs = self._ranks.get(self.primary) if self.primary is not None else None
         return rs.scale if rs is not None else None
+
+    def _in_warmup(self, step: int, rising_lr: bool) -> bool:
+        """A declared warmup decides; without one, an LR still rising step over step is one."""
+        if self.requested.warmup_steps is not None:
+            return step < self.requested.warmup_steps
+        return rising_lr
 
     def _in_declared_warmup(self, step: int) -> bool:
         w = self.requested.warmup_steps
@@ -522,7 +567,7 @@ class SanityTracker:
         if lnv is not None:
             if abs(loss - lnv) > th.white_band * lnv:
                 self.white = None
-            elif not (self._in_declared_warmup(step) or rising_lr):
+            elif not self._in_warmup(step, rising_lr):
                 w = self.white
                 if w is None:
                     w = self.white = WhiteStreak(start_step=step, start_t=t, last_step=step, last_t=t)
@@ -534,7 +579,9 @@ class SanityTracker:
         if level is not None:
             med, sigma = level
             thr = max(th.spike_sigmas * sigma, th.spike_min_rel * abs(med), th.spike_min_nats)
-            self.spike = advance_excursion(self.spike, step, t, loss, med, thr)
+            self.spike, self._spike_cand = advance_excursion(
+                self.spike, self._spike_cand, step, t, loss, med, thr,
+                immediate=th.spike_immediate * thr, confirm=th.confirm_steps)
         self._loss.append(loss)
         # Divergence: medians of consecutive chunks against the attempt's best chunk.
         if self._chunk_start is None:
@@ -556,10 +603,13 @@ class SanityTracker:
         if level is not None:
             med, sigma = level
             thr = max(med * (th.grad_ratio - 1), th.grad_sigmas * sigma)
-            self.grad = advance_excursion(self.grad, step, t, g, med, thr, cap=th.grad_abs_max)
+            self.grad, self._grad_cand = advance_excursion(
+                self.grad, self._grad_cand, step, t, g, med, thr, cap=th.grad_abs_max,
+                immediate=th.grad_immediate * thr, confirm=th.confirm_steps)
         elif g > th.grad_abs_max or self.grad is not None:
             # No history yet: only the absolute cap can tell (the seed's 10^18 from the first step).
-            self.grad = advance_excursion(self.grad, step, t, g, 0.0, math.inf, cap=th.grad_abs_max)
+            self.grad, self._grad_cand = advance_excursion(
+                self.grad, None, step, t, g, 0.0, math.inf, cap=th.grad_abs_max)
         self._grad.append(g)
 
     def _observe_scale(self, rs: _RankState, step: int, t: float, scale: float | None, primary: bool) -> bool:
@@ -623,25 +673,45 @@ def white_model_open(w: WhiteStreak, th: SanityThresholds = DEFAULT_THRESHOLDS) 
 
 
 def advance_excursion(
-    ev: Excursion | None, step: int, t: float, value: float, baseline: float, threshold: float,
+    ev: Excursion | None,
+    cand: Excursion | None,
+    step: int,
+    t: float,
+    value: float,
+    baseline: float,
+    threshold: float,
     cap: float = math.inf,
-) -> Excursion | None:
+    immediate: float = 0.0,
+    confirm: int = 1,
+) -> tuple[Excursion | None, Excursion | None]:
     """One observation against (baseline, threshold, absolute cap): starts, grows or ends an
-    excursion. A finished (recovered) excursion is kept until a new one replaces it."""
-    above = value - baseline > threshold or value > cap
-    if ev is None or ev.recovered_step is not None:
-        if not above:
-            return ev
-        count = 1 if ev is None else ev.count + 1
-        return Excursion(start_step=step, start_t=t, baseline=baseline, threshold=threshold, cap=cap,
-                         peak=value, peak_step=step, last=value, last_step=step, count=count)
-    ev.last, ev.last_step = value, step
-    if value > ev.peak:
-        ev.peak, ev.peak_step = value, step
-    # Back in means back under the threshold measured from the baseline the excursion left.
-    if value - ev.baseline <= ev.threshold and value <= ev.cap:
-        ev.recovered_step, ev.recovered_t = step, t
-    return ev
+    excursion; returns (excursion, candidate). A value past the threshold starts a candidate that
+    becomes the excursion after `confirm` observations in a row past it; one past `immediate` or
+    the cap is an excursion at once. A recovered excursion is kept until a new one replaces it."""
+    excess = value - baseline
+    above = excess > threshold or value > cap
+    if ev is not None and ev.recovered_step is None:
+        ev.last, ev.last_step = value, step
+        if value > ev.peak:
+            ev.peak, ev.peak_step = value, step
+        # Back in means back under the threshold measured from the baseline the excursion left.
+        if value - ev.baseline <= ev.threshold and value <= ev.cap:
+            ev.recovered_step, ev.recovered_t = step, t
+        return ev, None
+    if not above:
+        return ev, None
+    if cand is None:
+        cand = Excursion(start_step=step, start_t=t, baseline=baseline, threshold=threshold, cap=cap,
+                         peak=value, peak_step=step, last=value, last_step=step)
+    else:
+        cand.run += 1
+        cand.last, cand.last_step = value, step
+        if value > cand.peak:
+            cand.peak, cand.peak_step = value, step
+    if value > cap or (immediate > 0 and excess > max(immediate, threshold)) or cand.run >= confirm:
+        cand.count = 1 if ev is None else ev.count + 1
+        return cand, None
+    return ev, cand
 
 
 def excursion_open(ev: Excursion, now: float, th: SanityThresholds = DEFAULT_THRESHOLDS) -> bool:
@@ -705,7 +775,7 @@ def exploded_start_finding(first: FirstLoss, vocab_size: int, th: SanityThreshol
     return Finding(
         code="EXPLODED_START", severity="warning", action="verify",
         message=(
-            f"first loss {_fmt(first.loss)} at step {first.step} vs ln V = {lnv:.2f} (V = {vocab_size}): "
+            f"first loss {_fmt(first.loss)} at step {first.step} vs ln V = {lnv:.3f} (V = {vocab_size}): "
             f"{first.loss / lnv:.1f}x the uniform-guess baseline (limit {th.exploded_factor:g}x); "
             "the starting weights look exploded (an output head with a huge std?): verify the starting "
             "checkpoint before spending steps normalising it"
@@ -722,7 +792,7 @@ def white_model_finding(w: WhiteStreak, vocab_size: int, th: SanityThresholds = 
     return Finding(
         code="WHITE_MODEL", severity="warning",
         message=(
-            f"loss {_fmt(mean)} has stayed within {th.white_band:.0%} of ln V = {lnv:.4g} (V = {vocab_size}) "
+            f"loss {mean:.4f} has stayed within {th.white_band:.0%} of ln V = {lnv:.3f} (V = {vocab_size}) "
             f"for {steps} steps (since step {w.start_step}): e^-L = {math.exp(-mean):.3g}, the "
             f"geometric-mean probability of the right token, is what uniform guessing gives (1/V = "
             f"{1 / vocab_size:.3g}): the model has learned nothing"
@@ -736,7 +806,8 @@ def white_model_finding(w: WhiteStreak, vocab_size: int, th: SanityThresholds = 
 def loss_spike_finding(s: Excursion, latest: float | None, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
     size = s.peak - s.baseline
     if s.recovered_step is not None:
-        state = f"recovered after {s.recovered_step - s.start_step} steps (step {s.recovered_step})"
+        n = s.recovered_step - s.start_step
+        state = f"recovered after {n} step{'s' if n != 1 else ''} (step {s.recovered_step})"
     else:
         state = f"not recovered: {_fmt(latest)} at step {s.last_step}, {s.last_step - s.start_step} steps on"
     more = f"; {s.count} spikes this attempt" if s.count > 1 else ""
@@ -774,12 +845,12 @@ def grad_explosion_finding(g: Excursion, th: SanityThresholds = DEFAULT_THRESHOL
         state = f"back in range at step {g.recovered_step}"
     else:
         state = f"still {_fmt(g.last)} at step {g.last_step}"
-    ref = f"{ratio:.3g}x its median {_fmt(g.baseline)}" if g.baseline > 0 else f"above the absolute cap {_fmt(th.grad_abs_max)}"
+    ref = (f"{ratio:.3g}x its median {_fmt(g.baseline)} over the last {th.grad_window} steps" if g.baseline > 0
+           else f"above the absolute cap {_fmt(th.grad_abs_max)} before any history")
     return Finding(
         code="GRAD_EXPLOSION", severity="info" if g.recovered_step is not None else "warning",
         message=(
-            f"grad norm {_fmt(g.peak)} at step {g.peak_step} (10^{math.log10(g.peak):.0f}), {ref} "
-            f"over the last {th.grad_window} steps; {state}"
+            f"grad norm {_fmt(g.peak)} at step {g.peak_step} (10^{math.log10(g.peak):.0f}), {ref}; {state}"
         ),
         evidence={"step": g.start_step, "peak": g.peak, "peak_step": g.peak_step, "median": g.baseline,
                   "ratio": ratio if math.isfinite(ratio) else None, "recovered": g.recovered_step is not None,
@@ -821,7 +892,7 @@ def loss_scale_finding(
                "halves at every step, so gradients overflow at any scale; expect NONFINITE")
     else:
         assert last is not None
-        msg = (f"fp16 loss scale halved {_fmt(last.old)} -> {_fmt(last.new)} at step {last.step}: the "
+        msg = (f"fp16 loss scale halved {last.old:g} -> {last.new:g} at step {last.step}: the "
                f"overflowing step was skipped, the scaler's controlled response, not an incident "
                f"({len(recent)} halving{'s' if len(recent) != 1 else ''} in the last {th.hold_s:g} s)")
     return Finding(
@@ -832,20 +903,35 @@ def loss_scale_finding(
     )
 
 
+def _others(n: int) -> str:
+    if n > LEAVE_ONE_OUT_MAX:
+        return f"all {n} ranks"
+    return "the other rank" if n == 2 else f"the other {n - 1} ranks"
+
+
 def rank_outlier_findings(ranks: Mapping[int, _RankState], th: SanityThresholds = DEFAULT_THRESHOLDS) -> list[Finding]:
     out: list[Finding] = []
-    losses = {r: s.loss for r, s in ranks.items() if s.loss is not None and math.isfinite(s.loss)}
+    latest = {r: s.loss for r, s in ranks.items() if s.loss is not None and math.isfinite(s.loss)}
+    smooth = {r: statistics.median(s.losses) for r, s in ranks.items() if s.losses}
     n = len(ranks)
-    if len(losses) >= 2:
-        mean = statistics.fmean(losses.values())
-        med = statistics.median(losses.values())
-        for r, v, ref, thr in rank_deviations(losses, th.rank_sigmas, th.rank_loss_rel, th.rank_loss_min_nats, True):
+    if len(latest) >= 2:
+        mean = statistics.fmean(latest.values())
+        med = statistics.median(latest.values())
+        flagged = {d[0]: d for d in rank_deviations(
+            smooth, th.rank_sigmas, th.rank_loss_rel, th.rank_loss_min_nats, True)}
+        for d in rank_deviations(
+            latest, th.rank_sigmas * th.rank_immediate, th.rank_loss_rel * th.rank_immediate,
+            th.rank_loss_min_nats * th.rank_immediate, True,
+        ):
+            flagged.setdefault(d[0], d)
+        others = _others(len(latest))
+        for r, v, ref, thr in sorted(flagged.values()):
             out.append(Finding(
                 code="RANK_OUTLIER", severity="warning", key=f"{r}/loss",
                 message=(
-                    f"rank {r} loss {_fmt(v)} vs {_fmt(ref)}, the median of the other {len(losses) - 1} "
-                    f"rank{'s' if len(losses) > 2 else ''} ({v - ref:+.3g} nats; band ±{thr:.3g}); across "
-                    f"{n} ranks the median is {_fmt(med)} and the mean {_fmt(mean)}, which hides it"
+                    f"rank {r} loss {_fmt(v)} vs {_fmt(ref)}, the median of {others} ({v - ref:+.3g} nats; "
+                    f"band ±{thr:.3g}); across "
+                    f"{len(latest)} ranks the median is {_fmt(med)} and the mean {_fmt(mean)}, which hides it"
                 ),
                 evidence={"rank": r, "metric": "loss", "value": v, "reference": ref, "threshold": thr,
                           "ranks": n, "median": med, "mean": mean, "step": ranks[r].step},
@@ -856,9 +942,8 @@ def rank_outlier_findings(ranks: Mapping[int, _RankState], th: SanityThresholds 
             out.append(Finding(
                 code="RANK_OUTLIER", severity="warning", key=f"{r}/step-time",
                 message=(
-                    f"rank {r} step time {v:.3g} s vs {ref:.3g} s, the median of the other "
-                    f"{len(times) - 1} rank{'s' if len(times) > 2 else ''} ({v / ref if ref > 0 else math.inf:.3g}x): "
-                    "a straggler"
+                    f"rank {r} step time {v:.3g} s vs {ref:.3g} s, the median of {_others(len(times))} "
+                    f"({v / ref if ref > 0 else math.inf:.3g}x): a straggler"
                 ),
                 evidence={"rank": r, "metric": "step_time_s", "value": v, "reference": ref, "threshold": thr,
                           "ranks": n, "step": ranks[r].step},

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
+
+from . import protocol as p
 
 METRICS = ("loss", "lr", "grad_norm", "step_time")
 MarkKind = Literal["checkpoint", "restart", "lr-change", "loss-scale"]
@@ -152,6 +154,27 @@ class Series:
                                     label=f"loss scale {self._scale:.6g} -> {loss_scale:.6g}"))
             self._scale = loss_scale
         self._add(x, (loss, lr0, grad_norm, step_time))
+
+    def observe_record(self, rec: Any) -> None:
+        """Fold one keeper record (what it journals, in order): rank 0's steps are the curve, a
+        new attempt is a restart mark, a verified checkpoint and a re-imposed LR are marks, and a
+        known vocab size draws ln V. Anything else is ignored."""
+        if isinstance(rec, p.AttemptStarted):
+            if rec.n > 1:
+                self.mark("restart", label=f"attempt {rec.n}")
+            if rec.requested.vocab_size:
+                self.set_loss_baseline(rec.requested.vocab_size)
+        elif isinstance(rec, p.Received) and rec.rank == 0:
+            msg = rec.msg
+            if isinstance(msg, p.Step):
+                self.observe_step(msg.step, t=msg.t, tokens=msg.tokens, loss=msg.loss, lr=msg.lr or None,
+                                  grad_norm=msg.grad_norm, loss_scale=msg.loss_scale)
+            elif isinstance(msg, p.Note) and msg.kind == "lr-reimposed":
+                self.mark("lr-change", label=msg.message or "lr re-imposed", step=msg.step)
+            elif isinstance(msg, p.Hello) and msg.config.vocab_size:
+                self.set_loss_baseline(msg.config.vocab_size)
+        elif isinstance(rec, p.CheckpointState) and rec.state == "verified":
+            self.mark("checkpoint", label=rec.path.rstrip("/").rsplit("/", 1)[-1], step=rec.step)
 
     def mark(self, kind: MarkKind, label: str = "", step: int | None = None, x: float | None = None) -> None:
         """A mark at `x` (default: the latest point). A restart mark without x waits for the first
@@ -297,8 +320,7 @@ class Series:
 
         def fold(a: list, op: object, empty: object) -> None:
             for j in range(half):
-                p, q = a[2 * j], a[2 * j + 1]
-                a[j] = op(p, q)  # type: ignore[operator]
+                a[j] = op(a[2 * j], a[2 * j + 1])  # type: ignore[operator]
             for j in range(half, n):
                 a[j] = empty
 
@@ -340,9 +362,9 @@ class Series:
         out: list[Mark] = []
         last: dict[str, Mark] = {}
         for m in self.marks:
-            p = last.get(m.kind)
-            if p is not None and self._mark_bucket(p.x, width) == self._mark_bucket(m.x, width):
-                p.count += m.count
+            prev = last.get(m.kind)
+            if prev is not None and self._mark_bucket(prev.x, width) == self._mark_bucket(m.x, width):
+                prev.count += m.count
                 continue
             out.append(m)
             last[m.kind] = m

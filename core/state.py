@@ -188,7 +188,7 @@ class RunState(msgspec.Struct, kw_only=True):
             rank.main_frame, rank.main_frame_age_s = msg.main_frame, msg.main_frame_age_s
             rank.dropped = msg.dropped
             if msg.phase != rank.phase:
-                rank.phase, rank.phase_since = msg.phase, r.t
+                rank.phase, rank.phase_since, rank.phase_bound_s = msg.phase, r.t, None
         elif isinstance(msg, p.Hello):
             a.instrumented = True
             rank.pid, rank.world_size, rank.connected = msg.pid, msg.world_size, True

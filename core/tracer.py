@@ -5,8 +5,8 @@ NaN is usually far downstream of the cause. Forward hooks fire as each module re
 modules before the containers that call them: the first hook that sees a non-finite output is
 the module that produced it.
 
-Cost: one `isfinite(out).all()` per floating output, kept on the device (no sync per module), and
-one small sync per forward of the root model to read the flags. Off (`enabled = False`, or after
+Cost: one `aminmax` per floating output, kept on the device (no sync per module), and one small
+sync per forward of the root model to read them. Off (`enabled = False`, or after
 `remove()`) there are no hooks at all. Hooks break torch.compile graphs: trace an eager model.
 
     from trainroom.core.tracer import NonFiniteTracer
@@ -119,15 +119,22 @@ class NonFiniteTracer:
         return hook
 
     def _flag(self, idx: int, obj: Any) -> None:
+        # min and max of each output, left on the device: NaN propagates through both and an Inf
+        # shows in one, so their finiteness is the tensor's; one reduction, no sync, no copy.
         torch = self._torch
-        ts = list(_tensors(obj, torch))
-        if not ts:
-            return
-        with torch.no_grad():
-            ok = torch.isfinite(ts[0]).all() if len(ts) == 1 else torch.stack([torch.isfinite(t).all() for t in ts]).all()
-        self._flags.append(ok)
-        self._flag_names.append(idx)
-        if len(self._flags) >= MAX_PENDING:
+        if isinstance(obj, torch.Tensor):
+            ts: Any = (obj,) if obj.is_floating_point() or obj.is_complex() else ()
+        else:
+            ts = _tensors(obj, torch)
+        flags, names = self._flags, self._flag_names
+        for t in ts:
+            if t.numel() == 0:
+                continue
+            t = t.detach()
+            lo, hi = torch.aminmax(t.abs() if t.is_complex() else t)
+            flags += (lo, hi)
+            names += (idx, idx)
+        if len(flags) >= MAX_PENDING:
             self.check()
 
     def _root_pre(self, _module: Any, inputs: Any) -> None:
@@ -150,10 +157,11 @@ class NonFiniteTracer:
         flags, names = self._flags, self._flag_names
         self._flags, self._flag_names = [], []
         try:
-            bad = (~torch.stack(flags)).nonzero()
+            # stack promotes fp16/bf16 to fp32 (and keeps fp64), so no finite value turns Inf.
+            bad = (~torch.isfinite(torch.stack(flags))).nonzero()
             first = int(bad[0, 0].item()) if bad.numel() else None
         except RuntimeError:  # flags on several devices (a model split across GPUs)
-            first = next((i for i, f in enumerate(flags) if not bool(f)), None)
+            first = next((i for i, f in enumerate(flags) if not bool(torch.isfinite(f))), None)
         if first is None:
             self._armed = True
             return None

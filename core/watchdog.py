@@ -11,15 +11,24 @@ Why these signals (seed 001): log age detects slowness, absence detects death. D
 the keeper's waitpid, not from silence; STALLED is "alive and beating but not stepping" (the
 seed-004 accumulation-counter bug); HUNG is "alive and not even beating" or stopped (T) or stuck
 in the kernel (D) or a main thread parked on one line.
+
+Wiring (the keeper, one Watchdog per run, all on the event-loop thread except the probe cycle):
+
+    sweep = probes.sweep.ProbeSweep(lock_paths=cfg.lock_files)          # once
+    sample = sweep.sample(ProbeTargets.of(run))                          # worker thread, ~1 s
+    keeper.emit(sample, journal=False)                                   # -> run.probe
+    ctx = context_from_probe(run.probe, thresholds=Thresholds.from_config(cfg.thresholds),
+                             alive=<child not yet reaped>, attempt=run.attempt.n)
+    verdict = watchdog.evaluate(run, ctx, now)                           # every tick (0.1-0.25 s)
 """
 
 from __future__ import annotations
 
 import errno as errno_mod
-import math
 import re
 import signal
 import statistics
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,7 +36,7 @@ import msgspec
 
 from . import protocol as p
 from .findings import Finding
-from .state import AttemptView, RankView, RunState
+from .state import AttemptView, RankView, RunState, StepRow
 
 GIB = 1 << 30
 
@@ -143,7 +152,7 @@ def errno_name(link: p.ErrorLink) -> str | None:
 # --------------------------------------------------------------------------- cadence
 
 
-def _intervals_of(rows: Iterable[p.Any]) -> list[float]:
+def _intervals_of(rows: Iterable[StepRow]) -> list[float]:
     out: list[float] = []
     last_t = last_step = None
     for r in sorted(rows, key=lambda r: r.t):
@@ -197,6 +206,7 @@ class Memory(msgspec.Struct, kw_only=True):
     gpu_t: float | None = None  # the last GPU sample seen (cycles count on new samples only)
     ghost_streak: int = 0
     busy_streak: dict[int, int] = {}  # device index -> consecutive busy-with-nothing-of-ours cycles
+    orphan_streak: dict[int, int] = {}  # driver pid -> consecutive cycles listed while gone or a zombie
     d_since: dict[int, float] = {}  # pid -> when it was first seen in D (reset on any other state)
     activity: dict[int, int] = {}  # pid -> last activity counter
     active_at: dict[int, float] = {}  # pid -> when that counter last moved (or was first seen)
@@ -207,7 +217,8 @@ class Memory(msgspec.Struct, kw_only=True):
 
 def _ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[str, str, list[Finding]]:
     if a.exit_code == 0 and a.exit_signal is None and a.error is None:
-        return "exited", f"attempt {a.n} exited 0 at step {a.last_step}" if a.last_step is not None else f"attempt {a.n} exited 0", []
+        at = f" at step {a.last_step}" if a.last_step is not None else ""
+        return "exited", f"attempt {a.n} exited 0{at}", []
     return "dead", _death_cause(a), [dead_finding(run, a, ctx)]
 
 
@@ -276,14 +287,18 @@ def _main_thread_parked(pid: int | None, mem: Memory, now: float, bound: float) 
 
 
 def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple[str, str, list[Finding]]:
-    """The state of a live attempt and its STALLED / HUNG / SLOW finding."""
+    """The state of a live attempt and its STALLED / HUNG / SLOW finding.
+
+    The reason (what RunStatus journals on each change) holds no growing figure, so it changes
+    only when the diagnosis does; the finding's message carries the figures.
+    """
     a = run.attempt
     assert a is not None
     th = ctx.thresholds
     median = median_interval(run, th)
     bound = progress_bound(median, th)
     ranks = list(run.ranks.values())
-    med_txt = f"3 x median step {median:.2f} s" if median is not None else "no median yet"
+    grace = max(th.start_grace_s, th.stall_floor_s)
 
     # Stopped or stuck in the kernel: no progress is possible whatever the telemetry says.
     for pid in _watched_pids(a, run):
@@ -292,64 +307,37 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
             why = "SIGSTOP or a debugger" if st == "T" else "being traced"
             return "hung", f"pid {pid} stopped (state {st})", [hung_finding(
                 f"pid {pid} is stopped (state {st}: {why}); it makes no progress until SIGCONT",
-                {"pid": pid, "state": st, "last_step": a.last_step})]
+                {"cause": "stopped", "pid": pid, "state": st, "last_step": a.last_step})]
         d_bound = th.d_state_bound_s if th.d_state_bound_s is not None else (bound or th.stall_floor_s)
         if st == "D" and pid in mem.d_since and now - mem.d_since[pid] > d_bound:
             held = now - mem.d_since[pid]
-            return "hung", f"pid {pid} in D for {fmt_s(held)}", [hung_finding(
+            return "hung", f"pid {pid} stuck in uninterruptible I/O (state D)", [hung_finding(
                 f"pid {pid} has sat in uninterruptible I/O (state D) for {fmt_s(held)} (bound {fmt_s(d_bound)}): "
-                "a stuck filesystem or driver call", {"pid": pid, "state": "D", "for_s": round(held, 1),
-                                                      "bound_s": d_bound, "last_step": a.last_step})]
+                "a stuck filesystem or driver call",
+                {"cause": "d-state", "pid": pid, "state": "D", "for_s": round(held, 1), "bound_s": d_bound,
+                 "last_step": a.last_step})]
 
     if a.bye is not None:
         return "running", f"trainer said bye ({a.bye}); waiting for it to exit", []
 
     stepped = [r for r in ranks if r.last_step_t is not None]
     if a.instrumented:
-        worst: tuple[float, str, str, dict[str, Any]] | None = None  # (excess ratio, reason, message, evidence)
-        for r in ranks:
-            pb = phase_bound(r, th)
-            hb_bound = pb if pb is not None else (bound if stepped and bound is not None else max(th.start_grace_s, th.stall_floor_s))
-            if not stepped and pb is None:
-                hb_bound = max(th.start_grace_s, th.stall_floor_s)
-            beats = [t for t in (r.last_heartbeat_t, r.last_step_t, r.phase_since) if t is not None]
-            last = max(beats) if beats else a.started_at
-            silent = now - last
-            if silent > hb_bound:
-                ratio = silent / hb_bound
-                if worst is None or ratio > worst[0]:
-                    worst = (ratio, f"rank {r.rank}: no heartbeat for {fmt_s(silent)}",
-                             f"rank {r.rank} alive but silent: no heartbeat for {fmt_s(silent)} (bound {fmt_s(hb_bound)}); "
-                             f"last step {r.step}",
-                             {"rank": r.rank, "pid": r.pid, "silent_s": round(silent, 1), "bound_s": hb_bound,
-                              "last_step": r.step, "phase": r.phase})
-                continue
-            if r.main_frame_age_s is not None and r.last_heartbeat_t is not None:
-                age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
-                parked = _main_thread_parked(r.pid or a.pid, mem, now, hb_bound)
-                # A main thread that keeps running (a loop that never steps) is a stall, not a hang.
-                if age > hb_bound and parked is not False:
-                    ratio = age / hb_bound
-                    if worst is None or ratio > worst[0]:
-                        worst = (ratio, f"rank {r.rank}: main thread on {r.main_frame} for {fmt_s(age)}",
-                                 f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} for "
-                                 f"{fmt_s(age)} (bound {fmt_s(hb_bound)}): a deadlock or a blocking call",
-                                 {"rank": r.rank, "pid": r.pid, "main_frame": r.main_frame,
-                                  "main_frame_age_s": round(age, 1), "bound_s": hb_bound, "last_step": r.step,
-                                  "main_thread_parked": parked})
-        if worst is not None:
-            return "hung", worst[1], [hung_finding(worst[2], worst[3])]
+        hung = _silent_or_parked(a, ranks, bool(stepped), bound, grace, now, mem, th)
+        if hung is not None:
+            return "hung", hung[0], [hung_finding(hung[1], hung[2])]
 
     if not stepped:
         in_phase = [(r, pb) for r in ranks if (pb := phase_bound(r, th)) is not None]
         for r, pb in in_phase:
             since = now - (r.phase_since or a.started_at)
             if since > pb:
-                return _stalled(a, f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
-                                {"rank": r.rank, "phase": r.phase, "phase_s": round(since, 1), "bound_s": pb}, ctx)
+                return _stalled(a, f"{r.phase} phase over its {fmt_s(pb)} bound",
+                                f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
+                                {"cause": "phase", "rank": r.rank, "phase": r.phase, "phase_s": round(since, 1),
+                                 "bound_s": pb}, ctx)
         if in_phase:
             r, pb = in_phase[0]
-            return "starting", f"{r.phase} phase ({fmt_s(now - (r.phase_since or a.started_at))} of {fmt_s(pb)})", []
+            return "starting", f"{r.phase} phase (bound {fmt_s(pb)})", []
         if not a.instrumented:
             if now - a.started_at <= th.start_grace_s:
                 return "starting", "no step seen yet (uninstrumented: watching the log)", []
@@ -357,61 +345,101 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         ref = max([a.started_at] + [r.phase_since for r in ranks if r.phase_since is not None])
         waited = now - ref
         if waited <= th.start_grace_s:
-            return "starting", f"no step yet ({fmt_s(waited)} of the {fmt_s(th.start_grace_s)} start grace)", []
-        return _stalled(a, f"alive, heartbeats flowing, no first step after {fmt_s(waited)} "
-                           f"(start grace {fmt_s(th.start_grace_s)})",
-                        {"waited_s": round(waited, 1), "bound_s": th.start_grace_s, "last_step": None}, ctx)
+            return "starting", "no step yet", []
+        return _stalled(a, f"alive, heartbeats flowing, no first step within the {fmt_s(th.start_grace_s)} start grace",
+                        f"alive, heartbeats flowing, no first step after {fmt_s(waited)} "
+                        f"(start grace {fmt_s(th.start_grace_s)})",
+                        {"cause": "no-first-step", "waited_s": round(waited, 1), "bound_s": th.start_grace_s,
+                         "last_step": None}, ctx)
 
     # Progress of the ranks that step (some setups report steps from rank 0 only).
-    warm = bound is None
-    step_bound = bound if bound is not None else max(th.start_grace_s, th.stall_floor_s)
-    worst_gap: tuple[float, str, dict[str, Any]] | None = None
+    step_bound = bound if bound is not None else grace
+    if bound is not None:
+        bound_txt = (f"bound {fmt_s(step_bound)} = max({th.stall_factor:g} x median step {median:.2f} s, "
+                     f"floor {fmt_s(th.stall_floor_s)})")
+    else:
+        bound_txt = f"warm-up bound {fmt_s(step_bound)}"
+    worst: tuple[float, str, str, dict[str, Any]] | None = None  # (excess ratio, reason, message, evidence)
     for r in stepped:
         assert r.last_step_t is not None
         pb = phase_bound(r, th)
         if pb is not None:
             since = now - (r.phase_since or r.last_step_t)
-            if since > pb:
-                ratio = since / pb
-                if worst_gap is None or ratio > worst_gap[0]:
-                    worst_gap = (ratio, f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
-                                 {"rank": r.rank, "phase": r.phase, "phase_s": round(since, 1), "bound_s": pb,
-                                  "last_step": r.step})
+            if since > pb and (worst is None or since / pb > worst[0]):
+                worst = (since / pb, f"{r.phase} phase over its {fmt_s(pb)} bound",
+                         f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
+                         {"cause": "phase", "rank": r.rank, "phase": r.phase, "phase_s": round(since, 1),
+                          "bound_s": pb, "last_step": r.step})
             continue
         # A phase that just ended restarts the clock: the next step is on its way.
-        ref = max(r.last_step_t, r.phase_since or 0.0)
-        gap = now - ref
-        if gap > step_bound:
-            ratio = gap / step_bound
-            if worst_gap is None or ratio > worst_gap[0]:
-                beats = "heartbeats flowing" if a.instrumented else "process running (uninstrumented)"
-                bound_txt = f"bound {fmt_s(step_bound)} = max({med_txt}, floor {fmt_s(th.stall_floor_s)})" if not warm \
-                    else f"warm-up bound {fmt_s(step_bound)}"
-                worst_gap = (ratio, f"alive, {beats}, no step for {fmt_s(gap)} ({bound_txt})",
-                             {"rank": r.rank, "gap_s": round(gap, 1), "bound_s": step_bound, "median_s": median,
-                              "last_step": r.step})
-    if worst_gap is not None:
-        if not a.instrumented:
-            # Without heartbeats, a main thread that has not run for the whole gap is parked.
-            parked = _main_thread_parked(a.pid, mem, now, step_bound)
-            if parked:
-                return "hung", f"no step for {fmt_s(worst_gap[2].get('gap_s', 0.0))} and the main thread is parked", [
-                    hung_finding(f"no step for {fmt_s(worst_gap[2].get('gap_s', 0.0))} and the main thread of pid "
-                                 f"{a.pid} has not run for over {fmt_s(step_bound)}: blocked (a lock, a pipe, a peer)",
-                                 {**worst_gap[2], "pid": a.pid, "main_thread_parked": True})]
-        return _stalled(a, worst_gap[1], worst_gap[2], ctx)
+        gap = now - max(r.last_step_t, r.phase_since or 0.0)
+        if gap > step_bound and (worst is None or gap / step_bound > worst[0]):
+            beats = "heartbeats flowing" if a.instrumented else "process running (uninstrumented)"
+            worst = (gap / step_bound, f"alive, {beats}, no step within {fmt_s(step_bound)}",
+                     f"alive, {beats}, no step for {fmt_s(gap)} ({bound_txt})",
+                     {"cause": "no-step", "rank": r.rank, "gap_s": round(gap, 1), "bound_s": step_bound,
+                      "median_s": median, "last_step": r.step})
+    if worst is not None:
+        _, reason, message, evidence = worst
+        # Without heartbeats, a main thread that has not run for the whole bound is parked: a hang.
+        if not a.instrumented and _main_thread_parked(a.pid, mem, now, step_bound):
+            return "hung", f"no step within {fmt_s(step_bound)} and the main thread is parked", [hung_finding(
+                f"{message}; the main thread of pid {a.pid} has not run for over {fmt_s(step_bound)}: "
+                "blocked (a lock, a pipe, a peer)", {**evidence, "cause": "parked", "pid": a.pid})]
+        return _stalled(a, reason, message, evidence, ctx)
 
     slow = slow_check(stepped, th)
     if slow is not None:
-        return "slow", slow.message, [slow]
-    return "running", f"step {a.last_step}" + (f", {median:.2f} s/step" if median is not None else ""), []
+        return "slow", f"steps slower than {th.slow_factor:g} x the median", [slow]
+    return "running", "steps flowing", []
 
 
-def _stalled(a: AttemptView, reason: str, evidence: dict[str, Any], ctx: WatchContext) -> tuple[str, str, list[Finding]]:
+def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, bound: float | None, grace: float,
+                      now: float, mem: Memory, th: Thresholds) -> tuple[str, str, dict[str, Any]] | None:
+    """HUNG for an instrumented attempt: a rank with no heartbeat (nor step) within its bound, or
+    whose main thread has sat on one line past it while nothing says the thread still runs."""
+    worst: tuple[float, str, str, dict[str, Any]] | None = None
+    for r in ranks:
+        pb = phase_bound(r, th)
+        if pb is not None:
+            hb_bound = pb
+        elif stepped and bound is not None:
+            hb_bound = bound
+        else:  # before the first steps (imports, compile, data): the start grace
+            hb_bound = grace
+        beats = [t for t in (r.last_heartbeat_t, r.last_step_t, r.phase_since) if t is not None]
+        silent = now - (max(beats) if beats else a.started_at)
+        if silent > hb_bound:
+            if worst is None or silent / hb_bound > worst[0]:
+                worst = (silent / hb_bound, f"rank {r.rank} silent: no heartbeat within {fmt_s(hb_bound)}",
+                         f"rank {r.rank} alive but silent: no heartbeat (nor step) for {fmt_s(silent)} "
+                         f"(bound {fmt_s(hb_bound)}); last step {r.step}",
+                         {"cause": "silent", "rank": r.rank, "pid": r.pid, "silent_s": round(silent, 1),
+                          "bound_s": hb_bound, "last_step": r.step, "phase": r.phase})
+            continue
+        # A step after the last heartbeat means the main thread has moved since that frame.
+        moved = r.last_step_t is not None and r.last_heartbeat_t is not None and r.last_step_t > r.last_heartbeat_t
+        if r.main_frame_age_s is None or r.last_heartbeat_t is None or moved:
+            continue
+        age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
+        parked = _main_thread_parked(r.pid or a.pid, mem, now, hb_bound)
+        # A main thread that keeps running (a loop that never steps) is a stall, not a hang.
+        if age > hb_bound and parked is not False and (worst is None or age / hb_bound > worst[0]):
+            worst = (age / hb_bound, f"rank {r.rank}: main thread parked on {r.main_frame}",
+                     f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} for "
+                     f"{fmt_s(age)} (bound {fmt_s(hb_bound)}): a deadlock or a blocking call",
+                     {"cause": "main-frame", "rank": r.rank, "pid": r.pid, "main_frame": r.main_frame,
+                      "main_frame_age_s": round(age, 1), "bound_s": hb_bound, "last_step": r.step,
+                      "main_thread_parked": parked})
+    return None if worst is None else (worst[1], worst[2], worst[3])
+
+
+def _stalled(a: AttemptView, reason: str, message: str, evidence: dict[str, Any],
+             ctx: WatchContext) -> tuple[str, str, list[Finding]]:
     odd = {pid: st for pid, st in ctx.proc_states.items() if st in ("T", "t", "D", "Z")}
     if odd:
         evidence = {**evidence, "odd_processes": {str(k): v for k, v in sorted(odd.items())}}
-    return "stalled", reason, [Finding(code="STALLED", severity="warning", message=reason, action="dump",
+    return "stalled", reason, [Finding(code="STALLED", severity="warning", message=message, action="dump",
                                        evidence={**evidence, "attempt": a.n})]
 
 
@@ -533,9 +561,10 @@ def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
     return link, j
 
 
-def crash_from_log(text: str, t: float = 0.0) -> p.Crash | None:
+def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
     """The last Python traceback in a trainer log as a Crash (outermost link first), following the
-    "direct cause" and "During handling" chain back to its innermost error; None if there is none."""
+    "direct cause" and "During handling" chain back to its innermost error; None if there is none.
+    `t` stamps the Crash (default: now)."""
     lines = [_PREFIX.sub("", ln.rstrip("\r")) for ln in text.splitlines()]
     heads = [i for i, ln in enumerate(lines) if _TB_HEAD.match(ln)]
     if not heads:
@@ -561,7 +590,8 @@ def crash_from_log(text: str, t: float = 0.0) -> p.Crash | None:
             break
         chain.append(prev_link)
         first = prev_heads[-1]
-    return p.Crash(t=t, chain=chain, traceback="\n".join(lines[first:end]), source="log")
+    return p.Crash(t=time.time() if t is None else t, chain=chain, traceback="\n".join(lines[first:end]),
+                   source="log")
 
 
 # --------------------------------------------------------------------------- GPU
@@ -591,7 +621,10 @@ def ghost_measure(run: RunState, ctx: WatchContext) -> dict[str, Any] | None:
         used = [d["used_bytes"] for d in gpu.get("devices") or [] if d.get("used_bytes") is not None]
         if not used:
             return None
-        driver, basis = sum(used), "device"
+        # Other live processes' memory, where the driver does say it, is theirs, not a ghost.
+        others = sum(x["used_bytes"] for x in gpu.get("processes") or []
+                     if not x.get("ours") and x.get("exists") and x.get("used_bytes") is not None)
+        driver, basis = max(0, sum(used) - others), "device"
         devices = [d["index"] for d in gpu.get("devices") or [] if d.get("used_bytes") is not None]
     return {"driver_bytes": driver, "reserved_bytes": reserved, "ratio": driver / reserved, "basis": basis,
             "devices": devices}
@@ -633,8 +666,9 @@ def _ours_computing(run: RunState, ctx: WatchContext) -> bool:
     reserved = _alloc_reserved(run)
     if reserved:
         return True
-    # Uninstrumented with no per-process view (or PIDs from another namespace): assume it is ours.
-    return not a.instrumented and (not procs or gpu.get("pid_namespace") != "host")
+    # No process list (WSL often gives none) or PIDs from another namespace: the busy device may
+    # well be our own live trainer warming up, so it is not called an orphan.
+    return not procs or gpu.get("pid_namespace") != "host"
 
 
 def busy_devices(run: RunState, ctx: WatchContext) -> list[dict[str, Any]]:
@@ -655,32 +689,38 @@ def busy_devices(run: RunState, ctx: WatchContext) -> list[dict[str, Any]]:
     return out
 
 
+def orphan_candidates(ctx: WatchContext) -> list[dict[str, Any]]:
+    """Compute processes the driver lists whose pid does not exist here or is a zombie. Only in the
+    host PID namespace: elsewhere the driver's (host) PIDs need not exist here at all."""
+    gpu = ctx.gpu or {}
+    if not gpu.get("available") or gpu.get("pid_namespace") != "host":
+        return []
+    return [x for x in gpu.get("processes") or [] if not x.get("exists") or x.get("state") in ("Z", "X")]
+
+
 def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Finding]:
     gpu = ctx.gpu or {}
     if not gpu.get("available"):
         return []
     found: list[Finding] = []
     previous = [x.pgid for x in run.attempts if x.pgid > 0 and x.ended_at is not None]
-    if gpu.get("pid_namespace") == "host":
-        for x in gpu.get("processes") or []:
-            gone = not x.get("exists")
-            zombie = x.get("state") in ("Z", "X")
-            if not (gone or zombie):
-                continue
-            what = "does not exist" if gone else "is a zombie"
-            dev = next((d for d in gpu.get("devices") or [] if d["index"] == x.get("device", 0)), {})
-            found.append(Finding(
-                code="ORPHAN_CONTEXT", severity="critical", action="kill", key=f"pid-{x['pid']}",
-                message=(f"the driver lists compute pid {x['pid']} holding {fmt_bytes(x.get('used_bytes'))} on "
-                         f"device {x.get('device', 0)}, and that pid {what}: a context that outlived its process"
-                         + (f" (device at {dev.get('util_percent')} %, {dev.get('power_w')} W)"
-                            if dev.get("util_percent") is not None else "")
-                         + "; kill the old process group and confirm the VRAM falls"),
-                evidence={"pid": x["pid"], "used_bytes": x.get("used_bytes"), "device": x.get("device", 0),
-                          "exists": x.get("exists"), "state": x.get("state"),
-                          "device_used_bytes": dev.get("used_bytes"), "util_percent": dev.get("util_percent"),
-                          "power_w": dev.get("power_w"), "previous_pgids": previous},
-            ))
+    for x in orphan_candidates(ctx):
+        if mem.orphan_streak.get(x["pid"], 0) < ctx.thresholds.orphan_cycles:
+            continue  # a context being torn down right after its process exited
+        what = "does not exist" if not x.get("exists") else "is a zombie"
+        dev = next((d for d in gpu.get("devices") or [] if d["index"] == x.get("device", 0)), {})
+        found.append(Finding(
+            code="ORPHAN_CONTEXT", severity="critical", action="kill", key=f"pid-{x['pid']}",
+            message=(f"the driver lists compute pid {x['pid']} holding {fmt_bytes(x.get('used_bytes'))} on "
+                     f"device {x.get('device', 0)}, and that pid {what}: a context that outlived its process"
+                     + (f" (device at {dev.get('util_percent')} %, {dev.get('power_w')} W)"
+                        if dev.get("util_percent") is not None else "")
+                     + "; kill the old process group and confirm the VRAM falls"),
+            evidence={"pid": x["pid"], "used_bytes": x.get("used_bytes"), "device": x.get("device", 0),
+                      "exists": x.get("exists"), "state": x.get("state"),
+                      "device_used_bytes": dev.get("used_bytes"), "util_percent": dev.get("util_percent"),
+                      "power_w": dev.get("power_w"), "previous_pgids": previous},
+        ))
     for d in busy_devices(run, ctx):
         streak = mem.busy_streak.get(d["index"], 0)
         if streak < ctx.thresholds.orphan_cycles:
@@ -729,9 +769,10 @@ def host_ram_low(run: RunState, ctx: WatchContext) -> Finding | None:
 def stale_locks(run: RunState, ctx: WatchContext) -> list[Finding]:
     """STALE_LOCK: a configured lock whose holder is dead, a zombie, or not the current attempt."""
     a = run.attempt
-    current = set(ctx.attempt_pids)
-    if a is not None and a.alive and ctx.alive is not False and a.pid > 0:
-        current.add(a.pid)
+    # Only a live attempt's processes may hold the lock; after a death every holder is stale.
+    current: set[int] = set()
+    if a is not None and a.alive and ctx.alive is not False:
+        current = set(ctx.attempt_pids) | ({a.pid} if a.pid > 0 else set())
     out = []
     for lk in ctx.locks:
         for h in lk.get("holders") or []:
@@ -744,20 +785,20 @@ def stale_locks(run: RunState, ctx: WatchContext) -> list[Finding]:
                 continue
             else:
                 why = f"pid {pid} ({h.get('comm')}, state {state}) is not the current attempt"
-            keepers = lk.get("keepers") or []
-            keep_txt = ""
-            if keepers:
-                keep_txt = "; still held through an inherited descriptor by " + ", ".join(
-                    f"pid {k['pid']} ({k.get('comm')}, state {k.get('state')}, pgid {k.get('pgid')})" for k in keepers)
-            kill_pids = [k["pid"] for k in keepers] or ([pid] if h.get("exists") and pid else [])
+            inheritors = lk.get("inheritors") or []
+            inherit_txt = ""
+            if inheritors:
+                inherit_txt = "; still held through an inherited descriptor by " + ", ".join(
+                    f"pid {k['pid']} ({k.get('comm')}, state {k.get('state')}, pgid {k.get('pgid')})" for k in inheritors)
+            kill_pids = [k["pid"] for k in inheritors] or ([pid] if h.get("exists") and pid else [])
             out.append(Finding(
                 code="STALE_LOCK", severity="critical", action="kill", key=lk.get("path", ""),
-                message=f"{h.get('kind', 'lock')} on {lk.get('path')} held by pid {pid}: {why}{keep_txt}; "
+                message=f"{h.get('kind', 'lock')} on {lk.get('path')} held by pid {pid}: {why}{inherit_txt}; "
                         "a relaunch cannot take it",
                 evidence={"path": lk.get("path"), "lock_key": lk.get("key"), "holder_pid": pid, "holder_state": state,
                           "holder_exists": h.get("exists"), "kind": h.get("kind"), "mode": h.get("mode"),
-                          "keepers": keepers, "kill_pids": kill_pids,
-                          "kill_pgids": sorted({k["pgid"] for k in keepers if k.get("pgid")}),
+                          "inheritors": inheritors, "kill_pids": kill_pids,
+                          "kill_pgids": sorted({k["pgid"] for k in inheritors if k.get("pgid")}),
                           "waiters": lk.get("waiters") or []},
             ))
             break  # one finding per lock file
@@ -792,11 +833,30 @@ def duplicate_findings(ctx: WatchContext) -> list[Finding]:
 # --------------------------------------------------------------------------- the watchdog
 
 
+# Findings whose figures move while the condition lasts (a growing gap, a ratio per sample). The
+# keeper journals a finding again whenever its message changes, so their message keeps the
+# figures of first detection while the cause and severity stay; the evidence stays live.
+VOLATILE = frozenset({"STALLED", "HUNG", "SLOW", "GHOST_MEMORY", "HOST_RAM_LOW", "ORPHAN_CONTEXT"})
+
+
 class Watchdog:
     """Runs every rule; keeps the little that must persist between calls (see Memory)."""
 
     def __init__(self) -> None:
         self.memory = Memory()
+        self._pinned: dict[str, tuple[str, str, str]] = {}  # ident -> (severity, cause, message)
+
+    def _pin(self, findings: list[Finding]) -> None:
+        pinned: dict[str, tuple[str, str, str]] = {}
+        for f in findings:
+            if f.code not in VOLATILE:
+                continue
+            sig = (f.severity, str(f.evidence.get("cause", "")))
+            old = self._pinned.get(f.ident)
+            if old is not None and old[:2] == sig:
+                f.message = old[2]
+            pinned[f.ident] = (*sig, f.message)
+        self._pinned = pinned
 
     def observe(self, run: RunState, ctx: WatchContext, now: float) -> None:
         """Update the cross-call memory from this call's observations (the only writer)."""
@@ -827,6 +887,8 @@ class Watchdog:
                 m.ghost_streak = 0
             busy = {d["index"] for d in busy_devices(run, ctx)}
             m.busy_streak = {i: m.busy_streak.get(i, 0) + 1 for i in busy}
+            gone = {x["pid"] for x in orphan_candidates(ctx)}
+            m.orphan_streak = {pid: m.orphan_streak.get(pid, 0) + 1 for pid in gone}
 
     def evaluate(self, run: RunState, ctx: WatchContext, now: float) -> Verdict:
         self.observe(run, ctx, now)
@@ -860,15 +922,17 @@ class Watchdog:
             findings.append(h)
         findings += stale_locks(run, ctx)
         findings += duplicate_findings(ctx)
+        self._pin(findings)
         return Verdict(state=state, reason=reason, findings=findings)
 
 
 def context_from_probe(sample: p.ProbeSample | None, *, thresholds: Thresholds | None = None,
                        alive: bool | None = None, attempt_pids: Iterable[int] = (),
-                       log_crash: p.Crash | None = None) -> WatchContext:
+                       log_crash: p.Crash | None = None, attempt: int | None = None) -> WatchContext:
     """A WatchContext from the keeper's latest ProbeSample, when its `procs` dict carries
-    {states, activity, locks, duplicates} as probes.sweep writes it (keys may arrive as strings
-    after a JSON round trip)."""
+    {attempt, states, activity, locks, duplicates} as probes.sweep writes it (keys may arrive as
+    strings after a JSON round trip). Given `attempt`, process states sampled for another
+    attempt (the cycle that straddled a resume) are left out."""
     th = thresholds or Thresholds()
     if sample is None:
         return WatchContext(thresholds=th, alive=alive, attempt_pids=list(attempt_pids), log_crash=log_crash)
@@ -883,16 +947,18 @@ def context_from_probe(sample: p.ProbeSample | None, *, thresholds: Thresholds |
                 continue
         return out
 
-    states = int_keys(procs.get("states"))
+    stale = attempt is not None and procs.get("attempt") not in (None, attempt)
+    states = {} if stale else int_keys(procs.get("states"))
+    activity = {} if stale else int_keys(procs.get("activity"))
     pids = list(attempt_pids) or sorted(states)
     return WatchContext(
         thresholds=th, alive=alive, attempt_pids=pids, gpu=sample.gpu or None, host=sample.host or None,
-        proc_states=states, activity=int_keys(procs.get("activity")), locks=list(procs.get("locks") or []),
+        proc_states=states, activity=activity, locks=list(procs.get("locks") or []),
         duplicates=list(procs.get("duplicates") or []), log_crash=log_crash,
     )
 
 
 __all__ = [
     "Thresholds", "WatchContext", "Verdict", "Watchdog", "Memory", "crash_from_log", "context_from_probe",
-    "median_interval", "progress_bound", "STATES", "math",
+    "median_interval", "progress_bound", "STATES",
 ]

@@ -9,12 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from ckpt_fixtures import GPT, NotAllowed, flip_byte_in, nanogpt_checkpoint
 from safetensors.torch import save_file
-
 from trainroom.core import verify as v
 from trainroom.core.reporter import error_chain
 
@@ -155,6 +153,7 @@ def test_one_flipped_byte_loads_but_the_digest_catches_it(nanogpt: tuple[Path, G
 
 
 def test_allowed_plain_types_and_a_refused_type_named(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy", reason="numpy scalars in a checkpoint need numpy")
     state, _ = nanogpt_checkpoint()
     state["args"] = argparse.Namespace(lr=6e-4, out_dir=Path("out"))
     state["best_val_loss"] = np.float64(2.81)

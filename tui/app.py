@@ -10,10 +10,11 @@ dirty flag), and once a second anyway so ages keep moving.
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,18 +25,18 @@ from textual.binding import BindingType
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
-from textual.worker import Worker, WorkerState
-
+from textual.worker import Worker, WorkerState, get_current_worker
 from trainroom.core.protocol import Reply
 from trainroom.core.runs import LOG_NAME, RunError, RunInfo
+from trainroom.core.series import Series
 from trainroom.core.state import RunState
 
 from . import figures, theming
 from .bindings import BINDINGS, DESTRUCTIVE, KEEPER_ACTIONS
-from .link import KeeperLink, LocalRuns, RunSource, close_link
+from .link import KeeperLink, LocalRuns, RunSource
 from .logtail import TrainerLogTail
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
-from .reader import KeeperReader
+from .reader import KeeperReader, series_for
 from .screens.confirm import ConfirmAction
 from .screens.help import HelpScreen
 from .screens.picker import RunPicker
@@ -89,6 +90,7 @@ class ControlRoom(App[int]):
         self.reconnect_interval_s = reconnect_interval_s
         self.run_info: RunInfo | None = None
         self.state: RunState | None = None
+        self.series: Series | None = None  # the loss plot's store, folded by the reader
         self.lock = threading.Lock()
         self.connected = False
         self.gone_since: float | None = None
@@ -102,6 +104,8 @@ class ControlRoom(App[int]):
         self._action: str | None = None  # the action under way (plan, confirmation or execution)
         self._availability: tuple[bool, ...] = ()
         self._theme_note = ""
+        self.theme_notice: str | None = None  # what was said about theme files, once
+        self._said_no_runs = False
         for t in self.loaded_themes.themes:
             self.register_theme(t)
         self.theme = self._initial_theme(theme)
@@ -185,7 +189,8 @@ class ControlRoom(App[int]):
             notes.append(self._theme_note)
         if notes:
             # Once, all together: a bad theme file is named with its error and skipped.
-            self.notify("\n".join(notes), title="theme files skipped", severity="warning", timeout=12)
+            self.theme_notice = "\n".join(notes)
+            self.notify(self.theme_notice, title="theme files skipped", severity="warning", timeout=12)
         self.query_one(ActionStrip).display = False
         self.query_one(DisconnectBanner).display = False
         self.set_interval(self.render_interval_s, self._render_if_dirty)
@@ -230,8 +235,11 @@ class ControlRoom(App[int]):
 
     def _no_runs(self) -> None:
         self.query_one(RunHeader).view = None
-        self.notify("no runs yet: start one with `trainroom launch -- python train.py`",
-                    title="nothing to watch", severity="warning", timeout=30)
+        if not self._said_no_runs:
+            self._said_no_runs = True
+            self.notify("no runs yet: start one with `trainroom launch -- python train.py`",
+                        title="nothing to watch", severity="warning", timeout=30)
+        self.set_timer(self.reconnect_interval_s, self._find_run)  # watch for the first one
 
     def _attach(self, info: RunInfo) -> None:
         """Watch `info`: its keeper when alive, else the journal's last state."""
@@ -242,27 +250,41 @@ class ControlRoom(App[int]):
             self._log_tail = TrainerLogTail(
                 Path(info.run_dir) / LOG_NAME, lambda lines: self.post_message(LogTailChanged(lines)))
             self._log_tail.start()
-        if info.alive:
-            if self._reader is not None:
-                self._reader.stop()
-            self._link = self.source.connect(info)
-            self._reader = KeeperReader(
-                self._link, self.lock,
-                on_snapshot=lambda st: self.post_message(Attached(st)),
-                on_change=lambda: self.post_message(RunChanged()),
-                on_gone=lambda reason, t: self.post_message(KeeperLost(reason, t)),
-                clock=self.clock,
-            )
-            self._reader.start()
-        else:
+        if not info.alive:
             self._keeper_gone("the keeper is not running", self.clock())
+            return
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None
+        try:
+            self._link = self.source.connect(info)
+        except Exception as exc:  # a socket that vanished between the listing and now
+            self._keeper_gone(str(exc) or type(exc).__name__, self.clock())
+            return
+        reader: KeeperReader | None = None
+
+        # Messages name their reader: one stopped meanwhile (a reconnect) is not listened to.
+        def on_snapshot(st: RunState, series: Series) -> None:
+            self.post_message(Attached(st, series, reader))
+
+        reader = KeeperReader(
+            self._link, self.lock,
+            on_snapshot=on_snapshot,
+            on_change=lambda: self.post_message(RunChanged()),
+            on_gone=lambda reason, t: self.post_message(KeeperLost(reason, t, reader)),
+            clock=self.clock,
+        )
+        self._reader = reader
+        reader.start()
 
     def on_attached(self, message: Attached) -> None:
+        if message.reader is not self._reader:
+            return
         with self.lock:
-            self.state = message.state
+            self.state, self.series = message.state, message.series
         self.connected, self.gone_since, self.gone_reason = True, None, ""
         self.query_one(DisconnectBanner).display = False
-        self._render()
+        self.redraw()
 
     def on_run_changed(self, message: RunChanged) -> None:
         self._dirty = True
@@ -272,7 +294,8 @@ class ControlRoom(App[int]):
         self._dirty = True
 
     def on_keeper_lost(self, message: KeeperLost) -> None:
-        self._keeper_gone(message.reason, message.t)
+        if message.reader is self._reader:
+            self._keeper_gone(message.reason, message.t)
 
     def _keeper_gone(self, reason: str, t: float) -> None:
         self.connected = False
@@ -283,7 +306,7 @@ class ControlRoom(App[int]):
         self.gone_since, self.gone_reason = t, reason
         self.query_one(DisconnectBanner).display = True
         self._load_journal()
-        self._render()
+        self.redraw()
 
     @work(thread=True, exclusive=True, group="journal", exit_on_error=False)
     def _load_journal(self) -> None:
@@ -291,14 +314,15 @@ class ControlRoom(App[int]):
         if self.run_info is None:
             return
         state = self.source.load_state(self.run_info)
-        self.call_from_thread(self._journal_loaded, state)
+        series = series_for(state)
+        self.call_from_thread(self._journal_loaded, state, series)
 
-    def _journal_loaded(self, state: RunState) -> None:
+    def _journal_loaded(self, state: RunState, series: Series) -> None:
         if self.connected:
             return  # the keeper came back meanwhile: its snapshot is newer
         with self.lock:
-            self.state = state
-        self._render()
+            self.state, self.series = state, series
+        self.redraw()
         self.set_timer(self.reconnect_interval_s, self._look_for_keeper)
 
     @work(thread=True, exclusive=True, group="reconnect", exit_on_error=False)
@@ -322,16 +346,18 @@ class ControlRoom(App[int]):
 
     def _render_if_dirty(self) -> None:
         if self._dirty:
-            self._render()
+            self.redraw()
 
-    def _render(self) -> None:
+    def redraw(self) -> None:
+        """Render every panel from the state now (the timers call it; so do tests)."""
         self._dirty = False
         now = self.clock()
         state = self.state
         if state is None:
             return
         with self.lock:
-            views = figures.compute(state, now, self.connected)
+            snapshot = self.series.snapshot() if self.series is not None else None
+            views = figures.compute(state, now, self.connected, snapshot)
             banner = self._banner_view(state, now)
             availability = tuple(self._can(a) for a in KEEPER_ACTIONS)
         self.renders += 1
@@ -379,7 +405,8 @@ class ControlRoom(App[int]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in KEEPER_ACTIONS:
-            return True if self._can(action) else None  # shown, dimmed, when it cannot apply
+            # Hidden when it cannot apply: at 80 columns the footer has room only for what does.
+            return self._can(action)
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -435,10 +462,41 @@ class ControlRoom(App[int]):
             raise RunError("no run to act on")
         return self.source.connect(self.run_info)  # the keeper may be back; if not, this says so
 
+    def _replies(self, action: str, args: dict[str, Any], confirm: bool) -> Iterator[Reply]:
+        """The keeper's replies to one request, read by a daemon thread: the worker waits on them
+        but gives up when cancelled, so quitting never waits for an action (the keeper carries
+        it out whether anyone watches or not)."""
+        replies: queue.Queue[Reply | BaseException | None] = queue.Queue()
+        link = self._action_link()
+
+        def pump() -> None:
+            try:
+                for reply in link.request(action, args, confirm):
+                    replies.put(reply)
+                replies.put(None)
+            except BaseException as exc:  # handed to the worker, which raises it
+                replies.put(exc)
+
+        threading.Thread(target=pump, name=f"trainroom-{action}", daemon=True).start()
+        worker = get_current_worker()
+        while True:
+            try:
+                item = replies.get(timeout=0.2)
+            except queue.Empty:
+                if worker.is_cancelled:
+                    return
+                continue
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
     @work(thread=True, exclusive=True, group="action", exit_on_error=False)
     def _request_plan(self, action: str) -> None:
-        replies = list(self._action_link().request(action, {}, False))
-        self.call_from_thread(self._plan_arrived, action, replies)
+        replies = list(self._replies(action, {}, False))
+        if not get_current_worker().is_cancelled:
+            self.call_from_thread(self._plan_arrived, action, replies)
 
     def _plan_arrived(self, action: str, replies: list[Reply]) -> None:
         plan = next((r for r in replies if r.stage == "plan"), None)
@@ -470,11 +528,13 @@ class ControlRoom(App[int]):
         self.call_from_thread(self._progress, f"{action}: running…")
         final: Reply | None = None
         # `expect` is the target the user confirmed: the keeper refuses if it changed meanwhile.
-        for reply in self._action_link().request(action, {"expect": plan}, True):
+        for reply in self._replies(action, {"expect": plan}, True):
             if reply.stage == "done":
                 final = reply
             else:
                 self.call_from_thread(self._progress, f"{action}: {reply.message}")
+        if get_current_worker().is_cancelled:
+            return
         if final is None:
             self.call_from_thread(self._finish, action, False, "the keeper ended the request without a result",
                                   {}, {}, {})
@@ -517,9 +577,10 @@ def themes_for_cli() -> theming.LoadedThemes:
 
 
 def run_app(args: argparse.Namespace) -> int:
-    """`trainroom` and `trainroom watch RUN [--theme NAME]`: bad input is one line on stderr, 2."""
+    """`trainroom [--theme NAME]`, `trainroom watch [RUN] [--theme NAME]` and `trainroom demo`
+    (args: `run`, and `watch_theme` or `theme`): bad input is one line on stderr and exit 2."""
     run_id: str | None = getattr(args, "run", None)
-    theme: str | None = getattr(args, "theme", None)
+    theme: str | None = getattr(args, "watch_theme", None) or getattr(args, "theme", None)
     if theme:
         loaded = themes_for_cli()
         if loaded.find(theme) is None:
@@ -533,7 +594,8 @@ def run_app(args: argparse.Namespace) -> int:
             print(f"trainroom: {exc}", file=sys.stderr)
             return 2
     if not sys.stdout.isatty():
-        print("trainroom: the control room needs a terminal (try `trainroom status`)", file=sys.stderr)
+        print("trainroom: the control room needs a terminal (try `trainroom status`, or `--no-tui`)",
+              file=sys.stderr)
         return 2
     app = ControlRoom(run_id, theme)
     app.run()

@@ -25,7 +25,8 @@ BINDINGS: list[Binding] = [
             tooltip="Verify the latest checkpoint (digest, NaN/Inf, shapes, outlier std)"),
     Binding("b", "bench", "bench", id="trainroom.bench",
             tooltip="Run the matmul bench on the run's device: is the hardware fine?"),
-    Binding("t", "next_theme", "theme", id="trainroom.theme", tooltip="Switch to the next theme"),
+    # Off the footer (80 columns hold the rest); still in the help screen and the palette.
+    Binding("t", "next_theme", "theme", show=False, id="trainroom.theme", tooltip="Switch to the next theme"),
     Binding("question_mark", "help", "help", key_display="?", id="trainroom.help",
             tooltip="Show every key, what it does and whether it applies now"),
     Binding("q", "quit", "quit", id="trainroom.quit",

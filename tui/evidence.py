@@ -26,6 +26,8 @@ def value_text(key: str, value: Any) -> str:
         return fmt.nbytes(value)
     if isinstance(value, float) and key.endswith("_s"):
         return fmt.duration(value)
+    if isinstance(value, (int, float)) and (key.endswith(("_time", "_at")) or key == "t") and value > 1e8:
+        return fmt.clock(value)  # an epoch timestamp
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):

@@ -6,7 +6,9 @@ renders its view. Nothing here decides a verdict: the watchdog's state and its f
 judgement, and a view only picks the level (ok / warn / crit) a figure is drawn at from them.
 
 The probe dicts (`ProbeSample.gpu/host/disk`) come from the probes; the keys read here are listed
-beside each reader, with the alternatives tolerated until the formats settle.
+beside each reader, with the alternatives tolerated until the formats settle. The loss plot reads
+the run's `core.series` snapshot (the whole run, downsampled) and falls back to the recent raw
+steps while that is empty.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainroom.core.findings import ACTION_KEYS, SEVERITY_RANK, Finding
+from trainroom.core.series import SeriesSnapshot
 from trainroom.core.state import RunState
 
 from . import fmt
@@ -345,12 +348,18 @@ _LOSS_CODES = ("LOSS_SPIKE", "DIVERGENCE", "NONFINITE", "WHITE_MODEL", "EXPLODED
                "RANK_OUTLIER", "GRAD_EXPLOSION")
 
 
-def loss_view(state: RunState) -> LossView:
+def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView:
     a = state.attempt
     vocab = a.requested.vocab_size if a is not None else None
     ln_v = math.log(vocab) if vocab and vocab > 1 else None
-    points, marks, x_label = _series_points(state.series)
-    if not points:
+    points: list[tuple[float, float]] = []
+    marks: list[Mark] = []
+    x_label = "tokens"
+    if series is not None:
+        points, marks, x_label = _series_points(series)
+        if ln_v is None:
+            ln_v = series.loss_baseline
+    if len(points) < 2:
         points, marks, x_label = _recent_points(state)
     median, worst_rank, worst = state.headline_loss()
     return LossView(
@@ -360,60 +369,21 @@ def loss_view(state: RunState) -> LossView:
     )
 
 
-def _series_points(series: Mapping[str, Any]) -> tuple[list[tuple[float, float]], list[Mark], str]:
-    """Read `state.series` (from `core/series.py`) when it is there.
-
-    Tolerated shapes for `series["loss"]`: a list of [x, y] or [x, min, max] rows, a dict of
-    columns {"x"|"tokens", "y"|"mean"|"min"/"max"}, or a dict holding "points"/"buckets" rows
-    or dicts. Marks: `series["marks"]` (or the loss entry's) as [{x|tokens, kind}].
-    """
-    entry = series.get("loss") if isinstance(series, Mapping) else None
-    if not entry:
-        return [], [], "tokens"
-    x_label = "tokens"
-    rows: list[Any] = []
-    if isinstance(entry, Mapping):
-        x_label = str(entry.get("x_label", entry.get("x_name", "tokens")))
-        for key in ("points", "buckets", "rows"):
-            if isinstance(entry.get(key), list):
-                rows = entry[key]
-                break
-        else:
-            xs = entry.get("x") or entry.get("tokens") or []
-            ys = entry.get("y") or entry.get("mean") or entry.get("last") or []
-            if not ys and entry.get("min") and entry.get("max"):
-                ys = [(lo + hi) / 2 for lo, hi in zip(entry["min"], entry["max"])]
-            rows = [[x, y] for x, y in zip(xs, ys)]
-    elif isinstance(entry, list):
-        rows = entry
+def _series_points(series: SeriesSnapshot) -> tuple[list[tuple[float, float]], list[Mark], str]:
+    """The min/max buckets of `core.series` (the whole run, downsampled): each bucket is drawn
+    from its min to its max at its centre, so a spike inside a bucket stays visible."""
     points: list[tuple[float, float]] = []
-    for row in rows:
-        if isinstance(row, Mapping):
-            x = _num(_first(row, "x", "tokens", "step"))
-            lo, hi = _num(row.get("min")), _num(row.get("max"))
-            y = _num(_first(row, "y", "mean", "last", "loss"))
-            ys = [v for v in (lo, hi) if v is not None] or ([y] if y is not None else [])
-        elif isinstance(row, (list, tuple)) and len(row) >= 2:
-            x = _num(row[0])
-            ys = [v for v in (_num(c) for c in row[1:3]) if v is not None]
-        else:
-            continue
-        for y in ys:
-            if x is not None and math.isfinite(y):
+    col = series.loss
+    marks = [Mark(m.x, m.kind) for m in series.marks]
+    for k, x in enumerate(series.centres()):
+        lo = col.lo[k] if k < len(col.lo) else None
+        hi = col.hi[k] if k < len(col.hi) else None
+        for y in (lo, hi) if lo != hi else (lo,):
+            if y is not None and math.isfinite(y):
                 points.append((x, y))
-    raw_marks = series.get("marks") or (entry.get("marks") if isinstance(entry, Mapping) else None)
-    marks: list[Mark] = []
-    for m in raw_marks or []:
-        if isinstance(m, Mapping):
-            x = _num(_first(m, "x", "tokens", "step"))
-            kind = str(m.get("kind", "mark"))
-        elif isinstance(m, (list, tuple)) and len(m) >= 2:
-            x, kind = _num(m[0]), str(m[1])
-        else:
-            continue
-        if x is not None:
-            marks.append(Mark(x, kind))
-    return points, marks, x_label
+        if col.nonfinite and k < len(col.nonfinite) and col.nonfinite[k]:
+            marks.append(Mark(x, "nonfinite"))
+    return points, marks, "step" if series.x_unit == "steps" else "tokens"
 
 
 def _recent_points(state: RunState) -> tuple[list[tuple[float, float]], list[Mark], str]:
@@ -510,29 +480,43 @@ def ranks_view(state: RunState) -> RanksView:
 @dataclass(frozen=True)
 class HostView:
     known: bool
+    reason: str  # why the host view is unavailable ("" when it is there)
     available: float | None
     total: float | None
     page_cache: float | None
     cgroup_limit: float | None
     cgroup_usage: float | None
+    effective_available: float | None  # the smaller of host and cgroup: what a torch.load gets
+    wsl: bool
     level: Level
     finding: str | None
 
 
 def host_view(state: RunState) -> HostView:
-    # host: {mem_available_bytes, mem_total_bytes, page_cache_bytes,
-    #        cgroup: {limit_bytes, usage_bytes} | cgroup_limit_bytes, cgroup_usage_bytes}
+    # host (core/probes/host.py): {available: bool, reason, mem_total_bytes, mem_available_bytes,
+    #   page_cache_bytes, cgroup: {limit_bytes, usage_bytes, available_bytes, ...} | None,
+    #   effective_available_bytes, wsl}; the keeper sends {error} when the probe itself failed.
     host: Mapping[str, Any] = state.probe.host if state.probe is not None else {}
     cg = host.get("cgroup") if isinstance(host.get("cgroup"), Mapping) else {}
     low = _findings(state, "HOST_RAM_LOW")
+    reason = ""
+    if host.get("error"):
+        reason = f"host probe failed: {host['error']}"
+    elif host.get("available") is False:
+        reason = str(host.get("reason") or "host memory view unavailable")
+    available = _num(_first(host, "mem_available_bytes", "available_bytes"))
+    effective = _num(host.get("effective_available_bytes"))
     return HostView(
         known=bool(host),
-        available=_num(_first(host, "mem_available_bytes", "available_bytes", "mem_available")),
-        total=_num(_first(host, "mem_total_bytes", "total_bytes", "mem_total")),
-        page_cache=_num(_first(host, "page_cache_bytes", "cached_bytes", "page_cache")),
-        cgroup_limit=_num(_first(host, "cgroup_limit_bytes") or _first(cg, "limit_bytes", "limit")),
-        cgroup_usage=_num(_first(host, "cgroup_usage_bytes") or _first(cg, "usage_bytes", "usage")),
-        level=_worst_level(low) if low else ("ok" if host else "dim"),
+        reason=reason,
+        available=available,
+        total=_num(_first(host, "mem_total_bytes", "total_bytes")),
+        page_cache=_num(_first(host, "page_cache_bytes", "cached_bytes")),
+        cgroup_limit=_num(_first(host, "cgroup_limit_bytes") or _first(cg, "limit_bytes")),
+        cgroup_usage=_num(_first(host, "cgroup_usage_bytes") or _first(cg, "usage_bytes")),
+        effective_available=effective if effective is not None and effective != available else None,
+        wsl=bool(host.get("wsl")),
+        level=_worst_level(low) if low else ("ok" if host and not reason else "dim"),
         finding=low[0].message if low else None,
     )
 
@@ -634,14 +618,14 @@ class Views:
     findings: tuple[FindingRow, ...] = field(default=())
 
 
-def compute(state: RunState, now: float, connected: bool) -> Views:
+def compute(state: RunState, now: float, connected: bool, series: SeriesSnapshot | None = None) -> Views:
     return Views(
         header=header_view(state, now, connected),
         trainer=trainer_view(state, now),
         vram=vram_view(state),
         cadence=cadence_view(state, now),
         lr=lr_view(state),
-        loss=loss_view(state),
+        loss=loss_view(state, series),
         ranks=ranks_view(state),
         host=host_view(state),
         disk=disk_view(state),

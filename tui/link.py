@@ -7,12 +7,15 @@ No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
-from trainroom.core import runs
+from trainroom.core import journal, runs
 from trainroom.core.protocol import Reply
 from trainroom.core.runs import RunInfo
+from trainroom.core.series import Series
 from trainroom.core.state import RunState
 
 
@@ -61,10 +64,29 @@ class LocalRuns:
         return KeeperClient(run.sock)  # type: ignore[no-any-return]
 
     def load_state(self, run: RunInfo) -> RunState:
-        return runs.load_state(run.run_dir)
+        """The journal replayed, into the state and its plot series at once (one read)."""
+        d = Path(run.run_dir)
+        rec = runs.read_record(d)
+        state = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created,
+                         options=rec.options)
+        series = Series()
+        for r in journal.read_journal(d / runs.JOURNAL_NAME):
+            state.apply(r)
+            series.observe_record(r)
+        state.series = series.to_builtins()
+        return state
 
 
 def close_link(link: object) -> None:
+    # `KeeperClient.close()` closes its socket, and on Linux a close does not wake a recv()
+    # blocked in another thread (the reader's); a shutdown does (measured here). Until the client
+    # does it itself, shut its socket down first.
+    sock = getattr(link, "_sock", None)
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
     close = getattr(link, "close", None)
     if callable(close):
         try:

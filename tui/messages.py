@@ -5,15 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from textual.message import Message
-
+from trainroom.core.series import Series
 from trainroom.core.state import RunState
 
 
 @dataclass
 class Attached(Message):
-    """The keeper's snapshot arrived: the state the reader now folds deltas into."""
+    """The keeper's snapshot arrived: the state (and plot series) the reader now folds deltas into."""
 
     state: RunState
+    series: Series
+    reader: object = None  # which reader sent it
 
 
 @dataclass
@@ -28,6 +30,7 @@ class RunChanged(Message):
 class KeeperLost(Message):
     reason: str
     t: float
+    reader: object = None
 
 
 @dataclass

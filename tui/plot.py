@@ -142,7 +142,7 @@ def chart(
             best[c] = pri
             mark_cells[c] = (MARK_SYMBOLS.get(kind, "*"), kind)
     labels = [(0, _label(y_max)), (rows - 1, _label(y_min))]
-    for name, v in guides.items():
+    for v in guides.values():
         labels.append((py(v) // 4, _label(v)))
     # One label a row; a guide's own value wins over the range ends it lands on.
     by_row = dict(labels)

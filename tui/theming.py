@@ -21,6 +21,7 @@ from textual.theme import Theme
 DEFAULT_THEME = "trainroom-dark"
 CONTRAST_THEME = "trainroom-contrast"  # the default under NO_COLOR: it reads best in grey
 APP_VARIABLE_PREFIX = "trainroom-"
+ALIASES = {"high-contrast": CONTRAST_THEME, "hc": CONTRAST_THEME}
 
 _COLOUR_FIELDS = ("primary", "secondary", "warning", "error", "success", "accent", "foreground",
                   "background", "surface", "panel", "boost")
@@ -59,7 +60,8 @@ class LoadedThemes:
         return [t.name for t in self.themes]
 
     def find(self, name: str) -> Theme | None:
-        """By full name, or by the short name (`light` for `trainroom-light`)."""
+        """By full name, or by the short name (`light` for `trainroom-light`, `high-contrast`)."""
+        name = ALIASES.get(name, name)
         for t in self.themes:
             if t.name in (name, APP_VARIABLE_PREFIX + name):
                 return t

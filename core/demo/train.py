@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step (a slower demo)")
     ap.add_argument("--fault", choices=FAULTS, default="none")
     ap.add_argument("--fault-step", type=int, default=30)
+    ap.add_argument("--fault-every-attempt", action="store_true",
+                    help="fault again in resumed attempts too (default: only the first attempt faults)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tracer", action="store_true", help="name the first module whose output went non-finite")
     ap.add_argument("--lock-file", help="hold an flock on this file while training (as many trainers do)")
@@ -53,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
+        return _be_the_duplicate(int(os.environ["TRAINROOM_DEMO_DUPLICATE"]))
+    if int(os.environ.get("TRAINROOM_ATTEMPT", "1")) > 1 and not args.fault_every_attempt:
+        # A fault is an event, not a property of the run: a resumed attempt trains on cleanly.
+        args.fault = "none"
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -312,13 +319,21 @@ def _take_lock(path: str) -> int:
 def _start_duplicate() -> None:
     """A second instance of the same command in the same directory, outside our process group
     (a session that was not released). It watches us and leaves when we are gone."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_") or k == "TRAINROOM_HOME"}
     env["TRAINROOM_DEMO_DUPLICATE"] = str(os.getpid())
-    code = ("import os,sys,time\nppid=int(os.environ['TRAINROOM_DEMO_DUPLICATE'])\n"
-            "while True:\n  time.sleep(0.5)\n  try: os.kill(ppid,0)\n  except OSError: sys.exit(0)\n")
-    # Same argv as ours, so the process table shows two identical trainers.
-    subprocess.Popen([sys.executable, "-c", code, *sys.argv[1:]], env=env, start_new_session=True,
+    # Exactly our command line, so the process table shows two identical trainers.
+    subprocess.Popen(list(sys.orig_argv), env=env, start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _be_the_duplicate(parent: int) -> int:
+    """The second instance idles (as a forgotten session would) and leaves when we are gone."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(parent, 0)
+        except OSError:
+            return 0
 
 
 def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -> tuple[int, int, int]:

@@ -67,32 +67,38 @@ def _describe(pid: int, proc_root: str) -> dict[str, Any]:
 
 def fd_lock_holders(key: str, proc_root: str = PROC) -> list[int]:
     """Pids that hold a lock on the file `key` through one of their descriptors (fdinfo `lock:`).
+    Each descriptor is stat()ed first (one syscall) and only one on the lock file is read.
     Processes of other users are unreadable and skipped: the lock files are the user's own."""
+    major, minor, inode = key.split(":")
+    dev, ino = os.makedev(int(major, 16), int(minor, 16)), int(inode)
     holders = []
     for name in os.listdir(proc_root):
         if not name.isdigit():
             continue
-        fdinfo = f"{proc_root}/{name}/fdinfo"
+        fd_dir = f"{proc_root}/{name}/fd"
         try:
-            fds = os.listdir(fdinfo)
+            fds = os.listdir(fd_dir)
         except OSError:
             continue
         for fd in fds:
             try:
-                with open(f"{fdinfo}/{fd}") as f:
+                st = os.stat(f"{fd_dir}/{fd}")
+                if st.st_ino != ino or st.st_dev != dev:
+                    continue
+                with open(f"{proc_root}/{name}/fdinfo/{fd}") as f:
                     text = f.read()
             except OSError:
                 continue
-            if "lock:" in text and any(lk["key"] == key and not lk["waiter"] for lk in parse_locks(text)):
+            if any(lk["key"] == key and not lk["waiter"] for lk in parse_locks(text)):
                 holders.append(int(name))
                 break
     return sorted(holders)
 
 
 def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[dict[str, Any]]:
-    """For each configured lock file: {path, key, exists, held, holders, keepers, waiters}.
+    """For each configured lock file: {path, key, exists, held, holders, inheritors, waiters}.
 
-    holders: what /proc/locks names (pid, kind, mode, exists, state, pgid); keepers: the live
+    holders: what /proc/locks names (pid, kind, mode, exists, state, pgid); inheritors: the live
     processes that still hold it through an inherited descriptor, looked up only when a named
     holder is gone, a zombie, or unknown (pid <= 0); waiters: pids blocked on it.
     """
@@ -105,7 +111,7 @@ def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[dict[st
     for path in paths:
         key = lock_key(path)
         entry: dict[str, Any] = {"path": path, "key": key, "exists": key is not None, "held": False,
-                                 "holders": [], "keepers": [], "waiters": []}
+                                 "holders": [], "inheritors": [], "waiters": []}
         if key is not None:
             mine = [lk for lk in table if lk["key"] == key]
             seen: set[int] = set()
@@ -119,7 +125,7 @@ def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[dict[st
             entry["held"] = bool(entry["holders"])
             if any(not h["exists"] or h["state"] in ("Z", "X") for h in entry["holders"]):
                 named = {h["pid"] for h in entry["holders"]}
-                entry["keepers"] = [_describe(pid, proc_root) for pid in fd_lock_holders(key, proc_root)
+                entry["inheritors"] = [_describe(pid, proc_root) for pid in fd_lock_holders(key, proc_root)
                                     if pid not in named]
         out.append(entry)
     return out

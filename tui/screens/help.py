@@ -35,10 +35,10 @@ class HelpScreen(ModalScreen[None]):
         table.add_row("ctrl+p", "Command palette: every action above, searchable", "")
         with Vertical(id="help-box", classes="modal-box"):
             yield Label("trainroom keys", id="help-title")
-            with VerticalScroll():
+            with VerticalScroll(id="help-scroll"):
                 yield Static(table, id="help-table")
             yield Label("Findings name the key of their suggested action, e.g. [k] kill.",
-                        classes="modal-hint")
+                        classes="modal-hint", markup=False)
 
     def action_close(self) -> None:
         self.dismiss(None)

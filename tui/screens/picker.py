@@ -10,7 +10,6 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
-
 from trainroom.core.runs import RunInfo
 
 from .. import fmt

@@ -30,15 +30,16 @@ class DisconnectBanner(Panel):
         v = self.view
         if v is None:
             return Text("")
-        t = Text(overflow="ellipsis")
+        # Line 1: since when, and the way back; line 2: what the journal says and why it ended.
+        t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"keeper gone since {fmt.clock(v.since)} ({fmt.duration(v.now - v.since)} ago)",
                  style=self.style("crit"))
-        t.append(f": {v.reason}", style=self.style("value"))
+        t.append(f"  ·  press {v.resume_key} to resume", style=self.style("info"))
         t.append("\njournal's last state: ", style=self.style("label"))
         t.append(v.state.upper(), style=self.style("crit" if v.state in ("dead", "hung", "stalled") else "value"))
-        if v.state_reason:
-            t.append(f" ({v.state_reason})", style=self.style("label"))
         if v.last_step is not None:
             t.append(f", last step {v.last_step}", style=self.style("value"))
-        t.append(f"  ·  press {v.resume_key} to resume", style=self.style("info"))
+        if v.state_reason:
+            t.append(f" ({v.state_reason})", style=self.style("label"))
+        t.append(f"  ·  {v.reason}", style=self.style("label"))
         return t

@@ -18,23 +18,22 @@ class CadenceFigures(Panel):
     view: reactive[CadenceView | None] = reactive(None)
 
     def render_view(self, view: CadenceView) -> RenderableType:
-        t = Text(overflow="ellipsis")
-        self.pair(t, "", fmt.rate(view.steps_per_s, "steps/s"))
-        self.pair(t, "  ", fmt.rate(view.interval_s, "s/step"))
-        if view.tokens_per_s is not None:
-            self.pair(t, "  ", f"{fmt.count(view.tokens_per_s)} tok/s")
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))
+        t.append("  " + fmt.rate(view.interval_s, "s/step"), style=self.style("value"))
         t.append("\n")
+        age = view.last_step_age_s
         if view.stopped:
-            label = "last step"
-            value = (f"{fmt.duration(view.last_step_age_s)} before the end"
-                     if view.last_step_age_s is not None else "none")
+            value = f"{fmt.duration(age)} before the end" if age is not None else "none"
         else:
-            label = "last step"
-            value = f"{fmt.duration(view.last_step_age_s)} ago" if view.last_step_age_s is not None else "none yet"
-        self.pair(t, label, value, view.level)
-        self.pair(t, "  bound", fmt.duration(view.bound_s))
+            value = f"{fmt.duration(age)} ago" if age is not None else "none yet"
+        self.pair(t, "last step", value, view.level)
+        if not view.stopped:
+            t.append(f" / bound {fmt.duration(view.bound_s)}", style=self.style("label"))
         if view.phase != "train":
-            self.pair(t, "  phase", view.phase, "info")
+            self.pair(t, "\nphase", view.phase, "info")
+        if view.tokens_per_s is not None:
+            t.append(f"\n{fmt.count(view.tokens_per_s)} tok/s", style=self.style("value"))
         if view.last_step_age_s is not None and not view.stopped:
             t.append("\n")
             width = max(min(self.inner_width, 40), 4)

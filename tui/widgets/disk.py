@@ -19,7 +19,7 @@ class DiskPanel(Panel):
     view: reactive[DiskView | None] = reactive(None)
 
     def render_view(self, view: DiskView) -> RenderableType:
-        t = Text(overflow="ellipsis")
+        t = Text(no_wrap=True, overflow="ellipsis")
         level = view.level if view.level != "ok" else "value"
         if view.known:
             self.pair(t, "used", fmt.percent(view.used_fraction), level)

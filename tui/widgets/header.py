@@ -37,14 +37,14 @@ class RunHeader(Panel):
         t.append("  ")
         # The badge carries the state in words, so it reads the same without colour.
         t.append(f" {view.state.upper()} ", style=self.get_component_rich_style(f"header--state-{state}"))
+        if not view.connected:
+            t.append(" ")
+            t.append(" KEEPER GONE ", style=self.get_component_rich_style("header--offline"))
         if view.since:
             t.append(f" for {fmt.duration(view.now - view.since)}", style=self.style("label"))
         if view.step is not None:
             t.append("  step ", style=self.style("label"))
             t.append(str(view.step), style=self.style("value"))
-        if not view.connected:
-            t.append("  ")
-            t.append(" KEEPER GONE ", style=self.get_component_rich_style("header--offline"))
         if view.reason:
             t.append("  " + view.reason, style=self.style("label"))
         return t

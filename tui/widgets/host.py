@@ -1,9 +1,9 @@
 """Host memory: what is available, and the page cache a reclaim could give back (under WSL2 the
-Windows side gets it back only when Linux drops it)."""
+Windows side gets it back only when Linux drops it), and the cgroup's own limit where one applies."""
 
 from __future__ import annotations
 
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
@@ -18,14 +18,16 @@ class HostPanel(Panel):
     view: reactive[HostView | None] = reactive(None)
 
     def render_view(self, view: HostView) -> RenderableType:
-        t = Text(overflow="ellipsis")
-        if not view.known:
-            t.append("no host probe yet", style=self.style("dim"))
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if not view.known or view.reason:
+            t.append(view.reason or "no host probe yet", style=self.style("dim"))
             return t
         level = view.level if view.level != "ok" else "value"
         self.pair(t, "available", fmt.nbytes(view.available), level)
         t.append(f" of {fmt.nbytes(view.total)}", style=self.style("label"))
-        self.pair(t, "  cache", fmt.nbytes(view.page_cache))
+        t.append("\n")
+        self.pair(t, "page cache", fmt.nbytes(view.page_cache))
+        t.append("  reclaimable with c" if view.page_cache else "", style=self.style("dim"))
         t.append("\n")
         if view.total and view.available is not None:
             width = max(min(self.inner_width, 40), 4)
@@ -34,9 +36,14 @@ class HostPanel(Panel):
             t.append(bar[:filled], style=self.style(view.level if view.level != "ok" else "bar-driver"))
             t.append(bar[filled:], style=self.style("bar-empty"))
             t.append("\n")
-        if view.cgroup_limit is not None or view.cgroup_usage is not None:
+        if view.cgroup_limit is not None:
             self.pair(t, "cgroup", f"{fmt.nbytes(view.cgroup_usage)} of {fmt.nbytes(view.cgroup_limit)}")
+            if view.effective_available is not None:
+                self.pair(t, "  a load gets", fmt.nbytes(view.effective_available), level)
             t.append("\n")
+        if view.wsl:
+            t.append("WSL2: what Linux frees goes back to Windows only after a reclaim\n", style=self.style("dim"))
         if view.finding:
-            t.append(view.finding, style=self.style(view.level))
+            t.rstrip()
+            return Group(t, Text(view.finding, style=self.style(view.level)))
         return t

@@ -53,7 +53,7 @@ class LossPanel(Panel):
         x_lo, x_hi = _x(c.x_min, view.x_label), _x(c.x_max, view.x_label)
         kinds = sorted({m.kind for m in view.marks})
         legend = " ".join(f"{MARK_SYMBOLS.get(k, '*')} {k}" for k in kinds)
-        space = cols + 1 - len(x_lo) - len(x_hi)
+        space = cols - len(x_lo) - len(x_hi)
         middle = f" {legend} " if legend and len(legend) + 2 <= space else ""
         t.append(" " * GUTTER + " " + x_lo, style=self.style("axis"))
         t.append(middle.center(max(space, 0)), style=self.style("label"))

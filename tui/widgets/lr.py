@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
@@ -19,7 +19,7 @@ class LrPanel(Panel):
     view: reactive[LrView | None] = reactive(None)
 
     def render_view(self, view: LrView) -> RenderableType:
-        t = Text(overflow="ellipsis")
+        t = Text(no_wrap=True, overflow="ellipsis")
         self.pair(t, "requested", fmt.lr(view.requested))
         if view.warmup_steps:
             self.pair(t, "  warmup", f"{view.warmup_steps} steps")
@@ -31,10 +31,12 @@ class LrPanel(Panel):
             label = "effective" if len(view.groups) == 1 else f"group {g.group}"
             self.pair(t, label.ljust(9), fmt.lr(g.effective), view.level)
             if g.ratio is not None:
-                t.append(f"  ({fmt.ratio(g.ratio)} of requested)", style=self.style("label"))
+                t.append(f" ({fmt.ratio(g.ratio)})", style=self.style(view.level))
             t.append("\n")
         if len(view.groups) > GROUPS_SHOWN:
             t.append(f"+{len(view.groups) - GROUPS_SHOWN} groups\n", style=self.style("dim"))
         if view.finding:
-            t.append(view.finding, style=self.style(view.level))
+            # the finding's own words (requested, effective, the likely cause) may wrap
+            t.rstrip()
+            return Group(t, Text(view.finding, style=self.style(view.level)))
         return t

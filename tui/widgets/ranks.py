@@ -13,6 +13,9 @@ from .. import fmt
 from ..figures import RanksView
 from .base import Panel
 
+# (column, the width it needs with its padding)
+COLUMNS = (("rank", 6), ("step", 7), ("loss", 8), ("s/step", 8), ("tok/s", 7), ("reserved", 10))
+
 
 class RanksPanel(Panel):
     TITLE = "ranks"
@@ -31,16 +34,28 @@ class RanksPanel(Panel):
             return head
         table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), expand=True, show_edge=False,
                       header_style=self.style("label"))
-        for name in ("rank", "step", "loss", "s/step", "tok/s", "reserved"):
+        # Columns in order of importance, as many as the width holds.
+        columns: list[str] = []
+        used = 0
+        for name, width in COLUMNS:
+            if used + width > self.inner_width and len(columns) >= 3:
+                break
+            columns.append(name)
+            used += width
+        for name in columns:
             table.add_column(name, justify="right", no_wrap=True)
         room = max(self.inner_height - 3, 1)
         for row in view.rows[:room]:
             style = self.style("crit") if row.outlier else (self.style("value") if row.connected else self.style("dim"))
-            table.add_row(
-                str(row.rank), str(row.step) if row.step is not None else fmt.UNKNOWN,
-                fmt.loss(row.loss), fmt.duration(row.interval_s) if row.interval_s else fmt.UNKNOWN,
-                fmt.count(row.tokens_per_s), fmt.nbytes(row.alloc_reserved), style=style,
-            )
+            cells = {
+                "rank": str(row.rank),
+                "step": str(row.step) if row.step is not None else fmt.UNKNOWN,
+                "loss": fmt.loss(row.loss),
+                "s/step": fmt.duration(row.interval_s) if row.interval_s else fmt.UNKNOWN,
+                "tok/s": fmt.count(row.tokens_per_s),
+                "reserved": fmt.nbytes(row.alloc_reserved),
+            }
+            table.add_row(*(cells[c] for c in columns), style=style)
         parts: list[RenderableType] = [head, table]
         if len(view.rows) > room:
             parts.append(Text(f"+{len(view.rows) - room} more ranks", style=self.style("dim")))

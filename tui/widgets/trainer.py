@@ -17,19 +17,18 @@ class TrainerPanel(Panel):
     view: reactive[TrainerView | None] = reactive(None)
 
     def render_view(self, view: TrainerView) -> RenderableType:
-        t = Text(overflow="ellipsis")
+        t = Text(no_wrap=True, overflow="ellipsis")
         self.pair(t, "pid", str(view.pid) if view.pid is not None else fmt.UNKNOWN)
         self.pair(t, "  pgid", str(view.pgid) if view.pgid is not None else fmt.UNKNOWN)
         t.append("\n")
-        self.pair(t, "up" if view.alive else "ran", fmt.duration(view.uptime_s))
-        t.append("  ")
         t.append(view.exit_text, style=self.style(view.exit_level))
         t.append("\n")
         if view.crash:
             t.append(view.crash, style=self.style("crit"))
             t.append("\n")
+        self.pair(t, "up" if view.alive else "ran", fmt.duration(view.uptime_s))
         mode = "reporter" if view.instrumented else "log lines"
-        self.pair(t, "telemetry", mode, "value" if view.instrumented else "dim")
+        self.pair(t, "  telemetry", mode, "value" if view.instrumented else "dim")
         if view.resume_from:
             self.pair(t, "  from", view.resume_from.rstrip("/").rsplit("/", 1)[-1])
         t.append("\n")

@@ -1,0 +1,135 @@
+"""Verify a ~400 MB checkpoint against `sha256sum` of the same file, in one run.
+
+    python scripts/bench_verify.py [--mb 400] [--repeat 3] [--keep PATH]
+
+Writes a GPT-shaped float32 checkpoint with the SDK (so the save-time digest is recorded), warms
+the page cache with one read, then times, best of --repeat:
+  sha256sum FILE               (coreutils, the baseline)
+  digest (xxh3-128)            what the verifier hashes with; blake3 shown for the record
+  verify, in-process           digest + torch.load(mmap) + NaN/Inf + std of every tensor + arch
+  verify_in_subprocess         the keeper's path: the above plus starting Python and importing torch
+Prints GB/s and the ratio to sha256sum for each. The goal is >= 3x sha256sum for the verifier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def best_of(n: int, fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=400.0, help="checkpoint size in MB (default 400)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", type=Path, default=None, help="write the checkpoint root here and keep it")
+    args = ap.parse_args()
+    if args.mb <= 0 or args.repeat < 1:
+        print("bench_verify: --mb and --repeat must be positive", file=sys.stderr)
+        return 2
+    if shutil.which("sha256sum") is None:
+        print("bench_verify: sha256sum not found", file=sys.stderr)
+        return 2
+
+    import torch
+    from trainroom.core import checkpoints as ck
+    from trainroom.core import verify as v
+
+    tmp = Path(tempfile.mkdtemp(prefix="trbench"))
+    root = args.keep or tmp / "ck"
+    try:
+        # GPT-2 small's layout (d_model 768, vocab 50304, wte tied to lm_head) with as many blocks
+        # as the size asks for; a narrower model for small sizes.
+        target = args.mb * 1e6 / 4
+        d = 768 if args.mb >= 100 else 128
+        vocab = 50304 if target > 2 * 50304 * d else max(256, int(target / 2 / d))
+        blocks = max(1, round((target - vocab * d) / (12 * d * d)))
+        g = torch.Generator().manual_seed(0)
+        sd: dict[str, torch.Tensor] = {"transformer.wte.weight": torch.randn(vocab, d, generator=g) * 0.02}
+        for i in range(blocks):
+            for name, shape in (("ln_1.weight", (d,)), ("attn.c_attn.weight", (3 * d, d)),
+                                ("attn.c_proj.weight", (d, d)), ("mlp.c_fc.weight", (4 * d, d)),
+                                ("mlp.c_proj.weight", (d, 4 * d))):
+                sd[f"transformer.h.{i}.{name}"] = torch.randn(*shape, generator=g) * 0.02
+        sd["lm_head.weight"] = sd["transformer.wte.weight"]
+        t = time.perf_counter()
+        saved = ck.save_checkpoint({"model": sd, "iter_num": 1}, 1, root=root, promote_inline=False)
+        save_s = time.perf_counter() - t
+        path = Path(saved.path)
+        size = path.stat().st_size
+        gb = size / 1e9
+        path.read_bytes()  # warm the page cache: every figure below reads from memory, like sha256sum's
+
+        sha = best_of(args.repeat, lambda: subprocess.run(["sha256sum", str(path)], check=True,
+                                                          stdout=subprocess.DEVNULL))
+        xxh = best_of(args.repeat, lambda: v.digest_file(path))
+
+        def openssl_sha256() -> None:
+            import hashlib
+
+            with open(path, "rb") as f:
+                hashlib.file_digest(f, "sha256")
+
+        # coreutils' sha256sum may not use the CPU's SHA extensions; OpenSSL's (hashlib) does.
+        ossl = best_of(args.repeat, openssl_sha256)
+        try:
+            import blake3
+
+            def b3() -> None:
+                h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+                h.update_mmap(str(path))
+                h.hexdigest()
+
+            b3_s: float | None = best_of(args.repeat, b3)
+        except ImportError:
+            b3_s = None
+        reports: list[dict] = []
+        t = time.perf_counter()
+        reports.append(v.verify(path))
+        first = time.perf_counter() - t  # the first mmap load faults every page in
+        inproc = min(first, best_of(max(1, args.repeat - 1), lambda: reports.append(v.verify(path))))
+        rep = reports[-1]
+        if not rep["ok"] or not rep["digest_ok"]:
+            print(f"bench_verify: the checkpoint did not verify: {rep['reason']}", file=sys.stderr)
+            return 1
+        sub = best_of(max(1, args.repeat - 1), lambda: v.verify_in_subprocess(path, timeout=600))
+
+        def row(name: str, s: float) -> str:
+            return f"  {name:34s} {s:8.3f} s  {gb / s:7.2f} GB/s  {sha / s:6.2f}x sha256sum"
+
+        print(f"bench_verify: {size / 1e6:.0f} MB checkpoint, {rep['tensors']} tensors, {rep['params']:,} params "
+              f"(saved in {save_s:.2f} s, {gb / save_s:.2f} GB/s with the digest taken while writing); "
+              f"page cache warm, best of {args.repeat}, torch threads {torch.get_num_threads()}")
+        print(row("sha256sum", sha))
+        print(row("sha256 via OpenSSL (hashlib)", ossl))
+        print(row("digest xxh3-128 (the verifier's)", xxh))
+        if b3_s is not None:
+            print(row("digest blake3 (all cores, mmap)", b3_s))
+        print(row("verify, in-process (first run)", first))
+        print(row("verify, in-process (best)", inproc))
+        print(row("verify_in_subprocess (+ torch import)", sub))
+        ok = sha / first >= 3.0
+        print(f"  goal >= 3x sha256sum for the verifier (in-process, first run): {'met' if ok else 'NOT met'} "
+              f"({sha / first:.2f}x)")
+        return 0
+    finally:
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
