@@ -23,7 +23,8 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
     sp.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: run on)")
     sp.add_argument("--ranks", type=int, default=None, help="run under torchrun with this many CPU ranks (gloo)")
     sp.add_argument("--lr", type=float, default=None)
-    sp.add_argument("--step-delay", type=float, default=None)
+    sp.add_argument("--step-delay", type=float, default=0.05,
+                    help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)")
     sp.add_argument("--ckpt-every", type=int, default=None)
     sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
     sp.add_argument("--no-tui", action="store_true", help="print status lines instead of opening the control room")

@@ -3,7 +3,10 @@ checkpoints (c), restarts (R), LR changes (L), loss-scale events (s) and non-fin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import RenderableType
+from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
@@ -40,15 +43,14 @@ class LossPanel(Panel):
         c = chart(view.points, cols, rows, guides={"lnv": view.ln_v} if view.ln_v else None,
                   marks=[(m.x, m.kind) for m in view.marks])
         labels = dict(c.y_labels)
+        styles = {k: self.style(k) for k in ("curve", "lnv", "axis", "mark")}
         for r, row in enumerate(c.rows):
-            t.append(labels.get(r, "").rjust(GUTTER - 1)[: GUTTER - 1] + " ", style=self.style("axis"))
-            t.append("┤" if r in labels else "│", style=self.style("axis"))
-            for ch, kind in row:
-                t.append(ch, style=self.style("curve" if kind == "curve" else "lnv" if kind == "lnv" else "axis"))
+            t.append(labels.get(r, "").rjust(GUTTER - 1)[: GUTTER - 1] + " ", style=styles["axis"])
+            t.append("┤" if r in labels else "│", style=styles["axis"])
+            _append_runs(t, row, lambda kind: styles["curve" if kind == "curve" else "lnv" if kind == "lnv" else "axis"])
             t.append("\n")
-        t.append(" " * GUTTER + "└", style=self.style("axis"))
-        for ch, kind in c.marks:
-            t.append(ch, style=self.style("mark" if kind != "blank" else "axis"))
+        t.append(" " * GUTTER + "└", style=styles["axis"])
+        _append_runs(t, c.marks, lambda kind: styles["mark" if kind != "blank" else "axis"])
         t.append("\n")
         x_lo, x_hi = _x(c.x_min, view.x_label), _x(c.x_max, view.x_label)
         kinds = sorted({m.kind for m in view.marks})
@@ -59,6 +61,21 @@ class LossPanel(Panel):
         t.append(middle.center(max(space, 0)), style=self.style("label"))
         t.append(x_hi, style=self.style("axis"))
         return t
+
+
+def _append_runs(t: Text, cells: tuple[tuple[str, str], ...], style_of: Callable[[str], Style]) -> None:
+    """One span per run of cells of one kind: a plot row is ~100 cells but a few spans, which is
+    what keeps ten renders a second cheap."""
+    run: list[str] = []
+    kind = None
+    for ch, k in cells:
+        if k != kind and run:
+            t.append("".join(run), style=style_of(kind or "blank"))
+            run = []
+        kind = k
+        run.append(ch)
+    if run:
+        t.append("".join(run), style=style_of(kind or "blank"))
 
 
 def _x(v: float, label: str) -> str:
