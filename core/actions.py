@@ -105,17 +105,23 @@ async def kill(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         return
     plan = await asyncio.to_thread(plan_kill, a.pid, a.pgid, a.start_time, keeper_pid=os.getpid())
     target = plan.as_dict()
-    if not plan.ok:
+    if not plan.ok and not plan.nothing_left:
         reply(_done(req, False, "kill refused: " + "; ".join(plan.refusals), plan=target))
         return
     pids = [m.pid for m in plan.members]
-    summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
+    if plan.nothing_left:
+        # The attempt died whole (the seed's SIGKILL): nothing to signal, but a kill still
+        # confirms the driver gave its memory back before anyone resumes.
+        summary = (f"nothing left to kill of attempt {a.n}: process group {plan.pgid} has no live members; "
+                   "confirm the driver released its memory")
+    else:
+        summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
     if not req.confirm:
         reply(p.Reply(id=req.id, action="kill", stage="plan", message=summary, plan=target))
         return
     cfg = keeper.config.kill
     gpu = keeper.gpu_probe()
-    probe = run_vram_probe(gpu, pids) if gpu is not None else None
+    probe = run_vram_probe(gpu, sorted({a.pid, *pids})) if gpu is not None else None
     result = await asyncio.to_thread(
         execute_kill, plan, grace_s=float(req.args.get("grace_s", cfg.grace_s)), vram_probe=probe,
         tolerance_bytes=int(cfg.vram_tolerance_mib * (1 << 20)), vram_timeout_s=cfg.vram_timeout_s,
@@ -170,7 +176,7 @@ async def dump(keeper: Keeper, req: p.Request, reply: Reply) -> None:
 
 
 async def bench(keeper: Keeper, req: p.Request, reply: Reply) -> None:
-    from .bench import run_bench
+    from .bench import DEFAULT_SECONDS, describe, run_bench
 
     device = str(req.args.get("device", "auto"))
     python = keeper.trainer_python()
@@ -179,9 +185,10 @@ async def bench(keeper: Keeper, req: p.Request, reply: Reply) -> None:
                       plan={"device": device, "python": python}))
         return
     reply(p.Reply(id=req.id, action="bench", stage="progress", message=f"running the matmul bench on {device}"))
-    out = await asyncio.to_thread(run_bench, device, python=python)
+    seconds = float(req.args.get("seconds", DEFAULT_SECONDS))
+    out = await asyncio.to_thread(run_bench, device, python=python, seconds=seconds)
     ok = bool(out.get("ok", out.get("tflops") is not None))
-    msg = out.get("message") or out.get("verdict") or ""
+    msg = describe(out)
     reply(_done(req, ok, str(msg), plan={"device": device}, after=out))
 
 
@@ -205,27 +212,38 @@ async def prune(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         reply(_done(req, False, "prune: this run has no checkpoint root"))
         return
     keep = int(req.args.get("keep", pipe.keep))
+    if keep < 0:
+        reply(_done(req, False, "prune: keep must be 0 or more"))
+        return
+    include_rejected = bool(req.args.get("include_rejected"))
     protect = [x for x in [*pipe.verifying, _resume_target(keeper)] if x]
-    plan = await asyncio.to_thread(pruning.plan, pipe.root, keep, protect=protect)
+    plan = await asyncio.to_thread(pruning.plan, pipe.root, keep, protect=protect, include_rejected=include_rejected)
+    # Records, not strings: the CLI prints them as `prune --root` does, the control room one a line.
     target = {"root": plan.root, "keep": keep, "bytes_to_free": plan.bytes_to_free,
-              "delete": [f"{d.path} ({d.bytes} B)" for d in plan.delete],
-              "kept": [f"{k.path}: {k.why}" for k in plan.kept]}
+              "delete": [{"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete],
+              "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
+              "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped]}
     if not req.confirm or req.args.get("dry_run"):
         msg = (f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
                f"{plan.bytes_to_free / (1 << 20):.1f} MiB to free")
         stage = "plan" if not req.confirm else "done"
-        reply(p.Reply(id=req.id, action="prune", stage=stage, message=msg, plan=target))
+        reply(p.Reply(id=req.id, action="prune", stage=stage, ok=True, message=msg, plan=target))
         return
     before = {"disk_used_bytes": pipe.usage.used_bytes if pipe.usage else None}
     res = await asyncio.to_thread(pruning.execute, plan, dry_run=False, protect=protect)
     now = time.time()
+    # A pruned step directory is the promoted form of a candidate the run knows by its path.
+    by_dir = {(c.report or {}).get("promoted_dir"): c.path for c in keeper.state.checkpoints}
     for d in res.deleted:
-        keeper.emit(p.CheckpointState(path=d.path, step=d.step, state="pruned", t=now, size_bytes=d.bytes))
+        keeper.emit(p.CheckpointState(path=by_dir.get(d.path, d.path), step=d.step, state="pruned", t=now,
+                                      size_bytes=d.bytes))
     usage = await asyncio.to_thread(pipe.disk_sample)
-    after = {"disk_used_bytes": usage.get("used_bytes"), "bytes_freed": res.bytes_freed}
+    after = {"disk_used_bytes": usage.get("used_bytes"), "bytes_freed": res.bytes_freed,
+             "deleted": [{"step": d.step, "path": d.path, "bytes": d.bytes} for d in res.deleted],
+             "failed": [{"step": f.step, "path": f.path, "why": f.why} for f in res.failed]}
     ok = not res.failed
-    msg = (f"pruned {len(res.deleted)} checkpoint(s), freed {res.bytes_freed / (1 << 20):.1f} MiB"
-           + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else ""))
+    msg = (f"pruned {len(res.deleted)} checkpoint(s), freed {res.bytes_freed / (1 << 20):.1f} MiB, "
+           f"kept {len(res.kept)}" + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else ""))
     reply(_done(req, ok, msg, plan=target, before=before, after=after))
 
 
@@ -242,7 +260,10 @@ async def verify(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         reply(p.Reply(id=req.id, action="verify", stage="plan", message=f"verify {path}", plan={"path": path}))
         return
     reply(p.Reply(id=req.id, action="verify", stage="progress", message=f"verifying {path}"))
-    rep = await asyncio.to_thread(verify_in_subprocess, path, None)
+    # The pipeline's warm verifier (torch already imported) when there is one.
+    check = pipe.verify_now if pipe is not None else verify_in_subprocess
+    expected = req.args.get("expected")
+    rep = await asyncio.to_thread(check, path, expected if isinstance(expected, dict) else None)
     summary = (f"{path}: {'verified' if rep.get('ok') else 'REJECTED: ' + str(rep.get('reason'))}; "
                f"{rep.get('tensors')} tensors, {rep.get('params')} params, "
                f"non-finite {len(rep.get('nonfinite') or {})}, outliers {len(rep.get('outliers') or [])}")

@@ -39,6 +39,9 @@ from . import protocol as p
 from . import verify as verifier
 
 ENV_ROOT = "TRAINROOM_CKPT_ROOT"
+# Bytes the checkpoint root may hold (`launch --disk-budget`); the keeper exports it to the trainer
+# so the pre-save check refuses a checkpoint the budget cannot take.
+ENV_BUDGET = "TRAINROOM_DISK_BUDGET"
 QUARANTINE = ".quarantine"
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -524,6 +527,14 @@ def keep_verified_copy(src: str | os.PathLike[str], report: Mapping[str, Any],
 # --------------------------------------------------------------------------- the SDK save
 
 
+def _env_budget() -> int | None:
+    raw = os.environ.get(ENV_BUDGET, "").strip()
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None  # a malformed budget is no budget; the keeper only ever exports an int
+
+
 def _innermost_oserror(exc: BaseException) -> OSError | None:
     found: OSError | None = None
     seen: set[int] = set()
@@ -539,10 +550,11 @@ def _innermost_oserror(exc: BaseException) -> OSError | None:
 def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None = None, *,
                     promote_inline: bool | None = None, declared_arch: Mapping[str, Any] | None = None,
                     statvfs: diskguard.StatvfsFn = os.statvfs,
-                    reserve_bytes: int | None = None) -> Saved:
+                    reserve_bytes: int | None = None, budget_bytes: int | None = None) -> Saved:
     """Save `state` (anything torch.save takes) as the candidate for `step`.
 
-    Refuses first (CheckpointWontFit, an OSError with ENOSPC) when the checkpoint will not fit.
+    Refuses first (CheckpointWontFit, an OSError with ENOSPC) when the checkpoint will not fit on
+    the disk, or in the root's byte budget (`budget_bytes`, default `TRAINROOM_DISK_BUDGET`).
     Any failure while writing (ENOSPC included) removes the temp file and re-raises: nothing half
     written is left and `latest` is untouched. Under a keeper the keeper verifies and promotes
     (it gets a Checkpoint frame); otherwise (`promote_inline` None and no keeper, or True) this
@@ -555,7 +567,10 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
     q.dir.mkdir(parents=True, exist_ok=True)
     q.sweep()  # what an earlier, killed save left behind
     need = estimate_bytes(state)
-    diskguard.check_fit(q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes)
+    if budget_bytes is None:
+        budget_bytes = _env_budget()
+    diskguard.check_fit(q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes,
+                        root=r)
     rep = reporter.current()
     final = _unique(q.dir / candidate_name(step))
     tmp = q.dir / f".{final.name}.{os.getpid()}.tmp"

@@ -41,11 +41,23 @@ def _check_command(argv: list[str], cwd: str) -> None:
         raise CliError(f"command not found: {exe}")
 
 
+def _check_config(cwd: str) -> None:
+    """A bad trainroom.toml is refused here, before any keeper starts (the keeper would only
+    fall back to the defaults with a note, and the run would use settings nobody wrote)."""
+    from .config import ConfigError, load_config
+
+    try:
+        load_config(cwd, runs.state_dir())
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
 def launch(argv: list[str], options: dict[str, Any], cwd: str | None = None,
            env: dict[str, str] | None = None, wait_s: float = 10.0) -> RunInfo:
     """Start a keeper for `argv` in its own session and return once its socket is up."""
     cwd = os.path.abspath(cwd or os.getcwd())
     _check_command(argv, cwd)
+    _check_config(cwd)
     run_dir, rec = runs.create_run(argv, cwd, options)
     klog = open(run_dir / runs.KEEPER_LOG_NAME, "ab")
     # Every standard stream is detached: `run=$(trainroom launch ...)` must not wait on the keeper.
@@ -231,7 +243,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
     client = KeeperClient(info.sock)
     req_args: dict[str, Any] = {}
-    for key in ("keep", "dry_run", "grace_s"):
+    for key in ("keep", "dry_run", "grace_s", "device", "seconds"):
         if getattr(args, key, None) is not None:
             req_args[key] = getattr(args, key)
     plan = client.call(args.action, req_args, confirm=False)
@@ -241,7 +253,8 @@ def cmd_action(args: argparse.Namespace) -> int:
         print(plan.message)
         for k, v in plan.plan.items():
             print(f"  {k}: {v}")
-    confirm = args.yes
+    # Only what changes the run asks first; a bench or a stack dump does not.
+    confirm = args.yes or args.action in ("bench", "dump")
     if not confirm:
         if not sys.stdin.isatty():
             raise CliError(f"{args.action} needs confirmation: pass --yes (stdin is not a terminal)")
@@ -256,6 +269,25 @@ def cmd_action(args: argparse.Namespace) -> int:
             print(f"  … {r.message}")
     assert last is not None
     return _print_reply(args, last)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Through the run's keeper (on the trainer's device and interpreter) when one is up, else
+    here: the bench needs no run, only torch."""
+    from . import bench
+
+    if args.run:
+        info = runs.resolve_run(args.run)
+        if not info.alive:
+            print(f"trainroom: the keeper of {info.run_id} is gone: benching here", file=sys.stderr)
+            return bench.run(args)
+    else:
+        try:
+            info = runs.resolve_run(None, live_only=True)
+        except RunError:
+            return bench.run(args)
+    args.run = info.run_id
+    return cmd_action(args)
 
 
 def _print_reply(args: argparse.Namespace, r: Any) -> int:
@@ -331,13 +363,19 @@ def build_parser() -> argparse.ArgumentParser:
                          ("reclaim", "drop the page cache the way this host allows"),
                          ("resume", "start a new attempt from the last verified checkpoint"),
                          ("dump", "dump the trainer's stacks"),
-                         ("bench", "matmul TFLOPS on the run's device")):
+                         ("bench", "matmul TFLOPS on the run's device (here, with no live keeper)")):
         sp = sub.add_parser(action, help=text)
         sp.add_argument("run", nargs="?")
         sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         sp.add_argument("--json", action="store_true")
         if action == "kill":
             sp.add_argument("--grace", dest="grace_s", type=float)
+        if action == "bench":
+            from .bench import add_device_options
+
+            add_device_options(sp)
+            sp.set_defaults(func=cmd_bench, action=action)
+            continue
         sp.set_defaults(func=cmd_action, action=action)
 
     _add_module_verbs(sub)

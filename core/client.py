@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 from collections.abc import Iterator
@@ -99,9 +100,13 @@ class KeeperClient:
         return last
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        """Shut the socket down before closing it: on Linux a close() alone does not wake a
+        recv() blocked in another thread (the control room's reader)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
 
 def snapshot(sock_path: str, timeout_s: float = 5.0) -> RunState:

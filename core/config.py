@@ -158,6 +158,9 @@ class Config(_Section):
     # Lock files the trainer takes (flock/fcntl): STALE_LOCK names their holder from /proc/locks
     # and resume refuses while one is held. Relative to the project dir.
     lock_files: list[str] = []
+    # Process names of the VM's or container's host process (e.g. "vmmem", "wslhost"): two of
+    # them after a session that was not released is DUPLICATE_TRAINER's host-side twin.
+    host_processes: list[str] = []
     checkpoints: Checkpoints = msgspec.field(default_factory=Checkpoints)
     thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
     kill: Kill = msgspec.field(default_factory=Kill)

@@ -44,6 +44,11 @@ class DiskUsage(msgspec.Struct, kw_only=True, frozen=True):
     total_bytes: int
     used_bytes: int
     free_bytes: int  # what an unprivileged writer can still use (f_bavail), as df shows it
+    budget: bool = False  # a byte budget for the root (`--disk-budget`), not a filesystem
+
+    @property
+    def what(self) -> str:
+        return "checkpoint budget" if self.budget else "checkpoint disk"
 
     @property
     def used_fraction(self) -> float:
@@ -53,7 +58,7 @@ class DiskUsage(msgspec.Struct, kw_only=True, frozen=True):
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "total_bytes": self.total_bytes, "used_bytes": self.used_bytes,
-                "free_bytes": self.free_bytes, "used_fraction": round(self.used_fraction, 4)}
+                "free_bytes": self.free_bytes, "used_fraction": round(self.used_fraction, 4), "budget": self.budget}
 
 
 class MountEntry(msgspec.Struct, kw_only=True, frozen=True):
@@ -119,7 +124,7 @@ def budget_usage(root: str | os.PathLike[str], budget_bytes: int, used_bytes: in
                 except OSError:
                     pass
     return DiskUsage(path=str(root), total_bytes=budget_bytes, used_bytes=used_bytes,
-                     free_bytes=max(0, budget_bytes - used_bytes))
+                     free_bytes=max(0, budget_bytes - used_bytes), budget=True)
 
 
 def read_mounts(mounts_path: str | os.PathLike[str] = "/proc/mounts") -> list[MountEntry]:
@@ -184,7 +189,7 @@ def disk_high(usage: DiskUsage, warn: float = DISK_WARN, critical: float = DISK_
     severity = "critical" if frac >= critical else "warning"
     return Finding(
         code="DISK_HIGH", severity=severity, action="prune", key=usage.path,
-        message=(f"checkpoint disk {frac * 100:.1f}% used at {usage.path}: {_gb(usage.free_bytes)} free "
+        message=(f"{usage.what} {frac * 100:.1f}% used at {usage.path}: {_gb(usage.free_bytes)} free "
                  f"of {_gb(usage.total_bytes)} (thresholds {warn * 100:.0f}% / {critical * 100:.0f}%)"),
         evidence={**usage.as_dict(), "warn": warn, "critical": critical},
     )
@@ -199,7 +204,9 @@ def reserve_for(usage: DiskUsage, reserve_bytes: int | None = None) -> int:
 def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
             reserve_bytes: int | None = None) -> Projection | None:
     """Time to full from the recent saves, each `(t, size_bytes)` of a checkpoint that added a new
-    file (an overwrite in place adds nothing and should not be passed). None with under 2 saves."""
+    file (an overwrite in place adds nothing and should not be passed). None with under 2 saves.
+    The next save is due one cadence after the last (at once when that is past: a save that is
+    late, or refused for want of space, moves the projection on rather than into the past)."""
     recent = sorted(saves)[-11:]
     if len(recent) < 2:
         return None
@@ -212,8 +219,8 @@ def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
     if size <= 0 or cadence <= 0:
         return None
     saves_left = max(0, (usage.free_bytes - reserve_for(usage, reserve_bytes)) // size)
-    last_t = recent[-1][0]
-    fail_t = last_t + (saves_left + 1) * cadence
+    next_t = max(recent[-1][0] + cadence, now)
+    fail_t = next_t + saves_left * cadence
     return Projection(checkpoint_bytes=size, cadence_s=cadence, bytes_per_s=size / cadence,
                       saves_left=int(saves_left), time_to_full_s=max(0.0, fail_t - now))
 
@@ -221,19 +228,23 @@ def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
 def disk_full_soon(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float, *,
                    horizon_s: float = FULL_SOON_HORIZON_S, critical_s: float = FULL_SOON_CRITICAL_S,
                    reserve_bytes: int | None = None,
-                   prunable_bytes: int | None = None) -> Finding | None:
+                   prunable_bytes: int | None = None, writing: bool = True) -> Finding | None:
+    """DISK_FULL_SOON while checkpoints are being written (`writing`: the trainer is alive) and
+    the projection falls within `horizon_s`; with no writer only when the next checkpoint of the
+    same size would not fit at all (a rate means nothing once nobody writes)."""
     proj = project(usage, saves, now, reserve_bytes)
-    if proj is None or proj.time_to_full_s > horizon_s:
+    if proj is None or proj.time_to_full_s > horizon_s or (not writing and proj.saves_left > 0):
         return None
     severity = "critical" if proj.saves_left == 0 or proj.time_to_full_s <= critical_s else "warning"
     when = ("the next checkpoint will not fit" if proj.saves_left == 0
             else f"{proj.saves_left} more fit; full in {_duration(proj.time_to_full_s)}")
     msg = (f"checkpoints of {_gb(proj.checkpoint_bytes)} every {_duration(proj.cadence_s)} "
-           f"({_gb(proj.bytes_per_s * 3600)}/h) with {_gb(usage.free_bytes)} free: {when}")
+           f"({_gb(proj.bytes_per_s * 3600)}/h) with {_gb(usage.free_bytes)} free"
+           f"{' in the budget' if usage.budget else ''}: {when}")
     if prunable_bytes:
         msg += f"; prune would free {_gb(prunable_bytes)}"
     evidence: dict[str, Any] = {**msgspec.structs.asdict(proj), "free_bytes": usage.free_bytes,
-                                "path": usage.path}
+                                "path": usage.path, "budget": usage.budget, "writing": writing}
     if prunable_bytes is not None:
         evidence["prunable_bytes"] = prunable_bytes
     return Finding(code="DISK_FULL_SOON", severity=severity, action="prune", key=usage.path,
@@ -257,10 +268,10 @@ def drvfs_checkpoints(root: str, mount: MountEntry | None) -> Finding | None:
 
 def disk_findings(usage: DiskUsage, mount: MountEntry | None, saves: Sequence[tuple[float, int]],
                   now: float, *, warn: float = DISK_WARN, critical: float = DISK_CRITICAL,
-                  prunable_bytes: int | None = None) -> list[Finding]:
+                  prunable_bytes: int | None = None, writing: bool = True) -> list[Finding]:
     """Every disk rule over one reading: what the keeper calls each probe cycle."""
     out = [disk_high(usage, warn, critical),
-           disk_full_soon(usage, saves, now, prunable_bytes=prunable_bytes),
+           disk_full_soon(usage, saves, now, prunable_bytes=prunable_bytes, writing=writing),
            drvfs_checkpoints(usage.path, mount)]
     return [f for f in out if f is not None]
 
@@ -273,17 +284,24 @@ def next_save_fits(usage: DiskUsage, next_bytes: int, reserve_bytes: int | None 
 
 
 def check_fit(path: str | os.PathLike[str], next_bytes: int, *, statvfs: StatvfsFn = os.statvfs,
-              reserve_bytes: int | None = None) -> DiskUsage:
-    """Raise CheckpointWontFit (ENOSPC) before writing a checkpoint that cannot fit."""
+              reserve_bytes: int | None = None, budget_bytes: int | None = None,
+              root: str | os.PathLike[str] | None = None) -> DiskUsage:
+    """Raise CheckpointWontFit (ENOSPC) before writing a checkpoint that cannot fit: on the
+    filesystem holding `path`, and within `budget_bytes` for the checkpoint `root` when given."""
     import errno
 
     usage = disk_usage(path, statvfs)
-    reserve = reserve_for(usage, reserve_bytes)
-    if not next_save_fits(usage, next_bytes, reserve):
-        raise CheckpointWontFit(
-            errno.ENOSPC,
-            f"checkpoint of ~{_gb(next_bytes)} will not fit in {path}: {_gb(usage.free_bytes)} free, "
-            f"{_gb(reserve)} kept in reserve ({usage.used_fraction * 100:.1f}% used); "
-            "prune old checkpoints (`trainroom prune`) or free space",
-        )
+    checks = [usage]
+    if budget_bytes:
+        checks.append(budget_usage(root if root is not None else path, budget_bytes))
+    for u in checks:
+        reserve = reserve_for(u, reserve_bytes)
+        if not next_save_fits(u, next_bytes, reserve):
+            where = f"the {_gb(u.total_bytes)} budget of {u.path}" if u.budget else str(path)
+            raise CheckpointWontFit(
+                errno.ENOSPC,
+                f"checkpoint of ~{_gb(next_bytes)} will not fit in {where}: {_gb(u.free_bytes)} free, "
+                f"{_gb(reserve)} kept in reserve ({u.used_fraction * 100:.1f}% used); "
+                "prune old checkpoints (`trainroom prune`) or free space",
+            )
     return usage

@@ -218,6 +218,9 @@ class Keeper:
         })
         if self.options.get("ckpt_root"):
             env["TRAINROOM_CKPT_ROOT"] = str(self.options["ckpt_root"])
+        if self.options.get("disk_budget_bytes"):
+            # The SDK's pre-save check refuses a checkpoint the budget cannot take.
+            env["TRAINROOM_DISK_BUDGET"] = str(int(self.options["disk_budget_bytes"]))
         if resume_from:
             env["TRAINROOM_RESUME"] = resume_from
         else:

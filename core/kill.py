@@ -55,13 +55,22 @@ class KillPlan(msgspec.Struct, kw_only=True):
     leader_start_time: float
     members: list[Member] = []
     refusals: list[str] = []
+    # The group has no live member left (the attempt died whole, e.g. SIGKILLed): a refusal to
+    # signal, but not an error for a caller whose aim is "nothing of that attempt is left".
+    empty: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.refusals
 
+    @property
+    def nothing_left(self) -> bool:
+        """Refused only because nothing of the attempt is alive: what remains to confirm is the
+        driver's memory (a context can outlive its process)."""
+        return self.empty and len(self.refusals) == 1
+
     def as_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self) | {"ok": self.ok}
+        return msgspec.to_builtins(self) | {"ok": self.ok, "nothing_left": self.nothing_left}
 
 
 class KillResult(msgspec.Struct, kw_only=True):
@@ -147,8 +156,18 @@ def plan_kill(
         refusals.append(f"refusing pgid {attempt_pgid}: it contains pid {hit[0]}, ours or the keeper's")
     plan.members = sorted(members, key=lambda m: (not m.in_group, m.pid))
     if not plan.members and not refusals:
+        plan.empty = True
         refusals.append(f"no such process group: pgid {attempt_pgid} has no live members")
     return plan
+
+
+def live_members(pgid: int, attempt_start_time: float) -> list[int]:
+    """The pids still alive in an attempt's process group (zombies excluded). A member that
+    started before the attempt is not part of it: the group number was reused by a stranger."""
+    if pgid <= 1:
+        return []
+    return sorted(m.pid for m in _group_members(pgid)
+                  if m.create_time >= attempt_start_time - START_TIME_TOLERANCE_S)
 
 
 # --------------------------------------------------------------------------- execute
@@ -171,6 +190,8 @@ def execute_kill(
     `progress` posting each line to the requesting client.
     """
     say = progress or (lambda _line: None)
+    if plan.nothing_left:
+        return _confirm_nothing_left(plan, vram_probe, tolerance_bytes, vram_timeout_s, vram_poll_s, say, proc_root)
     if not plan.ok:
         return KillResult(ok=False, message="; ".join(plan.refusals), pgid=plan.pgid)
 
@@ -239,6 +260,36 @@ def execute_kill(
         before=before,
         after=after,
     )
+
+
+def _confirm_nothing_left(
+    plan: KillPlan,
+    vram_probe: VramProbe | None,
+    tolerance_bytes: int,
+    vram_timeout_s: float,
+    vram_poll_s: float,
+    say: Progress,
+    proc_root: str,
+) -> KillResult:
+    """Nothing to signal: the group is empty. Still confirm what a kill confirms, that the
+    driver gave the memory back (a context that outlived its process still holds it)."""
+    vram_before = _probe(vram_probe)
+    before = {"members": 0, "pids": [], "vram_bytes": vram_before, "mem_available_bytes": _mem_available(proc_root)}
+    say(f"nothing left to signal: pgid {plan.pgid} has no live members")
+    released, vram_after, waited = _wait_vram(vram_probe, vram_before, tolerance_bytes, vram_timeout_s,
+                                              vram_poll_s, say)
+    after = {"members": 0, "pids": [], "vram_bytes": vram_after, "mem_available_bytes": _mem_available(proc_root),
+             "vram_wait_s": round(waited, 1)}
+    gone = f"nothing left to kill: pgid {plan.pgid} has no live members"
+    if released is None:
+        message = f"{gone}; driver view unavailable, VRAM release not confirmed"
+    elif released:
+        message = f"{gone}; VRAM {_size(vram_before)} -> {_size(vram_after)}"
+    else:
+        message = (f"{gone}; but the driver still holds {_size(vram_after)} after {vram_timeout_s:g} s "
+                   f"(tolerance {_size(tolerance_bytes)})")
+    return KillResult(ok=released is not False, message=message, pgid=plan.pgid, vram_released=released,
+                      before=before, after=after)
 
 
 def run_vram_probe(

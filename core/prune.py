@@ -190,33 +190,144 @@ def prune(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *, dry_run: bo
 
 
 def add_parser(subparsers: Any) -> None:
-    """`trainroom prune [RUN] [--keep N] [--dry-run] [--json] [--root PATH]`."""
-    ap = subparsers.add_parser("prune", help="delete old verified checkpoints, keeping the last N, pinned and latest",
-                               description="Delete old verified checkpoints under a checkpoint root.")
-    ap.add_argument("run", nargs="?", metavar="RUN", help="the run whose checkpoint root to prune")
-    ap.add_argument("--root", metavar="PATH", help=f"checkpoint root (default: the run's, or ${ck.ENV_ROOT})")
+    """`trainroom prune [RUN] [--keep N] [--dry-run] [--yes] [--json] [--root PATH]`."""
+    ap = subparsers.add_parser(
+        "prune", help="delete old verified checkpoints, keeping the last N, pinned and latest",
+        description="Delete old verified checkpoints, keeping the last N, pinned ones and `latest`. While the "
+                    "run's keeper is up this goes through it (it also spares candidates being verified and the "
+                    "checkpoint a resume is loading, and journals the bytes freed); once it is gone, or with "
+                    "--root, on the files directly. Asks first unless --yes or --dry-run.")
+    ap.add_argument("run", nargs="?", metavar="RUN",
+                    help=f"the run whose checkpoints to prune (default: ${ck.ENV_ROOT} if set, else the newest run)")
+    ap.add_argument("--root", metavar="PATH", help="a checkpoint root instead of a run's")
     ap.add_argument("--keep", type=int, default=None, help=f"verified checkpoints to keep (default {DEFAULT_KEEP})")
     ap.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
     ap.add_argument("--include-rejected", action="store_true", help="also delete rejected candidates in quarantine")
+    ap.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.set_defaults(func=run)
 
 
-def _root_for(args: argparse.Namespace) -> Path:
-    if args.root:
-        return Path(args.root)
-    if args.run:
-        from . import runs
+class _BadInput(Exception):
+    """One line for stderr; exit 2."""
 
-        info = runs.resolve_run(args.run)
-        rec = runs.read_record(Path(info.run_dir))
-        if args.keep is None and isinstance(rec.options.get("keep"), int):
-            args.keep = rec.options["keep"]
-        root = rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints"
-        if not Path(root).is_dir():
-            raise ck.CheckpointError(f"run {info.run_id} has no checkpoint root at {root}: pass --root PATH")
-        return Path(str(root))
-    return ck.checkpoint_root(None)
+
+def _run_root(info: Any) -> tuple[Path, int | None]:
+    from . import runs
+
+    rec = runs.read_record(Path(info.run_dir))
+    keep = rec.options.get("keep") if isinstance(rec.options.get("keep"), int) else None
+    return Path(str(rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints")), keep
+
+
+def _live_owner(root: Path) -> Any:
+    """The live run whose keeper owns `root`: pruning behind its back could delete a candidate it
+    is verifying or the checkpoint a resume is loading."""
+    from . import runs
+
+    real = os.path.realpath(root)
+    for info in runs.list_runs():
+        if not info.alive:
+            continue
+        try:
+            r, _ = _run_root(info)
+        except runs.RunError:
+            continue
+        if os.path.realpath(r) == real:
+            return info
+    return None
+
+
+def _target(args: argparse.Namespace) -> tuple[Path, Any, int | None]:
+    """(root, the live run to go through or None, the run's own keep)."""
+    from . import runs
+
+    if args.root and args.run:
+        raise _BadInput("give RUN or --root, not both")
+    try:
+        if args.root:
+            root = Path(args.root)
+            return root, _live_owner(root), None
+        if args.run is None and os.environ.get(ck.ENV_ROOT):
+            root = ck.checkpoint_root(None)
+            return root, _live_owner(root), None
+        try:
+            info = runs.resolve_run(args.run)
+        except runs.RunError as exc:
+            if args.run is None:
+                raise _BadInput(f"{exc}: name a RUN, pass --root PATH or set {ck.ENV_ROOT}") from None
+            raise _BadInput(str(exc)) from None
+        root, keep = _run_root(info)
+        if not info.alive and not root.is_dir():
+            raise _BadInput(f"run {info.run_id} has no checkpoint root at {root}: pass --root PATH")
+        return root, info if info.alive else None, keep
+    except runs.RunError as exc:
+        raise _BadInput(str(exc)) from None
+
+
+def _confirm(args: argparse.Namespace, summary: str) -> bool:
+    """--yes, or a y at the prompt; with no terminal to ask on, a clear refusal (exit 2)."""
+    if args.yes or args.dry_run:
+        return True
+    if not sys.stdin.isatty():
+        raise _BadInput("prune needs confirmation: pass --yes (stdin is not a terminal)")
+    print(summary)
+    return input("prune? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _records(items: Any) -> list[dict[str, Any]]:
+    return [msgspec.to_builtins(x) if not isinstance(x, dict) else x for x in items]
+
+
+def _through_keeper(args: argparse.Namespace, info: Any, keep: int | None) -> dict[str, Any]:
+    from .client import KeeperClient
+
+    req: dict[str, Any] = {}
+    if keep is not None:
+        req["keep"] = keep
+    if args.include_rejected:
+        req["include_rejected"] = True
+    client = KeeperClient(info.sock)
+    plan = client.call("prune", req, confirm=False)
+    pl = plan.plan
+    out: dict[str, Any] = {"via": "keeper", "run": info.run_id, "root": pl.get("root"), "keep": pl.get("keep"),
+                           "dry_run": bool(args.dry_run), "ok": plan.ok, "message": plan.message,
+                           "deleted": [], "kept": pl.get("kept", []), "skipped": pl.get("skipped", []),
+                           "failed": [], "bytes_freed": 0}
+    if not plan.ok:
+        return out
+    if args.dry_run:
+        out.update(deleted=pl.get("delete", []), bytes_freed=int(pl.get("bytes_to_free") or 0))
+        return out
+    if not _confirm(args, plan.message):
+        out.update(ok=False, message="cancelled", cancelled=True)
+        return out
+    done = client.call("prune", req, confirm=True)
+    after = done.after
+    out.update(ok=done.ok, message=done.message, deleted=after.get("deleted", []), failed=after.get("failed", []),
+               bytes_freed=int(after.get("bytes_freed") or 0), disk_used_bytes=after.get("disk_used_bytes"))
+    return out
+
+
+def _on_files(args: argparse.Namespace, root: Path, keep: int) -> dict[str, Any]:
+    if keep < 0:
+        raise _BadInput("--keep must be 0 or more")
+    if not root.is_dir():
+        raise _BadInput(f"{root}: not a directory")
+    pl = plan(root, keep, include_rejected=args.include_rejected)
+    out: dict[str, Any] = {"via": "files", "run": None, "root": str(root), "keep": keep, "dry_run": bool(args.dry_run)}
+    if not args.dry_run and pl.delete and not _confirm(
+            args, f"prune {len(pl.delete)} checkpoint(s) under {root}, keeping {keep} verified: "
+                  f"{_gb(pl.bytes_to_free)} to free"):
+        out.update(ok=False, message="cancelled", cancelled=True, deleted=[], kept=_records(pl.kept),
+                   skipped=_records(pl.skipped), failed=[], bytes_freed=0)
+        return out
+    res = execute(pl, dry_run=args.dry_run)
+    out.update(ok=not res.failed, deleted=_records(res.deleted), kept=_records(res.kept),
+               skipped=_records(res.skipped), failed=_records(res.failed), bytes_freed=res.bytes_freed,
+               message=f"{'would free' if args.dry_run else 'freed'} {_gb(res.bytes_freed)} in {len(res.deleted)} "
+                       f"checkpoint(s), kept {len(res.kept)}")
+    return out
 
 
 def _gb(n: int) -> str:
@@ -224,29 +335,33 @@ def _gb(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Through the run's live keeper, else on the files: the same plan, the same output."""
     try:
-        root = _root_for(args)
-    except Exception as exc:  # RunError, CheckpointError: one line, exit 2
+        if args.keep is not None and args.keep < 0:
+            raise _BadInput("--keep must be 0 or more")
+        root, live, run_keep = _target(args)
+        if live is not None:
+            out = _through_keeper(args, live, args.keep)
+        else:
+            out = _on_files(args, root, args.keep if args.keep is not None else run_keep or DEFAULT_KEEP)
+    except _BadInput as exc:
         print(f"trainroom prune: {exc}", file=sys.stderr)
         return 2
-    keep = DEFAULT_KEEP if args.keep is None else args.keep
-    if keep < 0:
-        print("trainroom prune: --keep must be 0 or more", file=sys.stderr)
+    except Exception as exc:  # KeeperGone mid-call, CheckpointError: one line, not a traceback
+        print(f"trainroom prune: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    if not root.is_dir():
-        print(f"trainroom prune: {root}: not a directory", file=sys.stderr)
-        return 2
-    res = prune(root, keep, dry_run=args.dry_run, include_rejected=args.include_rejected)
     if args.json:
-        print(json.dumps(msgspec.to_builtins(res)))
-        return 0 if not res.failed else 1
-    verb = "would delete" if args.dry_run else "deleted"
-    for t in res.deleted:
-        print(f"{verb}  {t.path}  {_gb(t.bytes)}")
-    for k in res.kept:
-        print(f"kept     {k.path}  ({k.why})")
-    for k in res.skipped + res.failed:
-        print(f"skipped  {k.path}  ({k.why})")
-    print(f"{'would free' if args.dry_run else 'freed'} {_gb(res.bytes_freed)} in {len(res.deleted)} checkpoint(s) "
-          f"under {root}, kept {len(res.kept)}")
-    return 0 if not res.failed else 1
+        print(json.dumps(out, default=str))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        for t in out["deleted"]:
+            print(f"{verb}  {t['path']}  {_gb(int(t.get('bytes') or 0))}")
+        for k in out["kept"]:
+            print(f"kept     {k['path']}  ({k['why']})")
+        for k in out["skipped"] + out["failed"]:
+            print(f"skipped  {k['path']}  ({k['why']})")
+        via = f"through the keeper of {out['run']}" if out["via"] == "keeper" else "on the files"
+        print(f"{out['message']} under {out['root']} ({via})")
+    if out.get("cancelled"):
+        return 1
+    return 0 if out["ok"] and not out["failed"] else 1

@@ -22,12 +22,24 @@ if TYPE_CHECKING:
     from .keeper import Keeper
 
 
-def _members(pgid: int) -> list[int]:
-    from .probes.procs import group_members
+def _members(pgid: int, start_time: float) -> list[int]:
+    from .kill import live_members
 
-    if pgid <= 1:
-        return []
-    return [m.pid for m in group_members(pgid) if m.state != "Z"]
+    # By start time too: a stranger that reused the group number is not the old attempt.
+    return live_members(pgid, start_time)
+
+
+def _watched_target(pipe: Any) -> dict[str, Any] | None:
+    """The newest watched file (an uninstrumented trainer's out/ckpt.pt) whose current version
+    verified: nanoGPT resumes from the file it overwrites, so that file is the resume target
+    while its bytes are the ones that verified (a rewrite sends it back to settling)."""
+    best: dict[str, Any] | None = None
+    for f in getattr(getattr(pipe, "watch_state", None), "files", {}).values():
+        if f.state != "verified" or not Path(f.path).is_file():
+            continue
+        if best is None or (f.step or -1) > (best["step"] or -1):
+            best = {"path": f.path, "step": f.step, "digest": f.digest}
+    return best
 
 
 def _held_locks(paths: list[str]) -> list[str]:
@@ -38,8 +50,16 @@ def _held_locks(paths: list[str]) -> list[str]:
         if not lk.get("held"):
             continue
         holders = lk.get("holders") or []
-        who = ", ".join(f"pid {h.get('pid')} ({h.get('state', '?')})" for h in holders) or "unknown holder"
-        out.append(f"lock {lk.get('path')} is held by {who}")
+        live = [h for h in holders if h.get("exists") and h.get("state") not in ("Z", "X")]
+        gone = [h for h in holders if h not in live]
+        # /proc/locks names the pid that took the lock; when that one is gone, the holder is
+        # whoever inherited the descriptor (the seed's orphan child).
+        who = [f"pid {h.get('pid')} ({h.get('state') or '?'})" for h in live + (lk.get("inheritors") or [])]
+        text = f"lock {lk.get('path')} is held by {', '.join(who) if who else 'a process not visible here'}"
+        if gone:
+            dead = ", ".join(f"pid {h.get('pid')} ({'a zombie' if h.get('exists') else 'gone'})" for h in gone)
+            text += f" through a descriptor taken by {dead}"
+        out.append(text)
     return out
 
 
@@ -68,7 +88,7 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
         return plan
     if a.ended_at is None:
         refusals.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
-    live = _members(a.pgid)
+    live = _members(a.pgid, a.start_time)
     if live:
         refusals.append(f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} "
                         "(kill clears them)")
@@ -82,18 +102,13 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
                         f"(tolerance {tolerance / (1 << 20):.0f} MiB): kill and wait for it to fall")
     pipe = getattr(keeper.watch, "checkpoints", None) if keeper.watch is not None else None
     ckpt = latest_checkpoint(pipe.root) if pipe is not None else None
-    if ckpt is None:
-        refusals.append("no verified checkpoint: `latest` points nowhere")
-    else:
-        plan["checkpoint"] = str(ckpt)
+    step = None
+    if ckpt is not None:
         verified = st.last_verified()
-        step = None
         for c in st.checkpoints:
             promoted = (c.report or {}).get("promoted_file")
             if c.state == "verified" and promoted and Path(promoted) == Path(ckpt):
                 step = c.step
-        if step is None and verified is not None:
-            step = verified.step
         if step is None:
             try:
                 import json
@@ -101,6 +116,16 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
                 step = json.loads((Path(ckpt).parent / "manifest.json").read_text()).get("step")
             except (OSError, ValueError):
                 step = None
+        if step is None and verified is not None:
+            step = verified.step
+    watched = _watched_target(pipe) if pipe is not None else None
+    if watched is not None and (ckpt is None or (watched["step"] or -1) > (step if step is not None else -1)):
+        ckpt, step = Path(watched["path"]), watched["step"]
+        plan["digest"] = watched["digest"]  # checked again before the load: no sidecar records it
+    if ckpt is None:
+        refusals.append("no verified checkpoint: `latest` points nowhere")
+    else:
+        plan["checkpoint"] = str(ckpt)
         plan["step"] = step
         size = Path(ckpt).stat().st_size
         mem = read_meminfo().get("MemAvailable")
@@ -132,7 +157,11 @@ async def start_resume(keeper: Keeper, plan: dict[str, Any], progress: Callable[
     ckpt = plan["checkpoint"]
     if verify_digest:
         say(f"re-verifying {ckpt} (digest, tensors) before the load")
-        rep = await asyncio.to_thread(verify_in_subprocess, ckpt, None)
+        expected = {"digest": plan["digest"]} if plan.get("digest") else None
+        # The pipeline's warm verifier (torch already imported) when there is one.
+        pipe = getattr(keeper.watch, "checkpoints", None) if keeper.watch is not None else None
+        check = pipe.verify_now if pipe is not None else verify_in_subprocess
+        rep = await asyncio.to_thread(check, ckpt, expected)
         if not rep.get("ok"):
             return {"ok": False, "message": f"resume refused: {ckpt} no longer verifies: {rep.get('reason')}"}
     a = keeper.state.attempt

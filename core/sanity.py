@@ -68,6 +68,10 @@ class SanityThresholds(msgspec.Struct, frozen=True, kw_only=True):
     # LOSS_SPIKE: loss above the rolling median by max(k sigma, rel x median, min nats).
     loss_window: int = 100
     min_window: int = 20
+    # The spike baseline is the median of the latest this many observations (a window median
+    # lags above a falling curve), and the noise comes from successive differences over the
+    # whole window (a trend inflates the spread of the values, not of their differences).
+    spike_baseline_window: int = 20
     refresh_every: int = 8  # baselines are re-sorted every this many observations, not every step
     spike_sigmas: float = 6.0
     spike_min_rel: float = 0.10
@@ -121,6 +125,18 @@ def robust_level(values: Sequence[float]) -> tuple[float, float]:
     med = statistics.median(values)
     mad = statistics.median([abs(v - med) for v in values])
     return med, MAD_TO_SIGMA * mad
+
+
+def trend_robust_level(values: Sequence[float], recent: int) -> tuple[float, float]:
+    """(median of the latest `recent` values, noise sigma from the MAD of successive differences)
+    of `values` (at least two, finite). The difference of two noisy values has sqrt(2) x the
+    noise, and a smooth trend only shifts the differences' median, which the MAD removes."""
+    vals = list(values)
+    base = statistics.median(vals[-recent:] if recent > 0 else vals)
+    diffs = [b - a for a, b in zip(vals, vals[1:])]
+    dmed = statistics.median(diffs)
+    mad = statistics.median([abs(d - dmed) for d in diffs])
+    return base, MAD_TO_SIGMA * mad / math.sqrt(2)
 
 
 def ln_vocab(vocab_size: int | None) -> float | None:
@@ -328,20 +344,23 @@ class _RankState:
 class _Rolling:
     """A bounded window with a cached (median, sigma), re-sorted every `refresh` appends."""
 
-    __slots__ = ("values", "refresh", "min_n", "_since", "level")
+    __slots__ = ("values", "refresh", "min_n", "_since", "level", "recent")
 
-    def __init__(self, size: int, refresh: int, min_n: int) -> None:
+    def __init__(self, size: int, refresh: int, min_n: int, recent: int | None = None) -> None:
         self.values: deque[float] = deque(maxlen=size)
         self.refresh = max(1, refresh)
-        self.min_n = min_n
+        self.min_n = max(2, min_n)
         self._since = 0
         self.level: tuple[float, float] | None = None
+        # None: (median, MAD sigma) of the window; else trend_robust_level with this recent part.
+        self.recent = recent
 
     def append(self, v: float) -> None:
         self.values.append(v)
         self._since += 1
         if len(self.values) >= self.min_n and (self.level is None or self._since >= self.refresh):
-            self.level = robust_level(self.values)
+            self.level = (robust_level(self.values) if self.recent is None
+                          else trend_robust_level(self.values, self.recent))
             self._since = 0
 
 
@@ -507,7 +526,7 @@ class SanityTracker:
         self.lr_mismatch: LrMismatch | None = None
         self.first_loss: FirstLoss | None = None
         self.white: WhiteStreak | None = None
-        self._loss = _Rolling(th.loss_window, th.refresh_every, th.min_window)
+        self._loss = _Rolling(th.loss_window, th.refresh_every, th.min_window, recent=th.spike_baseline_window)
         self.spike: Excursion | None = None
         self._spike_cand: Excursion | None = None
         self._chunk: list[float] = []
@@ -815,7 +834,7 @@ def loss_spike_finding(s: Excursion, latest: float | None, th: SanityThresholds 
         code="LOSS_SPIKE", severity="info" if s.recovered_step is not None else "warning",
         message=(
             f"loss spike at step {s.start_step}: {_fmt(s.baseline)} -> {_fmt(s.peak)} (+{size:.3g} nats over "
-            f"the rolling median of {th.loss_window} steps; band +{s.threshold:.3g}), {state}{more}"
+            f"the median of the latest {th.spike_baseline_window} steps; band +{s.threshold:.3g}), {state}{more}"
         ),
         evidence={"step": s.start_step, "baseline": s.baseline, "peak": s.peak, "peak_step": s.peak_step,
                   "size_nats": size, "threshold": s.threshold, "recovered": s.recovered_step is not None,

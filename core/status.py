@@ -107,9 +107,12 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             for r in sorted(st.ranks.values(), key=lambda r: r.rank)
         ],
         "checkpoints": [
-            {"step": c.step, "path": c.path, "state": c.state, "reason": c.reason, "size_bytes": c.size_bytes}
+            {"step": c.step, "path": c.path, "state": c.state, "reason": c.reason, "size_bytes": c.size_bytes,
+             "digest": c.digest, "promoted": (c.report or {}).get("promoted_file")}
             for c in st.checkpoints
         ],
+        # The file a resume loads (`latest`, read by the keeper's disk probe; null without one).
+        "latest_checkpoint": disk.get("latest"),
         "findings": [
             {"code": f.code, "severity": f.severity, "message": f.message, "action": f.action,
              "first_seen": f.first_seen, "last_seen": f.last_seen, "evidence": f.evidence}

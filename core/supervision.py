@@ -36,7 +36,7 @@ class Supervision:
         cfg = keeper.config
         self.keeper = keeper
         self.thresholds = Thresholds.from_config(cfg.thresholds)
-        self.sweep = ProbeSweep(lock_paths=keeper.lock_files())
+        self.sweep = ProbeSweep(lock_paths=keeper.lock_files(), host_process_names=cfg.host_processes)
         self.watchdog = Watchdog()
         try:
             self.sanity = SanityTracker(sanity_thresholds(cfg))

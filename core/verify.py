@@ -9,14 +9,16 @@ translated and unwrapped to the innermost cause, a tensor inventory, NaN/Inf per
 std with exploded tensors flagged (the seed's lm_head at std 13.87), and an architecture
 fingerprint compared with the declared config and with the previous verified checkpoint.
 
-The keeper never imports torch: it calls `verify_in_subprocess`, which runs this module in a
-short-lived child. The finding rules over a report (`findings_for_report`, `masked_error`,
-`host_ram_low`) are pure and cheap to import.
+The keeper never imports torch: it hands checkpoints to a `WarmVerifier`, one child process
+(`python -m trainroom.core.verify --serve`) that imports torch once and is reused for every
+checkpoint; `verify_in_subprocess` is the one-shot form. The finding rules over a report
+(`findings_for_report`, `masked_error`, `host_ram_low`) are pure and cheap to import.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -25,6 +27,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -198,7 +201,7 @@ def _first_line(s: str, limit: int = 200) -> str:
 
 
 def sniff_format(path: str | os.PathLike[str]) -> str:
-    """torch-zip, torch-legacy, safetensors, empty or unknown, from the first bytes."""
+    """torch-zip, torch-legacy, pickle, safetensors, empty or unknown, from the first bytes."""
     with open(path, "rb") as f:
         head = f.read(16)
     if not head:
@@ -207,8 +210,10 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
         return "torch-zip"
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < (100 << 20):
         return "safetensors"
+    if head[:3] == b"\x80\x02\x8a":
+        return "torch-legacy"  # torch's legacy envelope opens with its pickled magic number
     if head[:1] == b"\x80":
-        return "torch-legacy"
+        return "pickle"  # a plain pickle.dump of the training state (a torch-free trainer)
     return "unknown"
 
 
@@ -535,9 +540,32 @@ def _load(path: Path, fmt: str) -> tuple[Iterator[tuple[str, Any]], Any]:
                 yield k, handle.get_tensor(k)
 
         return stream(), {k: None for k in keys}
+    if fmt == "pickle":
+        obj = _load_plain_pickle(path)
+        return _walk(obj, ""), obj
     with torch.serialization.safe_globals(_safe_globals()):
         obj = torch.load(str(path), weights_only=True, mmap=(fmt == "torch-zip"), map_location="cpu")
     return _walk(obj, ""), obj
+
+
+def _load_plain_pickle(path: Path) -> Any:
+    """A plain pickle, loaded the way weights_only loads: no global but plain containers, so
+    nothing in the file can run code. torch.load refuses these files outright ("Invalid magic
+    number", or weights_only's unsupported FRAME opcode of protocol 4+)."""
+    import collections
+    import pickle
+
+    allowed = {("collections", "OrderedDict"): collections.OrderedDict}
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) in allowed:
+                return allowed[(module, name)]
+            raise pickle.UnpicklingError(f"Unsupported global: {module}.{name} (a plain pickle may hold "
+                                         "plain data only)")
+
+    with open(path, "rb") as f:
+        return Restricted(f).load()
 
 
 def translate_load_error(links: Sequence[p.ErrorLink], size_bytes: int) -> str:
@@ -758,6 +786,202 @@ def verify_in_subprocess(path: str | os.PathLike[str], expected: Mapping[str, An
                           deferred=cp.returncode != 2)
 
 
+def _death_reason(returncode: int, elapsed_s: float, stderr_tail: str) -> str:
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:
+            sig = f"signal {-returncode}"
+        hint = " (out of memory?)" if sig == "SIGKILL" else ""
+        return f"verifier killed by {sig}{hint} after {elapsed_s:.1f} s"
+    return f"verifier failed (exit {returncode}): {stderr_tail}".rstrip(": ")
+
+
+class WarmVerifier:
+    """One verifier process with torch already imported, reused for every checkpoint of a run.
+
+    Starting Python and importing torch costs ~2 s here, 20x the verification of a 400 MB
+    checkpoint itself: a keeper that sees a checkpoint every step cannot pay it each time. The
+    child (`python -m trainroom.core.verify --serve`) reads one JSON request a line and answers
+    one JSON report a line. It is started on first use, restarted after it dies (the verdict in
+    flight becomes a deferred failure report, never an exception), killed on a timeout, and
+    closed after `idle_s` without work so an idle run holds no torch in memory. Thread-safe:
+    one verification at a time. Torch never enters the caller's process.
+    """
+
+    def __init__(self, python: str | None = None, *, nice: int = 10, idle_s: float = 300.0,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.python = python or sys.executable
+        self.nice = nice
+        self.idle_s = idle_s
+        self.env = dict(env) if env is not None else None
+        self.starts = 0  # processes started: 1 + restarts
+        self.served = 0
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None
+        self._buf = b""
+        self._last_used = time.monotonic()
+        self._ids = 0
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        import tempfile
+
+        self._stderr = tempfile.TemporaryFile()
+        cmd = [self.python, "-m", "trainroom.core.verify", "--serve", "--nice", str(self.nice)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      close_fds=True, env=self.env, bufsize=0)
+        self._buf = b""
+        self.starts += 1
+        return self._proc
+
+    def _stderr_tail(self) -> str:
+        try:
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - 4096))
+            lines = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+        except (OSError, ValueError, AttributeError):
+            return ""
+        return lines[-1] if lines else ""
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=10)
+        for f in (proc.stdin, proc.stdout, self._stderr):
+            with contextlib.suppress(Exception):
+                f.close()  # type: ignore[union-attr]
+        self._stderr = None
+
+    def _read_line(self, proc: subprocess.Popen[bytes], deadline: float) -> bytes | None:
+        """One reply line, or None when the deadline passed (EOF raises EOFError)."""
+        import select
+
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def verify(self, path: str | os.PathLike[str], expected: Mapping[str, Any] | None = None,
+               timeout: float = 600.0) -> dict[str, Any]:
+        """Verify `path` in the warm child; blocks (call it from a worker thread). The first call,
+        and the first after a death or an idle close, also pays the child's start."""
+        with self._lock:
+            t0 = time.monotonic()
+            self._ids += 1
+            req = {"id": self._ids, "path": str(path), "expected": _clean(dict(expected)) if expected else None}
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                self._stop()
+                try:
+                    proc = self._start()
+                except OSError as exc:
+                    return failure_report(path, f"verifier could not start: {exc}", deferred=True)
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write((json.dumps(req, allow_nan=False) + "\n").encode())
+                line = self._read_line(proc, t0 + timeout)
+            except (EOFError, BrokenPipeError, OSError):
+                try:
+                    rc = proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    rc = -signal.SIGKILL
+                reason = _death_reason(rc, time.monotonic() - t0, self._stderr_tail())
+                self._stop()
+                return failure_report(path, reason, deferred=rc != 2)
+            finally:
+                self._last_used = time.monotonic()
+            if line is None:
+                self._stop()  # it may be stuck in a read: the next call starts a fresh one
+                return failure_report(path, f"verifier timed out after {timeout:.0f} s", deferred=True)
+            try:
+                reply = json.loads(line)
+                report = reply["report"]
+                if reply.get("id") != req["id"] or not isinstance(report, dict):
+                    raise ValueError("reply out of step")
+            except (ValueError, KeyError, TypeError) as exc:
+                self._stop()
+                return failure_report(path, f"verifier answered garbage ({exc})", deferred=True)
+            self.served += 1
+            return report
+
+    def close_if_idle(self, now: float | None = None) -> bool:
+        """Close the child after `idle_s` without work (never while it verifies)."""
+        if self._proc is None or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            now = time.monotonic() if now is None else now
+            if self._proc is not None and now - self._last_used >= self.idle_s:
+                self._stop()
+                return True
+            return False
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.poll() is None and proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # EOF: the child leaves by itself
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+            self._stop()
+
+
+def serve(nice: int = 0) -> int:
+    """The warm child: import torch once, then one JSON request in, one JSON report out, a line
+    each, until stdin closes (the keeper exited or closed it)."""
+    import gc
+
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    try:
+        import torch  # noqa: F401  (the point of this process: imported once)
+    except ImportError as exc:
+        print(f"trainroom verify --serve: needs torch in this environment ({exc})", file=sys.stderr)
+        return 2
+    # Replies go to the original stdout; anything a library prints goes to stderr instead.
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req: dict[str, Any] = {}
+        try:
+            req = json.loads(line)
+            rep = verify(req["path"], req.get("expected") or None, discover=bool(req.get("discover", True)))
+        except Exception as exc:  # one bad request never ends the server
+            rep = failure_report(str(req.get("path", "")), f"verifier error: {type(exc).__name__}: {exc}",
+                                 deferred=True)
+        out.write(json.dumps({"id": req.get("id"), "report": _clean(rep)}, allow_nan=False) + "\n")
+        out.flush()
+        gc.collect(1)  # young cycles only: a full collection costs ~0.1 s with torch loaded
+    return 0
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -784,7 +1008,9 @@ def _human(rep: Mapping[str, Any]) -> str:
 
 
 def _configure(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("path", metavar="PATH", help="checkpoint file (.pt, .pth, .bin, .safetensors)")
+    ap.add_argument("path", metavar="TARGET", nargs="?", default=None,
+                    help="a checkpoint file (.pt, .pth, .bin, .safetensors), a step directory, a checkpoint "
+                         "root (its `latest`), or a run (its `latest`; default: the newest run)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--expect-json", metavar="JSON", default=None,
                     help='what the file must match: {"digest": ..., "size_bytes": ..., "arch": {...}, "previous": {...}}')
@@ -793,46 +1019,137 @@ def _configure(ap: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    """`trainroom verify PATH [--json]`: exit 0 verified, 1 rejected, 2 bad input."""
-    ap = subparsers.add_parser("verify", help="verify a checkpoint file (integrity, NaN/Inf, exploded tensors, arch)",
-                               description="Verify a checkpoint: exit 0 verified, 1 rejected, 2 bad input.")
+    """`trainroom verify [TARGET] [--json]`: exit 0 verified, 1 rejected, 2 bad input."""
+    ap = subparsers.add_parser(
+        "verify", help="verify a checkpoint (integrity, NaN/Inf, exploded tensors, arch)",
+        description="Verify a checkpoint: exit 0 verified, 1 rejected, 2 bad input. A file is verified here; "
+                    "a run's `latest` through its keeper while the keeper is up (journaled, its warm verifier), "
+                    "here once it is gone.")
     _configure(ap)
     ap.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    path = Path(args.path)
-    if not path.is_file():
-        print(f"trainroom verify: {path}: {'not a file' if path.exists() else 'no such file'}", file=sys.stderr)
-        return 2
-    expected: dict[str, Any] | None = None
-    if args.expect_json:
+class _BadInput(Exception):
+    """One line for stderr; exit 2."""
+
+
+_CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
+
+
+def _file_in(path: Path) -> Path:
+    """The checkpoint a directory stands for: a step directory's file, a root's `latest`."""
+    from . import checkpoints
+
+    manifest = path / "manifest.json"
+    if manifest.is_file():
         try:
-            expected = json.loads(args.expect_json)
-        except ValueError as exc:
-            print(f"trainroom verify: --expect-json is not JSON: {exc}", file=sys.stderr)
-            return 2
-        if not isinstance(expected, dict):
-            print("trainroom verify: --expect-json must be a JSON object", file=sys.stderr)
-            return 2
-    if getattr(args, "nice", 0):
-        try:
-            os.nice(args.nice)
-        except OSError:
-            pass
+            name = json.loads(manifest.read_text()).get("file")
+        except (OSError, ValueError) as exc:
+            raise _BadInput(f"{manifest}: unreadable manifest: {exc}") from None
+        if name and (path / str(name)).is_file():
+            return path / str(name)
+        raise _BadInput(f"{path}: the manifest names no file that is there")
+    if (path / checkpoints.LATEST).exists() or (path / checkpoints.QUARANTINE).is_dir():
+        latest = checkpoints.latest_checkpoint(path)
+        if latest is None:
+            raise _BadInput(f"{path}: no verified checkpoint (`latest` points nowhere)")
+        return latest
+    raise _BadInput(f"{path}: a directory that is neither a step directory nor a checkpoint root")
+
+
+def _run_target(spec: str | None) -> tuple[Any, Path]:
+    """(RunInfo, its checkpoint root) for a run spec (None: the newest run)."""
+    from . import runs
+
     try:
-        rep = verify(path, expected, discover=not args.no_discover)
+        info = runs.resolve_run(spec)
+        rec = runs.read_record(Path(info.run_dir))
+    except runs.RunError as exc:
+        raise _BadInput(str(exc)) from None
+    return info, Path(str(rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints"))
+
+
+def _via_keeper(info: Any, expected: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The keeper's `verify` action on its `latest` (journaled); None when the keeper is gone."""
+    from .client import KeeperClient, KeeperGone
+
+    args: dict[str, Any] = {"expected": expected} if expected else {}
+    try:
+        reply = KeeperClient(info.sock).call("verify", args, confirm=True)
+    except KeeperGone:
+        return None
+    if not reply.after:
+        raise _BadInput(f"run {info.run_id}: {reply.message}")
+    return dict(reply.after)
+
+
+def _parse_expected(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        expected = json.loads(text)
+    except ValueError as exc:
+        raise _BadInput(f"--expect-json is not JSON: {exc}") from None
+    if not isinstance(expected, dict):
+        raise _BadInput("--expect-json must be a JSON object")
+    return expected
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        expected = _parse_expected(args.expect_json)
+        rep = _verify_target(args, expected)
+    except _BadInput as exc:
+        print(f"trainroom verify: {exc}", file=sys.stderr)
+        return 2
     except ImportError as exc:
         print(f"trainroom verify: needs torch in this environment ({exc})", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(json.dumps(rep, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(_clean(rep), allow_nan=False) + "\n")
     else:
         print(_human(rep))
     return 0 if rep.get("ok") else 1
 
 
+def _verify_target(args: argparse.Namespace, expected: dict[str, Any] | None) -> dict[str, Any]:
+    target = args.path
+    path = Path(target) if target else None
+    if path is not None and path.is_file():
+        file = path
+    elif path is not None and path.is_dir():
+        if (path / "run.msgpack").is_file():
+            return _verify_run(str(path), expected, args)
+        file = _file_in(path)
+    elif path is not None and (os.sep in str(target) or str(target).endswith(_CKPT_SUFFIXES)):
+        raise _BadInput(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+    else:
+        return _verify_run(target, expected, args)
+    if getattr(args, "nice", 0):
+        with contextlib.suppress(OSError):
+            os.nice(args.nice)
+    return verify(file, expected, discover=not args.no_discover)
+
+
+def _verify_run(spec: str | None, expected: dict[str, Any] | None, args: argparse.Namespace) -> dict[str, Any]:
+    from . import checkpoints
+
+    info, root = _run_target(spec)
+    if info.alive:
+        rep = _via_keeper(info, expected)
+        if rep is not None:
+            return rep
+    latest = checkpoints.latest_checkpoint(root) if root.is_dir() else None
+    if latest is None:
+        raise _BadInput(f"run {info.run_id}: no verified checkpoint under {root} (`latest` points nowhere)")
+    return verify(latest, expected, discover=not args.no_discover)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--serve"]:
+        nice = int(args[2]) if len(args) >= 3 and args[1] == "--nice" else 0
+        return serve(nice)
     ap = argparse.ArgumentParser(prog="python -m trainroom.core.verify", description=__doc__.splitlines()[0])
     _configure(ap)
     return run(ap.parse_args(argv))

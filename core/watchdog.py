@@ -80,6 +80,10 @@ class Thresholds(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     repeat_death_window_steps: int = 50
     # D state (uninterruptible I/O) this long is a hang; None: the progress bound.
     d_state_bound_s: float | None = None
+    # How late the heartbeat's frame sampler and the activity probe may see a park begin (one
+    # heartbeat plus one probe cycle, with margin): a main thread on one line and not running
+    # since within this of its last step has been parked for the whole step gap.
+    park_slack_s: float = 3.0
 
     @classmethod
     def from_config(cls, cfg: Any) -> Thresholds:
@@ -109,6 +113,8 @@ class WatchContext(msgspec.Struct, kw_only=True):
     duplicates: list[dict[str, Any]] = []  # probes.procs.trainer_duplicates / host_process_duplicates
     # The last traceback of trainer.log (crash_from_log) when the reporter sent no Crash.
     log_crash: p.Crash | None = None
+    # When the probe cycle behind proc_states/activity ran; None: unknown (taken as fresh).
+    probe_t: float | None = None
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -210,6 +216,7 @@ class Memory(msgspec.Struct, kw_only=True):
     d_since: dict[int, float] = {}  # pid -> when it was first seen in D (reset on any other state)
     activity: dict[int, int] = {}  # pid -> last activity counter
     active_at: dict[int, float] = {}  # pid -> when that counter last moved (or was first seen)
+    activity_t: float | None = None  # the probe cycle behind the latest activity counters
 
 
 # --------------------------------------------------------------------------- life and progress
@@ -279,9 +286,18 @@ def _watched_pids(a: AttemptView, run: RunState) -> list[int]:
     return sorted(x for x in pids if x and x > 0)
 
 
-def _main_thread_parked(pid: int | None, mem: Memory, now: float, bound: float) -> bool | None:
-    """True: the main thread has not run for `bound`; False: it ran; None: no activity data."""
+def _activity_fresh(mem: Memory, now: float, th: Thresholds) -> bool:
+    """A counter that stood still only says "parked" if the probe kept reading it: a probe cycle
+    that itself stalled (a slow /proc, a wedged NVML call) must not make a busy loop look parked."""
+    return mem.activity_t is None or now - mem.activity_t <= th.park_slack_s
+
+
+def _main_thread_parked(pid: int | None, mem: Memory, now: float, bound: float,
+                        th: Thresholds | None = None) -> bool | None:
+    """True: the main thread has not run for `bound`; False: it ran; None: no (fresh) activity data."""
     if pid is None or pid not in mem.active_at:
+        return None
+    if not _activity_fresh(mem, now, th or Thresholds()):
         return None
     return now - mem.active_at[pid] > bound
 
@@ -381,8 +397,21 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
                       "median_s": median, "last_step": r.step})
     if worst is not None:
         _, reason, message, evidence = worst
+        # Heartbeats flow but the main thread has sat on one line, not running, since its last
+        # step: the gap is a park (a deadlock), not a loop that never steps. Said at the step
+        # bound, not a heartbeat later when the frame's own age passes it.
+        r = run.ranks.get(evidence["rank"])
+        if a.instrumented and r is not None and _parked_since_last_step(r, a, mem, now, th):
+            assert r.last_heartbeat_t is not None and r.main_frame_age_s is not None
+            age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
+            return "hung", f"rank {r.rank}: main thread parked on {r.main_frame}", [hung_finding(
+                f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} since step {r.step}, "
+                f"for {fmt_s(age)} (bound {fmt_s(step_bound)}): a deadlock or a blocking call",
+                {"cause": "main-frame", "rank": r.rank, "pid": r.pid, "main_frame": r.main_frame,
+                 "main_frame_age_s": round(age, 1), "bound_s": step_bound, "last_step": r.step,
+                 "main_thread_parked": True})]
         # Without heartbeats, a main thread that has not run for the whole bound is parked: a hang.
-        if not a.instrumented and _main_thread_parked(a.pid, mem, now, step_bound):
+        if not a.instrumented and _main_thread_parked(a.pid, mem, now, step_bound, th):
             return "hung", f"no step within {fmt_s(step_bound)} and the main thread is parked", [hung_finding(
                 f"{message}; the main thread of pid {a.pid} has not run for over {fmt_s(step_bound)}: "
                 "blocked (a lock, a pipe, a peer)", {**evidence, "cause": "parked", "pid": a.pid})]
@@ -392,6 +421,22 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
     if slow is not None:
         return "slow", f"steps slower than {th.slow_factor:g} x the median", [slow]
     return "running", "steps flowing", []
+
+
+def _parked_since_last_step(r: RankView, a: AttemptView, mem: Memory, now: float, th: Thresholds) -> bool:
+    """The rank's main thread has sat on one line (the heartbeat's frame) and not run (the /proc
+    activity counter) since about its last step. Both views are needed: a loop that never steps
+    can keep returning to one line, but its counter moves."""
+    if r.last_step_t is None or r.last_heartbeat_t is None or r.main_frame_age_s is None:
+        return False
+    if r.last_heartbeat_t <= r.last_step_t:
+        return False  # no frame sampled since the last step
+    frame_since = r.last_heartbeat_t - r.main_frame_age_s
+    active_at = mem.active_at.get(r.pid or a.pid)
+    if active_at is None or not _activity_fresh(mem, now, th):
+        return False
+    limit = r.last_step_t + th.park_slack_s
+    return frame_since <= limit and active_at <= limit
 
 
 def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, bound: float | None, grace: float,
@@ -422,7 +467,7 @@ def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, boun
         if r.main_frame_age_s is None or r.last_heartbeat_t is None or moved:
             continue
         age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
-        parked = _main_thread_parked(r.pid or a.pid, mem, now, hb_bound)
+        parked = _main_thread_parked(r.pid or a.pid, mem, now, hb_bound, th)
         # A main thread that keeps running (a loop that never steps) is a stall, not a hang.
         if age > hb_bound and parked is not False and (worst is None or age / hb_bound > worst[0]):
             worst = (age / hb_bound, f"rank {r.rank}: main thread parked on {r.main_frame}",
@@ -875,6 +920,8 @@ class Watchdog:
         for pid, counter in ctx.activity.items():
             if m.activity.get(pid) != counter:
                 m.activity[pid], m.active_at[pid] = counter, now
+        if ctx.activity:
+            m.activity_t = ctx.probe_t
         gpu = ctx.gpu or {}
         t = gpu.get("t")
         if t is not None and t != m.gpu_t:
@@ -954,7 +1001,7 @@ def context_from_probe(sample: p.ProbeSample | None, *, thresholds: Thresholds |
     return WatchContext(
         thresholds=th, alive=alive, attempt_pids=pids, gpu=sample.gpu or None, host=sample.host or None,
         proc_states=states, activity=activity, locks=list(procs.get("locks") or []),
-        duplicates=list(procs.get("duplicates") or []), log_crash=log_crash,
+        duplicates=list(procs.get("duplicates") or []), log_crash=log_crash, probe_t=sample.t,
     )
 
 

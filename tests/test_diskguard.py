@@ -66,12 +66,48 @@ def test_disk_full_soon_from_size_and_cadence() -> None:
     assert f is not None and f.code == "DISK_FULL_SOON" and f.severity == "warning"
     assert "5 more fit; full in 1 h 59 min" in f.message and "3.9 GB every 20 min" in f.message
     assert f.evidence["saves_left"] == 5
-    # Closer than an hour to the failing save: critical.
-    assert dg.disk_full_soon(u, saves, now + 3600).severity == "critical"
+    # Closer than an hour to the failing save: critical (two more fit: 3 x 20 min - 1 min).
+    near = dg.disk_full_soon(usage(500 * GB, int(8.5 * GB)), saves, now)
+    assert near.severity == "critical" and near.evidence["saves_left"] == 2
+    assert near.evidence["time_to_full_s"] == pytest.approx(3 * 1200 - 60)
+    # A save that is late (or refused) moves the projection on instead of into the past.
+    late = dg.project(u, saves, now + 3600)
+    assert late.time_to_full_s == pytest.approx(5 * 1200)
     # The next one will not fit at all.
     f = dg.disk_full_soon(usage(500 * GB, 3 * GB), saves, now, prunable_bytes=int(11.7 * GB))
     assert f.severity == "critical" and "the next checkpoint will not fit" in f.message
     assert "prune would free 11.7 GB" in f.message
+
+
+def test_disk_full_soon_without_a_writer_only_when_the_next_will_not_fit() -> None:
+    saves = [(1000.0 + 1200 * i, int(3.9 * GB)) for i in range(5)]
+    now = saves[-1][0] + 60
+    # Nobody writes (the trainer ended): a rate means nothing, five more would still fit.
+    assert dg.disk_full_soon(usage(500 * GB, 20 * GB), saves, now, writing=False) is None
+    # ... but "the next checkpoint will not fit" holds whoever writes it next (a resume).
+    f = dg.disk_full_soon(usage(500 * GB, 3 * GB), saves, now, writing=False)
+    assert f is not None and f.severity == "critical" and "the next checkpoint will not fit" in f.message
+    assert f.evidence["writing"] is False
+    codes = {x.code for x in dg.disk_findings(usage(500 * GB, 20 * GB), None, saves, now, writing=False)}
+    assert codes == set()
+
+
+def test_budget_usage_and_the_pre_save_check_within_a_budget(tmp_path: Path) -> None:
+    (tmp_path / "step-000001").mkdir()
+    (tmp_path / "step-000001" / "a.pt").write_bytes(b"x" * 150_000)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    outside.write_bytes(b"y" * 10_000_000)
+    (tmp_path / "link").symlink_to(outside)  # counted as a link, never followed
+    u = dg.budget_usage(tmp_path, 200_000)
+    assert u.budget and u.used_bytes == 150_000 + len(str(outside)) and u.total_bytes == 200_000
+    f = dg.disk_high(dg.budget_usage(tmp_path, 170_000))
+    assert f is not None and f.message.startswith("checkpoint budget ") and f.severity == "warning"
+    # The disk has room; the budget has not: refused before a byte is written.
+    with pytest.raises(dg.CheckpointWontFit) as ei:
+        dg.check_fit(tmp_path, 60_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0)
+    assert ei.value.errno == errno.ENOSPC and "budget" in str(ei.value)
+    assert dg.check_fit(tmp_path, 40_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0).budget is False
+    outside.unlink()
 
 
 def test_disk_full_soon_quiet_when_far_or_unknown() -> None:

@@ -262,7 +262,7 @@ def test_loss_spike_size_and_recovery() -> None:
     flat(tr, range(205, 215), seed=1)
     f = codes(tr, 21.5)["LOSS_SPIKE"]
     assert f.evidence["recovered"] and f.evidence["recovered_step"] == 205 and f.severity == "info"
-    assert "recovered after 5 steps" in f.message and "+2.9" in f.message
+    assert "recovered after 5 steps" in f.message and f"+{f.evidence['size_nats']:.3g} nats" in f.message
     # A recovered spike stays listed for hold_s, then goes.
     assert "LOSS_SPIKE" in codes(tr, 20.5 + 119.0)
     assert "LOSS_SPIKE" not in codes(tr, 20.5 + 121.0)

@@ -57,7 +57,7 @@ async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
         text = screen_text(app)
     for figure in (
         "20250101-120000-train-ab12", "attempt 1/1", " DEAD ", "step 322",  # header
-        "pid 4242", "pgid 4242", "killed by SIGKILL (9)", "ran 3m31s",  # trainer
+        "pid 4242", "pgid 4242", "killed by SIGKILL (9)", "ran 3m32s",  # trainer
         "11.0 GiB", "6.0 GiB", "ratio 1.83x driver/alloc", "VRAM 12.0 GiB · RTX 3060", "util 97%",  # VRAM
         "last step 0.7 s before the end",  # cadence
         "requested 1.00e-04", "effective 1.00e-04",  # LR

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from run_builder import RunBuilder
 from trainroom.core import protocol as p
 from trainroom.core.watchdog import (
     Thresholds,
+    Verdict,
     WatchContext,
     Watchdog,
     context_from_probe,
@@ -280,6 +282,54 @@ def test_a_parked_main_thread_is_hung() -> None:
     assert v.state == "hung"
     f = finding(v, "HUNG")
     assert "main thread has sat on train.py:10 in main" in f.message and f.action == "dump"
+
+
+def _park(wd: Watchdog, b: RunBuilder, activity: Callable[[float], dict[int, int]],
+          probe_t: Callable[[float], float], until: float) -> list[tuple[float, Verdict]]:
+    """Heartbeats each second on one line since the last step (the sampler first sees the new
+    frame at the first beat after it), evaluated every 0.25 s as the keeper does."""
+    last = b.now
+    verdicts = []
+    for i in range(1, int(until * 4) + 1):
+        k = i / 4
+        b.now = last + k
+        if i % 4 == 0:
+            b.beat(main_frame_age=k - 1.0)
+        ctx = WatchContext(alive=True, activity=activity(k), probe_t=probe_t(k))
+        verdicts.append((k, wd.evaluate(b.run, ctx, b.now)))
+    return verdicts
+
+
+def test_a_main_thread_parked_since_its_last_step_is_hung_at_the_step_bound_without_a_stall_first() -> None:
+    # hang-lock: the lock is taken right after a step; the frame's own age reaches the bound a
+    # heartbeat after the step gap does, and STALLED must not be raised in between.
+    b = RunBuilder()
+    wd = Watchdog()
+    b.start()
+    b.steps(50)
+    wd.evaluate(b.run, WatchContext(alive=True, activity={4242: 6}, probe_t=b.now), b.now)
+    verdicts = _park(wd, b, activity=lambda k: {4242: 6 if k < 0.5 else 7}, probe_t=lambda k: b.now - k % 1.0,
+                     until=11.0)
+    assert all("STALLED" not in codes(v) for _, v in verdicts)
+    assert all(v.state == "running" for k, v in verdicts if k < 10.0)
+    k, v = next((k, v) for k, v in verdicts if v.state != "running")
+    assert v.state == "hung" and k <= 10.25  # the 10 s step bound, give or take a tick
+    f = finding(v, "HUNG")
+    assert f.evidence["cause"] == "main-frame" and "since step 50" in f.message
+
+
+def test_a_busy_loop_on_one_line_with_a_stale_activity_probe_is_not_called_parked() -> None:
+    # The probe stopped reading (a wedged cycle) while the loop ran: a counter that stands still
+    # because nobody read it says nothing.
+    b = RunBuilder()
+    wd = Watchdog()
+    b.start()
+    b.steps(50)
+    t_last = b.now
+    verdicts = _park(wd, b, activity=lambda k: {4242: 100 + int(min(k, 1.0) * 4)}, probe_t=lambda k: t_last + 1.0,
+                     until=10.5)
+    assert verdicts[-1][1].state == "stalled"
+    assert all(v.state != "hung" for _, v in verdicts)
 
 
 def test_no_heartbeat_is_hung() -> None:

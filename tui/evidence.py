@@ -31,6 +31,8 @@ def value_text(key: str, value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
+        if key in ("argv", "cmd", "cmdline", "command"):
+            return " ".join(str(v) for v in value)
         if all(not isinstance(v, (Mapping, list, tuple)) for v in value):
             return ", ".join(str(v) for v in value) if value else "none"
         return f"{len(value)} items"
@@ -43,10 +45,7 @@ def record_line(rec: Mapping[str, Any]) -> str:
     keys = [k for k in _RECORD_KEYS if k in rec] + [k for k in rec if k not in _RECORD_KEYS]
     parts = []
     for k in keys:
-        v = rec[k]
-        if isinstance(v, list) and k in ("cmdline", "cmd"):
-            v = " ".join(str(x) for x in v)
-        parts.append(f"{k} {value_text(k, v)}")
+        parts.append(f"{k} {value_text(k, rec[k])}")
     return "  ".join(parts)
 
 

@@ -14,6 +14,7 @@ steps while that is empty.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,10 +89,9 @@ class HeaderView:
     attempts: int
     state: str
     reason: str
-    since: float | None  # when the watchdog's verdict last changed
-    step: int | None
+    state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
+    step: int | None           # does not change does not re-render)
     connected: bool
-    now: float
 
 
 def header_view(state: RunState, now: float, connected: bool) -> HeaderView:
@@ -105,10 +105,9 @@ def header_view(state: RunState, now: float, connected: bool) -> HeaderView:
         attempts=len(state.attempts),
         state=state.status,
         reason=state.status_reason,
-        since=state.status_since or None,
+        state_age_s=float(round(now - state.status_since)) if state.status_since else None,
         step=step,
         connected=connected,
-        now=now,
     )
 
 
@@ -155,9 +154,11 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
         crash = f"{inner.type}: {errno}{inner.message}"
         if len(a.crash.chain) > 1:
             crash += f" (under {a.crash.chain[0].type})"
+    # The interpreter by its name, not its path: what tells two runs apart is the script.
+    argv = [os.path.basename(a.argv[0]), *a.argv[1:]] if a.argv else []
     return TrainerView(
-        pid=a.pid, pgid=a.pgid, alive=a.alive, uptime_s=uptime, exit_text=exit_text,
-        exit_level=level, instrumented=a.instrumented, command=" ".join(a.argv),
+        pid=a.pid, pgid=a.pgid, alive=a.alive, uptime_s=float(round(uptime)), exit_text=exit_text,
+        exit_level=level, instrumented=a.instrumented, command=" ".join(argv),
         crash=crash, resume_from=a.resume_from,
     )
 
@@ -259,7 +260,7 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
     a = state.attempt
     stopped = a is None or not a.alive
     ref = (a.ended_at if a is not None and a.ended_at is not None else now) if stopped else now
-    age = ref - last if last is not None else None
+    age = round(ref - last, 1) if last is not None else None  # tenths: what the panel shows
     ranks = list(state.ranks.values())
     pacing = max(ranks, key=lambda r: r.median_interval or 0.0, default=None)
     intervals = tuple(pacing.intervals[-SPARK_POINTS:]) if pacing is not None else ()

@@ -28,6 +28,12 @@ FAULTS = (
     "truncated-ckpt", "masked-enomem", "duplicate",
 )
 
+# lr-override (seed 003): the earlier run began at this LR; the session that resumes from its
+# checkpoint asks for --lr (the seed: 1e-4).
+EARLIER_RUN_LR = 1e-6
+# diverge: the LR climbs to this many times --lr and stays there.
+DIVERGE_LR_FACTOR = 300.0
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="trainroom-demo-trainer")
@@ -50,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ckpt-pad-mb", type=float, default=0.0, help="pad each checkpoint by this many MiB")
     ap.add_argument("--no-reimpose-lr", action="store_true",
                     help="on resume, keep the optimizer/scheduler LR from the checkpoint")
+    ap.add_argument("--reimpose-lr", action="store_true",
+                    help="on resume, call reimpose_lr even under --fault lr-override (the fix)")
     return ap.parse_args(argv)
 
 
@@ -57,9 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
         return _be_the_duplicate(int(os.environ["TRAINROOM_DEMO_DUPLICATE"]))
+    resume = os.environ.get("TRAINROOM_RESUME")
+    # lr-override is a story in two attempts (seed 003): a fresh attempt plays the earlier run,
+    # which trains at 1e-6, saves and ends; every resume from it plays the session that asks for
+    # --lr and restores optimizer + scheduler state but never calls reimpose_lr. The missing call
+    # is a property of the session's code, so it holds in every resumed attempt (unless
+    # --reimpose-lr, the fix).
+    forgets_reimpose = args.fault == "lr-override" and bool(resume) and not args.reimpose_lr
     if int(os.environ.get("TRAINROOM_ATTEMPT", "1")) > 1 and not args.fault_every_attempt:
         # A fault is an event, not a property of the run: a resumed attempt trains on cleanly.
         args.fault = "none"
+    earlier_run = args.fault == "lr-override" and not resume
+    session_lr = EARLIER_RUN_LR if earlier_run else args.lr
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -80,15 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     vocab = len(chars)
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
-    if args.fault == "rank-outlier" and rank == 1:
-        # One rank reads a broken shard: the same symbols in a random order, nothing to learn.
-        g = torch.Generator().manual_seed(1234)
-        data = data[torch.randperm(len(data), generator=g)]
 
     arch = {"layers": args.layers, "d_model": args.d_model, "vocab": vocab, "heads": args.heads, "ctx": args.ctx}
-    fault_lr = 0.0 if args.fault == "white-model" else args.lr
-    rep = reporter.connect(lr=fault_lr if args.fault == "white-model" else args.lr, vocab_size=vocab,
-                           warmup_steps=0, arch=arch)
+    rep = reporter.connect(lr=session_lr, vocab_size=vocab, warmup_steps=0, arch=arch)
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -125,12 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     net: nn.Module = model
     if world > 1:
         net = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=fault_lr, weight_decay=0.01)
+    if args.fault == "white-model":
+        # The seed-004 plateau at ln V: an output head left at zero and frozen (a fine-tune that
+        # forgot to unfreeze it). Its logits are all 0, so every token gets 1/V, the loss is ln V
+        # exactly, and no gradient reaches anything below it: the run steps and learns nothing.
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
+        model.lm_head.weight.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=session_lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
     step = 0
     tokens = 0
 
-    resume = os.environ.get("TRAINROOM_RESUME")
     if resume:
         with rep.phase("checkpoint-load"):
             ckpt = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=False)
@@ -139,18 +156,19 @@ def main(argv: list[str] | None = None) -> int:
         sched.load_state_dict(ckpt["scheduler"])
         step, tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
         print(f"resumed from {resume} at step {step}", flush=True)
-        if not args.no_reimpose_lr:
+        if forgets_reimpose or args.no_reimpose_lr:
+            print(f"lr {opt.param_groups[0]['lr']:.3g} restored from the checkpoint, "
+                  f"requested {args.lr:g}: reimpose_lr not called", flush=True)
+        else:
             from trainroom.core.lr import reimpose_lr
 
-            reimpose_lr(opt, sched, args.lr)
-    elif args.fault == "lr-override":
-        _restore_state_of_an_earlier_run(torch, model, opt, sched)
+            reimpose_lr(opt, sched, args.lr, step=step)
+    if earlier_run:
+        print(f"lr-override: this attempt plays the earlier run at lr {EARLIER_RUN_LR:g} (not --lr {args.lr:g}); "
+              f"it saves at step {args.fault_step} and ends: resume the run to start the session", flush=True)
     if args.fault == "exploded-init":
         with torch.no_grad():
             model.lm_head.weight.mul_(13.87 / float(model.lm_head.weight.std()))
-    if args.fault == "white-model":
-        with torch.no_grad():
-            model.lm_head.weight.zero_()
 
     tracer = None
     if args.tracer:
@@ -169,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    print(f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {args.lr} "
+    print(f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {session_lr:g} "
           f"fault {args.fault}@{args.fault_step}", flush=True)
     start_step = step
     while step < args.steps:
@@ -178,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
         x = torch.stack([data[i : i + args.ctx] for i in ix])
         y = torch.stack([data[i + 1 : i + 1 + args.ctx] for i in ix])
+        if args.fault == "rank-outlier" and rank == 1 and step >= args.fault_step:
+            # Seed 002's rank 41: from the fault step on, one rank's loader hands out corrupt
+            # labels (random token ids). Its loss jumps and stays up; averaged with the healthy
+            # rank it only moves the mean, so the headline must show the median and the worst.
+            y = torch.randint(vocab, y.shape, generator=gen)
         if args.fault == "spike" and step == args.fault_step:
             with torch.no_grad():  # a bad batch of weights for one step: a spike, then recovery
                 model.lm_head.weight.mul_(4.0)
@@ -185,8 +208,13 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 model.blocks[-1].mlp[0].weight.fill_(float("nan"))
         if args.fault == "diverge" and step >= args.fault_step:
+            # An LR pushed past the stable range (a schedule that ramps too far): the loss stops
+            # coming back and settles well above its best while staying finite, the divergence
+            # that "wait for NaN" misses.
             for g in opt.param_groups:
-                g["lr"] = g["lr"] * 1.15
+                g["lr"] = min(g["lr"] * 1.05, args.lr * DIVERGE_LR_FACTOR)
+        if tracer is not None:
+            tracer.step = step + 1  # the step this forward reports as
         logits = net(x)
         loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
         opt.zero_grad(set_to_none=True)
@@ -199,11 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         alloc = None
         if fake_nvml and rank == 0:
             alloc = _drive_fake_nvml(fake_nvml, args, step, os.getpid())
-        rep.step(step, loss=float(loss), tokens=tokens, grad_norm=gn, optimizer=opt, alloc=alloc)
-        if tracer is not None:
-            tracer.end_step(step) if hasattr(tracer, "end_step") else None
+        lv = float(loss.detach())
+        rep.step(step, loss=lv, tokens=tokens, grad_norm=gn, optimizer=opt, alloc=alloc)
         if step % 10 == 0 and rank == 0:
-            print(f"iter {step}: loss {float(loss):.4f}, lr {opt.param_groups[0]['lr']:.3e}, "
+            print(f"iter {step}: loss {lv:.4f}, lr {opt.param_groups[0]['lr']:.3e}, "
                   f"grad {gn:.3f}", flush=True)
         if args.fault == "silent-death" and step == args.fault_step:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -218,14 +245,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.fault == "orphan-context" and step == args.fault_step:
             os.kill(os.getpid(), signal.SIGKILL)
         every = 1 if args.fault == "disk-fill" else args.ckpt_every
-        if rank == 0 and every and step % every == 0 and step > start_step:
+        ends_earlier_run = earlier_run and step >= args.fault_step
+        if rank == 0 and (ends_earlier_run or (every and step % every == 0)) and step > start_step:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
                      "scheduler": sched.state_dict(), "step": step, "tokens": tokens,
-                     "config": {"lr": args.lr, "vocab_size": vocab, **arch}}
+                     "config": {"lr": session_lr, "vocab_size": vocab, **arch}}
             pad = args.ckpt_pad_mb or (8.0 if args.fault == "disk-fill" else 0.0)
             if pad:
                 state["pad"] = torch.zeros(int(pad * (1 << 20) / 4))
             _save(state, step, ckpt_root, truncate=args.fault == "truncated-ckpt" and step >= args.fault_step)
+        if ends_earlier_run:
+            print(f"the earlier run ends at step {step} (lr {opt.param_groups[0]['lr']:.3g}, saved); "
+                  "resume it (r, or `trainroom resume --yes`) for the session", flush=True)
+            break
         if args.step_delay:
             time.sleep(args.step_delay)
     rep.close("finished")
@@ -249,10 +281,16 @@ def _checkpoint_file(path: str) -> str:
 
 def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
     from trainroom.core import reporter
-    from trainroom.core.checkpoints import save_checkpoint
+    from trainroom.core.checkpoints import CheckpointWontFit, save_checkpoint
 
     if not truncate:
-        save_checkpoint(state, step, root=root)
+        try:
+            save_checkpoint(state, step, root=root)
+        except CheckpointWontFit as exc:
+            # The pre-save check refused before writing a byte: skip this checkpoint and train
+            # on (the keeper shows DISK_HIGH / DISK_FULL_SOON; a prune makes room again).
+            print(f"checkpoint step {step} skipped: {exc.strerror}", flush=True)
+            reporter.current().note("checkpoint-skipped", str(exc.strerror), step=step)
         return
     # DrvFs as the seed saw it: the file lands short, nothing says so, and the trainer moves on.
     import io
@@ -272,17 +310,6 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
             f.flush()
             os.fsync(f.fileno())
     rep.checkpoint(str(path), step, size_bytes=len(data), digest=None)
-
-
-def _restore_state_of_an_earlier_run(torch: Any, model: Any, opt: Any, sched: Any) -> None:
-    """The seed-003 resume: optimizer and scheduler state from a run that began at 1e-6."""
-    old_opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    old_sched = torch.optim.lr_scheduler.StepLR(old_opt, step_size=1000, gamma=0.5)
-    for _ in range(3):
-        old_opt.step()
-        old_sched.step()
-    opt.load_state_dict(old_opt.state_dict())
-    sched.load_state_dict(old_sched.state_dict())
 
 
 def _stall(net: Any, data: Any, args: argparse.Namespace, gen: Any, torch: Any, F: Any, vocab: int) -> None:
@@ -321,9 +348,14 @@ def _start_duplicate() -> None:
     (a session that was not released). It watches us and leaves when we are gone."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_") or k == "TRAINROOM_HOME"}
     env["TRAINROOM_DEMO_DUPLICATE"] = str(os.getpid())
-    # Exactly our command line, so the process table shows two identical trainers.
-    subprocess.Popen(list(sys.orig_argv), env=env, start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Exactly our command line, so the process table shows two identical trainers. Started through
+    # an intermediate that exits at once, so it is not our descendant either (the duplicate check
+    # rightly counts our own children, e.g. data-loader workers, as ours): an unreleased session's
+    # trainer is no child of the new one.
+    launcher = ("import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, "
+                "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
+    subprocess.run([sys.executable, "-c", launcher, *sys.orig_argv], env=env, check=False,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _be_the_duplicate(parent: int) -> int:

@@ -16,5 +16,7 @@ class ActionStrip(Panel):
     def watch_view(self, view: str | None) -> None:
         self.display = view is not None
 
-    def render(self) -> RenderableType:
-        return Text(self.view or "", style=self.style("info"), no_wrap=True, overflow="ellipsis")
+    WAITING = ""
+
+    def render_view(self, view: str) -> RenderableType:
+        return Text(view, style=self.style("info"), no_wrap=True, overflow="ellipsis")

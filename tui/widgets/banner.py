@@ -24,12 +24,11 @@ class BannerView:
 
 
 class DisconnectBanner(Panel):
+    WAITING = ""
+
     view: reactive[BannerView | None] = reactive(None)
 
-    def render(self) -> RenderableType:
-        v = self.view
-        if v is None:
-            return Text("")
+    def render_view(self, v: BannerView) -> RenderableType:
         # Line 1: since when, and the way back; line 2: what the journal says and why it ended.
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"keeper gone since {fmt.clock(v.since)} ({fmt.duration(v.now - v.since)} ago)",

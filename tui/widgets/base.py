@@ -28,12 +28,19 @@ class Panel(Widget):
     view: reactive[Any] = reactive(None)
     """The frozen view from `figures`; None until the first snapshot arrives."""
 
+    _styles: dict[str, Style]
+
     def on_mount(self) -> None:
+        self._styles = {}
         if self.TITLE:
             self.border_title = self.TITLE
 
     def style(self, name: str) -> Style:
-        return self.get_component_rich_style(f"panel--{name}", partial=True)
+        # Looked up once a render: a panel asks for the same few styles dozens of times.
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"panel--{name}", partial=True)
+        return style
 
     @property
     def inner_width(self) -> int:
@@ -44,6 +51,7 @@ class Panel(Widget):
         return max(self.content_size.height, 1)
 
     def render(self) -> RenderableType:
+        self._styles: dict[str, Style] = {}
         if self.view is None:
             return Text(self.WAITING, style=self.style("dim"))
         return self.render_view(self.view)

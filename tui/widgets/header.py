@@ -40,8 +40,8 @@ class RunHeader(Panel):
         if not view.connected:
             t.append(" ")
             t.append(" KEEPER GONE ", style=self.get_component_rich_style("header--offline"))
-        if view.since:
-            t.append(f" for {fmt.duration(view.now - view.since)}", style=self.style("label"))
+        if view.state_age_s is not None:
+            t.append(f" for {fmt.duration(view.state_age_s)}", style=self.style("label"))
         if view.step is not None:
             t.append("  step ", style=self.style("label"))
             t.append(str(view.step), style=self.style("value"))
