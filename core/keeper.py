@@ -20,7 +20,6 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -380,9 +379,7 @@ class Keeper:
             while True:
                 data = await reader.read(1 << 16)
                 if not data:
-                    if c.role == "trainer" and not isinstance(self._last_msg(c), p.Bye):
-                        reason = None  # a trainer that died: its attempt's exit says why
-                    break
+                    break  # a trainer that went away: its attempt's exit says why
                 for msg in frames.feed(data):
                     await self._on_message(c, msg)
         except p.ProtocolError as exc:
@@ -393,11 +390,7 @@ class Keeper:
             reason = f"internal error on connection from pid {peer_pid}: {type(exc).__name__}: {exc}"
         self._close(c, reason)
 
-    def _last_msg(self, c: Conn) -> Any:
-        return getattr(c, "last", None)
-
     async def _on_message(self, c: Conn, msg: Any) -> None:
-        c.last = msg  # type: ignore[attr-defined]
         now = time.time()
         if c.role is None:
             if isinstance(msg, p.Hello):
@@ -531,7 +524,6 @@ def main(argv: list[str] | None = None) -> int:
     return run_keeper(args[0])
 
 
-Callback = Callable[[p.Reply], None]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 from helpers import run_cli, start_demo, status, status_json
-
 from trainroom.core import journal, protocol, runs
 from trainroom.core.client import KeeperClient
 
@@ -99,7 +98,7 @@ def test_uninstrumented_nanogpt_lines_give_step_and_loss(trhome: Path, tmp_path:
 def test_launch_returns_while_the_keeper_lives_on(trhome: Path) -> None:
     # `run=$(trainroom launch ...)` must not wait for the keeper: every stream is detached.
     proc = subprocess.run([sys.executable, "-m", "trainroom.cli", "launch", "--", "sleep", "30"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=20)
+                          capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
     d = status_json(proc.stdout.strip())
     assert d["keeper"] == "alive" and d["state"] in ("starting", "running")
