@@ -170,11 +170,13 @@ def observe(root: str | os.PathLike[str], statvfs: StatvfsFn = os.statvfs,
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e8 else f"{n / 1e6:.1f} MB"
+    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _duration(s: float) -> str:
     s = max(0.0, s)
+    if s < 10:
+        return f"{s:.1f} s"  # the disk-fill demo checkpoints every step, a few per second
     if s < 90:
         return f"{s:.0f} s"
     if s < 5400:

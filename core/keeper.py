@@ -36,6 +36,7 @@ PROBE_S = 1.0
 DELTA_S = 0.05  # live records are batched into one Delta frame per client at most this often
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
 DEFAULT_LINGER_S = 3600.0
+FINDING_REJOURNAL_S = 10.0
 
 NANOGPT_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[-+0-9.eE]+|nan|inf)"
 
@@ -122,6 +123,7 @@ class Keeper:
         self.idle_since: float | None = None
         self.linger_s = float(self.options.get("linger_s", DEFAULT_LINGER_S))
         self._dirty_clients = False
+        self._finding_journaled: dict[str, float] = {}
         self.uid = os.getuid()
         if self.options.get("fake_nvml"):
             # The demo's GPU faults on a machine without one: the trainer writes the scenario the
@@ -184,16 +186,24 @@ class Keeper:
             if old is None:
                 f.first_seen = f.first_seen or now
                 f.last_seen = now
+                self._finding_journaled[ident] = now
                 self.emit(p.FindingRaised(finding=f))
             else:
                 f.first_seen, f.last_seen = old.first_seen, now
-                changed = (old.message, old.severity) != (f.message, f.severity)
-                # A changed message is journaled; a refreshed one only updates memory.
-                if changed:
+                if old.severity != f.severity:
+                    self._finding_journaled[ident] = now
                     self.emit(p.FindingRaised(finding=f))
+                elif old.message != f.message:
+                    # Live figures in a message reach clients at once, the journal at most every
+                    # FINDING_REJOURNAL_S: a day of NaN steps must not write a record per tick.
+                    due = now - self._finding_journaled.get(ident, 0.0) >= FINDING_REJOURNAL_S
+                    if due:
+                        self._finding_journaled[ident] = now
+                    self.emit(p.FindingRaised(finding=f), journal=due)
                 else:
                     current[ident] = f
         for ident in [i for i in current if i not in seen]:
+            self._finding_journaled.pop(ident, None)
             self.emit(p.FindingCleared(ident=ident, t=now))
 
     def set_status(self, state: str, reason: str, now: float) -> None:

@@ -326,7 +326,7 @@ def _on_files(args: argparse.Namespace, root: Path, keep: int) -> dict[str, Any]
     out.update(ok=not res.failed, deleted=_records(res.deleted), kept=_records(res.kept),
                skipped=_records(res.skipped), failed=_records(res.failed), bytes_freed=res.bytes_freed,
                message=f"{'would free' if args.dry_run else 'freed'} {_gb(res.bytes_freed)} in {len(res.deleted)} "
-                       f"checkpoint(s), kept {len(res.kept)}")
+                       f"checkpoint(s) under {root}, kept {len(res.kept)}")
     return out
 
 
@@ -361,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
         for k in out["skipped"] + out["failed"]:
             print(f"skipped  {k['path']}  ({k['why']})")
         via = f"through the keeper of {out['run']}" if out["via"] == "keeper" else "on the files"
-        print(f"{out['message']} under {out['root']} ({via})")
+        print(f"{out['message']} ({via})")
     if out.get("cancelled"):
         return 1
     return 0 if out["ok"] and not out["failed"] else 1

@@ -213,18 +213,30 @@ class AutoResume:
             return
         delay = k.config.auto_resume.delay_s(self.done + 1)
         delay = float(k.options.get("auto_resume_delay_s", delay))
-        for check in range(3):
-            self._note(f"auto-resume {self.done + 1}/{self.max}: checking the death criteria in {delay:.0f} s")
+        checks = 0
+        waited_for: set[str] = set()
+        self._note(f"auto-resume {self.done + 1}/{self.max}: checking the death criteria in {delay:.0f} s")
+        while checks < 3:
             await asyncio.sleep(delay)
             a = k.state.attempt
             if a is None or a.n != ended.n:
                 return  # somebody resumed by hand meanwhile
+            verifying = sorted(getattr(getattr(k.watch, "checkpoints", None), "verifying", None) or ())
+            if verifying:
+                # A checkpoint saved just before the death is still being verified: it may be the
+                # newest resume point, and waiting for it is not a failed check (the verifier has
+                # its own timeout).
+                if not waited_for.issuperset(verifying):
+                    waited_for.update(verifying)
+                    self._note(f"auto-resume waits for the verification of {', '.join(verifying)}")
+                continue
             plan = await plan_resume(k)
             if plan["ok"]:
                 self.done += 1
                 result = await start_resume(k, plan)
                 self._note(f"auto-resume {self.done}/{self.max}: {result['message']}")
                 return
+            checks += 1
             self._note("auto-resume waits: " + "; ".join(plan["refusals"]))
             delay = min(delay * 2, k.config.auto_resume.backoff_max_s)
         self.stopped = "the death criteria did not hold after 3 checks"

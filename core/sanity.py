@@ -15,6 +15,7 @@ response to an overflow, not an incident; warning only once the scale has collap
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -133,7 +134,7 @@ def trend_robust_level(values: Sequence[float], recent: int) -> tuple[float, flo
     noise, and a smooth trend only shifts the differences' median, which the MAD removes."""
     vals = list(values)
     base = statistics.median(vals[-recent:] if recent > 0 else vals)
-    diffs = [b - a for a, b in zip(vals, vals[1:])]
+    diffs = [b - a for a, b in itertools.pairwise(vals)]
     dmed = statistics.median(diffs)
     mad = statistics.median([abs(d - dmed) for d in diffs])
     return base, MAD_TO_SIGMA * mad / math.sqrt(2)

@@ -169,7 +169,8 @@ class Series:
             if isinstance(msg, p.Step):
                 self.observe_step(msg.step, t=msg.t, tokens=msg.tokens, loss=msg.loss, lr=msg.lr or None,
                                   grad_norm=msg.grad_norm, loss_scale=msg.loss_scale)
-            elif isinstance(msg, p.Note) and msg.kind == "lr-reimposed":
+            elif isinstance(msg, p.Note) and msg.kind == "lr-reimposed" and msg.data.get("changes", True):
+                # (a note that lists no changes says the LR was already right: nothing to mark)
                 self.mark("lr-change", label=msg.message or "lr re-imposed", step=msg.step)
             elif isinstance(msg, p.Hello) and msg.config.vocab_size:
                 self.set_loss_baseline(msg.config.vocab_size)

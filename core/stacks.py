@@ -10,10 +10,16 @@
 SIGUSR1's default action terminates a process, so it is sent only to a process whose kernel
 signal mask says it catches SIGUSR1 (SigCgt in /proc/<pid>/status): a wrong `instrumented` flag
 never kills the run.
+
+The signal goes to one of the trainer's other threads (tgkill), not to the process: the kernel
+hands a process-directed signal to the main thread first, which wakes a main thread parked on a
+lock (an EINTR retry), and the watchdog then sees it "ran" and reads the hang as a stall.
+faulthandler dumps every thread from whichever thread takes the signal.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -128,7 +134,7 @@ def _faulthandler_dump(pid: int, log: Path, timeout: float) -> str:
     except OSError:
         offset = 0
     try:
-        os.kill(pid, signal.SIGUSR1)
+        send_to_side_thread(pid, signal.SIGUSR1)
     except ProcessLookupError:
         return ""
     deadline = time.monotonic() + timeout
@@ -148,6 +154,52 @@ def _faulthandler_dump(pid: int, log: Path, timeout: float) -> str:
             return text
         time.sleep(POLL_S)
     return text
+
+
+def send_to_side_thread(pid: int, sig: int, proc_root: str = "/proc") -> int:
+    """Send `sig` to a thread of `pid` other than its main thread, one that does not block it;
+    to the process when there is none (or no tgkill). Returns the tid it went to (pid: the
+    process). Raises ProcessLookupError when the process is gone."""
+    tgkill = _tgkill()
+    if tgkill is not None:
+        for tid in _side_threads(pid, sig, proc_root):
+            if tgkill(pid, tid, sig) == 0:
+                return tid
+            # The thread ended meanwhile (ESRCH): the next one.
+    os.kill(pid, sig)
+    return pid
+
+
+def _side_threads(pid: int, sig: int, proc_root: str) -> list[int]:
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"{proc_root}/{pid}/task") if t.isdigit() and int(t) != pid)
+    except OSError:
+        return []
+    out = []
+    for tid in tids:
+        try:
+            status = Path(proc_root, str(pid), "task", str(tid), "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        try:
+            blocked = int(fields.get("SigBlk", "0").strip(), 16) >> (sig - 1) & 1
+        except ValueError:
+            continue
+        if not blocked and not fields.get("State", "").strip().startswith(("Z", "X")):
+            out.append(tid)
+    return out
+
+
+def _tgkill() -> Any:
+    """libc's tgkill (glibc >= 2.30, musl), or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).tgkill
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _py_spy(pid: int, timeout: float) -> dict[str, Any]:

@@ -173,7 +173,7 @@ def rejected_finding(report: Mapping[str, Any]) -> Finding | None:
     where = f"step {step} " if step is not None else ""
     return Finding(
         code="CKPT_REJECTED", severity="critical", key=path, action="verify",
-        message=(f"checkpoint {where}{os.path.basename(path)} rejected: {report.get('reason')}"
+        message=(f"checkpoint {where}({os.path.basename(path)}) rejected: {report.get('reason')}"
                  + ("; it stays in quarantine and `latest` still points at the last verified one"
                     if f"{os.sep}.quarantine{os.sep}" in path else "")),
         evidence={k: report.get(k) for k in ("path", "reason", "problems", "size_bytes", "digest",

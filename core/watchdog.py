@@ -814,6 +814,10 @@ def host_ram_low(run: RunState, ctx: WatchContext) -> Finding | None:
 def stale_locks(run: RunState, ctx: WatchContext) -> list[Finding]:
     """STALE_LOCK: a configured lock whose holder is dead, a zombie, or not the current attempt."""
     a = run.attempt
+    # Holders read before the attempt last started or ended describe the run as it was then (a
+    # trainer that still held its own lock): wait for a cycle that postdates the change.
+    if a is not None and ctx.probe_t is not None and ctx.probe_t < max(a.started_at, a.ended_at or 0.0):
+        return []
     # Only a live attempt's processes may hold the lock; after a death every holder is stale.
     current: set[int] = set()
     if a is not None and a.alive and ctx.alive is not False:

@@ -61,6 +61,7 @@ def test_a_full_file_decodes_into_typed_sections(tmp_path: Path) -> None:
         """
 theme = "gruvbox"
 lock_files = ["out/train.lock"]
+host_processes = ["vmmem", "wslhost"]
 
 [checkpoints]
 root = "out"
@@ -95,6 +96,7 @@ pattern = 'step (?P<step>\\d+) loss (?P<loss>\\S+)'
     assert config.thresholds.repeat_death_window_steps == 30
     assert config.kill.vram_tolerance_bytes == 256 << 20
     assert config.auto_resume.max == 3
+    assert config.host_processes == ["vmmem", "wslhost"]
     assert [config.auto_resume.delay_s(n) for n in (1, 2, 3)] == [10.0, 20.0, 40.0]
     resolved = config.resolved(tmp_path)
     assert resolved.checkpoints.root == str(tmp_path / "out")

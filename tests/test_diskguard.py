@@ -89,7 +89,7 @@ def test_disk_full_soon_without_a_writer_only_when_the_next_will_not_fit() -> No
     assert f is not None and f.severity == "critical" and "the next checkpoint will not fit" in f.message
     assert f.evidence["writing"] is False
     codes = {x.code for x in dg.disk_findings(usage(500 * GB, 20 * GB), None, saves, now, writing=False)}
-    assert codes == set()
+    assert "DISK_FULL_SOON" not in codes and "DISK_HIGH" in codes  # 96 % used stays said
 
 
 def test_budget_usage_and_the_pre_save_check_within_a_budget(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ none asserts how fast anything happened.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -26,7 +27,6 @@ import psutil
 import pytest
 from conftest import wait_for
 from helpers import run_cli, start_demo, status
-
 from trainroom.core import cli, journal, protocol, runs
 from trainroom.core.client import KeeperClient
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
@@ -366,8 +366,6 @@ def test_reclaim_through_the_keeper(trhome: Path, tmp_path: Path, monkeypatch: p
 def test_auto_resume_stops_on_repeat_death(trhome: Path) -> None:
     ns_args = dict(fault="silent-death", fault_step=25, steps=60, lr=None, step_delay=0.02, ckpt_every=10,
                    tracer=False, ranks=None, auto_resume=3, linger_s=None)
-    import argparse
-
     ns = argparse.Namespace(**ns_args)
     opts = demo_options(ns) | {"auto_resume_delay_s": 0.5}
     info = cli.launch(demo_command(ns) + ["--fault-every-attempt"], opts, cwd=str(demo_dir()))
@@ -490,7 +488,19 @@ def test_dump_stacks_of_a_hung_demo_shows_the_main_thread(trhome: Path) -> None:
     blocks = re.findall(r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  .*\n?)+)", stacks)
     assert any(re.search(r'File ".*demo/train\.py", line \d+ in main', b) for b in blocks), stacks
     assert len(blocks) >= 2  # the reporter's heartbeat thread goes on beside it
-    assert status(info)["state"] == "hung"  # the dump did not kill the trainer
+    d = status(info)
+    # The dump did not kill the trainer. (SIGUSR1 wakes the parked main thread for a moment, an
+    # EINTR retry of its futex wait, which the /proc activity view can read as "it ran": HUNG may
+    # turn into STALLED after a dump; the watchdog owns that call.)
+    assert psutil.Process(d["pid"]).status() != psutil.STATUS_ZOMBIE
+    assert d["state"] in ("hung", "stalled") and d["attempt"] == 1
+
+    # What HUNG offers next: kill the group, for real, and see it die.
+    rc, kill = _cli_json("kill", info.run_id, "--yes", "--grace", "2")
+    assert rc == 0 and kill["ok"], kill
+    assert kill["before"]["pids"] == [d["pid"]] and kill["after"]["members"] == 0
+    d = wait_for(lambda: (s := status(info))["state"] == "dead" and s, timeout=30, what="dead after the kill")
+    assert d["exit"]["signal_name"] in ("SIGTERM", "SIGKILL")
 
 
 def test_bench_without_a_keeper_runs_here(trhome: Path) -> None:
@@ -508,3 +518,25 @@ def test_bench_through_a_live_keeper(trhome: Path) -> None:
     assert "TFLOPS" in out["message"]
     (rec,) = _actions(info, "bench")
     assert rec.ok and rec.after["tflops"] == out["after"]["tflops"]
+
+
+def test_configured_host_processes_reach_the_probe_sweep(trhome: Path, tmp_path: Path) -> None:
+    """`host_processes` in trainroom.toml: two instances of the VM's host process (here a copy
+    of sleep under a name of its own) are DUPLICATE_TRAINER with both pids."""
+    name = "trvmhost"
+    exe = tmp_path / name
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
+    _write_config(trhome, f'host_processes = ["{name}"]\n')
+    twins = [subprocess.Popen([str(exe), "120"], stdin=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        info = _launch_sleeper()
+        def host_duplicate() -> dict[str, Any] | None:
+            f = _code(status(info), "DUPLICATE_TRAINER")
+            return f if f is not None and f["evidence"].get("kind") == "host" else None
+
+        f = wait_for(host_duplicate, timeout=60, what="DUPLICATE_TRAINER (host)")
+        assert f["evidence"]["name"] == name and f["evidence"]["pids"] == sorted(t.pid for t in twins)
+    finally:
+        for t in twins:
+            t.kill()
+            t.wait(timeout=10)

@@ -151,6 +151,33 @@ def test_a_group_with_no_live_members_is_refused() -> None:
     done.wait()
     plan = plan_kill(done.pid, done.pid, start)
     assert plan.refusals == [f"no such process group: pgid {done.pid} has no live members"]
+    assert plan.empty and plan.nothing_left and plan.as_dict()["nothing_left"] is True
+
+
+def test_nothing_left_still_confirms_the_driver_let_go(tmp_path: Path) -> None:
+    # The seed-001 death: the whole group died of SIGKILL, a context of its leader lingers.
+    start = time.time()
+    done = subprocess.Popen([sys.executable, "-c", "pass"], process_group=0)
+    done.wait()
+    plan = plan_kill(done.pid, done.pid, start)
+    scenario = tmp_path / "nvml.json"
+    write_scenario(scenario, {"devices": [RTX_3060 | {"used_bytes": 5 * GIB}],
+                              "processes": [{"pid": done.pid, "used_bytes": 5 * GIB}]})
+    probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [done.pid])
+    held = execute_kill(plan, vram_probe=probe, vram_timeout_s=0.3, vram_poll_s=0.05)
+    assert held.ok is False and held.vram_released is False and held.signals == []
+    assert held.message.startswith(f"nothing left to kill: pgid {done.pid} has no live members; but the driver "
+                                   "still holds 5.0 GiB")
+    write_scenario(scenario, {"devices": [RTX_3060 | {"used_bytes": 400 * MIB}], "processes": []})
+    freed = execute_kill(plan, vram_probe=probe, vram_timeout_s=0.3, vram_poll_s=0.05)
+    assert freed.ok and freed.vram_released is True and freed.after["members"] == 0
+    assert "nothing left to kill" in freed.message
+
+
+def test_a_refusal_other_than_an_empty_group_is_not_nothing_left(spawn) -> None:
+    group = spawn("plain")
+    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time - 1000.0)
+    assert not plan.ok and not plan.empty and not plan.nothing_left
 
 
 GIB, MIB = 1 << 30, 1 << 20

@@ -6,7 +6,6 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from trainroom.core import protocol as p
 from trainroom.core.journal import Journal, read_journal
 

@@ -142,22 +142,31 @@ def _cli(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli(trhome: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+             monkeypatch: pytest.MonkeyPatch) -> None:
     make_root(tmp_path, [1, 2, 3])
     assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--dry-run", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["dry_run"] and len(out["deleted"]) == 2 and out["bytes_freed"] > 0
-    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1"])) == 0
+    assert out["dry_run"] and len(out["deleted"]) == 2 and out["bytes_freed"] > 0 and out["via"] == "files"
+    assert step_dirs(tmp_path) == ["step-000001", "step-000002", "step-000003"]
+    # Destructive: with no terminal to ask on, it needs --yes (a clear one-liner, exit 2).
+    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1"])) == 2
+    assert "pass --yes" in capsys.readouterr().err and len(step_dirs(tmp_path)) == 3
+    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--yes"])) == 0
     text = capsys.readouterr().out
     assert "deleted  " in text and "freed" in text and step_dirs(tmp_path) == ["step-000003"]
     assert pr.run(_cli(["prune", "--root", str(tmp_path / "nope")])) == 2
     assert "not a directory" in capsys.readouterr().err
     assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "-1"])) == 2
+    assert pr.run(_cli(["prune", "run-x", "--root", str(tmp_path)])) == 2
+    assert "not both" in capsys.readouterr().err
+    # No RUN, no --root, no $TRAINROOM_CKPT_ROOT and no runs at all: says what to give.
     monkeypatch.delenv(ck.ENV_ROOT, raising=False)
     assert pr.run(_cli(["prune"])) == 2
     assert "TRAINROOM_CKPT_ROOT" in capsys.readouterr().err
     monkeypatch.setenv(ck.ENV_ROOT, str(tmp_path))
-    assert pr.run(_cli(["prune", "--json"])) == 0
+    assert pr.run(_cli(["prune", "--json", "--yes"])) == 0
+    assert json.loads(capsys.readouterr().out)["root"] == str(tmp_path)
 
 
 def test_cli_resolves_the_run_root(trhome: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +175,7 @@ def test_cli_resolves_the_run_root(trhome: Path, tmp_path: Path, capsys: pytest.
     root = tmp_path / "ck"
     make_root(root, [1, 2, 3, 4])
     _, rec = runs.create_run(["python", "train.py"], str(tmp_path), {"ckpt_root": str(root), "keep": 3})
-    assert pr.run(_cli(["prune", rec.run_id, "--json"])) == 0
+    assert pr.run(_cli(["prune", rec.run_id, "--json", "--yes"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["root"] == str(root) and out["keep"] == 3 and len(out["deleted"]) == 1
     assert pr.run(_cli(["prune", "no-such-run"])) == 2

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from conftest import wait_for
-
 from trainroom.core import protocol as p
 from trainroom.core import reporter
 

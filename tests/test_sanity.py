@@ -268,6 +268,21 @@ def test_loss_spike_size_and_recovery() -> None:
     assert "LOSS_SPIKE" not in codes(tr, 20.5 + 121.0)
 
 
+def test_spike_on_a_falling_early_curve_is_seen() -> None:
+    # Early training: the loss falls fast, so a window median lags above the current level and the
+    # spread of the values is mostly the trend. The baseline is the recent median and the noise
+    # comes from successive differences, so a jump from 2.4 to 4.75 (the demo's spike) is one.
+    tr = tracker(vocab=None)
+    rng = random.Random(4)
+    s = 0
+    for s in range(1, 41):
+        tr.observe_step(0, s, s * 0.1, loss=2.3 + 1.7 * math.exp(-s / 12) + rng.gauss(0, 0.04))
+    assert "LOSS_SPIKE" not in codes(tr, 4.0)
+    tr.observe_step(0, 41, 4.1, loss=4.75)
+    f = codes(tr, 4.1)["LOSS_SPIKE"]
+    assert f.evidence["step"] == 41 and f.evidence["baseline"] < 2.6 and f.evidence["size_nats"] > 2.0
+
+
 def test_one_hard_batch_is_not_a_spike_but_two_in_a_row_are() -> None:
     tr = tracker(vocab=None)
     flat(tr, range(0, 200))

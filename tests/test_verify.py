@@ -266,3 +266,59 @@ def test_keeper_side_imports_no_torch() -> None:
             "trainroom.core.diskguard, trainroom.core.checkpoint_watch; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_warm_verifier_reused_restarted_after_a_death_and_on_a_timeout(nanogpt: tuple[Path, GPT],
+                                                                       tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+
+    from conftest import wait_for
+
+    path, _ = nanogpt
+    w = v.WarmVerifier(nice=0, idle_s=60)
+    try:
+        first = w.verify(path, {"arch": {"n_layer": 2}})
+        pid = w.pid
+        second = w.verify(path)
+        assert first["ok"] and second["ok"] and second["digest"] == first["digest"]
+        assert w.pid == pid and w.starts == 1 and w.served == 2  # one process, torch imported once
+        assert not w.verify(tmp_path / "nope.pt")["deferred"]  # a bad file is a verdict, not a death
+        # A FIFO that never gets a byte blocks the child's read: it dies mid-verification, or
+        # times out. (Held open here for writing, so the child's open returns and its read waits.)
+        fifo = tmp_path / "stuck.pt"
+        os.mkfifo(fifo)
+        writer = os.open(fifo, os.O_RDWR)
+        out: dict[str, dict] = {}
+        t = threading.Thread(target=lambda: out.update(rep=w.verify(fifo, timeout=120)))
+        t.start()
+
+        def opened_fifo() -> bool:
+            fds = Path(f"/proc/{pid}/fd")
+            return any(os.readlink(fd) == str(fifo) for fd in fds.iterdir() if fd.is_symlink())
+
+        wait_for(opened_fifo, timeout=30, what="the verifier blocked opening the FIFO")
+        os.kill(pid, signal.SIGKILL)
+        t.join(60)
+        rep = out["rep"]
+        assert not rep["ok"] and rep["deferred"] and "killed by SIGKILL" in rep["reason"]
+        assert w.pid is None
+        rep = w.verify(fifo, timeout=1.0)
+        assert rep["deferred"] and "timed out after 1 s" in rep["reason"] and w.pid is None
+        again = w.verify(path)  # a fresh child after each death
+        assert again["ok"] and w.starts == 3 and w.pid not in (None, pid)
+        # Idle long enough: closed, so a quiet run holds no torch.
+        assert not w.close_if_idle()
+        assert w.close_if_idle(now=10**9) and w.pid is None
+        os.close(writer)
+    finally:
+        w.close()
+
+
+def test_warm_verifier_keeps_torch_out_of_the_caller(nanogpt: tuple[Path, GPT]) -> None:
+    path, _ = nanogpt
+    code = ("import sys; from trainroom.core.verify import WarmVerifier; w = WarmVerifier(); "
+            f"r = w.verify({str(path)!r}); w.close(); assert r['ok'], r; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -587,6 +587,11 @@ def test_stale_lock_rules() -> None:
     b.end(exit_signal=9)
     f = finding(Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[ours]), b.now), "STALE_LOCK")
     assert "not the current attempt" in f.message
+    # ... but not on a probe cycle read before the death: that holder was the live attempt then.
+    before = WatchContext(alive=False, locks=[ours], probe_t=b.now - 0.5)
+    assert "STALE_LOCK" not in codes(Watchdog().evaluate(b.run, before, b.now + 0.1))
+    after = WatchContext(alive=False, locks=[lock], probe_t=b.now + 0.5)
+    assert "no longer exists" in finding(Watchdog().evaluate(b.run, after, b.now + 0.6), "STALE_LOCK").message
 
 
 def test_duplicate_trainer_names_both_pids() -> None:

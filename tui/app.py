@@ -98,6 +98,7 @@ class ControlRoom(App[int]):
         self.log_lines: tuple[str, ...] = ()
         self.renders = 0
         self._dirty = False
+        self._panels: tuple[Any, ...] | None = None
         self._reader: KeeperReader | None = None
         self._log_tail: TrainerLogTail | None = None
         self._link: KeeperLink | None = None
@@ -345,7 +346,7 @@ class ControlRoom(App[int]):
         self._dirty = True
 
     def _render_if_dirty(self) -> None:
-        if self._dirty:
+        if self._dirty and self.is_running:
             self.redraw()
 
     def redraw(self) -> None:
@@ -353,26 +354,34 @@ class ControlRoom(App[int]):
         self._dirty = False
         now = self.clock()
         state = self.state
-        if state is None:
-            return
+        if state is None or not self.is_running:
+            return  # (a timer may still fire while the app shuts down and its widgets go)
         with self.lock:
             snapshot = self.series.snapshot() if self.series is not None else None
             views = figures.compute(state, now, self.connected, snapshot)
             banner = self._banner_view(state, now)
             availability = tuple(self._can(a) for a in KEEPER_ACTIONS)
         self.renders += 1
-        self.query_one(RunHeader).view = views.header
-        self.query_one(TrainerPanel).view = views.trainer
-        self.query_one(VramPanel).view = views.vram
-        self.query_one(CadencePanel).view = views.cadence
-        self.query_one(LrPanel).view = views.lr
-        self.query_one(LossPanel).view = views.loss
-        self.query_one(RanksPanel).view = views.ranks
-        self.query_one(HostPanel).view = views.host
-        self.query_one(DiskPanel).view = views.disk
-        self.query_one(FindingsPanel).view = views.findings
-        self.query_one(LogTailPanel).view = self.log_lines or None
-        self.query_one(DisconnectBanner).view = banner
+        if self._panels is None:
+            # Found once: a DOM query per panel per render is a real share of the TUI's CPU.
+            q = self.query_one
+            self._panels = (q(RunHeader), q(TrainerPanel), q(VramPanel), q(CadencePanel), q(LrPanel),
+                            q(LossPanel), q(RanksPanel), q(HostPanel), q(DiskPanel), q(FindingsPanel),
+                            q(LogTailPanel), q(DisconnectBanner))
+        (header, trainer, vram, cadence, lr, loss, ranks, host, disk, findings, log,
+         banner_panel) = self._panels
+        header.view = views.header
+        trainer.view = views.trainer
+        vram.view = views.vram
+        cadence.view = views.cadence
+        lr.view = views.lr
+        loss.view = views.loss
+        ranks.view = views.ranks
+        host.view = views.host
+        disk.view = views.disk
+        findings.view = views.findings
+        log.view = self.log_lines or None
+        banner_panel.view = banner
         if availability != self._availability:
             self._availability = availability
             self.refresh_bindings()
@@ -543,7 +552,8 @@ class ControlRoom(App[int]):
                                   final.after, final.plan)
 
     def _progress(self, line: str | None) -> None:
-        self.query_one(ActionStrip).view = line
+        if self.is_running:
+            self.query_one(ActionStrip).view = line
 
     def _finish(self, action: str, ok: bool, message: str, before: dict[str, Any],
                 after: dict[str, Any], details: dict[str, Any]) -> None:

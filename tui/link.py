@@ -7,7 +7,6 @@ No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,21 +74,3 @@ class LocalRuns:
             series.observe_record(r)
         state.series = series.to_builtins()
         return state
-
-
-def close_link(link: object) -> None:
-    # `KeeperClient.close()` closes its socket, and on Linux a close does not wake a recv()
-    # blocked in another thread (the reader's); a shutdown does (measured here). Until the client
-    # does it itself, shut its socket down first.
-    sock = getattr(link, "_sock", None)
-    if isinstance(sock, socket.socket):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-    close = getattr(link, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:  # closing a dead socket must never take the app down
-            pass

@@ -16,7 +16,7 @@ import msgspec
 from trainroom.core.series import Series, SeriesSnapshot
 from trainroom.core.state import RunState
 
-from .link import KeeperLink, close_link
+from .link import KeeperLink
 
 
 def series_for(state: RunState) -> Series:
@@ -95,6 +95,9 @@ class KeeperReader(threading.Thread):
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stopping.set()
-        close_link(self.link)
+        try:
+            self.link.close()  # the client shuts its socket down first: a blocked recv() wakes
+        except Exception:  # closing a dead socket must never take the app down
+            pass
         if self.is_alive() and self is not threading.current_thread():
             self.join(timeout)

@@ -3,6 +3,19 @@ project ships, with AdamW, a torch LR scheduler, checkpoints through the SDK, th
 and `--fault NAME` reproducing each row of SCENARIOS.md for real.
 
 Run it under a keeper with `trainroom demo`, or by hand: `python -m trainroom.core.demo.train`.
+
+A fault fires in attempt 1 only (a resumed attempt trains on cleanly) unless
+`--fault-every-attempt`. The training-sanity faults (scenarios 4-8):
+  lr-override    two attempts, as in seed 003: a fresh attempt plays the earlier run (1e-6, whatever
+                 --lr says), saves at --fault-step and ends; resume it and the session (--lr,
+                 default 1e-4) restores optimizer + scheduler state without reimpose_lr, so it
+                 trains at 1e-6 (--reimpose-lr: the same resume with the helper, the fix)
+  exploded-init  lm_head scaled to std 13.87 before the first step
+  white-model    lm_head zeroed and frozen: logits 0, loss = ln V exactly, nothing learns
+  spike          lm_head x4 for one step; AdamW brings the loss back within a few steps
+  diverge        the LR ramps (x1.05 a step) to 300x --lr: spike, divergence, grad explosion, NaN
+  nan            one Linear's weight set to NaN (--tracer names blocks.1.mlp.0)
+  rank-outlier   under torchrun, rank 1's loader hands out random labels from --fault-step on
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ FAULTS = (
 # lr-override (seed 003): the earlier run began at this LR; the session that resumes from its
 # checkpoint asks for --lr (the seed: 1e-4).
 EARLIER_RUN_LR = 1e-6
+SESSION_LR_AFTER_OVERRIDE = 1e-4
 # diverge: the LR climbs to this many times --lr and stays there.
 DIVERGE_LR_FACTOR = 300.0
 
@@ -38,7 +52,8 @@ DIVERGE_LR_FACTOR = 300.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="trainroom-demo-trainer")
     ap.add_argument("--steps", type=int, default=100_000)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="the session's LR (default 3e-3; 1e-4 under --fault lr-override, as in the seed)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=32)
     ap.add_argument("--d-model", type=int, default=64)
@@ -63,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.lr is None:
+        args.lr = SESSION_LR_AFTER_OVERRIDE if args.fault == "lr-override" else 3e-3
     if os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
         return _be_the_duplicate(int(os.environ["TRAINROOM_DEMO_DUPLICATE"]))
     resume = os.environ.get("TRAINROOM_RESUME")
@@ -80,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-
     from trainroom.core import reporter
 
     torch.set_num_threads(1)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.console import RenderableType
+from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
@@ -26,25 +28,42 @@ class RunHeader(Panel):
     view: reactive[HeaderView | None] = reactive(None)
 
     def render_view(self, view: HeaderView) -> RenderableType:
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(" trainroom ", style=self.get_component_rich_style("header--brand"))
-        t.append(" ")
-        t.append(view.run_id, style=self.style("value"))
-        if view.attempt is not None:
-            t.append("  attempt ", style=self.style("label"))
-            t.append(f"{view.attempt}/{view.attempts}", style=self.style("value"))
+        """Parts in order of importance; one that does not fit is left out whole (with what
+        follows), so the header never ends in half a word. The reason, last, keeps whole words."""
+        label, value = self.style("label"), self.style("value")
         state = view.state if view.state in STATES else "starting"
-        t.append("  ")
         # The badge carries the state in words, so it reads the same without colour.
-        t.append(f" {view.state.upper()} ", style=self.get_component_rich_style(f"header--state-{state}"))
+        parts: list[list[tuple[str, Style]]] = [
+            [(" trainroom ", self.get_component_rich_style("header--brand")), (" ", label)],
+            [(view.run_id, value)],
+        ]
+        if view.attempt is not None:
+            parts.append([("  attempt ", label), (f"{view.attempt}/{view.attempts}", value)])
+        parts.append([("  ", label), (f" {view.state.upper()} ",
+                                      self.get_component_rich_style(f"header--state-{state}"))])
         if not view.connected:
-            t.append(" ")
-            t.append(" KEEPER GONE ", style=self.get_component_rich_style("header--offline"))
+            parts.append([(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))])
         if view.state_age_s is not None:
-            t.append(f" for {fmt.duration(view.state_age_s)}", style=self.style("label"))
+            parts.append([(f" for {fmt.duration(view.state_age_s)}", label)])
         if view.step is not None:
-            t.append("  step ", style=self.style("label"))
-            t.append(str(view.step), style=self.style("value"))
+            parts.append([("  step ", label), (str(view.step), value)])
+        width = self.size.width or 10_000
+        t = Text(no_wrap=True, overflow="crop")
+        for part in parts:
+            if t.cell_len + sum(cell_len(s) for s, _ in part) > width:
+                return t
+            for s, style in part:
+                t.append(s, style=style)
         if view.reason:
-            t.append("  " + view.reason, style=self.style("label"))
+            room = width - t.cell_len - 2
+            words = view.reason.split()
+            kept: list[str] = []
+            for i, w in enumerate(words):
+                more = i + 1 < len(words)
+                if cell_len(" ".join([*kept, w])) + (2 if more else 0) > room:
+                    break
+                kept.append(w)
+            if kept:
+                cut = len(kept) < len(words)
+                t.append("  " + " ".join(kept) + (" …" if cut else ""), style=label)
         return t
