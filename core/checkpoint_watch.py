@@ -3,7 +3,7 @@
 No reporter tells the keeper a checkpoint was written, so the keeper stats the configured globs
 each second (`sight`), and `poll`, a pure function of those sightings and `now`, decides: a new
 version of a file (size, mtime or inode changed) is verified once its size and mtime have held
-still for `settle_s`. The keeper runs the verification (`verify.verify_in_subprocess`, in a
+still for `settle_s`. The keeper runs the verification (its warm `verify.WarmVerifier`, from a
 worker thread), stats the file again, and hands both to `record_verdict`, which drops a verdict
 about a version that has been overwritten meanwhile. Each call returns `CheckpointState` records
 to journal; `watch_findings` gives CKPT_REJECTED for files whose current version failed.

@@ -448,12 +448,19 @@ class Keeper:
     async def main(self) -> int:
         if self.sock_path.exists():
             self.sock_path.unlink()
+        # Bound and listening under a temporary name, then renamed into place: `launch` returns
+        # once keeper.sock exists, and a client connecting between bind() and listen() on a
+        # loaded machine would be refused.
+        bind_path = self.sock_path.with_name(".bind.sock")
+        with contextlib.suppress(FileNotFoundError):
+            bind_path.unlink()
         old_umask = os.umask(0o177)
         try:
-            server = await asyncio.start_unix_server(self.handle, path=str(self.sock_path), limit=1 << 20)
+            server = await asyncio.start_unix_server(self.handle, path=str(bind_path), limit=1 << 20)
         finally:
             os.umask(old_umask)
-        os.chmod(self.sock_path, 0o600)
+        os.chmod(bind_path, 0o600)
+        os.replace(bind_path, self.sock_path)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)

@@ -27,8 +27,16 @@ import msgspec
 from . import checkpoint_watch as watch
 from . import diskguard
 from . import protocol as p
-from .checkpoints import (ENV_ROOT, QUARANTINE, Quarantine, _journal_report, expected_for, keep_verified_copy,
-                          latest_checkpoint, settle)
+from .checkpoints import (
+    ENV_ROOT,
+    QUARANTINE,
+    Quarantine,
+    _journal_report,
+    expected_for,
+    keep_verified_copy,
+    latest_checkpoint,
+    settle,
+)
 from .findings import Finding
 from .verify import WarmVerifier, findings_for_report, host_ram_low
 
@@ -86,6 +94,8 @@ class CheckpointPipeline:
         self.globs = list(keeper.options.get("watch_ckpt") or keeper.config.checkpoints.watch)
         self.keep_copies = bool(keeper.options.get("keep_verified_copies"))
         self.verifier = WarmVerifier(idle_s=VERIFIER_IDLE_S)
+        # /proc/mounts (DRVFS_CHECKPOINTS), under the keeper's proc root so a test can stage one.
+        self.mounts_path = os.path.join(keeper.reclaim_roots()["proc_root"], "mounts")
         self.reports: dict[str, dict[str, Any]] = {}  # path -> the verdict of a rejected candidate
         self.deferred: dict[str, dict[str, Any]] = {}  # path -> a verdict that could not be reached yet
         self.saves: list[tuple[float, int]] = []  # (t, bytes) of each checkpoint that added a file
@@ -268,7 +278,7 @@ class CheckpointPipeline:
                 usage = diskguard.budget_usage(self.root, int(self.budget))
             else:
                 usage = diskguard.disk_usage(self.root)
-            self.mount = diskguard.mount_of(self.root, diskguard.read_mounts())
+            self.mount = diskguard.mount_of(self.root, diskguard.read_mounts(self.mounts_path))
             self.prunable = plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
         except (OSError, ValueError) as exc:
             return {"path": str(self.root), "error": str(exc)}

@@ -123,7 +123,7 @@ def main() -> int:
             warm.close()
 
         def row(name: str, s: float) -> str:
-            return f"  {name:34s} {s:8.3f} s  {gb / s:7.2f} GB/s  {sha / s:6.2f}x sha256sum"
+            return f"  {name:44s} {s:8.3f} s  {gb / s:7.2f} GB/s  {sha / s:6.2f}x sha256sum"
 
         print(f"bench_verify: {size / 1e6:.0f} MB checkpoint, {rep['tensors']} tensors, {rep['params']:,} params "
               f"(saved in {save_s:.2f} s, {gb / save_s:.2f} GB/s with the digest taken while writing); "

@@ -1,4 +1,4 @@
-"""Checkpoints end to end (scenarios 5-on-verify, 11, 12): a real keeper, a real trainer (the demo,
+"""Checkpoints end to end (scenarios 5 on verify, 11, 12): a real keeper, a real trainer (the demo,
 or an uninstrumented nanoGPT-shaped one), real files, the keeper's verify and prune actions and
 the `trainroom verify` / `trainroom prune` verbs through the keeper and, once it is gone, on the
 files."""
@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import wait_for
 from helpers import codes, run_cli, start_demo, status
-
 from trainroom.core import checkpoints as ck
 from trainroom.core import cli, journal, protocol, runs
 from trainroom.core.client import KeeperClient
@@ -36,8 +36,11 @@ def _settled(d: dict[str, Any], n: int) -> bool:
     (once a second) has seen the newest verified one as `latest`."""
     done = [c for c in d["checkpoints"] if c["state"] in ("verified", "rejected")]
     verified = [c["promoted"] for c in done if c["state"] == "verified" and c["promoted"]]
+    # ... and the next 0.1 s evaluation has raised CKPT_REJECTED for each rejection.
+    said = {f["evidence"].get("path") for f in d["findings"] if f["code"] == "CKPT_REJECTED"}
     return (d["state"] in ("exited", "dead") and len(done) >= n
-            and (not verified or d["latest_checkpoint"] == max(verified)))
+            and (not verified or d["latest_checkpoint"] == max(verified))
+            and all(c["path"] in said for c in done if c["state"] == "rejected"))
 
 
 def _step_dirs(root: Path) -> list[str]:
@@ -106,7 +109,14 @@ def test_demo_checkpoints_verified_promoted_and_pruned_through_the_keeper_then_o
     assert _step_dirs(root) == ["step-000030"] and os.readlink(root / ck.LATEST) == "step-000030"
 
 
-def test_truncated_checkpoint_rejected_stays_in_quarantine_latest_unchanged(trhome: Path) -> None:
+def test_truncated_checkpoint_rejected_stays_in_quarantine_latest_unchanged_and_drvfs_said(
+        trhome: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The keeper reads mounts under its proc root: stage WSL's, with the state dir on DrvFs (9p).
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mounts").write_text("/dev/sdc / ext4 rw,relatime 0 0\n"
+                                 f"C:\\134 {trhome} 9p rw,noatime,dirsync,aname=drvfs;path=C:\\;uid=0 0 0\n")
+    monkeypatch.setenv("TRAINROOM_PROC_ROOT", str(proc))
     info = start_demo(fault="truncated-ckpt", fault_step=20, steps=30, ckpt_every=10, step_delay=0.01)
     d = wait_for(lambda: _settled(s := status(info), 3) and s, timeout=TORCH_START_S, what="3 verdicts")
     states = {c["step"]: c for c in d["checkpoints"]}
@@ -129,15 +139,41 @@ def test_truncated_checkpoint_rejected_stays_in_quarantine_latest_unchanged(trho
     # The verifier says the same from the command line (exit 1: rejected).
     out = run_cli("verify", str(q / "step-000020.pt"), "--json")
     assert out.returncode == 1 and json.loads(out.stdout)["reason"].startswith("truncated")
+    drvfs = next(f for f in d["findings"] if f["code"] == "DRVFS_CHECKPOINTS")
+    assert drvfs["evidence"]["fstype"] == "9p" and drvfs["evidence"]["mountpoint"] == str(trhome)
+    assert "native Linux directory" in drvfs["message"]
+
+
+def test_exploded_weights_rejected_on_verify_naming_the_tensor(trhome: Path) -> None:
+    # Scenario 5 on verify: the run starts from weights whose lm_head std is 13.87 (the seed's
+    # "best" checkpoint); the checkpoint it saves carries them and must not become `latest`.
+    info = start_demo(fault="exploded-init", steps=10, ckpt_every=10, step_delay=0.01)
+    d = wait_for(lambda: _settled(s := status(info), 1) and s, timeout=TORCH_START_S, what="a verdict")
+    (c,) = d["checkpoints"]
+    assert c["state"] == "rejected" and c["reason"].startswith("exploded tensor: lm_head.weight std 1")
+    assert d["latest_checkpoint"] is None and not (_root(info) / ck.LATEST).exists()
+    f = next(f for f in d["findings"] if f["code"] == "CKPT_REJECTED")
+    worst = f["evidence"]["outliers"][0]
+    assert worst["name"] == "lm_head.weight" and worst["kind"] == "exploded" and worst["std"] > 10
+    assert worst["median_std"] < 1  # the other matrices are healthy: one tensor, named
+    out = run_cli("verify", c["path"])
+    assert out.returncode == 1 and "exploded: lm_head.weight std 1" in out.stdout
 
 
 def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping_n(trhome: Path) -> None:
     # The demo's disk-fill: a 160 MiB budget, a ~9.7 MB checkpoint every step. The SDK's pre-save
     # check refuses the checkpoint the budget cannot take; the trainer skips it and trains on.
     info = start_demo(fault="disk-fill", steps=40, step_delay=0.05)
-    d = wait_for(lambda: _settled(s := status(info), 2) and all(
-        c["state"] in ("verified", "rejected") for c in s["checkpoints"]) and s, timeout=TORCH_START_S,
-        what="the trainer ended and every checkpoint has a verdict")
+
+    def filled(d: dict[str, Any]) -> bool:
+        """The trainer ended, every checkpoint has a verdict, and the disk probe after them (once a
+        second) has fed the disk guard: both findings up, with what a prune would free."""
+        soon = [f for f in d["findings"] if f["code"] == "DISK_FULL_SOON"]
+        return (_settled(d, 2) and all(c["state"] in ("verified", "rejected") for c in d["checkpoints"])
+                and "DISK_HIGH" in codes(d) and bool(soon) and "prune would free" in soon[0]["message"])
+
+    d = wait_for(lambda: filled(s := status(info)) and s, timeout=TORCH_START_S,
+                 what="the trainer ended, verdicts in, DISK_HIGH and DISK_FULL_SOON up")
     n_saved = len(d["checkpoints"])
     assert 10 <= n_saved < 40  # some fit, the rest were refused before a byte was written
     log = (Path(info.run_dir) / runs.LOG_NAME).read_text()
@@ -181,8 +217,14 @@ def test_watched_nanogpt_checkpoint_each_version_verified_and_a_verified_copy_ke
     info = cli.launch([sys.executable, str(NANOGPT_LIKE), "--iters", "20", "--save-every", "10", "--wait-copies"],
                       {"watch_ckpt": ["out/*.pt"], "keep_verified_copies": True}, cwd=str(work))
     watched = str(work / "out" / "ckpt.pt")
-    d = wait_for(lambda: (s := status(info))["state"] in ("exited", "dead") and s, timeout=TORCH_START_S + 60,
-                 what="trainer ended")
+
+    def ended(d: dict[str, Any]) -> bool:
+        # The trainer waits for each copy before going on; the disk probe (once a second) then
+        # shows the last copy as `latest`.
+        latest = d["latest_checkpoint"] or ""
+        return d["state"] == "dead" or d["state"] == "exited" and latest.endswith("/step-000020/ckpt.pt")
+
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=TORCH_START_S + 60, what="trainer ended")
     assert d["state"] == "exited", (Path(info.run_dir) / runs.LOG_NAME).read_text()[-2000:]
     assert d["instrumented"] is False and d["step"] == 20  # nanoGPT's `iter N: loss X` lines
     recs = _journal(info)

@@ -70,6 +70,48 @@ def test_faulthandler_dump_is_read_back_from_the_log(trainer) -> None:
     assert proc.poll() is None  # SIGUSR1 did not kill it
 
 
+PARKED = r"""
+import faulthandler, signal, threading, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+threading.Thread(target=lambda: time.sleep(600), name="heartbeat", daemon=True).start()
+lock = threading.Lock()
+lock.acquire()
+print("ready", flush=True)
+lock.acquire()  # parked for good, as the hang-lock fault parks the training loop
+"""
+
+
+def _main_thread_switches(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/<pid>/task/<pid>/status")
+
+
+def test_the_dump_does_not_wake_a_parked_main_thread(tmp_path: Path) -> None:
+    # A signal to the process lands on the main thread, which leaves its futex wait (EINTR) and
+    # sleeps again: the watchdog's activity view would then call a hang a stall. The dump goes to
+    # another thread, so the main thread never runs.
+    log = tmp_path / "parked.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", PARKED], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+        while Path(f"/proc/{proc.pid}/task/{proc.pid}/stat").read_text().split(")")[1].split()[0] != "S":
+            time.sleep(0.02)  # until the second acquire has put it to sleep
+        before = _main_thread_switches(proc.pid)
+        result = dump_stacks(proc.pid, log, instrumented=True, timeout=10)
+        assert result["ok"], result["message"]
+        assert result["text"].count("hread 0x") == 2 and " in <module>" in result["text"]
+        assert _main_thread_switches(proc.pid) == before
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def test_a_second_dump_reads_only_the_new_block(trainer) -> None:
     proc, log = trainer("instrumented")
     first = dump_stacks(proc.pid, log, instrumented=True, timeout=10)

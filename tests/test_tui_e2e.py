@@ -267,6 +267,8 @@ class Pane:
         self.tmux("new-session", "-d", "-s", "room", "-x", str(w), "-y", str(h),
                   "-e", f"TRAINROOM_HOME={os.environ['TRAINROOM_HOME']}",
                   _then_stay(command))
+        # Windows made later take this size too (a detached server's default is 80x24).
+        self.tmux("set-option", "-g", "default-size", f"{w}x{h}")
         self.target = "room"
 
     def new_window(self, command: str) -> None:
@@ -277,6 +279,10 @@ class Pane:
 
     def text(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", self.target)
+
+    def pane_size(self) -> tuple[int, int]:
+        w, h = self.tmux("display-message", "-p", "-t", self.target, "#{pane_width} #{pane_height}").split()
+        return int(w), int(h)
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", self.target, *keys)
@@ -290,6 +296,20 @@ class Pane:
 
         try:
             return wait_for(there, timeout=timeout, interval=0.25, what=f"{needles} in the pane")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- pane ---\n{last[0]}") from None
+
+    def wait_gone(self, needle: str, timeout: float = 30.0) -> str:
+        """Until `needle` has left the pane: a modal closed. (Keys sent while it closes could
+        reach the app glued to an Escape, which a terminal reads as Alt+key.)"""
+        last = [""]
+
+        def gone() -> str | None:
+            last[0] = self.text()
+            return last[0] if needle not in last[0] else None
+
+        try:
+            return wait_for(gone, timeout=timeout, interval=0.25, what=f"{needle!r} to leave the pane")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- pane ---\n{last[0]}") from None
 
@@ -326,15 +346,17 @@ def test_tmux_demo_dead_resume_quit_reopen_kill(trhome: Path, pane_factory: Call
     pane.start(f"{shlex.quote(script)} demo --fault silent-death --fault-step {FAULT_STEP} "
                f"--ckpt-every {CKPT_EVERY} --step-delay 0.02")
     pane.wait(" DEAD ")
+    assert pane.pane_size() == size
     (info,) = runs.list_runs()
     d = _dead_with_checkpoint(info)
 
     pane.keys("r")
-    pane.wait("Resume the run as a new attempt?", f"step: {LAST_CKPT}", f"died_at_step: {FAULT_STEP}",
-              timeout=60)
+    # (at 24 rows the plan scrolls: its first fields and the buttons are what shows)
+    pane.wait("Resume the run as a new attempt?", f"step: {LAST_CKPT}", "yes, resume (y)", timeout=60)
     pane.keys("y")
-    pane.wait("resume: done", "attempt: 1 -> 2")
+    pane.wait("resume: done", "attempt: 1 -> 2", "esc / enter: close")
     pane.keys("Escape")
+    pane.wait_gone("resume: done")
     text = pane.wait("attempt 2/2", " RUNNING ", timeout=60)
     assert text.splitlines()[0].startswith(" trainroom ")
     assert all(len(line) <= size[0] for line in text.splitlines())
@@ -349,12 +371,16 @@ def test_tmux_demo_dead_resume_quit_reopen_kill(trhome: Path, pane_factory: Call
     assert first["attempts"][1]["resume_from"] == d["latest_checkpoint"]
 
     pane.new_window(f"{shlex.quote(script)} watch {info.run_id}")
+    assert pane.pane_size() == size
     pane.wait("attempt 2/2", " RUNNING ", timeout=60)
     pane.keys("k")
-    pane.wait("Kill the trainer's process group?", f"pgid: {first['pgid']}", f"pid {first['pid']}", timeout=60)
+    pane.wait("Kill the trainer's process group?", f"pgid: {first['pgid']}", f"pid {first['pid']}",
+              "yes, kill (y)", timeout=60)
     pane.keys("y")
-    pane.wait("kill: done", "before -> after", "members: 1 -> 0", f"pids: {first['pid']} -> none", timeout=60)
+    pane.wait("kill: done", "before -> after", "members: 1 -> 0", f"pids: {first['pid']} -> none",
+              "esc / enter: close", timeout=60)
     pane.keys("Escape")
+    pane.wait_gone("kill: done")
     pane.wait(" DEAD ", "attempt 2/2", timeout=30)
     pane.keys("q")
     pane.wait("[control room closed: 0]", timeout=30)

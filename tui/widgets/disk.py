@@ -40,9 +40,15 @@ class DiskPanel(Panel):
             step = f"step {row.step}" if row.step is not None else row.name
             t.append(step.ljust(11), style=self.style("value"))
             t.append(row.state.ljust(9), style=self.style(_STATE_LEVEL.get(row.state, "dim")))
-            t.append(" " + fmt.nbytes(row.size_bytes), style=self.style("label"))
-            if row.latest:
-                t.append("  ← latest", style=self.style("ok"))
+            size = " " + fmt.nbytes(row.size_bytes)
+            latest = "  ← latest" if row.latest else ""
+            # Narrow: the size makes way for the `latest` mark rather than cutting it in half.
+            if 20 + len(size) + len(latest) <= self.inner_width or not latest:
+                t.append(size, style=self.style("label"))
+            else:
+                latest = latest[1:]
+            if latest:
+                t.append(latest, style=self.style("ok"))
             if row.reason:
                 t.append(f"  {row.reason}", style=self.style("crit" if row.state == "rejected" else "label"))
             t.append("\n")

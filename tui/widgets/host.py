@@ -26,8 +26,11 @@ class HostPanel(Panel):
         self.pair(t, "available", fmt.nbytes(view.available), level)
         t.append(f" of {fmt.nbytes(view.total)}", style=self.style("label"))
         t.append("\n")
+        line = len(t.plain)
         self.pair(t, "page cache", fmt.nbytes(view.page_cache))
-        t.append("  reclaimable with c" if view.page_cache else "", style=self.style("dim"))
+        hint = "  reclaimable with c"
+        if view.page_cache and len(t.plain) - line + len(hint) <= self.inner_width:
+            t.append(hint, style=self.style("dim"))  # left out whole where it does not fit
         t.append("\n")
         if view.total and view.available is not None:
             width = max(min(self.inner_width, 40), 4)
