@@ -402,8 +402,7 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         # bound, not a heartbeat later when the frame's own age passes it.
         r = run.ranks.get(evidence["rank"])
         if a.instrumented and r is not None and _parked_since_last_step(r, a, mem, now, th):
-            assert r.last_heartbeat_t is not None and r.main_frame_age_s is not None
-            age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
+            age = _main_frame_age(r, now) or 0.0
             return "hung", f"rank {r.rank}: main thread parked on {r.main_frame}", [hung_finding(
                 f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} since step {r.step}, "
                 f"for {fmt_s(age)} (bound {fmt_s(step_bound)}): a deadlock or a blocking call",
@@ -423,19 +422,34 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
     return "running", "steps flowing", []
 
 
+def _main_frame_age(r: RankView, now: float) -> float | None:
+    """How long the main thread has sat on the line the last heartbeat sampled, as of `now`; None
+    when nothing was sampled, or a step or phase change came after the sample (both are sent by
+    the main thread: it has moved since). Time inside a phase is the phase's, not a park."""
+    if r.main_frame_age_s is None or r.last_heartbeat_t is None:
+        return None
+    if max(r.last_step_t or 0.0, r.phase_since or 0.0) > r.last_heartbeat_t:
+        return None
+    age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
+    if r.phase_since is not None:
+        age = min(age, now - r.phase_since)
+    return age
+
+
 def _parked_since_last_step(r: RankView, a: AttemptView, mem: Memory, now: float, th: Thresholds) -> bool:
     """The rank's main thread has sat on one line (the heartbeat's frame) and not run (the /proc
-    activity counter) since about its last step. Both views are needed: a loop that never steps
-    can keep returning to one line, but its counter moves."""
+    activity counter) since about its last step (or the end of its last phase). Both views are
+    needed: a loop that never steps can keep returning to one line, but its counter moves."""
     if r.last_step_t is None or r.last_heartbeat_t is None or r.main_frame_age_s is None:
         return False
-    if r.last_heartbeat_t <= r.last_step_t:
-        return False  # no frame sampled since the last step
+    moved_at = max(r.last_step_t, r.phase_since or 0.0)
+    if r.last_heartbeat_t <= moved_at:
+        return False  # no frame sampled since the main thread last said it moved
     frame_since = r.last_heartbeat_t - r.main_frame_age_s
     active_at = mem.active_at.get(r.pid or a.pid)
     if active_at is None or not _activity_fresh(mem, now, th):
         return False
-    limit = r.last_step_t + th.park_slack_s
+    limit = moved_at + th.park_slack_s
     return frame_since <= limit and active_at <= limit
 
 
@@ -462,11 +476,9 @@ def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, boun
                          {"cause": "silent", "rank": r.rank, "pid": r.pid, "silent_s": round(silent, 1),
                           "bound_s": hb_bound, "last_step": r.step, "phase": r.phase})
             continue
-        # A step after the last heartbeat means the main thread has moved since that frame.
-        moved = r.last_step_t is not None and r.last_heartbeat_t is not None and r.last_step_t > r.last_heartbeat_t
-        if r.main_frame_age_s is None or r.last_heartbeat_t is None or moved:
+        age = _main_frame_age(r, now)
+        if age is None:
             continue
-        age = r.main_frame_age_s + max(0.0, now - r.last_heartbeat_t)
         parked = _main_thread_parked(r.pid or a.pid, mem, now, hb_bound, th)
         # A main thread that keeps running (a loop that never steps) is a stall, not a hang.
         if age > hb_bound and parked is not False and (worst is None or age / hb_bound > worst[0]):

@@ -332,6 +332,27 @@ def test_a_busy_loop_on_one_line_with_a_stale_activity_probe_is_not_called_parke
     assert all(v.state != "hung" for _, v in verdicts)
 
 
+def test_the_tick_after_a_long_phase_ends_is_not_a_hang() -> None:
+    # Seen end to end: the save's last heartbeat still says the main thread sat 12 s on one line,
+    # the phase has just ended, and the next step or heartbeat has not come yet.
+    b = RunBuilder()
+    wd = Watchdog()
+    b.start()
+    b.steps(30, interval=0.02)
+    b.rx(p.Phase(name="checkpoint-save", t=b.now))
+    start = b.now
+    for k in range(1, 13):
+        b.now = start + k + 0.4
+        b.beat(phase="checkpoint-save", main_frame_age=float(k))
+        v = wd.evaluate(b.run, WatchContext(alive=True, activity={4242: 7}), b.now)
+        assert v.findings == [] and v.state == "running", k
+    b.now = start + 13.0
+    b.rx(p.Phase(name="train", t=b.now))
+    for dt in (0.01, 0.1, 0.3):
+        v = wd.evaluate(b.run, WatchContext(alive=True, activity={4242: 7}), b.now + dt)
+        assert v.findings == [] and v.state == "running", dt
+
+
 def test_no_heartbeat_is_hung() -> None:
     b = RunBuilder()
     wd = Watchdog()
