@@ -98,6 +98,20 @@ def _find_tui(pane_pid: int) -> psutil.Process:
     raise RuntimeError(f"no `trainroom watch` under pane pid {pane_pid}")
 
 
+def _keeper(run_dir: Path) -> psutil.Process:
+    """The keeper writes its pid into the run record once it is up (psutil.Process(None) would
+    be this very process)."""
+    from trainroom.core import runs
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec = runs.read_record(run_dir)
+        if rec.keeper_pid is not None and rec.keeper_pid != os.getpid():
+            return psutil.Process(rec.keeper_pid)
+        time.sleep(0.05)
+    raise RuntimeError(f"no keeper pid in {run_dir}")
+
+
 def _sent(log: Path) -> int | None:
     try:
         lines = log.read_text(errors="replace").splitlines()
@@ -145,8 +159,7 @@ def main() -> int:
     publisher = [sys.executable, os.path.abspath(__file__), "--publish", "--ranks", str(args.ranks),
                  "--rate", str(args.rate), "--seconds", str(total + 15)]
     info = cli.launch(publisher, {"linger_s": 30, "ckpt_root": os.path.join(home, "ck")}, cwd=home)
-    rec = runs.read_record(Path(info.run_dir))
-    keeper = psutil.Process(rec.keeper_pid)
+    keeper = _keeper(Path(info.run_dir))
     tsock = os.path.join(home, "tmux.sock")
     trainer: psutil.Process | None = None
     try:

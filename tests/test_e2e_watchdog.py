@@ -21,7 +21,6 @@ import psutil
 import pytest
 from conftest import wait_for
 from helpers import run_cli, start_demo, status
-
 from trainroom.core import cli, journal, protocol, runs
 
 TORCH_START_S = 120.0  # torch import + model set-up on 2 busy cores, with margin

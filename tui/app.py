@@ -56,6 +56,7 @@ from .widgets.trainer import TrainerPanel
 from .widgets.vram import VramPanel
 
 RENDER_INTERVAL_S = 0.1  # at most ~10 renders a second, however fast records come
+SLOW_RENDER_INTERVAL_S = 0.5  # the loss curve and the ranks table: at most twice a second
 TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arrives
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 
@@ -99,6 +100,7 @@ class ControlRoom(App[int]):
         self.renders = 0
         self._dirty = False
         self._panels: tuple[Any, ...] | None = None
+        self._slow_at = -1e9  # when the curve and the ranks table were last drawn (monotonic)
         self._reader: KeeperReader | None = None
         self._log_tail: TrainerLogTail | None = None
         self._link: KeeperLink | None = None
@@ -347,18 +349,27 @@ class ControlRoom(App[int]):
 
     def _render_if_dirty(self) -> None:
         if self._dirty and self.is_running:
-            self.redraw()
+            self.redraw(full=False)
 
-    def redraw(self) -> None:
-        """Render every panel from the state now (the timers call it; so do tests)."""
+    def redraw(self, full: bool = True) -> None:
+        """Render the panels from the state now (the timers call it; so do tests). The curve and
+        the ranks table, the two big panels, follow at most every SLOW_RENDER_INTERVAL_S unless
+        `full`: at 1000 records a second they were most of the control room's CPU, and a loss
+        curve gains nothing from ten frames a second."""
         self._dirty = False
         now = self.clock()
         state = self.state
         if state is None or not self.is_running:
             return  # (a timer may still fire while the app shuts down and its widgets go)
+        mono = time.monotonic()  # not `clock`: tests freeze that one
+        slow = full or mono - self._slow_at >= SLOW_RENDER_INTERVAL_S
         with self.lock:
-            snapshot = self.series.snapshot() if self.series is not None else None
-            views = figures.compute(state, now, self.connected, snapshot)
+            fast = (figures.header_view(state, now, self.connected), figures.trainer_view(state, now),
+                    figures.vram_view(state), figures.cadence_view(state, now), figures.lr_view(state),
+                    figures.host_view(state), figures.disk_view(state), figures.findings_view(state))
+            if slow:
+                snapshot = self.series.snapshot() if self.series is not None else None
+                loss_view, ranks_view = figures.loss_view(state, snapshot), figures.ranks_view(state)
             banner = self._banner_view(state, now)
             availability = tuple(self._can(a) for a in KEEPER_ACTIONS)
         self.renders += 1
@@ -366,20 +377,15 @@ class ControlRoom(App[int]):
             # Found once: a DOM query per panel per render is a real share of the TUI's CPU.
             q = self.query_one
             self._panels = (q(RunHeader), q(TrainerPanel), q(VramPanel), q(CadencePanel), q(LrPanel),
-                            q(LossPanel), q(RanksPanel), q(HostPanel), q(DiskPanel), q(FindingsPanel),
+                            q(HostPanel), q(DiskPanel), q(FindingsPanel), q(LossPanel), q(RanksPanel),
                             q(LogTailPanel), q(DisconnectBanner))
-        (header, trainer, vram, cadence, lr, loss, ranks, host, disk, findings, log,
-         banner_panel) = self._panels
-        header.view = views.header
-        trainer.view = views.trainer
-        vram.view = views.vram
-        cadence.view = views.cadence
-        lr.view = views.lr
-        loss.view = views.loss
-        ranks.view = views.ranks
-        host.view = views.host
-        disk.view = views.disk
-        findings.view = views.findings
+        for panel, view in zip(self._panels, fast):
+            panel.view = view
+        loss, ranks, log, banner_panel = self._panels[len(fast):]
+        if slow:
+            self._slow_at = mono
+            loss.view = loss_view
+            ranks.view = ranks_view
         log.view = self.log_lines or None
         banner_panel.view = banner
         if availability != self._availability:

@@ -44,6 +44,13 @@ def duration(s: float | None) -> str:
     return f"{d}d{h:02d}h"
 
 
+def step_time(s: float | None) -> str:
+    """A step's duration: 64 ms, 1.2 s (a fast rank is not `0.0 s`)."""
+    if s is None or not math.isfinite(s):
+        return UNKNOWN
+    return f"{s * 1000:.0f} ms" if s < 1 else duration(s)
+
+
 def count(n: float | None) -> str:
     """Tokens and other big counts: 950, 12.3k, 4.56M, 1.02G."""
     if n is None:

@@ -12,7 +12,7 @@ from ..figures import RanksView
 from .base import Panel
 
 # (column, the width it needs with its padding)
-COLUMNS = (("rank", 6), ("step", 7), ("loss", 8), ("s/step", 8), ("tok/s", 7), ("reserved", 10))
+COLUMNS = (("rank", 6), ("step", 7), ("loss", 8), ("t/step", 8), ("tok/s", 7), ("reserved", 10))
 
 
 class RanksPanel(Panel):
@@ -26,7 +26,9 @@ class RanksPanel(Panel):
         if view.worst_rank is not None:
             self.pair(head, "  worst", f"r{view.worst_rank} {fmt.loss(view.worst_loss)}")
         if view.slowest_rank is not None and len(view.rows) > 1:
-            self.pair(head, "  slowest", f"r{view.slowest_rank} {fmt.duration(view.slowest_interval_s)}/step")
+            slowest = f"r{view.slowest_rank} {fmt.step_time(view.slowest_interval_s)}/step"
+            if head.cell_len + len("  slowest ") + len(slowest) <= self.inner_width:  # whole or not at all
+                self.pair(head, "  slowest", slowest)
         if not view.rows:
             head.append("\nno rank has reported yet", style=self.style("dim"))
             return head
@@ -42,13 +44,15 @@ class RanksPanel(Panel):
         body = Text(no_wrap=True, overflow="ellipsis")
         body.append("".join(name.rjust(width) for name, width in columns) + "\n", style=self.style("label"))
         room = max(self.inner_height - 2, 1)
+        if len(view.rows) > room:
+            room = max(room - 1, 1)  # a line to say how many more
         for row in view.rows[:room]:
             level = "crit" if row.outlier else ("value" if row.connected else "dim")
             cells = {
                 "rank": str(row.rank),
                 "step": str(row.step) if row.step is not None else fmt.UNKNOWN,
                 "loss": fmt.loss(row.loss),
-                "s/step": fmt.duration(row.interval_s) if row.interval_s else fmt.UNKNOWN,
+                "t/step": fmt.step_time(row.interval_s) if row.interval_s else fmt.UNKNOWN,
                 "tok/s": fmt.count(row.tokens_per_s),
                 "reserved": fmt.nbytes(row.alloc_reserved),
             }
