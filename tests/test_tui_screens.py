@@ -104,8 +104,8 @@ async def test_ranks_lr_and_no_driver(tmp_path) -> None:
     assert "RUNNING" in text and "8 ranks" in text
     # the outlier leads the ranks table: its row (rank 5, step 6, loss 40) comes before rank 0's
     lines = text.splitlines()
-    row5 = next(i for i, line in enumerate(lines) if re.search(r"│\s+5\s+6\s+40\s+0\.5 s", line))
-    row0 = next(i for i, line in enumerate(lines) if re.search(r"│\s+0\s+5\s+11\.23\s+0\.5 s", line))
+    row5 = next(i for i, line in enumerate(lines) if re.search(r"│\s+5\s+6\s+40\s+500 ms", line))
+    row0 = next(i for i, line in enumerate(lines) if re.search(r"│\s+0\s+5\s+11\.23\s+500 ms", line))
     assert row5 < row0
 
 

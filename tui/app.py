@@ -379,7 +379,7 @@ class ControlRoom(App[int]):
             self._panels = (q(RunHeader), q(TrainerPanel), q(VramPanel), q(CadencePanel), q(LrPanel),
                             q(HostPanel), q(DiskPanel), q(FindingsPanel), q(LossPanel), q(RanksPanel),
                             q(LogTailPanel), q(DisconnectBanner))
-        for panel, view in zip(self._panels, fast):
+        for panel, view in zip(self._panels[:len(fast)], fast, strict=True):
             panel.view = view
         loss, ranks, log, banner_panel = self._panels[len(fast):]
         if slow:

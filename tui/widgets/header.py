@@ -28,33 +28,40 @@ class RunHeader(Panel):
     view: reactive[HeaderView | None] = reactive(None)
 
     def render_view(self, view: HeaderView) -> RenderableType:
-        """Parts in order of importance; one that does not fit is left out whole (with what
-        follows), so the header never ends in half a word. The reason, last, keeps whole words."""
+        """Parts chosen by importance, shown in reading order; one that does not fit is left out
+        whole, so the header never ends in half a word. The reason, last, keeps whole words."""
         label, value = self.style("label"), self.style("value")
         state = view.state if view.state in STATES else "starting"
-        # The badge carries the state in words, so it reads the same without colour.
-        parts: list[list[tuple[str, Style]]] = [
-            [(" trainroom ", self.get_component_rich_style("header--brand")), (" ", label)],
-            [(view.run_id, value)],
+        Part = list[tuple[str, Style]]
+        # (importance: 0 first, the part) in reading order
+        parts: list[tuple[int, Part]] = [
+            (0, [(" trainroom ", self.get_component_rich_style("header--brand")), (" ", label)]),
+            (2, [(view.run_id, value)]),
         ]
         if view.attempt is not None:
-            parts.append([("  attempt ", label), (f"{view.attempt}/{view.attempts}", value)])
-        parts.append([("  ", label), (f" {view.state.upper()} ",
-                                      self.get_component_rich_style(f"header--state-{state}"))])
+            parts.append((4, [("  attempt ", label), (f"{view.attempt}/{view.attempts}", value)]))
+        # The badge carries the state in words, so it reads the same without colour.
+        parts.append((1, [("  ", label), (f" {view.state.upper()} ",
+                                          self.get_component_rich_style(f"header--state-{state}"))]))
         if not view.connected:
-            parts.append([(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))])
+            parts.append((1, [(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))]))
         if view.state_age_s is not None:
-            parts.append([(f" for {fmt.duration(view.state_age_s)}", label)])
+            parts.append((5, [(f" for {fmt.duration(view.state_age_s)}", label)]))
         if view.step is not None:
-            parts.append([("  step ", label), (str(view.step), value)])
+            parts.append((3, [("  step ", label), (str(view.step), value)]))
         width = self.size.width or 10_000
+        used, chosen = 0, set()
+        for i, (_, part) in sorted(enumerate(parts), key=lambda ip: ip[1][0]):
+            n = sum(cell_len(s) for s, _ in part)
+            if used + n <= width:
+                used += n
+                chosen.add(i)
         t = Text(no_wrap=True, overflow="crop")
-        for part in parts:
-            if t.cell_len + sum(cell_len(s) for s, _ in part) > width:
-                return t
-            for s, style in part:
-                t.append(s, style=style)
-        if view.reason:
+        for i, (_, part) in enumerate(parts):
+            if i in chosen:
+                for s, style in part:
+                    t.append(s, style=style)
+        if view.reason and len(chosen) == len(parts):
             room = width - t.cell_len - 2
             words = view.reason.split()
             kept: list[str] = []
