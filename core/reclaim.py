@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .probes.host import read_meminfo as _read_meminfo
+
 Method = Literal["cgroup2-memory.reclaim", "cgroup1-memory.force_empty", "drop_caches"]
 Progress = Callable[[str], None]
 SUDO_TIMEOUT_S = 60.0
@@ -77,18 +79,11 @@ class ReclaimResult(msgspec.Struct, kw_only=True):
 
 
 def read_meminfo(proc_root: str | os.PathLike[str] = "/proc") -> dict[str, int]:
-    """/proc/meminfo as bytes per field (the kB figures times 1024)."""
-    out: dict[str, int] = {}
+    """/proc/meminfo in bytes; empty when it cannot be read (one parser: probes.host)."""
     try:
-        text = Path(proc_root, "meminfo").read_text()
+        return _read_meminfo(os.path.join(proc_root, "meminfo"))
     except OSError:
-        return out
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[name.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
-    return out
+        return {}
 
 
 def memory_figures(proc_root: str | os.PathLike[str] = "/proc") -> dict[str, int | None]:

@@ -129,18 +129,13 @@ def masked_error(chain: Sequence[Any], during: str = "torch.load", key: str = ""
 
 
 def read_meminfo(path: str | os.PathLike[str] = "/proc/meminfo") -> dict[str, int]:
-    """/proc/meminfo in bytes (its kB figures are KiB)."""
-    out: dict[str, int] = {}
+    """/proc/meminfo in bytes; empty when it cannot be read (one parser: probes.host)."""
+    from .probes.host import read_meminfo as parse
+
     try:
-        text = Path(path).read_text()
+        return parse(str(path))
     except OSError:
-        return out
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[name.strip()] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
-    return out
+        return {}
 
 
 def load_need_bytes(size_bytes: int) -> int:
