@@ -184,3 +184,38 @@ def load_state(run_dir: str | Path) -> RunState:
     for r in journal.read_journal(d / JOURNAL_NAME):
         st.apply(r)
     return st
+
+
+def stop_run(run_dir: str | Path) -> None:
+    """Tear a run down without asking: SIGKILL every recorded attempt's process group (continued
+    first, so a stopped one dies too) and the keeper, each only if it is still the recorded one.
+    For tests and benchmarks; users go through the keeper's confirmed `kill`."""
+    import signal
+
+    d = Path(run_dir)
+    try:
+        rec = read_record(d)
+        st = load_state(d)
+    except RunError:
+        return
+    for a in st.attempts:
+        if a.pgid <= 1 or a.pgid == os.getpgid(0):
+            continue
+        try:
+            leader = psutil.Process(a.pid)
+            if abs(leader.create_time() - a.start_time) > 1.0:
+                continue  # the pid, and so the group number, belongs to someone else now
+        except psutil.NoSuchProcess:
+            pass  # the leader is gone; what is left of its group is still ours to end
+        except psutil.Error:
+            continue
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(a.pgid, sig)
+            except OSError:
+                break
+    if keeper_alive(rec) and rec.keeper_pid != os.getpid():
+        try:
+            psutil.Process(rec.keeper_pid).kill()
+        except psutil.Error:
+            pass

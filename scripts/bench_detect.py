@@ -54,7 +54,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def trial(kind: str, interval: float, script: Path) -> tuple[float, float]:
-    from trainroom.core import cli, protocol
+    from trainroom.core import cli, protocol, runs
     from trainroom.core.client import KeeperClient
 
     stall_at = FAULT_STEP if kind == "stall" else 0
@@ -84,13 +84,7 @@ def trial(kind: str, interval: float, script: Path) -> tuple[float, float]:
         raise RuntimeError("no verdict")
     finally:
         c.close()
-        a = st.attempt
-        if a is not None:
-            try:
-                os.killpg(a.pgid, signal.SIGCONT)
-                os.killpg(a.pgid, signal.SIGKILL)
-            except OSError:
-                pass
+        runs.stop_run(info.run_dir)
 
 
 def main() -> int:

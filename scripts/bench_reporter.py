@@ -79,9 +79,7 @@ def main() -> int:
     results.append(("print to a file", *bench(pstep, args.steps)))
     f.close()
     rep.close()
-    st = runs.load_state(info.run_dir)
-    if st.attempt is not None:
-        os.killpg(st.attempt.pgid, signal.SIGKILL)
+    runs.stop_run(info.run_dir)
 
     base = results[0][1]
     print(f"{'what':36} {'median us':>10} {'p99 us':>10} {'median vs reporter':>20}")

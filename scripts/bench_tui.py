@@ -20,7 +20,6 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -206,17 +205,7 @@ def main() -> int:
         screen = _tmux(tsock, "capture-pane", "-p", "-t", "bench")
     finally:
         subprocess.run(["tmux", "-S", tsock, "kill-server"], capture_output=True, timeout=30)
-        st = runs.load_state(info.run_dir)
-        for a in st.attempts:
-            if a.pgid > 1:
-                try:
-                    os.killpg(a.pgid, signal.SIGKILL)
-                except OSError:
-                    pass
-        try:
-            keeper.kill()
-        except psutil.Error:
-            pass
+        runs.stop_run(info.run_dir)
 
     # A sample covers the `every` seconds before it: count those that began after the warm-up.
     counted = [r for r in rows_out if r["t"] - args.every >= args.warmup - 0.5]

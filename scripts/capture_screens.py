@@ -13,7 +13,6 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -88,19 +87,7 @@ def main() -> int:
             print(f"{path}: {len(text.splitlines())} lines")
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True, timeout=30)
-        st = runs.load_state(info.run_dir)
-        for a in st.attempts:
-            if a.pgid > 1:
-                try:
-                    os.killpg(a.pgid, signal.SIGKILL)
-                except OSError:
-                    pass
-        rec = runs.read_record(Path(info.run_dir))
-        if rec.keeper_pid and rec.keeper_pid != os.getpid():
-            try:
-                os.kill(rec.keeper_pid, signal.SIGKILL)
-            except OSError:
-                pass
+        runs.stop_run(info.run_dir)
         shutil.rmtree(home, ignore_errors=True)
     return 0
 

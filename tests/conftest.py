@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
+import socket
 import sys
 import tempfile
 import time
@@ -36,25 +36,7 @@ def _kill_tree(home: Path) -> None:
 
     os.environ["TRAINROOM_HOME"] = str(home)
     for info in runs.list_runs():
-        try:
-            st = runs.load_state(info.run_dir)
-        except Exception:
-            continue
-        for a in st.attempts:
-            if a.pgid > 1:
-                try:
-                    os.killpg(a.pgid, signal.SIGCONT)
-                    os.killpg(a.pgid, signal.SIGKILL)
-                except OSError:
-                    pass
-        rec = runs.read_record(Path(info.run_dir))
-        if rec.keeper_pid:
-            try:
-                p = psutil.Process(rec.keeper_pid)
-                if rec.keeper_start_time and abs(p.create_time() - rec.keeper_start_time) < 1:
-                    p.kill()
-            except psutil.Error:
-                pass
+        runs.stop_run(info.run_dir)
     # Anything else started with this home in its environment (duplicates, lock holders).
     for p in psutil.process_iter(["pid", "environ"]):
         try:
@@ -80,3 +62,18 @@ def trhome(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     finally:
         _kill_tree(home)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def keeper_socket() -> Iterator[tuple[str, socket.socket]]:
+    """A bare listening Unix socket in a short private dir (AF_UNIX paths must stay short)."""
+    d = tempfile.mkdtemp(prefix="trs", dir="/tmp")
+    path = os.path.join(d, "keeper.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    try:
+        yield path, srv
+    finally:
+        srv.close()
+        shutil.rmtree(d, ignore_errors=True)

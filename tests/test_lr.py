@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -81,20 +79,6 @@ def test_with_the_helper_the_session_schedule_holds() -> None:
 
 
 # ---------------------------------------------------------------------------- the note reaches a keeper
-
-
-@pytest.fixture
-def keeper_socket() -> Iterator[tuple[str, socket.socket]]:
-    d = tempfile.mkdtemp(prefix="tr-lr-", dir="/tmp")  # AF_UNIX paths must stay short
-    path = os.path.join(d, "keeper.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(4)
-    try:
-        yield path, srv
-    finally:
-        srv.close()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def read_notes(srv: socket.socket, want: int = 1, timeout_s: float = 5.0) -> list[p.Note]:

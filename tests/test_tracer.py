@@ -5,11 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import socket
-import tempfile
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -131,20 +128,6 @@ def test_off_means_no_hooks_at_all() -> None:
     assert tracer.first == (None, "head")
     tracer.remove()
     assert hooks(model) == 0 and not tracer.enabled
-
-
-@pytest.fixture
-def keeper_socket() -> Iterator[tuple[str, socket.socket]]:
-    d = tempfile.mkdtemp(prefix="tr-trace-", dir="/tmp")
-    path = os.path.join(d, "keeper.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(4)
-    try:
-        yield path, srv
-    finally:
-        srv.close()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_note_reaches_the_keeper_and_names_the_module_in_nonfinite(
