@@ -460,14 +460,16 @@ class Keeper:
         finally:
             os.umask(old_umask)
         os.chmod(bind_path, 0o600)
+        # The record names this keeper before the socket appears: `launch` returns on the socket,
+        # and a reader in between would take the run for one whose keeper is gone.
+        me = psutil.Process()
+        self.record.keeper_pid, self.record.keeper_start_time = me.pid, me.create_time()
+        runs.write_record(self.run_dir, self.record)
         os.replace(bind_path, self.sock_path)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
-        me = psutil.Process()
-        self.record.keeper_pid, self.record.keeper_start_time = me.pid, me.create_time()
-        runs.write_record(self.run_dir, self.record)
         if self.config_note:
             self.emit(p.KeeperNote(t=time.time(), message=self.config_note, kind="warning"))
         await self.start_attempt()

@@ -210,6 +210,16 @@ def test_runs_lists_and_status_defaults_to_the_newest(trhome: Path) -> None:
     assert newest.returncode == 0 and f'"run": "{b.run_id}"' in newest.stdout
 
 
+def test_the_run_reads_alive_as_soon_as_launch_returns(trhome: Path) -> None:
+    # launch returns on the socket; the record must already name the keeper by then, or a
+    # reader in between takes a live run for one whose keeper is gone (a CI failure once).
+    for _ in range(3):
+        info = start_demo(steps=5, ckpt_every=0, linger_s=0.2)
+        rec = runs.read_record(Path(info.run_dir))
+        assert rec.keeper_pid is not None and rec.keeper_start_time is not None
+        assert runs.resolve_run(info.run_id).alive
+
+
 def test_status_after_the_keeper_is_gone_reads_the_journal(trhome: Path) -> None:
     info = start_demo(steps=20, ckpt_every=0, linger_s=0.5)
     wait_for(lambda: not runs.resolve_run(info.run_id).alive, timeout=60, what="keeper gone")
