@@ -82,8 +82,10 @@ class SanityThresholds(msgspec.Struct, frozen=True, kw_only=True):
     confirm_steps: int = 2
     spike_immediate: float = 2.0
     # DIVERGENCE: `divergence_chunks` consecutive chunk medians above the attempt's best chunk
-    # median by max(rel x best, min nats).
-    divergence_chunk: int = 25
+    # median by max(rel x best, min nats). 4 x 10 steps: a rise held for 40 steps, so it fires while
+    # an LR past the stable range still gives finite losses (with 4 x 25 the demo's ramp reached
+    # NaN first on some CPUs: the 100 steps of proof outlasted the finite part of the climb).
+    divergence_chunk: int = 10
     divergence_chunks: int = 4
     divergence_rel: float = 0.10
     divergence_min_nats: float = 0.05

@@ -311,6 +311,19 @@ def test_divergence_when_the_rolling_median_keeps_rising() -> None:
     assert "DIVERGENCE" not in codes(tr, 56.0)
 
 
+def test_divergence_fires_within_fifty_steps_of_a_held_rise() -> None:
+    # An LR past the stable range gives a few dozen finite steps before NaN: the proof must fit
+    # in them (the demo's ramp reached NaN ~80 steps after the loss left its band).
+    tr = tracker(vocab=None)
+    flat(tr, range(0, 200))
+    for s in range(200, 260):
+        tr.observe_step(0, s, s * 0.1, loss=3.0 + (s - 200) * 0.05)
+        if "DIVERGENCE" in codes(tr, s * 0.1):
+            break
+    assert s - 200 <= 50, f"DIVERGENCE only {s - 200} steps into the rise"
+    assert s - 200 >= 30  # and not on a short excursion
+
+
 def test_a_spike_that_recovers_is_not_divergence() -> None:
     tr = tracker(vocab=None)
     flat(tr, range(0, 200))
