@@ -103,7 +103,8 @@ async def kill(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     if a is None or a.pid <= 0:
         reply(_done(req, False, "kill: this run has no attempt with a process group to kill"))
         return
-    plan = await asyncio.to_thread(plan_kill, a.pid, a.pgid, a.start_time, keeper_pid=os.getpid())
+    plan = await asyncio.to_thread(plan_kill, a.pid, a.pgid, a.start_time, attempt_start_ticks=a.start_ticks,
+                                   keeper_pid=os.getpid())
     target = plan.as_dict()
     if not plan.ok and not plan.nothing_left:
         reply(_done(req, False, "kill refused: " + "; ".join(plan.refusals), plan=target))

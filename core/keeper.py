@@ -29,6 +29,7 @@ from . import protocol as p
 from . import runs
 from .findings import Finding
 from .journal import Journal
+from .probes import procs
 from .state import RunState, to_snapshot
 
 TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest within a tick
@@ -259,6 +260,7 @@ class Keeper:
             start_time = now
         self.proc = proc
         started = p.AttemptStarted(n=n, t=now, pid=proc.pid, pgid=proc.pid, start_time=start_time,
+                                   start_ticks=procs.start_ticks(proc.pid),
                                    argv=argv, cwd=self.record.cwd, resume_from=resume_from,
                                    requested=_requested_from_argv(argv))
         self.emit(started)
@@ -464,6 +466,7 @@ class Keeper:
         # and a reader in between would take the run for one whose keeper is gone.
         me = psutil.Process()
         self.record.keeper_pid, self.record.keeper_start_time = me.pid, me.create_time()
+        self.record.keeper_start_ticks = procs.start_ticks(me.pid)
         runs.write_record(self.run_dir, self.record)
         os.replace(bind_path, self.sock_path)
         loop = asyncio.get_running_loop()

@@ -26,9 +26,11 @@ from typing import Any
 import msgspec
 import psutil
 
-# psutil derives create time from clock ticks since boot; the same process read twice agrees to
-# well under this, while a reused PID is a process started at another moment.
-START_TIME_TOLERANCE_S = 1.0
+# Identity is (pid, start): the start's clock tick where recorded (exact), else psutil's create
+# time within a tolerance (probes.procs.same_start).
+from .probes.procs import same_start, started_since
+from .probes.procs import start_ticks as _ticks_of
+
 # How long to wait, after SIGKILL, for the kernel to tear the processes down (a process in
 # uninterruptible sleep inside a driver call dies only when that call returns).
 KILL_CONFIRM_S = 5.0
@@ -45,6 +47,7 @@ class Member(msgspec.Struct, kw_only=True):
     cmdline: list[str]
     state: str
     create_time: float
+    start_ticks: int | None = None  # /proc/<pid>/stat field 22
     rss_bytes: int | None = None
     in_group: bool = True  # False: a descendant of the leader that left the process group
 
@@ -53,6 +56,7 @@ class KillPlan(msgspec.Struct, kw_only=True):
     pgid: int
     leader_pid: int
     leader_start_time: float
+    leader_start_ticks: int | None = None
     members: list[Member] = []
     refusals: list[str] = []
     # The group has no live member left (the attempt died whole, e.g. SIGKILLed): a refusal to
@@ -95,10 +99,13 @@ def plan_kill(
     attempt_pgid: int,
     attempt_start_time: float,
     *,
+    attempt_start_ticks: int | None = None,
     keeper_pid: int | None = None,
 ) -> KillPlan:
     """The exact target of a kill of this attempt, or the reasons to refuse it."""
-    plan = KillPlan(pgid=attempt_pgid, leader_pid=attempt_pid, leader_start_time=attempt_start_time)
+    plan = KillPlan(pgid=attempt_pgid, leader_pid=attempt_pid, leader_start_time=attempt_start_time,
+                    leader_start_ticks=attempt_start_ticks)
+    ticks = attempt_start_ticks
     refusals = plan.refusals
     if attempt_pgid <= 1:
         refusals.append(f"refusing pgid {attempt_pgid}: a group <= 1 is the whole system or init")
@@ -117,20 +124,26 @@ def plan_kill(
     if leader is not None:
         try:
             created = leader.create_time()
+            same = same_start(attempt_pid, attempt_start_time, ticks)
         except psutil.Error:
             leader = None
         else:
-            if abs(created - attempt_start_time) > START_TIME_TOLERANCE_S:
+            if same is None:
+                leader = None
+            elif not same:
+                now_ticks = _ticks_of(attempt_pid)
+                at = (f" (tick {now_ticks}, the attempt's {ticks})"
+                      if ticks is not None and now_ticks is not None else "")
                 refusals.append(
                     f"refusing pid {attempt_pid}: it started at {_clock(created)}, the attempt's at "
-                    f"{_clock(attempt_start_time)} (the PID was reused)"
+                    f"{_clock(attempt_start_time)}{at} (the PID was reused)"
                 )
                 return plan
 
     members = [m for m in _group_members(attempt_pgid)]
     protected = {os.getpid(), keeper_pid} - {None}
     # A member older than the attempt cannot be part of it: the group number was reused.
-    older = [m for m in members if m.create_time < attempt_start_time - START_TIME_TOLERANCE_S]
+    older = [m for m in members if not started_since(m.create_time, m.start_ticks, attempt_start_time, ticks)]
     if older:
         refusals.append(
             f"refusing pgid {attempt_pgid}: pid {older[0].pid} in it started at {_clock(older[0].create_time)}, "
@@ -148,7 +161,8 @@ def plan_kill(
             if child.pid in seen:
                 continue
             member = _describe(child, in_group=False)
-            if member is not None and member.create_time >= attempt_start_time - START_TIME_TOLERANCE_S:
+            if member is not None and started_since(member.create_time, member.start_ticks,
+                                                    attempt_start_time, ticks):
                 seen.add(child.pid)
                 members.append(member)
     hit = sorted(protected & {m.pid for m in members})
@@ -161,13 +175,13 @@ def plan_kill(
     return plan
 
 
-def live_members(pgid: int, attempt_start_time: float) -> list[int]:
+def live_members(pgid: int, attempt_start_time: float, attempt_start_ticks: int | None = None) -> list[int]:
     """The pids still alive in an attempt's process group (zombies excluded). A member that
     started before the attempt is not part of it: the group number was reused by a stranger."""
     if pgid <= 1:
         return []
     return sorted(m.pid for m in _group_members(pgid)
-                  if m.create_time >= attempt_start_time - START_TIME_TOLERANCE_S)
+                  if started_since(m.create_time, m.start_ticks, attempt_start_time, attempt_start_ticks))
 
 
 # --------------------------------------------------------------------------- execute
@@ -209,13 +223,13 @@ def execute_kill(
     if alive:
         _signal_all(plan, targets, signal.SIGTERM, signals)
         say(f"SIGTERM sent to pgid {plan.pgid} ({len(alive)} live)")
-        alive = _wait_gone(targets, plan.pgid, plan.leader_start_time, grace_s)
+        alive = _wait_gone(targets, plan, grace_s)
     if alive:
         say(f"{len(alive)} still alive after the {grace_s:g} s grace: SIGKILL")
         # Members forked during the grace are in the group too: pick them up before SIGKILL.
         _adopt_new_members(plan, targets)
         _signal_all(plan, targets, signal.SIGKILL, signals)
-        alive = _wait_gone(targets, plan.pgid, plan.leader_start_time, KILL_CONFIRM_S)
+        alive = _wait_gone(targets, plan, KILL_CONFIRM_S)
 
     survivors = [m for m in (_describe(p, in_group=True) for p in alive) if m is not None]
     after: dict[str, Any] = {"members": len(survivors), "pids": [m.pid for m in survivors]}
@@ -366,6 +380,7 @@ def _describe(proc: psutil.Process, *, in_group: bool) -> Member | None:
                 cmdline=cmdline,
                 state=state,
                 create_time=proc.create_time(),
+                start_ticks=_ticks_of(proc.pid),
                 rss_bytes=rss,
                 in_group=in_group,
             )
@@ -393,7 +408,7 @@ def _handles(plan: KillPlan) -> dict[int, psutil.Process]:
         if proc is None:
             continue
         try:
-            if abs(proc.create_time() - m.create_time) <= START_TIME_TOLERANCE_S:
+            if same_start(m.pid, m.create_time, m.start_ticks):
                 handles[m.pid] = proc
         except psutil.Error:
             continue
@@ -414,22 +429,19 @@ def _alive(targets: dict[int, psutil.Process]) -> list[psutil.Process]:
     return [p for p in targets.values() if not _is_gone(p)]
 
 
-def _group_is_ours(pgid: int, leader_start_time: float) -> bool:
+def _group_is_ours(plan: KillPlan) -> bool:
     """Whether killpg still reaches the attempt's group: a live process whose pid is the pgid
     and that started at another time means the number now names someone else's group."""
-    leader = _process(pgid)
-    if leader is None:
-        return True
     try:
-        return abs(leader.create_time() - leader_start_time) <= START_TIME_TOLERANCE_S
+        return same_start(plan.pgid, plan.leader_start_time, plan.leader_start_ticks) is not False
     except psutil.Error:
         return True
 
 
-def _live_group_members(pgid: int, leader_start_time: float) -> list[psutil.Process]:
+def _live_group_members(plan: KillPlan) -> list[psutil.Process]:
     found = []
-    for m in _group_members(pgid):
-        if m.create_time >= leader_start_time - START_TIME_TOLERANCE_S:
+    for m in _group_members(plan.pgid):
+        if started_since(m.create_time, m.start_ticks, plan.leader_start_time, plan.leader_start_ticks):
             proc = _process(m.pid)
             if proc is not None:
                 found.append(proc)
@@ -437,12 +449,12 @@ def _live_group_members(pgid: int, leader_start_time: float) -> list[psutil.Proc
 
 
 def _wait_gone(
-    targets: dict[int, psutil.Process], pgid: int, leader_start_time: float, timeout_s: float
+    targets: dict[int, psutil.Process], plan: KillPlan, timeout_s: float
 ) -> list[psutil.Process]:
     """Poll until every target and every current member of the group is gone, or the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
-        for proc in _live_group_members(pgid, leader_start_time):
+        for proc in _live_group_members(plan):
             targets.setdefault(proc.pid, proc)
         alive = _alive(targets)
         if not alive or time.monotonic() >= deadline:
@@ -451,7 +463,7 @@ def _wait_gone(
 
 
 def _adopt_new_members(plan: KillPlan, targets: dict[int, psutil.Process]) -> None:
-    for proc in _live_group_members(plan.pgid, plan.leader_start_time):
+    for proc in _live_group_members(plan):
         targets.setdefault(proc.pid, proc)
 
 
@@ -460,7 +472,7 @@ def _signal_all(
 ) -> None:
     name = signal.Signals(sig).name
     grouped = False
-    if _group_is_ours(plan.pgid, plan.leader_start_time):
+    if _group_is_ours(plan):
         try:
             # One killpg reaches the members atomically, including any forked a moment ago.
             os.killpg(plan.pgid, sig)

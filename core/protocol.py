@@ -152,6 +152,9 @@ class AttemptStarted(msgspec.Struct, tag="attempt-started", kw_only=True, omit_d
     pid: int
     pgid: int
     start_time: float  # the process's create time: with pid, what tells it from a reused pid
+    # /proc/<pid>/stat field 22, clock ticks since boot: exact, where start_time (psutil's boot time +
+    # ticks) moves with the wall clock and is compared within a second. None: written before it existed.
+    start_ticks: int | None = None
     argv: list[str]
     cwd: str
     resume_from: str | None = None

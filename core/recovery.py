@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from .keeper import Keeper
 
 
-def _members(pgid: int, start_time: float) -> list[int]:
+def _members(pgid: int, start_time: float, start_ticks: int | None) -> list[int]:
     from .kill import live_members
 
     # By start time too: a stranger that reused the group number is not the old attempt.
-    return live_members(pgid, start_time)
+    return live_members(pgid, start_time, start_ticks)
 
 
 def _watched_target(pipe: Any) -> dict[str, Any] | None:
@@ -88,7 +88,7 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
         return plan
     if a.ended_at is None:
         refusals.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
-    live = _members(a.pgid, a.start_time)
+    live = _members(a.pgid, a.start_time, a.start_ticks)
     if live:
         refusals.append(f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} "
                         "(kill clears them)")

@@ -13,6 +13,7 @@ import msgspec
 import psutil
 
 from . import journal
+from .probes.procs import same_start
 from .state import RunState
 
 SOCKET_NAME = "keeper.sock"
@@ -36,6 +37,7 @@ class RunRecord(msgspec.Struct, kw_only=True):
     options: dict[str, Any] = {}
     keeper_pid: int | None = None
     keeper_start_time: float | None = None
+    keeper_start_ticks: int | None = None
 
 
 class RunInfo(msgspec.Struct, kw_only=True):
@@ -126,7 +128,8 @@ def keeper_alive(rec: RunRecord) -> bool:
         return False
     try:
         proc = psutil.Process(rec.keeper_pid)
-        if rec.keeper_start_time is not None and abs(proc.create_time() - rec.keeper_start_time) > 1.0:
+        if rec.keeper_start_time is not None and not same_start(rec.keeper_pid, rec.keeper_start_time,
+                                                                rec.keeper_start_ticks):
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -202,11 +205,9 @@ def stop_run(run_dir: str | Path) -> None:
         if a.pgid <= 1 or a.pgid == os.getpgid(0):
             continue
         try:
-            leader = psutil.Process(a.pid)
-            if abs(leader.create_time() - a.start_time) > 1.0:
+            if same_start(a.pid, a.start_time, a.start_ticks) is False:
                 continue  # the pid, and so the group number, belongs to someone else now
-        except psutil.NoSuchProcess:
-            pass  # the leader is gone; what is left of its group is still ours to end
+            # None: the leader is gone; what is left of its group is still ours to end
         except psutil.Error:
             continue
         for sig in (signal.SIGCONT, signal.SIGKILL):

@@ -37,6 +37,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     pgid: int
     start_time: float
     started_at: float
+    start_ticks: int | None = None
     argv: list[str]
     cwd: str
     resume_from: str | None = None
@@ -153,7 +154,7 @@ class RunState(msgspec.Struct, kw_only=True):
     def _attempt_started(self, r: p.AttemptStarted) -> None:
         self.attempts.append(
             AttemptView(
-                n=r.n, pid=r.pid, pgid=r.pgid, start_time=r.start_time, started_at=r.t,
+                n=r.n, pid=r.pid, pgid=r.pgid, start_time=r.start_time, start_ticks=r.start_ticks, started_at=r.t,
                 argv=r.argv, cwd=r.cwd, resume_from=r.resume_from, requested=r.requested,
             )
         )

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from helpers import run_cli, start_demo, status
 from trainroom.core import cli, journal, protocol, runs
 from trainroom.core.client import KeeperClient
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
-from trainroom.core.kill import START_TIME_TOLERANCE_S
 from trainroom.core.probes.fake_nvml import write_scenario
 
 START_S = 120.0  # torch's import on a loaded 2-core machine, then a few steps
@@ -261,10 +259,9 @@ def test_kill_refuses_a_pid_that_was_reused(trhome: Path, tmp_path: Path) -> Non
     info = runs.resolve_run(out.stdout.strip())
     d = wait_for(lambda: (s := status(info))["state"] == "dead" and s, timeout=60, what="dead")
     old = d["pid"]
-    # A create time within START_TIME_TOLERANCE_S reads as the same process (psutil's boot time
-    # moves by up to a second between readers); a real reuse comes later than that (the seed's
-    # came the next day), so the stranger starts once the tolerance has passed.
-    time.sleep(max(0.0, d["attempts"][0]["started_at"] + START_TIME_TOLERANCE_S + 0.5 - time.time()))
+    # At once, well inside the second in which psutil's create times agree: the attempt's start
+    # tick (recorded by the keeper) is what tells the stranger apart.
+    assert runs.load_state(info.run_dir).attempt.start_ticks is not None
     stranger = _reuse_pid(old)
     if stranger is None:
         pytest.skip(f"could not get pid {old} back from the kernel in 50 tries (a busy machine)")

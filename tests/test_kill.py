@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from trainroom.core.kill import execute_kill, plan_kill, run_vram_probe
+from trainroom.core.kill import execute_kill, live_members, plan_kill, run_vram_probe
+from trainroom.core.probes import procs
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import GpuProbe
 
@@ -125,6 +126,31 @@ def test_pid_reuse_is_refused_and_nothing_is_signalled(spawn) -> None:
     result = execute_kill(plan, grace_s=0)
     assert result.ok is False and "PID was reused" in result.message
     assert not any(_gone(pid) for pid in group.pids)
+
+
+def test_a_pid_reused_within_the_same_second_is_refused_by_its_start_tick(spawn) -> None:
+    # The create time agrees to within the tolerance (a stranger that took the pid a moment
+    # after the attempt started); the clock tick recorded at the start tells them apart.
+    group = spawn("plain")
+    ticks = procs.start_ticks(group.leader.pid)
+    assert ticks is not None
+    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time, attempt_start_ticks=ticks - 3)
+    assert not plan.ok and "PID was reused" in plan.refusals[0] and f"tick {ticks}" in plan.refusals[0]
+    assert execute_kill(plan, grace_s=0).ok is False
+    assert not any(_gone(pid) for pid in group.pids)
+    # The right tick is the same process: planned, members named with their own ticks.
+    same = plan_kill(group.leader.pid, group.leader.pid, group.start_time, attempt_start_ticks=ticks)
+    assert same.ok, same.refusals
+    assert all(m.start_ticks is not None and m.start_ticks >= ticks for m in same.members)
+
+
+def test_a_member_older_than_the_attempt_by_ticks_is_a_reused_group(spawn) -> None:
+    group = spawn("plain")
+    ticks = procs.start_ticks(group.leader.pid)
+    assert ticks is not None
+    # As if the attempt's leader had started later than every process now in the group.
+    assert live_members(group.leader.pid, group.start_time, ticks + 1000) == []
+    assert group.leader.pid in live_members(group.leader.pid, group.start_time, ticks)
 
 
 def test_keepers_group_is_refused(spawn) -> None:

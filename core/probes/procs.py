@@ -60,6 +60,41 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
         return None
 
 
+# psutil's create time is a boot time read from /proc/stat (which moves with wall-clock steps)
+# plus the clock ticks: two readers of one process agree only to about a second.
+START_TIME_TOLERANCE_S = 1.0
+
+
+def start_ticks(pid: int, proc_root: str = PROC) -> int | None:
+    """The process's start in clock ticks since boot (exact, immune to clock steps), or None."""
+    st = read_stat(pid, proc_root)
+    return None if st is None else st.start_ticks
+
+
+def same_start(pid: int, start_time: float, ticks: int | None = None, proc_root: str = PROC) -> bool | None:
+    """Whether `pid` still names the process that started then; None when no process has it.
+
+    By the clock tick where it was recorded (a pid reused even a moment later differs); else
+    psutil's create time within START_TIME_TOLERANCE_S.
+    """
+    if ticks is not None:
+        now = start_ticks(pid, proc_root)
+        if now is not None:
+            return now == ticks
+    try:
+        return abs(psutil.Process(pid).create_time() - start_time) <= START_TIME_TOLERANCE_S
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+
+
+def started_since(t: float, ticks: int | None, ref_t: float, ref_ticks: int | None) -> bool:
+    """Whether a process that started at (t, ticks) started no earlier than the reference one
+    (a member of an attempt's group cannot be older than the attempt)."""
+    if ticks is not None and ref_ticks is not None:
+        return ticks >= ref_ticks
+    return t >= ref_t - START_TIME_TOLERANCE_S
+
+
 def process_state(pid: int, proc_root: str = PROC) -> str | None:
     """The state letter of one pid; None when the pid does not exist."""
     st = read_stat(pid, proc_root)
@@ -227,19 +262,18 @@ def host_process_duplicates(names: Iterable[str]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- waiting for an exit
 
 
-def wait_exit(pid: int, timeout: float | None = None, *, start_time: float | None = None) -> bool:
+def wait_exit(pid: int, timeout: float | None = None, *, start_time: float | None = None,
+              ticks: int | None = None) -> bool:
     """True once `pid` has exited (a zombie counts: it will never run again), False on timeout.
 
     A pidfd wakes within a millisecond of the exit and cannot be fooled by a reused pid once
     opened; where pidfd_open is missing (Linux < 5.3, other systems) psutil is polled instead.
-    `start_time` (psutil's create_time) guards against a pid reused before we got to look.
+    `start_time` (psutil's create_time) and `ticks` guard against a pid reused before we got to look.
     """
     if start_time is not None:
         try:
-            if abs(psutil.Process(pid).create_time() - start_time) > 1.0:
-                return True  # that pid is someone else now: ours is long gone
-        except psutil.NoSuchProcess:
-            return True
+            if not same_start(pid, start_time, ticks):
+                return True  # no such process, or that pid is someone else now: ours is gone
         except psutil.Error:
             pass
     pidfd_open = getattr(os, "pidfd_open", None)
