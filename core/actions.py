@@ -186,8 +186,11 @@ async def bench(keeper: Keeper, req: p.Request, reply: Reply) -> None:
                       plan={"device": device, "python": python}))
         return
     reply(p.Reply(id=req.id, action="bench", stage="progress", message=f"running the matmul bench on {device}"))
-    seconds = float(req.args.get("seconds", DEFAULT_SECONDS))
-    out = await asyncio.to_thread(run_bench, device, python=python, seconds=seconds)
+    cfg = getattr(keeper, "config", None)
+    bench_cfg = getattr(cfg, "bench", None)
+    seconds = float(req.args.get("seconds", bench_cfg.seconds if bench_cfg is not None else DEFAULT_SECONDS))
+    floor = bench_cfg.floor_tflops if bench_cfg is not None else None
+    out = await asyncio.to_thread(run_bench, device, python=python, seconds=seconds, floor_tflops=floor)
     ok = bool(out.get("ok", out.get("tflops") is not None))
     msg = describe(out)
     reply(_done(req, ok, str(msg), plan={"device": device}, after=out))

@@ -154,11 +154,13 @@ def run_bench(
     *,
     seconds: float = DEFAULT_SECONDS,
     python: str | None = None,
+    floor_tflops: float | None = None,
 ) -> dict[str, Any]:
     """Run the bench in a subprocess and return its result; never raises.
 
     `python` is the interpreter that has torch (the trainer's; default ours). Blocking for about
-    `seconds` plus torch's import (a few seconds): call it from a worker thread.
+    `seconds` plus torch's import (a few seconds): call it from a worker thread. `floor_tflops`
+    (trainroom.toml's [bench]) replaces the device class's floor in the verdict.
     """
     if not DEVICE_RE.match(device):
         return {
@@ -190,11 +192,20 @@ def run_bench(
     try:
         result = json.loads(lines[-1])
         if isinstance(result, dict):
-            return result
+            return with_floor(result, floor_tflops)
     except (IndexError, json.JSONDecodeError):
         pass
     tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     return {"ok": False, "device": device, "error": f"the bench failed: {tail}"}
+
+
+def with_floor(result: dict[str, Any], floor_tflops: float | None) -> dict[str, Any]:
+    """The result judged against a configured floor instead of its class's."""
+    if floor_tflops is None or not result.get("ok") or not isinstance(result.get("tflops"), (int, float)):
+        return result
+    word, text = verdict(float(result["tflops"]), f"{result.get('device_class', '?')}, set in trainroom.toml",
+                         floor_tflops)
+    return result | {"floor_tflops": floor_tflops, "floor_source": "trainroom.toml", "verdict": word, "message": text}
 
 
 def describe(result: dict[str, Any]) -> str:
@@ -233,7 +244,8 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
         help="cpu, cuda or cuda:N (default: cuda:0 if there is one)",
     )
     parser.add_argument(
-        "--seconds", type=_seconds_arg, default=DEFAULT_SECONDS, help="timed duration (default 1)"
+        "--seconds", type=_seconds_arg, default=None,
+        help="timed duration (default: [bench] seconds in trainroom.toml, else 1)",
     )
 
 
@@ -251,8 +263,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Bench here, without a keeper (args: device, seconds, json)."""
-    result = run_bench(getattr(args, "device", "auto"), seconds=getattr(args, "seconds", DEFAULT_SECONDS))
+    """Bench here, without a keeper (args: device, seconds, json), with the [bench] section of
+    the trainroom.toml in force here (the current dir, then the state dir)."""
+    from .config import load_config
+    from .runs import state_dir
+
+    cfg, _path = load_config(Path.cwd(), state_dir())  # ConfigError: one line, exit 2
+    seconds = getattr(args, "seconds", None) or cfg.bench.seconds
+    result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
     print(json.dumps(result) if getattr(args, "json", False) else describe(result))
     return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
 
@@ -263,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        result = measure(args.device, args.seconds)
+        result = measure(args.device, args.seconds or DEFAULT_SECONDS)
     except ImportError as exc:
         result = {"ok": False, "device": args.device, "error": f"torch is not importable here: {exc}"}
     print(json.dumps(result) if args.json else describe(result))

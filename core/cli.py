@@ -14,6 +14,7 @@ from typing import Any
 
 from . import runs
 from .client import KeeperClient, KeeperGone, snapshot
+from .config import ConfigError
 from .runs import RunError, RunInfo
 from .status import status_dict
 
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
             args.watch_theme = None
             return cmd_watch(args)
         return int(args.func(args) or 0)
-    except (CliError, RunError, KeeperGone) as exc:
+    except (CliError, RunError, KeeperGone, ConfigError) as exc:
         print(f"trainroom: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -145,6 +145,14 @@ class AutoResume(_Section):
         return min(self.backoff_max_s, self.backoff_s * self.backoff_factor ** max(0, n - 1))
 
 
+class Bench(_Section):
+    # The verdict's floor for this project's device, in TFLOPS; None: the floor of its class
+    # (bench.GPU_FLOORS: 2 for an RTX 3060-class GPU, the seed's figure; 0.005 for a CPU).
+    floor_tflops: NonNegative | None = None
+    # How long the timed part runs.
+    seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
+
+
 class Log(_Section):
     # Log-line telemetry for uninstrumented trainers: a regex with a named group `step` and
     # optionally `loss`, `lr`, `tokens`, `grad_norm`.
@@ -167,6 +175,7 @@ class Config(_Section):
     resume: Resume = msgspec.field(default_factory=Resume)
     auto_resume: AutoResume = msgspec.field(default_factory=AutoResume)
     log: Log = msgspec.field(default_factory=Log)
+    bench: Bench = msgspec.field(default_factory=Bench)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""

@@ -85,3 +85,31 @@ def test_verdict_on_either_side_of_the_seeds_floor() -> None:
     assert "look elsewhere" in bench.verdict(2.5, cls, floor)[1]
     assert bench.verdict(0.4, cls, floor)[0] == "slow"
     assert "wedged" in bench.verdict(0.4, cls, floor)[1]
+
+
+def _bench_cli(cwd, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainroom.cli", "bench", "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def test_a_floor_set_in_trainroom_toml_judges_the_result(trhome, tmp_path) -> None:
+    # No live keeper: the verb benches here, under the config of the dir it runs in.
+    (tmp_path / "trainroom.toml").write_text("[bench]\nfloor_tflops = 1e6\nseconds = 0.2\n")
+    done = _bench_cli(tmp_path, "--json")
+    assert done.returncode == 1, done.stderr  # below the floor
+    out = json.loads(done.stdout)
+    assert out["ok"] is True and out["floor_tflops"] == 1e6 and out["floor_source"] == "trainroom.toml"
+    assert out["verdict"] == "slow" and "set in trainroom.toml" in out["message"]
+    assert 0.2 <= out["seconds"] < 5  # [bench] seconds applied, not the 1 s default
+
+    (tmp_path / "trainroom.toml").write_text("[bench]\nfloor_tflops = 0.0\n")
+    done = _bench_cli(tmp_path, "--json", "--seconds", "0.1")
+    assert done.returncode == 0 and json.loads(done.stdout)["verdict"] == "ok"
+
+
+def test_a_bad_bench_section_names_the_key_and_the_file(trhome, tmp_path) -> None:
+    (tmp_path / "trainroom.toml").write_text("[bench]\nseconds = -1\n")
+    done = _bench_cli(tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    line, = done.stderr.strip().splitlines()
+    assert "bench.seconds" in line and "trainroom.toml" in line
