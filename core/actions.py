@@ -177,7 +177,7 @@ async def dump(keeper: Keeper, req: p.Request, reply: Reply) -> None:
 
 
 async def bench(keeper: Keeper, req: p.Request, reply: Reply) -> None:
-    from .bench import DEFAULT_SECONDS, describe, run_bench
+    from .bench import describe, run_bench
 
     device = str(req.args.get("device", "auto"))
     python = keeper.trainer_python()
@@ -186,11 +186,9 @@ async def bench(keeper: Keeper, req: p.Request, reply: Reply) -> None:
                       plan={"device": device, "python": python}))
         return
     reply(p.Reply(id=req.id, action="bench", stage="progress", message=f"running the matmul bench on {device}"))
-    cfg = getattr(keeper, "config", None)
-    bench_cfg = getattr(cfg, "bench", None)
-    seconds = float(req.args.get("seconds", bench_cfg.seconds if bench_cfg is not None else DEFAULT_SECONDS))
-    floor = bench_cfg.floor_tflops if bench_cfg is not None else None
-    out = await asyncio.to_thread(run_bench, device, python=python, seconds=seconds, floor_tflops=floor)
+    cfg = keeper.config.bench  # the keeper always holds a Config (defaults when there is no file)
+    seconds = float(req.args.get("seconds") or cfg.seconds)
+    out = await asyncio.to_thread(run_bench, device, python=python, seconds=seconds, floor_tflops=cfg.floor_tflops)
     ok = bool(out.get("ok", out.get("tflops") is not None))
     msg = describe(out)
     reply(_done(req, ok, str(msg), plan={"device": device}, after=out))
