@@ -41,7 +41,10 @@ def main() -> int:
     args = ap.parse_args()
     home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
-    from trainroom.core import cli, protocol, reporter, runs
+    from trainroom.core.cli import main as cli
+    from trainroom.core import protocol
+    from trainroom.core.sdk import reporter as reporter
+    from trainroom.core.run import store as runs
 
     info = cli.launch(["sleep", "3600"], {"linger_s": 5})
     rec = runs.read_record(Path(info.run_dir))

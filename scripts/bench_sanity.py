@@ -13,8 +13,8 @@ import random
 import time
 
 from trainroom.core.protocol import RequestedConfig
-from trainroom.core.sanity import SanityTracker
-from trainroom.core.series import Series
+from trainroom.core.health.sanity import SanityTracker
+from trainroom.core.run.series import Series
 
 
 def bench_series(n: int) -> float:
@@ -47,8 +47,8 @@ def bench_tracker(n: int, ranks: int) -> tuple[float, float]:
 
 def bench_tracer(iters: int) -> tuple[float, float]:
     import torch
-    from trainroom.core.reporter import NullReporter
-    from trainroom.core.tracer import NonFiniteTracer
+    from trainroom.core.sdk.reporter import NullReporter
+    from trainroom.core.sdk.tracer import NonFiniteTracer
 
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []

@@ -41,7 +41,7 @@ RSS_FLAT_SHARE = 0.05
 def publish(ranks: int, rate: float, seconds: float) -> int:
     """The trainer side: `ranks` reporters, `rate` steps a second each, paced on a clock."""
     from trainroom.core import protocol as p
-    from trainroom.core.reporter import Reporter
+    from trainroom.core.sdk.reporter import Reporter
 
     sock = os.environ["TRAINROOM_SOCKET"]
     config = p.RequestedConfig(lr=3e-4, vocab_size=50257)
@@ -100,7 +100,7 @@ def _find_tui(pane_pid: int) -> psutil.Process:
 def _keeper(run_dir: Path) -> psutil.Process:
     """The keeper writes its pid into the run record once it is up (psutil.Process(None) would
     be this very process)."""
-    from trainroom.core import runs
+    from trainroom.core.run import store as runs
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -152,7 +152,8 @@ def main() -> int:
 
     home = tempfile.mkdtemp(prefix="trt", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
-    from trainroom.core import cli, runs
+    from trainroom.core.cli import main as cli
+    from trainroom.core.run import store as runs
 
     total = args.warmup + args.seconds
     publisher = [sys.executable, os.path.abspath(__file__), "--publish", "--ranks", str(args.ranks),

@@ -49,8 +49,8 @@ def main() -> int:
         return 2
 
     import torch
-    from trainroom.core import checkpoints as ck
-    from trainroom.core import verify as v
+    from trainroom.core.ckpt import layout as ck
+    from trainroom.core.ckpt import verify as v
 
     tmp = Path(tempfile.mkdtemp(prefix="trbench"))
     root = args.keep or tmp / "ck"

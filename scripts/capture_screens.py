@@ -52,9 +52,9 @@ def main() -> int:
         print(f"capture_screens: demo failed: {out.stderr.strip()}", file=sys.stderr)
         return 1
     run_id = out.stdout.strip()
-    from trainroom.core import runs
-    from trainroom.core.cli import current_state
-    from trainroom.core.status import status_dict
+    from trainroom.core.run import store as runs
+    from trainroom.core.cli.main import current_state
+    from trainroom.core.run.status import status_dict
 
     info = runs.resolve_run(run_id)
     sock = os.path.join(home, "tmux.sock")

@@ -63,9 +63,9 @@ def main() -> int:
         print("stress_checkpoints: --trials and --mb must be positive", file=sys.stderr)
         return 2
 
-    from trainroom.core import checkpoints as ck
-    from trainroom.core import prune
-    from trainroom.core import verify as v
+    from trainroom.core.ckpt import layout as ck
+    from trainroom.core.ops import prune as prune
+    from trainroom.core.ckpt import verify as v
 
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="trstress"))

@@ -6,49 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = "") -> Any:
-    """Poll until `pred()` is truthy; fail with `what` after `timeout` (a bound, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or pred}; last value {last!r}")
-
-
-def _kill_tree(home: Path) -> None:
-    from trainroom.core import runs
-
-    os.environ["TRAINROOM_HOME"] = str(home)
-    for info in runs.list_runs():
-        runs.stop_run(info.run_dir)
-    # Anything else started with this home in its environment (duplicates, lock holders).
-    for p in psutil.process_iter(["pid", "environ"]):
-        try:
-            env = p.info.get("environ") or {}
-        except psutil.Error:
-            continue
-        if env.get("TRAINROOM_HOME") == str(home) and p.pid != os.getpid():
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-
+from tests.support.waiting import kill_runs_under
 
 @pytest.fixture
 def trhome(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -60,7 +24,7 @@ def trhome(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     try:
         yield home
     finally:
-        _kill_tree(home)
+        kill_runs_under(home)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -77,3 +41,18 @@ def keeper_socket() -> Iterator[tuple[str, socket.socket]]:
     finally:
         srv.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+ROOT = Path(__file__).resolve().parent
+_DIR_MARKS = {"e2e": ("e2e",), "tui": ("tui",)}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark by folder: tests/e2e are `e2e` (real keepers and trainers), tests/tui are `tui`
+    (and their tmux tests `e2e` too), so `pytest -m "not e2e"` is the fast loop."""
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT)
+        for mark in _DIR_MARKS.get(rel.parts[0], ()):
+            item.add_marker(mark)
+        if rel.parts[0] == "tui" and rel.name == "test_e2e.py":
+            item.add_marker("e2e")

@@ -1,0 +1,182 @@
+"""The watch on an uninstrumented trainer's checkpoints (nanoGPT overwrites `out/ckpt.pt`).
+
+No reporter tells the keeper a checkpoint was written, so the keeper stats the configured globs
+each second (`sight`), and `poll`, a pure function of those sightings and `now`, decides: a new
+version of a file (size, mtime or inode changed) is verified once its size and mtime have held
+still for `settle_s`. The keeper runs the verification (its warm `verify.WarmVerifier`, from a
+worker thread), stats the file again, and hands both to `record_verdict`, which drops a verdict
+about a version that has been overwritten meanwhile. Each call returns `CheckpointState` records
+to journal; `watch_findings` gives CKPT_REJECTED for files whose current version failed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core.ckpt import verify as verifier
+from trainroom.core.findings import Finding
+
+SETTLE_S = 2.0
+
+
+class Sighting(msgspec.Struct, kw_only=True, frozen=True):
+    path: str
+    size: int
+    mtime_ns: int
+    ino: int
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        return (self.size, self.mtime_ns, self.ino)
+
+
+class WatchedFile(msgspec.Struct, kw_only=True):
+    path: str
+    size: int
+    mtime_ns: int
+    ino: int
+    first_seen: float
+    stable_since: float
+    state: str = "settling"  # settling | verifying | verified | rejected
+    version: int = 1  # how many versions of this path were seen
+    digest: str | None = None
+    step: int | None = None
+    reason: str | None = None
+    report: dict[str, Any] = {}
+    last_verified: dict[str, Any] = {}  # {digest, step, arch, stds} of the newest good version
+
+    def matches(self, s: Sighting) -> bool:
+        return (self.size, self.mtime_ns, self.ino) == s.version
+
+
+class WatchState(msgspec.Struct, kw_only=True):
+    files: dict[str, WatchedFile] = {}
+
+
+class VerifyRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """Verify this version of this file; hand the report back to `record_verdict`."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    ino: int
+    version: int
+    expected: dict[str, Any] = {}
+
+
+def sight(patterns: Iterable[str], cwd: str | os.PathLike[str] = ".") -> list[Sighting]:
+    """The I/O half: stat every regular file the globs match (relative to the trainer's cwd)."""
+    out: dict[str, Sighting] = {}
+    for pat in patterns:
+        full = pat if os.path.isabs(pat) else os.path.join(cwd, pat)
+        for path in glob.glob(full, recursive=True):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not os.path.isfile(path) or path.endswith((".tmp", ".saved.json", ".reason", ".verify.json")):
+                continue
+            ap = os.path.abspath(path)
+            out[ap] = Sighting(path=ap, size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+    return sorted(out.values(), key=lambda s: s.path)
+
+
+def stat_one(path: str) -> Sighting | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return Sighting(path=path, size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+
+
+def _request(f: WatchedFile) -> VerifyRequest:
+    expected: dict[str, Any] = {}
+    lv = f.last_verified
+    if lv.get("arch"):
+        expected["previous"] = {"path": f.path, "arch": lv.get("arch", {}), "stds": lv.get("stds", {})}
+    return VerifyRequest(path=f.path, size=f.size, mtime_ns=f.mtime_ns, ino=f.ino, version=f.version,
+                         expected=expected)
+
+
+def poll(state: WatchState, sightings: Sequence[Sighting], now: float, *,
+         settle_s: float = SETTLE_S) -> tuple[WatchState, list[VerifyRequest], list[p.CheckpointState]]:
+    """One second of watching: new and changed versions start settling; a version that held
+    still for `settle_s` is asked to be verified (once). Files that vanished are forgotten."""
+    files = {k: msgspec.structs.replace(v) for k, v in state.files.items()}
+    requests: list[VerifyRequest] = []
+    records: list[p.CheckpointState] = []
+    seen = set()
+    for s in sightings:
+        seen.add(s.path)
+        f = files.get(s.path)
+        if f is None:
+            f = files[s.path] = WatchedFile(path=s.path, size=s.size, mtime_ns=s.mtime_ns, ino=s.ino,
+                                            first_seen=now, stable_since=now)
+            records.append(p.CheckpointState(path=s.path, step=None, state="candidate", t=now, size_bytes=s.size))
+        elif not f.matches(s):
+            # Written again (or still being written): a new version, settling from now.
+            f.size, f.mtime_ns, f.ino = s.size, s.mtime_ns, s.ino
+            f.stable_since = now
+            if f.state != "settling":
+                f.version += 1
+                f.state, f.digest, f.reason, f.report = "settling", None, None, {}
+                records.append(p.CheckpointState(path=s.path, step=None, state="candidate", t=now,
+                                                 size_bytes=s.size))
+            continue
+        if f.state == "settling" and now - f.stable_since >= settle_s and f.size > 0:
+            f.state = "verifying"
+            requests.append(_request(f))
+            records.append(p.CheckpointState(path=s.path, step=None, state="verifying", t=now, size_bytes=f.size))
+    for gone in set(files) - seen:
+        del files[gone]
+    return WatchState(files=files), requests, records
+
+
+def record_verdict(state: WatchState, request: VerifyRequest, report: dict[str, Any],
+                   current: Sighting | None, now: float) -> tuple[WatchState, list[p.CheckpointState], bool]:
+    """Take a verification report for `request`. `current` is a stat taken after the verifier
+    finished: if the file changed since the request, the verdict is about bytes that are gone and
+    is dropped (the new version settles and is verified in its turn). Returns the new state, the
+    records, and whether the verdict stood (only then may the keeper keep a verified copy)."""
+    files = {k: msgspec.structs.replace(v) for k, v in state.files.items()}
+    f = files.get(request.path)
+    same = (current is not None and f is not None and f.version == request.version and f.matches(current)
+            and current.version == (request.size, request.mtime_ns, request.ino))
+    if not same:
+        if f is not None and f.state == "verifying" and f.version == request.version:
+            f.state, f.stable_since = "settling", now
+        return WatchState(files=files), [], False
+    assert f is not None
+    if report.get("deferred"):
+        # The verifier could not judge (timed out, RAM short): try this version again later.
+        f.state, f.stable_since, f.reason = "settling", now, report.get("reason")
+        return WatchState(files=files), [], False
+    f.digest, f.step, f.report = report.get("digest"), report.get("step"), _small(report)
+    if report.get("ok"):
+        f.state, f.reason = "verified", None
+        f.last_verified = {"digest": f.digest, "step": f.step, "arch": report.get("arch") or {},
+                           "stds": report.get("stds") or {}}
+    else:
+        f.state, f.reason = "rejected", report.get("reason")
+    rec = p.CheckpointState(path=f.path, step=f.step, state=f.state, t=now, reason=f.reason,
+                            size_bytes=report.get("size_bytes"), digest=f.digest, report=f.report)
+    return WatchState(files=files), [rec], True
+
+
+def _small(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k != "stds"}
+
+
+def watch_findings(state: WatchState) -> list[Finding]:
+    """CKPT_REJECTED (and MASKED_ERROR) for each watched file whose current version failed."""
+    out: list[Finding] = []
+    for f in state.files.values():
+        if f.state == "rejected" and f.report:
+            out += verifier.findings_for_report({**f.report, "path": f.path, "ok": False})
+    return out

@@ -1,0 +1,105 @@
+"""`trainroom demo`: the bundled CPU trainer under a keeper, with the control room open."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainroom.core.run import store as runs
+from trainroom.core.run.status import status_dict
+from trainroom.core.demo.train import FAULTS
+
+NVML_FAULTS = {"ghost-memory", "orphan-context"}
+
+
+def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
+    sp = sub.add_parser("demo", help="run the bundled CPU trainer under a keeper and open the control room")
+    sp.add_argument("--fault", choices=FAULTS, default="none", help="reproduce one scenario of SCENARIOS.md")
+    sp.add_argument("--fault-step", type=int, default=None)
+    sp.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: run on)")
+    sp.add_argument("--ranks", type=int, default=None, help="run under torchrun with this many CPU ranks (gloo)")
+    sp.add_argument("--lr", type=float, default=None)
+    sp.add_argument("--step-delay", type=float, default=0.05,
+                    help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)")
+    sp.add_argument("--ckpt-every", type=int, default=None)
+    sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
+    sp.add_argument("--no-tui", action="store_true", help="print status lines instead of opening the control room")
+    sp.add_argument("--detach", action="store_true", help="print the run id and return")
+    sp.add_argument("--auto-resume", type=int, default=None, metavar="N")
+    sp.add_argument("--linger", dest="linger_s", type=float, default=None)
+    sp.add_argument("--theme", dest="watch_theme")
+    sp.set_defaults(func=func)
+
+
+def demo_command(args: argparse.Namespace) -> list[str]:
+    trainer = ["-m", "trainroom.core.demo.train"]
+    for flag, val in (("--fault", args.fault), ("--fault-step", args.fault_step), ("--steps", args.steps),
+                      ("--lr", args.lr), ("--step-delay", args.step_delay), ("--ckpt-every", args.ckpt_every)):
+        if val is not None and not (flag == "--fault" and val == "none"):
+            trainer += [flag, str(val)]
+    if args.tracer or args.fault == "nan":
+        trainer.append("--tracer")
+    if args.fault == "orphan-context":
+        trainer += ["--lock-file", str(demo_dir() / "train.lock")]
+    ranks = args.ranks or (2 if args.fault == "rank-outlier" else 1)
+    if ranks > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                *trainer]
+    return [sys.executable, *trainer]
+
+
+def demo_dir() -> Any:
+    d = runs.state_dir() / "demo"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d
+
+
+def demo_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {"demo": True, "resume_template": None}
+    if args.fault in NVML_FAULTS:
+        opts["fake_nvml"] = True
+    if args.fault == "orphan-context":
+        opts["lock_files"] = [str(demo_dir() / "train.lock")]
+    if args.fault == "disk-fill":
+        opts["disk_budget_bytes"] = 160 << 20
+    if args.auto_resume is not None:
+        opts["auto_resume"] = args.auto_resume
+    if args.linger_s is not None:
+        opts["linger_s"] = args.linger_s
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from trainroom.core.cli.main import launch, status_lines
+
+    info = launch(demo_command(args), demo_options(args), cwd=str(demo_dir()))
+    if args.detach:
+        print(info.run_id)
+        return 0
+    if not args.no_tui:
+        from trainroom.core.cli.main import open_tui
+
+        args.run = info.run_id
+        return open_tui(args)
+    print(f"run {info.run_id}  (trainroom status {info.run_id} --json; Ctrl-C leaves it running)")
+    from trainroom.core.run.client import KeeperGone, snapshot
+
+    try:
+        while True:
+            try:
+                st = snapshot(info.sock)
+                alive = True
+            except KeeperGone:
+                st, alive = runs.load_state(info.run_dir), False
+            d = status_dict(st, keeper_alive=alive)
+            print("\n".join(status_lines(d)), flush=True)
+            if d["state"] in ("exited", "dead") or not alive:
+                return 0 if d["state"] == "exited" else 1
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print(f"\nleft running: {info.run_id}")
+        return 0
+

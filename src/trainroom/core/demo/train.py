@@ -1,0 +1,411 @@
+"""The demo trainer: a small char-level transformer on CPU, trained for real on the corpus the
+project ships, with AdamW, a torch LR scheduler, checkpoints through the SDK, the reporter wired in,
+and `--fault NAME` reproducing each row of SCENARIOS.md for real.
+
+Run it under a keeper with `trainroom demo`, or by hand: `python -m trainroom.core.demo.train`.
+
+A fault fires in attempt 1 only (a resumed attempt trains on cleanly) unless
+`--fault-every-attempt`. The training-sanity faults (scenarios 4-8):
+  lr-override    two attempts, as in seed 003: a fresh attempt plays the earlier run (1e-6, whatever
+                 --lr says), saves at --fault-step and ends; resume it and the session (--lr,
+                 default 1e-4) restores optimizer + scheduler state without reimpose_lr, so it
+                 trains at 1e-6 (--reimpose-lr: the same resume with the helper, the fix)
+  exploded-init  lm_head scaled to std 13.87 before the first step
+  white-model    lm_head zeroed and frozen: logits 0, loss = ln V exactly, nothing learns
+  spike          lm_head x4 for one step; AdamW brings the loss back within a few steps
+  diverge        the LR ramps (x1.05 a step) to 300x --lr: spike, divergence, grad explosion, NaN
+  nan            one Linear's weight set to NaN (--tracer names blocks.1.mlp.0)
+  rank-outlier   under torchrun, rank 1's loader hands out random labels from --fault-step on
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FAULTS = (
+    "none", "silent-death", "stall", "hang", "hang-lock", "lr-override", "exploded-init", "white-model",
+    "spike", "diverge", "nan", "rank-outlier", "ghost-memory", "orphan-context", "disk-fill",
+    "truncated-ckpt", "masked-enomem", "duplicate",
+)
+
+# lr-override (seed 003): the earlier run began at this LR; the session that resumes from its
+# checkpoint asks for --lr (the seed: 1e-4).
+EARLIER_RUN_LR = 1e-6
+SESSION_LR_AFTER_OVERRIDE = 1e-4
+# diverge: the LR climbs to this many times --lr and stays there.
+DIVERGE_LR_FACTOR = 300.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="trainroom-demo-trainer")
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="the session's LR (default 3e-3; 1e-4 under --fault lr-override, as in the seed)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=32)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step (a slower demo)")
+    ap.add_argument("--fault", choices=FAULTS, default="none")
+    ap.add_argument("--fault-step", type=int, default=30)
+    ap.add_argument("--fault-every-attempt", action="store_true",
+                    help="fault again in resumed attempts too (default: only the first attempt faults)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tracer", action="store_true", help="name the first module whose output went non-finite")
+    ap.add_argument("--lock-file", help="hold an flock on this file while training (as many trainers do)")
+    ap.add_argument("--ckpt-pad-mb", type=float, default=0.0, help="pad each checkpoint by this many MiB")
+    ap.add_argument("--no-reimpose-lr", action="store_true",
+                    help="on resume, keep the optimizer/scheduler LR from the checkpoint")
+    ap.add_argument("--reimpose-lr", action="store_true",
+                    help="on resume, call reimpose_lr even under --fault lr-override (the fix)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.lr is None:
+        args.lr = SESSION_LR_AFTER_OVERRIDE if args.fault == "lr-override" else 3e-3
+    if os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
+        return _be_the_duplicate(int(os.environ["TRAINROOM_DEMO_DUPLICATE"]))
+    resume = os.environ.get("TRAINROOM_RESUME")
+    # lr-override is a story in two attempts (seed 003): a fresh attempt plays the earlier run,
+    # which trains at 1e-6, saves and ends; every resume from it plays the session that asks for
+    # --lr and restores optimizer + scheduler state but never calls reimpose_lr. The missing call
+    # is a property of the session's code, so it holds in every resumed attempt (unless
+    # --reimpose-lr, the fix).
+    forgets_reimpose = args.fault == "lr-override" and bool(resume) and not args.reimpose_lr
+    if int(os.environ.get("TRAINROOM_ATTEMPT", "1")) > 1 and not args.fault_every_attempt:
+        # A fault is an event, not a property of the run: a resumed attempt trains on cleanly.
+        args.fault = "none"
+    earlier_run = args.fault == "lr-override" and not resume
+    session_lr = EARLIER_RUN_LR if earlier_run else args.lr
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from trainroom.core.sdk import reporter as reporter
+
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    torch.manual_seed(args.seed)
+
+    text = resources.files("trainroom.core.demo").joinpath("corpus.txt").read_text()
+    chars = sorted(set(text))
+    vocab = len(chars)
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+
+    arch = {"layers": args.layers, "d_model": args.d_model, "vocab": vocab, "heads": args.heads, "ctx": args.ctx}
+    rep = reporter.connect(lr=session_lr, vocab_size=vocab, warmup_steps=0, arch=arch)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(args.d_model)
+            self.attn = nn.MultiheadAttention(args.d_model, args.heads, batch_first=True)
+            self.ln2 = nn.LayerNorm(args.d_model)
+            self.mlp = nn.Sequential(nn.Linear(args.d_model, 4 * args.d_model), nn.GELU(),
+                                     nn.Linear(4 * args.d_model, args.d_model))
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    class CharGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(vocab, args.d_model)
+            self.pos = nn.Embedding(args.ctx, args.d_model)
+            self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
+            self.ln_f = nn.LayerNorm(args.d_model)
+            self.lm_head = nn.Linear(args.d_model, vocab, bias=False)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            t = idx.shape[1]
+            mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+            x = self.tok(idx) + self.pos(torch.arange(t))
+            for b in self.blocks:
+                x = b(x, mask)
+            return self.lm_head(self.ln_f(x))
+
+    model = CharGPT()
+    net: nn.Module = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+    if args.fault == "white-model":
+        # The seed-004 plateau at ln V: an output head left at zero and frozen (a fine-tune that
+        # forgot to unfreeze it). Its logits are all 0, so every token gets 1/V, the loss is ln V
+        # exactly, and no gradient reaches anything below it: the run steps and learns nothing.
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
+        model.lm_head.weight.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=session_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
+    step = 0
+    tokens = 0
+
+    if resume:
+        with rep.phase("checkpoint-load"):
+            ckpt = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        step, tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
+        print(f"resumed from {resume} at step {step}", flush=True)
+        if forgets_reimpose or args.no_reimpose_lr:
+            print(f"lr {opt.param_groups[0]['lr']:.3g} restored from the checkpoint, "
+                  f"requested {args.lr:g}: reimpose_lr not called", flush=True)
+        else:
+            from trainroom.core.sdk.lr import reimpose_lr
+
+            reimpose_lr(opt, sched, args.lr, step=step)
+    if earlier_run:
+        print(f"lr-override: this attempt plays the earlier run at lr {EARLIER_RUN_LR:g} (not --lr {args.lr:g}); "
+              f"it saves at step {args.fault_step} and ends: resume the run to start the session", flush=True)
+    if args.fault == "exploded-init":
+        with torch.no_grad():
+            model.lm_head.weight.mul_(13.87 / float(model.lm_head.weight.std()))
+
+    tracer = None
+    if args.tracer:
+        from trainroom.core.sdk.tracer import NonFiniteTracer
+
+        tracer = NonFiniteTracer(model, reporter=rep)
+
+    lock_fd = _take_lock(args.lock_file) if args.lock_file else None
+    if args.fault == "orphan-context" and lock_fd is not None and rank == 0:
+        # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], pass_fds=(lock_fd,),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if args.fault == "duplicate" and rank == 0 and not os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
+        _start_duplicate()
+    fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
+    ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
+
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    print(f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {session_lr:g} "
+          f"fault {args.fault}@{args.fault_step}", flush=True)
+    start_step = step
+    while step < args.steps:
+        if args.fault == "stall" and step >= args.fault_step:
+            _stall(net, data, args, gen, torch, F, vocab)
+        ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
+        x = torch.stack([data[i : i + args.ctx] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + args.ctx] for i in ix])
+        if args.fault == "rank-outlier" and rank == 1 and step >= args.fault_step:
+            # Seed 002's rank 41: from the fault step on, one rank's loader hands out corrupt
+            # labels (random token ids). Its loss jumps and stays up; averaged with the healthy
+            # rank it only moves the mean, so the headline must show the median and the worst.
+            y = torch.randint(vocab, y.shape, generator=gen)
+        if args.fault == "spike" and step == args.fault_step:
+            with torch.no_grad():  # a bad batch of weights for one step: a spike, then recovery
+                model.lm_head.weight.mul_(4.0)
+        if args.fault == "nan" and step == args.fault_step:
+            with torch.no_grad():
+                model.blocks[-1].mlp[0].weight.fill_(float("nan"))
+        if args.fault == "diverge" and step >= args.fault_step:
+            # An LR pushed past the stable range (a schedule that ramps too far): the loss stops
+            # coming back and settles well above its best while staying finite, the divergence
+            # that "wait for NaN" misses.
+            for g in opt.param_groups:
+                g["lr"] = min(g["lr"] * 1.05, args.lr * DIVERGE_LR_FACTOR)
+        if tracer is not None:
+            tracer.step = step + 1  # the step this forward reports as
+        logits = net(x)
+        loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+        opt.step()
+        sched.step()
+        step += 1
+        tokens += args.batch * args.ctx * world
+        alloc = None
+        if fake_nvml and rank == 0:
+            alloc = _drive_fake_nvml(fake_nvml, args, step, os.getpid())
+        lv = float(loss.detach())
+        rep.step(step, loss=lv, tokens=tokens, grad_norm=gn, optimizer=opt, alloc=alloc)
+        if step % 10 == 0 and rank == 0:
+            print(f"iter {step}: loss {lv:.4f}, lr {opt.param_groups[0]['lr']:.3e}, "
+                  f"grad {gn:.3f}", flush=True)
+        if args.fault == "silent-death" and step == args.fault_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.fault == "hang" and step == args.fault_step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if args.fault == "hang-lock" and step == args.fault_step:
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # the main thread parks here for good; the heartbeat thread goes on
+        if args.fault == "masked-enomem" and step == args.fault_step:
+            _load_with_masked_enomem()
+        if args.fault == "orphan-context" and step == args.fault_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        every = 1 if args.fault == "disk-fill" else args.ckpt_every
+        ends_earlier_run = earlier_run and step >= args.fault_step
+        if rank == 0 and (ends_earlier_run or (every and step % every == 0)) and step > start_step:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "scheduler": sched.state_dict(), "step": step, "tokens": tokens,
+                     "config": {"lr": session_lr, "vocab_size": vocab, **arch}}
+            pad = args.ckpt_pad_mb or (8.0 if args.fault == "disk-fill" else 0.0)
+            if pad:
+                state["pad"] = torch.zeros(int(pad * (1 << 20) / 4))
+            _save(state, step, ckpt_root, truncate=args.fault == "truncated-ckpt" and step >= args.fault_step)
+        if ends_earlier_run:
+            print(f"the earlier run ends at step {step} (lr {opt.param_groups[0]['lr']:.3g}, saved); "
+                  "resume it (r, or `trainroom resume --yes`) for the session", flush=True)
+            break
+        if args.step_delay:
+            time.sleep(args.step_delay)
+    rep.close("finished")
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    print(f"done at step {step}", flush=True)
+    return 0
+
+
+def _checkpoint_file(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(x for x in p.iterdir() if x.suffix in (".pt", ".pth", ".bin"))
+        if not files:
+            raise FileNotFoundError(f"no checkpoint file in {p}")
+        return str(files[0])
+    return str(p)
+
+
+def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
+    from trainroom.core.sdk import reporter as reporter
+    from trainroom.core.ckpt.layout import CheckpointWontFit, save_checkpoint
+
+    if not truncate:
+        try:
+            save_checkpoint(state, step, root=root)
+        except CheckpointWontFit as exc:
+            # The pre-save check refused before writing a byte: skip this checkpoint and train
+            # on (the keeper shows DISK_HIGH / DISK_FULL_SOON; a prune makes room again).
+            print(f"checkpoint step {step} skipped: {exc.strerror}", flush=True)
+            reporter.current().note("checkpoint-skipped", str(exc.strerror), step=step)
+        return
+    # DrvFs as the seed saw it: the file lands short, nothing says so, and the trainer moves on.
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()[: len(buf.getvalue()) // 2]
+    q = root / ".quarantine"
+    q.mkdir(parents=True, exist_ok=True)
+    path = q / f"step-{step:06d}.pt"
+    rep = reporter.current()
+    with rep.phase("checkpoint-save"):
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    rep.checkpoint(str(path), step, size_bytes=len(data), digest=None)
+
+
+def _stall(net: Any, data: Any, args: argparse.Namespace, gen: Any, torch: Any, F: Any, vocab: int) -> None:
+    """The seed-004 bug: after a resume the accumulation counter never meets its multiple, so the
+    loop keeps computing micro-batches and never steps. Alive, busy, no progress."""
+    micro = 1
+    accum = 16
+    while True:
+        ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
+        x = torch.stack([data[i : i + args.ctx] for i in ix])
+        with torch.no_grad():
+            net(x)
+        micro += accum  # wrong increment: micro % accum never returns to 0
+        if micro % accum == 0:
+            return
+        time.sleep(0.01)
+
+
+def _load_with_masked_enomem() -> None:
+    """torch.load under host memory pressure, as the seed saw it: SystemError hides ENOMEM."""
+    try:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    except OSError as exc:
+        raise SystemError("readinto") from exc
+
+
+def _take_lock(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def _start_duplicate() -> None:
+    """A second instance of the same command in the same directory, outside our process group
+    (a session that was not released). It watches us and leaves when we are gone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_") or k == "TRAINROOM_HOME"}
+    env["TRAINROOM_DEMO_DUPLICATE"] = str(os.getpid())
+    # Exactly our command line, so the process table shows two identical trainers. Started through
+    # an intermediate that exits at once, so it is not our descendant either (the duplicate check
+    # rightly counts our own children, e.g. data-loader workers, as ours): an unreleased session's
+    # trainer is no child of the new one.
+    launcher = ("import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, "
+                "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
+    subprocess.run([sys.executable, "-c", launcher, *sys.orig_argv], env=env, check=False,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _be_the_duplicate(parent: int) -> int:
+    """The second instance idles (as a forgotten session would) and leaves when we are gone."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(parent, 0)
+        except OSError:
+            return 0
+
+
+def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -> tuple[int, int, int]:
+    """On a machine without a GPU, the ghost-memory and orphan-context faults drive the fake NVML:
+    the allocator view the reporter sends and the driver view the keeper's fake reads agree except
+    where the fault says they must not."""
+    reserved = 4 << 30
+    allocated = 3 << 30
+    ghost = args.fault == "ghost-memory" and step >= args.fault_step
+    used = int(reserved * 2.1) if ghost else reserved + (300 << 20)
+    procs = [{"pid": pid, "used_bytes": used}]
+    util, power = 85, 160.0
+    if args.fault == "orphan-context" and step >= args.fault_step - 1:
+        procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": 12 << 30})
+        util, power = 100, 60.0
+    scenario = {"devices": [{"name": "NVIDIA GeForce RTX 3060 (fake)", "total_bytes": 12 << 30,
+                             "used_bytes": sum(p["used_bytes"] for p in procs), "util_percent": util,
+                             "power_w": power}], "processes": procs}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(scenario, f)
+    os.replace(tmp, path)
+    return allocated, reserved, reserved
+
+
+if __name__ == "__main__":
+    sys.exit(main())

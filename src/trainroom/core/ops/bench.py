@@ -1,0 +1,292 @@
+"""Matmul TFLOPS on one device, with a verdict against a floor for its class.
+
+The seed's detector: a GPU that does more than 2 TFLOPS is not the problem (an RTX 3060 held by
+a zombie context did far less), so look elsewhere. The floors below are wedge detectors, well
+under what a healthy part of each class reaches, not performance targets.
+
+The measurement imports torch, so it runs in a short-lived subprocess:
+`python -m trainroom.core.bench --device cpu|cuda:N [--seconds S] --json`; the keeper and the CLI
+call `run_bench`, which starts it and returns its JSON as a dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+# (name pattern, device class, floor in TFLOPS); the first match wins.
+GPU_FLOORS: list[tuple[str, str, float]] = [
+    (r"\b(GH|H|B)\d00\b|\bH800\b", "Hopper/Blackwell data-centre GPU", 100.0),
+    (r"\bA100\b|\bA800\b|\bH20\b", "Ampere data-centre GPU", 50.0),
+    (r"RTX (40|50)\d\d|\bL40|\bL4\b|A6000|RTX 6000", "Ada/Blackwell workstation or desktop GPU", 10.0),
+    (r"", "GPU (RTX 3060 class)", 2.0),  # the seed's figure
+]
+CPU_FLOOR = ("CPU", 0.005)  # 5 GFLOPS fp32: a shared two-core VM does several times that
+DEFAULT_SECONDS = 1.0
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def floor_for(device_type: str, name: str) -> tuple[str, float]:
+    """The device class and its TFLOPS floor."""
+    if device_type == "cpu":
+        return CPU_FLOOR
+    for pattern, cls, floor in GPU_FLOORS:
+        if re.search(pattern, name):
+            return cls, floor
+    raise AssertionError("the last GPU pattern matches everything")
+
+
+def verdict(tflops: float, cls: str, floor: float) -> tuple[str, str]:
+    if tflops >= floor:
+        return (
+            "ok",
+            f"above the {floor:g} TFLOPS floor of its class ({cls}): the hardware is fine, look elsewhere",
+        )
+    return "slow", (
+        f"below the {floor:g} TFLOPS floor of its class ({cls}): the device is slow or wedged (a zombie context "
+        f"holding it, another process on it, thermal or power throttling)"
+    )
+
+
+# --------------------------------------------------------------------------- in the subprocess
+
+
+def measure(device: str = "auto", seconds: float = DEFAULT_SECONDS) -> dict[str, Any]:
+    """Time square matmuls on `device` for about `seconds` after a warm-up (imports torch)."""
+    import torch
+
+    if device == "auto":
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return {"ok": False, "device": device, "error": "CUDA is not available to torch here"}
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            return {
+                "ok": False,
+                "device": device,
+                "error": f"no such device: {torch.cuda.device_count()} CUDA device(s)",
+            }
+        dev = torch.device("cuda", index)
+        name = torch.cuda.get_device_name(index)
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        n = 4096
+
+        def sync() -> None:
+            torch.cuda.synchronize(dev)
+    else:
+        name = _cpu_name()
+        dtype = torch.float32
+        n = 1024
+
+        def sync() -> None:
+            pass
+
+    try:
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        c = torch.empty(n, n, device=dev, dtype=dtype)
+        for _ in range(3):  # warm-up: kernel selection, clocks ramping up, lazy init
+            torch.mm(a, b, out=c)
+        sync()
+        iterations, batch = 0, 1
+        start = time.perf_counter()
+        while True:
+            for _ in range(batch):
+                torch.mm(a, b, out=c)
+            sync()
+            iterations += batch
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+            if elapsed * 8 < seconds:
+                batch *= 2  # fewer synchronisations once we know a matmul is quick
+    except RuntimeError as exc:  # out of memory on a full device, a lost GPU
+        return {"ok": False, "device": str(dev), "device_name": name, "error": str(exc).splitlines()[0]}
+
+    tflops = 2 * n**3 * iterations / elapsed / 1e12
+    cls, floor = floor_for(dev.type, name)
+    word, text = verdict(tflops, cls, floor)
+    return {
+        "ok": True,
+        "device": str(dev),
+        "device_name": name,
+        "device_class": cls,
+        "dtype": str(dtype).removeprefix("torch."),
+        "n": n,
+        "iterations": iterations,
+        "seconds": round(elapsed, 3),
+        "tflops": round(tflops, 4),
+        "floor_tflops": floor,
+        "verdict": word,
+        "message": text,
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "torch": torch.__version__,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+# --------------------------------------------------------------------------- keeper / CLI side
+
+
+def run_bench(
+    device: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    *,
+    seconds: float = DEFAULT_SECONDS,
+    python: str | None = None,
+    floor_tflops: float | None = None,
+) -> dict[str, Any]:
+    """Run the bench in a subprocess and return its result; never raises.
+
+    `python` is the interpreter that has torch (the trainer's; default ours). Blocking for about
+    `seconds` plus torch's import (a few seconds): call it from a worker thread. `floor_tflops`
+    (trainroom.toml's [bench]) replaces the device class's floor in the verdict.
+    """
+    if not DEVICE_RE.match(device):
+        return {
+            "ok": False,
+            "device": device,
+            "error": f"bad device {device!r}: expected cpu, cuda or cuda:N",
+        }
+    argv = [
+        python or sys.executable,
+        "-m",
+        "trainroom.core.ops.bench",
+        "--device",
+        device,
+        "--seconds",
+        str(seconds),
+        "--json",
+    ]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {
+            "ok": False,
+            "device": device,
+            "error": f"the bench did not finish in {timeout:g} s (a wedged device?)",
+        }
+    except OSError as exc:
+        return {"ok": False, "device": device, "error": f"cannot start {argv[0]}: {exc.strerror or exc}"}
+    lines = done.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+        if isinstance(result, dict):
+            return with_floor(result, floor_tflops)
+    except (IndexError, json.JSONDecodeError):
+        pass
+    tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return {"ok": False, "device": device, "error": f"the bench failed: {tail}"}
+
+
+def with_floor(result: dict[str, Any], floor_tflops: float | None) -> dict[str, Any]:
+    """The result judged against a configured floor instead of its class's."""
+    if floor_tflops is None or not result.get("ok") or not isinstance(result.get("tflops"), (int, float)):
+        return result
+    word, text = verdict(float(result["tflops"]), f"{result.get('device_class', '?')}, set in trainroom.toml",
+                         floor_tflops)
+    return result | {"floor_tflops": floor_tflops, "floor_source": "trainroom.toml", "verdict": word, "message": text}
+
+
+def describe(result: dict[str, Any]) -> str:
+    """One line for a human."""
+    if not result.get("ok"):
+        return f"bench on {result.get('device', '?')}: {result.get('error', 'failed')}"
+    return (
+        f"{result['device']} ({result['device_name']}): {result['tflops']:.3g} TFLOPS {result['dtype']} "
+        f"({result['iterations']} matmuls of {result['n']}x{result['n']} in {result['seconds']:.2f} s); "
+        f"{result['message']}"
+    )
+
+
+def _device_arg(value: str) -> str:
+    if not DEVICE_RE.match(value):
+        raise argparse.ArgumentTypeError(f"bad device {value!r}: expected cpu, cuda or cuda:N")
+    return value
+
+
+def _seconds_arg(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad duration {value!r}: expected seconds") from None
+    if not 0 < s <= 60:
+        raise argparse.ArgumentTypeError(f"bad duration {value!r}: expected 0 < seconds <= 60")
+    return s
+
+
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --seconds, for a `bench` verb defined elsewhere (the keeper-bound one)."""
+    parser.add_argument(
+        "--device",
+        type=_device_arg,
+        default="auto",
+        help="cpu, cuda or cuda:N (default: cuda:0 if there is one)",
+    )
+    parser.add_argument(
+        "--seconds", type=_seconds_arg, default=None,
+        help="timed duration (default: [bench] seconds in trainroom.toml, else 1)",
+    )
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_device_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def add_parser(subparsers: Any) -> None:
+    """`trainroom bench [--device D] [--seconds S] [--json]`: exit 0 above the floor, 1 below it
+    or when it could not measure, 2 on bad input."""
+    parser = subparsers.add_parser("bench", help="matmul TFLOPS on a device, against a floor for its class")
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bench here, without a keeper (args: device, seconds, json), with the [bench] section of
+    the trainroom.toml in force here (the current dir, then the state dir)."""
+    from trainroom.core.config import load_config
+    from trainroom.core.run.store import state_dir
+
+    cfg, _path = load_config(Path.cwd(), state_dir())  # ConfigError: one line, exit 2
+    seconds = getattr(args, "seconds", None) or cfg.bench.seconds
+    result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
+    print(json.dumps(result) if getattr(args, "json", False) else describe(result))
+    return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The subprocess entry: measures in this process."""
+    parser = argparse.ArgumentParser(prog="python -m trainroom.core.ops.bench")
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        result = measure(args.device, args.seconds or DEFAULT_SECONDS)
+    except ImportError as exc:
+        result = {"ok": False, "device": args.device, "error": f"torch is not importable here: {exc}"}
+    print(json.dumps(result) if args.json else describe(result))
+    return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The driver's view of the GPU through NVML (nvidia-ml-py's `pynvml`): device memory, utilisation,
+power, and per-process memory where the driver reports it.
+
+Field notes this follows (DESIGN.md): initialise NVML once and call it in-process (polling
+nvidia-smi under WSL leaks the driver's non-paged pool); probe ComputeRunningProcesses `_v3`,
+then `_v2`, then v1, since the struct changed across drivers; `usedGpuMemory` of ULLONG_MAX (or
+None, as nvidia-ml-py reports it) is N/A under WSL2/WDDM and MIG, a normal value, not an error:
+the sample says so and the watchdog falls back to device totals; one failing field never breaks
+a sample; zombie contexts can report junk utilisation (nvtop saw 37100 %): over 100 is dropped.
+Without a driver `nvmlInit` raises NVMLError_LibraryNotFound and the sample says
+"driver view unavailable: NVML Shared Library Not Found".
+
+A sample is a plain JSON-able dict (it travels in protocol.ProbeSample.gpu):
+    {t, available, reason, per_process, pid_namespace, notes,
+     devices: [{index, name, used_bytes, total_bytes, util_percent, power_w}],
+     processes: [{pid, used_bytes, exists, ours, device, state}]}
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from trainroom.core.probes.procs import PROC, read_stat
+
+# /proc/self/ns/pid of the initial PID namespace (PROC_PID_INIT_INO in the kernel).
+HOST_PID_NS_INODE = 0xEFFFFFFC
+ULLONG_MAX = (1 << 64) - 1
+PROCESS_FUNCTIONS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+PER_PROCESS_NA = ("per-process GPU memory is N/A from this driver (WSL2/WDDM or MIG): "
+                  "device totals stand in for it")
+FOREIGN_NAMESPACE = ("not in the host PID namespace: the driver's PIDs may not exist here, so they "
+                     "are not called orphans")
+
+
+def load_nvml() -> Any:
+    """The fake at the pynvml boundary when $TRAINROOM_FAKE_NVML names a scenario, else pynvml."""
+    from trainroom.core.probes import fake_nvml
+
+    if os.environ.get(fake_nvml.ENV):
+        return fake_nvml
+    import pynvml
+
+    return pynvml
+
+
+def pid_namespace(proc_root: str = PROC) -> str:
+    """'host' in the initial PID namespace, 'container' in another, 'unknown' if /proc won't say."""
+    try:
+        return "host" if os.stat(f"{proc_root}/self/ns/pid").st_ino == HOST_PID_NS_INODE else "container"
+    except OSError:
+        return "unknown"
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+class GpuProbe:
+    """Samples NVML once per probe cycle. Thread-safe enough for one caller thread at a time
+    (the keeper's probe worker); `sample()` never raises."""
+
+    def __init__(self, nvml: Any = None, *, clock: Callable[[], float] = time.time, proc_root: str = PROC,
+                 retry_init_s: float = 30.0) -> None:
+        self.nvml = nvml if nvml is not None else load_nvml()
+        self.clock = clock
+        self.proc_root = proc_root
+        self.retry_init_s = retry_init_s
+        self._initialized = False
+        self._init_error: str | None = None
+        self._init_tried_at: float | None = None
+        self._process_fn: str | None = None  # the ComputeRunningProcesses variant that worked
+        self._namespace = pid_namespace(proc_root)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _ensure_init(self, now: float) -> bool:
+        if self._initialized:
+            return True
+        if self._init_tried_at is not None and now - self._init_tried_at < self.retry_init_s:
+            return False
+        self._init_tried_at = now
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as exc:
+            self._init_error = str(exc)
+            return False
+        except Exception as exc:  # a broken binding is still only "unavailable"
+            self._init_error = f"{type(exc).__name__}: {exc}"
+            return False
+        self._initialized, self._init_error = True, None
+        return True
+
+    def close(self) -> None:
+        if self._initialized:
+            self._initialized = False
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------------ sample
+
+    def _unavailable(self, t: float, why: str) -> dict[str, Any]:
+        return {"t": t, "available": False, "reason": f"driver view unavailable: {why}", "per_process": None,
+                "pid_namespace": self._namespace, "notes": [], "devices": [], "processes": []}
+
+    def sample(self, our_pids: Collection[int] = ()) -> dict[str, Any]:
+        t = self.clock()
+        if not self._ensure_init(t):
+            return self._unavailable(t, self._init_error or "NVML not initialised")
+        nvml = self.nvml
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as exc:
+            # GpuIsLost, DriverNotLoaded after an update, Uninitialized: start over next time.
+            self.close()
+            self._init_tried_at = t
+            self._init_error = str(exc) if isinstance(exc, nvml.NVMLError) else f"{type(exc).__name__}: {exc}"
+            return self._unavailable(t, self._init_error)
+        notes: list[str] = []
+        devices: list[dict[str, Any]] = []
+        processes: list[dict[str, Any]] = []
+        ours = set(our_pids)
+        any_known = any_na = False
+        for i in range(count):
+            dev: dict[str, Any] = {"index": i, "name": None, "used_bytes": None, "total_bytes": None,
+                                   "util_percent": None, "power_w": None}
+            devices.append(dev)
+            handle = self._field(notes, i, "handle", nvml.nvmlDeviceGetHandleByIndex, i)
+            if handle is None:
+                continue
+            name = self._field(notes, i, "name", nvml.nvmlDeviceGetName, handle)
+            dev["name"] = _text(name) if name is not None else None
+            mem = self._field(notes, i, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+            if mem is not None:
+                dev["used_bytes"], dev["total_bytes"] = int(mem.used), int(mem.total)
+            util = self._field(notes, i, "utilisation", nvml.nvmlDeviceGetUtilizationRates, handle)
+            if util is not None:
+                gpu_util = int(util.gpu)
+                if 0 <= gpu_util <= 100:
+                    dev["util_percent"] = gpu_util
+                else:
+                    notes.append(f"device {i}: utilisation sample {gpu_util} % dropped (junk, as zombie contexts report)")
+            power = self._field(notes, i, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+            if power is not None:
+                dev["power_w"] = round(int(power) / 1000.0, 1)  # NVML reports milliwatts
+            for proc in self._compute_processes(notes, i, handle):
+                pid = int(proc.pid)
+                used = getattr(proc, "usedGpuMemory", None)
+                used = None if used is None or int(used) >= ULLONG_MAX else int(used)
+                any_known |= used is not None
+                any_na |= used is None
+                st = read_stat(pid, self.proc_root) if pid > 0 else None
+                processes.append({"pid": pid, "used_bytes": used, "exists": st is not None,
+                                  "ours": pid in ours, "device": i, "state": st.state if st is not None else None})
+        per_process: bool | None = True if any_known else (False if any_na else None)
+        if per_process is False:
+            notes.append(PER_PROCESS_NA)
+        if processes and self._namespace != "host" and any(not p["exists"] for p in processes):
+            notes.append(FOREIGN_NAMESPACE)
+        return {"t": t, "available": True, "reason": "", "per_process": per_process,
+                "pid_namespace": self._namespace, "notes": notes, "devices": devices, "processes": processes}
+
+    def _field(self, notes: list[str], index: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self.nvml.NVMLError as exc:
+            notes.append(f"device {index}: {what} unavailable: {exc}")
+        except Exception as exc:
+            notes.append(f"device {index}: {what} unavailable: {type(exc).__name__}: {exc}")
+        return None
+
+    def _compute_processes(self, notes: list[str], index: int, handle: Any) -> list[Any]:
+        names = (self._process_fn,) if self._process_fn else PROCESS_FUNCTIONS
+        last: str | None = None
+        for name in names:
+            fn = getattr(self.nvml, name, None)
+            if fn is None:
+                continue
+            try:
+                procs = list(fn(handle))
+            except self.nvml.NVMLError_FunctionNotFound:
+                continue  # an older driver: try the older struct
+            except self.nvml.NVMLError as exc:
+                last = str(exc)
+                continue
+            except Exception as exc:  # e.g. the binding's own version-mismatch error
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            self._process_fn = name
+            return procs
+        if self._process_fn and names == (self._process_fn,):
+            self._process_fn = None  # the remembered variant failed: probe them all next time
+        notes.append(f"device {index}: compute processes unavailable: {last or 'no ComputeRunningProcesses function'}")
+        return []

@@ -1,0 +1,110 @@
+"""One probe cycle: every probe the watchdog reads, gathered into a protocol.ProbeSample.
+
+The keeper takes `ProbeTargets.of(run)` on its event loop (a consistent read of the run), hands
+it to `ProbeSweep.sample` in a worker thread once a second (NVML and /proc reads block), emits
+the sample (not journaled), and builds the watchdog's context from `run.probe` with
+`watchdog.context_from_probe`. So the TUI and `status` see exactly what the rules saw.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core.run.state import RunState
+from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.probes.host import HostProbe
+from trainroom.core.probes.locks import lock_holders
+from trainroom.core.probes.procs import (
+    PROC,
+    group_activity,
+    group_states,
+    host_process_duplicates,
+    trainer_duplicates,
+)
+
+
+class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
+    """What one cycle looks at, read from the run on the keeper's loop thread."""
+
+    attempt: int = 0
+    pid: int = 0
+    pgid: int = 0
+    alive: bool = False
+    argv: list[str] = []
+    cwd: str = ""
+    rank_pids: list[int] = []
+
+    @classmethod
+    def of(cls, run: RunState) -> ProbeTargets:
+        a = run.attempt
+        if a is None:
+            return cls()
+        return cls(attempt=a.n, pid=a.pid, pgid=a.pgid, alive=a.alive, argv=list(a.argv), cwd=a.cwd,
+                   rank_pids=sorted({r.pid for r in list(run.ranks.values()) if r.pid}))
+
+
+class ProbeSweep:
+    """GPU, host RAM, the attempt's process states and main-thread activity, lock holders and
+    duplicates. Duplicates scan every process's command line, so they run every
+    `duplicate_every` cycles and the last answer is repeated in between."""
+
+    def __init__(self, *, lock_paths: Iterable[str] = (), host_process_names: Iterable[str] = (),
+                 nvml: Any = None, gpu: GpuProbe | None = None, host: HostProbe | None = None,
+                 proc_root: str = PROC, clock: Callable[[], float] = time.time, duplicate_every: int = 2) -> None:
+        self.lock_paths = list(lock_paths)
+        self.host_process_names = list(host_process_names)
+        self.clock = clock
+        self.proc_root = proc_root
+        self.gpu = gpu if gpu is not None else GpuProbe(nvml, clock=clock, proc_root=proc_root)
+        self.host = host if host is not None else HostProbe(proc_root=proc_root, clock=clock)
+        self.duplicate_every = max(1, duplicate_every)
+        self._cycle = 0
+        self._duplicates: list[dict[str, Any]] = []
+
+    def procs(self, targets: ProbeTargets) -> dict[str, Any]:
+        states = group_states(targets.pgid, self.proc_root) if targets.alive and targets.pgid > 0 else {}
+        watched = sorted({targets.pid, *targets.rank_pids} & set(states)) if states else []
+        if self._cycle % self.duplicate_every == 0:
+            found = []
+            if targets.argv:
+                dup = trainer_duplicates(targets.argv, targets.cwd, trainer_pid=targets.pid if targets.alive else None,
+                                         own_pgid=targets.pgid or None)
+                if dup is not None:
+                    found.append(dup)
+            found += host_process_duplicates(self.host_process_names)
+            self._duplicates = found
+        return {
+            "attempt": targets.attempt,
+            "pgid": targets.pgid,
+            "states": states,
+            "activity": group_activity(watched, self.proc_root),
+            "locks": lock_holders(self.lock_paths, proc_root=self.proc_root),
+            "duplicates": self._duplicates,
+        }
+
+    def sample(self, targets: ProbeTargets) -> p.ProbeSample:
+        """One cycle; never raises (each probe degrades to an `error` entry of its own)."""
+        t = self.clock()
+        try:
+            procs = self.procs(targets)
+        except Exception as exc:
+            procs = {"error": f"{type(exc).__name__}: {exc}"}
+        ours = set((procs.get("states") or {}).keys()) | set(targets.rank_pids) | ({targets.pid} if targets.alive else set())
+        try:
+            gpu = self.gpu.sample(our_pids=ours)
+        except Exception as exc:
+            gpu = {"t": t, "available": False, "reason": f"driver view unavailable: {type(exc).__name__}: {exc}"}
+        try:
+            host = self.host.sample()
+        except Exception as exc:
+            host = {"t": t, "available": False, "reason": f"host memory view unavailable: {type(exc).__name__}: {exc}"}
+        self._cycle += 1
+        return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs)
+
+    def close(self) -> None:
+        self.gpu.close()

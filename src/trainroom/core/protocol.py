@@ -1,0 +1,327 @@
+"""The wire protocol: msgspec Structs, one tagged union per direction, length-prefixed msgpack
+frames on a Unix stream socket.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack. A frame longer than
+the direction's limit, or a body that does not decode into the direction's union, is a
+`ProtocolError`: the keeper closes that one connection, journals why, and the run goes on.
+
+The same records are what the keeper journals and what it sends clients as live deltas, so a
+client folds exactly what a replay of the journal folds (see `state.RunState.apply`).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal, Union
+
+import msgspec
+
+from trainroom.core.findings import Finding
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")
+# Trainer and client frames are small; a snapshot to a client can carry a long history.
+MAX_INBOUND_FRAME = 1 << 20
+MAX_OUTBOUND_FRAME = 64 << 20
+
+PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
+
+
+class ProtocolError(Exception):
+    """A frame that must end its connection: too large, or not a message of this direction."""
+
+
+# --------------------------------------------------------------------------- trainer -> keeper
+
+
+class RequestedConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the session asked for; what LR_MISMATCH and the ln(V) baselines compare against."""
+
+    lr: float | None = None
+    vocab_size: int | None = None
+    warmup_steps: int | None = None
+    arch: dict[str, Any] = {}
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True, omit_defaults=True):
+    v: int = PROTOCOL_VERSION
+    pid: int
+    rank: int = 0
+    world_size: int = 1
+    config: RequestedConfig = msgspec.field(default_factory=RequestedConfig)
+    argv: list[str] = []
+
+
+class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
+    step: int
+    t: float
+    tokens: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: list[float] = []  # effective LR per param group
+    loss_scale: float | None = None
+    alloc_allocated: int | None = None
+    alloc_reserved: int | None = None
+    alloc_peak: int | None = None
+    source: Literal["reporter", "log"] = "reporter"
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True, omit_defaults=True):
+    t: float
+    phase: str = "train"
+    # Where the main thread is ("file:line in func") and for how long it has been there: a main
+    # thread parked on one line while this thread still beats is a hang, not a stall.
+    main_frame: str | None = None
+    main_frame_age_s: float | None = None
+    dropped: int = 0
+
+
+class Phase(msgspec.Struct, tag="phase", kw_only=True, omit_defaults=True):
+    name: PhaseName
+    t: float
+    bound_s: float | None = None  # how long this phase may take before it is a stall
+
+
+class Checkpoint(msgspec.Struct, tag="checkpoint", kw_only=True, omit_defaults=True):
+    path: str
+    step: int
+    t: float
+    size_bytes: int | None = None
+    digest: str | None = None
+
+
+class ErrorLink(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: str
+    message: str
+    errno: int | None = None
+    errno_name: str | None = None
+
+
+class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):
+    t: float
+    chain: list[ErrorLink]  # outermost first; the last link is the innermost error
+    traceback: str = ""
+    source: Literal["reporter", "log"] = "reporter"
+
+
+class Note(msgspec.Struct, tag="note", kw_only=True, omit_defaults=True):
+    """An info event from the trainer: an LR re-imposed, a loss-scale halving, a first
+    non-finite module. `kind` names it; `data` carries the figures."""
+
+    kind: str
+    t: float
+    message: str = ""
+    step: int | None = None
+    data: dict[str, Any] = {}
+
+
+class Bye(msgspec.Struct, tag="bye", kw_only=True, omit_defaults=True):
+    t: float
+    reason: str = "finished"
+
+
+# --------------------------------------------------------------------------- client -> keeper
+
+
+class Subscribe(msgspec.Struct, tag="subscribe", kw_only=True, omit_defaults=True):
+    v: int = PROTOCOL_VERSION
+    client: str = "client"
+    live: bool = True  # False: snapshot only, then the keeper closes (what `status` uses)
+
+
+class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
+    """An action request. `confirm=False` asks for the plan (the exact target) only."""
+
+    id: int
+    action: str
+    args: dict[str, Any] = {}
+    confirm: bool = False
+
+
+TrainerMsg = Union[Hello, Step, Heartbeat, Phase, Checkpoint, Crash, Note, Bye]
+ClientMsg = Union[Subscribe, Request]
+InboundMsg = Union[Hello, Step, Heartbeat, Phase, Checkpoint, Crash, Note, Bye, Subscribe, Request]
+
+
+# ------------------------------------------------------- keeper records (journal and live deltas)
+
+
+class AttemptStarted(msgspec.Struct, tag="attempt-started", kw_only=True, omit_defaults=True):
+    n: int
+    t: float
+    pid: int
+    pgid: int
+    start_time: float  # the process's create time: with pid, what tells it from a reused pid
+    # /proc/<pid>/stat field 22, clock ticks since boot: exact, where start_time (psutil's boot time +
+    # ticks) moves with the wall clock and is compared within a second. None: written before it existed.
+    start_ticks: int | None = None
+    argv: list[str]
+    cwd: str
+    resume_from: str | None = None
+    requested: RequestedConfig = msgspec.field(default_factory=RequestedConfig)  # from argv
+
+
+class AttemptEnded(msgspec.Struct, tag="attempt-ended", kw_only=True, omit_defaults=True):
+    n: int
+    t: float
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    error: str | None = None  # the command could not be started at all
+
+
+class Received(msgspec.Struct, tag="rx", kw_only=True, omit_defaults=True):
+    """A trainer message as the keeper took it in, stamped with attempt, rank and arrival time."""
+
+    attempt: int
+    rank: int
+    t: float
+    msg: TrainerMsg
+
+
+class FindingRaised(msgspec.Struct, tag="finding", kw_only=True, omit_defaults=True):
+    finding: Finding
+
+
+class FindingCleared(msgspec.Struct, tag="finding-cleared", kw_only=True, omit_defaults=True):
+    ident: str
+    t: float
+
+
+class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=True):
+    """A checkpoint changed state: candidate, verifying, verified, rejected, pruned."""
+
+    path: str
+    step: int | None
+    state: str
+    t: float
+    reason: str | None = None
+    size_bytes: int | None = None
+    digest: str | None = None
+    report: dict[str, Any] = {}
+
+
+class ActionRecord(msgspec.Struct, tag="action", kw_only=True, omit_defaults=True):
+    """An action that was carried out (or refused), with its evidence: journaled."""
+
+    action: str
+    t: float
+    ok: bool
+    message: str
+    target: dict[str, Any] = {}
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    client: str = ""
+
+
+class ConnectionClosed(msgspec.Struct, tag="conn-closed", kw_only=True, omit_defaults=True):
+    t: float
+    peer_pid: int | None
+    reason: str
+
+
+class ProbeSample(msgspec.Struct, tag="probe", kw_only=True, omit_defaults=True):
+    """The latest driver, host and disk readings. Sent live, kept in the snapshot, not journaled."""
+
+    t: float
+    gpu: dict[str, Any] = {}
+    host: dict[str, Any] = {}
+    disk: dict[str, Any] = {}
+    procs: dict[str, Any] = {}
+
+
+class RunStatus(msgspec.Struct, tag="status", kw_only=True, omit_defaults=True):
+    """The watchdog's verdict changed: starting, running, slow, stalled, hung, dead, exited."""
+
+    t: float
+    state: str
+    reason: str = ""
+
+
+class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=True):
+    t: float
+    message: str
+    kind: str = "info"
+
+
+Record = Union[
+    AttemptStarted,
+    AttemptEnded,
+    Received,
+    FindingRaised,
+    FindingCleared,
+    CheckpointState,
+    ActionRecord,
+    ConnectionClosed,
+    ProbeSample,
+    RunStatus,
+    KeeperNote,
+]
+
+# --------------------------------------------------------------------------- keeper -> client
+
+
+class Snapshot(msgspec.Struct, tag="snapshot", kw_only=True):
+    v: int
+    state: Any  # state.RunState, as builtins (decoded into RunState by the client)
+
+
+class Delta(msgspec.Struct, tag="delta", kw_only=True):
+    records: list[Record]
+
+
+class Reply(msgspec.Struct, tag="reply", kw_only=True, omit_defaults=True):
+    """The answer to a Request: a plan, progress lines, then done (ok or not) with evidence."""
+
+    id: int
+    action: str
+    stage: Literal["plan", "progress", "done"]
+    ok: bool = True
+    message: str = ""
+    plan: dict[str, Any] = {}
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+
+
+KeeperMsg = Union[Snapshot, Delta, Reply]
+
+# --------------------------------------------------------------------------- framing
+
+_encoder = msgspec.msgpack.Encoder()
+inbound_decoder = msgspec.msgpack.Decoder(InboundMsg)
+keeper_decoder = msgspec.msgpack.Decoder(KeeperMsg)
+record_decoder = msgspec.msgpack.Decoder(Record)
+
+
+def encode(msg: Any) -> bytes:
+    return _encoder.encode(msg)
+
+
+def frame(msg: Any) -> bytes:
+    body = _encoder.encode(msg)
+    return HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Accumulates bytes from a stream and yields whole decoded messages."""
+
+    def __init__(self, decoder: msgspec.msgpack.Decoder, max_frame: int) -> None:
+        self._decoder = decoder
+        self._max = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        out: list[Any] = []
+        while len(self._buf) >= HEADER.size:
+            (n,) = HEADER.unpack_from(self._buf)
+            if n > self._max:
+                raise ProtocolError(f"frame of {n} bytes exceeds the limit of {self._max}")
+            if len(self._buf) < HEADER.size + n:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + n])
+            del self._buf[: HEADER.size + n]
+            try:
+                out.append(self._decoder.decode(body))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise ProtocolError(f"undecodable frame: {exc}") from None
+        return out

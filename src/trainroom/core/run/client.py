@@ -1,0 +1,117 @@
+"""A blocking client of a keeper: what `status`, scripts and the control room's reader use."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from trainroom.core import protocol as p
+from trainroom.core.run.state import RunState, from_snapshot
+
+
+class KeeperGone(Exception):
+    """The keeper is not there (no socket, refused) or went away mid-stream."""
+
+
+class KeeperClient:
+    _ids = itertools.count(1)
+
+    def __init__(self, sock_path: str, timeout_s: float | None = 5.0) -> None:
+        self.sock_path = sock_path
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
+        self._ready: list[Any] = []
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout_s)
+        try:
+            s.connect(self.sock_path)
+        except OSError as exc:
+            s.close()
+            raise KeeperGone(f"keeper not reachable at {self.sock_path}: {exc.strerror or exc}") from None
+        return s
+
+    def _recv(self, sock: socket.socket) -> Any:
+        while not self._ready:
+            try:
+                data = sock.recv(1 << 20)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                raise KeeperGone(f"keeper connection lost: {exc}") from None
+            if not data:
+                raise KeeperGone("keeper closed the connection")
+            self._ready.extend(self._reader.feed(data))
+        return self._ready.pop(0)
+
+    def subscribe(self, client: str = "client", live: bool = True) -> RunState:
+        self.close()
+        self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
+        self._ready = []
+        self._sock = self._connect()
+        self._sock.sendall(p.frame(p.Subscribe(client=client, live=live)))
+        msg = self._recv(self._sock)
+        if not isinstance(msg, p.Snapshot):
+            raise KeeperGone(f"expected a snapshot, got {type(msg).__name__}")
+        return from_snapshot(msg.state)
+
+    def records(self, timeout_s: float | None = None) -> Iterator[list[Any]]:
+        """Live deltas until the keeper goes away (KeeperGone) or a receive times out."""
+        assert self._sock is not None, "subscribe() first"
+        self._sock.settimeout(timeout_s)
+        while True:
+            msg = self._recv(self._sock)
+            if isinstance(msg, p.Delta):
+                yield msg.records
+
+    def request(self, action: str, args: dict[str, Any] | None = None, confirm: bool = False,
+                timeout_s: float | None = 600.0) -> Iterator[p.Reply]:
+        """Send an action request on its own connection; yield replies until the `done` one."""
+        sock = self._connect()
+        sock.settimeout(timeout_s)
+        reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
+        rid = next(self._ids)
+        try:
+            sock.sendall(p.frame(p.Request(id=rid, action=action, args=args or {}, confirm=confirm)))
+            while True:
+                data = sock.recv(1 << 20)
+                if not data:
+                    raise KeeperGone("keeper closed the connection before answering")
+                for msg in reader.feed(data):
+                    if isinstance(msg, p.Reply) and msg.id == rid:
+                        yield msg
+                        if msg.stage == "done" or (msg.stage == "plan" and not confirm):
+                            return
+        finally:
+            sock.close()
+
+    def call(self, action: str, args: dict[str, Any] | None = None, confirm: bool = False,
+             timeout_s: float | None = 600.0) -> p.Reply:
+        last: p.Reply | None = None
+        for r in self.request(action, args, confirm, timeout_s):
+            last = r
+        if last is None:
+            raise KeeperGone("no reply")
+        return last
+
+    def close(self) -> None:
+        """Shut the socket down before closing it: on Linux a close() alone does not wake a
+        recv() blocked in another thread (the control room's reader)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def snapshot(sock_path: str, timeout_s: float = 5.0) -> RunState:
+    c = KeeperClient(sock_path, timeout_s)
+    try:
+        return c.subscribe(client="status", live=False)
+    finally:
+        c.close()

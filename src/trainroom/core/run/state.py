@@ -1,0 +1,355 @@
+"""The run as every client sees it: a fold over the keeper's records.
+
+The keeper applies each record here as it journals it, a client applies the same records as live
+deltas on top of the snapshot it got on connect, and `status` of a run whose keeper is gone
+replays the journal. One fold, three readers: nothing a client shows can disagree with the journal.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core.findings import Finding, order
+
+RECENT_STEPS = 512  # raw steps kept in memory and in the snapshot (the journal has them all)
+INTERVALS = 64  # step intervals kept per rank for the cadence statistics
+NOTES = 200
+ACTIONS = 50
+
+
+class StepRow(msgspec.Struct, array_like=True):
+    attempt: int
+    rank: int
+    step: int
+    t: float
+    loss: float | None
+    tokens: int | None
+
+
+class AttemptView(msgspec.Struct, kw_only=True):
+    n: int
+    pid: int
+    pgid: int
+    start_time: float
+    started_at: float
+    start_ticks: int | None = None
+    argv: list[str]
+    cwd: str
+    resume_from: str | None = None
+    requested: p.RequestedConfig = msgspec.field(default_factory=p.RequestedConfig)
+    instrumented: bool = False  # a reporter said Hello
+    ended_at: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    error: str | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    last_step_t: float | None = None
+    crash: p.Crash | None = None
+    bye: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.ended_at is None
+
+
+class RankView(msgspec.Struct, kw_only=True):
+    rank: int
+    attempt: int
+    pid: int | None = None
+    world_size: int = 1
+    connected: bool = False
+    step: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: list[float] = []
+    loss_scale: float | None = None
+    tokens: int | None = None
+    first_step_t: float | None = None
+    last_step_t: float | None = None
+    intervals: list[float] = []
+    tokens_per_s: float | None = None
+    last_heartbeat_t: float | None = None
+    phase: str = "train"
+    phase_since: float | None = None
+    phase_bound_s: float | None = None
+    main_frame: str | None = None
+    main_frame_age_s: float | None = None
+    alloc_allocated: int | None = None
+    alloc_reserved: int | None = None
+    alloc_peak: int | None = None
+    dropped: int = 0
+    steps_seen: int = 0
+
+    @property
+    def median_interval(self) -> float | None:
+        return statistics.median(self.intervals) if self.intervals else None
+
+
+class CheckpointView(msgspec.Struct, kw_only=True):
+    path: str
+    step: int | None
+    state: str
+    t: float
+    reason: str | None = None
+    size_bytes: int | None = None
+    digest: str | None = None
+    report: dict[str, Any] = {}
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    run_id: str
+    argv: list[str]
+    cwd: str
+    created: float
+    options: dict[str, Any] = {}
+    status: str = "starting"
+    status_reason: str = ""
+    status_since: float = 0.0
+    attempts: list[AttemptView] = []
+    ranks: dict[int, RankView] = {}
+    recent_steps: list[StepRow] = []
+    checkpoints: list[CheckpointView] = []
+    findings: dict[str, Finding] = {}
+    probe: p.ProbeSample | None = None
+    actions: list[p.ActionRecord] = []
+    notes: list[dict[str, Any]] = []
+    closed_connections: int = 0
+    steps_total: int = 0
+    # Plot series (loss, LR, grad norm, step time against tokens) with marks; filled by
+    # `series.Series` when it is wired, kept as builtins here so the snapshot stays plain.
+    series: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def attempt(self) -> AttemptView | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def open_findings(self) -> list[Finding]:
+        return order(list(self.findings.values()))
+
+    def checkpoint(self, path: str) -> CheckpointView | None:
+        for c in self.checkpoints:
+            if c.path == path:
+                return c
+        return None
+
+    def last_verified(self) -> CheckpointView | None:
+        verified = [c for c in self.checkpoints if c.state == "verified"]
+        return max(verified, key=lambda c: (c.step or -1, c.t)) if verified else None
+
+    # ------------------------------------------------------------------ the fold
+
+    def apply(self, rec: Any) -> None:
+        handler = _HANDLERS.get(type(rec))
+        if handler is not None:
+            handler(self, rec)
+
+    def _attempt_started(self, r: p.AttemptStarted) -> None:
+        self.attempts.append(
+            AttemptView(
+                n=r.n, pid=r.pid, pgid=r.pgid, start_time=r.start_time, start_ticks=r.start_ticks, started_at=r.t,
+                argv=r.argv, cwd=r.cwd, resume_from=r.resume_from, requested=r.requested,
+            )
+        )
+        self.ranks = {}
+
+    def _attempt_ended(self, r: p.AttemptEnded) -> None:
+        a = self._attempt_n(r.n)
+        if a is None:
+            return
+        a.ended_at, a.exit_code, a.exit_signal, a.error = r.t, r.exit_code, r.exit_signal, r.error
+        for rank in self.ranks.values():
+            rank.connected = False
+
+    def _attempt_n(self, n: int) -> AttemptView | None:
+        for a in reversed(self.attempts):
+            if a.n == n:
+                return a
+        return None
+
+    def _received(self, r: p.Received) -> None:
+        a = self._attempt_n(r.attempt)
+        if a is None:
+            return
+        msg = r.msg
+        rank = self.ranks.get(r.rank)
+        if rank is None or rank.attempt != r.attempt:
+            rank = self.ranks[r.rank] = RankView(rank=r.rank, attempt=r.attempt)
+        if isinstance(msg, p.Step):
+            self._step(a, rank, r, msg)
+        elif isinstance(msg, p.Heartbeat):
+            rank.last_heartbeat_t = r.t
+            rank.main_frame, rank.main_frame_age_s = msg.main_frame, msg.main_frame_age_s
+            rank.dropped = msg.dropped
+            if msg.phase != rank.phase:
+                rank.phase, rank.phase_since, rank.phase_bound_s = msg.phase, r.t, None
+        elif isinstance(msg, p.Hello):
+            a.instrumented = True
+            rank.pid, rank.world_size, rank.connected = msg.pid, msg.world_size, True
+            rank.last_heartbeat_t = r.t
+            if r.rank == 0 or a.requested == p.RequestedConfig():
+                a.requested = _merge_requested(a.requested, msg.config)
+        elif isinstance(msg, p.Phase):
+            rank.phase, rank.phase_since, rank.phase_bound_s = msg.name, r.t, msg.bound_s
+            rank.last_heartbeat_t = r.t
+        elif isinstance(msg, p.Checkpoint):
+            self._checkpoint(
+                p.CheckpointState(path=msg.path, step=msg.step, state="candidate", t=r.t,
+                                  size_bytes=msg.size_bytes, digest=msg.digest)
+            )
+        elif isinstance(msg, p.Crash):
+            a.crash = msg
+        elif isinstance(msg, p.Note):
+            self._note({"t": r.t, "kind": msg.kind, "message": msg.message, "step": msg.step,
+                        "rank": r.rank, "attempt": r.attempt, "data": msg.data})
+        elif isinstance(msg, p.Bye):
+            a.bye = msg.reason
+            rank.connected = False
+
+    def _step(self, a: AttemptView, rank: RankView, r: p.Received, s: p.Step) -> None:
+        if rank.last_step_t is not None and s.step > (rank.step if rank.step is not None else -1):
+            rank.intervals.append(max(r.t - rank.last_step_t, 0.0))
+            if len(rank.intervals) > INTERVALS:
+                del rank.intervals[0]
+        if rank.first_step_t is None:
+            rank.first_step_t = r.t
+        if s.tokens is not None and rank.tokens is not None and rank.last_step_t is not None:
+            dt = r.t - rank.last_step_t
+            if dt > 0 and s.tokens >= rank.tokens:
+                rate = (s.tokens - rank.tokens) / dt
+                rank.tokens_per_s = rate if rank.tokens_per_s is None else 0.8 * rank.tokens_per_s + 0.2 * rate
+        rank.step, rank.loss, rank.grad_norm, rank.last_step_t = s.step, s.loss, s.grad_norm, r.t
+        rank.steps_seen += 1
+        if s.lr:
+            rank.lr = s.lr
+        if s.tokens is not None:
+            rank.tokens = s.tokens
+        if s.loss_scale is not None:
+            rank.loss_scale = s.loss_scale
+        if s.alloc_allocated is not None:
+            rank.alloc_allocated, rank.alloc_reserved, rank.alloc_peak = (
+                s.alloc_allocated, s.alloc_reserved, s.alloc_peak)
+        if rank.phase != "train" and s.source == "reporter":
+            rank.phase, rank.phase_since, rank.phase_bound_s = "train", r.t, None
+        if s.source == "log":
+            rank.last_heartbeat_t = r.t
+        if a.first_step is None:
+            a.first_step = s.step
+        a.last_step = s.step if a.last_step is None else max(a.last_step, s.step)
+        a.last_step_t = r.t
+        self.steps_total += 1
+        self.recent_steps.append(StepRow(r.attempt, r.rank, s.step, r.t, s.loss, s.tokens))
+        if len(self.recent_steps) > 2 * RECENT_STEPS:
+            del self.recent_steps[:-RECENT_STEPS]
+
+    def _checkpoint(self, r: p.CheckpointState) -> None:
+        c = self.checkpoint(r.path)
+        if c is None:
+            self.checkpoints.append(
+                CheckpointView(path=r.path, step=r.step, state=r.state, t=r.t, reason=r.reason,
+                               size_bytes=r.size_bytes, digest=r.digest, report=r.report)
+            )
+            return
+        c.state, c.t = r.state, r.t
+        c.reason = r.reason
+        if r.step is not None:
+            c.step = r.step
+        if r.size_bytes is not None:
+            c.size_bytes = r.size_bytes
+        if r.digest is not None:
+            c.digest = r.digest
+        if r.report:
+            c.report = r.report
+
+    def _finding(self, r: p.FindingRaised) -> None:
+        self.findings[r.finding.ident] = r.finding
+
+    def _finding_cleared(self, r: p.FindingCleared) -> None:
+        self.findings.pop(r.ident, None)
+
+    def _action(self, r: p.ActionRecord) -> None:
+        self.actions.append(r)
+        del self.actions[:-ACTIONS]
+
+    def _conn_closed(self, r: p.ConnectionClosed) -> None:
+        self.closed_connections += 1
+        self._note({"t": r.t, "kind": "connection-closed", "message": r.reason})
+
+    def _probe(self, r: p.ProbeSample) -> None:
+        self.probe = r
+
+    def _status(self, r: p.RunStatus) -> None:
+        self.status, self.status_reason, self.status_since = r.state, r.reason, r.t
+
+    def _keeper_note(self, r: p.KeeperNote) -> None:
+        self._note({"t": r.t, "kind": r.kind, "message": r.message})
+
+    def _note(self, note: dict[str, Any]) -> None:
+        self.notes.append(note)
+        del self.notes[:-NOTES]
+
+    # ------------------------------------------------------------------ headline figures
+
+    def headline_loss(self) -> tuple[float | None, int | None, float | None]:
+        """Median loss across ranks, and the worst rank beside it (never only the mean)."""
+        losses = {r.rank: r.loss for r in self.ranks.values() if r.loss is not None and math.isfinite(r.loss)}
+        nonfinite = [r.rank for r in self.ranks.values() if r.loss is not None and not math.isfinite(r.loss)]
+        if nonfinite:
+            return (statistics.median(losses.values()) if losses else float("nan"), nonfinite[0], float("nan"))
+        if not losses:
+            return None, None, None
+        worst = max(losses, key=lambda k: losses[k])
+        return statistics.median(losses.values()), worst, losses[worst]
+
+    def step_interval(self) -> float | None:
+        """The median step interval of the slowest rank (the one that paces the run)."""
+        meds = [m for r in self.ranks.values() if (m := r.median_interval) is not None]
+        return max(meds) if meds else None
+
+    def last_step_t(self) -> float | None:
+        ts = [r.last_step_t for r in self.ranks.values() if r.last_step_t is not None]
+        return max(ts) if ts else None
+
+    def current_step(self) -> int | None:
+        steps = [r.step for r in self.ranks.values() if r.step is not None]
+        return min(steps) if steps else None
+
+
+def _merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.RequestedConfig:
+    """The trainer's own word wins over what argv parsing guessed, field by field."""
+    return p.RequestedConfig(
+        lr=new.lr if new.lr is not None else base.lr,
+        vocab_size=new.vocab_size if new.vocab_size is not None else base.vocab_size,
+        warmup_steps=new.warmup_steps if new.warmup_steps is not None else base.warmup_steps,
+        arch=new.arch or base.arch,
+    )
+
+
+_HANDLERS = {
+    p.AttemptStarted: RunState._attempt_started,
+    p.AttemptEnded: RunState._attempt_ended,
+    p.Received: RunState._received,
+    p.CheckpointState: RunState._checkpoint,
+    p.FindingRaised: RunState._finding,
+    p.FindingCleared: RunState._finding_cleared,
+    p.ActionRecord: RunState._action,
+    p.ConnectionClosed: RunState._conn_closed,
+    p.ProbeSample: RunState._probe,
+    p.RunStatus: RunState._status,
+    p.KeeperNote: RunState._keeper_note,
+}
+
+
+def to_snapshot(state: RunState) -> Any:
+    return msgspec.to_builtins(state)
+
+
+def from_snapshot(obj: Any) -> RunState:
+    return msgspec.convert(obj, RunState)

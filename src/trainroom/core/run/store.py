@@ -1,0 +1,222 @@
+"""Where runs live: the state dir, run ids, the run record, and finding a run by a name."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+
+from trainroom.core.run import journal as journal
+from trainroom.core.probes.procs import same_start
+from trainroom.core.run.state import RunState
+
+SOCKET_NAME = "keeper.sock"
+RECORD_NAME = "run.msgpack"
+JOURNAL_NAME = "journal.msgpack"
+LOG_NAME = "trainer.log"
+KEEPER_LOG_NAME = "keeper.log"
+# sun_path holds 108 bytes on Linux, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
+class RunError(Exception):
+    """A run that cannot be found or made: the CLI prints it on one line and exits 2."""
+
+
+class RunRecord(msgspec.Struct, kw_only=True):
+    run_id: str
+    argv: list[str]
+    cwd: str
+    created: float
+    options: dict[str, Any] = {}
+    keeper_pid: int | None = None
+    keeper_start_time: float | None = None
+    keeper_start_ticks: int | None = None
+
+
+class RunInfo(msgspec.Struct, kw_only=True):
+    run_id: str
+    run_dir: str
+    sock: str
+    created: float
+    argv: list[str]
+    alive: bool  # the keeper is running and its socket exists
+
+
+def state_dir() -> Path:
+    env = os.environ.get("TRAINROOM_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "trainroom"
+
+
+def runs_dir() -> Path:
+    return state_dir() / "runs"
+
+
+def ensure_runs_dir() -> Path:
+    d = runs_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d.parent, 0o700)
+        probe = d / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise RunError(f"state dir {d.parent} is not writable: {exc.strerror or exc}") from None
+    return d
+
+
+def new_run_id(argv: list[str]) -> str:
+    """A sortable id that names what runs: the last `-m module` or script in the command."""
+    name = "run"
+    for i, a in enumerate(argv):
+        if a == "-m" and i + 1 < len(argv):
+            name = argv[i + 1].rsplit(".", 1)[-1]
+        elif a.endswith(".py"):
+            name = os.path.basename(a).removesuffix(".py")
+    if name == "run" and argv:
+        name = os.path.basename(argv[0])
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:24] or "run"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
+
+
+def create_run(argv: list[str], cwd: str, options: dict[str, Any]) -> tuple[Path, RunRecord]:
+    root = ensure_runs_dir()
+    run_id = new_run_id(argv)
+    run_dir = root / run_id
+    sock = run_dir / SOCKET_NAME
+    if len(str(sock)) > MAX_SOCKET_PATH:
+        raise RunError(
+            f"state dir path too long for a Unix socket ({len(str(sock))} > {MAX_SOCKET_PATH} bytes): "
+            "set TRAINROOM_HOME to a shorter path"
+        )
+    run_dir.mkdir(mode=0o700)
+    rec = RunRecord(run_id=run_id, argv=argv, cwd=cwd, created=time.time(), options=options)
+    write_record(run_dir, rec)
+    return run_dir, rec
+
+
+def write_record(run_dir: Path, rec: RunRecord) -> None:
+    tmp = run_dir / (RECORD_NAME + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(msgspec.msgpack.encode(rec))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / RECORD_NAME)
+
+
+def read_record(run_dir: Path) -> RunRecord:
+    try:
+        return msgspec.msgpack.decode((run_dir / RECORD_NAME).read_bytes(), type=RunRecord)
+    except FileNotFoundError:
+        raise RunError(f"{run_dir} is not a run (no {RECORD_NAME})") from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RunError(f"{run_dir / RECORD_NAME}: unreadable run record: {exc}") from None
+
+
+def keeper_alive(rec: RunRecord) -> bool:
+    if rec.keeper_pid is None:
+        return False
+    try:
+        proc = psutil.Process(rec.keeper_pid)
+        if rec.keeper_start_time is not None and not same_start(rec.keeper_pid, rec.keeper_start_time,
+                                                                rec.keeper_start_ticks):
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def list_runs() -> list[RunInfo]:
+    root = runs_dir()
+    out: list[RunInfo] = []
+    if not root.is_dir():
+        return out
+    for d in root.iterdir():
+        if not (d / RECORD_NAME).is_file():
+            continue
+        try:
+            rec = read_record(d)
+        except RunError:
+            continue
+        sock = d / SOCKET_NAME
+        out.append(RunInfo(run_id=rec.run_id, run_dir=str(d), sock=str(sock), created=rec.created,
+                           argv=rec.argv, alive=keeper_alive(rec) and sock.exists()))
+    out.sort(key=lambda r: (r.created, r.run_id))
+    return out
+
+
+def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
+    """RUN may be omitted (the newest), a full id, a unique prefix or suffix, or a run dir path."""
+    runs = list_runs()
+    if spec and os.sep in spec and Path(spec, RECORD_NAME).is_file():
+        rec = read_record(Path(spec))
+        return next((r for r in runs if r.run_id == rec.run_id), RunInfo(
+            run_id=rec.run_id, run_dir=spec, sock=str(Path(spec) / SOCKET_NAME), created=rec.created,
+            argv=rec.argv, alive=keeper_alive(rec)))
+    pool = [r for r in runs if r.alive] if live_only else runs
+    if not spec:
+        if not pool:
+            raise RunError(f"no {'live ' if live_only else ''}runs under {runs_dir()}")
+        return pool[-1]
+    exact = [r for r in runs if r.run_id == spec]
+    if exact:
+        return exact[0]
+    hits = [r for r in runs if r.run_id.startswith(spec) or r.run_id.endswith(spec)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise RunError(f"unknown run {spec!r} (see `trainroom runs`)")
+    raise RunError(f"run {spec!r} is ambiguous: {', '.join(h.run_id for h in hits[:5])}")
+
+
+def load_state(run_dir: str | Path) -> RunState:
+    """Rebuild the run from its record and journal, for when its keeper is gone."""
+    d = Path(run_dir)
+    rec = read_record(d)
+    st = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options)
+    for r in journal.read_journal(d / JOURNAL_NAME):
+        st.apply(r)
+    return st
+
+
+def stop_run(run_dir: str | Path) -> None:
+    """Tear a run down without asking: SIGKILL every recorded attempt's process group (continued
+    first, so a stopped one dies too) and the keeper, each only if it is still the recorded one.
+    For tests and benchmarks; users go through the keeper's confirmed `kill`."""
+    import signal
+
+    d = Path(run_dir)
+    try:
+        rec = read_record(d)
+        st = load_state(d)
+    except RunError:
+        return
+    for a in st.attempts:
+        if a.pgid <= 1 or a.pgid == os.getpgid(0):
+            continue
+        try:
+            if same_start(a.pid, a.start_time, a.start_ticks) is False:
+                continue  # the pid, and so the group number, belongs to someone else now
+            # None: the leader is gone; what is left of its group is still ours to end
+        except psutil.Error:
+            continue
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(a.pgid, sig)
+            except OSError:
+                break
+    if keeper_alive(rec) and rec.keeper_pid != os.getpid():
+        try:
+            psutil.Process(rec.keeper_pid).kill()
+        except psutil.Error:
+            pass

@@ -1,0 +1,362 @@
+"""The trainer SDK: three lines to adopt, and a no-op when the trainer is not under a keeper.
+
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=3e-4, vocab_size=50257)
+    ...
+    rep.step(step, loss=loss.item(), tokens=tokens_seen, grad_norm=gn, optimizer=opt)
+
+The reporter never blocks the training loop: frames go into a bounded queue that drops the oldest
+(and counts what it dropped), and a non-blocking send drains as much as the socket takes; what a
+partial send leaves is sent first next time, so frames are never torn. A daemon thread sends a
+heartbeat each second, carrying where the main thread is, so the keeper tells a stalled loop
+(moving, no steps) from a hung one (parked on one line, or no heartbeat at all). Uncaught exceptions
+send a Crash with the whole cause chain; SIGUSR1 dumps every thread's stack into the trainer log.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import errno as errno_mod
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from trainroom.core import protocol as p
+
+QUEUE_FRAMES = 4096
+SNDBUF_BYTES = 1 << 20
+
+
+def error_chain(exc: BaseException) -> list[p.ErrorLink]:
+    """The exception and what it was raised from, outermost first, innermost last."""
+    links: list[p.ErrorLink] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        no = getattr(cur, "errno", None)
+        no = no if isinstance(no, int) else None
+        links.append(
+            p.ErrorLink(
+                type=type(cur).__qualname__ if type(cur).__module__ == "builtins"
+                else f"{type(cur).__module__}.{type(cur).__qualname__}",
+                message=str(cur),
+                errno=no,
+                errno_name=errno_mod.errorcode.get(no) if no is not None else None,
+            )
+        )
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    return links
+
+
+class Reporter:
+    """Sends telemetry to the keeper at `sock_path`. Use `connect()` rather than this directly."""
+
+    def __init__(self, sock_path: str, hello: p.Hello, heartbeat_s: float = 1.0) -> None:
+        self.sock_path = sock_path
+        self.rank = hello.rank
+        self._hello = hello
+        self._lock = threading.Lock()
+        self._queue: collections.deque[bytes] = collections.deque(maxlen=QUEUE_FRAMES)
+        self._partial: memoryview | None = None
+        self._sock: socket.socket | None = None
+        self._phase = "train"
+        self._closed = False
+        self.dropped = 0
+        self.last_step: int | None = None
+        self._heartbeat_s = heartbeat_s
+        self._main = threading.main_thread()
+        self._frame_key: tuple[str, int] | None = None
+        self._frame_since = time.monotonic()
+        self._connect()
+        self._thread = threading.Thread(target=self._beat, name="trainroom-heartbeat", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- the public API
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def step(
+        self,
+        step: int,
+        *,
+        loss: float | None = None,
+        tokens: int | None = None,
+        grad_norm: float | None = None,
+        optimizer: Any = None,
+        lr: list[float] | float | None = None,
+        loss_scale: float | None = None,
+        alloc: tuple[int, int, int] | None = None,
+    ) -> None:
+        """Report one optimizer step. Cheap: a struct, an encode, a queue append, one send.
+        `alloc` (allocated, reserved, peak bytes) overrides what torch.cuda says."""
+        if lr is None and optimizer is not None:
+            lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        elif isinstance(lr, (int, float)):
+            lrs = [float(lr)]
+        else:
+            lrs = list(lr or [])
+        alloc = alloc or _allocator_stats()
+        self.last_step = step
+        self._send(
+            p.Step(
+                step=step, t=time.time(), tokens=tokens,
+                loss=None if loss is None else float(loss),
+                grad_norm=None if grad_norm is None else float(grad_norm),
+                lr=lrs, loss_scale=None if loss_scale is None else float(loss_scale),
+                alloc_allocated=alloc[0], alloc_reserved=alloc[1], alloc_peak=alloc[2],
+            )
+        )
+
+    @contextlib.contextmanager
+    def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
+        """A phase that is not a stall for as long as `bound_s` (the keeper's default otherwise)."""
+        prev = self._phase
+        self._phase = name
+        self._send(p.Phase(name=name, t=time.time(), bound_s=bound_s))
+        try:
+            yield
+        finally:
+            self._phase = prev
+            self._send(p.Phase(name=prev if prev in _PHASES else "train", t=time.time()))
+
+    def checkpoint(self, path: str, step: int, size_bytes: int | None = None, digest: str | None = None) -> None:
+        self._send(p.Checkpoint(path=str(path), step=step, t=time.time(), size_bytes=size_bytes, digest=digest))
+
+    def note(self, kind: str, message: str = "", step: int | None = None, **data: Any) -> None:
+        self._send(p.Note(kind=kind, t=time.time(), message=message, step=step, data=data))
+
+    def crash(self, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self._send(p.Crash(t=time.time(), chain=error_chain(exc), traceback=tb[-20000:]))
+        self.flush(timeout_s=1.0)
+
+    def close(self, reason: str = "finished") -> None:
+        if self._closed:
+            return
+        self._send(p.Bye(t=time.time(), reason=reason))
+        self.flush(timeout_s=1.0)
+        self._closed = True
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def flush(self, timeout_s: float = 1.0) -> bool:
+        """Drain the queue, waiting up to `timeout_s` (at exit or on a crash only)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                self._drain()
+                if not self._queue and self._partial is None:
+                    return True
+                if self._sock is None:
+                    self._connect_locked()
+            time.sleep(0.005)
+        return False
+
+    # ----------------------------------------------------------------- sending
+
+    def _send(self, msg: Any) -> None:
+        data = p.frame(msg)
+        with self._lock:
+            if len(self._queue) == self._queue.maxlen:
+                self.dropped += 1
+            self._queue.append(data)
+            if self._sock is not None:
+                self._drain()
+
+    def _drain(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            while True:
+                if self._partial is None:
+                    if not self._queue:
+                        return
+                    self._partial = memoryview(self._queue.popleft())
+                n = sock.send(self._partial)
+                if n == len(self._partial):
+                    self._partial = None
+                else:
+                    self._partial = self._partial[n:]
+                    return
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            # The keeper went away: a torn frame must not reach the next connection.
+            self._partial = None
+            sock.close()
+            self._sock = None
+
+    def _connect(self) -> None:
+        with self._lock:
+            self._connect_locked()
+
+    def _connect_locked(self) -> None:
+        if self._closed:
+            return
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
+            s.settimeout(0.5)
+            s.connect(self.sock_path)
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            return
+        self._sock = s
+        self._partial = None
+        # Hello goes first on every connection, ahead of whatever queued meanwhile.
+        self._queue.appendleft(p.frame(self._hello))
+        self._drain()
+
+    # ----------------------------------------------------------------- heartbeat thread
+
+    def _main_frame(self) -> tuple[str | None, float | None]:
+        frame = sys._current_frames().get(self._main.ident or -1)
+        if frame is None:
+            return None, None
+        code = frame.f_code
+        key = (code.co_filename, frame.f_lineno)
+        now = time.monotonic()
+        if key != self._frame_key:
+            self._frame_key, self._frame_since = key, now
+        return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}", now - self._frame_since
+
+    def _beat(self) -> None:
+        while not self._closed:
+            time.sleep(self._heartbeat_s)
+            if self._closed:
+                return
+            frame, age = self._main_frame()
+            with self._lock:
+                if self._sock is None:
+                    self._connect_locked()
+            self._send(p.Heartbeat(t=time.time(), phase=self._phase, main_frame=frame,
+                                   main_frame_age_s=None if age is None else round(age, 2),
+                                   dropped=self.dropped))
+
+
+class NullReporter:
+    """What `connect()` returns when the trainer is not under a keeper: every call does nothing."""
+
+    rank = 0
+    dropped = 0
+    last_step: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return False
+
+    def step(self, step: int, **_: Any) -> None:
+        self.last_step = step
+
+    @contextlib.contextmanager
+    def phase(self, name: str, bound_s: float | None = None) -> Iterator[None]:
+        yield
+
+    def checkpoint(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def note(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def crash(self, exc: BaseException) -> None:
+        pass
+
+    def close(self, reason: str = "finished") -> None:
+        pass
+
+    def flush(self, timeout_s: float = 1.0) -> bool:
+        return True
+
+
+_PHASES = {"train", "eval", "checkpoint-save", "checkpoint-load", "data"}
+_current: Reporter | NullReporter = NullReporter()
+
+
+def current() -> Reporter | NullReporter:
+    """The reporter `connect()` made (a no-op one before that or outside a keeper)."""
+    return _current
+
+
+def connect(
+    lr: float | None = None,
+    vocab_size: int | None = None,
+    warmup_steps: int | None = None,
+    arch: dict[str, Any] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    sock_path: str | None = None,
+) -> Reporter | NullReporter:
+    """Connect to the keeper named by TRAINROOM_SOCKET; a no-op reporter when it is not set."""
+    global _current
+    path = sock_path or os.environ.get("TRAINROOM_SOCKET")
+    if not path:
+        _current = NullReporter()
+        return _current
+    if isinstance(_current, Reporter):
+        return _current
+    hello = p.Hello(
+        pid=os.getpid(),
+        rank=int(os.environ.get("RANK", 0)) if rank is None else rank,
+        world_size=int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size,
+        config=p.RequestedConfig(lr=lr, vocab_size=vocab_size, warmup_steps=warmup_steps, arch=arch or {}),
+        argv=list(sys.argv),
+    )
+    rep = Reporter(path, hello)
+    _current = rep
+    _install_hooks(rep)
+    return rep
+
+
+def _install_hooks(rep: Reporter) -> None:
+    prev_hook = sys.excepthook
+
+    def excepthook(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not isinstance(exc, KeyboardInterrupt):
+            with contextlib.suppress(Exception):
+                rep.crash(exc)
+        prev_hook(tp, exc, tb)
+
+    sys.excepthook = excepthook
+    prev_thread_hook = threading.excepthook
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and args.thread is threading.main_thread():
+            with contextlib.suppress(Exception):
+                rep.crash(args.exc_value)
+        prev_thread_hook(args)
+
+    threading.excepthook = thread_hook
+    with contextlib.suppress(ValueError, OSError, AttributeError, RuntimeError):
+        # The trainer's stderr is the run's trainer.log: `trainroom dump` reads the stacks there.
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    atexit.register(rep.close, "exit")
+
+
+def _allocator_stats() -> tuple[int | None, int | None, int | None]:
+    """Allocator bytes from torch.cuda, only if the trainer already imported torch and uses CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, None, None
+    try:
+        if not torch.cuda.is_initialized():
+            return None, None, None
+        return (int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved()),
+                int(torch.cuda.max_memory_allocated()))
+    except Exception:
+        return None, None, None

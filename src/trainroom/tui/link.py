@@ -1,0 +1,77 @@
+"""How the control room reaches a run: its keeper while it lives, its journal when it is gone.
+
+No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
+`core.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
+`RunSource` whose links are fakes; everything above that boundary is the real app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainroom.core.run import journal as journal
+from trainroom.core.run import store as runs
+from trainroom.core.protocol import Reply
+from trainroom.core.run.store import RunInfo
+from trainroom.core.run.series import Series
+from trainroom.core.run.state import RunState
+
+
+class KeeperLink(Protocol):
+    """A keeper's socket, as a blocking client."""
+
+    def subscribe(self, client: str = "tui") -> RunState:
+        """Connect and return the snapshot; `records()` then yields the live deltas."""
+        ...
+
+    def records(self) -> Iterator[list[Any]]:
+        """Batches of keeper records until the keeper goes away (then it raises or ends)."""
+        ...
+
+    def request(self, action: str, args: dict[str, Any], confirm: bool) -> Iterator[Reply]:
+        """An action on its own connection: plan, progress lines, done."""
+        ...
+
+    def close(self) -> None:
+        """Unblock `records()` and release the socket."""
+        ...
+
+
+class RunSource(Protocol):
+    def list_runs(self) -> list[RunInfo]: ...
+
+    def resolve(self, spec: str | None) -> RunInfo: ...
+
+    def connect(self, run: RunInfo) -> KeeperLink: ...
+
+    def load_state(self, run: RunInfo) -> RunState: ...
+
+
+class LocalRuns:
+    """Runs under this machine's state dir (`TRAINROOM_HOME`), reached over their sockets."""
+
+    def list_runs(self) -> list[RunInfo]:
+        return runs.list_runs()
+
+    def resolve(self, spec: str | None) -> RunInfo:
+        return runs.resolve_run(spec)
+
+    def connect(self, run: RunInfo) -> KeeperLink:
+        from trainroom.core.run.client import KeeperClient
+
+        return KeeperClient(run.sock)  # type: ignore[no-any-return]
+
+    def load_state(self, run: RunInfo) -> RunState:
+        """The journal replayed, into the state and its plot series at once (one read)."""
+        d = Path(run.run_dir)
+        rec = runs.read_record(d)
+        state = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created,
+                         options=rec.options)
+        series = Series()
+        for r in journal.read_journal(d / runs.JOURNAL_NAME):
+            state.apply(r)
+            series.observe_record(r)
+        state.series = series.to_builtins()
+        return state

@@ -1,0 +1,103 @@
+"""The keeper reader: a plain thread that folds live deltas into the run's state.
+
+No Textual here (toolong's watcher is the model): the thread owns the link's blocking socket,
+applies each batch of records under the lock the app renders under (to the run's state and to
+its plot series), and tells the app through callbacks, which post small messages. A burst of
+batches costs one render: the app's message for a change replaces the one still queued.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+from trainroom.core.run.series import Series, SeriesSnapshot
+from trainroom.core.run.state import RunState
+
+from .link import KeeperLink
+
+
+def series_for(state: RunState) -> Series:
+    """The plot series to fold live records into: the snapshot's (the whole run) when the keeper
+    sent one, else seeded from the recent raw steps so the curve does not start empty."""
+    if state.series:
+        try:
+            return Series.from_snapshot(msgspec.convert(state.series, SeriesSnapshot))
+        except (msgspec.ValidationError, TypeError, ValueError):
+            pass  # a series of another shape: rebuild from what the state holds
+    series = Series()
+    a = state.attempt
+    if a is not None:
+        series.set_loss_baseline(a.requested.vocab_size)
+    tokens_at: dict[tuple[int, int], int | None] = {}
+    attempt: int | None = None
+    for row in state.recent_steps:
+        if row.rank != 0:
+            continue
+        if attempt is not None and row.attempt != attempt:
+            series.mark("restart", label=f"attempt {row.attempt}")
+        attempt = row.attempt
+        series.observe_step(row.step, t=row.t, tokens=row.tokens, loss=row.loss)
+        tokens_at[(row.attempt, row.step)] = row.tokens
+    steps = {step: tok for (_, step), tok in tokens_at.items()}
+    for c in state.checkpoints:
+        if c.state == "verified" and c.step in steps:
+            tok = steps[c.step]
+            x = float(tok if series.x_unit == "tokens" and tok is not None else c.step)
+            series.mark("checkpoint", label=c.path.rstrip("/").rsplit("/", 1)[-1], step=c.step, x=x)
+    return series
+
+
+class KeeperReader(threading.Thread):
+    def __init__(
+        self,
+        link: KeeperLink,
+        lock: threading.Lock,
+        *,
+        on_snapshot: Callable[[RunState, Series], None],
+        on_change: Callable[[], None],
+        on_gone: Callable[[str, float], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(name="trainroom-keeper-reader", daemon=True)
+        self.link = link
+        self.lock = lock
+        self._on_snapshot = on_snapshot
+        self._on_change = on_change
+        self._on_gone = on_gone
+        self._clock = clock
+        self._stopping = threading.Event()
+        self.batches = 0
+        self.records = 0
+
+    def run(self) -> None:
+        reason = "the keeper closed the connection"
+        try:
+            state = self.link.subscribe(client="tui")
+            series = series_for(state)
+            self._on_snapshot(state, series)
+            for batch in self.link.records():
+                if self._stopping.is_set():
+                    return
+                with self.lock:
+                    for rec in batch:
+                        state.apply(rec)
+                        series.observe_record(rec)
+                self.batches += 1
+                self.records += len(batch)
+                self._on_change()
+        except Exception as exc:  # KeeperGone, a reset socket, a bad frame: all mean "gone"
+            reason = str(exc) or type(exc).__name__
+        if not self._stopping.is_set():
+            self._on_gone(reason, self._clock())
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stopping.set()
+        try:
+            self.link.close()  # the client shuts its socket down first: a blocked recv() wakes
+        except Exception:  # closing a dead socket must never take the app down
+            pass
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout)

@@ -1,0 +1,136 @@
+"""Theme files: `themes/*.toml` decoded, validated and turned into Textual themes.
+
+A bad file never stops the control room: it is skipped, and its name and error are gathered so
+the app can say so once (posting's way). Colours are checked here, so a typo names its field
+instead of surfacing later as a stylesheet error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+
+import msgspec
+from textual.color import Color, ColorParseError
+from textual.theme import Theme
+
+DEFAULT_THEME = "trainroom-dark"
+CONTRAST_THEME = "trainroom-contrast"  # the default under NO_COLOR: it reads best in grey
+APP_VARIABLE_PREFIX = "trainroom-"
+ALIASES = {"high-contrast": CONTRAST_THEME, "hc": CONTRAST_THEME}
+
+_COLOUR_FIELDS = ("primary", "secondary", "warning", "error", "success", "accent", "foreground",
+                  "background", "surface", "panel", "boost")
+
+
+class ThemeFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    primary: str
+    secondary: str | None = None
+    warning: str | None = None
+    error: str | None = None
+    success: str | None = None
+    accent: str | None = None
+    foreground: str | None = None
+    background: str | None = None
+    surface: str | None = None
+    panel: str | None = None
+    boost: str | None = None
+    dark: bool = True
+    luminosity_spread: float = 0.15
+    text_alpha: float = 0.95
+    description: str = ""
+    variables: dict[str, str] = {}
+
+
+class ThemeError(Exception):
+    pass
+
+
+@dataclass
+class LoadedThemes:
+    themes: list[Theme] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # "file.toml: what is wrong", one a file
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.themes]
+
+    def find(self, name: str) -> Theme | None:
+        """By full name, or by the short name (`light` for `trainroom-light`, `high-contrast`)."""
+        name = ALIASES.get(name, name)
+        for t in self.themes:
+            if t.name in (name, APP_VARIABLE_PREFIX + name):
+                return t
+        return None
+
+
+def _check_colour(where: str, value: str) -> None:
+    try:
+        Color.parse(value)
+    except ColorParseError:
+        raise ThemeError(f"{where}: {value!r} is not a colour") from None
+
+
+def parse_theme(data: bytes) -> Theme:
+    try:
+        spec = msgspec.toml.decode(data, type=ThemeFile)
+    except msgspec.ValidationError as exc:
+        raise ThemeError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ThemeError(f"not valid TOML: {exc}") from None
+    if not spec.name.strip():
+        raise ThemeError("name is empty")
+    for name in _COLOUR_FIELDS:
+        value = getattr(spec, name)
+        if value is not None:
+            _check_colour(name, value)
+    for key, value in spec.variables.items():
+        if key.startswith(APP_VARIABLE_PREFIX):
+            _check_colour(f"variables.{key}", value)
+    return Theme(
+        name=spec.name, primary=spec.primary, secondary=spec.secondary, warning=spec.warning,
+        error=spec.error, success=spec.success, accent=spec.accent, foreground=spec.foreground,
+        background=spec.background, surface=spec.surface, panel=spec.panel, boost=spec.boost,
+        dark=spec.dark, luminosity_spread=spec.luminosity_spread, text_alpha=spec.text_alpha,
+        variables=dict(spec.variables),
+    )
+
+
+def default_dirs() -> list[Path | Traversable]:
+    """The shipped themes, then the user's (`$TRAINROOM_HOME/themes`), which win on a name."""
+    dirs: list[Path | Traversable] = [resources.files("trainroom.themes")]
+    from trainroom.core.run.store import state_dir
+
+    user = state_dir() / "themes"
+    if user.is_dir():
+        dirs.append(user)
+    extra = os.environ.get("TRAINROOM_THEMES")
+    if extra:
+        dirs.append(Path(extra))
+    return dirs
+
+
+def load_themes(dirs: Iterable[Path | Traversable]) -> LoadedThemes:
+    loaded = LoadedThemes()
+    by_name: dict[str, Theme] = {}
+    for d in dirs:
+        try:
+            entries = sorted((e for e in d.iterdir() if e.name.endswith(".toml")), key=lambda e: e.name)
+        except OSError as exc:
+            loaded.errors.append(f"{d}: {exc.strerror or exc}")
+            continue
+        for entry in entries:
+            try:
+                theme = parse_theme(entry.read_bytes())
+            except (ThemeError, OSError) as exc:
+                loaded.errors.append(f"{entry.name}: {exc}")
+                continue
+            by_name[theme.name] = theme
+    # Shipped order (dark, light, contrast) is the cycle order of `t`.
+    order = {DEFAULT_THEME: 0, "trainroom-light": 1, CONTRAST_THEME: 2}
+    loaded.themes = sorted(by_name.values(), key=lambda t: (order.get(t.name, 9), t.name))
+    return loaded

@@ -1,0 +1,282 @@
+"""Every key of the control room, through Pilot: the plan, the confirmation that shows the exact
+target, the request with confirm=True, progress, the result with before -> after evidence. The
+fake link at the keeper boundary records what the keeper was asked."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from typing import Any
+
+import pytest
+from trainroom.core import protocol as p
+from trainroom.tui.app import ControlRoom
+from trainroom.tui.screens.confirm import ConfirmAction
+from trainroom.tui.screens.help import HelpScreen
+from trainroom.tui.screens.result import ActionResult
+
+from tests.support.tui_fakes import (
+    T0,
+    GiB,
+    dead_run_records,
+    default_replier,
+    healthy_records,
+    in_loop,
+    make_app,
+    screen_text,
+    settle,
+    until,
+)
+
+
+def live_records() -> list[Any]:
+    recs = healthy_records(steps=10)
+    recs.append(p.CheckpointState(path="/ckpt/step-000100", step=100, state="verified", t=T0 + 3,
+                                  size_bytes=4 * GiB))
+    return recs
+
+
+async def confirm_screen(app: ControlRoom, pilot: Any, key: str) -> str:
+    await pilot.press(key)
+    await until(pilot, lambda: isinstance(app.screen, ConfirmAction), f"the confirmation for {key}")
+    await pilot.pause()
+    return screen_text(app)
+
+
+async def result_screen(app: ControlRoom, pilot: Any) -> str:
+    await until(pilot, lambda: isinstance(app.screen, ActionResult), "the result")
+    await pilot.pause()
+    return screen_text(app)
+
+
+@in_loop
+async def test_kill_shows_the_pgid_and_its_pids_then_the_evidence(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), live_records())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        text = await confirm_screen(app, pilot, "k")
+        assert "Kill the trainer's process group?" in text
+        assert "pgid: 4242" in text and "pid 4242  state R  cmdline python train.py" in text
+        assert "pid 4250" in text
+        await pilot.press("y")
+        text = await result_screen(app, pilot)
+        assert "kill: done" in text and "vram_used_bytes: 12.0 GiB -> 400 MiB" in text
+        assert "members: 2 -> 0" in text
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ActionResult), "the result closing")
+    plan = default_replier("kill", {}, False)[0].plan
+    assert link.requests == [("kill", {}, False), ("kill", {"expect": plan}, True)]
+
+
+@in_loop
+async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), live_records())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        await confirm_screen(app, pilot, "k")
+        assert app.check_action("kill", ()) is False  # nothing else starts while one is pending
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmAction), "the confirmation closing")
+        await app.workers.wait_for_complete()
+        assert app.check_action("kill", ()) is True
+    assert link.requests == [("kill", {}, False)]
+
+
+@in_loop
+@pytest.mark.parametrize("key,action,shown", [
+    ("c", "reclaim", ["Reclaim the host page cache?", "method: cgroup memory.reclaim", "page_cache_bytes: 6.0 GiB"]),
+    ("p", "prune", ["Delete these checkpoints?", "path /ckpt/step-000100", "size_bytes 4.0 GiB", "freed_bytes: 4.0 GiB"]),
+])
+async def test_reclaim_and_prune_confirm_their_target(tmp_path, key: str, action: str, shown: list[str]) -> None:
+    app, link, _ = make_app(str(tmp_path), live_records())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        text = await confirm_screen(app, pilot, key)
+        for line in shown:
+            assert line in text, line
+        await pilot.press("y")
+        text = await result_screen(app, pilot)
+        assert f"{action}: done" in text
+    assert [(a, c) for a, _, c in link.requests] == [(action, False), (action, True)]
+
+
+@in_loop
+async def test_resume_after_a_death(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), dead_run_records())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        assert app.check_action("kill", ()) is False and app.check_action("dump", ()) is False
+        await pilot.press("k")  # disabled: no live attempt, so nothing is asked
+        text = await confirm_screen(app, pilot, "r")
+        assert "Resume the run as a new attempt?" in text and "checkpoint: /ckpt/step-000300" in text
+        await pilot.press("y")
+        await result_screen(app, pilot)
+    assert [(a, c) for a, _, c in link.requests] == [("resume", False), ("resume", True)]
+
+
+@in_loop
+@pytest.mark.parametrize("key,action", [("d", "dump"), ("v", "verify"), ("b", "bench")])
+async def test_non_destructive_actions_run_without_a_confirmation(tmp_path, key: str, action: str) -> None:
+    app, link, _ = make_app(str(tmp_path), live_records())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press(key)
+        text = await result_screen(app, pilot)
+        assert f"{action}: done" in text
+    assert [(a, c) for a, _, c in link.requests] == [(action, False), (action, True)]
+
+
+@in_loop
+async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
+    release = threading.Event()
+
+    def slow(action: str, args: dict, confirm: bool):
+        if not confirm:
+            yield p.Reply(id=1, action=action, stage="plan", plan={"device": "cpu"})
+            return
+        yield p.Reply(id=2, action=action, stage="progress", message="warming up the matmuls")
+        release.wait(30)
+        yield p.Reply(id=2, action=action, stage="done", ok=True, message="12.1 TFLOPS: the hardware is fine",
+                      before={}, after={"tflops": 12.1})
+
+    app, _, _ = make_app(str(tmp_path), live_records(), replier=slow)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("b")
+        strip = app.query_one("#action-strip")
+        try:
+            await until(pilot, lambda: strip.view == "bench: warming up the matmuls", "the progress line")
+            await pilot.pause()
+            assert "bench: warming up the matmuls" in screen_text(app).splitlines()[-2]
+        finally:
+            release.set()
+        text = await result_screen(app, pilot)
+        assert "12.1 TFLOPS: the hardware is fine" in text and "tflops: — -> 12.1" in text
+        assert not strip.display
+
+
+@in_loop
+async def test_an_action_not_available_yet_is_said_plainly(tmp_path) -> None:
+    def not_yet(action: str, args: dict, confirm: bool):
+        return [p.Reply(id=1, action=action, stage="done", ok=False,
+                        message=f"{action} is not available yet (the recovery issue has not landed)")]
+
+    app, link, _ = make_app(str(tmp_path), dead_run_records(), replier=not_yet)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("r")
+        text = await result_screen(app, pilot)
+    assert "resume: not done" in text
+    assert "resume is not available yet (the recovery issue has not landed)" in text
+    assert link.requests == [("resume", {}, False)]  # no confirmation for a refusal
+
+
+@in_loop
+async def test_a_keeper_that_cannot_be_reached_is_reported(tmp_path) -> None:
+    def broken(action: str, args: dict, confirm: bool):
+        raise ConnectionRefusedError(f"[Errno 111] Connection refused: {tmp_path}/keeper.sock")
+
+    app, _, _ = make_app(str(tmp_path), live_records(), replier=broken)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("v")
+        text = await result_screen(app, pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: not isinstance(app.screen, ActionResult), "the result closing")
+        assert app.check_action("verify", ()) is True  # the failure released the action
+    assert "verify: not done" in text and "the keeper could not be reached" in text
+    assert "Connection refused" in text
+
+
+@in_loop
+async def test_theme_help_quit_and_the_palette(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), live_records())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert app.theme == "trainroom-dark"
+        await pilot.press("t")
+        assert app.theme == "trainroom-light"
+        await pilot.press("t", "t")
+        assert app.theme == "trainroom-dark"
+
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
+        await pilot.pause()
+        text = screen_text(app)
+        for b in app.BINDINGS:
+            assert b.tooltip in text, b.tooltip  # type: ignore[union-attr]
+        assert "not now" in text  # resume: the attempt is alive
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen), "the help screen closing")
+
+        titles = {c.title: c for c in app.get_system_commands(app.screen)}
+        for title in ("Kill (k)", "Reclaim (c)", "Prune (p)", "Dump (d)", "Verify (v)", "Bench (b)",
+                      "Theme (t)", "Help (?)"):
+            assert title in titles, title
+        assert "Resume (r)" not in titles  # it cannot apply to a live attempt
+        await titles["Kill (k)"].callback()
+        await until(pilot, lambda: isinstance(app.screen, ConfirmAction), "the palette's kill")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmAction), "the confirmation closing")
+        await app.workers.wait_for_complete()
+
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the quit")
+    assert link.requests == [("kill", {}, False)]
+
+
+def test_every_binding_has_an_id_and_a_tooltip() -> None:
+    from trainroom.tui.bindings import BINDINGS
+
+    keys = {b.key: b for b in BINDINGS}
+    assert sorted(keys) == sorted(["k", "c", "p", "r", "d", "v", "b", "t", "question_mark", "q"])
+    for b in BINDINGS:
+        assert b.id and b.id.startswith("trainroom.") and b.tooltip
+
+
+@in_loop
+async def test_quitting_never_waits_for_an_action_in_flight(tmp_path) -> None:
+    release = threading.Event()
+
+    def endless(action: str, args: dict, confirm: bool):
+        if not confirm:
+            yield p.Reply(id=1, action=action, stage="plan", plan={"device": "cpu"})
+            return
+        yield p.Reply(id=2, action=action, stage="progress", message="still benching")
+        release.wait(60)  # the keeper is still at it when the user leaves
+
+    app, _, _ = make_app(str(tmp_path), live_records(), replier=endless)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(app, pilot)
+            await pilot.press("b")
+            strip = app.query_one("#action-strip")
+            await until(pilot, lambda: strip.view == "bench: still benching", "the action under way")
+            await pilot.press("q")
+            await until(pilot, lambda: not app.is_running, "the quit")
+        # What would keep the process from exiting is a non-daemon thread (the worker pool's)
+        # still inside the request; only the daemon pump may be left there.
+        for _ in range(500):
+            stuck = [t for t in _threads_inside("endless") if not t.daemon]
+            if not stuck:
+                break
+            await asyncio.sleep(0.01)
+        assert stuck == []
+        assert [t.name for t in _threads_inside("endless")] == ["trainroom-bench"]
+    finally:
+        release.set()
+
+
+def _threads_inside(function: str) -> list[threading.Thread]:
+    frames = sys._current_frames()
+    out = []
+    for t in threading.enumerate():
+        frame = frames.get(t.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                out.append(t)
+                break
+            frame = frame.f_back
+    return out

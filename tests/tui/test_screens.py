@@ -1,0 +1,237 @@
+"""The control room's main screen at 80x24 and 160x48: the panels show the figures of a RunState
+built from keeper records; live deltas arrive through the reader thread; a keeper that goes away
+leaves a banner with the journal's last state."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from trainroom.core import protocol as p
+from trainroom.core.findings import Finding
+from trainroom.tui.app import ControlRoom
+from trainroom.tui.messages import RunChanged
+from trainroom.tui.screens.picker import RunPicker
+
+from tests.support.tui_fakes import (
+    T0,
+    FakeLink,
+    FakeRuns,
+    build_state,
+    dead_run_records,
+    healthy_records,
+    in_loop,
+    make_app,
+    run_info,
+    rx,
+    screen_text,
+    settle,
+    shipped_themes,
+    until,
+)
+
+
+def sick_run_records() -> list:
+    """Eight ranks, rank 5 at 40.0; an LR 200x too small; no driver view."""
+    recs = healthy_records(steps=6, ranks=8, effective_lr=5e-7)
+    recs.append(rx(1, 5, T0 + 10, p.Step(step=6, t=T0 + 10, tokens=7 * 8192, loss=40.0, lr=[5e-7])))
+    recs.append(p.ProbeSample(t=T0 + 11, gpu={
+        "available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"},
+        host={"mem_available_bytes": 20 << 30, "mem_total_bytes": 31 << 30, "page_cache_bytes": 1 << 30}))
+    recs.append(p.FindingRaised(finding=Finding(
+        code="RANK_OUTLIER", severity="critical", key="5", first_seen=T0 + 10,
+        message="rank 5 loss 40.0 vs median 2.6 across 8 ranks", evidence={"rank": 5})))
+    recs.append(p.FindingRaised(finding=Finding(
+        code="LR_MISMATCH", severity="critical", first_seen=T0 + 9,
+        message="requested 1.00e-04, effective 5.00e-07 (0.005x)")))
+    return recs
+
+
+@in_loop
+async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
+    app, _, _ = make_app(str(tmp_path), dead_run_records())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+    for figure in (
+        "20250101-120000-train-ab12", "attempt 1/1", " DEAD ", "step 322",  # header
+        "pid 4242", "pgid 4242", "killed by SIGKILL (9)", "ran 3m32s",  # trainer
+        "11.0 GiB", "6.0 GiB", "ratio 1.83x driver/alloc", "VRAM 12.0 GiB · RTX 3060", "util 97%",  # VRAM
+        "last step 0.7 s before the end",  # cadence
+        "requested 1.00e-04", "effective 1.00e-04",  # LR
+        "loss vs tokens", "ln V 10.82 (V=50257)", "c checkpoint",  # loss
+        "CRIT DEAD [r] resume  trainer killed by SIGKILL at step 322; 22 steps lost since step 300",
+        "WARN HOST_RAM_LOW [c] reclaim",  # findings
+        "available 2.1 GiB of 31.0 GiB", "page cache 6.0 GiB",  # host
+        "used 94%", "free 60.0 GiB", "verified", "← latest", "rejected", "truncated",  # disk
+        "rank", "reserved", "median 2.31",  # ranks
+        "trainer.log", "last line of the log",  # log tail
+    ):
+        assert figure in text, figure
+    # the dead run's footer offers resume and reclaim, not kill
+    footer = text.splitlines()[-1]
+    assert "r resume" in footer and "c reclaim" in footer and "k kill" not in footer
+
+
+@in_loop
+async def test_main_screen_80x24_keeps_what_matters(tmp_path) -> None:
+    app, _, _ = make_app(str(tmp_path), dead_run_records())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+    lines = text.splitlines()
+    assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
+    for figure in (" DEAD ", "step 322", "pid 4242  pgid 4242", "killed by SIGKILL (9)",
+                   "ratio 1.83x", "CRIT DEAD [r] resume", "HOST_RAM_LOW [c] reclaim", "used 94%",
+                   "ln V 10.82", "available 2.1 GiB"):
+        assert figure in text, figure
+    assert "trainer.log" not in text and "reserved" not in text  # log tail and ranks collapse
+    assert "r resume" in lines[-1] and "? help" in lines[-1] and "q quit" in lines[-1]
+
+
+@in_loop
+async def test_ranks_lr_and_no_driver(tmp_path) -> None:
+    app, _, _ = make_app(str(tmp_path), sick_run_records())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+    assert "driver view unavailable:" in text and "NVML Shared Library Not Found" in text
+    assert "effective 5.00e-07 (0.005x)" in text
+    assert "requested 1.00e-04, effective 5.00e-07 (0.005x)" in text
+    assert "worst r5 40" in text
+    assert "RUNNING" in text and "8 ranks" in text
+    # the outlier leads the ranks table: its row (rank 5, step 6, loss 40) comes before rank 0's
+    lines = text.splitlines()
+    row5 = next(i for i, line in enumerate(lines) if re.search(r"│\s+5\s+6\s+40\s+500 ms", line))
+    row0 = next(i for i, line in enumerate(lines) if re.search(r"│\s+0\s+5\s+11\.23\s+500 ms", line))
+    assert row5 < row0
+
+
+@in_loop
+async def test_live_deltas_reach_the_screen(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert "step 4" in screen_text(app)
+        link.push([rx(1, 0, T0 + 20 + i, p.Step(step=i, t=T0 + 20 + i, tokens=i * 8192, loss=2.0))
+                   for i in range(5, 400)])
+        link.push([p.RunStatus(t=T0 + 430, state="stalled", reason="alive, heartbeats flowing, no step for 14 s")])
+        await until(pilot, lambda: app.state is not None and app.state.status == "stalled", "the stall")
+        app.redraw()
+        await pilot.pause()
+        text = screen_text(app)
+    assert "step 399" in text and " STALLED " in text and "no step for 14 s" in text
+    assert app.state is not None and app.state.steps_total == 400
+
+
+@in_loop
+async def test_a_burst_of_changes_is_rendered_once(tmp_path) -> None:
+    handled: list[RunChanged] = []
+    app, _, _ = make_app(str(tmp_path), healthy_records(steps=3))
+
+    def hook(message: object) -> None:
+        if isinstance(message, RunChanged):
+            handled.append(message)
+
+    async with app.run_test(size=(80, 24), message_hook=hook) as pilot:
+        await settle(app, pilot)
+        for _ in range(50):
+            app.post_message(RunChanged())
+        await pilot.pause()
+        await pilot.pause()
+    assert len(handled) == 1
+
+
+@in_loop
+async def test_keeper_gone_banner_shows_the_journal_and_the_resume_key(tmp_path) -> None:
+    journal = build_state(dead_run_records())
+    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), journal=journal,
+                            reconnect_interval_s=30)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        assert app.connected and app.check_action("kill", ()) is True
+        link.go_away("keeper gone: connection reset by peer")
+        await until(pilot, lambda: not app.connected and app.state is not None and app.state.status == "dead",
+                    "the journal's state after the keeper left")
+        app.redraw()
+        await pilot.pause()
+        text = screen_text(app)
+        assert app.check_action("resume", ()) is True and app.check_action("kill", ()) is False
+        banner = app.query_one("#banner")
+        assert banner.display and banner.view.reason == "keeper gone: connection reset by peer"
+    assert "keeper gone since" in text
+    assert "journal's last state: DEAD" in text and "last step 322" in text
+    assert "press r to resume" in text and "KEEPER GONE" in text
+    assert link.closed
+
+
+@in_loop
+async def test_the_keeper_coming_back_is_watched_again(tmp_path) -> None:
+    app, link, runs = make_app(str(tmp_path), healthy_records(steps=5), reconnect_interval_s=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        runs.links[app.run_id] = FakeLink(build_state(healthy_records(steps=9)))
+        link.go_away()
+        await until(pilot, lambda: not app.connected, "the disconnect")
+        await until(pilot, lambda: app.connected, "the reconnect")
+        await until(pilot, lambda: app.state is not None and app.state.current_step() == 8, "the new snapshot")
+        app.redraw()
+        await pilot.pause()
+        assert not app.query_one("#banner").display
+    assert runs.connects == [app.run_id, app.run_id]
+
+
+@in_loop
+async def test_a_run_without_a_keeper_opens_on_its_journal(tmp_path) -> None:
+    app, _, runs = make_app(str(tmp_path), dead_run_records(), alive=False, reconnect_interval_s=30)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+    assert "keeper gone since" in text and "the keeper is not running" in text
+    assert "journal's last state: DEAD" in text and runs.connects == []
+
+
+@in_loop
+async def test_several_live_runs_open_a_picker(tmp_path) -> None:
+    older, newer = tmp_path / "a", tmp_path / "b"
+    older.mkdir()
+    newer.mkdir()
+    infos = [run_info("run-older", str(older), created=T0), run_info("run-newer", str(newer), created=T0 + 60)]
+    links = {i.run_id: FakeLink(build_state(healthy_records(steps=2), run_id=i.run_id)) for i in infos}
+    app = ControlRoom(None, source=FakeRuns(infos, links), clock=lambda: T0 + 100, theme_dirs=shipped_themes())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), "the picker")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "2 live runs" in text and "run-newer" in text and "run-older" in text
+        await pilot.press("enter")  # the newest is highlighted first
+        await until(pilot, lambda: app.state is not None, "the picked run's snapshot")
+    assert app.run_id == "run-newer"
+
+
+@in_loop
+async def test_no_live_run_opens_the_newest_one(tmp_path) -> None:
+    infos = [run_info("run-a", str(tmp_path), alive=False, created=T0),
+             run_info("run-b", str(tmp_path), alive=False, created=T0 + 5)]
+    journal = {i.run_id: build_state(dead_run_records(), run_id=i.run_id) for i in infos}
+    app = ControlRoom(None, source=FakeRuns(infos, journal=journal), clock=lambda: T0 + 300,
+                      theme_dirs=shipped_themes(), reconnect_interval_s=30)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state is not None, "the journal")
+    assert app.run_id == "run-b" and not app.connected
+
+
+@in_loop
+async def test_with_no_run_yet_it_waits_for_the_first_one(tmp_path) -> None:
+    runs = FakeRuns([])
+    app = ControlRoom(None, source=runs, clock=lambda: T0 + 100, theme_dirs=shipped_themes(),
+                      reconnect_interval_s=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "looking for a run" in screen_text(app)
+        st = build_state(healthy_records(steps=2), run_id="run-late")
+        runs.links["run-late"] = FakeLink(st)
+        runs.runs.append(run_info("run-late", str(tmp_path)))
+        await until(pilot, lambda: app.state is not None, "the first run")
+    assert app.run_id == "run-late" and app.connected

@@ -1,0 +1,177 @@
+"""Disk guard rules over statvfs figures and /proc/mounts text (both injected), and the real
+readings of this machine's own filesystem."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from trainroom.core.health import diskguard as dg
+
+GB = 4096 * 244_141  # ~1 GB in whole 4 KiB blocks, so figures round-trip exactly
+
+
+def statvfs_of(total: int, avail: int, frsize: int = 4096) -> dg.StatvfsFn:
+    """statvfs figures for a disk of `total` bytes with `avail` available (no root reserve)."""
+    return lambda _path: SimpleNamespace(f_frsize=frsize, f_bsize=frsize, f_blocks=total // frsize,
+                                         f_bfree=avail // frsize, f_bavail=avail // frsize)
+
+
+def usage(total: int, avail: int, path: str = "/ck") -> dg.DiskUsage:
+    return dg.disk_usage(path, statvfs_of(total, avail))
+
+
+def test_real_statvfs_reading(tmp_path: Path) -> None:
+    u = dg.disk_usage(tmp_path)
+    st = os.statvfs(tmp_path)
+    assert u.total_bytes == st.f_blocks * st.f_frsize and u.free_bytes == st.f_bavail * st.f_frsize
+    assert 0.0 < u.used_fraction < 1.0
+    # A root that does not exist yet is measured on its nearest existing ancestor.
+    assert dg.disk_usage(tmp_path / "not" / "yet").total_bytes == u.total_bytes
+    obs = dg.observe(tmp_path)
+    assert obs["fstype"] and obs["mountpoint"] and obs["free_bytes"] > 0
+
+
+def test_used_fraction_counts_root_reserve_like_df() -> None:
+    fn = lambda _p: SimpleNamespace(f_frsize=1, f_bsize=1, f_blocks=100, f_bfree=10, f_bavail=5)  # noqa: E731
+    u = dg.disk_usage("/x", fn)
+    assert u.used_bytes == 90 and u.free_bytes == 5
+    assert u.used_fraction == pytest.approx(90 / 95)
+
+
+@pytest.mark.parametrize(("avail_pct", "severity"), [(16, None), (14, "warning"), (6.5, "warning"),
+                                                      (5.5, "critical")])
+def test_disk_high_thresholds(avail_pct: float, severity: str | None) -> None:
+    f = dg.disk_high(usage(100 * GB, int(avail_pct * GB)))
+    if severity is None:
+        assert f is None
+    else:
+        assert f is not None and f.code == "DISK_HIGH" and f.severity == severity and f.action == "prune"
+        assert f"{100 - avail_pct:.1f}% used" in f.message
+
+
+def test_disk_full_soon_from_size_and_cadence() -> None:
+    # The seed: 3.9 GB checkpoints; here one every 20 min with 20 GB available.
+    saves = [(1000.0 + 1200 * i, int(3.9 * GB)) for i in range(5)]
+    u = usage(500 * GB, 20 * GB)
+    now = saves[-1][0] + 60
+    proj = dg.project(u, saves, now)
+    assert proj is not None and proj.cadence_s == 1200 and proj.checkpoint_bytes == int(3.9 * GB)
+    assert proj.saves_left == 5  # 20 GB - 256 MiB reserve holds five more
+    assert proj.time_to_full_s == pytest.approx(6 * 1200 - 60)
+    f = dg.disk_full_soon(u, saves, now)
+    assert f is not None and f.code == "DISK_FULL_SOON" and f.severity == "warning"
+    assert "5 more fit; full in 1 h 59 min" in f.message and "3.9 GB every 20 min" in f.message
+    assert f.evidence["saves_left"] == 5
+    # Closer than an hour to the failing save: critical (two more fit: 3 x 20 min - 1 min).
+    near = dg.disk_full_soon(usage(500 * GB, int(8.5 * GB)), saves, now)
+    assert near.severity == "critical" and near.evidence["saves_left"] == 2
+    assert near.evidence["time_to_full_s"] == pytest.approx(3 * 1200 - 60)
+    # A save that is late (or refused) moves the projection on instead of into the past.
+    late = dg.project(u, saves, now + 3600)
+    assert late.time_to_full_s == pytest.approx(5 * 1200)
+    # The next one will not fit at all.
+    f = dg.disk_full_soon(usage(500 * GB, 3 * GB), saves, now, prunable_bytes=int(11.7 * GB))
+    assert f.severity == "critical" and "the next checkpoint will not fit" in f.message
+    assert "prune would free 11.7 GB" in f.message
+
+
+def test_disk_full_soon_without_a_writer_only_when_the_next_will_not_fit() -> None:
+    saves = [(1000.0 + 1200 * i, int(3.9 * GB)) for i in range(5)]
+    now = saves[-1][0] + 60
+    # Nobody writes (the trainer ended): a rate means nothing, five more would still fit.
+    assert dg.disk_full_soon(usage(500 * GB, 20 * GB), saves, now, writing=False) is None
+    # ... but "the next checkpoint will not fit" holds whoever writes it next (a resume).
+    f = dg.disk_full_soon(usage(500 * GB, 3 * GB), saves, now, writing=False)
+    assert f is not None and f.severity == "critical" and "the next checkpoint will not fit" in f.message
+    assert f.evidence["writing"] is False
+    codes = {x.code for x in dg.disk_findings(usage(500 * GB, 20 * GB), None, saves, now, writing=False)}
+    assert "DISK_FULL_SOON" not in codes and "DISK_HIGH" in codes  # 96 % used stays said
+
+
+def test_budget_usage_and_the_pre_save_check_within_a_budget(tmp_path: Path) -> None:
+    (tmp_path / "step-000001").mkdir()
+    (tmp_path / "step-000001" / "a.pt").write_bytes(b"x" * 150_000)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    outside.write_bytes(b"y" * 10_000_000)
+    (tmp_path / "link").symlink_to(outside)  # counted as a link, never followed
+    u = dg.budget_usage(tmp_path, 200_000)
+    assert u.budget and u.used_bytes == 150_000 + len(str(outside)) and u.total_bytes == 200_000
+    f = dg.disk_high(dg.budget_usage(tmp_path, 170_000))
+    assert f is not None and f.message.startswith("checkpoint budget ") and f.severity == "warning"
+    # The disk has room; the budget has not: refused before a byte is written.
+    with pytest.raises(dg.CheckpointWontFit) as ei:
+        dg.check_fit(tmp_path, 60_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0)
+    assert ei.value.errno == errno.ENOSPC and "budget" in str(ei.value)
+    assert dg.check_fit(tmp_path, 40_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0).budget is False
+    outside.unlink()
+
+
+def test_disk_full_soon_quiet_when_far_or_unknown() -> None:
+    saves = [(0.0, GB), (3600.0, GB)]
+    assert dg.disk_full_soon(usage(1000 * GB, 400 * GB), saves, 3600.0) is None  # 400 h away
+    assert dg.disk_full_soon(usage(1000 * GB, GB), saves[:1], 0.0) is None  # one save: no cadence
+    assert dg.project(usage(1000 * GB, GB), [(5.0, GB), (5.0, GB)], 5.0) is None
+
+
+WSL_MOUNTS = r"""/dev/sdc / ext4 rw,relatime,discard,errors=remount-ro,data=ordered 0 0
+none /mnt/wsl tmpfs rw,relatime 0 0
+C:\134 /mnt/c 9p rw,noatime,dirsync,aname=drvfs;path=C:\;uid=1000;gid=1000;symlinkroot=/mnt/,mmap,access=client,msize=262144,trans=virtio 0 0
+//nas/share /mnt/my\040nas cifs rw,relatime,vers=3.0 0 0
+"""
+
+
+def test_drvfs_from_proc_mounts(tmp_path: Path) -> None:
+    mounts_file = tmp_path / "mounts"
+    mounts_file.write_text(WSL_MOUNTS)
+    mounts = dg.read_mounts(mounts_file)
+    assert [m.mountpoint for m in mounts] == ["/", "/mnt/wsl", "/mnt/c", "/mnt/my nas"]
+    m = dg.mount_of("/mnt/c/Users/me/ckpt", mounts)
+    assert m is not None and m.fstype == "9p" and m.remote
+    f = dg.drvfs_checkpoints("/mnt/c/Users/me/ckpt", m)
+    assert f is not None and f.code == "DRVFS_CHECKPOINTS" and "9p (drvfs" in f.message
+    assert "native Linux directory" in f.message
+    nas = dg.mount_of("/mnt/my nas/ck", mounts)
+    assert nas is not None and nas.fstype == "cifs" and dg.drvfs_checkpoints("/mnt/my nas/ck", nas) is not None
+    home = dg.mount_of("/home/me/ckpt", mounts)
+    assert home is not None and home.mountpoint == "/" and dg.drvfs_checkpoints("/home/me/ckpt", home) is None
+    assert dg.mount_of("/mnt/cx", mounts).mountpoint == "/"  # a prefix of the name is not a parent
+
+
+def test_real_proc_mounts_has_the_root() -> None:
+    m = dg.mount_of("/", dg.read_mounts())
+    assert m is not None and m.mountpoint == "/"
+
+
+def test_check_fit_refuses_with_enospc(tmp_path: Path) -> None:
+    with pytest.raises(dg.CheckpointWontFit) as ei:
+        dg.check_fit(tmp_path, 4 * GB, statvfs=statvfs_of(100 * GB, 3 * GB))
+    assert ei.value.errno == errno.ENOSPC and "will not fit" in str(ei.value) and "trainroom prune" in str(ei.value)
+    assert dg.check_fit(tmp_path, 4 * GB, statvfs=statvfs_of(100 * GB, 5 * GB)).free_bytes == 5 * GB
+    # The reserve: 256 MiB, or 2 % of a small disk.
+    assert dg.reserve_for(usage(100 * GB, GB)) == 256 << 20
+    assert dg.reserve_for(usage(3 << 20, 3 << 20)) == int((3 << 20) * 0.02)
+
+
+def test_disk_findings_together(tmp_path: Path) -> None:
+    mounts_file = tmp_path / "mounts"
+    mounts_file.write_text(WSL_MOUNTS)
+    m = dg.mount_of("/mnt/c/ck", dg.read_mounts(mounts_file))
+    u = usage(100 * GB, 5 * GB, path="/mnt/c/ck")
+    saves = [(0.0, 4 * GB), (60.0, 4 * GB)]
+    codes = {f.code: f.severity for f in dg.disk_findings(u, m, saves, 61.0)}
+    assert codes == {"DISK_HIGH": "critical", "DISK_FULL_SOON": "critical", "DRVFS_CHECKPOINTS": "warning"}
+
+
+def test_budget_usage_of_a_real_root(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"x" * 9000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.bin").write_bytes(b"y" * 1000)
+    u = dg.budget_usage(tmp_path, 11_000)
+    assert u.used_bytes == 10_000 and u.free_bytes == 1000
+    f = dg.disk_high(u)
+    assert f is not None and f.severity == "warning"  # 10000 / 11000 = 90.9 %
+    assert dg.budget_usage(tmp_path, 5000).free_bytes == 0
