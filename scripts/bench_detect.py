@@ -54,14 +54,16 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def trial(kind: str, interval: float, script: Path) -> tuple[float, float]:
-    from trainroom.core.cli import main as cli
     from trainroom.core import protocol
+    from trainroom.core.cli import main as cli
     from trainroom.core.run import store as runs
     from trainroom.core.run.client import KeeperClient
 
     stall_at = FAULT_STEP if kind == "stall" else 0
     lock_at = FAULT_STEP if kind == "hang-lock" else 0
-    info = cli.launch([sys.executable, str(script), str(interval), str(stall_at), str(lock_at)], {"linger_s": 2})
+    info = cli.launch(
+        [sys.executable, str(script), str(interval), str(stall_at), str(lock_at)], {"linger_s": 2}
+    )
     c = KeeperClient(info.sock)
     st = c.subscribe(client="bench")
     target = VERDICT[kind]
@@ -103,11 +105,17 @@ def main() -> int:
     # others within max(3 x median step, 10 s) of the fault.
     stall_bound = max(3 * args.interval, 10.0)
     bounds = {"kill": 1.0, "stall": stall_bound, "hang": stall_bound, "hang-lock": stall_bound}
-    print(f"{'fault':10} {'verdict':9} {'n':>3} {'p50 s':>8} {'p99 s':>8} {'max s':>8} {'p50 x step':>11} "
-          f"{'p99 x step':>11} {'bound s':>8}")
+    print(
+        f"{'fault':10} {'verdict':9} {'n':>3} {'p50 s':>8} {'p99 s':>8} {'max s':>8} {'p50 x step':>11} "
+        f"{'p99 x step':>11} {'bound s':>8}"
+    )
     try:
-        for kind, n in (("kill", args.trials), ("stall", args.stall_trials), ("hang", args.stall_trials),
-                        ("hang-lock", args.stall_trials)):
+        for kind, n in (
+            ("kill", args.trials),
+            ("stall", args.stall_trials),
+            ("hang", args.stall_trials),
+            ("hang-lock", args.stall_trials),
+        ):
             if n <= 0:
                 continue
             secs, mult = [], []
@@ -115,9 +123,12 @@ def main() -> int:
                 s, step = trial(kind, args.interval, script)
                 secs.append(s)
                 mult.append(s / step)
-            print(f"{kind:10} {VERDICT[kind]:9} {n:3d} {statistics.median(secs):8.3f} {_pct(secs, 0.99):8.3f} "
-                  f"{max(secs):8.3f} {statistics.median(mult):11.1f} {_pct(mult, 0.99):11.1f} "
-                  f"{bounds[kind]:8.1f}", flush=True)
+            print(
+                f"{kind:10} {VERDICT[kind]:9} {n:3d} {statistics.median(secs):8.3f} {_pct(secs, 0.99):8.3f} "
+                f"{max(secs):8.3f} {statistics.median(mult):11.1f} {_pct(mult, 0.99):11.1f} "
+                f"{bounds[kind]:8.1f}",
+                flush=True,
+            )
     finally:
         time.sleep(2.5)  # each keeper lingers 2 s after its trainer, then exits by itself
         shutil.rmtree(home, ignore_errors=True)

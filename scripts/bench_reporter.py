@@ -41,18 +41,25 @@ def main() -> int:
     args = ap.parse_args()
     home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
-    from trainroom.core.cli import main as cli
     from trainroom.core import protocol
-    from trainroom.core.sdk import reporter as reporter
+    from trainroom.core.cli import main as cli
     from trainroom.core.run import store as runs
+    from trainroom.core.sdk import reporter as reporter
 
     info = cli.launch(["sleep", "3600"], {"linger_s": 5})
     rec = runs.read_record(Path(info.run_dir))
     rep = reporter.Reporter(info.sock, protocol.Hello(pid=os.getpid()), heartbeat_s=1.0)
 
     def rstep(i: int) -> None:
-        rep.step(i, loss=2.5, tokens=i * 512, grad_norm=0.9, lr=1e-4, loss_scale=65536.0,
-                 alloc=(1 << 30, 2 << 30, 3 << 30))
+        rep.step(
+            i,
+            loss=2.5,
+            tokens=i * 512,
+            grad_norm=0.9,
+            lr=1e-4,
+            loss_scale=65536.0,
+            alloc=(1 << 30, 2 << 30, 3 << 30),
+        )
 
     results: list[tuple[str, float, float]] = []
     results.append(("reporter.step, keeper reading", *bench(rstep, args.steps)))
@@ -89,8 +96,10 @@ def main() -> int:
     for name, med, p99 in results:
         print(f"{name:36} {med:10.2f} {p99:10.2f} {med / base:19.1f}x")
     tb_med = results[2][1]
-    print(f"\nTensorBoard / reporter (keeper reading): {tb_med / base:.1f}x; "
-          f"p99 with the keeper stopped: {results[1][2]:.1f} us; frames dropped while stopped: {dropped}")
+    print(
+        f"\nTensorBoard / reporter (keeper reading): {tb_med / base:.1f}x; "
+        f"p99 with the keeper stopped: {results[1][2]:.1f} us; frames dropped while stopped: {dropped}"
+    )
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
     return 0
 

@@ -12,15 +12,17 @@ import math
 import random
 import time
 
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.health.sanity import SanityTracker
+from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.series import Series
 
 
 def bench_series(n: int) -> float:
     rng = random.Random(0)
-    rows = [(i, i * 0.001, i * 4096, 2 + 8 * math.exp(-i / 3000) + rng.gauss(0, 0.05), [1e-4], 1.0 + rng.random())
-            for i in range(n)]
+    rows = [
+        (i, i * 0.001, i * 4096, 2 + 8 * math.exp(-i / 3000) + rng.gauss(0, 0.05), [1e-4], 1.0 + rng.random())
+        for i in range(n)
+    ]
     s = Series()
     t0 = time.perf_counter()
     for step, t, tok, loss, lr, g in rows:
@@ -32,11 +34,21 @@ def bench_tracker(n: int, ranks: int) -> tuple[float, float]:
     rng = random.Random(0)
     tr = SanityTracker()
     tr.start_attempt(RequestedConfig(lr=1e-4, vocab_size=50257), resumed=False, t=0.0)
-    rows = [(i % ranks, i // ranks, i * 0.001, 2 + 8 * math.exp(-i / 3000) + rng.gauss(0, 0.05), 1.0 + rng.random())
-            for i in range(n)]
+    rows = [
+        (
+            i % ranks,
+            i // ranks,
+            i * 0.001,
+            2 + 8 * math.exp(-i / 3000) + rng.gauss(0, 0.05),
+            1.0 + rng.random(),
+        )
+        for i in range(n)
+    ]
     t0 = time.perf_counter()
     for rank, step, t, loss, g in rows:
-        tr.observe_step(rank, step, t, loss=loss, grad_norm=g, lrs=[1e-4], loss_scale=65536.0, tokens=step * 4096)
+        tr.observe_step(
+            rank, step, t, loss=loss, grad_norm=g, lrs=[1e-4], loss_scale=65536.0, tokens=step * 4096
+        )
     per_step = (time.perf_counter() - t0) / n
     calls = 200
     t0 = time.perf_counter()
@@ -47,6 +59,7 @@ def bench_tracker(n: int, ranks: int) -> tuple[float, float]:
 
 def bench_tracer(iters: int) -> tuple[float, float]:
     import torch
+
     from trainroom.core.sdk.reporter import NullReporter
     from trainroom.core.sdk.tracer import NonFiniteTracer
 
@@ -90,8 +103,10 @@ def main() -> None:
     print(f"SanityTracker.findings:       {per_call * 1e6:7.1f} us/call")
     if a.tracer:
         off, on = bench_tracer(200)
-        print(f"forward, 24 modules, 1 CPU:     {off * 1e3:7.3f} ms off, {on * 1e3:.3f} ms with the tracer "
-              f"(+{(on - off) / off:.0%})")
+        print(
+            f"forward, 24 modules, 1 CPU:     {off * 1e3:7.3f} ms off, {on * 1e3:.3f} ms with the tracer "
+            f"(+{(on - off) / off:.0%})"
+        )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def publish(ranks: int, rate: float, seconds: float) -> int:
 
     sock = os.environ["TRAINROOM_SOCKET"]
     config = p.RequestedConfig(lr=3e-4, vocab_size=50257)
-    reps = [Reporter(sock, p.Hello(pid=os.getpid(), rank=r, world_size=ranks, config=config, argv=sys.argv))
-            for r in range(ranks)]
+    reps = [
+        Reporter(sock, p.Hello(pid=os.getpid(), rank=r, world_size=ranks, config=config, argv=sys.argv))
+        for r in range(ranks)
+    ]
     period = 1.0 / rate
     start = time.monotonic()
     step = sent = 0
@@ -78,8 +80,9 @@ def publish(ranks: int, rate: float, seconds: float) -> int:
 
 
 def _tmux(sock: str, *args: str) -> str:
-    out = subprocess.run(["tmux", "-S", sock, *args], capture_output=True, text=True, timeout=30,
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        ["tmux", "-S", sock, *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
     if out.returncode != 0:
         raise RuntimeError(f"tmux {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
@@ -156,15 +159,36 @@ def main() -> int:
     from trainroom.core.run import store as runs
 
     total = args.warmup + args.seconds
-    publisher = [sys.executable, os.path.abspath(__file__), "--publish", "--ranks", str(args.ranks),
-                 "--rate", str(args.rate), "--seconds", str(total + 15)]
+    publisher = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--publish",
+        "--ranks",
+        str(args.ranks),
+        "--rate",
+        str(args.rate),
+        "--seconds",
+        str(total + 15),
+    ]
     info = cli.launch(publisher, {"linger_s": 30, "ckpt_root": os.path.join(home, "ck")}, cwd=home)
     keeper = _keeper(Path(info.run_dir))
     tsock = os.path.join(home, "tmux.sock")
     trainer: psutil.Process | None = None
     try:
-        _tmux(tsock, "new-session", "-d", "-s", "bench", "-x", str(cols), "-y", str(rows),
-              "-e", f"TRAINROOM_HOME={home}", f"{shlex.quote(script)} watch {info.run_id}")
+        _tmux(
+            tsock,
+            "new-session",
+            "-d",
+            "-s",
+            "bench",
+            "-x",
+            str(cols),
+            "-y",
+            str(rows),
+            "-e",
+            f"TRAINROOM_HOME={home}",
+            f"{shlex.quote(script)} watch {info.run_id}",
+        )
         tui = _find_tui(int(_tmux(tsock, "display-message", "-p", "-t", "bench", "#{pane_pid}").strip()))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -181,11 +205,15 @@ def main() -> int:
         psutil.cpu_percent(None)
         log = Path(info.run_dir) / runs.LOG_NAME
 
-        print(f"run {info.run_id}: {args.ranks} ranks x {args.rate:g} steps/s = "
-              f"{args.ranks * args.rate:g} msg/s for {args.seconds:g} s (+{args.warmup:g} s warm-up), "
-              f"control room in a {cols}x{rows} tmux pane; {psutil.cpu_count()} cores")
-        print(f"{'t s':>5} {'keeper %':>9} {'keeper MiB':>10} {'tui %':>7} {'tui MiB':>8} {'pub %':>7} "
-              f"{'msg/s':>7} {'host %':>7} {'load 1m':>8}")
+        print(
+            f"run {info.run_id}: {args.ranks} ranks x {args.rate:g} steps/s = "
+            f"{args.ranks * args.rate:g} msg/s for {args.seconds:g} s (+{args.warmup:g} s warm-up), "
+            f"control room in a {cols}x{rows} tmux pane; {psutil.cpu_count()} cores"
+        )
+        print(
+            f"{'t s':>5} {'keeper %':>9} {'keeper MiB':>10} {'tui %':>7} {'tui MiB':>8} {'pub %':>7} "
+            f"{'msg/s':>7} {'host %':>7} {'load 1m':>8}"
+        )
         rows_out: list[dict[str, float]] = []
         t0 = time.monotonic()
         sent0, tsent0 = _sent(log) or 0, t0
@@ -193,16 +221,23 @@ def main() -> int:
             time.sleep(args.every)
             now = time.monotonic()
             sent = _sent(log) or 0
-            row = {"t": now - t0, "msg_s": (sent - sent0) / (now - tsent0),
-                   "host": psutil.cpu_percent(None), "load": os.getloadavg()[0]}
+            row = {
+                "t": now - t0,
+                "msg_s": (sent - sent0) / (now - tsent0),
+                "host": psutil.cpu_percent(None),
+                "load": os.getloadavg()[0],
+            }
             sent0, tsent0 = sent, now
             for name, p in procs.items():
                 row[name] = p.cpu_percent(None)
                 row[name + "_rss"] = _mib(p.memory_info().rss)
             rows_out.append(row)
-            print(f"{row['t']:5.0f} {row['keeper']:9.1f} {row['keeper_rss']:10.1f} {row['tui']:7.1f} "
-                  f"{row['tui_rss']:8.1f} {row['publisher']:7.1f} {row['msg_s']:7.0f} {row['host']:7.0f} "
-                  f"{row['load']:8.2f}", flush=True)
+            print(
+                f"{row['t']:5.0f} {row['keeper']:9.1f} {row['keeper_rss']:10.1f} {row['tui']:7.1f} "
+                f"{row['tui_rss']:8.1f} {row['publisher']:7.1f} {row['msg_s']:7.0f} {row['host']:7.0f} "
+                f"{row['load']:8.2f}",
+                flush=True,
+            )
         screen = _tmux(tsock, "capture-pane", "-p", "-t", "bench")
     finally:
         subprocess.run(["tmux", "-S", tsock, "kill-server"], capture_output=True, timeout=30)
@@ -217,8 +252,10 @@ def main() -> int:
     tui_cpu = statistics.mean(r["tui"] for r in counted)
     rate = statistics.mean(r["msg_s"] for r in counted)
     host = statistics.mean(r["host"] for r in counted)
-    print(f"\nafter the warm-up ({len(counted)} samples): {rate:.0f} msg/s delivered, machine "
-          f"{host:.0f}% busy overall ({psutil.cpu_count()} cores), load {counted[-1]['load']:.2f}")
+    print(
+        f"\nafter the warm-up ({len(counted)} samples): {rate:.0f} msg/s delivered, machine "
+        f"{host:.0f}% busy overall ({psutil.cpu_count()} cores), load {counted[-1]['load']:.2f}"
+    )
 
     def flat(name: str) -> tuple[bool, str]:
         first, last = counted[0][name + "_rss"], counted[-1][name + "_rss"]
@@ -227,14 +264,23 @@ def main() -> int:
         return ok, f"{first:.1f} -> {last:.1f} MiB ({grew:+.1f})"
 
     checks = [
-        (f"keeper CPU <= {KEEPER_GOAL:g}% of a core", keeper_cpu <= KEEPER_GOAL, f"mean {keeper_cpu:.1f}%, "
-         f"max {max(r['keeper'] for r in counted):.1f}%"),
-        (f"control room CPU <= {TUI_GOAL:g}%", tui_cpu <= TUI_GOAL, f"mean {tui_cpu:.1f}%, "
-         f"max {max(r['tui'] for r in counted):.1f}%"),
+        (
+            f"keeper CPU <= {KEEPER_GOAL:g}% of a core",
+            keeper_cpu <= KEEPER_GOAL,
+            f"mean {keeper_cpu:.1f}%, max {max(r['keeper'] for r in counted):.1f}%",
+        ),
+        (
+            f"control room CPU <= {TUI_GOAL:g}%",
+            tui_cpu <= TUI_GOAL,
+            f"mean {tui_cpu:.1f}%, max {max(r['tui'] for r in counted):.1f}%",
+        ),
         ("keeper RSS flat", *flat("keeper")),
         ("control room RSS flat", *flat("tui")),
-        (f"delivered >= 90% of {args.ranks * args.rate:g} msg/s", rate >= 0.9 * args.ranks * args.rate,
-         f"{rate:.0f} msg/s"),
+        (
+            f"delivered >= 90% of {args.ranks * args.rate:g} msg/s",
+            rate >= 0.9 * args.ranks * args.rate,
+            f"{rate:.0f} msg/s",
+        ),
     ]
     for what, ok, detail in checks:
         print(f"  {'PASS' if ok else 'MISS'}  {what:34} {detail}")

@@ -49,6 +49,7 @@ def main() -> int:
         return 2
 
     import torch
+
     from trainroom.core.ckpt import layout as ck
     from trainroom.core.ckpt import verify as v
 
@@ -64,9 +65,13 @@ def main() -> int:
         g = torch.Generator().manual_seed(0)
         sd: dict[str, torch.Tensor] = {"transformer.wte.weight": torch.randn(vocab, d, generator=g) * 0.02}
         for i in range(blocks):
-            for name, shape in (("ln_1.weight", (d,)), ("attn.c_attn.weight", (3 * d, d)),
-                                ("attn.c_proj.weight", (d, d)), ("mlp.c_fc.weight", (4 * d, d)),
-                                ("mlp.c_proj.weight", (d, 4 * d))):
+            for name, shape in (
+                ("ln_1.weight", (d,)),
+                ("attn.c_attn.weight", (3 * d, d)),
+                ("attn.c_proj.weight", (d, d)),
+                ("mlp.c_fc.weight", (4 * d, d)),
+                ("mlp.c_proj.weight", (d, 4 * d)),
+            ):
                 sd[f"transformer.h.{i}.{name}"] = torch.randn(*shape, generator=g) * 0.02
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
         t = time.perf_counter()
@@ -78,8 +83,10 @@ def main() -> int:
         gb = size / 1e9
         path.read_bytes()  # warm the page cache: every figure below reads from memory, like sha256sum's
 
-        sha = best_of(args.repeat, lambda: subprocess.run(["sha256sum", str(path)], check=True,
-                                                          stdout=subprocess.DEVNULL))
+        sha = best_of(
+            args.repeat,
+            lambda: subprocess.run(["sha256sum", str(path)], check=True, stdout=subprocess.DEVNULL),
+        )
         xxh = best_of(args.repeat, lambda: v.digest_file(path))
 
         def openssl_sha256() -> None:
@@ -118,7 +125,10 @@ def main() -> int:
             warm_first = time.perf_counter() - t
             warm_best = best_of(args.repeat, lambda: warm.verify(path, timeout=600))
             if warm.starts != 1 or not warm_rep["ok"]:
-                print(f"bench_verify: the warm verifier restarted or rejected: {warm_rep['reason']}", file=sys.stderr)
+                print(
+                    f"bench_verify: the warm verifier restarted or rejected: {warm_rep['reason']}",
+                    file=sys.stderr,
+                )
                 return 1
         finally:
             warm.close()
@@ -126,9 +136,11 @@ def main() -> int:
         def row(name: str, s: float) -> str:
             return f"  {name:44s} {s:8.3f} s  {gb / s:7.2f} GB/s  {sha / s:6.2f}x sha256sum"
 
-        print(f"bench_verify: {size / 1e6:.0f} MB checkpoint, {rep['tensors']} tensors, {rep['params']:,} params "
-              f"(saved in {save_s:.2f} s, {gb / save_s:.2f} GB/s with the digest taken while writing); "
-              f"page cache warm, best of {args.repeat}, torch threads {torch.get_num_threads()}")
+        print(
+            f"bench_verify: {size / 1e6:.0f} MB checkpoint, {rep['tensors']} tensors, {rep['params']:,} params "
+            f"(saved in {save_s:.2f} s, {gb / save_s:.2f} GB/s with the digest taken while writing); "
+            f"page cache warm, best of {args.repeat}, torch threads {torch.get_num_threads()}"
+        )
         print(row("sha256sum", sha))
         print(row("sha256 via OpenSSL (hashlib)", ossl))
         print(row("digest xxh3-128 (the verifier's)", xxh))
@@ -140,8 +152,10 @@ def main() -> int:
         print(row("warm verifier, the keeper's (reused)", warm_best))
         print(row("verify_in_subprocess (+ torch import)", sub))
         for name, s in (("in-process, first run", first), ("keeper's warm verifier", warm_best)):
-            print(f"  goal >= 3x sha256sum for the verifier ({name}): {'met' if sha / s >= 3.0 else 'NOT met'} "
-                  f"({sha / s:.2f}x)")
+            print(
+                f"  goal >= 3x sha256sum for the verifier ({name}): {'met' if sha / s >= 3.0 else 'NOT met'} "
+                f"({sha / s:.2f}x)"
+            )
         return 0
     finally:
         if args.keep is None:

@@ -23,8 +23,9 @@ SIZES = ((80, 24), (160, 48))
 
 
 def _tmux(sock: str, *args: str) -> str:
-    out = subprocess.run(["tmux", "-S", sock, *args], capture_output=True, text=True, timeout=30,
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        ["tmux", "-S", sock, *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
     if out.returncode != 0:
         raise RuntimeError(f"tmux {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
@@ -45,15 +46,29 @@ def main() -> int:
     home = tempfile.mkdtemp(prefix="trs", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
     env = {**os.environ, "TRAINROOM_HOME": home}
-    out = subprocess.run([script, "demo", "--detach", "--fault", "silent-death", "--fault-step",
-                          str(args.fault_step), "--ckpt-every", str(args.ckpt_every)],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [
+            script,
+            "demo",
+            "--detach",
+            "--fault",
+            "silent-death",
+            "--fault-step",
+            str(args.fault_step),
+            "--ckpt-every",
+            str(args.ckpt_every),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     if out.returncode != 0:
         print(f"capture_screens: demo failed: {out.stderr.strip()}", file=sys.stderr)
         return 1
     run_id = out.stdout.strip()
-    from trainroom.core.run import store as runs
     from trainroom.core.cli.main import current_state
+    from trainroom.core.run import store as runs
     from trainroom.core.run.status import status_dict
 
     info = runs.resolve_run(run_id)
@@ -61,8 +76,20 @@ def main() -> int:
     try:
         watch = f"{shlex.quote(script)} watch {run_id}"
         for w, h in SIZES:  # one session per size: a session's windows share its size
-            _tmux(sock, "new-session", "-d", "-s", f"{w}x{h}", "-x", str(w), "-y", str(h),
-                  "-e", f"TRAINROOM_HOME={home}", watch)
+            _tmux(
+                sock,
+                "new-session",
+                "-d",
+                "-s",
+                f"{w}x{h}",
+                "-x",
+                str(w),
+                "-y",
+                str(h),
+                "-e",
+                f"TRAINROOM_HOME={home}",
+                watch,
+            )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             st, _ = current_state(runs.resolve_run(run_id))

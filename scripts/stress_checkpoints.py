@@ -48,15 +48,20 @@ WRITER = textwrap.dedent("""
 def phase_of(log: Path) -> str:
     lines = log.read_text().splitlines()
     last = lines[-1].split()[0] if lines else "start"
-    return {"ready": "before first save", "save": "during save/verify/promote",
-            "verified": "between saves"}.get(last, last)
+    return {
+        "ready": "before first save",
+        "save": "during save/verify/promote",
+        "verified": "between saves",
+    }.get(last, last)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--mb", type=float, default=32.0, help="checkpoint size in MB")
-    ap.add_argument("--root", type=Path, default=None, help="checkpoint root (default: a temp dir, removed after)")
+    ap.add_argument(
+        "--root", type=Path, default=None, help="checkpoint root (default: a temp dir, removed after)"
+    )
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
     if args.trials < 1 or args.mb <= 0:
@@ -64,8 +69,8 @@ def main() -> int:
         return 2
 
     from trainroom.core.ckpt import layout as ck
-    from trainroom.core.ops import prune as prune
     from trainroom.core.ckpt import verify as v
+    from trainroom.core.ops import prune as prune
 
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="trstress"))
@@ -80,8 +85,12 @@ def main() -> int:
     try:
         for trial in range(args.trials):
             log.write_text("")
-            proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(args.mb), str(step), str(log)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", WRITER, str(root), str(args.mb), str(step), str(log)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             deadline = time.monotonic() + 120
             while "ready" not in log.read_text():
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -95,7 +104,9 @@ def main() -> int:
                         print(f"writer died: {proc.stderr.read().decode()[-2000:]}", file=sys.stderr)
                         return 1
                     time.sleep(0.01)
-                times = [float(x.split()[2]) for x in log.read_text().splitlines() if x.startswith("verified")]
+                times = [
+                    float(x.split()[2]) for x in log.read_text().splitlines() if x.startswith("verified")
+                ]
                 cycle_s = max(times)
             else:
                 time.sleep(rng.uniform(0, 2 * cycle_s))
@@ -128,10 +139,14 @@ def main() -> int:
                 counts[f"leftover candidates {rec.state}"] += 1
             pr = prune.prune(root, keep=2)
             counts["bytes pruned"] += pr.bytes_freed
-            verified = [int(x.split()[1]) for x in log.read_text().splitlines() if x.startswith(("verified", "save"))]
+            verified = [
+                int(x.split()[1]) for x in log.read_text().splitlines() if x.startswith(("verified", "save"))
+            ]
             step = max(verified + [step]) + 1
-        print(f"stress_checkpoints: {args.trials} SIGKILLs of a real save loop, {args.mb:g} MB checkpoints, "
-              f"save cycle ~{cycle_s:.3f} s")
+        print(
+            f"stress_checkpoints: {args.trials} SIGKILLs of a real save loop, {args.mb:g} MB checkpoints, "
+            f"save cycle ~{cycle_s:.3f} s"
+        )
         for k, n in moments.most_common():
             print(f"  killed {k}: {n}")
         for k in sorted(counts):

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.waiting import kill_runs_under
 
+
 @pytest.fixture
 def trhome(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     # Short on purpose: the keeper's socket path must fit in sun_path (108 bytes).

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.waiting import wait_for
+
 from tests.support.helpers import codes, run_cli, start_demo, status
+from tests.support.waiting import wait_for
+from trainroom.core import protocol
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.cli import main as cli
 from trainroom.core.run import journal as journal
-from trainroom.core import protocol
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 
@@ -41,9 +42,12 @@ def _settled(d: dict[str, Any], n: int) -> bool:
     verified = [c["promoted"] for c in done if c["state"] == "verified" and c["promoted"]]
     # ... and the next 0.1 s evaluation has raised CKPT_REJECTED for each rejection.
     said = {f["evidence"].get("path") for f in d["findings"] if f["code"] == "CKPT_REJECTED"}
-    return (d["state"] in ("exited", "dead") and len(done) >= n
-            and (not verified or d["latest_checkpoint"] == max(verified))
-            and all(c["path"] in said for c in done if c["state"] == "rejected"))
+    return (
+        d["state"] in ("exited", "dead")
+        and len(done) >= n
+        and (not verified or d["latest_checkpoint"] == max(verified))
+        and all(c["path"] in said for c in done if c["state"] == "rejected")
+    )
 
 
 def _step_dirs(root: Path) -> list[str]:
@@ -60,8 +64,11 @@ def _stop_keeper(info: runs.RunInfo) -> None:
 def test_demo_checkpoints_verified_promoted_and_pruned_through_the_keeper_then_on_files(trhome: Path) -> None:
     info = start_demo(steps=30, ckpt_every=10, step_delay=0.01)
     d = wait_for(lambda: _settled(s := status(info), 3) and s, timeout=TORCH_START_S, what="3 verdicts")
-    assert [(c["step"], c["state"]) for c in d["checkpoints"]] == [(10, "verified"), (20, "verified"),
-                                                                     (30, "verified")]
+    assert [(c["step"], c["state"]) for c in d["checkpoints"]] == [
+        (10, "verified"),
+        (20, "verified"),
+        (30, "verified"),
+    ]
     root = _root(info)
     # The trainer saved where the keeper looks (the keeper exported the root), one root per run.
     assert root == Path(info.run_dir) / "checkpoints"
@@ -96,8 +103,11 @@ def test_demo_checkpoints_verified_promoted_and_pruned_through_the_keeper_then_o
     assert _step_dirs(root) == ["step-000020", "step-000030"]
     prunes = [a for a in _journal(info) if isinstance(a, protocol.ActionRecord) and a.action == "prune"]
     assert len(prunes) == 1 and prunes[0].ok and prunes[0].after["bytes_freed"] == res["bytes_freed"]
-    d = wait_for(lambda: (s := status(info))["checkpoints"][0]["state"] == "pruned" and s, timeout=10,
-                 what="pruned state")
+    d = wait_for(
+        lambda: (s := status(info))["checkpoints"][0]["state"] == "pruned" and s,
+        timeout=10,
+        what="pruned state",
+    )
     assert [c["state"] for c in d["checkpoints"]] == ["pruned", "verified", "verified"]
 
     # The keeper gone: the same verbs work on the files the run record names.
@@ -113,12 +123,15 @@ def test_demo_checkpoints_verified_promoted_and_pruned_through_the_keeper_then_o
 
 
 def test_truncated_checkpoint_rejected_stays_in_quarantine_latest_unchanged_and_drvfs_said(
-        trhome: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trhome: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The keeper reads mounts under its proc root: stage WSL's, with the state dir on DrvFs (9p).
     proc = tmp_path / "proc"
     proc.mkdir()
-    (proc / "mounts").write_text("/dev/sdc / ext4 rw,relatime 0 0\n"
-                                 f"C:\\134 {trhome} 9p rw,noatime,dirsync,aname=drvfs;path=C:\\;uid=0 0 0\n")
+    (proc / "mounts").write_text(
+        "/dev/sdc / ext4 rw,relatime 0 0\n"
+        f"C:\\134 {trhome} 9p rw,noatime,dirsync,aname=drvfs;path=C:\\;uid=0 0 0\n"
+    )
     monkeypatch.setenv("TRAINROOM_PROC_ROOT", str(proc))
     info = start_demo(fault="truncated-ckpt", fault_step=20, steps=30, ckpt_every=10, step_delay=0.01)
     d = wait_for(lambda: _settled(s := status(info), 3) and s, timeout=TORCH_START_S, what="3 verdicts")
@@ -136,7 +149,9 @@ def test_truncated_checkpoint_rejected_stays_in_quarantine_latest_unchanged_and_
     assert os.readlink(root / ck.LATEST) == "step-000010" and _step_dirs(root) == ["step-000010"]
     assert d["latest_checkpoint"] == str(root / "step-000010" / "step-000010.pt")
     rejected = [f for f in d["findings"] if f["code"] == "CKPT_REJECTED"]
-    assert len(rejected) == 2 and all(f["severity"] == "critical" and f["action"] == "verify" for f in rejected)
+    assert len(rejected) == 2 and all(
+        f["severity"] == "critical" and f["action"] == "verify" for f in rejected
+    )
     assert all("truncated" in f["message"] and "stays in quarantine" in f["message"] for f in rejected)
     assert {f["evidence"]["step"] for f in rejected} == {20, 30}
     # The verifier says the same from the command line (exit 1: rejected).
@@ -172,11 +187,19 @@ def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping
         """The trainer ended, every checkpoint has a verdict, and the disk probe after them (once a
         second) has fed the disk guard: both findings up, with what a prune would free."""
         soon = [f for f in d["findings"] if f["code"] == "DISK_FULL_SOON"]
-        return (_settled(d, 2) and all(c["state"] in ("verified", "rejected") for c in d["checkpoints"])
-                and "DISK_HIGH" in codes(d) and bool(soon) and "prune would free" in soon[0]["message"])
+        return (
+            _settled(d, 2)
+            and all(c["state"] in ("verified", "rejected") for c in d["checkpoints"])
+            and "DISK_HIGH" in codes(d)
+            and bool(soon)
+            and "prune would free" in soon[0]["message"]
+        )
 
-    d = wait_for(lambda: filled(s := status(info)) and s, timeout=TORCH_START_S,
-                 what="the trainer ended, verdicts in, DISK_HIGH and DISK_FULL_SOON up")
+    d = wait_for(
+        lambda: filled(s := status(info)) and s,
+        timeout=TORCH_START_S,
+        what="the trainer ended, verdicts in, DISK_HIGH and DISK_FULL_SOON up",
+    )
     n_saved = len(d["checkpoints"])
     assert 10 <= n_saved < 40  # some fit, the rest were refused before a byte was written
     log = (Path(info.run_dir) / runs.LOG_NAME).read_text()
@@ -190,10 +213,20 @@ def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping
     assert soon["evidence"]["prunable_bytes"] > 0 and "prune would free" in soon["message"]
     # While the trainer was writing, DISK_FULL_SOON came with a time-to-full, before the budget was full.
     recs = _journal(info)
-    raised = [r.finding for r in recs if isinstance(r, protocol.FindingRaised) and r.finding.code == "DISK_FULL_SOON"]
+    raised = [
+        r.finding
+        for r in recs
+        if isinstance(r, protocol.FindingRaised) and r.finding.code == "DISK_FULL_SOON"
+    ]
     projected = [f for f in raised if f.evidence["saves_left"] > 0]
-    assert projected and projected[0].evidence["time_to_full_s"] > 0 and "more fit; full in" in projected[0].message
-    last_save = max(r.t for r in recs if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Checkpoint))
+    assert (
+        projected
+        and projected[0].evidence["time_to_full_s"] > 0
+        and "more fit; full in" in projected[0].message
+    )
+    last_save = max(
+        r.t for r in recs if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Checkpoint)
+    )
     assert projected[0].first_seen < last_save
 
     # The keeper's prune action: keeps the last 2 verified (latest among them), journals bytes freed.
@@ -206,38 +239,52 @@ def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping
     assert _step_dirs(root) == newest and os.readlink(root / ck.LATEST) == newest[-1]
     act = [a for a in _journal(info) if isinstance(a, protocol.ActionRecord) and a.action == "prune"]
     assert len(act) == 1 and act[0].after["bytes_freed"] == r.after["bytes_freed"]
-    wait_for(lambda: not ({"DISK_HIGH", "DISK_FULL_SOON"} & codes(status(info))), timeout=30,
-             what="disk findings cleared")
+    wait_for(
+        lambda: not ({"DISK_HIGH", "DISK_FULL_SOON"} & codes(status(info))),
+        timeout=30,
+        what="disk findings cleared",
+    )
     wait_for(lambda: status(info)["disk"]["used_fraction"] < 0.85, timeout=30, what="the next disk probe")
     cleared = {r.ident for r in _journal(info) if isinstance(r, protocol.FindingCleared)}
     assert {i.split(":")[0] for i in cleared} >= {"DISK_HIGH", "DISK_FULL_SOON"}
 
 
-def test_watched_nanogpt_checkpoint_each_version_verified_and_a_verified_copy_kept(trhome: Path,
-                                                                                tmp_path: Path) -> None:
+def test_watched_nanogpt_checkpoint_each_version_verified_and_a_verified_copy_kept(
+    trhome: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "nanogpt"
     work.mkdir()
-    info = cli.launch([sys.executable, str(NANOGPT_LIKE), "--iters", "20", "--save-every", "10", "--wait-copies"],
-                      {"watch_ckpt": ["out/*.pt"], "keep_verified_copies": True}, cwd=str(work))
+    info = cli.launch(
+        [sys.executable, str(NANOGPT_LIKE), "--iters", "20", "--save-every", "10", "--wait-copies"],
+        {"watch_ckpt": ["out/*.pt"], "keep_verified_copies": True},
+        cwd=str(work),
+    )
     watched = str(work / "out" / "ckpt.pt")
 
     def ended(d: dict[str, Any]) -> bool:
         # The trainer waits for each copy before going on; the disk probe (once a second) then
         # shows the last copy as `latest`.
         latest = d["latest_checkpoint"] or ""
-        return d["state"] == "dead" or d["state"] == "exited" and latest.endswith("/step-000020/ckpt.pt")
+        return d["state"] == "dead" or (d["state"] == "exited" and latest.endswith("/step-000020/ckpt.pt"))
 
     d = wait_for(lambda: ended(s := status(info)) and s, timeout=TORCH_START_S + 60, what="trainer ended")
     assert d["state"] == "exited", (Path(info.run_dir) / runs.LOG_NAME).read_text()[-2000:]
     assert d["instrumented"] is False and d["step"] == 20  # nanoGPT's `iter N: loss X` lines
     recs = _journal(info)
-    verdicts = [r for r in recs if isinstance(r, protocol.CheckpointState) and r.path == watched
-                and r.state in ("verified", "rejected")]
+    verdicts = [
+        r
+        for r in recs
+        if isinstance(r, protocol.CheckpointState)
+        and r.path == watched
+        and r.state in ("verified", "rejected")
+    ]
     # Each version of the overwritten file verified once, with its own digest and iter_num.
     assert [(r.state, r.step) for r in verdicts] == [("verified", 10), ("verified", 20)]
     assert len({r.digest for r in verdicts}) == 2
     root = _root(info)
-    assert _step_dirs(root) == ["step-000010", "step-000020"] and os.readlink(root / ck.LATEST) == "step-000020"
+    assert (
+        _step_dirs(root) == ["step-000010", "step-000020"] and os.readlink(root / ck.LATEST) == "step-000020"
+    )
     for step, r in zip((10, 20), verdicts, strict=True):
         man = json.loads((root / f"step-{step:06d}" / ck.MANIFEST).read_text())
         assert man["file"] == "ckpt.pt" and man["digest"] == r.digest and man["source"] == watched

@@ -24,15 +24,16 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.support.waiting import wait_for
+
 from tests.support.helpers import run_cli, start_demo, status
-from trainroom.core.cli import main as cli
-from trainroom.core.run import journal as journal
+from tests.support.waiting import wait_for
 from trainroom.core import protocol
-from trainroom.core.run import store as runs
-from trainroom.core.run.client import KeeperClient
+from trainroom.core.cli import main as cli
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.probes.fake_nvml import write_scenario
+from trainroom.core.run import journal as journal
+from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient
 
 START_S = 120.0  # torch's import on a loaded 2-core machine, then a few steps
 GIB, MIB = 1 << 30, 1 << 20
@@ -69,8 +70,11 @@ def _code(d: dict[str, Any], code: str) -> dict[str, Any] | None:
 
 
 def _dead(info: runs.RunInfo, step: int) -> dict[str, Any]:
-    return wait_for(lambda: (s := status(info))["state"] == "dead" and s["step"] == step and s,
-                    timeout=START_S, what=f"DEAD at step {step}")
+    return wait_for(
+        lambda: (s := status(info))["state"] == "dead" and s["step"] == step and s,
+        timeout=START_S,
+        what=f"DEAD at step {step}",
+    )
 
 
 def _verified(info: runs.RunInfo, step: int) -> dict[str, Any]:
@@ -121,6 +125,7 @@ def test_seed_001_silent_death_kill_resume_from_the_last_verified_step(trhome: P
     assert d["exit"]["signal_name"] == "SIGKILL"
     dead = _code(d, "DEAD")
     assert dead is not None and dead["severity"] == "critical" and "SIGKILL" in dead["message"]
+
     # Once the step-20 checkpoint has verified, DEAD counts the steps lost against it.
     def dead_against_20() -> dict[str, Any] | None:
         s = status(info)
@@ -141,8 +146,11 @@ def test_seed_001_silent_death_kill_resume_from_the_last_verified_step(trhome: P
     assert res["before"]["died_at_step"] == 25 and res["after"]["steps_lost"] == 5
     assert res["after"]["attempt"] == 2 and res["after"]["from_step"] == 20
 
-    d = wait_for(lambda: (s := status(info))["state"] == "exited" and s["attempt"] == 2 and s,
-                 timeout=START_S, what="attempt 2 runs to its end")
+    d = wait_for(
+        lambda: (s := status(info))["state"] == "exited" and s["attempt"] == 2 and s,
+        timeout=START_S,
+        what="attempt 2 runs to its end",
+    )
     a1, a2 = d["attempts"]
     assert a1["last_step"] == 25 and a1["exit_signal"] == 9
     assert a2["first_step"] == 21 and a2["last_step"] == 40 and a2["exit_code"] == 0
@@ -163,13 +171,20 @@ def test_seed_001_silent_death_kill_resume_from_the_last_verified_step(trhome: P
 
 
 def _hold_lock(path: Path) -> subprocess.Popen[str]:
-    code = ("import fcntl, os, sys, time\n"
-            f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o644)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('locked', flush=True)\n"
-            "time.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    code = (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -177,20 +192,29 @@ def _hold_lock(path: Path) -> subprocess.Popen[str]:
 def test_resume_refuses_live_members_a_held_lock_and_unreleased_memory_each_in_turn(trhome: Path) -> None:
     """Seed 000: the trainer died but a child kept its flock and a context kept 12 GB. Resume
     refuses each cause by name until it is gone; kill clears the group but not the driver."""
-    _write_config(trhome, """
+    _write_config(
+        trhome,
+        """
         [kill]
         grace_s = 1.0
         vram_timeout_s = 1.0
         vram_poll_s = 0.2
-    """)
+    """,
+    )
     info = start_demo(fault="orphan-context", fault_step=15, ckpt_every=10, step_delay=0.02)
     lock = demo_dir() / "train.lock"
     fake = Path(info.run_dir) / "fake-nvml.json"
     _dead(info, 15)
     _verified(info, 10)
-    child = wait_for(lambda: [p for p in psutil.process_iter(["cmdline"])
-                              if "time.sleep(3600)" in " ".join(p.info["cmdline"] or [])],
-                     timeout=10, what="the orphan child")[0]
+    child = wait_for(
+        lambda: [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "time.sleep(3600)" in " ".join(p.info["cmdline"] or [])
+        ],
+        timeout=10,
+        what="the orphan child",
+    )[0]
 
     # 1. The group still has a live member, it holds the lock, and the driver holds the memory.
     r = _plan(info, "resume")
@@ -211,12 +235,26 @@ def test_resume_refuses_live_members_a_held_lock_and_unreleased_memory_each_in_t
     # 3. Memory not released: the one refusal left.
     r = _plan(info, "resume")
     assert not r.ok and len(r.plan["refusals"]) == 1
-    assert re.match(r"the driver still holds \d+ MiB for the old attempt \(tolerance 512 MiB\)", r.plan["refusals"][0])
+    assert re.match(
+        r"the driver still holds \d+ MiB for the old attempt \(tolerance 512 MiB\)", r.plan["refusals"][0]
+    )
 
     # 4. The driver lets go; a stranger takes the lock: that holder is named.
-    write_scenario(fake, {"devices": [{"name": "NVIDIA GeForce RTX 3060 (fake)", "total_bytes": 12 * GIB,
-                                       "used_bytes": 400 * MIB, "util_percent": 0, "power_w": 15.0}],
-                          "processes": []})
+    write_scenario(
+        fake,
+        {
+            "devices": [
+                {
+                    "name": "NVIDIA GeForce RTX 3060 (fake)",
+                    "total_bytes": 12 * GIB,
+                    "used_bytes": 400 * MIB,
+                    "util_percent": 0,
+                    "power_w": 15.0,
+                }
+            ],
+            "processes": [],
+        },
+    )
     stranger = _hold_lock(lock)
     try:
         r = _plan(info, "resume")
@@ -251,12 +289,16 @@ def _reuse_pid(pid: int, attempts: int = 50) -> subprocess.Popen[bytes] | None:
     return None
 
 
-@pytest.mark.skipif(not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
-                    reason="reusing a PID on purpose needs a writable /proc/sys/kernel/ns_last_pid (root)")
+@pytest.mark.skipif(
+    not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
+    reason="reusing a PID on purpose needs a writable /proc/sys/kernel/ns_last_pid (root)",
+)
 def test_kill_refuses_a_pid_that_was_reused(trhome: Path, tmp_path: Path) -> None:
     script = tmp_path / "dies.py"
-    script.write_text("import os, signal, time\nprint('iter 1: loss 4.0', flush=True)\ntime.sleep(0.3)\n"
-                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    script.write_text(
+        "import os, signal, time\nprint('iter 1: loss 4.0', flush=True)\ntime.sleep(0.3)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     out = run_cli("launch", "--", sys.executable, str(script))
     assert out.returncode == 0, out.stderr
     info = runs.resolve_run(out.stdout.strip())
@@ -292,8 +334,10 @@ def _fake_host(root: Path) -> tuple[Path, Path, Path]:
     (proc / "self").mkdir(parents=True)
     (proc / "sys" / "vm").mkdir(parents=True)
     (proc / "self" / "cgroup").write_text("0::/user.slice/trainroom.scope\n")
-    (proc / "meminfo").write_text("MemTotal: 32768000 kB\nMemFree: 1000000 kB\nMemAvailable: 2500000 kB\n"
-                                  "Buffers: 100000 kB\nCached: 6000000 kB\n")
+    (proc / "meminfo").write_text(
+        "MemTotal: 32768000 kB\nMemFree: 1000000 kB\nMemAvailable: 2500000 kB\n"
+        "Buffers: 100000 kB\nCached: 6000000 kB\n"
+    )
     (proc / "version").write_text("Linux version 6.8.0 (gcc)\n")
     (proc / "sys" / "vm" / "drop_caches").write_text("")
     cg = sysfs / "user.slice" / "trainroom.scope"
@@ -316,7 +360,9 @@ def unwritable() -> Iterator[Any]:
             return
         chattr = shutil.which("chattr")
         if chattr is None or subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode != 0:
-            pytest.skip("as root, a write can be denied only with the immutable attribute, and chattr +i fails here")
+            pytest.skip(
+                "as root, a write can be denied only with the immutable attribute, and chattr +i fails here"
+            )
         made.append(path)
 
     yield deny
@@ -337,8 +383,9 @@ def _launch_sleeper() -> runs.RunInfo:
 
 
 @pytest.mark.parametrize("case", ["allowed", "denied-no-sudo", "denied-working-sudo"])
-def test_reclaim_through_the_keeper(trhome: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    unwritable: Any, case: str) -> None:
+def test_reclaim_through_the_keeper(
+    trhome: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unwritable: Any, case: str
+) -> None:
     proc, sysfs, reclaim = _fake_host(tmp_path / "host")
     monkeypatch.setenv("TRAINROOM_SYS_ROOT", str(sysfs))
     monkeypatch.setenv("TRAINROOM_PROC_ROOT", str(proc))
@@ -348,8 +395,11 @@ def test_reclaim_through_the_keeper(trhome: Path, tmp_path: Path, monkeypatch: p
         _stub_sudo(tmp_path / "bin", monkeypatch, 'echo "sudo: a password is required" >&2\nexit 1\n')
     elif case == "denied-working-sudo":
         # A sudo with the rights the keeper lacks: for this tree, lifting the immutable bit.
-        _stub_sudo(tmp_path / "bin", monkeypatch,
-                   f'[ "$1" = "-n" ] && shift\nchattr -i {shlex.quote(str(reclaim))} 2>/dev/null\nexec "$@"\n')
+        _stub_sudo(
+            tmp_path / "bin",
+            monkeypatch,
+            f'[ "$1" = "-n" ] && shift\nchattr -i {shlex.quote(str(reclaim))} 2>/dev/null\nexec "$@"\n',
+        )
     info = _launch_sleeper()  # the keeper inherits the roots and PATH from here
 
     plan = _plan(info, "reclaim")
@@ -378,13 +428,26 @@ def test_reclaim_through_the_keeper(trhome: Path, tmp_path: Path, monkeypatch: p
 
 
 def test_auto_resume_stops_on_repeat_death(trhome: Path) -> None:
-    ns_args = dict(fault="silent-death", fault_step=25, steps=60, lr=None, step_delay=0.02, ckpt_every=10,
-                   tracer=False, ranks=None, auto_resume=3, linger_s=None)
+    ns_args = dict(
+        fault="silent-death",
+        fault_step=25,
+        steps=60,
+        lr=None,
+        step_delay=0.02,
+        ckpt_every=10,
+        tracer=False,
+        ranks=None,
+        auto_resume=3,
+        linger_s=None,
+    )
     ns = argparse.Namespace(**ns_args)
     opts = demo_options(ns) | {"auto_resume_delay_s": 0.5}
     info = cli.launch(demo_command(ns) + ["--fault-every-attempt"], opts, cwd=str(demo_dir()))
-    note = wait_for(lambda: next((n for n in _notes(info) if n.startswith("auto-resume stopped")), None),
-                    timeout=2 * START_S, what="auto-resume to stop")
+    note = wait_for(
+        lambda: next((n for n in _notes(info) if n.startswith("auto-resume stopped")), None),
+        timeout=2 * START_S,
+        what="auto-resume to stop",
+    )
     assert "REPEAT_DEATH" in note
     d = status(info)
     assert [a["last_step"] for a in d["attempts"]] == [25, 25]
@@ -398,17 +461,27 @@ def test_auto_resume_stops_on_repeat_death(trhome: Path) -> None:
 # ------------------------------------------------------------------------------------ config
 
 
-@pytest.mark.parametrize("toml, key, expected", [
-    ('[thresholds]\nstall_floor_s = "ten"\n', "thresholds.stall_floor_s", "expected float, got str"),
-    ("[kill]\ngrace = 5\n", "kill.grace", "unknown key"),
-])
-def test_a_bad_config_file_stops_launch_with_exit_2(trhome: Path, tmp_path: Path, toml: str, key: str,
-                                                   expected: str) -> None:
+@pytest.mark.parametrize(
+    "toml, key, expected",
+    [
+        ('[thresholds]\nstall_floor_s = "ten"\n', "thresholds.stall_floor_s", "expected float, got str"),
+        ("[kill]\ngrace = 5\n", "kill.grace", "unknown key"),
+    ],
+)
+def test_a_bad_config_file_stops_launch_with_exit_2(
+    trhome: Path, tmp_path: Path, toml: str, key: str, expected: str
+) -> None:
     project = tmp_path / "project"
     project.mkdir()
     path = _write_config(project, toml)
-    out = subprocess.run([sys.executable, "-m", "trainroom.cli", "launch", "--", "sleep", "30"], cwd=project,
-                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainroom.cli", "launch", "--", "sleep", "30"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 2, out
     err = out.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
@@ -457,9 +530,26 @@ def test_uninstrumented_trainer_kill_and_resume_through_a_template(trhome: Path,
     (project / "train.py").write_text(NANOGPT_LIKE)
     template = f"{shlex.quote(sys.executable)} train.py --resume {{ckpt}}"
     out = subprocess.run(
-        [sys.executable, "-m", "trainroom.cli", "launch", "--resume-template", template, "--watch-ckpt",
-         "out/ckpt.pt", "--", sys.executable, "train.py", "--learning_rate=6e-4"],
-        cwd=project, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "trainroom.cli",
+            "launch",
+            "--resume-template",
+            template,
+            "--watch-ckpt",
+            "out/ckpt.pt",
+            "--",
+            sys.executable,
+            "train.py",
+            "--learning_rate=6e-4",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr
     info = runs.resolve_run(out.stdout.strip())
     d = _dead(info, 25)
@@ -477,8 +567,11 @@ def test_uninstrumented_trainer_kill_and_resume_through_a_template(trhome: Path,
     assert res["plan"]["argv"] == [sys.executable, "train.py", "--resume", ckpt]
     assert res["after"]["steps_lost"] == 5
 
-    d = wait_for(lambda: (s := status(info))["state"] == "exited" and s["attempt"] == 2 and s,
-                 timeout=60, what="attempt 2 runs to its end")
+    d = wait_for(
+        lambda: (s := status(info))["state"] == "exited" and s["attempt"] == 2 and s,
+        timeout=60,
+        what="attempt 2 runs to its end",
+    )
     a1, a2 = d["attempts"]
     assert a1["last_step"] == 25 and a2["first_step"] == 21 and a2["last_step"] == 40
     assert a2["resume_from"] == ckpt and a2["exit_code"] == 0
@@ -497,9 +590,13 @@ def test_dump_stacks_of_a_hung_demo_shows_the_main_thread(trhome: Path) -> None:
     assert out["after"]["method"] == "faulthandler"
     stacks = out["after"]["stacks"]
     # The main thread, parked in the second acquire of its own lock inside the training loop.
-    main = re.search(r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  .*\n?)+)", stacks)
+    main = re.search(
+        r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  .*\n?)+)", stacks
+    )
     assert main is not None, stacks
-    blocks = re.findall(r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  .*\n?)+)", stacks)
+    blocks = re.findall(
+        r"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n((?:  .*\n?)+)", stacks
+    )
     assert any(re.search(r'File ".*demo/train\.py", line \d+ in main', b) for b in blocks), stacks
     assert len(blocks) >= 2  # the reporter's heartbeat thread goes on beside it
     # The dump neither killed the trainer nor woke its parked main thread (SIGUSR1 went to the
@@ -543,6 +640,7 @@ def test_configured_host_processes_reach_the_probe_sweep(trhome: Path, tmp_path:
     twins = [subprocess.Popen([str(exe), "120"], stdin=subprocess.DEVNULL) for _ in range(2)]
     try:
         info = _launch_sleeper()
+
         def host_duplicate() -> dict[str, Any] | None:
             f = _code(status(info), "DUPLICATE_TRAINER")
             return f if f is not None and f["evidence"].get("kind") == "host" else None

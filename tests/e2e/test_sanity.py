@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.waiting import wait_for
+
 from tests.support.helpers import run_cli, start_demo, status, status_json
-from trainroom.core.cli import main as cli
-from trainroom.core.run import journal as journal
+from tests.support.waiting import wait_for
 from trainroom.core import protocol
-from trainroom.core.run import store as runs
-from trainroom.core.run.client import KeeperClient
+from trainroom.core.cli import main as cli
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.demo.train import EARLIER_RUN_LR
 from trainroom.core.health.sanity import CODES
+from trainroom.core.run import journal as journal
+from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient
 
 SANITY = set(CODES)
 START = 120.0  # torch import and the first step on a loaded 2-core machine: a bound, not a measure
@@ -38,13 +39,19 @@ def _raised(info: runs.RunInfo, code: str | None = None) -> list[Any]:
 
 
 def _finished(info: runs.RunInfo, timeout: float = RUN) -> dict[str, Any]:
-    return wait_for(lambda: (s := status(info))["state"] in ("exited", "dead") and s, timeout=timeout,
-                    what="the trainer to finish")
+    return wait_for(
+        lambda: (s := status(info))["state"] in ("exited", "dead") and s,
+        timeout=timeout,
+        what="the trainer to finish",
+    )
 
 
 def _notes(info: runs.RunInfo, kind: str) -> list[protocol.Received]:
-    return [r for r in _journal(info) if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Note)
-            and r.msg.kind == kind]
+    return [
+        r
+        for r in _journal(info)
+        if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Note) and r.msg.kind == kind
+    ]
 
 
 def _series(info: runs.RunInfo) -> dict[str, Any]:
@@ -57,9 +64,18 @@ def _series(info: runs.RunInfo) -> dict[str, Any]:
 
 def _launch(fault: str, trainer_extra: list[str], **kw: Any) -> runs.RunInfo:
     """start_demo, with extra trainer flags appended to the demo's own command."""
-    ns = argparse.Namespace(fault=fault, fault_step=kw.get("fault_step"), steps=kw.get("steps"), lr=kw.get("lr"),
-                            step_delay=kw.get("step_delay"), ckpt_every=kw.get("ckpt_every"), tracer=False,
-                            ranks=None, auto_resume=None, linger_s=None)
+    ns = argparse.Namespace(
+        fault=fault,
+        fault_step=kw.get("fault_step"),
+        steps=kw.get("steps"),
+        lr=kw.get("lr"),
+        step_delay=kw.get("step_delay"),
+        ckpt_every=kw.get("ckpt_every"),
+        tracer=False,
+        ranks=None,
+        auto_resume=None,
+        linger_s=None,
+    )
     return cli.launch(demo_command(ns) + trainer_extra, demo_options(ns), cwd=str(demo_dir()))
 
 
@@ -69,9 +85,15 @@ def _launch(fault: str, trainer_extra: list[str], **kw: Any) -> runs.RunInfo:
 def _earlier_run_then_resume(info: runs.RunInfo) -> dict[str, Any]:
     """Attempt 1 plays the earlier run at 1e-6: it saves at the fault step and ends. Once its
     checkpoint is verified, resume through the keeper as a user would (`trainroom resume --yes`)."""
-    d = wait_for(lambda: (s := status(info))["state"] == "exited"
-                 and any(c["state"] == "verified" for c in s["checkpoints"]) and s,
-                 timeout=RUN, what="the earlier run to end with a verified checkpoint")
+    d = wait_for(
+        lambda: (
+            (s := status(info))["state"] == "exited"
+            and any(c["state"] == "verified" for c in s["checkpoints"])
+            and s
+        ),
+        timeout=RUN,
+        what="the earlier run to end with a verified checkpoint",
+    )
     assert d["attempt"] == 1 and d["step"] == 10
     assert d["lr"]["effective"] == [pytest.approx(EARLIER_RUN_LR)]
     assert d["lr"]["requested"] == pytest.approx(EARLIER_RUN_LR)  # it asked for what it ran at
@@ -79,10 +101,16 @@ def _earlier_run_then_resume(info: runs.RunInfo) -> dict[str, Any]:
     out = run_cli("resume", info.run_id, "--yes", "--json", timeout=RUN)
     assert out.returncode == 0, out.stdout + out.stderr
     # The attempt's own end, not the run state: that one still says "exited" (attempt 1) for a tick.
-    wait_for(lambda: (s := status(info))["attempt"] == 2 and s["attempts"][1]["ended_at"] is not None,
-             timeout=RUN, what="the resumed attempt to finish")
-    return wait_for(lambda: (s := status(info))["state"] in ("exited", "dead") and s, timeout=30,
-                    what="the run state after the resumed attempt")
+    wait_for(
+        lambda: (s := status(info))["attempt"] == 2 and s["attempts"][1]["ended_at"] is not None,
+        timeout=RUN,
+        what="the resumed attempt to finish",
+    )
+    return wait_for(
+        lambda: (s := status(info))["state"] in ("exited", "dead") and s,
+        timeout=30,
+        what="the run state after the resumed attempt",
+    )
 
 
 def test_lr_override_resume_raises_lr_mismatch_on_the_first_step_after_the_resume(trhome: Path) -> None:
@@ -98,16 +126,27 @@ def test_lr_override_resume_raises_lr_mismatch_on_the_first_step_after_the_resum
     assert f.evidence["requested"] == pytest.approx(1e-4)
     assert f.evidence["effective"] == pytest.approx(1e-6)
     assert f.evidence["ratio"] == pytest.approx(0.01)
-    for part in ("requested 0.0001", "1e-06", "ratio 0.01", "first step after the resume",
-                 "scheduler.load_state_dict", "base_lrs", "optimizer.load_state_dict", "initial_lr",
-                 "reimpose_lr"):
+    for part in (
+        "requested 0.0001",
+        "1e-06",
+        "ratio 0.01",
+        "first step after the resume",
+        "scheduler.load_state_dict",
+        "base_lrs",
+        "optimizer.load_state_dict",
+        "initial_lr",
+        "reimpose_lr",
+    ):
         assert part in f.message, (part, f.message)
     # It stays open while the mismatch lasts, in what `trainroom status --json` prints.
     assert "LR_MISMATCH" in {x["code"] for x in status_json(info.run_id)["findings"]}
     assert not _notes(info, "lr-reimposed")
     # The series reached the snapshot: both attempts' points, a restart mark, the checkpoint mark.
-    series = wait_for(lambda: (s := _series(info)).get("total_points", 0) >= 25 and s, timeout=30,
-                      what="the series of both attempts in the snapshot")
+    series = wait_for(
+        lambda: (s := _series(info)).get("total_points", 0) >= 25 and s,
+        timeout=30,
+        what="the series of both attempts in the snapshot",
+    )
     kinds = [m["kind"] for m in series["marks"]]
     assert "restart" in kinds and "checkpoint" in kinds, series["marks"]
     assert any(v is not None for v in series["loss"]["hi"])
@@ -115,8 +154,9 @@ def test_lr_override_resume_raises_lr_mismatch_on_the_first_step_after_the_resum
 
 
 def test_lr_override_resume_through_reimpose_lr_raises_none(trhome: Path) -> None:
-    info = _launch("lr-override", ["--reimpose-lr"], steps=25, fault_step=10, lr=1e-4, ckpt_every=0,
-                   step_delay=0.01)
+    info = _launch(
+        "lr-override", ["--reimpose-lr"], steps=25, fault_step=10, lr=1e-4, ckpt_every=0, step_delay=0.01
+    )
     d = _earlier_run_then_resume(info)
     assert d["exit"]["code"] == 0
     assert d["lr"] == {"effective": [pytest.approx(1e-4)], "requested": pytest.approx(1e-4)}
@@ -125,8 +165,11 @@ def test_lr_override_resume_through_reimpose_lr_raises_none(trhome: Path) -> Non
     assert len(notes) == 1 and notes[0].attempt == 2
     groups = notes[0].msg.data["groups"]
     assert groups == [{"group": 0, "old": pytest.approx(1e-6), "new": pytest.approx(1e-4)}]
-    series = wait_for(lambda: (s := _series(info)).get("total_points", 0) >= 25 and s, timeout=30,
-                      what="the series of both attempts in the snapshot")
+    series = wait_for(
+        lambda: (s := _series(info)).get("total_points", 0) >= 25 and s,
+        timeout=30,
+        what="the series of both attempts in the snapshot",
+    )
     kinds = [m["kind"] for m in series["marks"]]
     assert "restart" in kinds and "lr-change" in kinds, series["marks"]
 
@@ -237,8 +280,11 @@ def test_healthy_2000_step_demo_raises_no_sanity_finding(trhome: Path) -> None:
     raised = _raised(info)
     assert not {f.code for f in raised} & SANITY, [(f.code, f.message) for f in raised if f.code in SANITY]
     assert d["loss"] < math.log(d["vocab_size"]) * 0.75  # it did learn
-    series = wait_for(lambda: (s := _series(info)).get("total_points") == 2000 and s, timeout=30,
-                      what="all 2000 points in the snapshot's series")
+    series = wait_for(
+        lambda: (s := _series(info)).get("total_points") == 2000 and s,
+        timeout=30,
+        what="all 2000 points in the snapshot's series",
+    )
     assert 0 < len(series["points"]) <= 2000 and sum(series["points"]) == 2000
     kinds = {m["kind"] for m in series["marks"]}
     assert "lr-change" in kinds  # the StepLR milestone at step 1000, marked on the curve

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.waiting import wait_for
+
 from tests.support.helpers import run_cli, start_demo, status, status_json
-from trainroom.core.run import journal as journal
+from tests.support.waiting import wait_for
 from trainroom.core import protocol
+from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 
@@ -53,11 +54,31 @@ def test_kill_9_gives_dead_with_signal_and_last_step(trhome: Path) -> None:
     # The CLI prints the same through its JSON contract.
     j = status_json(info.run_id)
     assert j["state"] == "dead" and j["exit"]["signal"] == 9 and j["step"] == d["step"]
-    for key in ("run", "state", "attempt", "pid", "pgid", "exit", "step", "step_age_s", "steps_per_s", "loss",
-                "lr", "vram", "host", "disk", "checkpoints", "findings"):
+    for key in (
+        "run",
+        "state",
+        "attempt",
+        "pid",
+        "pgid",
+        "exit",
+        "step",
+        "step_age_s",
+        "steps_per_s",
+        "loss",
+        "lr",
+        "vram",
+        "host",
+        "disk",
+        "checkpoints",
+        "findings",
+    ):
         assert key in j
-    assert set(j["vram"]) >= {"driver_used_bytes", "driver_total_bytes", "allocator_allocated_bytes",
-                              "allocator_reserved_bytes"}
+    assert set(j["vram"]) >= {
+        "driver_used_bytes",
+        "driver_total_bytes",
+        "allocator_allocated_bytes",
+        "allocator_reserved_bytes",
+    }
 
 
 def test_reopening_a_client_loses_no_steps(trhome: Path) -> None:
@@ -75,19 +96,25 @@ def test_reopening_a_client_loses_no_steps(trhome: Path) -> None:
     wait_for(lambda: status(info)["state"] == "exited", timeout=60, what="exit")
     st2 = KeeperClient(info.sock).subscribe(client="test-again", live=False)
     assert st2.steps_total == 150 and st2.steps_total > seen
-    steps = [r.msg.step for r in _journal(info) if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Step)]
+    steps = [
+        r.msg.step
+        for r in _journal(info)
+        if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Step)
+    ]
     assert steps == list(range(1, 151))
 
 
 def test_uninstrumented_nanogpt_lines_give_step_and_loss(trhome: Path, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import time
         for i in range(0, 60, 10):
             print(f"iter {i}: loss {4.0 - i / 100:.4f}, time 12.34ms, mfu 30.00%", flush=True)
             time.sleep(0.05)
         time.sleep(30)
-    """))
+    """)
+    )
     out = run_cli("launch", "--", sys.executable, str(script), "--learning_rate=6e-4")
     assert out.returncode == 0, out.stderr
     run_id = out.stdout.strip()
@@ -99,8 +126,12 @@ def test_uninstrumented_nanogpt_lines_give_step_and_loss(trhome: Path, tmp_path:
 
 def test_launch_returns_while_the_keeper_lives_on(trhome: Path) -> None:
     # `run=$(trainroom launch ...)` must not wait for the keeper: every stream is detached.
-    proc = subprocess.run([sys.executable, "-m", "trainroom.cli", "launch", "--", "sleep", "30"],
-                          capture_output=True, text=True, timeout=20)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainroom.cli", "launch", "--", "sleep", "30"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert proc.returncode == 0, proc.stderr
     d = status_json(proc.stdout.strip())
     assert d["keeper"] == "alive" and d["state"] in ("starting", "running")
@@ -189,8 +220,11 @@ def test_a_client_of_another_uid_is_refused(trhome: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "closed"
-    wait_for(lambda: any("uid 65534 is not the keeper's uid" in r for r in _closed_reasons(info)),
-             timeout=5, what="the refusal journaled")
+    wait_for(
+        lambda: any("uid 65534 is not the keeper's uid" in r for r in _closed_reasons(info)),
+        timeout=5,
+        what="the refusal journaled",
+    )
     assert status(info)["state"] == "running"
 
 

@@ -19,17 +19,29 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.support.waiting import wait_for
+
 from tests.support.helpers import run_cli, start_demo, status
+from tests.support.waiting import wait_for
+from trainroom.core import protocol
 from trainroom.core.cli import main as cli
 from trainroom.core.run import journal as journal
-from trainroom.core import protocol
 from trainroom.core.run import store as runs
 
 TORCH_START_S = 120.0  # torch import + model set-up on 2 busy cores, with margin
 # Every code the watchdog can raise: a healthy run raises none of them.
-WATCHDOG_CODES = {"DEAD", "STALLED", "HUNG", "SLOW", "REPEAT_DEATH", "GHOST_MEMORY", "ORPHAN_CONTEXT",
-                  "HOST_RAM_LOW", "STALE_LOCK", "DUPLICATE_TRAINER", "MASKED_ERROR"}
+WATCHDOG_CODES = {
+    "DEAD",
+    "STALLED",
+    "HUNG",
+    "SLOW",
+    "REPEAT_DEATH",
+    "GHOST_MEMORY",
+    "ORPHAN_CONTEXT",
+    "HOST_RAM_LOW",
+    "STALE_LOCK",
+    "DUPLICATE_TRAINER",
+    "MASKED_ERROR",
+}
 
 
 def _journal(info: runs.RunInfo) -> list[Any]:
@@ -48,7 +60,9 @@ def _finding(d: dict[str, Any], code: str) -> dict[str, Any] | None:
     return next((f for f in d["findings"] if f["code"] == code), None)
 
 
-def _wait_finding(info: runs.RunInfo, code: str, timeout: float = TORCH_START_S) -> tuple[dict[str, Any], dict[str, Any]]:
+def _wait_finding(
+    info: runs.RunInfo, code: str, timeout: float = TORCH_START_S
+) -> tuple[dict[str, Any], dict[str, Any]]:
     d = wait_for(lambda: (s := status(info)) and _finding(s, code) and s, timeout=timeout, what=code)
     f = _finding(d, code)
     assert f is not None
@@ -56,7 +70,9 @@ def _wait_finding(info: runs.RunInfo, code: str, timeout: float = TORCH_START_S)
 
 
 def _wait_state(info: runs.RunInfo, state: str, timeout: float = TORCH_START_S) -> dict[str, Any]:
-    return wait_for(lambda: (s := status(info))["state"] == state and s, timeout=timeout, what=f"state {state}")
+    return wait_for(
+        lambda: (s := status(info))["state"] == state and s, timeout=timeout, what=f"state {state}"
+    )
 
 
 def _launch_script(tmp_path: Path, source: str) -> runs.RunInfo:
@@ -69,14 +85,22 @@ def _launch_script(tmp_path: Path, source: str) -> runs.RunInfo:
 
 
 def test_silent_death_is_dead_with_signal_last_step_and_steps_lost_since_the_verified_checkpoint(
-        trhome: Path) -> None:
+    trhome: Path,
+) -> None:
     info = start_demo(fault="silent-death", fault_step=25, ckpt_every=10, step_delay=0.02)
     d = _wait_state(info, "dead")
     assert d["exit"]["signal_name"] == "SIGKILL" and d["step"] == 25
     # The checkpoints of steps 10 and 20 are verified in a subprocess; DEAD follows as they are.
-    d, dead = wait_for(lambda: (s := status(info)) and (f := _finding(s, "DEAD"))
-                       and f["evidence"]["last_verified_step"] == 20 and (s, f),
-                       timeout=TORCH_START_S, what="DEAD counting from the verified step-20 checkpoint")
+    d, dead = wait_for(
+        lambda: (
+            (s := status(info))
+            and (f := _finding(s, "DEAD"))
+            and f["evidence"]["last_verified_step"] == 20
+            and (s, f)
+        ),
+        timeout=TORCH_START_S,
+        what="DEAD counting from the verified step-20 checkpoint",
+    )
     assert dead["severity"] == "critical" and dead["action"] == "resume"
     ev = dead["evidence"]
     assert ev["signal"] == "SIGKILL" and ev["exit_signal"] == signal.SIGKILL and ev["exit_code"] is None
@@ -131,9 +155,14 @@ def test_a_main_thread_parked_on_a_lock_with_heartbeats_on_is_hung_not_stalled(t
     assert "heartbeats flow but the main thread has sat on" in f["message"]
     # The heartbeat thread went on beating after the last step: this is not a silent process.
     recs = _journal(info)
-    last_step_i = max(i for i, r in enumerate(recs) if isinstance(r, protocol.Received)
-                      and isinstance(r.msg, protocol.Step))
-    beats = [r for r in recs[last_step_i:] if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Heartbeat)]
+    last_step_i = max(
+        i for i, r in enumerate(recs) if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Step)
+    )
+    beats = [
+        r
+        for r in recs[last_step_i:]
+        if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Heartbeat)
+    ]
     assert len(beats) >= 5
     # Said hung at the step bound, without a STALLED first.
     assert "STALLED" not in {x.code for x in _raised(info)}
@@ -166,7 +195,9 @@ def test_masked_enomem_shows_the_innermost_errno(trhome: Path) -> None:
     info = start_demo(fault="masked-enomem", fault_step=10, step_delay=0.02, ckpt_every=0)
     d = _wait_state(info, "dead")
     d, f = _wait_finding(info, "MASKED_ERROR", timeout=10)
-    assert "`SystemError: readinto` hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f["message"]
+    assert (
+        "`SystemError: readinto` hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f["message"]
+    )
     assert f["action"] == "reclaim"
     ev = f["evidence"]
     assert ev["errno_name"] == "ENOMEM" and ev["inner"]["errno"] == errno.ENOMEM
@@ -178,10 +209,15 @@ def test_masked_enomem_shows_the_innermost_errno(trhome: Path) -> None:
 
 @pytest.mark.parametrize("link", ["from", "during"])
 def test_uninstrumented_trainer_dying_with_a_chained_traceback_gives_masked_error(
-        trhome: Path, tmp_path: Path, link: str) -> None:
+    trhome: Path, tmp_path: Path, link: str
+) -> None:
     # No reporter: the keeper reads the last traceback of trainer.log when the trainer dies.
-    raise_outer = "raise SystemError('readinto') from exc" if link == "from" else "raise SystemError('readinto')"
-    info = _launch_script(tmp_path, f"""
+    raise_outer = (
+        "raise SystemError('readinto') from exc" if link == "from" else "raise SystemError('readinto')"
+    )
+    info = _launch_script(
+        tmp_path,
+        f"""
         import errno, time
         for i in range(0, 40, 10):
             print(f"iter {{i}}: loss {{4.0 - i / 100:.4f}}, time 12.34ms", flush=True)
@@ -192,11 +228,14 @@ def test_uninstrumented_trainer_dying_with_a_chained_traceback_gives_masked_erro
             except OSError as exc:
                 {raise_outer}
         load()
-    """)
+    """,
+    )
     d = _wait_state(info, "dead", timeout=60)
     assert d["instrumented"] is False and d["exit"]["code"] == 1 and d["step"] == 30
     d, f = _wait_finding(info, "MASKED_ERROR", timeout=10)
-    assert "`SystemError: readinto` hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f["message"]
+    assert (
+        "`SystemError: readinto` hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f["message"]
+    )
     ev = f["evidence"]
     assert ev["source"] == "log" and ev["errno_name"] == "ENOMEM"
     assert ev["chain"] == ["SystemError: readinto", "OSError: [Errno 12] Cannot allocate memory"]
@@ -209,8 +248,9 @@ def _lock_inheritor(home: Path) -> psutil.Process:
     """The demo's child that inherited the trainer's flock and outlives it."""
     for p in psutil.process_iter(["cmdline", "environ"]):
         try:
-            if (p.info["environ"] or {}).get("TRAINROOM_HOME") == str(home) and \
-                    p.info["cmdline"][-1:] == ["import time; time.sleep(3600)"]:
+            if (p.info["environ"] or {}).get("TRAINROOM_HOME") == str(home) and p.info["cmdline"][-1:] == [
+                "import time; time.sleep(3600)"
+            ]:
                 return p
         except (psutil.Error, TypeError):
             continue
@@ -235,19 +275,39 @@ def test_orphan_context_gives_stale_lock_with_the_holder_and_orphan_context(trho
     assert lock["action"] == "kill"
     # The fake driver shows a compute pid that does not exist, at 100 % and 60 W.
     ghost_pid = 4_194_000 + trainer % 1000
-    d = wait_for(lambda: (s := status(info)) and any(f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid
-                                                     for f in s["findings"]) and s,
-                 timeout=30, what="ORPHAN_CONTEXT for the driver's unknown pid")
-    orphan = next(f for f in d["findings"] if f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid)
+    d = wait_for(
+        lambda: (
+            (s := status(info))
+            and any(
+                f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid for f in s["findings"]
+            )
+            and s
+        ),
+        timeout=30,
+        what="ORPHAN_CONTEXT for the driver's unknown pid",
+    )
+    orphan = next(
+        f for f in d["findings"] if f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid
+    )
     oev = orphan["evidence"]
     assert oev["exists"] is False and oev["util_percent"] == 100 and oev["power_w"] == 60.0
     assert oev["used_bytes"] == 12 << 30 and oev["previous_pgids"] == [d["pgid"]]
     assert orphan["action"] == "kill" and orphan["severity"] == "critical"
-    assert f"compute pid {ghost_pid} holding 12.0 GiB" in orphan["message"] and "100 %, 60.0 W" in orphan["message"]
+    assert (
+        f"compute pid {ghost_pid} holding 12.0 GiB" in orphan["message"]
+        and "100 %, 60.0 W" in orphan["message"]
+    )
     # The busy device with no live process of ours is said too.
-    busy = [f for f in d["findings"] if f["code"] == "ORPHAN_CONTEXT" and "device" in f["evidence"]
-            and f["evidence"].get("pid") is None]
-    assert busy and busy[0]["evidence"]["util_percent"] == 100 and ghost_pid in busy[0]["evidence"]["driver_pids"]
+    busy = [
+        f
+        for f in d["findings"]
+        if f["code"] == "ORPHAN_CONTEXT" and "device" in f["evidence"] and f["evidence"].get("pid") is None
+    ]
+    assert (
+        busy
+        and busy[0]["evidence"]["util_percent"] == 100
+        and ghost_pid in busy[0]["evidence"]["driver_pids"]
+    )
 
 
 # --------------------------------------------------------------------------- 9 ghost-memory
@@ -266,10 +326,16 @@ def test_ghost_memory_gives_both_figures_and_the_ratio_after_two_probe_cycles(tr
     first = next(x for x in _raised(info) if x.code == "GHOST_MEMORY")
     assert first.evidence["cycles"] == 2
     recs = _journal(info)
-    raised_i = next(i for i, r in enumerate(recs) if isinstance(r, protocol.FindingRaised)
-                    and r.finding.code == "GHOST_MEMORY")
-    steps_before = [r.msg.step for r in recs[:raised_i] if isinstance(r, protocol.Received)
-                    and isinstance(r.msg, protocol.Step)]
+    raised_i = next(
+        i
+        for i, r in enumerate(recs)
+        if isinstance(r, protocol.FindingRaised) and r.finding.code == "GHOST_MEMORY"
+    )
+    steps_before = [
+        r.msg.step
+        for r in recs[:raised_i]
+        if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Step)
+    ]
     assert max(steps_before) >= 10
 
 
@@ -277,7 +343,9 @@ def test_ghost_memory_gives_both_figures_and_the_ratio_after_two_probe_cycles(tr
 
 
 def test_a_checkpoint_save_longer_than_the_stall_bound_raises_no_stall(trhome: Path, tmp_path: Path) -> None:
-    info = _launch_script(tmp_path, """
+    info = _launch_script(
+        tmp_path,
+        """
         import time
         from trainroom.core import reporter
         rep = reporter.connect(lr=1e-3)
@@ -293,11 +361,16 @@ def test_a_checkpoint_save_longer_than_the_stall_bound_raises_no_stall(trhome: P
             time.sleep(13.0)  # the stall bound is max(3 x 0.02 s, 10 s)
         steps(20)
         rep.close()
-    """)
+    """,
+    )
     d = _wait_state(info, "exited", timeout=90)
     assert d["step"] == 50
     recs = _journal(info)
-    phases = [(r.t, r.msg.name) for r in recs if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Phase)]
+    phases = [
+        (r.t, r.msg.name)
+        for r in recs
+        if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Phase)
+    ]
     assert [n for _, n in phases] == ["checkpoint-save", "train"]
     assert phases[1][0] - phases[0][0] > 10.0  # the save really outlasted the bound
     assert {x.code for x in _raised(info)} & WATCHDOG_CODES == set()

@@ -55,17 +55,26 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int = VOCAB, n_layer: int = N_LAYER, n_embd: int = N_EMBD, tied: bool = True) -> None:
+    def __init__(
+        self, vocab: int = VOCAB, n_layer: int = N_LAYER, n_embd: int = N_EMBD, tied: bool = True
+    ) -> None:
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(BLOCK, n_embd),
-            h=nn.ModuleList([Block(n_embd, N_HEAD) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab, n_embd),
+                wpe=nn.Embedding(BLOCK, n_embd),
+                h=nn.ModuleList([Block(n_embd, N_HEAD) for _ in range(n_layer)]),
+                ln_f=nn.LayerNorm(n_embd),
+            )
+        )
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         if tied:
             self.transformer.wte.weight = self.lm_head.weight
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                nn.init.normal_(p, 0.0, 0.02 / (math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 1))
+                nn.init.normal_(
+                    p, 0.0, 0.02 / (math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 1)
+                )
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1])
@@ -76,8 +85,9 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def nanogpt_checkpoint(n_layer: int = N_LAYER, iter_num: int = 300, tied: bool = True, seed: int = 0,
-                       model: GPT | None = None) -> tuple[dict[str, Any], GPT]:
+def nanogpt_checkpoint(
+    n_layer: int = N_LAYER, iter_num: int = 300, tied: bool = True, seed: int = 0, model: GPT | None = None
+) -> tuple[dict[str, Any], GPT]:
     """What nanoGPT's train.py saves: model, AdamW state after a real step, model_args, iter_num,
     best_val_loss (a tensor there) and the config dict of its globals."""
     torch.manual_seed(seed)
@@ -87,24 +97,60 @@ def nanogpt_checkpoint(n_layer: int = N_LAYER, iter_num: int = 300, tied: bool =
     loss = model(idx, torch.roll(idx, -1, 1))
     loss.backward()
     opt.step()
-    model_args = dict(n_layer=n_layer, n_head=N_HEAD, n_embd=N_EMBD, block_size=BLOCK, bias=True,
-                      vocab_size=VOCAB, dropout=0.0)
-    config = dict(out_dir="out", eval_interval=2000, log_interval=1, eval_only=False, always_save_checkpoint=True,
-                  init_from="scratch", wandb_log=False, dataset="openwebtext", gradient_accumulation_steps=40,
-                  batch_size=12, learning_rate=6e-4, max_iters=600000, beta1=0.9, beta2=0.95, grad_clip=1.0,
-                  decay_lr=True, warmup_iters=2000, min_lr=6e-5, backend="nccl", device="cpu", dtype="float32",
-                  compile=False)
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "model_args": model_args,
-             "iter_num": iter_num, "best_val_loss": loss.detach(), "config": config}
+    model_args = dict(
+        n_layer=n_layer,
+        n_head=N_HEAD,
+        n_embd=N_EMBD,
+        block_size=BLOCK,
+        bias=True,
+        vocab_size=VOCAB,
+        dropout=0.0,
+    )
+    config = dict(
+        out_dir="out",
+        eval_interval=2000,
+        log_interval=1,
+        eval_only=False,
+        always_save_checkpoint=True,
+        init_from="scratch",
+        wandb_log=False,
+        dataset="openwebtext",
+        gradient_accumulation_steps=40,
+        batch_size=12,
+        learning_rate=6e-4,
+        max_iters=600000,
+        beta1=0.9,
+        beta2=0.95,
+        grad_clip=1.0,
+        decay_lr=True,
+        warmup_iters=2000,
+        min_lr=6e-5,
+        backend="nccl",
+        device="cpu",
+        dtype="float32",
+        compile=False,
+    )
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "model_args": model_args,
+        "iter_num": iter_num,
+        "best_val_loss": loss.detach(),
+        "config": config,
+    }
     return state, model
 
 
 def small_state(step: int, width: int = 64) -> dict[str, Any]:
     """A tiny checkpoint for tests that need many of them (prune, disk)."""
     g = torch.Generator().manual_seed(step)
-    return {"model": {"transformer.wte.weight": torch.randn(width, 16, generator=g) * 0.02,
-                      "transformer.h.0.mlp.c_fc.weight": torch.randn(32, 16, generator=g) * 0.02},
-            "iter_num": step}
+    return {
+        "model": {
+            "transformer.wte.weight": torch.randn(width, 16, generator=g) * 0.02,
+            "transformer.h.0.mlp.c_fc.weight": torch.randn(32, 16, generator=g) * 0.02,
+        },
+        "iter_num": step,
+    }
 
 
 def flip_byte_in(path: Path, needle: bytes) -> int:

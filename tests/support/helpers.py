@@ -9,19 +9,33 @@ import sys
 from typing import Any
 
 from trainroom.core.cli import main as cli
-from trainroom.core.run import store as runs
 from trainroom.core.demo.launcher import demo_command, demo_options
-from trainroom.core.run.store import RunInfo
+from trainroom.core.run import store as runs
 from trainroom.core.run.status import status_dict
+from trainroom.core.run.store import RunInfo
 
 
-def start_demo(fault: str = "none", steps: int | None = None, fault_step: int | None = None,
-               step_delay: float | None = 0.0, ranks: int | None = None, extra: dict[str, Any] | None = None,
-               **kw: Any) -> RunInfo:
-    ns = argparse.Namespace(fault=fault, fault_step=fault_step, steps=steps, lr=kw.pop("lr", None),
-                            step_delay=step_delay, ckpt_every=kw.pop("ckpt_every", None),
-                            tracer=kw.pop("tracer", False), ranks=ranks, auto_resume=kw.pop("auto_resume", None),
-                            linger_s=kw.pop("linger_s", None))
+def start_demo(
+    fault: str = "none",
+    steps: int | None = None,
+    fault_step: int | None = None,
+    step_delay: float | None = 0.0,
+    ranks: int | None = None,
+    extra: dict[str, Any] | None = None,
+    **kw: Any,
+) -> RunInfo:
+    ns = argparse.Namespace(
+        fault=fault,
+        fault_step=fault_step,
+        steps=steps,
+        lr=kw.pop("lr", None),
+        step_delay=step_delay,
+        ckpt_every=kw.pop("ckpt_every", None),
+        tracer=kw.pop("tracer", False),
+        ranks=ranks,
+        auto_resume=kw.pop("auto_resume", None),
+        linger_s=kw.pop("linger_s", None),
+    )
     opts = demo_options(ns)
     opts.update(extra or {})
     from trainroom.core.demo.launcher import demo_dir
@@ -39,9 +53,17 @@ def codes(d: dict[str, Any]) -> set[str]:
     return {f["code"] for f in d["findings"]}
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainroom.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainroom.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def status_json(run: str) -> dict[str, Any]:

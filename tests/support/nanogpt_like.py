@@ -44,10 +44,14 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, vocab_size: int) -> None:
         super().__init__()
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(vocab_size, n_embd), "wpe": nn.Embedding(block_size, n_embd),
-            "h": nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)), "ln_f": nn.LayerNorm(n_embd),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(vocab_size, n_embd),
+                "wpe": nn.Embedding(block_size, n_embd),
+                "h": nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer)),
+                "ln_f": nn.LayerNorm(n_embd),
+            }
+        )
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.transformer["wte"].weight = self.lm_head.weight  # tied, as in nanoGPT
         for m in self.modules():
@@ -89,12 +93,30 @@ def main() -> int:
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model_args = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": True, "vocab_size": 65,
-                  "dropout": 0.0}
-    config = {"out_dir": "out", "learning_rate": 6e-4, "batch_size": 4, "max_iters": args.iters,
-              "dataset": "shakespeare_char", "compile": False}
-    model = GPT(model_args["n_layer"], model_args["n_head"], model_args["n_embd"], model_args["block_size"],
-                model_args["vocab_size"])
+    model_args = {
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 32,
+        "block_size": 16,
+        "bias": True,
+        "vocab_size": 65,
+        "dropout": 0.0,
+    }
+    config = {
+        "out_dir": "out",
+        "learning_rate": 6e-4,
+        "batch_size": 4,
+        "max_iters": args.iters,
+        "dataset": "shakespeare_char",
+        "compile": False,
+    }
+    model = GPT(
+        model_args["n_layer"],
+        model_args["n_head"],
+        model_args["n_embd"],
+        model_args["block_size"],
+        model_args["vocab_size"],
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=config["learning_rate"], betas=(0.9, 0.95))
     out = Path("out")
     out.mkdir(exist_ok=True)
@@ -110,8 +132,14 @@ def main() -> int:
         print(f"iter {it}: loss {loss.item():.4f}, time 1.00ms, mfu 0.01%", flush=True)
         if it % args.save_every == 0:
             best_val_loss = torch.minimum(best_val_loss, loss.detach())
-            checkpoint = {"model": model.state_dict(), "optimizer": opt.state_dict(), "model_args": model_args,
-                          "iter_num": it, "best_val_loss": best_val_loss, "config": config}
+            checkpoint = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "model_args": model_args,
+                "iter_num": it,
+                "best_val_loss": best_val_loss,
+                "config": config,
+            }
             print(f"saving checkpoint to {out}", flush=True)
             torch.save(checkpoint, out / "ckpt.pt")  # in place, over the previous version
             saves += 1

@@ -26,8 +26,17 @@ class RunBuilder:
         self.attempt += 1
         self.pid = pid
         self.step = first_step
-        self.apply(p.AttemptStarted(n=self.attempt, t=self.now, pid=pid, pgid=pid, start_time=self.now,
-                                    argv=["python", "train.py"], cwd="/tmp"))
+        self.apply(
+            p.AttemptStarted(
+                n=self.attempt,
+                t=self.now,
+                pid=pid,
+                pgid=pid,
+                start_time=self.now,
+                argv=["python", "train.py"],
+                cwd="/tmp",
+            )
+        )
         if instrumented:
             self.rx(p.Hello(pid=pid))
 
@@ -36,12 +45,26 @@ class RunBuilder:
 
     def do_step(self, reserved: int | None = None, source: str = "reporter", rank: int = 0) -> None:
         self.step += 1
-        self.rx(p.Step(step=self.step, t=self.now, loss=2.0, alloc_allocated=reserved, alloc_reserved=reserved,
-                       alloc_peak=reserved, source=source), rank=rank)  # type: ignore[arg-type]
+        self.rx(
+            p.Step(
+                step=self.step,
+                t=self.now,
+                loss=2.0,
+                alloc_allocated=reserved,
+                alloc_reserved=reserved,
+                alloc_peak=reserved,
+                source=source,
+            ),
+            rank=rank,
+        )  # type: ignore[arg-type]
 
     def beat(self, phase: str = "train", main_frame_age: float | None = 0.0, rank: int = 0) -> None:
-        self.rx(p.Heartbeat(t=self.now, phase=phase, main_frame="train.py:10 in main",
-                            main_frame_age_s=main_frame_age), rank=rank)
+        self.rx(
+            p.Heartbeat(
+                t=self.now, phase=phase, main_frame="train.py:10 in main", main_frame_age_s=main_frame_age
+            ),
+            rank=rank,
+        )
 
     def end(self, exit_code: int | None = None, exit_signal: int | None = None) -> None:
         self.apply(p.AttemptEnded(n=self.attempt, t=self.now, exit_code=exit_code, exit_signal=exit_signal))
@@ -49,8 +72,15 @@ class RunBuilder:
     def verified(self, step: int) -> None:
         self.apply(p.CheckpointState(path=f"/ck/step-{step:06d}", step=step, state="verified", t=self.now))
 
-    def steps(self, n: int, interval: float = 0.1, jitter: float = 0.0, rng: random.Random | None = None,
-              beat_every: float = 1.0, reserved: int | None = None) -> None:
+    def steps(
+        self,
+        n: int,
+        interval: float = 0.1,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+        beat_every: float = 1.0,
+        reserved: int | None = None,
+    ) -> None:
         """n steps at `interval` (+- jitter), heartbeats every `beat_every` seconds between them."""
         rng = rng or random.Random(0)
         next_beat = self.now + beat_every

@@ -19,10 +19,11 @@ from typing import Any
 
 import msgspec
 from rich.console import Console
+
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
-from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
+from trainroom.core.run.store import RunError, RunInfo
 
 T0 = 1_700_000_000.0  # the frozen clock's epoch
 GiB = 1 << 30
@@ -37,35 +38,90 @@ def rx(attempt: int, rank: int, t: float, msg: Any) -> p.Received:
     return p.Received(attempt=attempt, rank=rank, t=t, msg=msg)
 
 
-def healthy_records(*, steps: int = 40, ranks: int = 1, vocab: int = 50257, lr: float = 1e-4,
-                    effective_lr: float | None = None, t0: float = T0) -> list[Any]:
+def healthy_records(
+    *,
+    steps: int = 40,
+    ranks: int = 1,
+    vocab: int = 50257,
+    lr: float = 1e-4,
+    effective_lr: float | None = None,
+    t0: float = T0,
+) -> list[Any]:
     """A running attempt: Hello, steps every 0.5 s with tokens and a decaying loss, a probe."""
     recs: list[Any] = [
-        p.AttemptStarted(n=1, t=t0, pid=4242, pgid=4242, start_time=t0, argv=["python", "train.py", "--lr", "1e-4"],
-                         cwd="/work", requested=p.RequestedConfig(lr=lr, vocab_size=vocab)),
+        p.AttemptStarted(
+            n=1,
+            t=t0,
+            pid=4242,
+            pgid=4242,
+            start_time=t0,
+            argv=["python", "train.py", "--lr", "1e-4"],
+            cwd="/work",
+            requested=p.RequestedConfig(lr=lr, vocab_size=vocab),
+        ),
         p.RunStatus(t=t0, state="starting"),
     ]
     for r in range(ranks):
-        recs.append(rx(1, r, t0 + 0.1, p.Hello(pid=4242 + r, rank=r, world_size=ranks,
-                                              config=p.RequestedConfig(lr=lr, vocab_size=vocab))))
+        recs.append(
+            rx(
+                1,
+                r,
+                t0 + 0.1,
+                p.Hello(
+                    pid=4242 + r, rank=r, world_size=ranks, config=p.RequestedConfig(lr=lr, vocab_size=vocab)
+                ),
+            )
+        )
     for i in range(steps):
         t = t0 + 1 + i * 0.5
         for r in range(ranks):
             loss = 10.9 * math.exp(-i / 30) + 2.0
-            recs.append(rx(1, r, t, p.Step(step=i, t=t, tokens=(i + 1) * 8192, loss=loss, grad_norm=1.5,
-                                           lr=[effective_lr if effective_lr is not None else lr],
-                                           alloc_allocated=5 * GiB, alloc_reserved=6 * GiB, alloc_peak=7 * GiB)))
+            recs.append(
+                rx(
+                    1,
+                    r,
+                    t,
+                    p.Step(
+                        step=i,
+                        t=t,
+                        tokens=(i + 1) * 8192,
+                        loss=loss,
+                        grad_norm=1.5,
+                        lr=[effective_lr if effective_lr is not None else lr],
+                        alloc_allocated=5 * GiB,
+                        alloc_reserved=6 * GiB,
+                        alloc_peak=7 * GiB,
+                    ),
+                )
+            )
     recs.append(p.RunStatus(t=t0 + 2, state="running"))
-    recs.append(p.ProbeSample(
-        t=t0 + steps * 0.5,
-        gpu={"available": True, "reason": "", "per_process": True,
-             "devices": [{"index": 0, "name": "RTX 3060", "used_bytes": 11 * GiB + 200 * MiB,
-                          "total_bytes": 12 * GiB, "util_percent": 97.0, "power_w": 151.0}],
-             "processes": [{"pid": 4242, "used_bytes": 11 * GiB, "exists": True, "ours": True}]},
-        host={"mem_available_bytes": 2 * GiB + 100 * MiB, "mem_total_bytes": 31 * GiB,
-              "page_cache_bytes": 6 * GiB},
-        disk={"path": "/ckpt", "used_fraction": 0.94, "total_bytes": 1000 * GiB, "free_bytes": 60 * GiB},
-    ))
+    recs.append(
+        p.ProbeSample(
+            t=t0 + steps * 0.5,
+            gpu={
+                "available": True,
+                "reason": "",
+                "per_process": True,
+                "devices": [
+                    {
+                        "index": 0,
+                        "name": "RTX 3060",
+                        "used_bytes": 11 * GiB + 200 * MiB,
+                        "total_bytes": 12 * GiB,
+                        "util_percent": 97.0,
+                        "power_w": 151.0,
+                    }
+                ],
+                "processes": [{"pid": 4242, "used_bytes": 11 * GiB, "exists": True, "ours": True}],
+            },
+            host={
+                "mem_available_bytes": 2 * GiB + 100 * MiB,
+                "mem_total_bytes": 31 * GiB,
+                "page_cache_bytes": 6 * GiB,
+            },
+            disk={"path": "/ckpt", "used_fraction": 0.94, "total_bytes": 1000 * GiB, "free_bytes": 60 * GiB},
+        )
+    )
     return recs
 
 
@@ -81,23 +137,68 @@ def dead_run_records() -> list[Any]:
     recs = healthy_records(steps=10)
     t = T0 + 200
     for step in range(300, 323):
-        recs.append(rx(1, 0, t, p.Step(step=step, t=t, tokens=(step + 1) * 8192, loss=2.31, lr=[1e-4],
-                                       alloc_allocated=5 * GiB, alloc_reserved=6 * GiB, alloc_peak=7 * GiB)))
+        recs.append(
+            rx(
+                1,
+                0,
+                t,
+                p.Step(
+                    step=step,
+                    t=t,
+                    tokens=(step + 1) * 8192,
+                    loss=2.31,
+                    lr=[1e-4],
+                    alloc_allocated=5 * GiB,
+                    alloc_reserved=6 * GiB,
+                    alloc_peak=7 * GiB,
+                ),
+            )
+        )
         t += 0.5
         if step == 300:
-            recs.append(p.CheckpointState(path="/ckpt/step-000300", step=300, state="verified", t=t,
-                                          size_bytes=int(3.9 * GiB)))
-    recs.append(p.CheckpointState(path="/ckpt/.quarantine/step-000322", step=322, state="rejected", t=t,
-                                  reason="truncated", size_bytes=1 * GiB))
+            recs.append(
+                p.CheckpointState(
+                    path="/ckpt/step-000300", step=300, state="verified", t=t, size_bytes=int(3.9 * GiB)
+                )
+            )
+    recs.append(
+        p.CheckpointState(
+            path="/ckpt/.quarantine/step-000322",
+            step=322,
+            state="rejected",
+            t=t,
+            reason="truncated",
+            size_bytes=1 * GiB,
+        )
+    )
     recs.append(p.AttemptEnded(n=1, t=t + 0.2, exit_signal=9))
     recs.append(p.RunStatus(t=t + 0.3, state="dead", reason="killed by SIGKILL at step 322"))
-    recs.append(p.FindingRaised(finding=Finding(
-        code="DEAD", severity="critical", action="resume", first_seen=t + 0.3, last_seen=t + 0.3,
-        message="trainer killed by SIGKILL at step 322; 22 steps lost since step 300",
-        evidence={"signal": 9, "last_step": 322, "steps_lost": 22})))
-    recs.append(p.FindingRaised(finding=Finding(
-        code="HOST_RAM_LOW", severity="warning", action="reclaim", first_seen=t, last_seen=t,
-        message="2.1 GiB available < 3.0 GiB", evidence={"mem_available_bytes": 2 * GiB})))
+    recs.append(
+        p.FindingRaised(
+            finding=Finding(
+                code="DEAD",
+                severity="critical",
+                action="resume",
+                first_seen=t + 0.3,
+                last_seen=t + 0.3,
+                message="trainer killed by SIGKILL at step 322; 22 steps lost since step 300",
+                evidence={"signal": 9, "last_step": 322, "steps_lost": 22},
+            )
+        )
+    )
+    recs.append(
+        p.FindingRaised(
+            finding=Finding(
+                code="HOST_RAM_LOW",
+                severity="warning",
+                action="reclaim",
+                first_seen=t,
+                last_seen=t,
+                message="2.1 GiB available < 3.0 GiB",
+                evidence={"mem_available_bytes": 2 * GiB},
+            )
+        )
+    )
     return recs
 
 
@@ -107,18 +208,32 @@ Replier = Callable[[str, dict[str, Any], bool], list[p.Reply]]
 def default_replier(action: str, args: dict[str, Any], confirm: bool) -> list[p.Reply]:
     if not confirm:
         plans = {
-            "kill": {"pgid": 4242, "members": [{"pid": 4242, "state": "R", "cmdline": ["python", "train.py"]},
-                                               {"pid": 4250, "state": "S", "cmdline": ["python", "-c", "worker"]}]},
-            "prune": {"delete": [{"path": "/ckpt/step-000100", "size_bytes": 4 * GiB}], "freed_bytes": 4 * GiB},
+            "kill": {
+                "pgid": 4242,
+                "members": [
+                    {"pid": 4242, "state": "R", "cmdline": ["python", "train.py"]},
+                    {"pid": 4250, "state": "S", "cmdline": ["python", "-c", "worker"]},
+                ],
+            },
+            "prune": {
+                "delete": [{"path": "/ckpt/step-000100", "size_bytes": 4 * GiB}],
+                "freed_bytes": 4 * GiB,
+            },
             "reclaim": {"method": "cgroup memory.reclaim", "page_cache_bytes": 6 * GiB},
             "resume": {"checkpoint": "/ckpt/step-000300", "command": "python train.py --resume"},
         }
         return [p.Reply(id=1, action=action, stage="plan", plan=plans.get(action, {"device": "cpu"}))]
     return [
         p.Reply(id=2, action=action, stage="progress", message="SIGTERM sent to pgid 4242"),
-        p.Reply(id=2, action=action, stage="done", ok=True, message=f"{action} done",
-                before={"vram_used_bytes": 12 * GiB, "members": 2},
-                after={"vram_used_bytes": 400 * MiB, "members": 0}),
+        p.Reply(
+            id=2,
+            action=action,
+            stage="done",
+            ok=True,
+            message=f"{action} done",
+            before={"vram_used_bytes": 12 * GiB, "members": 2},
+            after={"vram_used_bytes": 400 * MiB, "members": 0},
+        ),
     ]
 
 
@@ -166,8 +281,12 @@ class FakeLink:
 class FakeRuns:
     """A run source over fixed runs; `journal` is the state `load_state` replays."""
 
-    def __init__(self, runs: list[RunInfo], links: dict[str, FakeLink] | None = None,
-                 journal: dict[str, RunState] | None = None) -> None:
+    def __init__(
+        self,
+        runs: list[RunInfo],
+        links: dict[str, FakeLink] | None = None,
+        journal: dict[str, RunState] | None = None,
+    ) -> None:
         self.runs = runs
         self.links = links or {}
         self.journal = journal or {}
@@ -193,15 +312,29 @@ class FakeRuns:
 
 
 def run_info(run_id: str, run_dir: str, alive: bool = True, created: float = T0) -> RunInfo:
-    return RunInfo(run_id=run_id, run_dir=run_dir, sock=f"{run_dir}/keeper.sock", created=created,
-                   argv=["python", "train.py"], alive=alive)
+    return RunInfo(
+        run_id=run_id,
+        run_dir=run_dir,
+        sock=f"{run_dir}/keeper.sock",
+        created=created,
+        argv=["python", "train.py"],
+        alive=alive,
+    )
 
 
 def screen_text(app: Any) -> str:
     """The screen as plain text, from the compositor (what a terminal shows, minus colour)."""
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
-                      color_system="truecolor", record=True, legacy_windows=False, safe_box=False)
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
 
@@ -231,9 +364,18 @@ def write_log(run_dir: str, lines: int = 30) -> None:
         f.write("last line of the log\n")
 
 
-def make_app(run_dir: str, records: list[Any], *, alive: bool = True, replier: Replier = default_replier,
-             now: float = T0 + 215, journal: RunState | None = None, theme: str | None = None,
-             theme_dirs: list[Any] | None = None, **kw: Any) -> tuple[Any, FakeLink, FakeRuns]:
+def make_app(
+    run_dir: str,
+    records: list[Any],
+    *,
+    alive: bool = True,
+    replier: Replier = default_replier,
+    now: float = T0 + 215,
+    journal: RunState | None = None,
+    theme: str | None = None,
+    theme_dirs: list[Any] | None = None,
+    **kw: Any,
+) -> tuple[Any, FakeLink, FakeRuns]:
     from trainroom.tui.app import ControlRoom
 
     st = build_state(records)
@@ -241,8 +383,14 @@ def make_app(run_dir: str, records: list[Any], *, alive: bool = True, replier: R
     info = run_info(st.run_id, run_dir, alive=alive)
     link = FakeLink(st, replier)
     runs = FakeRuns([info], {info.run_id: link} if alive else {}, journal={info.run_id: journal or st})
-    app = ControlRoom(info.run_id, theme, source=runs, clock=lambda: now,
-                      theme_dirs=theme_dirs if theme_dirs is not None else shipped_themes(), **kw)
+    app = ControlRoom(
+        info.run_id,
+        theme,
+        source=runs,
+        clock=lambda: now,
+        theme_dirs=theme_dirs if theme_dirs is not None else shipped_themes(),
+        **kw,
+    )
     return app, link, runs
 
 

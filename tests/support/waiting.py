@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+
 def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = "") -> Any:
     """Poll until `pred()` is truthy; fail with `what` after `timeout` (a bound, not a measurement)."""
     deadline = time.monotonic() + timeout

@@ -5,17 +5,11 @@ fake link at the keeper boundary records what the keeper was asked."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 from typing import Any
 
 import pytest
-from trainroom.core import protocol as p
-from trainroom.tui.app import ControlRoom
-from trainroom.tui.screens.confirm import ConfirmAction
-from trainroom.tui.screens.help import HelpScreen
-from trainroom.tui.screens.result import ActionResult
 
 from tests.support.tui_fakes import (
     T0,
@@ -29,12 +23,18 @@ from tests.support.tui_fakes import (
     settle,
     until,
 )
+from trainroom.core import protocol as p
+from trainroom.tui.app import ControlRoom
+from trainroom.tui.screens.confirm import ConfirmAction
+from trainroom.tui.screens.help import HelpScreen
+from trainroom.tui.screens.result import ActionResult
 
 
 def live_records() -> list[Any]:
     recs = healthy_records(steps=10)
-    recs.append(p.CheckpointState(path="/ckpt/step-000100", step=100, state="verified", t=T0 + 3,
-                                  size_bytes=4 * GiB))
+    recs.append(
+        p.CheckpointState(path="/ckpt/step-000100", step=100, state="verified", t=T0 + 3, size_bytes=4 * GiB)
+    )
     return recs
 
 
@@ -85,11 +85,29 @@ async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
 
 
 @in_loop
-@pytest.mark.parametrize("key,action,shown", [
-    ("c", "reclaim", ["Reclaim the host page cache?", "method: cgroup memory.reclaim", "page_cache_bytes: 6.0 GiB"]),
-    ("p", "prune", ["Delete these checkpoints?", "path /ckpt/step-000100", "size_bytes 4.0 GiB", "freed_bytes: 4.0 GiB"]),
-])
-async def test_reclaim_and_prune_confirm_their_target(tmp_path, key: str, action: str, shown: list[str]) -> None:
+@pytest.mark.parametrize(
+    "key,action,shown",
+    [
+        (
+            "c",
+            "reclaim",
+            ["Reclaim the host page cache?", "method: cgroup memory.reclaim", "page_cache_bytes: 6.0 GiB"],
+        ),
+        (
+            "p",
+            "prune",
+            [
+                "Delete these checkpoints?",
+                "path /ckpt/step-000100",
+                "size_bytes 4.0 GiB",
+                "freed_bytes: 4.0 GiB",
+            ],
+        ),
+    ],
+)
+async def test_reclaim_and_prune_confirm_their_target(
+    tmp_path, key: str, action: str, shown: list[str]
+) -> None:
     app, link, _ = make_app(str(tmp_path), live_records())
     async with app.run_test(size=(100, 40)) as pilot:
         await settle(app, pilot)
@@ -138,8 +156,15 @@ async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
             return
         yield p.Reply(id=2, action=action, stage="progress", message="warming up the matmuls")
         release.wait(30)
-        yield p.Reply(id=2, action=action, stage="done", ok=True, message="12.1 TFLOPS: the hardware is fine",
-                      before={}, after={"tflops": 12.1})
+        yield p.Reply(
+            id=2,
+            action=action,
+            stage="done",
+            ok=True,
+            message="12.1 TFLOPS: the hardware is fine",
+            before={},
+            after={"tflops": 12.1},
+        )
 
     app, _, _ = make_app(str(tmp_path), live_records(), replier=slow)
     async with app.run_test(size=(100, 40)) as pilot:
@@ -160,8 +185,15 @@ async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
 @in_loop
 async def test_an_action_not_available_yet_is_said_plainly(tmp_path) -> None:
     def not_yet(action: str, args: dict, confirm: bool):
-        return [p.Reply(id=1, action=action, stage="done", ok=False,
-                        message=f"{action} is not available yet (the recovery issue has not landed)")]
+        return [
+            p.Reply(
+                id=1,
+                action=action,
+                stage="done",
+                ok=False,
+                message=f"{action} is not available yet (the recovery issue has not landed)",
+            )
+        ]
 
     app, link, _ = make_app(str(tmp_path), dead_run_records(), replier=not_yet)
     async with app.run_test(size=(100, 40)) as pilot:
@@ -212,8 +244,16 @@ async def test_theme_help_quit_and_the_palette(tmp_path) -> None:
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen), "the help screen closing")
 
         titles = {c.title: c for c in app.get_system_commands(app.screen)}
-        for title in ("Kill (k)", "Reclaim (c)", "Prune (p)", "Dump (d)", "Verify (v)", "Bench (b)",
-                      "Theme (t)", "Help (?)"):
+        for title in (
+            "Kill (k)",
+            "Reclaim (c)",
+            "Prune (p)",
+            "Dump (d)",
+            "Verify (v)",
+            "Bench (b)",
+            "Theme (t)",
+            "Help (?)",
+        ):
             assert title in titles, title
         assert "Resume (r)" not in titles  # it cannot apply to a live attempt
         await titles["Kill (k)"].callback()

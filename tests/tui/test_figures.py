@@ -4,12 +4,13 @@ reader thread, and that none of them needs Textual."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import threading
 
 import pytest
+
+from tests.support.tui_fakes import T0, FakeLink, GiB, MiB, build_state, dead_run_records, healthy_records, rx
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.series import Series
@@ -19,8 +20,6 @@ from trainroom.tui.evidence import before_after_lines, plan_lines
 from trainroom.tui.logtail import TrainerLogTail
 from trainroom.tui.plot import chart
 from trainroom.tui.reader import KeeperReader, series_for
-
-from tests.support.tui_fakes import T0, FakeLink, GiB, MiB, build_state, dead_run_records, healthy_records, rx
 
 
 def test_dead_run_views_carry_the_figures() -> None:
@@ -49,11 +48,25 @@ def test_vram_ratio_is_driver_over_allocator_reserved() -> None:
 
 def test_vram_without_per_process_figures_uses_the_device_total() -> None:
     recs = healthy_records()
-    recs.append(p.ProbeSample(t=T0 + 30, gpu={
-        "available": True, "per_process": False,
-        "devices": [{"index": 0, "name": "RTX 3060", "used_bytes": 12 * GiB, "total_bytes": 12 * GiB,
-                     "util_percent": 37100.0}],  # a zombie context's junk sample: dropped
-        "processes": [{"pid": 4242, "used_bytes": None, "exists": True, "ours": True}]}))
+    recs.append(
+        p.ProbeSample(
+            t=T0 + 30,
+            gpu={
+                "available": True,
+                "per_process": False,
+                "devices": [
+                    {
+                        "index": 0,
+                        "name": "RTX 3060",
+                        "used_bytes": 12 * GiB,
+                        "total_bytes": 12 * GiB,
+                        "util_percent": 37100.0,
+                    }
+                ],  # a zombie context's junk sample: dropped
+                "processes": [{"pid": 4242, "used_bytes": None, "exists": True, "ours": True}],
+            },
+        )
+    )
     v = figures.vram_view(build_state(recs))
     assert v.run_bytes is None and v.ratio == pytest.approx(2.0)
     assert v.util_percent is None
@@ -61,8 +74,12 @@ def test_vram_without_per_process_figures_uses_the_device_total() -> None:
 
 def test_vram_driver_unavailable_keeps_the_reason() -> None:
     recs = healthy_records()
-    recs.append(p.ProbeSample(t=T0 + 30, gpu={
-        "available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"}))
+    recs.append(
+        p.ProbeSample(
+            t=T0 + 30,
+            gpu={"available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"},
+        )
+    )
     v = figures.vram_view(build_state(recs))
     assert not v.driver_ok and v.driver_reason == "NVML Shared Library Not Found"
     assert v.alloc_reserved == 6 * GiB and v.ratio is None
@@ -70,9 +87,16 @@ def test_vram_driver_unavailable_keeps_the_reason() -> None:
 
 def test_lr_effective_against_requested() -> None:
     recs = healthy_records(lr=1e-4, effective_lr=5e-7)
-    recs.append(p.FindingRaised(finding=Finding(
-        code="LR_MISMATCH", severity="critical", first_seen=T0 + 2,
-        message="requested 1.00e-04, effective 5.00e-07 (0.005x): scheduler.load_state_dict restored base_lrs")))
+    recs.append(
+        p.FindingRaised(
+            finding=Finding(
+                code="LR_MISMATCH",
+                severity="critical",
+                first_seen=T0 + 2,
+                message="requested 1.00e-04, effective 5.00e-07 (0.005x): scheduler.load_state_dict restored base_lrs",
+            )
+        )
+    )
     v = figures.lr_view(build_state(recs))
     assert v.requested == 1e-4 and v.groups[0].effective == 5e-7
     assert v.groups[0].ratio == pytest.approx(0.005)
@@ -82,9 +106,17 @@ def test_lr_effective_against_requested() -> None:
 def test_ranks_headline_is_median_and_worst_with_the_outlier_first() -> None:
     recs = healthy_records(steps=3, ranks=8)
     recs.append(rx(1, 5, T0 + 10, p.Step(step=3, t=T0 + 10, tokens=4 * 8192, loss=40.0, lr=[1e-4])))
-    recs.append(p.FindingRaised(finding=Finding(code="RANK_OUTLIER", severity="critical", key="5",
-                                                message="rank 5 loss 40.0 vs median 2.0",
-                                                evidence={"rank": 5})))
+    recs.append(
+        p.FindingRaised(
+            finding=Finding(
+                code="RANK_OUTLIER",
+                severity="critical",
+                key="5",
+                message="rank 5 loss 40.0 vs median 2.0",
+                evidence={"rank": 5},
+            )
+        )
+    )
     v = figures.ranks_view(build_state(recs))
     assert v.worst_rank == 5 and v.worst_loss == 40.0
     assert v.median_loss is not None and v.median_loss < 13
@@ -96,8 +128,18 @@ def test_loss_view_from_recent_steps_marks_restarts_checkpoints_and_lr_changes()
     recs = healthy_records(steps=20)
     recs.append(p.CheckpointState(path="/ckpt/step-000010", step=10, state="verified", t=T0 + 7))
     recs.append(p.AttemptEnded(n=1, t=T0 + 12, exit_signal=9))
-    recs.append(p.AttemptStarted(n=2, t=T0 + 13, pid=5000, pgid=5000, start_time=T0 + 13, argv=["python"],
-                                 cwd="/", requested=p.RequestedConfig(lr=1e-4, vocab_size=50257)))
+    recs.append(
+        p.AttemptStarted(
+            n=2,
+            t=T0 + 13,
+            pid=5000,
+            pgid=5000,
+            start_time=T0 + 13,
+            argv=["python"],
+            cwd="/",
+            requested=p.RequestedConfig(lr=1e-4, vocab_size=50257),
+        )
+    )
     recs.append(rx(2, 0, T0 + 14, p.Step(step=11, t=T0 + 14, tokens=12 * 8192, loss=3.0)))
     recs.append(rx(2, 0, T0 + 15, p.Note(kind="lr-reimposed", t=T0 + 15, step=11)))
     v = figures.loss_view(build_state(recs))
@@ -179,12 +221,22 @@ def test_fmt_figures() -> None:
 
 
 def test_evidence_lines_show_the_exact_target_and_before_after() -> None:
-    lines = plan_lines({"pgid": 4242, "members": [{"pid": 4242, "state": "R", "cmdline": ["python", "t.py"]}],
-                        "freed_bytes": 4 * GiB})
-    assert lines == ["pgid: 4242", "members: 1", "  pid 4242  state R  cmdline python t.py",
-                     "freed_bytes: 4.0 GiB"]
+    lines = plan_lines(
+        {
+            "pgid": 4242,
+            "members": [{"pid": 4242, "state": "R", "cmdline": ["python", "t.py"]}],
+            "freed_bytes": 4 * GiB,
+        }
+    )
+    assert lines == [
+        "pgid: 4242",
+        "members: 1",
+        "  pid 4242  state R  cmdline python t.py",
+        "freed_bytes: 4.0 GiB",
+    ]
     assert before_after_lines({"vram_used_bytes": 12 * GiB}, {"vram_used_bytes": 400 * MiB}) == [
-        "vram_used_bytes: 12.0 GiB -> 400 MiB"]
+        "vram_used_bytes: 12.0 GiB -> 400 MiB"
+    ]
 
 
 def test_log_tail_follows_appends_partial_lines_and_truncation(tmp_path) -> None:
@@ -236,10 +288,14 @@ def test_reader_folds_deltas_under_the_lock_and_reports_the_keeper_gone() -> Non
     changes: list[int] = []
     gone: list[tuple[str, float]] = []
     done = threading.Event()
-    reader = KeeperReader(link, lock, on_snapshot=lambda st, se: (states.append(st), series.append(se)),
-                          on_change=lambda: changes.append(1),
-                          on_gone=lambda reason, t: (gone.append((reason, t)), done.set()),
-                          clock=lambda: T0 + 99)
+    reader = KeeperReader(
+        link,
+        lock,
+        on_snapshot=lambda st, se: (states.append(st), series.append(se)),
+        on_change=lambda: changes.append(1),
+        on_gone=lambda reason, t: (gone.append((reason, t)), done.set()),
+        clock=lambda: T0 + 99,
+    )
     for i in range(5, 15):
         link.push([rx(1, 0, T0 + 10 + i, p.Step(step=i, t=T0 + 10 + i, loss=2.0))])
     link.go_away("keeper gone: connection reset by peer")
@@ -256,8 +312,13 @@ def test_reader_folds_deltas_under_the_lock_and_reports_the_keeper_gone() -> Non
 def test_reader_stop_is_quiet() -> None:
     link = FakeLink(build_state(healthy_records(steps=1)))
     gone: list = []
-    reader = KeeperReader(link, threading.Lock(), on_snapshot=lambda st, se: None, on_change=lambda: None,
-                          on_gone=lambda *a: gone.append(a))
+    reader = KeeperReader(
+        link,
+        threading.Lock(),
+        on_snapshot=lambda st, se: None,
+        on_change=lambda: None,
+        on_gone=lambda *a: gone.append(a),
+    )
     reader.start()
     assert link.subscribed.wait(10)
     reader.stop()
@@ -318,8 +379,13 @@ def test_reader_over_a_real_socket_with_the_real_client_stops_when_asked(tmp_pat
             if got and got[0].current_step() == 7:
                 folded.set()
 
-    reader = KeeperReader(KeeperClient(sock), lock, on_snapshot=lambda s, se: got.append(s),
-                          on_change=on_change, on_gone=lambda *a: got.append(a))
+    reader = KeeperReader(
+        KeeperClient(sock),
+        lock,
+        on_snapshot=lambda s, se: got.append(s),
+        on_change=on_change,
+        on_gone=lambda *a: got.append(a),
+    )
     reader.start()
     try:
         assert folded.wait(10)
@@ -348,12 +414,33 @@ def test_reader_over_a_real_socket_with_the_real_client_stops_when_asked(tmp_pat
 
 def test_host_view_reads_the_host_probe_and_says_when_it_failed() -> None:
     recs = healthy_records(steps=1)
-    recs.append(p.ProbeSample(t=T0 + 9, host={
-        "available": True, "reason": "", "mem_total_bytes": 32 * GiB, "mem_available_bytes": 20 * GiB,
-        "page_cache_bytes": 6 * GiB, "effective_available_bytes": 2 * GiB, "wsl": True,
-        "cgroup": {"version": 2, "limit_bytes": 16 * GiB, "usage_bytes": 15 * GiB, "available_bytes": 2 * GiB}}))
+    recs.append(
+        p.ProbeSample(
+            t=T0 + 9,
+            host={
+                "available": True,
+                "reason": "",
+                "mem_total_bytes": 32 * GiB,
+                "mem_available_bytes": 20 * GiB,
+                "page_cache_bytes": 6 * GiB,
+                "effective_available_bytes": 2 * GiB,
+                "wsl": True,
+                "cgroup": {
+                    "version": 2,
+                    "limit_bytes": 16 * GiB,
+                    "usage_bytes": 15 * GiB,
+                    "available_bytes": 2 * GiB,
+                },
+            },
+        )
+    )
     v = figures.host_view(build_state(recs))
-    assert (v.available, v.page_cache, v.cgroup_limit, v.cgroup_usage) == (20 * GiB, 6 * GiB, 16 * GiB, 15 * GiB)
+    assert (v.available, v.page_cache, v.cgroup_limit, v.cgroup_usage) == (
+        20 * GiB,
+        6 * GiB,
+        16 * GiB,
+        15 * GiB,
+    )
     assert v.effective_available == 2 * GiB and v.wsl and v.reason == ""
     recs.append(p.ProbeSample(t=T0 + 10, host={"error": "PermissionError: /proc/meminfo"}))
     v = figures.host_view(build_state(recs))

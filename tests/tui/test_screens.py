@@ -4,15 +4,7 @@ leaves a banner with the journal's last state."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-
-from trainroom.core import protocol as p
-from trainroom.core.findings import Finding
-from trainroom.tui.app import ControlRoom
-from trainroom.tui.messages import RunChanged
-from trainroom.tui.screens.picker import RunPicker
 
 from tests.support.tui_fakes import (
     T0,
@@ -30,21 +22,46 @@ from tests.support.tui_fakes import (
     shipped_themes,
     until,
 )
+from trainroom.core import protocol as p
+from trainroom.core.findings import Finding
+from trainroom.tui.app import ControlRoom
+from trainroom.tui.messages import RunChanged
+from trainroom.tui.screens.picker import RunPicker
 
 
 def sick_run_records() -> list:
     """Eight ranks, rank 5 at 40.0; an LR 200x too small; no driver view."""
     recs = healthy_records(steps=6, ranks=8, effective_lr=5e-7)
     recs.append(rx(1, 5, T0 + 10, p.Step(step=6, t=T0 + 10, tokens=7 * 8192, loss=40.0, lr=[5e-7])))
-    recs.append(p.ProbeSample(t=T0 + 11, gpu={
-        "available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"},
-        host={"mem_available_bytes": 20 << 30, "mem_total_bytes": 31 << 30, "page_cache_bytes": 1 << 30}))
-    recs.append(p.FindingRaised(finding=Finding(
-        code="RANK_OUTLIER", severity="critical", key="5", first_seen=T0 + 10,
-        message="rank 5 loss 40.0 vs median 2.6 across 8 ranks", evidence={"rank": 5})))
-    recs.append(p.FindingRaised(finding=Finding(
-        code="LR_MISMATCH", severity="critical", first_seen=T0 + 9,
-        message="requested 1.00e-04, effective 5.00e-07 (0.005x)")))
+    recs.append(
+        p.ProbeSample(
+            t=T0 + 11,
+            gpu={"available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"},
+            host={"mem_available_bytes": 20 << 30, "mem_total_bytes": 31 << 30, "page_cache_bytes": 1 << 30},
+        )
+    )
+    recs.append(
+        p.FindingRaised(
+            finding=Finding(
+                code="RANK_OUTLIER",
+                severity="critical",
+                key="5",
+                first_seen=T0 + 10,
+                message="rank 5 loss 40.0 vs median 2.6 across 8 ranks",
+                evidence={"rank": 5},
+            )
+        )
+    )
+    recs.append(
+        p.FindingRaised(
+            finding=Finding(
+                code="LR_MISMATCH",
+                severity="critical",
+                first_seen=T0 + 9,
+                message="requested 1.00e-04, effective 5.00e-07 (0.005x)",
+            )
+        )
+    )
     return recs
 
 
@@ -55,18 +72,40 @@ async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
         await settle(app, pilot)
         text = screen_text(app)
     for figure in (
-        "20250101-120000-train-ab12", "attempt 1/1", " DEAD ", "step 322",  # header
-        "pid 4242", "pgid 4242", "killed by SIGKILL (9)", "ran 3m32s",  # trainer
-        "11.0 GiB", "6.0 GiB", "ratio 1.83x driver/alloc", "VRAM 12.0 GiB · RTX 3060", "util 97%",  # VRAM
+        "20250101-120000-train-ab12",
+        "attempt 1/1",
+        " DEAD ",
+        "step 322",  # header
+        "pid 4242",
+        "pgid 4242",
+        "killed by SIGKILL (9)",
+        "ran 3m32s",  # trainer
+        "11.0 GiB",
+        "6.0 GiB",
+        "ratio 1.83x driver/alloc",
+        "VRAM 12.0 GiB · RTX 3060",
+        "util 97%",  # VRAM
         "last step 0.7 s before the end",  # cadence
-        "requested 1.00e-04", "effective 1.00e-04",  # LR
-        "loss vs tokens", "ln V 10.82 (V=50257)", "c checkpoint",  # loss
+        "requested 1.00e-04",
+        "effective 1.00e-04",  # LR
+        "loss vs tokens",
+        "ln V 10.82 (V=50257)",
+        "c checkpoint",  # loss
         "CRIT DEAD [r] resume  trainer killed by SIGKILL at step 322; 22 steps lost since step 300",
         "WARN HOST_RAM_LOW [c] reclaim",  # findings
-        "available 2.1 GiB of 31.0 GiB", "page cache 6.0 GiB",  # host
-        "used 94%", "free 60.0 GiB", "verified", "← latest", "rejected", "truncated",  # disk
-        "rank", "reserved", "median 2.31",  # ranks
-        "trainer.log", "last line of the log",  # log tail
+        "available 2.1 GiB of 31.0 GiB",
+        "page cache 6.0 GiB",  # host
+        "used 94%",
+        "free 60.0 GiB",
+        "verified",
+        "← latest",
+        "rejected",
+        "truncated",  # disk
+        "rank",
+        "reserved",
+        "median 2.31",  # ranks
+        "trainer.log",
+        "last line of the log",  # log tail
     ):
         assert figure in text, figure
     # the dead run's footer offers resume and reclaim, not kill
@@ -82,9 +121,18 @@ async def test_main_screen_80x24_keeps_what_matters(tmp_path) -> None:
         text = screen_text(app)
     lines = text.splitlines()
     assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
-    for figure in (" DEAD ", "step 322", "pid 4242  pgid 4242", "killed by SIGKILL (9)",
-                   "ratio 1.83x", "CRIT DEAD [r] resume", "HOST_RAM_LOW [c] reclaim", "used 94%",
-                   "ln V 10.82", "available 2.1 GiB"):
+    for figure in (
+        " DEAD ",
+        "step 322",
+        "pid 4242  pgid 4242",
+        "killed by SIGKILL (9)",
+        "ratio 1.83x",
+        "CRIT DEAD [r] resume",
+        "HOST_RAM_LOW [c] reclaim",
+        "used 94%",
+        "ln V 10.82",
+        "available 2.1 GiB",
+    ):
         assert figure in text, figure
     assert "trainer.log" not in text and "reserved" not in text  # log tail and ranks collapse
     assert "r resume" in lines[-1] and "? help" in lines[-1] and "q quit" in lines[-1]
@@ -114,9 +162,15 @@ async def test_live_deltas_reach_the_screen(tmp_path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
         assert "step 4" in screen_text(app)
-        link.push([rx(1, 0, T0 + 20 + i, p.Step(step=i, t=T0 + 20 + i, tokens=i * 8192, loss=2.0))
-                   for i in range(5, 400)])
-        link.push([p.RunStatus(t=T0 + 430, state="stalled", reason="alive, heartbeats flowing, no step for 14 s")])
+        link.push(
+            [
+                rx(1, 0, T0 + 20 + i, p.Step(step=i, t=T0 + 20 + i, tokens=i * 8192, loss=2.0))
+                for i in range(5, 400)
+            ]
+        )
+        link.push(
+            [p.RunStatus(t=T0 + 430, state="stalled", reason="alive, heartbeats flowing, no step for 14 s")]
+        )
         await until(pilot, lambda: app.state is not None and app.state.status == "stalled", "the stall")
         app.redraw()
         await pilot.pause()
@@ -146,14 +200,16 @@ async def test_a_burst_of_changes_is_rendered_once(tmp_path) -> None:
 @in_loop
 async def test_keeper_gone_banner_shows_the_journal_and_the_resume_key(tmp_path) -> None:
     journal = build_state(dead_run_records())
-    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), journal=journal,
-                            reconnect_interval_s=30)
+    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), journal=journal, reconnect_interval_s=30)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(app, pilot)
         assert app.connected and app.check_action("kill", ()) is True
         link.go_away("keeper gone: connection reset by peer")
-        await until(pilot, lambda: not app.connected and app.state is not None and app.state.status == "dead",
-                    "the journal's state after the keeper left")
+        await until(
+            pilot,
+            lambda: not app.connected and app.state is not None and app.state.status == "dead",
+            "the journal's state after the keeper left",
+        )
         app.redraw()
         await pilot.pause()
         text = screen_text(app)
@@ -175,7 +231,9 @@ async def test_the_keeper_coming_back_is_watched_again(tmp_path) -> None:
         link.go_away()
         await until(pilot, lambda: not app.connected, "the disconnect")
         await until(pilot, lambda: app.connected, "the reconnect")
-        await until(pilot, lambda: app.state is not None and app.state.current_step() == 8, "the new snapshot")
+        await until(
+            pilot, lambda: app.state is not None and app.state.current_step() == 8, "the new snapshot"
+        )
         app.redraw()
         await pilot.pause()
         assert not app.query_one("#banner").display
@@ -197,9 +255,14 @@ async def test_several_live_runs_open_a_picker(tmp_path) -> None:
     older, newer = tmp_path / "a", tmp_path / "b"
     older.mkdir()
     newer.mkdir()
-    infos = [run_info("run-older", str(older), created=T0), run_info("run-newer", str(newer), created=T0 + 60)]
+    infos = [
+        run_info("run-older", str(older), created=T0),
+        run_info("run-newer", str(newer), created=T0 + 60),
+    ]
     links = {i.run_id: FakeLink(build_state(healthy_records(steps=2), run_id=i.run_id)) for i in infos}
-    app = ControlRoom(None, source=FakeRuns(infos, links), clock=lambda: T0 + 100, theme_dirs=shipped_themes())
+    app = ControlRoom(
+        None, source=FakeRuns(infos, links), clock=lambda: T0 + 100, theme_dirs=shipped_themes()
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: isinstance(app.screen, RunPicker), "the picker")
         await pilot.pause()
@@ -212,11 +275,18 @@ async def test_several_live_runs_open_a_picker(tmp_path) -> None:
 
 @in_loop
 async def test_no_live_run_opens_the_newest_one(tmp_path) -> None:
-    infos = [run_info("run-a", str(tmp_path), alive=False, created=T0),
-             run_info("run-b", str(tmp_path), alive=False, created=T0 + 5)]
+    infos = [
+        run_info("run-a", str(tmp_path), alive=False, created=T0),
+        run_info("run-b", str(tmp_path), alive=False, created=T0 + 5),
+    ]
     journal = {i.run_id: build_state(dead_run_records(), run_id=i.run_id) for i in infos}
-    app = ControlRoom(None, source=FakeRuns(infos, journal=journal), clock=lambda: T0 + 300,
-                      theme_dirs=shipped_themes(), reconnect_interval_s=30)
+    app = ControlRoom(
+        None,
+        source=FakeRuns(infos, journal=journal),
+        clock=lambda: T0 + 300,
+        theme_dirs=shipped_themes(),
+        reconnect_interval_s=30,
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.state is not None, "the journal")
     assert app.run_id == "run-b" and not app.connected
@@ -225,8 +295,9 @@ async def test_no_live_run_opens_the_newest_one(tmp_path) -> None:
 @in_loop
 async def test_with_no_run_yet_it_waits_for_the_first_one(tmp_path) -> None:
     runs = FakeRuns([])
-    app = ControlRoom(None, source=runs, clock=lambda: T0 + 100, theme_dirs=shipped_themes(),
-                      reconnect_interval_s=0.02)
+    app = ControlRoom(
+        None, source=runs, clock=lambda: T0 + 100, theme_dirs=shipped_themes(), reconnect_interval_s=0.02
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert "looking for a run" in screen_text(app)

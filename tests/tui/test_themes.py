@@ -3,16 +3,14 @@ skipped, and said once; --theme picks one; NO_COLOR is honoured."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from importlib import resources
 
 import pytest
-from trainroom.tui import theming
-from trainroom.tui.app import ControlRoom, run_app
 
 from tests.support.tui_fakes import dead_run_records, in_loop, make_app, settle, shipped_themes
+from trainroom.tui import theming
+from trainroom.tui.app import ControlRoom, run_app
 
 GOOD = b'name = "mine"\nprimary = "#336699"\n[variables]\ntrainroom-crit = "#ff00ff"\n'
 
@@ -21,7 +19,9 @@ def write_bad_themes(d) -> None:
     (d / "bad_colour.toml").write_text('name = "x"\nprimary = "not-a-colour"\n')
     (d / "unknown_key.toml").write_text('name = "y"\nprimary = "#000000"\nflavour = "mint"\n')
     (d / "broken.toml").write_text('name = "z\nprimary = \n')
-    (d / "bad_variable.toml").write_text('name = "w"\nprimary = "#000000"\n[variables]\ntrainroom-ok = "greenish"\n')
+    (d / "bad_variable.toml").write_text(
+        'name = "w"\nprimary = "#000000"\n[variables]\ntrainroom-ok = "greenish"\n'
+    )
     (d / "mine.toml").write_bytes(GOOD)
     (d / "notes.txt").write_text("not a theme")
 
@@ -69,7 +69,10 @@ async def test_the_app_registers_the_themes_and_says_once_what_it_skipped(tmp_pa
         assert app.theme == "mine"
         assert app.get_css_variables()["trainroom-crit"] == "#ff00ff"
         # a theme file that does not set an app variable gets it from the theme's own palette
-        assert app.get_css_variables()["trainroom-ok"] == app.current_theme.to_color_system().generate()["text-success"]
+        assert (
+            app.get_css_variables()["trainroom-ok"]
+            == app.current_theme.to_color_system().generate()["text-success"]
+        )
         notice = app.theme_notice or ""
         for name in ("bad_colour.toml", "unknown_key.toml", "broken.toml", "bad_variable.toml"):
             assert name in notice

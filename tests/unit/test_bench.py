@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from trainroom.core.ops import bench as bench
 
 KEEPER_SIDE = """
@@ -88,8 +89,14 @@ def test_verdict_on_either_side_of_the_seeds_floor() -> None:
 
 
 def _bench_cli(cwd, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainroom.cli", "bench", "--device", "cpu", *args],
-                          capture_output=True, text=True, timeout=120, cwd=cwd, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "trainroom.cli", "bench", "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_a_floor_set_in_trainroom_toml_judges_the_result(trhome, tmp_path) -> None:
@@ -111,5 +118,5 @@ def test_a_bad_bench_section_names_the_key_and_the_file(trhome, tmp_path) -> Non
     (tmp_path / "trainroom.toml").write_text("[bench]\nseconds = -1\n")
     done = _bench_cli(tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    line, = done.stderr.strip().splitlines()
+    (line,) = done.stderr.strip().splitlines()
     assert "bench.seconds" in line and "trainroom.toml" in line

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 import torch
+
 from tests.support.ckpt_fixtures import nanogpt_checkpoint
-from trainroom.core.ckpt import watch as w
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt import verify as v
+from trainroom.core.ckpt import watch as w
 
 
 def write_ckpt(path: Path, iter_num: int) -> None:
@@ -109,8 +110,9 @@ def test_deferred_verdict_retries_the_same_version(tmp_path: Path) -> None:
     ckpt = out / "ckpt.pt"
     write_ckpt(ckpt, 100)
     state, req = settle_and_request(w.WatchState(), ckpt, 0.0)
-    state, recs, stood = w.record_verdict(state, req, v.failure_report(ckpt, "verifier timed out", deferred=True),
-                                          w.stat_one(str(ckpt)), 3.0)
+    state, recs, stood = w.record_verdict(
+        state, req, v.failure_report(ckpt, "verifier timed out", deferred=True), w.stat_one(str(ckpt)), 3.0
+    )
     assert not stood and recs == [] and state.files[str(ckpt)].state == "settling"
     state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 3.0 + w.SETTLE_S)
     assert len(reqs) == 1 and reqs[0].version == req.version

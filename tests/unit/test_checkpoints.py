@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.support.ckpt_fixtures import nanogpt_checkpoint, small_state
-from trainroom.core.ckpt import layout as ck
 from trainroom.core import protocol as p
+from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt import verify as v
 
 TESTS = str(Path(__file__).resolve().parents[2])  # the repo root: `tests.support` imports
@@ -91,8 +92,12 @@ def test_keeper_flow_over_a_real_socket(tmp_path: Path) -> None:
         print(saved.state, saved.path)
         rep.close()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": TESTS},
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": TESTS},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         conn, _ = server.accept()
         conn.settimeout(60)
@@ -132,8 +137,9 @@ def test_presave_check_refuses_before_writing(tmp_path: Path) -> None:
         f_bfree = f_bavail = 256
 
     with pytest.raises(ck.CheckpointWontFit) as ei:
-        ck.save_checkpoint({"w": torch.zeros(1_000_000)}, 2, root=tmp_path, statvfs=lambda _: Nearly,
-                           reserve_bytes=0)
+        ck.save_checkpoint(
+            {"w": torch.zeros(1_000_000)}, 2, root=tmp_path, statvfs=lambda _: Nearly, reserve_bytes=0
+        )
     assert ei.value.errno == errno.ENOSPC and "will not fit" in str(ei.value)
     assert _listing(tmp_path / ".quarantine") == []
     assert os.readlink(tmp_path / "latest") == "step-000001"
@@ -162,8 +168,13 @@ def test_write_failure_midway_leaves_latest_intact(tmp_path: Path) -> None:
         except OSError as exc:
             print(errno.errorcode[exc.errno])
     """)
-    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": TESTS},
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": TESTS},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == "EFBIG", out.stderr
     assert _listing(root / ".quarantine") == []
     assert sorted(x.name for x in root.iterdir()) == [".quarantine", "latest", "step-000001"]
@@ -177,7 +188,9 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
     root = tmp_path / "small"
     root.mkdir()
     script = tmp_path / "fill.py"
-    script.write_text(_roomy_statvfs() + textwrap.dedent(f"""
+    script.write_text(
+        _roomy_statvfs()
+        + textwrap.dedent(f"""
         import errno, json, os, torch
         from trainroom.core import checkpoints as ck
         from trainroom.core.ckpt import verify as v
@@ -198,16 +211,30 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
         out["latest"] = os.readlink(os.path.join(root, "latest"))
         out["latest_ok"] = v.verify(ck.latest_checkpoint(root))["ok"]
         print(json.dumps(out))
-    """))
-    cmd = ["unshare", "-rm", "sh", "-c",
-           f'mount -t tmpfs -o size=3m tmpfs "{root}" && exec "{sys.executable}" "{script}"']
-    res = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": TESTS}, capture_output=True, text=True, timeout=120)
+    """)
+    )
+    cmd = [
+        "unshare",
+        "-rm",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=3m tmpfs "{root}" && exec "{sys.executable}" "{script}"',
+    ]
+    res = subprocess.run(
+        cmd, env={**os.environ, "PYTHONPATH": TESTS}, capture_output=True, text=True, timeout=120
+    )
     if res.returncode != 0 and "mount" in res.stderr and not res.stdout:
         pytest.skip(f"no private tmpfs here: {res.stderr.strip()[:200]}")
     assert res.stdout, res.stderr
     out = json.loads(res.stdout)
-    assert out == {"precheck": "ENOSPC", "write": "ENOSPC", "quarantine": [], "root": [".quarantine", "latest",
-                   "step-000001"], "latest": "step-000001", "latest_ok": True}
+    assert out == {
+        "precheck": "ENOSPC",
+        "write": "ENOSPC",
+        "quarantine": [],
+        "root": [".quarantine", "latest", "step-000001"],
+        "latest": "step-000001",
+        "latest_ok": True,
+    }
 
 
 def test_a_late_verdict_does_not_roll_latest_back(tmp_path: Path) -> None:
@@ -223,8 +250,10 @@ def test_a_late_verdict_does_not_roll_latest_back(tmp_path: Path) -> None:
 def test_same_step_saved_twice_gets_its_own_dir(tmp_path: Path) -> None:
     ck.save_checkpoint(small_state(1), 7, root=tmp_path)
     ck.save_checkpoint(small_state(2), 7, root=tmp_path)
-    assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("step")) == ["step-000007",
-                                                                                       "step-000007-2"]
+    assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("step")) == [
+        "step-000007",
+        "step-000007-2",
+    ]
     assert os.readlink(tmp_path / "latest") == "step-000007-2"
 
 

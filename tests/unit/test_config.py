@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from trainroom.core.config import DEFAULT_LOG_PATTERN, Config, ConfigError, load_config, resume_argv
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from trainroom.core.health import diskguard as dg
 
 GB = 4096 * 244_141  # ~1 GB in whole 4 KiB blocks, so figures round-trip exactly
@@ -16,8 +17,13 @@ GB = 4096 * 244_141  # ~1 GB in whole 4 KiB blocks, so figures round-trip exactl
 
 def statvfs_of(total: int, avail: int, frsize: int = 4096) -> dg.StatvfsFn:
     """statvfs figures for a disk of `total` bytes with `avail` available (no root reserve)."""
-    return lambda _path: SimpleNamespace(f_frsize=frsize, f_bsize=frsize, f_blocks=total // frsize,
-                                         f_bfree=avail // frsize, f_bavail=avail // frsize)
+    return lambda _path: SimpleNamespace(
+        f_frsize=frsize,
+        f_bsize=frsize,
+        f_blocks=total // frsize,
+        f_bfree=avail // frsize,
+        f_bavail=avail // frsize,
+    )
 
 
 def usage(total: int, avail: int, path: str = "/ck") -> dg.DiskUsage:
@@ -42,8 +48,9 @@ def test_used_fraction_counts_root_reserve_like_df() -> None:
     assert u.used_fraction == pytest.approx(90 / 95)
 
 
-@pytest.mark.parametrize(("avail_pct", "severity"), [(16, None), (14, "warning"), (6.5, "warning"),
-                                                      (5.5, "critical")])
+@pytest.mark.parametrize(
+    ("avail_pct", "severity"), [(16, None), (14, "warning"), (6.5, "warning"), (5.5, "critical")]
+)
 def test_disk_high_thresholds(avail_pct: float, severity: str | None) -> None:
     f = dg.disk_high(usage(100 * GB, int(avail_pct * GB)))
     if severity is None:
@@ -106,7 +113,9 @@ def test_budget_usage_and_the_pre_save_check_within_a_budget(tmp_path: Path) -> 
     with pytest.raises(dg.CheckpointWontFit) as ei:
         dg.check_fit(tmp_path, 60_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0)
     assert ei.value.errno == errno.ENOSPC and "budget" in str(ei.value)
-    assert dg.check_fit(tmp_path, 40_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0).budget is False
+    assert (
+        dg.check_fit(tmp_path, 40_000, budget_bytes=200_000, root=tmp_path, reserve_bytes=0).budget is False
+    )
     outside.unlink()
 
 
@@ -135,7 +144,9 @@ def test_drvfs_from_proc_mounts(tmp_path: Path) -> None:
     assert f is not None and f.code == "DRVFS_CHECKPOINTS" and "9p (drvfs" in f.message
     assert "native Linux directory" in f.message
     nas = dg.mount_of("/mnt/my nas/ck", mounts)
-    assert nas is not None and nas.fstype == "cifs" and dg.drvfs_checkpoints("/mnt/my nas/ck", nas) is not None
+    assert (
+        nas is not None and nas.fstype == "cifs" and dg.drvfs_checkpoints("/mnt/my nas/ck", nas) is not None
+    )
     home = dg.mount_of("/home/me/ckpt", mounts)
     assert home is not None and home.mountpoint == "/" and dg.drvfs_checkpoints("/home/me/ckpt", home) is None
     assert dg.mount_of("/mnt/cx", mounts).mountpoint == "/"  # a prefix of the name is not a parent
@@ -149,7 +160,11 @@ def test_real_proc_mounts_has_the_root() -> None:
 def test_check_fit_refuses_with_enospc(tmp_path: Path) -> None:
     with pytest.raises(dg.CheckpointWontFit) as ei:
         dg.check_fit(tmp_path, 4 * GB, statvfs=statvfs_of(100 * GB, 3 * GB))
-    assert ei.value.errno == errno.ENOSPC and "will not fit" in str(ei.value) and "trainroom prune" in str(ei.value)
+    assert (
+        ei.value.errno == errno.ENOSPC
+        and "will not fit" in str(ei.value)
+        and "trainroom prune" in str(ei.value)
+    )
     assert dg.check_fit(tmp_path, 4 * GB, statvfs=statvfs_of(100 * GB, 5 * GB)).free_bytes == 5 * GB
     # The reserve: 256 MiB, or 2 % of a small disk.
     assert dg.reserve_for(usage(100 * GB, GB)) == 256 << 20

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from trainroom.core.ops.kill import execute_kill, live_members, plan_kill, run_vram_probe
 from trainroom.core.probes import procs
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
@@ -187,13 +188,19 @@ def test_nothing_left_still_confirms_the_driver_let_go(tmp_path: Path) -> None:
     done.wait()
     plan = plan_kill(done.pid, done.pid, start)
     scenario = tmp_path / "nvml.json"
-    write_scenario(scenario, {"devices": [RTX_3060 | {"used_bytes": 5 * GIB}],
-                              "processes": [{"pid": done.pid, "used_bytes": 5 * GIB}]})
+    write_scenario(
+        scenario,
+        {
+            "devices": [RTX_3060 | {"used_bytes": 5 * GIB}],
+            "processes": [{"pid": done.pid, "used_bytes": 5 * GIB}],
+        },
+    )
     probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [done.pid])
     held = execute_kill(plan, vram_probe=probe, vram_timeout_s=0.3, vram_poll_s=0.05)
     assert held.ok is False and held.vram_released is False and held.signals == []
-    assert held.message.startswith(f"nothing left to kill: pgid {done.pid} has no live members; but the driver "
-                                   "still holds 5.0 GiB")
+    assert held.message.startswith(
+        f"nothing left to kill: pgid {done.pid} has no live members; but the driver still holds 5.0 GiB"
+    )
     write_scenario(scenario, {"devices": [RTX_3060 | {"used_bytes": 400 * MIB}], "processes": []})
     freed = execute_kill(plan, vram_probe=probe, vram_timeout_s=0.3, vram_poll_s=0.05)
     assert freed.ok and freed.vram_released is True and freed.after["members"] == 0

@@ -39,13 +39,17 @@ def train(opt: Any, s: Any, n: int) -> list[float]:
     return out
 
 
-def checkpoint_of_old_run(make: Callable[[Any, float], Any] | None = None, lr: float = 1e-6, n: int = 5) -> dict[str, Any]:
+def checkpoint_of_old_run(
+    make: Callable[[Any, float], Any] | None = None, lr: float = 1e-6, n: int = 5
+) -> dict[str, Any]:
     opt, s = session(lr, make)
     train(opt, s, n)
     return {"optimizer": opt.state_dict(), "scheduler": s.state_dict()}
 
 
-def resume(ckpt: dict[str, Any], lr: float, make: Callable[[Any, float], Any] | None = None) -> tuple[Any, Any]:
+def resume(
+    ckpt: dict[str, Any], lr: float, make: Callable[[Any, float], Any] | None = None
+) -> tuple[Any, Any]:
     opt, s = session(lr, make)
     opt.load_state_dict(ckpt["optimizer"])
     s.load_state_dict(ckpt["scheduler"])
@@ -71,8 +75,12 @@ def test_with_the_helper_the_session_schedule_holds() -> None:
     assert train(opt, s, 7) == [pytest.approx(1e-4)] * 4 + [pytest.approx(1e-5)] * 3
     assert s.last_epoch == 12  # the position came from the checkpoint and stays
     by_field = {c.field: c for c in changes}
-    for field in ("param_groups[0].lr", "param_groups[0].initial_lr", "scheduler.base_lrs[0]",
-                  "scheduler._last_lr[0]"):
+    for field in (
+        "param_groups[0].lr",
+        "param_groups[0].initial_lr",
+        "scheduler.base_lrs[0]",
+        "scheduler._last_lr[0]",
+    ):
         assert by_field[field].old == pytest.approx(1e-6) and by_field[field].new == pytest.approx(1e-4)
     # A second call has nothing left to change.
     assert reimpose_lr(opt, s, 1e-4, reporter=QUIET) == []
@@ -101,8 +109,9 @@ def read_notes(srv: socket.socket, want: int = 1, timeout_s: float = 5.0) -> lis
     return notes
 
 
-def test_the_change_goes_to_the_keeper_and_the_log(keeper_socket: tuple[str, socket.socket],
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_the_change_goes_to_the_keeper_and_the_log(
+    keeper_socket: tuple[str, socket.socket], caplog: pytest.LogCaptureFixture
+) -> None:
     path, srv = keeper_socket
     rep = Reporter(path, p.Hello(pid=os.getpid()), heartbeat_s=30.0)
     try:
@@ -117,7 +126,10 @@ def test_the_change_goes_to_the_keeper_and_the_log(keeper_socket: tuple[str, soc
     assert note.kind == "lr-reimposed" and note.step == 300
     assert note.data["groups"] == [{"group": 0, "old": pytest.approx(1e-6), "new": pytest.approx(1e-4)}]
     assert note.data["scheduler"] == "StepLR" and note.data["last_epoch"] == 5
-    assert {c["field"] for c in note.data["changes"]} >= {"scheduler.base_lrs[0]", "param_groups[0].initial_lr"}
+    assert {c["field"] for c in note.data["changes"]} >= {
+        "scheduler.base_lrs[0]",
+        "param_groups[0].initial_lr",
+    }
     assert "1e-06 -> 0.0001" in note.message
     assert any("LR re-imposed" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
@@ -140,10 +152,13 @@ SCHEDULES: dict[str, Callable[[Any, float], Any]] = {
     "CyclicLR": lambda o, lr: sched.CyclicLR(o, base_lr=lr / 10, max_lr=lr, step_size_up=5),
     "CosineAnnealingWarmRestarts": lambda o, lr: sched.CosineAnnealingWarmRestarts(o, T_0=6),
     "SequentialLR": lambda o, lr: sched.SequentialLR(
-        o, [sched.LinearLR(o, start_factor=0.1, total_iters=5), sched.CosineAnnealingLR(o, T_max=30)],
-        milestones=[5]),
+        o,
+        [sched.LinearLR(o, start_factor=0.1, total_iters=5), sched.CosineAnnealingLR(o, T_max=30)],
+        milestones=[5],
+    ),
     "ChainedScheduler": lambda o, lr: sched.ChainedScheduler(
-        [sched.ExponentialLR(o, gamma=0.95), sched.StepLR(o, step_size=5, gamma=0.5)]),
+        [sched.ExponentialLR(o, gamma=0.95), sched.StepLR(o, step_size=5, gamma=0.5)]
+    ),
 }
 
 
@@ -154,7 +169,7 @@ def test_resumed_session_follows_its_own_schedule(name: str) -> None:
         warnings.simplefilter("ignore")  # torch's own deprecation chatter around these classes
         ckpt = checkpoint_of_old_run(make, lr=LR_OLD, n=POSITION)
         ref_opt, ref_s = session(LR_NEW, make)
-        reference = train(ref_opt, ref_s, POSITION + 8)[POSITION - 1:]
+        reference = train(ref_opt, ref_s, POSITION + 8)[POSITION - 1 :]
         opt, s = resume(ckpt, LR_NEW, make)
         assert opt.param_groups[0]["lr"] < reference[0] / 50  # the trap: the old run's LR is in force
     with warnings.catch_warnings(record=True) as caught:
@@ -189,13 +204,18 @@ def test_plateau_takes_the_request_and_keeps_its_floor() -> None:
 
 def test_no_scheduler_and_per_group_lrs() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
-    opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 1e-6},
-                             {"params": model[1].parameters(), "lr": 1e-7}])
+    opt = torch.optim.AdamW(
+        [{"params": model[0].parameters(), "lr": 1e-6}, {"params": model[1].parameters(), "lr": 1e-7}]
+    )
     changes = reimpose_lr(opt, None, [1e-4, 1e-5], reporter=QUIET)
     assert [g["lr"] for g in opt.param_groups] == [1e-4, 1e-5]
     assert [g["initial_lr"] for g in opt.param_groups] == [1e-4, 1e-5]
-    assert {c.field for c in changes} == {"param_groups[0].lr", "param_groups[1].lr",
-                                          "param_groups[0].initial_lr", "param_groups[1].initial_lr"}
+    assert {c.field for c in changes} == {
+        "param_groups[0].lr",
+        "param_groups[1].lr",
+        "param_groups[0].initial_lr",
+        "param_groups[1].initial_lr",
+    }
     with pytest.raises(ValueError, match="2 param groups"):
         reimpose_lr(opt, None, [1e-4], reporter=QUIET)
     with pytest.raises(ValueError, match="positive"):
@@ -217,7 +237,12 @@ def test_without_a_reporter_it_uses_the_current_one_quietly() -> None:
         (["python", "train.py", "--lr", "1e-4"], 1e-4, None, None),
         (["train.py", "--lr=3e-4", "--vocab-size", "50257"], 3e-4, 50257, None),
         (["train.py", "config/gpt2.py", "--learning_rate=6e-4", "--warmup_iters=2000"], 6e-4, None, 2000),
-        (["train.py", "--learning-rate", "5e-5", "--vocab_size=32000", "--warmup-steps", "500"], 5e-5, 32000, 500),
+        (
+            ["train.py", "--learning-rate", "5e-5", "--vocab_size=32000", "--warmup-steps", "500"],
+            5e-5,
+            32000,
+            500,
+        ),
         (["train.py", "--lr", "1e-3", "--lr", "2e-3"], 2e-3, None, None),  # the last one wins, as argparse
         (["train.py", "--lr", "auto"], None, None, None),
         (["train.py", "--lr"], None, None, None),
@@ -228,7 +253,9 @@ def test_without_a_reporter_it_uses_the_current_one_quietly() -> None:
         ([], None, None, None),
     ],
 )
-def test_requested_from_argv(argv: list[str], lr: float | None, vocab: int | None, warmup: int | None) -> None:
+def test_requested_from_argv(
+    argv: list[str], lr: float | None, vocab: int | None, warmup: int | None
+) -> None:
     req = requested_from_argv(argv)
     assert (req.lr, req.vocab_size, req.warmup_steps) == (lr, vocab, warmup)
     assert isinstance(req, p.RequestedConfig)

@@ -11,15 +11,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADLESS = ["trainroom.core.protocol", "trainroom.core.keeper.loop", "trainroom.core.cli.main", "trainroom.core.run.status",
-            "trainroom.core.sdk.reporter", "trainroom.core.run.state", "trainroom.core.run.client", "trainroom.core.run.store"]
+HEADLESS = [
+    "trainroom.core.protocol",
+    "trainroom.core.keeper.loop",
+    "trainroom.core.cli.main",
+    "trainroom.core.run.status",
+    "trainroom.core.sdk.reporter",
+    "trainroom.core.run.state",
+    "trainroom.core.run.client",
+    "trainroom.core.run.store",
+]
 
 
 @pytest.mark.parametrize("module", HEADLESS)
 def test_headless_modules_import_without_textual_or_torch(module: str) -> None:
-    code = (f"import sys, {module}\n"
-            "bad = [m for m in ('textual', 'rich', 'torch', 'trainroom.tui') if m in sys.modules]\n"
-            "print(','.join(bad))")
+    code = (
+        f"import sys, {module}\n"
+        "bad = [m for m in ('textual', 'rich', 'torch', 'trainroom.tui') if m in sys.modules]\n"
+        "print(','.join(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"{module} pulled in {out.stdout.strip()}"
@@ -50,15 +60,25 @@ def test_core_never_imports_the_tui_and_never_torch_at_module_level() -> None:
 
 
 def test_the_wheel_installs_everything_under_trainroom(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     wheel = next(tmp_path.glob("trainroom-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops <= {"trainroom", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
-    for must in ("trainroom/__init__.py", "trainroom/core/keeper/loop.py", "trainroom/core/demo/corpus.txt",
-                 "trainroom/tui/__init__.py", "trainroom/themes/__init__.py"):
+    for must in (
+        "trainroom/__init__.py",
+        "trainroom/core/keeper/loop.py",
+        "trainroom/core/demo/corpus.txt",
+        "trainroom/tui/__init__.py",
+        "trainroom/themes/__init__.py",
+    ):
         assert must in names
     assert any(n.startswith("trainroom/themes/") and n.endswith(".toml") for n in names)
     entry = [n for n in names if n.endswith("entry_points.txt")]

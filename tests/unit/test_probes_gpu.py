@@ -11,11 +11,12 @@ from typing import Any
 
 import pynvml
 import pytest
+
 from tests.support.run_builder import RunBuilder
+from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import FOREIGN_NAMESPACE, PER_PROCESS_NA, GpuProbe, load_nvml
-from trainroom.core.health.watchdog import WatchContext, Watchdog
 
 GIB = 1 << 30
 
@@ -35,8 +36,13 @@ def _pid_that_cannot_exist() -> int:
 
 
 def _device(**kw: Any) -> dict[str, Any]:
-    d = {"name": "NVIDIA GeForce RTX 3060", "total_bytes": 12 * GIB, "used_bytes": 4 * GIB,
-         "util_percent": 80, "power_w": 150.0}
+    d = {
+        "name": "NVIDIA GeForce RTX 3060",
+        "total_bytes": 12 * GIB,
+        "used_bytes": 4 * GIB,
+        "util_percent": 80,
+        "power_w": 150.0,
+    }
     d.update(kw)
     return d
 
@@ -50,7 +56,9 @@ class Clock:
         return self.t
 
 
-@pytest.mark.skipif(_has_driver(), reason="this machine has an NVIDIA driver: the no-driver path cannot be shown")
+@pytest.mark.skipif(
+    _has_driver(), reason="this machine has an NVIDIA driver: the no-driver path cannot be shown"
+)
 def test_real_pynvml_without_a_driver_says_unavailable() -> None:
     s = GpuProbe(pynvml).sample(our_pids=[os.getpid()])
     assert s["available"] is False
@@ -79,14 +87,27 @@ def test_the_fake_raises_the_real_error_classes(tmp_path: Path) -> None:
 def test_a_healthy_sample_per_process(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     other = _pid_that_cannot_exist()
-    write_scenario(path, {"devices": [_device()], "processes": [
-        {"pid": os.getpid(), "used_bytes": 3 * GIB}, {"pid": other, "used_bytes": GIB}]})
+    write_scenario(
+        path,
+        {
+            "devices": [_device()],
+            "processes": [{"pid": os.getpid(), "used_bytes": 3 * GIB}, {"pid": other, "used_bytes": GIB}],
+        },
+    )
     nv = FakeNvml(path)
     probe = GpuProbe(nv, clock=Clock())
     s = probe.sample(our_pids=[os.getpid()])
     assert s["available"] and s["reason"] == "" and s["per_process"] is True and s["t"] == 101.0
-    assert s["devices"] == [{"index": 0, "name": "NVIDIA GeForce RTX 3060", "used_bytes": 4 * GIB,
-                             "total_bytes": 12 * GIB, "util_percent": 80, "power_w": 150.0}]
+    assert s["devices"] == [
+        {
+            "index": 0,
+            "name": "NVIDIA GeForce RTX 3060",
+            "used_bytes": 4 * GIB,
+            "total_bytes": 12 * GIB,
+            "util_percent": 80,
+            "power_w": 150.0,
+        }
+    ]
     mine, gone = s["processes"]
     assert mine["pid"] == os.getpid() and mine["ours"] and mine["exists"] and mine["used_bytes"] == 3 * GIB
     assert gone["pid"] == other and not gone["ours"] and not gone["exists"] and gone["state"] is None
@@ -97,8 +118,16 @@ def test_a_healthy_sample_per_process(tmp_path: Path) -> None:
 
 def test_per_process_na_is_a_normal_value(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
-    write_scenario(path, {"devices": [_device()], "processes": [
-        {"pid": os.getpid(), "used_bytes": None}, {"pid": os.getppid(), "used_bytes": "ULLONG_MAX"}]})
+    write_scenario(
+        path,
+        {
+            "devices": [_device()],
+            "processes": [
+                {"pid": os.getpid(), "used_bytes": None},
+                {"pid": os.getppid(), "used_bytes": "ULLONG_MAX"},
+            ],
+        },
+    )
     s = GpuProbe(FakeNvml(path)).sample(our_pids=[os.getpid()])
     assert s["available"] and s["per_process"] is False
     assert [x["used_bytes"] for x in s["processes"]] == [None, None]
@@ -109,11 +138,17 @@ def test_per_process_na_is_a_normal_value(tmp_path: Path) -> None:
 def test_older_drivers_fall_back_to_v2_then_v1(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     for api in ("v2", "v1"):
-        write_scenario(path, {"process_api": api, "devices": [_device(processes=[{"pid": os.getpid(), "used_bytes": GIB}])]})
+        write_scenario(
+            path,
+            {"process_api": api, "devices": [_device(processes=[{"pid": os.getpid(), "used_bytes": GIB}])]},
+        )
         probe = GpuProbe(FakeNvml(path))
         s = probe.sample(our_pids=[os.getpid()])
         assert [x["pid"] for x in s["processes"]] == [os.getpid()] and not s["notes"]
-        expected = {"v2": "nvmlDeviceGetComputeRunningProcesses_v2", "v1": "nvmlDeviceGetComputeRunningProcesses"}
+        expected = {
+            "v2": "nvmlDeviceGetComputeRunningProcesses_v2",
+            "v1": "nvmlDeviceGetComputeRunningProcesses",
+        }
         assert probe._process_fn == expected[api]
 
 
@@ -122,7 +157,9 @@ def test_one_failing_field_never_breaks_a_sample(tmp_path: Path) -> None:
     write_scenario(path, {"devices": [_device(util_percent=37100, errors={"nvmlDeviceGetPowerUsage": 3})]})
     s = GpuProbe(FakeNvml(path)).sample()
     d = s["devices"][0]
-    assert s["available"] and d["power_w"] is None and d["util_percent"] is None and d["used_bytes"] == 4 * GIB
+    assert (
+        s["available"] and d["power_w"] is None and d["util_percent"] is None and d["used_bytes"] == 4 * GIB
+    )
     assert "device 0: power unavailable: Not Supported" in s["notes"]
     assert any("37100 % dropped" in n for n in s["notes"])
 
@@ -132,7 +169,9 @@ def test_driver_not_loaded_then_a_lost_gpu(tmp_path: Path) -> None:
     write_scenario(path, {"init_error": pynvml.NVML_ERROR_DRIVER_NOT_LOADED})
     probe = GpuProbe(FakeNvml(path), retry_init_s=0.0)
     assert probe.sample()["reason"] == "driver view unavailable: Driver Not Loaded"
-    write_scenario(path, {"devices": [_device()], "errors": {"nvmlDeviceGetCount": pynvml.NVML_ERROR_GPU_IS_LOST}})
+    write_scenario(
+        path, {"devices": [_device()], "errors": {"nvmlDeviceGetCount": pynvml.NVML_ERROR_GPU_IS_LOST}}
+    )
     assert probe.sample()["reason"] == "driver view unavailable: GPU is lost"
     write_scenario(path, {"devices": [_device()]})
     assert probe.sample()["available"] is True  # re-initialised after the loss
@@ -143,9 +182,11 @@ def test_another_process_drives_the_scenario(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setenv(fake_nvml.ENV, str(path))
     probe = GpuProbe(load_nvml())
     assert probe.sample()["devices"] == []  # no file yet: a driver with no devices
-    code = ("import sys; from trainroom.core.probes.fake_nvml import write_scenario; "
-            "write_scenario(sys.argv[1], {'devices': [{'name': 'other', 'used_bytes': 7, 'total_bytes': 9, "
-            "'util_percent': 100, 'power_w': 60.0}]})")
+    code = (
+        "import sys; from trainroom.core.probes.fake_nvml import write_scenario; "
+        "write_scenario(sys.argv[1], {'devices': [{'name': 'other', 'used_bytes': 7, 'total_bytes': 9, "
+        "'util_percent': 100, 'power_w': 60.0}]})"
+    )
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
     d = probe.sample()["devices"][0]
     assert (d["name"], d["used_bytes"], d["util_percent"], d["power_w"]) == ("other", 7, 100, 60.0)
@@ -184,13 +225,22 @@ def test_ghost_memory_after_two_probe_cycles_with_both_figures(tmp_path: Path) -
     path = tmp_path / "gpu.json"
     me = os.getpid()
     reserved = 4 * GIB
-    write_scenario(path, {"devices": [_device(used_bytes=int(2.1 * reserved))],
-                          "processes": [{"pid": me, "used_bytes": int(2.1 * reserved)}]})
+    write_scenario(
+        path,
+        {
+            "devices": [_device(used_bytes=int(2.1 * reserved))],
+            "processes": [{"pid": me, "used_bytes": int(2.1 * reserved)}],
+        },
+    )
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(reserved, me)
     wd = Watchdog()
-    ctx = lambda: WatchContext(alive=True, attempt_pids=[me], gpu=probe.sample(our_pids=[me]),  # noqa: E731
-                               host={"available": True, "wsl": False, "effective_available_bytes": 20 * GIB})
+    ctx = lambda: WatchContext(
+        alive=True,
+        attempt_pids=[me],
+        gpu=probe.sample(our_pids=[me]),  # noqa: E731
+        host={"available": True, "wsl": False, "effective_available_bytes": 20 * GIB},
+    )
     first = wd.evaluate(b.run, ctx(), b.now)
     assert all(f.code != "GHOST_MEMORY" for f in first.findings)
     v = wd.evaluate(b.run, ctx(), b.now)
@@ -203,8 +253,10 @@ def test_ghost_memory_after_two_probe_cycles_with_both_figures(tmp_path: Path) -
 def test_ghost_memory_under_wsl_falls_back_to_device_totals_and_advises_a_vm_restart(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     me = os.getpid()
-    write_scenario(path, {"devices": [_device(used_bytes=int(7.5 * GIB))],
-                          "processes": [{"pid": me, "used_bytes": None}]})
+    write_scenario(
+        path,
+        {"devices": [_device(used_bytes=int(7.5 * GIB))], "processes": [{"pid": me, "used_bytes": None}]},
+    )
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(4 * GIB, me)
     wd = Watchdog()
@@ -222,18 +274,25 @@ def test_no_ghost_for_a_context_overhead_or_a_one_cycle_blip(tmp_path: Path) -> 
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(300 << 20, me)  # a small model: 300 MiB reserved, 500 MiB of context
     wd = Watchdog()
-    write_scenario(path, {"devices": [_device(used_bytes=800 << 20)], "processes": [{"pid": me, "used_bytes": 800 << 20}]})
+    write_scenario(
+        path,
+        {"devices": [_device(used_bytes=800 << 20)], "processes": [{"pid": me, "used_bytes": 800 << 20}]},
+    )
     for _ in range(3):
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me])), b.now)
         assert all(f.code != "GHOST_MEMORY" for f in v.findings)
     b = _run_with_reserved(8 * GIB, me)  # 2 GiB over the allocator, but only 1.25x: not a ghost
-    write_scenario(path, {"devices": [_device(used_bytes=10 * GIB)], "processes": [{"pid": me, "used_bytes": 10 * GIB}]})
+    write_scenario(
+        path, {"devices": [_device(used_bytes=10 * GIB)], "processes": [{"pid": me, "used_bytes": 10 * GIB}]}
+    )
     for _ in range(3):
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me])), b.now)
         assert all(f.code != "GHOST_MEMORY" for f in v.findings)
     b = _run_with_reserved(4 * GIB, me)
     for used in (9 * GIB, 4 * GIB, 9 * GIB, 4 * GIB):
-        write_scenario(path, {"devices": [_device(used_bytes=used)], "processes": [{"pid": me, "used_bytes": used}]})
+        write_scenario(
+            path, {"devices": [_device(used_bytes=used)], "processes": [{"pid": me, "used_bytes": used}]}
+        )
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me])), b.now)
         assert all(f.code != "GHOST_MEMORY" for f in v.findings)
 
@@ -241,8 +300,13 @@ def test_no_ghost_for_a_context_overhead_or_a_one_cycle_blip(tmp_path: Path) -> 
 def test_orphan_context_a_driver_pid_that_does_not_exist(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     me, ghost = os.getpid(), _pid_that_cannot_exist()
-    write_scenario(path, {"devices": [_device(used_bytes=12 * GIB, util_percent=100, power_w=60.0)],
-                          "processes": [{"pid": me, "used_bytes": 4 * GIB}, {"pid": ghost, "used_bytes": 8 * GIB}]})
+    write_scenario(
+        path,
+        {
+            "devices": [_device(used_bytes=12 * GIB, util_percent=100, power_w=60.0)],
+            "processes": [{"pid": me, "used_bytes": 4 * GIB}, {"pid": ghost, "used_bytes": 8 * GIB}],
+        },
+    )
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(4 * GIB, me)
     wd = Watchdog()
@@ -267,7 +331,9 @@ def test_orphan_context_a_busy_device_with_nothing_of_ours(tmp_path: Path) -> No
     wd.evaluate(b.run, WatchContext(alive=False, gpu=probe.sample()), b.now)
     v = wd.evaluate(b.run, WatchContext(alive=False, gpu=probe.sample()), b.now)
     f = next(f for f in v.findings if f.code == "ORPHAN_CONTEXT")
-    assert f.key == "device-0" and "100 % busy at 60.0 W" in f.message and f.evidence["previous_pgids"] == [4242]
+    assert (
+        f.key == "device-0" and "100 % busy at 60.0 W" in f.message and f.evidence["previous_pgids"] == [4242]
+    )
     # The same busy device while our live trainer computes on it is just training.
     b2 = _run_with_reserved(4 * GIB, 4242)
     wd2 = Watchdog()
@@ -282,15 +348,29 @@ def test_the_demo_scenario_format_is_read(tmp_path: Path) -> None:
     pid = os.getpid()
     reserved = 4 << 30
     used = int(reserved * 2.1)
-    write_scenario(path, {"devices": [{"name": "NVIDIA GeForce RTX 3060 (fake)", "total_bytes": 12 << 30,
-                                       "used_bytes": used, "util_percent": 85, "power_w": 160.0}],
-                          "processes": [{"pid": pid, "used_bytes": used}]})
+    write_scenario(
+        path,
+        {
+            "devices": [
+                {
+                    "name": "NVIDIA GeForce RTX 3060 (fake)",
+                    "total_bytes": 12 << 30,
+                    "used_bytes": used,
+                    "util_percent": 85,
+                    "power_w": 160.0,
+                }
+            ],
+            "processes": [{"pid": pid, "used_bytes": used}],
+        },
+    )
     s = GpuProbe(FakeNvml(path)).sample(our_pids=[pid])
     assert s["devices"][0]["used_bytes"] == used and s["processes"][0]["used_bytes"] == used
     assert s["devices"][0]["power_w"] == 160.0 and s["per_process"] is True
 
 
-def test_a_busy_device_without_a_process_list_while_our_trainer_warms_up_is_not_an_orphan(tmp_path: Path) -> None:
+def test_a_busy_device_without_a_process_list_while_our_trainer_warms_up_is_not_an_orphan(
+    tmp_path: Path,
+) -> None:
     # Under WSL the process list is often empty; before the first step the allocator is unknown.
     path = tmp_path / "gpu.json"
     write_scenario(path, {"devices": [_device(util_percent=100)]})

@@ -6,18 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core.probes.host import HostProbe, cgroup_memory, is_wsl, read_meminfo
 from trainroom.core.health.watchdog import WatchContext, Watchdog
+from trainroom.core.probes.host import HostProbe, cgroup_memory, is_wsl, read_meminfo
 
 GIB = 1 << 30
 KIB = 1024
 
 
 def _meminfo(total: int, avail: int, cached: int, buffers: int) -> str:
-    return (f"MemTotal:       {total // KIB} kB\nMemFree:        {avail // 2 // KIB} kB\n"
-            f"MemAvailable:   {avail // KIB} kB\nBuffers:        {buffers // KIB} kB\n"
-            f"Cached:         {cached // KIB} kB\nSwapTotal:      0 kB\nSwapFree:       0 kB\n"
-            "HugePages_Total:       0\n")
+    return (
+        f"MemTotal:       {total // KIB} kB\nMemFree:        {avail // 2 // KIB} kB\n"
+        f"MemAvailable:   {avail // KIB} kB\nBuffers:        {buffers // KIB} kB\n"
+        f"Cached:         {cached // KIB} kB\nSwapTotal:      0 kB\nSwapFree:       0 kB\n"
+        "HugePages_Total:       0\n"
+    )
 
 
 def _tree(tmp_path: Path, cgroup_line: str, meminfo: str) -> tuple[Path, Path]:
@@ -60,8 +62,11 @@ def test_cgroup_v2_limit_usage_and_reclaim_file(tmp_path: Path) -> None:
     assert s["effective_available_bytes"] == GIB // 2 + GIB // 4
     b = RunBuilder()
     b.start()
-    f = next(f for f in Watchdog().evaluate(b.run, WatchContext(alive=True, host=s), b.now).findings
-             if f.code == "HOST_RAM_LOW")
+    f = next(
+        f
+        for f in Watchdog().evaluate(b.run, WatchContext(alive=True, host=s), b.now).findings
+        if f.code == "HOST_RAM_LOW"
+    )
     assert f.message.startswith("cgroup (limit 4.0 GiB) RAM low: 768 MiB available")
 
 
@@ -72,11 +77,18 @@ def test_cgroup_v2_unlimited_and_namespaced_root(tmp_path: Path) -> None:
     (cg / "memory.max").write_text("max\n")
     (cg / "memory.current").write_text(f"{2 * GIB}\n")
     c = cgroup_memory(str(proc), str(cg), 16 * GIB)
-    assert c is not None and c["limit_bytes"] is None and c["available_bytes"] is None and c["usage_bytes"] == 2 * GIB
+    assert (
+        c is not None
+        and c["limit_bytes"] is None
+        and c["available_bytes"] is None
+        and c["usage_bytes"] == 2 * GIB
+    )
 
 
 def test_cgroup_v1_memory_controller(tmp_path: Path) -> None:
-    proc, cg = _tree(tmp_path, "9:pids:/\n4:memory:/process_api/abc\n0::/", _meminfo(24 * GIB, 20 * GIB, GIB, 0))
+    proc, cg = _tree(
+        tmp_path, "9:pids:/\n4:memory:/process_api/abc\n0::/", _meminfo(24 * GIB, 20 * GIB, GIB, 0)
+    )
     d = cg / "memory" / "process_api" / "abc"
     d.mkdir(parents=True)
     (d / "memory.limit_in_bytes").write_text(f"{8 * GIB}\n")

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core.probes.locks import lock_holders, lock_key, parse_locks
 from trainroom.core.health.watchdog import WatchContext, Watchdog
+from trainroom.core.probes.locks import lock_holders, lock_key, parse_locks
 
 # The trainer: take the flock, start a child that inherits the descriptor (as a data-loader or a
 # helper would), say the child's pid, and die without unlocking.
@@ -40,21 +40,30 @@ def _wait(pred, timeout: float = 20.0):
 
 
 def test_parse_proc_locks_lines() -> None:
-    text = ("1: FLOCK  ADVISORY  WRITE 7124 fe:00:2146735 0 EOF\n"
-            "1: -> FLOCK  ADVISORY  WRITE 7200 fe:00:2146735 0 EOF\n"
-            "2: OFDLCK ADVISORY  READ  -1 00:2a:99 0 EOF\n"
-            "3: POSIX  ADVISORY  WRITE 88 103:02:5 0 EOF\n")
+    text = (
+        "1: FLOCK  ADVISORY  WRITE 7124 fe:00:2146735 0 EOF\n"
+        "1: -> FLOCK  ADVISORY  WRITE 7200 fe:00:2146735 0 EOF\n"
+        "2: OFDLCK ADVISORY  READ  -1 00:2a:99 0 EOF\n"
+        "3: POSIX  ADVISORY  WRITE 88 103:02:5 0 EOF\n"
+    )
     rows = parse_locks(text)
     assert [(r["kind"], r["pid"], r["key"], r["waiter"]) for r in rows] == [
-        ("FLOCK", 7124, "fe:00:2146735", False), ("FLOCK", 7200, "fe:00:2146735", True),
-        ("OFDLCK", -1, "00:2a:99", False), ("POSIX", 88, "103:02:5", False)]
+        ("FLOCK", 7124, "fe:00:2146735", False),
+        ("FLOCK", 7200, "fe:00:2146735", True),
+        ("OFDLCK", -1, "00:2a:99", False),
+        ("POSIX", 88, "103:02:5", False),
+    ]
     assert parse_locks("lock:\t1: FLOCK  ADVISORY  WRITE 5 08:01:7 0 EOF")[0]["key"] == "08:01:7"
 
 
 def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Path) -> None:
     lock = tmp_path / "train.lock"
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(lock)], stdout=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(lock)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     assert trainer.stdout is not None
     inheritor_pid = int(trainer.stdout.readline())
     try:
@@ -70,8 +79,11 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
         b.start(pid=trainer.pid)
         b.steps(5)
         b.end(exit_code=0)
-        f = next(f for f in Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[entry]), b.now).findings
-                 if f.code == "STALE_LOCK")
+        f = next(
+            f
+            for f in Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[entry]), b.now).findings
+            if f.code == "STALE_LOCK"
+        )
         assert f"held by pid {trainer.pid}: pid {trainer.pid} is a zombie" in f.message
         assert f.evidence["kill_pids"] == [inheritor_pid] and f.action == "kill"
 
@@ -80,8 +92,11 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
         [entry] = lock_holders([str(lock)])
         assert entry["holders"][0]["pid"] == trainer.pid and entry["holders"][0]["exists"] is False
         assert [k["pid"] for k in entry["inheritors"]] == [inheritor_pid]
-        f = next(f for f in Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[entry]), b.now).findings
-                 if f.code == "STALE_LOCK")
+        f = next(
+            f
+            for f in Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[entry]), b.now).findings
+            if f.code == "STALE_LOCK"
+        )
         assert f"pid {trainer.pid} no longer exists" in f.message and f"pid {inheritor_pid}" in f.message
         # And the next attempt indeed cannot take it.
         fd = os.open(lock, os.O_RDWR)
@@ -105,10 +120,16 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
 
 def test_a_lock_held_by_the_current_attempt_is_fine_and_by_another_is_stale(tmp_path: Path) -> None:
     lock = tmp_path / "train.lock"
-    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+    code = (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(lock)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
         [entry] = lock_holders([str(lock)])

@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
+
 from trainroom.core.probes import procs
 from trainroom.core.probes.procs import (
     group_states,
@@ -77,13 +78,22 @@ def test_a_real_zombie_is_state_z_and_has_exited(spawn) -> None:
 
 
 def test_a_sigstopped_group_is_state_t(spawn) -> None:
-    leader = spawn([sys.executable, "-c", "import subprocess, sys, time; "
-                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
-    members = wait_for(lambda: len(group_states(leader.pid)) == 2 and group_states(leader.pid), what="two members")
+    leader = spawn(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)",
+        ]
+    )
+    members = wait_for(
+        lambda: len(group_states(leader.pid)) == 2 and group_states(leader.pid), what="two members"
+    )
     assert "T" not in members.values()  # S or R (a passing D while pages load is normal)
     os.killpg(leader.pid, signal.SIGSTOP)
-    stopped = wait_for(lambda: set(group_states(leader.pid).values()) == {"T"} and group_states(leader.pid),
-                       what="state T")
+    stopped = wait_for(
+        lambda: set(group_states(leader.pid).values()) == {"T"} and group_states(leader.pid), what="state T"
+    )
     assert leader.pid in stopped and len(stopped) == 2
     assert wait_exit(leader.pid, timeout=0.05) is False
     os.killpg(leader.pid, signal.SIGKILL)
@@ -100,10 +110,17 @@ def test_pidfd_wait_wakes_on_a_kill_and_falls_back_to_polling(spawn) -> None:
 
 
 def test_a_parked_main_thread_stands_still_and_a_busy_one_moves(spawn) -> None:
-    parked = spawn([sys.executable, "-c", "import threading; l = threading.Lock(); l.acquire(); "
-                    "print('parked', flush=True); l.acquire()"], stdout=subprocess.PIPE)
+    parked = spawn(
+        [
+            sys.executable,
+            "-c",
+            "import threading; l = threading.Lock(); l.acquire(); print('parked', flush=True); l.acquire()",
+        ],
+        stdout=subprocess.PIPE,
+    )
     busy = spawn([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     assert parked.stdout is not None and parked.stdout.readline() == b"parked\n"
+
     def settled() -> int | None:
         # The thread's last switch into the lock wait counts too: wait until it has blocked.
         first = thread_activity(parked.pid)
@@ -152,8 +169,15 @@ def test_two_instances_of_a_configured_host_process(spawn, tmp_path: Path) -> No
     assert host_process_duplicates([name]) == []
     second = spawn([str(exe), "60"])
     found = wait_for(lambda: host_process_duplicates([name]), what="two instances")
-    assert found == [{"kind": "host", "name": name, "pids": sorted([first.pid, second.pid]),
-                      "others": [max(first.pid, second.pid)], "ours": None}]
+    assert found == [
+        {
+            "kind": "host",
+            "name": name,
+            "pids": sorted([first.pid, second.pid]),
+            "others": [max(first.pid, second.pid)],
+            "ours": None,
+        }
+    ]
 
 
 def test_read_stat_copes_with_spaces_and_parentheses_in_comm(tmp_path: Path) -> None:
@@ -170,9 +194,9 @@ def test_read_stat_copes_with_spaces_and_parentheses_in_comm(tmp_path: Path) -> 
 
 def test_a_sweep_of_a_real_sigstopped_trainer_reads_as_hung(spawn, tmp_path: Path, monkeypatch) -> None:
     from tests.support.run_builder import RunBuilder
+    from trainroom.core.health.watchdog import Watchdog, context_from_probe
     from trainroom.core.probes import fake_nvml
     from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
-    from trainroom.core.health.watchdog import Watchdog, context_from_probe
 
     monkeypatch.setenv(fake_nvml.ENV, str(tmp_path / "gpu.json"))  # no file: a driver with no devices
     argv = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"]

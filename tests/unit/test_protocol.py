@@ -6,20 +6,41 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from trainroom.core import protocol as p
 from trainroom.core.run.journal import Journal, read_journal
 
 
 def test_every_trainer_message_round_trips_through_a_frame() -> None:
     msgs = [
-        p.Hello(pid=1, rank=2, world_size=4, config=p.RequestedConfig(lr=1e-4, vocab_size=50257, arch={"layers": 32})),
-        p.Step(step=7, t=1.5, tokens=100, loss=2.5, grad_norm=float("inf"), lr=[1e-4, 2e-4], loss_scale=65536.0,
-               alloc_allocated=1, alloc_reserved=2, alloc_peak=3),
+        p.Hello(
+            pid=1,
+            rank=2,
+            world_size=4,
+            config=p.RequestedConfig(lr=1e-4, vocab_size=50257, arch={"layers": 32}),
+        ),
+        p.Step(
+            step=7,
+            t=1.5,
+            tokens=100,
+            loss=2.5,
+            grad_norm=float("inf"),
+            lr=[1e-4, 2e-4],
+            loss_scale=65536.0,
+            alloc_allocated=1,
+            alloc_reserved=2,
+            alloc_peak=3,
+        ),
         p.Heartbeat(t=2.0, phase="eval", main_frame="train.py:10 in step", main_frame_age_s=0.5, dropped=3),
         p.Phase(name="checkpoint-save", t=3.0, bound_s=120.0),
         p.Checkpoint(path="/x/step-000001.pt", step=1, t=4.0, size_bytes=10, digest="ab"),
-        p.Crash(t=5.0, chain=[p.ErrorLink(type="SystemError", message="readinto"),
-                              p.ErrorLink(type="OSError", message="no mem", errno=12, errno_name="ENOMEM")]),
+        p.Crash(
+            t=5.0,
+            chain=[
+                p.ErrorLink(type="SystemError", message="readinto"),
+                p.ErrorLink(type="OSError", message="no mem", errno=12, errno_name="ENOMEM"),
+            ],
+        ),
         p.Note(kind="lr-reimposed", t=6.0, data={"old": 1e-6, "new": 1e-4}),
         p.Bye(t=7.0),
     ]

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from tests.support.ckpt_fixtures import small_state
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.health import diskguard as dg
@@ -33,8 +34,10 @@ def test_keeps_the_last_n_verified_and_latest(tmp_path: Path) -> None:
     res = pr.prune(tmp_path, keep=2)
     assert res.bytes_freed == dry.bytes_freed and not res.failed
     assert step_dirs(tmp_path) == ["step-000400", "step-000500"]
-    assert {Path(k.path).name: k.why for k in res.kept} == {"step-000500": "latest",
-                                                            "step-000400": "one of the last 2 verified"}
+    assert {Path(k.path).name: k.why for k in res.kept} == {
+        "step-000500": "latest",
+        "step-000400": "one of the last 2 verified",
+    }
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-000500" / "step-000500.pt"
 
 
@@ -46,8 +49,12 @@ def test_pinned_latest_and_in_use_are_kept(tmp_path: Path) -> None:
     res = pr.prune(tmp_path, keep=1, protect=[resume_file])
     assert step_dirs(tmp_path) == ["step-000001", "step-000002", "step-000003", "step-000006"]
     why = {Path(k.path).name: k.why for k in res.kept}
-    assert why == {"step-000001": "pinned", "step-000002": "latest", "step-000003": "in use (resume or verification)",
-                   "step-000006": "one of the last 1 verified"}
+    assert why == {
+        "step-000001": "pinned",
+        "step-000002": "latest",
+        "step-000003": "in use (resume or verification)",
+        "step-000006": "one of the last 1 verified",
+    }
 
 
 def test_symlink_outside_the_root_is_never_followed(tmp_path: Path) -> None:
@@ -66,7 +73,10 @@ def test_symlink_outside_the_root_is_never_followed(tmp_path: Path) -> None:
     assert "step-000000" not in [Path(t.path).name for t in plan.delete]
     assert any(Path(s.path).name == "step-000000" and "never followed" in s.why for s in plan.skipped)
     res = pr.execute(plan)
-    assert sorted(p.name for p in outside.iterdir()) == before and (outside / "keep-me.bin").stat().st_size == 5000
+    assert (
+        sorted(p.name for p in outside.iterdir()) == before
+        and (outside / "keep-me.bin").stat().st_size == 5000
+    )
     assert (root / "step-000000").is_symlink()
     assert step_dirs(root) == ["step-000000", "step-000004"]
     # The link's own few bytes were counted, never its target's 5000.
@@ -115,7 +125,9 @@ def test_disk_fill_then_prune_keeps_n(tmp_path: Path) -> None:
 
     def statvfs(_path: str) -> SimpleNamespace:
         used = base_used + ck.tree_bytes(root)
-        return SimpleNamespace(f_frsize=1, f_bsize=1, f_blocks=disk, f_bfree=disk - used, f_bavail=disk - used)
+        return SimpleNamespace(
+            f_frsize=1, f_bsize=1, f_blocks=disk, f_bfree=disk - used, f_bavail=disk - used
+        )
 
     u = dg.disk_usage(root, statvfs)
     assert u.used_fraction >= 0.85, u
@@ -142,8 +154,9 @@ def _cli(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def test_cli(trhome: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli(
+    trhome: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_root(tmp_path, [1, 2, 3])
     assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--dry-run", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)

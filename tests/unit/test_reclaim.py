@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from trainroom.core.ops.reclaim import detect_wsl, execute_reclaim, memory_figures, plan_reclaim
 
 MEMINFO = """MemTotal:       32768000 kB

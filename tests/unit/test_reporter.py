@@ -75,8 +75,11 @@ def test_a_stalled_keeper_never_blocks_and_the_oldest_frames_are_dropped(tmp_pat
     lis.reading.set()
     rep.flush(timeout_s=5)
     steps = wait_for(lambda: [f.step for f in lis.frames if isinstance(f, p.Step)], timeout=5)
-    wait_for(lambda: len([f for f in lis.frames if isinstance(f, p.Step)]) + rep.dropped >= n, timeout=5,
-             what="every step either delivered or counted as dropped")
+    wait_for(
+        lambda: len([f for f in lis.frames if isinstance(f, p.Step)]) + rep.dropped >= n,
+        timeout=5,
+        what="every step either delivered or counted as dropped",
+    )
     steps = [f.step for f in lis.frames if isinstance(f, p.Step)]
     assert steps == sorted(steps)  # no frame torn, none reordered
     assert steps[-1] == n - 1  # the newest survive; the oldest were dropped
@@ -110,8 +113,13 @@ def test_uncaught_exception_sends_the_whole_chain_and_sigusr1_dumps_stacks(tmp_p
         except OSError as e:
             raise SystemError("readinto") from e
     """)
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRAINROOM_SOCKET=path),
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, TRAINROOM_SOCKET=path),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 1
     assert "Current thread" in out.stderr or "Thread 0x" in out.stderr  # faulthandler's dump
     crash = wait_for(lambda: [f for f in lis.frames if isinstance(f, p.Crash)], timeout=5, what="crash")[0]

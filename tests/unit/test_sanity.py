@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
+
 from trainroom.core.findings import Finding
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.health.sanity import (
     CODES,
     SanityThresholds,
@@ -19,14 +19,20 @@ from trainroom.core.health.sanity import (
     lr_out_of_band,
     rank_deviations,
 )
+from trainroom.core.protocol import RequestedConfig
 
 V = 50257
 LNV = math.log(V)
 SANITY = set(CODES)
 
 
-def tracker(lr: float | None = 1e-4, vocab: int | None = V, warmup: int | None = None,
-            resumed: bool = False, th: SanityThresholds | None = None) -> SanityTracker:
+def tracker(
+    lr: float | None = 1e-4,
+    vocab: int | None = V,
+    warmup: int | None = None,
+    resumed: bool = False,
+    th: SanityThresholds | None = None,
+) -> SanityTracker:
     tr = SanityTracker(th)
     tr.start_attempt(RequestedConfig(lr=lr, vocab_size=vocab, warmup_steps=warmup), resumed=resumed, t=0.0)
     return tr
@@ -36,7 +42,9 @@ def codes(tr: SanityTracker, now: float) -> dict[str, Finding]:
     return {f.ident: f for f in tr.findings(now)}
 
 
-def healthy_curve(seed: int, n: int = 2000, lr: float = 3e-4, warmup: int = 100) -> Iterator[tuple[int, float, float, float]]:
+def healthy_curve(
+    seed: int, n: int = 2000, lr: float = 3e-4, warmup: int = 100
+) -> Iterator[tuple[int, float, float, float]]:
     """A realistic run: loss from just above ln V decaying to 3 nats with 2 % batch noise, grad norm
     decaying with log-normal noise, LR with a linear warmup then a cosine to 10 %."""
     rng = random.Random(seed)
@@ -51,12 +59,28 @@ def healthy_curve(seed: int, n: int = 2000, lr: float = 3e-4, warmup: int = 100)
         yield s, loss, grad, cur
 
 
-def flat(tr: SanityTracker, steps: range, loss: float = 2.0, noise: float = 0.02, seed: int = 0,
-         lr: float = 1e-4, rank: int = 0, dt: float = 0.1, grad: float = 1.0) -> None:
+def flat(
+    tr: SanityTracker,
+    steps: range,
+    loss: float = 2.0,
+    noise: float = 0.02,
+    seed: int = 0,
+    lr: float = 1e-4,
+    rank: int = 0,
+    dt: float = 0.1,
+    grad: float = 1.0,
+) -> None:
     rng = random.Random(seed)
     for s in steps:
-        tr.observe_step(rank, s, s * dt, loss=loss * (1 + rng.gauss(0, noise)),
-                        grad_norm=grad * math.exp(rng.gauss(0, 0.1)), lrs=[lr], tokens=s * 1024)
+        tr.observe_step(
+            rank,
+            s,
+            s * dt,
+            loss=loss * (1 + rng.gauss(0, noise)),
+            grad_norm=grad * math.exp(rng.gauss(0, 0.1)),
+            lrs=[lr],
+            tokens=s * 1024,
+        )
 
 
 # ---------------------------------------------------------------------------- healthy runs
@@ -80,8 +104,9 @@ def test_two_healthy_ranks_raise_nothing() -> None:
     for s, loss, grad, lr in healthy_curve(seed=11):
         for rank in (0, 1):
             t = s * 0.05 + rng.uniform(0, 0.01)
-            tr.observe_step(rank, s, t, loss=loss * (1 + rng.gauss(0, 0.02)), grad_norm=grad, lrs=[lr],
-                            tokens=s * 8192)
+            tr.observe_step(
+                rank, s, t, loss=loss * (1 + rng.gauss(0, 0.02)), grad_norm=grad, lrs=[lr], tokens=s * 8192
+            )
         if s % 5 == 0:
             seen |= {f.code for f in tr.findings(s * 0.05)}
     assert not seen & SANITY, seen
@@ -141,7 +166,7 @@ def test_lr_inside_declared_warmup_is_not_checked_until_it_ends() -> None:
 
 def test_undeclared_warmup_on_a_fresh_start_waits_while_the_lr_rises() -> None:
     tr = tracker(lr=1e-4)
-    for s in range(0, 200):
+    for s in range(200):
         tr.observe_step(0, s, s, lrs=[1e-4 * (s + 1) / 200])
     tr.observe_step(0, 200, 200.0, lrs=[1e-4])
     assert "LR_MISMATCH" not in codes(tr, 200.0)
@@ -162,7 +187,10 @@ def test_internal_resume_of_a_fresh_launch_is_checked_at_once() -> None:
 
 
 def test_lr_mismatch_per_param_group() -> None:
-    assert lr_out_of_band(1e-4, [1e-4, 1e-7, 5e-4]) == [(1, 1e-7, pytest.approx(1e-3)), (2, 5e-4, pytest.approx(5.0))]
+    assert lr_out_of_band(1e-4, [1e-4, 1e-7, 5e-4]) == [
+        (1, 1e-7, pytest.approx(1e-3)),
+        (2, 5e-4, pytest.approx(5.0)),
+    ]
     tr = tracker(lr=1e-4, resumed=True)
     tr.observe_step(0, 10, 0.0, lrs=[1e-4, 1e-7])
     f = codes(tr, 0.0)["LR_MISMATCH"]
@@ -251,7 +279,7 @@ def test_white_model_silent_without_vocab_and_during_warmup() -> None:
 
 def test_loss_spike_size_and_recovery() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200))
+    flat(tr, range(200))
     tr.observe_step(0, 200, 20.0, loss=4.9)
     f = codes(tr, 20.0)["LOSS_SPIKE"]  # the step it happens: 2.0 -> 4.9 is far past 2x the band
     assert f.severity == "warning" and not f.evidence["recovered"]
@@ -285,7 +313,7 @@ def test_spike_on_a_falling_early_curve_is_seen() -> None:
 
 def test_one_hard_batch_is_not_a_spike_but_two_in_a_row_are() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200))
+    flat(tr, range(200))
     tr.observe_step(0, 200, 20.0, loss=2.4)  # past the band (~0.24), under twice it
     tr.observe_step(0, 201, 20.1, loss=2.0)
     assert "LOSS_SPIKE" not in codes(tr, 20.1)
@@ -297,7 +325,7 @@ def test_one_hard_batch_is_not_a_spike_but_two_in_a_row_are() -> None:
 
 def test_divergence_when_the_rolling_median_keeps_rising() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200))
+    flat(tr, range(200))
     assert "DIVERGENCE" not in codes(tr, 20.0)
     rng = random.Random(5)
     for s in range(200, 500):
@@ -315,7 +343,7 @@ def test_divergence_fires_within_fifty_steps_of_a_held_rise() -> None:
     # An LR past the stable range gives a few dozen finite steps before NaN: the proof must fit
     # in them (the demo's ramp reached NaN ~80 steps after the loss left its band).
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200))
+    flat(tr, range(200))
     for s in range(200, 260):
         tr.observe_step(0, s, s * 0.1, loss=3.0 + (s - 200) * 0.05)
         if "DIVERGENCE" in codes(tr, s * 0.1):
@@ -326,7 +354,7 @@ def test_divergence_fires_within_fifty_steps_of_a_held_rise() -> None:
 
 def test_a_spike_that_recovers_is_not_divergence() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200))
+    flat(tr, range(200))
     for s in range(200, 210):
         tr.observe_step(0, s, s * 0.1, loss=4.0)
     flat(tr, range(210, 400), seed=3)
@@ -336,7 +364,7 @@ def test_a_spike_that_recovers_is_not_divergence() -> None:
 
 def test_grad_explosion_far_above_median_and_the_seed_1e18() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200), grad=2.0)
+    flat(tr, range(200), grad=2.0)
     tr.observe_step(0, 200, 20.0, loss=2.0, grad_norm=3.5e3)
     f = codes(tr, 20.0)["GRAD_EXPLOSION"]
     assert f.evidence["ratio"] > 1000 and "3500" in f.message
@@ -351,7 +379,7 @@ def test_grad_explosion_far_above_median_and_the_seed_1e18() -> None:
 
 def test_grad_one_step_clip_worthy_blip_is_not_an_explosion() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 200), grad=1.0)
+    flat(tr, range(200), grad=1.0)
     tr.observe_step(0, 200, 20.0, loss=2.0, grad_norm=15.0)  # 15x once: clipping's job
     flat(tr, range(201, 203), grad=1.0)
     assert "GRAD_EXPLOSION" not in codes(tr, 20.3)
@@ -362,7 +390,7 @@ def test_grad_one_step_clip_worthy_blip_is_not_an_explosion() -> None:
 
 def test_nonfinite_loss_names_the_tracer_module() -> None:
     tr = tracker(vocab=None)
-    flat(tr, range(0, 50))
+    flat(tr, range(50))
     tr.observe_step(0, 50, 5.0, loss=math.nan, grad_norm=math.nan)
     f = codes(tr, 5.0)["NONFINITE"]
     assert f.severity == "critical" and f.evidence["field"] == "loss" and f.evidence["step"] == 50
@@ -457,7 +485,9 @@ def test_rank_one_hard_batch_is_not_an_outlier() -> None:
     tr = tracker(vocab=None)
     for s in range(10):
         tr.observe_step(0, s, s * 0.1, loss=2.0)
-        tr.observe_step(1, s, s * 0.1, loss=2.9 if s == 9 else 2.0)  # +0.9 once: past the band (0.5), under 2x it
+        tr.observe_step(
+            1, s, s * 0.1, loss=2.9 if s == 9 else 2.0
+        )  # +0.9 once: past the band (0.5), under 2x it
     assert not [f for f in tr.findings(1.0) if f.code == "RANK_OUTLIER"]
 
 
@@ -480,7 +510,7 @@ def test_rank_deviations_leave_one_out() -> None:
 
 
 def test_headline_loss() -> None:
-    per_rank = {r: 2.0 for r in range(64)} | {41: 40.0}
+    per_rank = dict.fromkeys(range(64), 2.0) | {41: 40.0}
     assert headline_loss(per_rank) == (2.0, 41, 40.0)
     assert headline_loss({}) == (None, None, None)
     med, worst_rank, worst = headline_loss({0: 2.0, 1: math.nan, 2: 3.0})
@@ -505,7 +535,12 @@ def test_findings_are_msgpack_serialisable_and_bounded_state() -> None:
 def test_thresholds_are_a_struct_with_the_documented_defaults() -> None:
     th = SanityThresholds()
     assert (th.lr_low_ratio, th.lr_high_ratio, th.exploded_factor, th.white_band, th.white_steps) == (
-        1 / 50, 2.0, 2.0, 0.02, 50)
+        1 / 50,
+        2.0,
+        2.0,
+        0.02,
+        50,
+    )
     tight = SanityThresholds(white_steps=10)
     tr = tracker(th=tight)
     for s in range(10):
@@ -519,12 +554,25 @@ def test_folds_the_keepers_records_in_journal_order() -> None:
 
     argv = ["python", "train.py", "--lr", "1e-4"]
     records = [
-        p.AttemptStarted(n=2, t=0.0, pid=10, pgid=10, start_time=0.0, argv=argv, cwd="/",
-                         resume_from="ckpt/step-000300", requested=requested_from_argv(argv)),
+        p.AttemptStarted(
+            n=2,
+            t=0.0,
+            pid=10,
+            pgid=10,
+            start_time=0.0,
+            argv=argv,
+            cwd="/",
+            resume_from="ckpt/step-000300",
+            requested=requested_from_argv(argv),
+        ),
         p.Received(attempt=2, rank=0, t=0.5, msg=p.Hello(pid=10, config=RequestedConfig(vocab_size=V))),
         p.Received(attempt=2, rank=0, t=1.0, msg=p.Step(step=300, t=1.0, loss=96.0, lr=[5e-7])),
-        p.Received(attempt=2, rank=0, t=1.1, msg=p.Note(kind="nonfinite-module", t=1.1, step=300,
-                                                         data={"module": "lm_head"})),
+        p.Received(
+            attempt=2,
+            rank=0,
+            t=1.1,
+            msg=p.Note(kind="nonfinite-module", t=1.1, step=300, data={"module": "lm_head"}),
+        ),
         p.Received(attempt=2, rank=0, t=1.2, msg=p.Step(step=301, t=1.2, loss=math.nan, lr=[5e-7])),
     ]
     tr = SanityTracker()

@@ -7,13 +7,20 @@ import random
 
 import msgspec
 import pytest
+
 from trainroom.core.run.series import Series, SeriesSnapshot
 
 TOKENS_PER_STEP = 4096
 
 
-def feed(s: Series, steps: range, seed: int = 0, lr: float = 1e-4, spike_at: int | None = None,
-         tokens_offset: int = 0) -> list[float]:
+def feed(
+    s: Series,
+    steps: range,
+    seed: int = 0,
+    lr: float = 1e-4,
+    spike_at: int | None = None,
+    tokens_offset: int = 0,
+) -> list[float]:
     rng = random.Random(seed)
     losses = []
     for i in steps:
@@ -21,8 +28,14 @@ def feed(s: Series, steps: range, seed: int = 0, lr: float = 1e-4, spike_at: int
         if i == spike_at:
             loss = 50.0
         losses.append(loss)
-        s.observe_step(i, t=i * 0.01, tokens=i * TOKENS_PER_STEP + tokens_offset, loss=loss, lr=[lr],
-                       grad_norm=1.0 + rng.random())
+        s.observe_step(
+            i,
+            t=i * 0.01,
+            tokens=i * TOKENS_PER_STEP + tokens_offset,
+            loss=loss,
+            lr=[lr],
+            grad_norm=1.0 + rng.random(),
+        )
     return losses
 
 
@@ -76,7 +89,7 @@ def test_nonfinite_values_are_counted_not_plotted() -> None:
 
 def test_restart_replay_lands_in_past_buckets_and_the_mark_sits_where_the_attempt_starts() -> None:
     s = Series()
-    feed(s, range(0, 322))
+    feed(s, range(322))
     s.mark("checkpoint", label="step-000300", step=300)
     s.mark("restart", label="attempt 2", step=300)
     # Attempt 2 resumes from step 300: tokens go back, 22 steps are seen again.
@@ -142,8 +155,8 @@ def test_marks_are_bounded() -> None:
 
 def test_snapshot_roundtrip_and_a_client_keeps_folding() -> None:
     whole, half = Series(max_buckets=64), Series(max_buckets=64)
-    feed(whole, range(0, 3000), seed=1)
-    feed(half, range(0, 1500), seed=1)
+    feed(whole, range(3000), seed=1)
+    feed(half, range(1500), seed=1)
     whole.set_loss_baseline(50257)
     half.set_loss_baseline(50257)
     half.mark("restart", label="attempt 2")
@@ -155,8 +168,9 @@ def test_snapshot_roundtrip_and_a_client_keeps_folding() -> None:
         rng.gauss(0, 0.05), rng.random()
     for i in range(1500, 3000):
         loss = 2.0 + 8.0 * math.exp(-i / 3000) + rng.gauss(0, 0.05)
-        client.observe_step(i, t=i * 0.01, tokens=i * TOKENS_PER_STEP, loss=loss, lr=[1e-4],
-                            grad_norm=1.0 + rng.random())
+        client.observe_step(
+            i, t=i * 0.01, tokens=i * TOKENS_PER_STEP, loss=loss, lr=[1e-4], grad_norm=1.0 + rng.random()
+        )
     a, b = whole.snapshot(), client.snapshot()
     assert a.loss_baseline == pytest.approx(math.log(50257)) == b.loss_baseline
     assert (a.index, a.points, a.x_lo, a.x_hi, a.width) == (b.index, b.points, b.x_lo, b.x_hi, b.width)
@@ -183,7 +197,9 @@ def test_folds_the_keepers_records() -> None:
         p.CheckpointState(path="/ck/step-000001/", step=1, state="verified", t=1.5),
         p.CheckpointState(path="/ck/step-000002/", step=2, state="rejected", t=1.6),
         p.AttemptStarted(n=2, t=2.0, pid=2, pgid=2, start_time=2.0, argv=[], cwd="/"),
-        p.Received(attempt=2, rank=0, t=2.5, msg=p.Note(kind="lr-reimposed", t=2.5, message="1e-06 -> 0.0001")),
+        p.Received(
+            attempt=2, rank=0, t=2.5, msg=p.Note(kind="lr-reimposed", t=2.5, message="1e-06 -> 0.0001")
+        ),
         p.Received(attempt=2, rank=0, t=3.0, msg=p.Step(step=2, t=3.0, tokens=200, loss=9.0, lr=[1e-4])),
     ]
     for r in recs:
@@ -192,5 +208,7 @@ def test_folds_the_keepers_records() -> None:
     assert snap.loss_baseline == pytest.approx(math.log(50257))
     assert values(snap.loss.hi) == [10.0, 9.0] and snap.total_points == 2
     assert [(m.kind, m.x, m.label) for m in snap.marks] == [
-        ("checkpoint", 100.0, "step-000001"), ("lr-change", 100.0, "1e-06 -> 0.0001"),
-        ("restart", 200.0, "attempt 2")]
+        ("checkpoint", 100.0, "step-000001"),
+        ("lr-change", 100.0, "1e-06 -> 0.0001"),
+        ("restart", 200.0, "attempt 2"),
+    ]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from trainroom.core.ops.stacks import PY_SPY_INSTALL, catches_signal, dump_stacks, extract_dump
 
 # A trainer stand-in: a named worker thread, a main thread parked in `inner`, log lines on stdout

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from trainroom.core import protocol as p
-from trainroom.core.sdk.reporter import NullReporter, Reporter
 from trainroom.core.health.sanity import SanityTracker
+from trainroom.core.sdk.reporter import NullReporter, Reporter
 from trainroom.core.sdk.tracer import INPUT, NonFiniteTracer
 
 QUIET = NullReporter()
@@ -161,7 +161,9 @@ def test_the_note_reaches_the_keeper_and_names_the_module_in_nonfinite(
     finally:
         rep.close()
     notes = [m for m in got if isinstance(m, p.Note)]
-    assert [(n.kind, n.step, n.data) for n in notes] == [("nonfinite-module", 120, {"module": "blocks.0.norm"})]
+    assert [(n.kind, n.step, n.data) for n in notes] == [
+        ("nonfinite-module", 120, {"module": "blocks.0.norm"})
+    ]
     assert any("blocks.0.norm" in r.getMessage() for r in caplog.records)
     # What the keeper does with them: the NONFINITE finding names the module.
     tr = SanityTracker()

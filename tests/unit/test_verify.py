@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.support.ckpt_fixtures import GPT, NotAllowed, flip_byte_in, nanogpt_checkpoint
 from safetensors.torch import save_file
+
+from tests.support.ckpt_fixtures import GPT, NotAllowed, flip_byte_in, nanogpt_checkpoint
 from trainroom.core.ckpt import verify as v
 from trainroom.core.sdk.reporter import error_chain
 
@@ -31,8 +32,11 @@ def test_nanogpt_checkpoint_verifies(nanogpt: tuple[Path, GPT]) -> None:
     assert rep["ok"], rep["reason"]
     assert rep["reason"] is None and rep["problems"] == []
     sd = model.state_dict()
-    n_opt = sum(torch.is_tensor(x) for st in torch.load(path, weights_only=True)["optimizer"]["state"].values()
-                for x in st.values())
+    n_opt = sum(
+        torch.is_tensor(x)
+        for st in torch.load(path, weights_only=True)["optimizer"]["state"].values()
+        for x in st.values()
+    )
     # best_val_loss is a tensor too, as in nanoGPT.
     assert rep["tensors"] == len(sd) + n_opt + 1
     # Tied wte/lm_head count once, as nanoGPT's get_num_params does.
@@ -111,7 +115,9 @@ def test_std_growth_against_previous_is_caught(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"
     torch.save(state, path)
     first = v.verify(path)
-    state["model"]["transformer.h.0.mlp.c_proj.weight"].mul_(300.0)  # std ~0.01 -> ~3: under the absolute bound
+    state["model"]["transformer.h.0.mlp.c_proj.weight"].mul_(
+        300.0
+    )  # std ~0.01 -> ~3: under the absolute bound
     torch.save(state, path)
     rep = v.verify(path, {"previous": {"arch": first["arch"], "stds": first["stds"]}})
     assert not rep["ok"]
@@ -131,7 +137,11 @@ def test_architecture_change_is_caught(tmp_path: Path) -> None:
     rep = v.verify(p3, {"previous": {"arch": prev["arch"]}, "arch": {"n_layer": 2}})
     assert not rep["ok"]
     fields = {(m["field"], m["against"]) for m in rep["arch_mismatch"]}
-    assert ("layers", "previous") in fields and ("layers", "declared") in fields and ("params", "previous") in fields
+    assert (
+        ("layers", "previous") in fields
+        and ("layers", "declared") in fields
+        and ("params", "previous") in fields
+    )
     assert rep["reason"].startswith("architecture changed: layers 2 -> 3")
     # The file's own model_args disagreeing with its tensors is caught too.
     state3["model_args"]["n_layer"] = 4
@@ -247,29 +257,44 @@ def test_cli_and_subprocess(nanogpt: tuple[Path, GPT], tmp_path: Path) -> None:
     assert out["ok"] and out["arch"]["layers"] == 2
     cut = tmp_path / "cut.pt"
     cut.write_bytes(path.read_bytes()[:1000])
-    cp = subprocess.run([sys.executable, "-m", "trainroom.core.ckpt.verify", str(cut), "--json"],
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "trainroom.core.ckpt.verify", str(cut), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 1
     assert json.loads(cp.stdout)["reason"].startswith("truncated")
-    cp = subprocess.run([sys.executable, "-m", "trainroom.core.ckpt.verify", str(tmp_path / "nope.pt")],
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "trainroom.core.ckpt.verify", str(tmp_path / "nope.pt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 2 and "no such file" in cp.stderr and "Traceback" not in cp.stderr
-    cp = subprocess.run([sys.executable, "-m", "trainroom.core.ckpt.verify", str(path), "--expect-json", "{"],
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "trainroom.core.ckpt.verify", str(path), "--expect-json", "{"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 2 and "not JSON" in cp.stderr
     gone = v.verify_in_subprocess(tmp_path / "nope.pt", timeout=120)
     assert not gone["ok"] and "no such file" in gone["reason"]
 
 
 def test_keeper_side_imports_no_torch() -> None:
-    code = ("import sys; import trainroom.core.ckpt.verify, trainroom.core.ckpt.layout, trainroom.core.ops.prune, "
-            "trainroom.core.health.diskguard, trainroom.core.ckpt.watch; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; import trainroom.core.ckpt.verify, trainroom.core.ckpt.layout, trainroom.core.ops.prune, "
+        "trainroom.core.health.diskguard, trainroom.core.ckpt.watch; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_warm_verifier_reused_restarted_after_a_death_and_on_a_timeout(nanogpt: tuple[Path, GPT],
-                                                                       tmp_path: Path) -> None:
+def test_warm_verifier_reused_restarted_after_a_death_and_on_a_timeout(
+    nanogpt: tuple[Path, GPT], tmp_path: Path
+) -> None:
     import os
     import signal
     import threading
@@ -318,7 +343,9 @@ def test_warm_verifier_reused_restarted_after_a_death_and_on_a_timeout(nanogpt: 
 
 def test_warm_verifier_keeps_torch_out_of_the_caller(nanogpt: tuple[Path, GPT]) -> None:
     path, _ = nanogpt
-    code = ("import sys; from trainroom.core.ckpt.verify import WarmVerifier; w = WarmVerifier(); "
-            f"r = w.verify({str(path)!r}); w.close(); assert r['ok'], r; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; from trainroom.core.ckpt.verify import WarmVerifier; w = WarmVerifier(); "
+        f"r = w.verify({str(path)!r}); w.close(); assert r['ok'], r; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

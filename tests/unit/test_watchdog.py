@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
+
 from tests.support.run_builder import RunBuilder
 from trainroom.core import protocol as p
 from trainroom.core.health.watchdog import (
@@ -104,11 +105,31 @@ def test_healthy_gpu_and_host_raise_nothing() -> None:
     wd = Watchdog()
     host = {"t": 1.0, "available": True, "effective_available_bytes": 20 * GIB, "page_cache_bytes": GIB}
     for i in range(4):
-        gpu = {"t": float(i), "available": True, "pid_namespace": "host", "per_process": True,
-               "devices": [{"index": 0, "used_bytes": 4 * GIB + (300 << 20), "total_bytes": 12 * GIB,
-                            "util_percent": 97, "power_w": 160.0}],
-               "processes": [{"pid": 4242, "used_bytes": 4 * GIB + (300 << 20), "exists": True, "ours": True,
-                              "device": 0, "state": "R"}]}
+        gpu = {
+            "t": float(i),
+            "available": True,
+            "pid_namespace": "host",
+            "per_process": True,
+            "devices": [
+                {
+                    "index": 0,
+                    "used_bytes": 4 * GIB + (300 << 20),
+                    "total_bytes": 12 * GIB,
+                    "util_percent": 97,
+                    "power_w": 160.0,
+                }
+            ],
+            "processes": [
+                {
+                    "pid": 4242,
+                    "used_bytes": 4 * GIB + (300 << 20),
+                    "exists": True,
+                    "ours": True,
+                    "device": 0,
+                    "state": "R",
+                }
+            ],
+        }
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=gpu, host=host), b.now + 0.05)
         assert v.findings == [] and v.state == "running"
 
@@ -284,8 +305,13 @@ def test_a_parked_main_thread_is_hung() -> None:
     assert "main thread has sat on train.py:10 in main" in f.message and f.action == "dump"
 
 
-def _park(wd: Watchdog, b: RunBuilder, activity: Callable[[float], dict[int, int]],
-          probe_t: Callable[[float], float], until: float) -> list[tuple[float, Verdict]]:
+def _park(
+    wd: Watchdog,
+    b: RunBuilder,
+    activity: Callable[[float], dict[int, int]],
+    probe_t: Callable[[float], float],
+    until: float,
+) -> list[tuple[float, Verdict]]:
     """Heartbeats each second on one line since the last step (the sampler first sees the new
     frame at the first beat after it), evaluated every 0.25 s as the keeper does."""
     last = b.now
@@ -308,8 +334,9 @@ def test_a_main_thread_parked_since_its_last_step_is_hung_at_the_step_bound_with
     b.start()
     b.steps(50)
     wd.evaluate(b.run, WatchContext(alive=True, activity={4242: 6}, probe_t=b.now), b.now)
-    verdicts = _park(wd, b, activity=lambda k: {4242: 6 if k < 0.5 else 7}, probe_t=lambda k: b.now - k % 1.0,
-                     until=11.0)
+    verdicts = _park(
+        wd, b, activity=lambda k: {4242: 6 if k < 0.5 else 7}, probe_t=lambda k: b.now - k % 1.0, until=11.0
+    )
     assert all("STALLED" not in codes(v) for _, v in verdicts)
     assert all(v.state == "running" for k, v in verdicts if k < 10.0)
     k, v = next((k, v) for k, v in verdicts if v.state != "running")
@@ -326,8 +353,13 @@ def test_a_busy_loop_on_one_line_with_a_stale_activity_probe_is_not_called_parke
     b.start()
     b.steps(50)
     t_last = b.now
-    verdicts = _park(wd, b, activity=lambda k: {4242: 100 + int(min(k, 1.0) * 4)}, probe_t=lambda k: t_last + 1.0,
-                     until=10.5)
+    verdicts = _park(
+        wd,
+        b,
+        activity=lambda k: {4242: 100 + int(min(k, 1.0) * 4)},
+        probe_t=lambda k: t_last + 1.0,
+        until=10.5,
+    )
     assert verdicts[-1][1].state == "stalled"
     assert all(v.state != "hung" for _, v in verdicts)
 
@@ -509,7 +541,9 @@ def test_only_ranks_that_step_bound_progress_and_every_rank_must_beat() -> None:
 
 
 def _real_traceback(code: str) -> str:
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1
     return res.stderr
 
@@ -527,7 +561,9 @@ def test_masked_enomem_from_a_real_traceback_in_the_log() -> None:
     crash = crash_from_log(log, t=5.0)
     assert crash is not None and crash.source == "log"
     assert [(x.type, x.message) for x in crash.chain] == [
-        ("SystemError", "readinto"), ("OSError", "[Errno 12] Cannot allocate memory")]
+        ("SystemError", "readinto"),
+        ("OSError", "[Errno 12] Cannot allocate memory"),
+    ]
     assert crash.chain[-1].errno == errno.ENOMEM and crash.chain[-1].errno_name == "ENOMEM"
     b = RunBuilder()
     b.start(instrumented=False)
@@ -544,8 +580,15 @@ def test_masked_error_from_the_reporters_crash() -> None:
     b = RunBuilder()
     b.start()
     b.steps(10)
-    b.rx(p.Crash(t=b.now, chain=[p.ErrorLink(type="SystemError", message="readinto"),
-                                 p.ErrorLink(type="OSError", message="[Errno 12] Cannot allocate memory", errno=12)]))
+    b.rx(
+        p.Crash(
+            t=b.now,
+            chain=[
+                p.ErrorLink(type="SystemError", message="readinto"),
+                p.ErrorLink(type="OSError", message="[Errno 12] Cannot allocate memory", errno=12),
+            ],
+        )
+    )
     b.end(exit_code=1)
     f = finding(Watchdog().evaluate(b.run, WatchContext(), b.now), "MASKED_ERROR")
     assert f.evidence["errno_name"] == "ENOMEM" and f.key == "attempt-1"
@@ -584,8 +627,13 @@ def test_crash_from_log_takes_the_last_traceback_and_follows_context_chains() ->
 def test_host_ram_low_gives_the_figures_and_reclaim() -> None:
     b = RunBuilder()
     b.start()
-    host = {"available": True, "effective_available_bytes": int(2.1 * GIB), "page_cache_bytes": 6 * GIB,
-            "mem_total_bytes": 32 * GIB, "cgroup": None}
+    host = {
+        "available": True,
+        "effective_available_bytes": int(2.1 * GIB),
+        "page_cache_bytes": 6 * GIB,
+        "mem_total_bytes": 32 * GIB,
+        "cgroup": None,
+    }
     f = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now), "HOST_RAM_LOW")
     assert f.action == "reclaim" and "2.1 GiB available (< 3.0 GiB)" in f.message and "6.0 GiB" in f.message
     host["effective_available_bytes"] = 3 * GIB
@@ -595,15 +643,29 @@ def test_host_ram_low_gives_the_figures_and_reclaim() -> None:
 def test_stale_lock_rules() -> None:
     b = RunBuilder()
     b.start(pid=500)
-    lock = {"path": "/p/train.lock", "key": "fe:00:1", "exists": True, "held": True, "waiters": [],
-            "holders": [{"pid": 400, "exists": False, "state": None, "kind": "FLOCK", "mode": "WRITE"}],
-            "inheritors": [{"pid": 401, "exists": True, "state": "S", "pgid": 400, "comm": "python"}]}
-    f = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[lock]), b.now),
-                "STALE_LOCK")
+    lock = {
+        "path": "/p/train.lock",
+        "key": "fe:00:1",
+        "exists": True,
+        "held": True,
+        "waiters": [],
+        "holders": [{"pid": 400, "exists": False, "state": None, "kind": "FLOCK", "mode": "WRITE"}],
+        "inheritors": [{"pid": 401, "exists": True, "state": "S", "pgid": 400, "comm": "python"}],
+    }
+    f = finding(
+        Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[lock]), b.now),
+        "STALE_LOCK",
+    )
     assert "held by pid 400: pid 400 no longer exists" in f.message and "pid 401" in f.message
     assert f.evidence["kill_pids"] == [401] and f.evidence["kill_pgids"] == [400] and f.action == "kill"
-    ours = {**lock, "holders": [{"pid": 500, "exists": True, "state": "S", "kind": "FLOCK"}], "inheritors": []}
-    assert "STALE_LOCK" not in codes(Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[ours]), b.now))
+    ours = {
+        **lock,
+        "holders": [{"pid": 500, "exists": True, "state": "S", "kind": "FLOCK"}],
+        "inheritors": [],
+    }
+    assert "STALE_LOCK" not in codes(
+        Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[ours]), b.now)
+    )
     # The same holder once our attempt is dead: it holds what the next attempt needs.
     b.end(exit_signal=9)
     f = finding(Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[ours]), b.now), "STALE_LOCK")
@@ -618,9 +680,17 @@ def test_stale_lock_rules() -> None:
 def test_duplicate_trainer_names_both_pids() -> None:
     b = RunBuilder()
     b.start(pid=500)
-    dup = {"kind": "trainer", "ours": 500, "others": [777], "pids": [500, 777], "cmdline": ["python", "train.py"],
-           "cwd": "/p"}
-    f = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, duplicates=[dup]), b.now), "DUPLICATE_TRAINER")
+    dup = {
+        "kind": "trainer",
+        "ours": 500,
+        "others": [777],
+        "pids": [500, 777],
+        "cmdline": ["python", "train.py"],
+        "cwd": "/p",
+    }
+    f = finding(
+        Watchdog().evaluate(b.run, WatchContext(alive=True, duplicates=[dup]), b.now), "DUPLICATE_TRAINER"
+    )
     assert "pid 777" in f.message and "ours is pid 500" in f.message and f.evidence["pids"] == [500, 777]
 
 
@@ -637,8 +707,12 @@ def test_thresholds_from_the_config_section() -> None:
 
 
 def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:
-    sample = p.ProbeSample(t=1.0, gpu={"t": 1.0, "available": False}, host={"available": True},
-                           procs={"states": {4242: "T"}, "activity": {4242: 3}, "locks": [], "duplicates": []})
+    sample = p.ProbeSample(
+        t=1.0,
+        gpu={"t": 1.0, "available": False},
+        host={"available": True},
+        procs={"states": {4242: "T"}, "activity": {4242: 3}, "locks": [], "duplicates": []},
+    )
     back = msgspec.json.decode(msgspec.json.encode(sample), type=p.ProbeSample)
     ctx = context_from_probe(back, alive=True)
     assert ctx.proc_states == {4242: "T"} and ctx.activity == {4242: 3} and ctx.attempt_pids == [4242]
@@ -653,7 +727,9 @@ def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:
 
 
 def test_core_watchdog_and_probes_import_without_torch_or_textual() -> None:
-    code = ("import sys, trainroom.core.watchdog, trainroom.core.probes.sweep, trainroom.core.probes.fake_nvml; "
-            "bad = [m for m in ('torch', 'textual', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, trainroom.core.watchdog, trainroom.core.probes.sweep, trainroom.core.probes.fake_nvml; "
+        "bad = [m for m in ('torch', 'textual', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -26,10 +26,11 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState, get_current_worker
+
 from trainroom.core.protocol import Reply
-from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
+from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
 from . import figures, theming
 from .bindings import BINDINGS, DESTRUCTIVE, KEEPER_ACTIONS
@@ -82,7 +83,9 @@ class ControlRoom(App[int]):
         render_interval_s: float = RENDER_INTERVAL_S,
         reconnect_interval_s: float = RECONNECT_INTERVAL_S,
     ) -> None:
-        self.loaded_themes = theming.load_themes(theme_dirs if theme_dirs is not None else theming.default_dirs())
+        self.loaded_themes = theming.load_themes(
+            theme_dirs if theme_dirs is not None else theming.default_dirs()
+        )
         super().__init__()
         self.run_id = run_id
         self.source: RunSource = source if source is not None else LocalRuns()
@@ -118,10 +121,13 @@ class ControlRoom(App[int]):
     def _initial_theme(self, requested: str | None) -> str:
         if requested:
             found = self.loaded_themes.find(requested) or (
-                self.get_theme(requested) if requested in self.available_themes else None)
+                self.get_theme(requested) if requested in self.available_themes else None
+            )
             if found is not None:
                 return found.name
-            self._theme_note = f"unknown theme {requested!r}; available: {', '.join(self.loaded_themes.names())}"
+            self._theme_note = (
+                f"unknown theme {requested!r}; available: {', '.join(self.loaded_themes.names())}"
+            )
         preferred = theming.CONTRAST_THEME if self.no_color else theming.DEFAULT_THEME
         for name in (preferred, theming.DEFAULT_THEME):
             if self.loaded_themes.find(name) is not None:
@@ -240,8 +246,12 @@ class ControlRoom(App[int]):
         self.query_one(RunHeader).view = None
         if not self._said_no_runs:
             self._said_no_runs = True
-            self.notify("no runs yet: start one with `trainroom launch -- python train.py`",
-                        title="nothing to watch", severity="warning", timeout=30)
+            self.notify(
+                "no runs yet: start one with `trainroom launch -- python train.py`",
+                title="nothing to watch",
+                severity="warning",
+                timeout=30,
+            )
         self.set_timer(self.reconnect_interval_s, self._find_run)  # watch for the first one
 
     def _attach(self, info: RunInfo) -> None:
@@ -251,7 +261,8 @@ class ControlRoom(App[int]):
         self.sub_title = info.run_id
         if self._log_tail is None:
             self._log_tail = TrainerLogTail(
-                Path(info.run_dir) / LOG_NAME, lambda lines: self.post_message(LogTailChanged(lines)))
+                Path(info.run_dir) / LOG_NAME, lambda lines: self.post_message(LogTailChanged(lines))
+            )
             self._log_tail.start()
         if not info.alive:
             self._keeper_gone("the keeper is not running", self.clock())
@@ -271,7 +282,8 @@ class ControlRoom(App[int]):
             self.post_message(Attached(st, series, reader))
 
         reader = KeeperReader(
-            self._link, self.lock,
+            self._link,
+            self.lock,
             on_snapshot=on_snapshot,
             on_change=lambda: self.post_message(RunChanged()),
             on_gone=lambda reason, t: self.post_message(KeeperLost(reason, t, reader)),
@@ -364,9 +376,16 @@ class ControlRoom(App[int]):
         mono = time.monotonic()  # not `clock`: tests freeze that one
         slow = full or mono - self._slow_at >= SLOW_RENDER_INTERVAL_S
         with self.lock:
-            fast = (figures.header_view(state, now, self.connected), figures.trainer_view(state, now),
-                    figures.vram_view(state), figures.cadence_view(state, now), figures.lr_view(state),
-                    figures.host_view(state), figures.disk_view(state), figures.findings_view(state))
+            fast = (
+                figures.header_view(state, now, self.connected),
+                figures.trainer_view(state, now),
+                figures.vram_view(state),
+                figures.cadence_view(state, now),
+                figures.lr_view(state),
+                figures.host_view(state),
+                figures.disk_view(state),
+                figures.findings_view(state),
+            )
             if slow:
                 snapshot = self.series.snapshot() if self.series is not None else None
                 loss_view, ranks_view = figures.loss_view(state, snapshot), figures.ranks_view(state)
@@ -376,12 +395,23 @@ class ControlRoom(App[int]):
         if self._panels is None:
             # Found once: a DOM query per panel per render is a real share of the TUI's CPU.
             q = self.query_one
-            self._panels = (q(RunHeader), q(TrainerPanel), q(VramPanel), q(CadencePanel), q(LrPanel),
-                            q(HostPanel), q(DiskPanel), q(FindingsPanel), q(LossPanel), q(RanksPanel),
-                            q(LogTailPanel), q(DisconnectBanner))
-        for panel, view in zip(self._panels[:len(fast)], fast, strict=True):
+            self._panels = (
+                q(RunHeader),
+                q(TrainerPanel),
+                q(VramPanel),
+                q(CadencePanel),
+                q(LrPanel),
+                q(HostPanel),
+                q(DiskPanel),
+                q(FindingsPanel),
+                q(LossPanel),
+                q(RanksPanel),
+                q(LogTailPanel),
+                q(DisconnectBanner),
+            )
+        for panel, view in zip(self._panels[: len(fast)], fast, strict=True):
             panel.view = view
-        loss, ranks, log, banner_panel = self._panels[len(fast):]
+        loss, ranks, log, banner_panel = self._panels[len(fast) :]
         if slow:
             self._slow_at = mono
             loss.view = loss_view
@@ -396,8 +426,14 @@ class ControlRoom(App[int]):
         if self.connected or self.gone_since is None:
             return None
         a = state.attempt
-        return BannerView(since=self.gone_since, reason=self.gone_reason, state=state.status,
-                          state_reason=state.status_reason, last_step=a.last_step if a else None, now=now)
+        return BannerView(
+            since=self.gone_since,
+            reason=self.gone_reason,
+            state=state.status,
+            state_reason=state.status_reason,
+            last_step=a.last_step if a else None,
+            now=now,
+        )
 
     # ------------------------------------------------------------------ which actions apply
 
@@ -432,8 +468,9 @@ class ControlRoom(App[int]):
             if b.action == "quit":
                 continue  # the built-in Quit command is already there
             key = b.key_display or b.key
-            yield SystemCommand(f"{b.description.capitalize()} ({key})", b.tooltip,
-                                partial(self.run_action, b.action))
+            yield SystemCommand(
+                f"{b.description.capitalize()} ({key})", b.tooltip, partial(self.run_action, b.action)
+            )
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen({a: self._can(a) for a in KEEPER_ACTIONS}))
@@ -519,13 +556,20 @@ class ControlRoom(App[int]):
         if plan is None or not plan.ok:
             # Refused or not available yet: say it plainly, as the keeper put it.
             r = done or plan
-            self._finish(action, False, r.message if r else "the keeper sent no plan",
-                         r.before if r else {}, r.after if r else {}, r.plan if r else {})
+            self._finish(
+                action,
+                False,
+                r.message if r else "the keeper sent no plan",
+                r.before if r else {},
+                r.after if r else {},
+                r.plan if r else {},
+            )
             return
         if action in DESTRUCTIVE:
             self._progress(f"{action}: waiting for your confirmation")
-            self.push_screen(ConfirmAction(action, plan.plan, plan.message),
-                             partial(self._confirmed, action, plan))
+            self.push_screen(
+                ConfirmAction(action, plan.plan, plan.message), partial(self._confirmed, action, plan)
+            )
         else:
             self._execute(action, plan.plan)
 
@@ -551,18 +595,27 @@ class ControlRoom(App[int]):
         if get_current_worker().is_cancelled:
             return
         if final is None:
-            self.call_from_thread(self._finish, action, False, "the keeper ended the request without a result",
-                                  {}, {}, {})
+            self.call_from_thread(
+                self._finish, action, False, "the keeper ended the request without a result", {}, {}, {}
+            )
         else:
-            self.call_from_thread(self._finish, action, final.ok, final.message, final.before,
-                                  final.after, final.plan)
+            self.call_from_thread(
+                self._finish, action, final.ok, final.message, final.before, final.after, final.plan
+            )
 
     def _progress(self, line: str | None) -> None:
         if self.is_running:
             self.query_one(ActionStrip).view = line
 
-    def _finish(self, action: str, ok: bool, message: str, before: dict[str, Any],
-                after: dict[str, Any], details: dict[str, Any]) -> None:
+    def _finish(
+        self,
+        action: str,
+        ok: bool,
+        message: str,
+        before: dict[str, Any],
+        after: dict[str, Any],
+        details: dict[str, Any],
+    ) -> None:
         self._action = None
         self._progress(None)
         self.refresh_bindings()
@@ -600,8 +653,10 @@ def run_app(args: argparse.Namespace) -> int:
     if theme:
         loaded = themes_for_cli()
         if loaded.find(theme) is None:
-            print(f"trainroom: unknown theme {theme!r} (available: {', '.join(loaded.names())})",
-                  file=sys.stderr)
+            print(
+                f"trainroom: unknown theme {theme!r} (available: {', '.join(loaded.names())})",
+                file=sys.stderr,
+            )
             return 2
     if run_id:
         try:
@@ -610,8 +665,10 @@ def run_app(args: argparse.Namespace) -> int:
             print(f"trainroom: {exc}", file=sys.stderr)
             return 2
     if not sys.stdout.isatty():
-        print("trainroom: the control room needs a terminal (try `trainroom status`, or `--no-tui`)",
-              file=sys.stderr)
+        print(
+            "trainroom: the control room needs a terminal (try `trainroom status`, or `--no-tui`)",
+            file=sys.stderr,
+        )
         return 2
     app = ControlRoom(run_id, theme)
     app.run()

@@ -56,7 +56,11 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
             out.append(f"{key}: {len(value)}")
             out.extend("  " + record_line(v) for v in value)
-        elif isinstance(value, Mapping) and value and any(isinstance(v, (Mapping, list)) for v in value.values()):
+        elif (
+            isinstance(value, Mapping)
+            and value
+            and any(isinstance(v, (Mapping, list)) for v in value.values())
+        ):
             out.append(f"{key}:")
             out.extend("  " + line for line in plan_lines(value))
         else:

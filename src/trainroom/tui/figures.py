@@ -90,7 +90,7 @@ class HeaderView:
     state: str
     reason: str
     state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
-    step: int | None           # does not change does not re-render)
+    step: int | None  # does not change does not re-render)
     connected: bool
 
 
@@ -131,8 +131,9 @@ class TrainerView:
 def trainer_view(state: RunState, now: float) -> TrainerView:
     a = state.attempt
     if a is None:
-        return TrainerView(None, None, False, None, "no attempt yet", "dim", False,
-                           " ".join(state.argv), None, None)
+        return TrainerView(
+            None, None, False, None, "no attempt yet", "dim", False, " ".join(state.argv), None, None
+        )
     if a.alive:
         exit_text, level, uptime = "running", "ok", now - a.started_at
     else:
@@ -157,9 +158,16 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
     # The interpreter by its name, not its path: what tells two runs apart is the script.
     argv = [os.path.basename(a.argv[0]), *a.argv[1:]] if a.argv else []
     return TrainerView(
-        pid=a.pid, pgid=a.pgid, alive=a.alive, uptime_s=float(round(uptime)), exit_text=exit_text,
-        exit_level=level, instrumented=a.instrumented, command=" ".join(argv),
-        crash=crash, resume_from=a.resume_from,
+        pid=a.pid,
+        pgid=a.pgid,
+        alive=a.alive,
+        uptime_s=float(round(uptime)),
+        exit_text=exit_text,
+        exit_level=level,
+        instrumented=a.instrumented,
+        command=" ".join(argv),
+        crash=crash,
+        resume_from=a.resume_from,
     )
 
 
@@ -200,13 +208,37 @@ def vram_view(state: RunState) -> VramView:
         alloc_peak=float(sum(peak)) if peak else None,
     )
     if not gpu:
-        return VramView(False, "no probe yet", "", None, None, None, False, ratio=None,
-                        util_percent=None, power_w=None, level=level, **common)
+        return VramView(
+            False,
+            "no probe yet",
+            "",
+            None,
+            None,
+            None,
+            False,
+            ratio=None,
+            util_percent=None,
+            power_w=None,
+            level=level,
+            **common,
+        )
     if not gpu.get("available", True):
         reason = str(gpu.get("reason") or "unknown reason")
         prefix = "driver view unavailable: "
-        return VramView(False, reason.removeprefix(prefix), "", None, None, None, False, ratio=None,
-                        util_percent=None, power_w=None, level=level, **common)
+        return VramView(
+            False,
+            reason.removeprefix(prefix),
+            "",
+            None,
+            None,
+            None,
+            False,
+            ratio=None,
+            util_percent=None,
+            power_w=None,
+            level=level,
+            **common,
+        )
     devices = [d for d in gpu.get("devices") or [] if isinstance(d, Mapping)]
     used = [u for d in devices if (u := _num(_first(d, "used_bytes", "used"))) is not None]
     total = [t for d in devices if (t := _num(_first(d, "total_bytes", "total"))) is not None]
@@ -218,19 +250,29 @@ def vram_view(state: RunState) -> VramView:
     per_process = bool(gpu.get("per_process", False))
     run_bytes = None
     if per_process:
-        ours = [_num(p.get("used_bytes")) for p in gpu.get("processes") or []
-                if isinstance(p, Mapping) and p.get("ours")]
+        ours = [
+            _num(p.get("used_bytes"))
+            for p in gpu.get("processes") or []
+            if isinstance(p, Mapping) and p.get("ours")
+        ]
         known = [b for b in ours if b is not None]
         run_bytes = float(sum(known)) if known else None
     driver_used = float(sum(used)) if used else None
     attributed = run_bytes if per_process else driver_used
     ratio = attributed / alloc_reserved if attributed is not None and alloc_reserved else None
     return VramView(
-        driver_ok=True, driver_reason="", device=name, driver_used=driver_used,
-        driver_total=float(sum(total)) if total else None, run_bytes=run_bytes,
-        per_process=per_process, ratio=ratio,
-        util_percent=max(utils) if utils else None, power_w=sum(powers) if powers else None,
-        level=level, **common,
+        driver_ok=True,
+        driver_reason="",
+        device=name,
+        driver_used=driver_used,
+        driver_total=float(sum(total)) if total else None,
+        run_bytes=run_bytes,
+        per_process=per_process,
+        ratio=ratio,
+        util_percent=max(utils) if utils else None,
+        power_w=sum(powers) if powers else None,
+        level=level,
+        **common,
     )
 
 
@@ -280,9 +322,15 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
     else:
         level = "ok"
     return CadenceView(
-        steps_per_s=1.0 / interval if interval else None, interval_s=interval,
-        tokens_per_s=sum(tps) if tps else None, last_step_age_s=age, bound_s=bound, phase=phase,
-        stopped=stopped, intervals=intervals, level=level,
+        steps_per_s=1.0 / interval if interval else None,
+        interval_s=interval,
+        tokens_per_s=sum(tps) if tps else None,
+        last_step_age_s=age,
+        bound_s=bound,
+        phase=phase,
+        stopped=stopped,
+        intervals=intervals,
+        level=level,
     )
 
 
@@ -310,12 +358,11 @@ def lr_view(state: RunState) -> LrView:
     requested = a.requested.lr if a is not None else None
     ranks = sorted(state.ranks.values(), key=lambda r: r.rank)
     lrs = next((r.lr for r in ranks if r.lr), [])
-    groups = tuple(
-        LrGroup(i, x, x / requested if requested else None) for i, x in enumerate(lrs)
-    )
+    groups = tuple(LrGroup(i, x, x / requested if requested else None) for i, x in enumerate(lrs))
     mismatch = _findings(state, "LR_MISMATCH")
     return LrView(
-        requested=requested, groups=groups,
+        requested=requested,
+        groups=groups,
         warmup_steps=a.requested.warmup_steps if a is not None else None,
         level=_worst_level(mismatch) if mismatch else ("ok" if groups else "dim"),
         finding=mismatch[0].message if mismatch else None,
@@ -345,8 +392,15 @@ class LossView:
     level: Level
 
 
-_LOSS_CODES = ("LOSS_SPIKE", "DIVERGENCE", "NONFINITE", "WHITE_MODEL", "EXPLODED_START",
-               "RANK_OUTLIER", "GRAD_EXPLOSION")
+_LOSS_CODES = (
+    "LOSS_SPIKE",
+    "DIVERGENCE",
+    "NONFINITE",
+    "WHITE_MODEL",
+    "EXPLODED_START",
+    "RANK_OUTLIER",
+    "GRAD_EXPLOSION",
+)
 
 
 def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView:
@@ -364,9 +418,16 @@ def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView
         points, marks, x_label = _recent_points(state)
     median, worst_rank, worst = state.headline_loss()
     return LossView(
-        points=tuple(points[-LOSS_POINTS:]), x_label=x_label, ln_v=ln_v, vocab_size=vocab,
-        marks=tuple(marks), median=median, worst_rank=worst_rank, worst=worst,
-        ranks=len(state.ranks), level=_worst_level(_findings(state, *_LOSS_CODES)),
+        points=tuple(points[-LOSS_POINTS:]),
+        x_label=x_label,
+        ln_v=ln_v,
+        vocab_size=vocab,
+        marks=tuple(marks),
+        median=median,
+        worst_rank=worst_rank,
+        worst=worst,
+        ranks=len(state.ranks),
+        level=_worst_level(_findings(state, *_LOSS_CODES)),
     )
 
 
@@ -396,7 +457,9 @@ def _recent_points(state: RunState) -> tuple[list[tuple[float, float]], list[Mar
     nonfinite: list[tuple[int, int]] = []
     for r in state.recent_steps:
         key = (r.attempt, r.step)
-        x_of[key] = max(x_of.get(key, 0.0), float(r.tokens if use_tokens and r.tokens is not None else r.step))
+        x_of[key] = max(
+            x_of.get(key, 0.0), float(r.tokens if use_tokens and r.tokens is not None else r.step)
+        )
         if r.loss is None:
             continue
         if math.isfinite(r.loss):
@@ -460,18 +523,35 @@ def ranks_view(state: RunState) -> RanksView:
             outliers.add(int(rank))
         except (TypeError, ValueError):
             pass
-    rows = tuple(sorted(
-        (RankRow(r.rank, r.step, r.loss, r.median_interval, r.tokens_per_s, r.alloc_reserved,
-                 r.connected, r.rank in outliers) for r in state.ranks.values()),
-        key=lambda row: (not row.outlier, row.rank),
-    ))
+    rows = tuple(
+        sorted(
+            (
+                RankRow(
+                    r.rank,
+                    r.step,
+                    r.loss,
+                    r.median_interval,
+                    r.tokens_per_s,
+                    r.alloc_reserved,
+                    r.connected,
+                    r.rank in outliers,
+                )
+                for r in state.ranks.values()
+            ),
+            key=lambda row: (not row.outlier, row.rank),
+        )
+    )
     median, worst_rank, worst = state.headline_loss()
     meds = {r.rank: m for r in state.ranks.values() if (m := r.median_interval) is not None}
     slowest = max(meds, key=lambda k: meds[k]) if meds else None
     return RanksView(
-        rows=rows, median_loss=median, worst_rank=worst_rank, worst_loss=worst,
+        rows=rows,
+        median_loss=median,
+        worst_rank=worst_rank,
+        worst_loss=worst,
         median_interval_s=statistics.median(meds.values()) if meds else None,
-        slowest_rank=slowest, slowest_interval_s=meds[slowest] if slowest is not None else None,
+        slowest_rank=slowest,
+        slowest_interval_s=meds[slowest] if slowest is not None else None,
     )
 
 
@@ -564,17 +644,23 @@ def disk_view(state: RunState) -> DiskView:
         used_fraction = 1.0 - free / total
     latest = state.last_verified()
     rows = tuple(
-        CheckpointRow(c.step, c.state, c.size_bytes, c.reason, c is latest,
-                      c.path.rstrip("/").rsplit("/", 1)[-1])
+        CheckpointRow(
+            c.step, c.state, c.size_bytes, c.reason, c is latest, c.path.rstrip("/").rsplit("/", 1)[-1]
+        )
         for c in sorted(state.checkpoints, key=lambda c: (c.step or -1, c.t), reverse=True)
         if c.state != "pruned"
     )
     ordered = sorted(codes, key=lambda f: -SEVERITY_RANK.get(f.severity, 0))
     return DiskView(
-        known=bool(disk), path=str(disk.get("path", "")), used_fraction=used_fraction,
-        total=total, free=free, time_to_full_s=ttf,
+        known=bool(disk),
+        path=str(disk.get("path", "")),
+        used_fraction=used_fraction,
+        total=total,
+        free=free,
+        time_to_full_s=ttf,
         level=_worst_level(codes) if codes else ("ok" if disk else "dim"),
-        finding=ordered[0].message if ordered else None, checkpoints=rows,
+        finding=ordered[0].message if ordered else None,
+        checkpoints=rows,
         pruned=sum(1 for c in state.checkpoints if c.state == "pruned"),
     )
 
@@ -596,8 +682,15 @@ class FindingRow:
 def findings_view(state: RunState) -> tuple[FindingRow, ...]:
     """Most severe first, then newest (the order every client uses)."""
     return tuple(
-        FindingRow(f.code, f.severity, _SEVERITY_LEVEL.get(f.severity, "info"), f.message, f.action,
-                   ACTION_KEYS.get(f.action) if f.action else None, f.first_seen)
+        FindingRow(
+            f.code,
+            f.severity,
+            _SEVERITY_LEVEL.get(f.severity, "info"),
+            f.message,
+            f.action,
+            ACTION_KEYS.get(f.action) if f.action else None,
+            f.first_seen,
+        )
         for f in state.open_findings()
     )
 

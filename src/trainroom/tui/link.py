@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainroom.core.protocol import Reply
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
-from trainroom.core.protocol import Reply
-from trainroom.core.run.store import RunInfo
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
+from trainroom.core.run.store import RunInfo
 
 
 class KeeperLink(Protocol):
@@ -67,8 +67,9 @@ class LocalRuns:
         """The journal replayed, into the state and its plot series at once (one read)."""
         d = Path(run.run_dir)
         rec = runs.read_record(d)
-        state = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created,
-                         options=rec.options)
+        state = RunState(
+            run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options
+        )
         series = Series()
         for r in journal.read_journal(d / runs.JOURNAL_NAME):
             state.apply(r)

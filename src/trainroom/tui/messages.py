@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from textual.message import Message
+
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 

@@ -146,5 +146,4 @@ def chart(
         labels.append((py(v) // 4, _label(v)))
     # One label a row; a guide's own value wins over the range ends it lands on.
     by_row = dict(labels)
-    return Chart(tuple(grid), tuple(sorted(by_row.items())), tuple(mark_cells),
-                 x_min, x_max, y_min, y_max)
+    return Chart(tuple(grid), tuple(sorted(by_row.items())), tuple(mark_cells), x_min, x_max, y_min, y_max)

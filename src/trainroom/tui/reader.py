@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import msgspec
+
 from trainroom.core.run.series import Series, SeriesSnapshot
 from trainroom.core.run.state import RunState
 

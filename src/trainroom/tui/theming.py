@@ -23,8 +23,19 @@ CONTRAST_THEME = "trainroom-contrast"  # the default under NO_COLOR: it reads be
 APP_VARIABLE_PREFIX = "trainroom-"
 ALIASES = {"high-contrast": CONTRAST_THEME, "hc": CONTRAST_THEME}
 
-_COLOUR_FIELDS = ("primary", "secondary", "warning", "error", "success", "accent", "foreground",
-                  "background", "surface", "panel", "boost")
+_COLOUR_FIELDS = (
+    "primary",
+    "secondary",
+    "warning",
+    "error",
+    "success",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "boost",
+)
 
 
 class ThemeFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -92,10 +103,21 @@ def parse_theme(data: bytes) -> Theme:
         if key.startswith(APP_VARIABLE_PREFIX):
             _check_colour(f"variables.{key}", value)
     return Theme(
-        name=spec.name, primary=spec.primary, secondary=spec.secondary, warning=spec.warning,
-        error=spec.error, success=spec.success, accent=spec.accent, foreground=spec.foreground,
-        background=spec.background, surface=spec.surface, panel=spec.panel, boost=spec.boost,
-        dark=spec.dark, luminosity_spread=spec.luminosity_spread, text_alpha=spec.text_alpha,
+        name=spec.name,
+        primary=spec.primary,
+        secondary=spec.secondary,
+        warning=spec.warning,
+        error=spec.error,
+        success=spec.success,
+        accent=spec.accent,
+        foreground=spec.foreground,
+        background=spec.background,
+        surface=spec.surface,
+        panel=spec.panel,
+        boost=spec.boost,
+        dark=spec.dark,
+        luminosity_spread=spec.luminosity_spread,
+        text_alpha=spec.text_alpha,
         variables=dict(spec.variables),
     )
 

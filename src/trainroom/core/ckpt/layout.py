@@ -34,10 +34,10 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core.health import diskguard as diskguard
-from trainroom.core.sdk import reporter as reporter
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import verify as verifier
+from trainroom.core.health import diskguard as diskguard
+from trainroom.core.sdk import reporter as reporter
 
 ENV_ROOT = "TRAINROOM_CKPT_ROOT"
 # Bytes the checkpoint root may hold (`launch --disk-budget`); the keeper exports it to the trainer
@@ -54,8 +54,19 @@ STEP_DIR_RE = re.compile(r"^step-(\d+)(?:-(\d+))?$")
 _SIDE_SUFFIXES = (SAVED_SUFFIX, REASON_SUFFIX, REPORT_SUFFIX, ".tmp")
 # What torch.save adds around the tensor bytes: pickle, zip headers, 64-byte alignment.
 SAVE_OVERHEAD = 1 << 20
-REPORT_KEYS = ("format", "tensors", "params", "dtypes", "nonfinite", "outliers", "arch", "stds", "model_key",
-               "seconds", "step")
+REPORT_KEYS = (
+    "format",
+    "tensors",
+    "params",
+    "dtypes",
+    "nonfinite",
+    "outliers",
+    "arch",
+    "stds",
+    "model_key",
+    "seconds",
+    "step",
+)
 
 
 class CheckpointError(Exception):
@@ -226,8 +237,11 @@ class Quarantine:
 
     def _files(self) -> list[Path]:
         try:
-            return sorted(x for x in self.dir.iterdir()
-                          if x.is_file() and not x.name.startswith(".") and not x.name.endswith(_SIDE_SUFFIXES))
+            return sorted(
+                x
+                for x in self.dir.iterdir()
+                if x.is_file() and not x.name.startswith(".") and not x.name.endswith(_SIDE_SUFFIXES)
+            )
         except FileNotFoundError:
             return []
 
@@ -377,11 +391,17 @@ def verified_checkpoints(root: str | os.PathLike[str]) -> list[VerifiedCheckpoin
         manifest = _read_json(d / MANIFEST)
         if not manifest or not manifest.get("ok"):
             continue
-        out.append(VerifiedCheckpoint(
-            dir=str(d), file=str(d / str(manifest.get("file", ""))), step=int(manifest.get("step", m.group(1))),
-            size_bytes=tree_bytes(d), saved_at=float(manifest.get("saved_at", 0.0)),
-            digest=manifest.get("digest"), pinned=(d / PIN).exists() or bool(manifest.get("pinned")),
-        ))
+        out.append(
+            VerifiedCheckpoint(
+                dir=str(d),
+                file=str(d / str(manifest.get("file", ""))),
+                step=int(manifest.get("step", m.group(1))),
+                size_bytes=tree_bytes(d),
+                saved_at=float(manifest.get("saved_at", 0.0)),
+                digest=manifest.get("digest"),
+                pinned=(d / PIN).exists() or bool(manifest.get("pinned")),
+            )
+        )
     out.sort(key=lambda c: (c.saved_at, c.step, c.dir))
     return out
 
@@ -399,8 +419,11 @@ def pin(step_dir: str | os.PathLike[str], pinned: bool = True) -> None:
 # --------------------------------------------------------------------------- promotion
 
 
-def expected_for(root: str | os.PathLike[str], declared_arch: Mapping[str, Any] | None = None,
-                 candidate: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def expected_for(
+    root: str | os.PathLike[str],
+    declared_arch: Mapping[str, Any] | None = None,
+    candidate: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
     """What a new candidate is checked against: its save-time record, the declared config, and
     the latest verified checkpoint's fingerprint and stds."""
     out: dict[str, Any] = {}
@@ -412,13 +435,22 @@ def expected_for(root: str | os.PathLike[str], declared_arch: Mapping[str, Any] 
     prev = latest_manifest(root)
     if prev:
         rep = prev.get("report") or {}
-        out["previous"] = {"path": prev.get("path", ""), "arch": rep.get("arch", {}), "stds": rep.get("stds", {})}
+        out["previous"] = {
+            "path": prev.get("path", ""),
+            "arch": rep.get("arch", {}),
+            "stds": rep.get("stds", {}),
+        }
     return out
 
 
-def promote(candidate: str | os.PathLike[str], report: Mapping[str, Any],
-            root: str | os.PathLike[str] | None = None, *, file_name: str | None = None,
-            step: int | None = None) -> Path:
+def promote(
+    candidate: str | os.PathLike[str],
+    report: Mapping[str, Any],
+    root: str | os.PathLike[str] | None = None,
+    *,
+    file_name: str | None = None,
+    step: int | None = None,
+) -> Path:
     """Move a verified candidate to `<root>/step-NNNNNN/` with its manifest, then point `latest`
     at it. Refuses a report that did not pass or that names other bytes."""
     cand = Path(candidate)
@@ -440,10 +472,16 @@ def promote(candidate: str | os.PathLike[str], report: Mapping[str, Any],
     fname = file_name or cand.name
     os.rename(cand, stage / fname)
     manifest = {
-        "version": 1, "ok": True, "file": fname, "path": str(target / fname), "step": int(step),
-        "size_bytes": st.st_size, "digest": report.get("digest") or side.get("digest"),
+        "version": 1,
+        "ok": True,
+        "file": fname,
+        "path": str(target / fname),
+        "step": int(step),
+        "size_bytes": st.st_size,
+        "digest": report.get("digest") or side.get("digest"),
         "digest_algo": report.get("digest_algo", verifier.DIGEST_ALGO),
-        "saved_at": float(side.get("saved_at", st.st_mtime)), "verified_at": time.time(),
+        "saved_at": float(side.get("saved_at", st.st_mtime)),
+        "verified_at": time.time(),
         "source": str(side.get("source", cand)),
         "report": {k: report.get(k) for k in REPORT_KEYS if k in report},
     }
@@ -458,8 +496,12 @@ def promote(candidate: str | os.PathLike[str], report: Mapping[str, Any],
     return target
 
 
-def settle(candidate: str | os.PathLike[str], report: Mapping[str, Any],
-           root: str | os.PathLike[str] | None = None, now: float | None = None) -> p.CheckpointState:
+def settle(
+    candidate: str | os.PathLike[str],
+    report: Mapping[str, Any],
+    root: str | os.PathLike[str] | None = None,
+    now: float | None = None,
+) -> p.CheckpointState:
     """Act on a verdict: promote a verified candidate, keep a rejected one in quarantine with its
     reason, leave a deferred one (verifier timed out, RAM short) as a candidate. Returns the
     record the keeper journals (path stays the candidate's; `report` says where it went)."""
@@ -472,16 +514,37 @@ def settle(candidate: str | os.PathLike[str], report: Mapping[str, Any],
         target = promote(cand, rep, r)
         manifest = _read_json(target / MANIFEST) or {}
         rep["promoted_dir"], rep["promoted_file"] = str(target), manifest.get("path")
-        return p.CheckpointState(path=str(cand), step=manifest.get("step", step), state="verified", t=t,
-                                 size_bytes=rep.get("size_bytes"), digest=rep.get("digest"),
-                                 report=_journal_report(rep))
+        return p.CheckpointState(
+            path=str(cand),
+            step=manifest.get("step", step),
+            state="verified",
+            t=t,
+            size_bytes=rep.get("size_bytes"),
+            digest=rep.get("digest"),
+            report=_journal_report(rep),
+        )
     if rep.get("deferred"):
-        return p.CheckpointState(path=str(cand), step=step, state="candidate", t=t, reason=rep.get("reason"),
-                                 size_bytes=rep.get("size_bytes"), digest=rep.get("digest"))
+        return p.CheckpointState(
+            path=str(cand),
+            step=step,
+            state="candidate",
+            t=t,
+            reason=rep.get("reason"),
+            size_bytes=rep.get("size_bytes"),
+            digest=rep.get("digest"),
+        )
     if cand.exists():
         Quarantine(r).reject(cand, rep)
-    return p.CheckpointState(path=str(cand), step=step, state="rejected", t=t, reason=rep.get("reason"),
-                             size_bytes=rep.get("size_bytes"), digest=rep.get("digest"), report=_journal_report(rep))
+    return p.CheckpointState(
+        path=str(cand),
+        step=step,
+        state="rejected",
+        t=t,
+        reason=rep.get("reason"),
+        size_bytes=rep.get("size_bytes"),
+        digest=rep.get("digest"),
+        report=_journal_report(rep),
+    )
 
 
 def _journal_report(rep: Mapping[str, Any]) -> dict[str, Any]:
@@ -489,8 +552,13 @@ def _journal_report(rep: Mapping[str, Any]) -> dict[str, Any]:
     return verifier._clean({k: v for k, v in rep.items() if k != "stds"})
 
 
-def keep_verified_copy(src: str | os.PathLike[str], report: Mapping[str, Any],
-                       root: str | os.PathLike[str] | None = None, *, step: int | None = None) -> Path | None:
+def keep_verified_copy(
+    src: str | os.PathLike[str],
+    report: Mapping[str, Any],
+    root: str | os.PathLike[str] | None = None,
+    *,
+    step: int | None = None,
+) -> Path | None:
     """For a trainer that overwrites one file (nanoGPT's out/ckpt.pt): copy the version that just
     verified into the root and promote it. The copy's own digest must equal the verified one,
     else the trainer overwrote the file meanwhile and the copy is dropped (None)."""
@@ -518,9 +586,17 @@ def keep_verified_copy(src: str | os.PathLike[str], report: Mapping[str, Any],
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    write_json_atomic(Path(str(cand) + SAVED_SUFFIX),
-                      {"step": s, "size_bytes": cand.stat().st_size, "digest": report.get("digest"),
-                       "digest_algo": verifier.DIGEST_ALGO, "saved_at": src.stat().st_mtime, "source": str(src)})
+    write_json_atomic(
+        Path(str(cand) + SAVED_SUFFIX),
+        {
+            "step": s,
+            "size_bytes": cand.stat().st_size,
+            "digest": report.get("digest"),
+            "digest_algo": verifier.DIGEST_ALGO,
+            "saved_at": src.stat().st_mtime,
+            "source": str(src),
+        },
+    )
     rep = {**report, "size_bytes": cand.stat().st_size}
     return promote(cand, rep, r, file_name=src.name, step=s)
 
@@ -548,10 +624,17 @@ def _innermost_oserror(exc: BaseException) -> OSError | None:
     return found
 
 
-def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None = None, *,
-                    promote_inline: bool | None = None, declared_arch: Mapping[str, Any] | None = None,
-                    statvfs: diskguard.StatvfsFn = os.statvfs,
-                    reserve_bytes: int | None = None, budget_bytes: int | None = None) -> Saved:
+def save_checkpoint(
+    state: Any,
+    step: int,
+    root: str | os.PathLike[str] | None = None,
+    *,
+    promote_inline: bool | None = None,
+    declared_arch: Mapping[str, Any] | None = None,
+    statvfs: diskguard.StatvfsFn = os.statvfs,
+    reserve_bytes: int | None = None,
+    budget_bytes: int | None = None,
+) -> Saved:
     """Save `state` (anything torch.save takes) as the candidate for `step`.
 
     Refuses first (CheckpointWontFit, an OSError with ENOSPC) when the checkpoint will not fit on
@@ -570,8 +653,9 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
     need = estimate_bytes(state)
     if budget_bytes is None:
         budget_bytes = _env_budget()
-    diskguard.check_fit(q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes,
-                        root=r)
+    diskguard.check_fit(
+        q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes, root=r
+    )
     rep = reporter.current()
     final = _unique(q.dir / candidate_name(step))
     tmp = q.dir / f".{final.name}.{os.getpid()}.tmp"
@@ -583,9 +667,17 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
                 torch.save(state, w)
                 raw.flush()
                 os.fsync(raw.fileno())
-            write_json_atomic(Path(str(final) + SAVED_SUFFIX),
-                              {"step": step, "size_bytes": w.size, "digest": w.digest,
-                               "digest_algo": verifier.DIGEST_ALGO, "saved_at": time.time(), "pid": os.getpid()})
+            write_json_atomic(
+                Path(str(final) + SAVED_SUFFIX),
+                {
+                    "step": step,
+                    "size_bytes": w.size,
+                    "digest": w.digest,
+                    "digest_algo": verifier.DIGEST_ALGO,
+                    "saved_at": time.time(),
+                    "pid": os.getpid(),
+                },
+            )
             os.rename(tmp, final)
             fsync_dir(q.dir)
         except BaseException as exc:
@@ -598,8 +690,9 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
             if inner is not None and inner is not exc:
                 # torch.save's zip writer masks a failed write (ENOSPC) behind a RuntimeError from
                 # its __exit__: raise what really happened.
-                raise OSError(inner.errno, f"{inner.strerror or inner} while saving checkpoint step {step} "
-                                           f"in {q.dir}") from exc
+                raise OSError(
+                    inner.errno, f"{inner.strerror or inner} while saving checkpoint step {step} in {q.dir}"
+                ) from exc
             raise
         rep.checkpoint(str(final), step, w.size, w.digest)
     saved = Saved(path=str(final), step=step, size_bytes=w.size, digest=w.digest, file=str(final))
@@ -613,5 +706,8 @@ def save_checkpoint(state: Any, step: int, root: str | os.PathLike[str] | None =
         saved.promoted = record.report.get("promoted_dir")
         saved.file = record.report.get("promoted_file")
     elif record.state == "rejected":
-        print(f"trainroom: checkpoint step {step} rejected, kept in quarantine: {record.reason}", file=sys.stderr)
+        print(
+            f"trainroom: checkpoint step {step} rejected, kept in quarantine: {record.reason}",
+            file=sys.stderr,
+        )
     return saved

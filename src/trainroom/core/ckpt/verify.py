@@ -56,13 +56,31 @@ LOAD_HEADROOM = 512 << 20
 # An mmap load reads pages through the page cache; statistics copy at most a few chunks.
 MMAP_VERIFY_NEED = 256 << 20
 
-MODEL_KEYS = ("model", "state_dict", "model_state_dict", "model_state", "module", "net", "network",
-              "weights", "params", "ema")
+MODEL_KEYS = (
+    "model",
+    "state_dict",
+    "model_state_dict",
+    "model_state",
+    "module",
+    "net",
+    "network",
+    "weights",
+    "params",
+    "ema",
+)
 STEP_KEYS = ("iter_num", "step", "global_step", "iteration", "iter", "epoch")
 _LAYER_RE = re.compile(r"(?:^|\.)(?:h|layers|layer|blocks|block)\.(\d+)\.")
-_EMBED_SUFFIXES = ("wte.weight", "embed_tokens.weight", "tok_embeddings.weight", "word_embeddings.weight",
-                   "token_embedding.weight", "tok_emb.weight", "embedding.weight", "embeddings.weight",
-                   "embed.weight")
+_EMBED_SUFFIXES = (
+    "wte.weight",
+    "embed_tokens.weight",
+    "tok_embeddings.weight",
+    "word_embeddings.weight",
+    "token_embedding.weight",
+    "tok_emb.weight",
+    "embedding.weight",
+    "embeddings.weight",
+    "embed.weight",
+)
 _HEAD_SUFFIXES = ("lm_head.weight", "output.weight", "head.weight")
 # Declared-config spellings (nanoGPT, Hugging Face, Llama) of the fingerprint's fields.
 ARCH_ALIASES: dict[str, tuple[str, ...]] = {
@@ -115,16 +133,25 @@ def masked_error(chain: Sequence[Any], during: str = "torch.load", key: str = ""
     outer, inner = links[0], links[-1]
     if inner.type == outer.type and inner.errno == outer.errno:
         return None
-    errno_part = f" [Errno {inner.errno} {inner.errno_name or ''}]".rstrip() if inner.errno is not None else ""
+    errno_part = (
+        f" [Errno {inner.errno} {inner.errno_name or ''}]".rstrip() if inner.errno is not None else ""
+    )
     enomem = inner.errno_name == "ENOMEM" or inner.type == "MemoryError"
     return Finding(
-        code="MASKED_ERROR", severity="critical", key=key or during,
+        code="MASKED_ERROR",
+        severity="critical",
+        key=key or during,
         action="reclaim" if enomem else None,
-        message=(f"{during}: {outer.type}: {_first_line(outer.message)} hides the real error "
-                 f"{inner.type}{errno_part}: {_first_line(inner.message)}"
-                 + ("; host RAM ran out: reclaim page cache before retrying" if enomem else "")),
-        evidence={"chain": [msgspec.to_builtins(x) for x in links], "innermost": msgspec.to_builtins(inner),
-                  "during": during},
+        message=(
+            f"{during}: {outer.type}: {_first_line(outer.message)} hides the real error "
+            f"{inner.type}{errno_part}: {_first_line(inner.message)}"
+            + ("; host RAM ran out: reclaim page cache before retrying" if enomem else "")
+        ),
+        evidence={
+            "chain": [msgspec.to_builtins(x) for x in links],
+            "innermost": msgspec.to_builtins(inner),
+            "during": during,
+        },
     )
 
 
@@ -143,7 +170,9 @@ def load_need_bytes(size_bytes: int) -> int:
     return int(size_bytes) + LOAD_HEADROOM
 
 
-def host_ram_low(mem_available: int | None, need_bytes: int, what: str, *, floor_bytes: int = 0) -> Finding | None:
+def host_ram_low(
+    mem_available: int | None, need_bytes: int, what: str, *, floor_bytes: int = 0
+) -> Finding | None:
     """HOST_RAM_LOW before a load: MemAvailable is short of what the load needs (or of a floor: the
     seed's torch.load turned into a lottery under 1 GB and failed under 3 GB free)."""
     if mem_available is None:
@@ -152,9 +181,14 @@ def host_ram_low(mem_available: int | None, need_bytes: int, what: str, *, floor
     if mem_available >= need:
         return None
     return Finding(
-        code="HOST_RAM_LOW", severity="critical", action="reclaim", key=what,
-        message=(f"host RAM {mem_available / 1e9:.1f} GB available, loading {what} needs "
-                 f"{need / 1e9:.1f} GB: reclaim page cache (or stop other work) before resuming"),
+        code="HOST_RAM_LOW",
+        severity="critical",
+        action="reclaim",
+        key=what,
+        message=(
+            f"host RAM {mem_available / 1e9:.1f} GB available, loading {what} needs "
+            f"{need / 1e9:.1f} GB: reclaim page cache (or stop other work) before resuming"
+        ),
         evidence={"mem_available": mem_available, "need_bytes": need, "what": what},
     )
 
@@ -167,13 +201,35 @@ def rejected_finding(report: Mapping[str, Any]) -> Finding | None:
     step = report.get("step")
     where = f"step {step} " if step is not None else ""
     return Finding(
-        code="CKPT_REJECTED", severity="critical", key=path, action="verify",
-        message=(f"checkpoint {where}({os.path.basename(path)}) rejected: {report.get('reason')}"
-                 + ("; it stays in quarantine and `latest` still points at the last verified one"
-                    if f"{os.sep}.quarantine{os.sep}" in path else "")),
-        evidence={k: report.get(k) for k in ("path", "reason", "problems", "size_bytes", "digest",
-                                             "expected_digest", "nonfinite", "outliers", "arch_mismatch",
-                                             "refused_types", "step") if report.get(k) not in (None, [], {})},
+        code="CKPT_REJECTED",
+        severity="critical",
+        key=path,
+        action="verify",
+        message=(
+            f"checkpoint {where}({os.path.basename(path)}) rejected: {report.get('reason')}"
+            + (
+                "; it stays in quarantine and `latest` still points at the last verified one"
+                if f"{os.sep}.quarantine{os.sep}" in path
+                else ""
+            )
+        ),
+        evidence={
+            k: report.get(k)
+            for k in (
+                "path",
+                "reason",
+                "problems",
+                "size_bytes",
+                "digest",
+                "expected_digest",
+                "nonfinite",
+                "outliers",
+                "arch_mismatch",
+                "refused_types",
+                "step",
+            )
+            if report.get(k) not in (None, [], {})
+        },
     )
 
 
@@ -182,8 +238,13 @@ def findings_for_report(report: Mapping[str, Any]) -> list[Finding]:
     out = [rejected_finding(report)]
     chain = report.get("error_chain") or []
     if chain:
-        out.append(masked_error(chain, during=f"torch.load {os.path.basename(str(report.get('path', '')))}",
-                                key=str(report.get("path", ""))))
+        out.append(
+            masked_error(
+                chain,
+                during=f"torch.load {os.path.basename(str(report.get('path', '')))}",
+                key=str(report.get("path", "")),
+            )
+        )
     return [f for f in out if f is not None]
 
 
@@ -301,8 +362,11 @@ def discover_expected(path: Path) -> dict[str, Any]:
 
         prev = checkpoints.latest_manifest(path.parent.parent)
         if prev:
-            out["previous"] = {"path": prev.get("path", ""), "arch": (prev.get("report") or {}).get("arch", {}),
-                               "stds": (prev.get("report") or {}).get("stds", {})}
+            out["previous"] = {
+                "path": prev.get("path", ""),
+                "arch": (prev.get("report") or {}).get("arch", {}),
+                "stds": (prev.get("report") or {}).get("stds", {}),
+            }
     return out
 
 
@@ -326,8 +390,17 @@ def _safe_globals() -> list[Any]:
     out.append(np.dtype)
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
-        for n in ("Float64DType", "Float32DType", "Float16DType", "Int64DType", "Int32DType", "Int16DType",
-                  "Int8DType", "UInt8DType", "BoolDType"):
+        for n in (
+            "Float64DType",
+            "Float32DType",
+            "Float16DType",
+            "Int64DType",
+            "Int32DType",
+            "Int16DType",
+            "Int8DType",
+            "UInt8DType",
+            "BoolDType",
+        ):
             if hasattr(dtypes, n):
                 out.append(getattr(dtypes, n))
     return out
@@ -492,27 +565,42 @@ class _Inventory:
         out: list[dict[str, Any]] = []
         for name, std in self.stds.items():
             prev = self.previous_stds.get(name)
-            entry = {"name": name, "std": _sig(std, 4), "median_std": None if median is None else _sig(median, 4),
-                     "previous_std": None if prev is None else _sig(float(prev), 4)}
+            entry = {
+                "name": name,
+                "std": _sig(std, 4),
+                "median_std": None if median is None else _sig(median, 4),
+                "previous_std": None if prev is None else _sig(float(prev), 4),
+            }
             if self.ndims.get(name, 0) >= 2 and std > STD_EXPLODED:
                 out.append({**entry, "kind": "exploded", "why": f"std {std:.2f} > {STD_EXPLODED:g}"})
             elif prev is not None and prev > 0 and std > STD_GROWTH * prev and std > 0.5:
-                out.append({**entry, "kind": "exploded",
-                            "why": f"std {std:.3g} grew {std / prev:.0f}x since the previous checkpoint ({prev:.3g})"})
-            elif (median and self.ndims.get(name, 0) >= 2 and std > STD_UNUSUAL_RATIO * median and std > 1.0):
-                out.append({**entry, "kind": "unusual", "why": f"std {std:.3g} is {std / median:.0f}x the median"})
+                out.append(
+                    {
+                        **entry,
+                        "kind": "exploded",
+                        "why": f"std {std:.3g} grew {std / prev:.0f}x since the previous checkpoint ({prev:.3g})",
+                    }
+                )
+            elif median and self.ndims.get(name, 0) >= 2 and std > STD_UNUSUAL_RATIO * median and std > 1.0:
+                out.append(
+                    {**entry, "kind": "unusual", "why": f"std {std:.3g} is {std / median:.0f}x the median"}
+                )
         out.sort(key=lambda e: -(e["std"] or 0))
         return out
 
     def arch(self) -> dict[str, Any]:
         layers = {m.group(1) for n in self.shapes for m in [_LAYER_RE.search(n)] if m}
-        embed = next((n for n in self.shapes if n.endswith(_EMBED_SUFFIXES) and len(self.shapes[n]) == 2), None)
+        embed = next(
+            (n for n in self.shapes if n.endswith(_EMBED_SUFFIXES) and len(self.shapes[n]) == 2), None
+        )
         head = next((n for n in self.shapes if n.endswith(_HEAD_SUFFIXES) and len(self.shapes[n]) == 2), None)
         src = embed or head
-        out: dict[str, Any] = {"layers": len(layers) if layers else None,
-                               "vocab": self.shapes[src][0] if src else None,
-                               "d_model": self.shapes[src][1] if src else None,
-                               "params": self.params}
+        out: dict[str, Any] = {
+            "layers": len(layers) if layers else None,
+            "vocab": self.shapes[src][0] if src else None,
+            "d_model": self.shapes[src][1] if src else None,
+            "params": self.params,
+        }
         if embed:
             out["embedding"] = embed
         if head:
@@ -534,7 +622,7 @@ def _load(path: Path, fmt: str) -> tuple[Iterator[tuple[str, Any]], Any]:
             for k in keys:
                 yield k, handle.get_tensor(k)
 
-        return stream(), {k: None for k in keys}
+        return stream(), dict.fromkeys(keys)
     if fmt == "pickle":
         obj = _load_plain_pickle(path)
         return _walk(obj, ""), obj
@@ -556,8 +644,9 @@ def _load_plain_pickle(path: Path) -> Any:
         def find_class(self, module: str, name: str) -> Any:
             if (module, name) in allowed:
                 return allowed[(module, name)]
-            raise pickle.UnpicklingError(f"Unsupported global: {module}.{name} (a plain pickle may hold "
-                                         "plain data only)")
+            raise pickle.UnpicklingError(
+                f"Unsupported global: {module}.{name} (a plain pickle may hold plain data only)"
+            )
 
     with open(path, "rb") as f:
         return Restricted(f).load()
@@ -571,9 +660,19 @@ def translate_load_error(links: Sequence[p.ErrorLink], size_bytes: int) -> str:
         return f"out of memory while loading: {inner.type} [Errno 12 ENOMEM]: {_first_line(inner.message)}"
     if "central directory" in text:
         return f"truncated: the zip archive ends early (no central directory; {size_bytes} bytes on disk)"
-    if any(s in text for s in ("eoferror", "ran out of input", "unexpected eof", "file not fully covered",
-                               "incomplete metadata", "header too small", "invalid header length",
-                               "unexpected end")):
+    if any(
+        s in text
+        for s in (
+            "eoferror",
+            "ran out of input",
+            "unexpected eof",
+            "file not fully covered",
+            "incomplete metadata",
+            "header too small",
+            "invalid header length",
+            "unexpected end",
+        )
+    ):
         return f"truncated: the file ends early ({size_bytes} bytes on disk): {_first_line(inner.message)}"
     if any(s in text for s in ("invalid load key", "corrupt", "invalid header", "failed reading", "crc")):
         return f"corrupt: {_first_line(outer.message)}"
@@ -619,8 +718,13 @@ def _in_file_config(obj: Any) -> Mapping[str, Any] | None:
 # --------------------------------------------------------------------------- verify
 
 
-def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = None, *,
-           discover: bool = True, meminfo_path: str = "/proc/meminfo") -> dict[str, Any]:
+def verify(
+    path: str | os.PathLike[str],
+    expected: Mapping[str, Any] | None = None,
+    *,
+    discover: bool = True,
+    meminfo_path: str = "/proc/meminfo",
+) -> dict[str, Any]:
     """Verify one checkpoint file in this process (imports torch). `expected` may carry `digest`,
     `size_bytes`, `arch` (the declared config, any spelling) and `previous` ({path, arch, stds} of
     the previous verified checkpoint); with `discover`, what the file's sidecar or manifest
@@ -632,11 +736,30 @@ def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = No
     exp: dict[str, Any] = discover_expected(path) if discover else {}
     exp.update(expected or {})
     rep: dict[str, Any] = {
-        "ok": False, "reason": None, "problems": [], "path": str(path), "format": None, "size_bytes": None,
-        "digest": None, "digest_algo": DIGEST_ALGO, "expected_digest": exp.get("digest"), "digest_ok": None,
-        "step": exp.get("step"), "tensors": 0, "params": 0, "dtypes": {}, "nonfinite": {}, "outliers": [],
-        "arch": {}, "arch_mismatch": [], "stds": {}, "refused_types": [], "error_chain": [], "ram": {},
-        "deferred": False, "seconds": 0.0,
+        "ok": False,
+        "reason": None,
+        "problems": [],
+        "path": str(path),
+        "format": None,
+        "size_bytes": None,
+        "digest": None,
+        "digest_algo": DIGEST_ALGO,
+        "expected_digest": exp.get("digest"),
+        "digest_ok": None,
+        "step": exp.get("step"),
+        "tensors": 0,
+        "params": 0,
+        "dtypes": {},
+        "nonfinite": {},
+        "outliers": [],
+        "arch": {},
+        "arch_mismatch": [],
+        "stds": {},
+        "refused_types": [],
+        "error_chain": [],
+        "ram": {},
+        "deferred": False,
+        "seconds": 0.0,
     }
     problems: list[str] = rep["problems"]
 
@@ -654,18 +777,27 @@ def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = No
     rep["size_bytes"] = size
     want_size = exp.get("size_bytes")
     if isinstance(want_size, int) and size != want_size:
-        problems.append(f"truncated: {size} of {want_size} bytes on disk" if size < want_size
-                        else f"size changed: {size} bytes, {want_size} recorded at save time")
+        problems.append(
+            f"truncated: {size} of {want_size} bytes on disk"
+            if size < want_size
+            else f"size changed: {size} bytes, {want_size} recorded at save time"
+        )
     rep["digest"] = digest_file(path)
     if exp.get("digest"):
         rep["digest_ok"] = rep["digest"] == exp["digest"]
         if not rep["digest_ok"] and not problems:
-            problems.append(f"digest mismatch: {rep['digest']} on disk, {exp['digest']} recorded at save time "
-                            "(the bytes changed after the save: a bit flip or an overwrite)")
+            problems.append(
+                f"digest mismatch: {rep['digest']} on disk, {exp['digest']} recorded at save time "
+                "(the bytes changed after the save: a bit flip or an overwrite)"
+            )
     fmt = rep["format"] = sniff_format(path)
     mem = read_meminfo(meminfo_path).get("MemAvailable")
     verify_need = MMAP_VERIFY_NEED if fmt in ("torch-zip", "safetensors") else load_need_bytes(size)
-    rep["ram"] = {"mem_available": mem, "need_to_resume": load_need_bytes(size), "need_to_verify": verify_need}
+    rep["ram"] = {
+        "mem_available": mem,
+        "need_to_resume": load_need_bytes(size),
+        "need_to_verify": verify_need,
+    }
     if fmt == "empty":
         problems.append("truncated: empty file (0 bytes)")
         return done()
@@ -674,7 +806,9 @@ def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = No
         return done()
     if mem is not None and mem < verify_need:
         rep["deferred"] = True
-        problems.append(f"not verified yet: host RAM {mem / 1e9:.1f} GB available, {verify_need / 1e9:.1f} GB needed")
+        problems.append(
+            f"not verified yet: host RAM {mem / 1e9:.1f} GB available, {verify_need / 1e9:.1f} GB needed"
+        )
         return done()
 
     try:
@@ -688,8 +822,11 @@ def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = No
         if "Weights only load failed" in text or "Unsupported global" in text:
             refused = _refused_types(path)
             rep["refused_types"] = refused
-            problems.append("refused type(s): " + (", ".join(refused) if refused else _first_line(links[-1].message))
-                            + " (weights_only loads tensors, containers and a few safe types only)")
+            problems.append(
+                "refused type(s): "
+                + (", ".join(refused) if refused else _first_line(links[-1].message))
+                + " (weights_only loads tensors, containers and a few safe types only)"
+            )
         else:
             problems.append(translate_load_error(links, size))
         return done()
@@ -722,8 +859,10 @@ def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = No
     if exploded:
         o = exploded[0]
         med = f", median {o['median_std']:.3g}" if o.get("median_std") else ""
-        problems.append(f"exploded tensor: {o['name']} std {o['std']:.4g}{med} ({o['why']})"
-                        + (f" and {len(exploded) - 1} more" if len(exploded) > 1 else ""))
+        problems.append(
+            f"exploded tensor: {o['name']} std {o['std']:.4g}{med} ({o['why']})"
+            + (f" and {len(exploded) - 1} more" if len(exploded) > 1 else "")
+        )
     mismatch: list[dict[str, Any]] = []
     if exp.get("arch"):
         mismatch += compare_arch(arch, exp["arch"], "declared")
@@ -734,20 +873,40 @@ def verify(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = No
         mismatch += compare_arch(arch, previous["arch"], "previous")
     rep["arch_mismatch"] = mismatch
     if mismatch:
-        parts = ", ".join(f"{m['field']} {m['expected']} -> {m['found']} ({m['against']})" for m in mismatch[:4])
+        parts = ", ".join(
+            f"{m['field']} {m['expected']} -> {m['found']} ({m['against']})" for m in mismatch[:4]
+        )
         problems.append(f"architecture changed: {parts}")
     return done()
 
 
 def failure_report(path: str | os.PathLike[str], reason: str, **extra: Any) -> dict[str, Any]:
     """A report for a verification that could not run to the end (timeout, verifier died)."""
-    return {"ok": False, "reason": reason, "problems": [reason], "path": str(path), "tensors": 0, "params": 0,
-            "dtypes": {}, "nonfinite": {}, "outliers": [], "arch": {}, "arch_mismatch": [], "digest": None,
-            "size_bytes": None, "seconds": 0.0, **extra}
+    return {
+        "ok": False,
+        "reason": reason,
+        "problems": [reason],
+        "path": str(path),
+        "tensors": 0,
+        "params": 0,
+        "dtypes": {},
+        "nonfinite": {},
+        "outliers": [],
+        "arch": {},
+        "arch_mismatch": [],
+        "digest": None,
+        "size_bytes": None,
+        "seconds": 0.0,
+        **extra,
+    }
 
 
-def verify_in_subprocess(path: str | os.PathLike[str], expected: Mapping[str, Any] | None = None,
-                         timeout: float = 600.0, nice: int = 10) -> dict[str, Any]:
+def verify_in_subprocess(
+    path: str | os.PathLike[str],
+    expected: Mapping[str, Any] | None = None,
+    timeout: float = 600.0,
+    nice: int = 10,
+) -> dict[str, Any]:
     """Verify in a short-lived child (torch stays out of the caller). Blocks up to `timeout`:
     call it from a worker thread. Never raises for a bad checkpoint or a dead verifier."""
     cmd = [sys.executable, "-m", "trainroom.core.ckpt.verify", str(path), "--json"]
@@ -769,16 +928,21 @@ def verify_in_subprocess(path: str | os.PathLike[str], expected: Mapping[str, An
                 return out
         except ValueError:
             pass
-        return failure_report(path, f"verifier printed no report: {_first_line(cp.stderr or cp.stdout)}",
-                              deferred=True)
+        return failure_report(
+            path, f"verifier printed no report: {_first_line(cp.stderr or cp.stdout)}", deferred=True
+        )
     if cp.returncode < 0:
         sig = signal.Signals(-cp.returncode).name
         hint = " (out of memory?)" if sig == "SIGKILL" else ""
-        return failure_report(path, f"verifier killed by {sig}{hint} after {time.monotonic() - t0:.1f} s",
-                              deferred=True)
+        return failure_report(
+            path, f"verifier killed by {sig}{hint} after {time.monotonic() - t0:.1f} s", deferred=True
+        )
     tail = (cp.stderr or "").strip().splitlines()
-    return failure_report(path, f"verifier failed (exit {cp.returncode}): {tail[-1] if tail else ''}".rstrip(": "),
-                          deferred=cp.returncode != 2)
+    return failure_report(
+        path,
+        f"verifier failed (exit {cp.returncode}): {tail[-1] if tail else ''}".rstrip(": "),
+        deferred=cp.returncode != 2,
+    )
 
 
 def _death_reason(returncode: int, elapsed_s: float, stderr_tail: str) -> str:
@@ -804,8 +968,14 @@ class WarmVerifier:
     one verification at a time. Torch never enters the caller's process.
     """
 
-    def __init__(self, python: str | None = None, *, nice: int = 10, idle_s: float = 300.0,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        nice: int = 10,
+        idle_s: float = 300.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.python = python or sys.executable
         self.nice = nice
         self.idle_s = idle_s
@@ -829,8 +999,15 @@ class WarmVerifier:
 
         self._stderr = tempfile.TemporaryFile()
         cmd = [self.python, "-m", "trainroom.core.ckpt.verify", "--serve", "--nice", str(self.nice)]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      close_fds=True, env=self.env, bufsize=0)
+        self._proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            close_fds=True,
+            env=self.env,
+            bufsize=0,
+        )
         self._buf = b""
         self.starts += 1
         return self._proc
@@ -878,14 +1055,19 @@ class WarmVerifier:
         line, _, self._buf = self._buf.partition(b"\n")
         return line
 
-    def verify(self, path: str | os.PathLike[str], expected: Mapping[str, Any] | None = None,
-               timeout: float = 600.0) -> dict[str, Any]:
+    def verify(
+        self, path: str | os.PathLike[str], expected: Mapping[str, Any] | None = None, timeout: float = 600.0
+    ) -> dict[str, Any]:
         """Verify `path` in the warm child; blocks (call it from a worker thread). The first call,
         and the first after a death or an idle close, also pays the child's start."""
         with self._lock:
             t0 = time.monotonic()
             self._ids += 1
-            req = {"id": self._ids, "path": str(path), "expected": _clean(dict(expected)) if expected else None}
+            req = {
+                "id": self._ids,
+                "path": str(path),
+                "expected": _clean(dict(expected)) if expected else None,
+            }
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 self._stop()
@@ -969,8 +1151,9 @@ def serve(nice: int = 0) -> int:
             req = json.loads(line)
             rep = verify(req["path"], req.get("expected") or None, discover=bool(req.get("discover", True)))
         except Exception as exc:  # one bad request never ends the server
-            rep = failure_report(str(req.get("path", "")), f"verifier error: {type(exc).__name__}: {exc}",
-                                 deferred=True)
+            rep = failure_report(
+                str(req.get("path", "")), f"verifier error: {type(exc).__name__}: {exc}", deferred=True
+            )
         out.write(json.dumps({"id": req.get("id"), "report": _clean(rep)}, allow_nan=False) + "\n")
         out.flush()
         gc.collect(1)  # young cycles only: a full collection costs ~0.1 s with torch loaded
@@ -983,16 +1166,22 @@ def serve(nice: int = 0) -> int:
 def _human(rep: Mapping[str, Any]) -> str:
     head = "OK      " if rep.get("ok") else "REJECTED"
     size = rep.get("size_bytes")
-    lines = [f"{head} {rep.get('path')}  {_gb(size) if size is not None else '?'}  {rep.get('digest') or ''}  "
-             f"({rep.get('seconds', 0):.2f} s)".rstrip()]
+    lines = [
+        f"{head} {rep.get('path')}  {_gb(size) if size is not None else '?'}  {rep.get('digest') or ''}  "
+        f"({rep.get('seconds', 0):.2f} s)".rstrip()
+    ]
     if not rep.get("ok"):
         lines.append(f"  reason: {rep.get('reason')}")
         lines += [f"  also: {x}" for x in (rep.get("problems") or [])[1:]]
     if rep.get("tensors"):
-        dtypes = ", ".join(f"{k} {v}" for k, v in sorted((rep.get("dtypes") or {}).items(), key=lambda kv: -kv[1]))
+        dtypes = ", ".join(
+            f"{k} {v}" for k, v in sorted((rep.get("dtypes") or {}).items(), key=lambda kv: -kv[1])
+        )
         nan = sum(v.get("nan", 0) for v in (rep.get("nonfinite") or {}).values())
         inf = sum(v.get("inf", 0) for v in (rep.get("nonfinite") or {}).values())
-        lines.append(f"  tensors {rep['tensors']} ({dtypes}); params {rep.get('params', 0):,}; {nan} NaN, {inf} Inf")
+        lines.append(
+            f"  tensors {rep['tensors']} ({dtypes}); params {rep.get('params', 0):,}; {nan} NaN, {inf} Inf"
+        )
         a = rep.get("arch") or {}
         lines.append(f"  arch: layers {a.get('layers')}, d_model {a.get('d_model')}, vocab {a.get('vocab')}")
     for o in (rep.get("outliers") or [])[:5]:
@@ -1003,23 +1192,36 @@ def _human(rep: Mapping[str, Any]) -> str:
 
 
 def _configure(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("path", metavar="TARGET", nargs="?", default=None,
-                    help="a checkpoint file (.pt, .pth, .bin, .safetensors), a step directory, a checkpoint "
-                         "root (its `latest`), or a run (its `latest`; default: the newest run)")
+    ap.add_argument(
+        "path",
+        metavar="TARGET",
+        nargs="?",
+        default=None,
+        help="a checkpoint file (.pt, .pth, .bin, .safetensors), a step directory, a checkpoint "
+        "root (its `latest`), or a run (its `latest`; default: the newest run)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--expect-json", metavar="JSON", default=None,
-                    help='what the file must match: {"digest": ..., "size_bytes": ..., "arch": {...}, "previous": {...}}')
-    ap.add_argument("--no-discover", action="store_true", help="ignore the sidecar / manifest recorded beside the file")
+    ap.add_argument(
+        "--expect-json",
+        metavar="JSON",
+        default=None,
+        help='what the file must match: {"digest": ..., "size_bytes": ..., "arch": {...}, "previous": {...}}',
+    )
+    ap.add_argument(
+        "--no-discover", action="store_true", help="ignore the sidecar / manifest recorded beside the file"
+    )
     ap.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def add_parser(subparsers: Any) -> None:
     """`trainroom verify [TARGET] [--json]`: exit 0 verified, 1 rejected, 2 bad input."""
     ap = subparsers.add_parser(
-        "verify", help="verify a checkpoint (integrity, NaN/Inf, exploded tensors, arch)",
+        "verify",
+        help="verify a checkpoint (integrity, NaN/Inf, exploded tensors, arch)",
         description="Verify a checkpoint: exit 0 verified, 1 rejected, 2 bad input. A file is verified here; "
-                    "a run's `latest` through its keeper while the keeper is up (journaled, its warm verifier), "
-                    "here once it is gone.")
+        "a run's `latest` through its keeper while the keeper is up (journaled, its warm verifier), "
+        "here once it is gone.",
+    )
     _configure(ap)
     ap.set_defaults(func=run)
 
@@ -1126,7 +1328,9 @@ def _verify_target(args: argparse.Namespace, expected: dict[str, Any] | None) ->
     return verify(file, expected, discover=not args.no_discover)
 
 
-def _verify_run(spec: str | None, expected: dict[str, Any] | None, args: argparse.Namespace) -> dict[str, Any]:
+def _verify_run(
+    spec: str | None, expected: dict[str, Any] | None, args: argparse.Namespace
+) -> dict[str, Any]:
     from trainroom.core.ckpt import layout as checkpoints
 
     info, root = _run_target(spec)
@@ -1145,7 +1349,9 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--serve"]:
         nice = int(args[2]) if len(args) >= 3 and args[1] == "--nice" else 0
         return serve(nice)
-    ap = argparse.ArgumentParser(prog="python -m trainroom.core.ckpt.verify", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m trainroom.core.ckpt.verify", description=__doc__.splitlines()[0]
+    )
     _configure(ap)
     return run(ap.parse_args(argv))
 

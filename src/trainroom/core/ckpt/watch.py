@@ -100,12 +100,14 @@ def _request(f: WatchedFile) -> VerifyRequest:
     lv = f.last_verified
     if lv.get("arch"):
         expected["previous"] = {"path": f.path, "arch": lv.get("arch", {}), "stds": lv.get("stds", {})}
-    return VerifyRequest(path=f.path, size=f.size, mtime_ns=f.mtime_ns, ino=f.ino, version=f.version,
-                         expected=expected)
+    return VerifyRequest(
+        path=f.path, size=f.size, mtime_ns=f.mtime_ns, ino=f.ino, version=f.version, expected=expected
+    )
 
 
-def poll(state: WatchState, sightings: Sequence[Sighting], now: float, *,
-         settle_s: float = SETTLE_S) -> tuple[WatchState, list[VerifyRequest], list[p.CheckpointState]]:
+def poll(
+    state: WatchState, sightings: Sequence[Sighting], now: float, *, settle_s: float = SETTLE_S
+) -> tuple[WatchState, list[VerifyRequest], list[p.CheckpointState]]:
     """One second of watching: new and changed versions start settling; a version that held
     still for `settle_s` is asked to be verified (once). Files that vanished are forgotten."""
     files = {k: msgspec.structs.replace(v) for k, v in state.files.items()}
@@ -116,9 +118,12 @@ def poll(state: WatchState, sightings: Sequence[Sighting], now: float, *,
         seen.add(s.path)
         f = files.get(s.path)
         if f is None:
-            f = files[s.path] = WatchedFile(path=s.path, size=s.size, mtime_ns=s.mtime_ns, ino=s.ino,
-                                            first_seen=now, stable_since=now)
-            records.append(p.CheckpointState(path=s.path, step=None, state="candidate", t=now, size_bytes=s.size))
+            f = files[s.path] = WatchedFile(
+                path=s.path, size=s.size, mtime_ns=s.mtime_ns, ino=s.ino, first_seen=now, stable_since=now
+            )
+            records.append(
+                p.CheckpointState(path=s.path, step=None, state="candidate", t=now, size_bytes=s.size)
+            )
         elif not f.matches(s):
             # Written again (or still being written): a new version, settling from now.
             f.size, f.mtime_ns, f.ino = s.size, s.mtime_ns, s.ino
@@ -126,28 +131,37 @@ def poll(state: WatchState, sightings: Sequence[Sighting], now: float, *,
             if f.state != "settling":
                 f.version += 1
                 f.state, f.digest, f.reason, f.report = "settling", None, None, {}
-                records.append(p.CheckpointState(path=s.path, step=None, state="candidate", t=now,
-                                                 size_bytes=s.size))
+                records.append(
+                    p.CheckpointState(path=s.path, step=None, state="candidate", t=now, size_bytes=s.size)
+                )
             continue
         if f.state == "settling" and now - f.stable_since >= settle_s and f.size > 0:
             f.state = "verifying"
             requests.append(_request(f))
-            records.append(p.CheckpointState(path=s.path, step=None, state="verifying", t=now, size_bytes=f.size))
+            records.append(
+                p.CheckpointState(path=s.path, step=None, state="verifying", t=now, size_bytes=f.size)
+            )
     for gone in set(files) - seen:
         del files[gone]
     return WatchState(files=files), requests, records
 
 
-def record_verdict(state: WatchState, request: VerifyRequest, report: dict[str, Any],
-                   current: Sighting | None, now: float) -> tuple[WatchState, list[p.CheckpointState], bool]:
+def record_verdict(
+    state: WatchState, request: VerifyRequest, report: dict[str, Any], current: Sighting | None, now: float
+) -> tuple[WatchState, list[p.CheckpointState], bool]:
     """Take a verification report for `request`. `current` is a stat taken after the verifier
     finished: if the file changed since the request, the verdict is about bytes that are gone and
     is dropped (the new version settles and is verified in its turn). Returns the new state, the
     records, and whether the verdict stood (only then may the keeper keep a verified copy)."""
     files = {k: msgspec.structs.replace(v) for k, v in state.files.items()}
     f = files.get(request.path)
-    same = (current is not None and f is not None and f.version == request.version and f.matches(current)
-            and current.version == (request.size, request.mtime_ns, request.ino))
+    same = (
+        current is not None
+        and f is not None
+        and f.version == request.version
+        and f.matches(current)
+        and current.version == (request.size, request.mtime_ns, request.ino)
+    )
     if not same:
         if f is not None and f.state == "verifying" and f.version == request.version:
             f.state, f.stable_since = "settling", now
@@ -160,12 +174,24 @@ def record_verdict(state: WatchState, request: VerifyRequest, report: dict[str, 
     f.digest, f.step, f.report = report.get("digest"), report.get("step"), _small(report)
     if report.get("ok"):
         f.state, f.reason = "verified", None
-        f.last_verified = {"digest": f.digest, "step": f.step, "arch": report.get("arch") or {},
-                           "stds": report.get("stds") or {}}
+        f.last_verified = {
+            "digest": f.digest,
+            "step": f.step,
+            "arch": report.get("arch") or {},
+            "stds": report.get("stds") or {},
+        }
     else:
         f.state, f.reason = "rejected", report.get("reason")
-    rec = p.CheckpointState(path=f.path, step=f.step, state=f.state, t=now, reason=f.reason,
-                            size_bytes=report.get("size_bytes"), digest=f.digest, report=f.report)
+    rec = p.CheckpointState(
+        path=f.path,
+        step=f.step,
+        state=f.state,
+        t=now,
+        reason=f.reason,
+        size_bytes=report.get("size_bytes"),
+        digest=f.digest,
+        report=f.report,
+    )
     return WatchState(files=files), [rec], True
 
 

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainroom.core.config import ConfigError
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone, snapshot
-from trainroom.core.config import ConfigError
-from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.status import status_dict
+from trainroom.core.run.store import RunError, RunInfo
 
 EXIT_BAD_INPUT = 2
 
@@ -53,8 +53,13 @@ def _check_config(cwd: str) -> None:
         raise CliError(str(exc)) from None
 
 
-def launch(argv: list[str], options: dict[str, Any], cwd: str | None = None,
-           env: dict[str, str] | None = None, wait_s: float = 10.0) -> RunInfo:
+def launch(
+    argv: list[str],
+    options: dict[str, Any],
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    wait_s: float = 10.0,
+) -> RunInfo:
     """Start a keeper for `argv` in its own session and return once its socket is up."""
     cwd = os.path.abspath(cwd or os.getcwd())
     _check_command(argv, cwd)
@@ -64,8 +69,13 @@ def launch(argv: list[str], options: dict[str, Any], cwd: str | None = None,
     # Every standard stream is detached: `run=$(trainroom launch ...)` must not wait on the keeper.
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainroom.core.keeper", str(run_dir)],
-        stdin=subprocess.DEVNULL, stdout=klog, stderr=klog, start_new_session=True, close_fds=True,
-        cwd=str(run_dir), env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=klog,
+        stderr=klog,
+        start_new_session=True,
+        close_fds=True,
+        cwd=str(run_dir),
+        env=env,
     )
     klog.close()
     sock = run_dir / runs.SOCKET_NAME
@@ -78,9 +88,12 @@ def launch(argv: list[str], options: dict[str, Any], cwd: str | None = None,
             raise CliError(f"keeper exited at start ({proc.returncode}): {tail[0] if tail else 'no output'}")
         time.sleep(0.01)
     else:
-        raise CliError(f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})")
-    return RunInfo(run_id=rec.run_id, run_dir=str(run_dir), sock=str(sock), created=rec.created,
-                   argv=argv, alive=True)
+        raise CliError(
+            f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})"
+        )
+    return RunInfo(
+        run_id=rec.run_id, run_dir=str(run_dir), sock=str(sock), created=rec.created, argv=argv, alive=True
+    )
 
 
 def _launch_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -112,19 +125,42 @@ def _parse_size(text: str) -> int:
 
 def _add_launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--ckpt-root", dest="ckpt_root", help="checkpoint root (default: <run dir>/checkpoints)")
-    sp.add_argument("--log-pattern", dest="log_pattern",
-                    help="regex with named groups step, loss and optional lr for log-line telemetry")
-    sp.add_argument("--linger", dest="linger_s", type=float,
-                    help="seconds the keeper stays after the trainer ends with no client (default 3600)")
-    sp.add_argument("--auto-resume", dest="auto_resume", type=int, metavar="N",
-                    help="resume by itself at most N times when the death criteria hold")
-    sp.add_argument("--resume-template", dest="resume_template",
-                    help="the command for a resume; {ckpt} and {ckpt_dir} are replaced")
+    sp.add_argument(
+        "--log-pattern",
+        dest="log_pattern",
+        help="regex with named groups step, loss and optional lr for log-line telemetry",
+    )
+    sp.add_argument(
+        "--linger",
+        dest="linger_s",
+        type=float,
+        help="seconds the keeper stays after the trainer ends with no client (default 3600)",
+    )
+    sp.add_argument(
+        "--auto-resume",
+        dest="auto_resume",
+        type=int,
+        metavar="N",
+        help="resume by itself at most N times when the death criteria hold",
+    )
+    sp.add_argument(
+        "--resume-template",
+        dest="resume_template",
+        help="the command for a resume; {ckpt} and {ckpt_dir} are replaced",
+    )
     sp.add_argument("--lock-file", dest="lock_file", action="append", help="a lock file the trainer holds")
-    sp.add_argument("--watch-ckpt", dest="watch_ckpt", action="append", metavar="GLOB",
-                    help="checkpoint files an uninstrumented trainer writes (verified once stable)")
-    sp.add_argument("--keep-verified-copies", action="store_true",
-                    help="keep a verified copy of each watched checkpoint version")
+    sp.add_argument(
+        "--watch-ckpt",
+        dest="watch_ckpt",
+        action="append",
+        metavar="GLOB",
+        help="checkpoint files an uninstrumented trainer writes (verified once stable)",
+    )
+    sp.add_argument(
+        "--keep-verified-copies",
+        action="store_true",
+        help="keep a verified copy of each watched checkpoint version",
+    )
     sp.add_argument("--keep", type=int, help="verified checkpoints prune keeps (default 2)")
     sp.add_argument("--disk-budget", dest="disk_budget", help="bytes the checkpoint root may use, e.g. 50G")
 
@@ -179,14 +215,18 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     ]
     v = d["vram"]
     if v["driver_available"]:
-        lines.append(f"  vram driver {_fmt_bytes(v['driver_used_bytes'])}/{_fmt_bytes(v['driver_total_bytes'])}"
-                     f"  allocator {_fmt_bytes(v['allocator_reserved_bytes'])}")
+        lines.append(
+            f"  vram driver {_fmt_bytes(v['driver_used_bytes'])}/{_fmt_bytes(v['driver_total_bytes'])}"
+            f"  allocator {_fmt_bytes(v['allocator_reserved_bytes'])}"
+        )
     else:
         lines.append(f"  {v['driver_reason'] or 'driver view unavailable: not probed yet'}")
     h = d["host"]
     if h["mem_available_bytes"] is not None:
-        lines.append(f"  host available {_fmt_bytes(h['mem_available_bytes'])}  page cache "
-                     f"{_fmt_bytes(h['page_cache_bytes'])}  disk {d['disk']['used_fraction']}")
+        lines.append(
+            f"  host available {_fmt_bytes(h['mem_available_bytes'])}  page cache "
+            f"{_fmt_bytes(h['page_cache_bytes'])}  disk {d['disk']['used_fraction']}"
+        )
     for f in d["findings"]:
         key = f" [{f['action']}]" if f["action"] else ""
         lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
@@ -211,8 +251,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
         for r in rows:
             try:
                 st, alive = current_state(r)
-                out.append({"run": r.run_id, "alive": alive, "state": status_dict(st, keeper_alive=alive)["state"],
-                            "argv": r.argv, "run_dir": r.run_dir, "created": r.created})
+                out.append(
+                    {
+                        "run": r.run_id,
+                        "alive": alive,
+                        "state": status_dict(st, keeper_alive=alive)["state"],
+                        "argv": r.argv,
+                        "run_dir": r.run_dir,
+                        "created": r.created,
+                    }
+                )
             except RunError as exc:
                 out.append({"run": r.run_id, "alive": False, "state": None, "error": str(exc)})
         print(json.dumps(out, indent=2))
@@ -226,7 +274,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
             state = status_dict(st, keeper_alive=alive)["state"]
         except RunError:
             state = "?"
-        print(f"{r.run_id:40} {state:9} {'keeper up' if r.alive else 'keeper gone':12} {' '.join(r.argv)[:60]}")
+        print(
+            f"{r.run_id:40} {state:9} {'keeper up' if r.alive else 'keeper gone':12} {' '.join(r.argv)[:60]}"
+        )
     return 0
 
 
@@ -293,8 +343,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _print_reply(args: argparse.Namespace, r: Any) -> int:
     if args.json:
-        print(json.dumps({"action": r.action, "ok": r.ok, "message": r.message, "plan": r.plan,
-                          "before": r.before, "after": r.after}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "action": r.action,
+                    "ok": r.ok,
+                    "message": r.message,
+                    "plan": r.plan,
+                    "before": r.before,
+                    "after": r.after,
+                },
+                indent=2,
+                default=str,
+            )
+        )
     else:
         print(("ok: " if r.ok else "refused: ") + r.message)
         if r.before:
@@ -360,11 +422,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_parser(sub, cmd_demo)
 
-    for action, text in (("kill", "kill the trainer's process group (SIGTERM, grace, SIGKILL)"),
-                         ("reclaim", "drop the page cache the way this host allows"),
-                         ("resume", "start a new attempt from the last verified checkpoint"),
-                         ("dump", "dump the trainer's stacks"),
-                         ("bench", "matmul TFLOPS on the run's device (here, with no live keeper)")):
+    for action, text in (
+        ("kill", "kill the trainer's process group (SIGTERM, grace, SIGKILL)"),
+        ("reclaim", "drop the page cache the way this host allows"),
+        ("resume", "start a new attempt from the last verified checkpoint"),
+        ("dump", "dump the trainer's stacks"),
+        ("bench", "matmul TFLOPS on the run's device (here, with no live keeper)"),
+    ):
         sp = sub.add_parser(action, help=text)
         sp.add_argument("run", nargs="?")
         sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -415,4 +479,3 @@ def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

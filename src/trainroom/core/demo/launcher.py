@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainroom.core.demo.train import FAULTS
 from trainroom.core.run import store as runs
 from trainroom.core.run.status import status_dict
-from trainroom.core.demo.train import FAULTS
 
 NVML_FAULTS = {"ghost-memory", "orphan-context"}
 
@@ -20,13 +20,21 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
     sp.add_argument("--fault", choices=FAULTS, default="none", help="reproduce one scenario of SCENARIOS.md")
     sp.add_argument("--fault-step", type=int, default=None)
     sp.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: run on)")
-    sp.add_argument("--ranks", type=int, default=None, help="run under torchrun with this many CPU ranks (gloo)")
+    sp.add_argument(
+        "--ranks", type=int, default=None, help="run under torchrun with this many CPU ranks (gloo)"
+    )
     sp.add_argument("--lr", type=float, default=None)
-    sp.add_argument("--step-delay", type=float, default=0.05,
-                    help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)")
+    sp.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.05,
+        help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)",
+    )
     sp.add_argument("--ckpt-every", type=int, default=None)
     sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
-    sp.add_argument("--no-tui", action="store_true", help="print status lines instead of opening the control room")
+    sp.add_argument(
+        "--no-tui", action="store_true", help="print status lines instead of opening the control room"
+    )
     sp.add_argument("--detach", action="store_true", help="print the run id and return")
     sp.add_argument("--auto-resume", type=int, default=None, metavar="N")
     sp.add_argument("--linger", dest="linger_s", type=float, default=None)
@@ -36,8 +44,14 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
 
 def demo_command(args: argparse.Namespace) -> list[str]:
     trainer = ["-m", "trainroom.core.demo.train"]
-    for flag, val in (("--fault", args.fault), ("--fault-step", args.fault_step), ("--steps", args.steps),
-                      ("--lr", args.lr), ("--step-delay", args.step_delay), ("--ckpt-every", args.ckpt_every)):
+    for flag, val in (
+        ("--fault", args.fault),
+        ("--fault-step", args.fault_step),
+        ("--steps", args.steps),
+        ("--lr", args.lr),
+        ("--step-delay", args.step_delay),
+        ("--ckpt-every", args.ckpt_every),
+    ):
         if val is not None and not (flag == "--fault" and val == "none"):
             trainer += [flag, str(val)]
     if args.tracer or args.fault == "nan":
@@ -46,8 +60,14 @@ def demo_command(args: argparse.Namespace) -> list[str]:
         trainer += ["--lock-file", str(demo_dir() / "train.lock")]
     ranks = args.ranks or (2 if args.fault == "rank-outlier" else 1)
     if ranks > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                *trainer]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            *trainer,
+        ]
     return [sys.executable, *trainer]
 
 
@@ -102,4 +122,3 @@ def run_demo(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\nleft running: {info.run_id}")
         return 0
-

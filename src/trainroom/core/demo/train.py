@@ -36,9 +36,24 @@ from pathlib import Path
 from typing import Any
 
 FAULTS = (
-    "none", "silent-death", "stall", "hang", "hang-lock", "lr-override", "exploded-init", "white-model",
-    "spike", "diverge", "nan", "rank-outlier", "ghost-memory", "orphan-context", "disk-fill",
-    "truncated-ckpt", "masked-enomem", "duplicate",
+    "none",
+    "silent-death",
+    "stall",
+    "hang",
+    "hang-lock",
+    "lr-override",
+    "exploded-init",
+    "white-model",
+    "spike",
+    "diverge",
+    "nan",
+    "rank-outlier",
+    "ghost-memory",
+    "orphan-context",
+    "disk-fill",
+    "truncated-ckpt",
+    "masked-enomem",
+    "duplicate",
 )
 
 # lr-override (seed 003): the earlier run began at this LR; the session that resumes from its
@@ -52,8 +67,12 @@ DIVERGE_LR_FACTOR = 300.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="trainroom-demo-trainer")
     ap.add_argument("--steps", type=int, default=100_000)
-    ap.add_argument("--lr", type=float, default=None,
-                    help="the session's LR (default 3e-3; 1e-4 under --fault lr-override, as in the seed)")
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="the session's LR (default 3e-3; 1e-4 under --fault lr-override, as in the seed)",
+    )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=32)
     ap.add_argument("--d-model", type=int, default=64)
@@ -63,16 +82,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step (a slower demo)")
     ap.add_argument("--fault", choices=FAULTS, default="none")
     ap.add_argument("--fault-step", type=int, default=30)
-    ap.add_argument("--fault-every-attempt", action="store_true",
-                    help="fault again in resumed attempts too (default: only the first attempt faults)")
+    ap.add_argument(
+        "--fault-every-attempt",
+        action="store_true",
+        help="fault again in resumed attempts too (default: only the first attempt faults)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tracer", action="store_true", help="name the first module whose output went non-finite")
+    ap.add_argument(
+        "--tracer", action="store_true", help="name the first module whose output went non-finite"
+    )
     ap.add_argument("--lock-file", help="hold an flock on this file while training (as many trainers do)")
     ap.add_argument("--ckpt-pad-mb", type=float, default=0.0, help="pad each checkpoint by this many MiB")
-    ap.add_argument("--no-reimpose-lr", action="store_true",
-                    help="on resume, keep the optimizer/scheduler LR from the checkpoint")
-    ap.add_argument("--reimpose-lr", action="store_true",
-                    help="on resume, call reimpose_lr even under --fault lr-override (the fix)")
+    ap.add_argument(
+        "--no-reimpose-lr",
+        action="store_true",
+        help="on resume, keep the optimizer/scheduler LR from the checkpoint",
+    )
+    ap.add_argument(
+        "--reimpose-lr",
+        action="store_true",
+        help="on resume, call reimpose_lr even under --fault lr-override (the fix)",
+    )
     return ap.parse_args(argv)
 
 
@@ -97,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+
     from trainroom.core.sdk import reporter as reporter
 
     torch.set_num_threads(1)
@@ -114,7 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
 
-    arch = {"layers": args.layers, "d_model": args.d_model, "vocab": vocab, "heads": args.heads, "ctx": args.ctx}
+    arch = {
+        "layers": args.layers,
+        "d_model": args.d_model,
+        "vocab": vocab,
+        "heads": args.heads,
+        "ctx": args.ctx,
+    }
     rep = reporter.connect(lr=session_lr, vocab_size=vocab, warmup_steps=0, arch=arch)
 
     class Block(nn.Module):
@@ -123,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             self.ln1 = nn.LayerNorm(args.d_model)
             self.attn = nn.MultiheadAttention(args.d_model, args.heads, batch_first=True)
             self.ln2 = nn.LayerNorm(args.d_model)
-            self.mlp = nn.Sequential(nn.Linear(args.d_model, 4 * args.d_model), nn.GELU(),
-                                     nn.Linear(4 * args.d_model, args.d_model))
+            self.mlp = nn.Sequential(
+                nn.Linear(args.d_model, 4 * args.d_model),
+                nn.GELU(),
+                nn.Linear(4 * args.d_model, args.d_model),
+            )
 
         def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             h = self.ln1(x)
@@ -173,15 +213,21 @@ def main(argv: list[str] | None = None) -> int:
         step, tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
         print(f"resumed from {resume} at step {step}", flush=True)
         if forgets_reimpose or args.no_reimpose_lr:
-            print(f"lr {opt.param_groups[0]['lr']:.3g} restored from the checkpoint, "
-                  f"requested {args.lr:g}: reimpose_lr not called", flush=True)
+            print(
+                f"lr {opt.param_groups[0]['lr']:.3g} restored from the checkpoint, "
+                f"requested {args.lr:g}: reimpose_lr not called",
+                flush=True,
+            )
         else:
             from trainroom.core.sdk.lr import reimpose_lr
 
             reimpose_lr(opt, sched, args.lr, step=step)
     if earlier_run:
-        print(f"lr-override: this attempt plays the earlier run at lr {EARLIER_RUN_LR:g} (not --lr {args.lr:g}); "
-              f"it saves at step {args.fault_step} and ends: resume the run to start the session", flush=True)
+        print(
+            f"lr-override: this attempt plays the earlier run at lr {EARLIER_RUN_LR:g} (not --lr {args.lr:g}); "
+            f"it saves at step {args.fault_step} and ends: resume the run to start the session",
+            flush=True,
+        )
     if args.fault == "exploded-init":
         with torch.no_grad():
             model.lm_head.weight.mul_(13.87 / float(model.lm_head.weight.std()))
@@ -195,16 +241,24 @@ def main(argv: list[str] | None = None) -> int:
     lock_fd = _take_lock(args.lock_file) if args.lock_file else None
     if args.fault == "orphan-context" and lock_fd is not None and rank == 0:
         # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], pass_fds=(lock_fd,),
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(3600)"],
+            pass_fds=(lock_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     if args.fault == "duplicate" and rank == 0 and not os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
         _start_duplicate()
     fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
     ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    print(f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {session_lr:g} "
-          f"fault {args.fault}@{args.fault_step}", flush=True)
+    print(
+        f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {session_lr:g} "
+        f"fault {args.fault}@{args.fault_step}",
+        flush=True,
+    )
     start_step = step
     while step < args.steps:
         if args.fault == "stall" and step >= args.fault_step:
@@ -246,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         lv = float(loss.detach())
         rep.step(step, loss=lv, tokens=tokens, grad_norm=gn, optimizer=opt, alloc=alloc)
         if step % 10 == 0 and rank == 0:
-            print(f"iter {step}: loss {lv:.4f}, lr {opt.param_groups[0]['lr']:.3e}, "
-                  f"grad {gn:.3f}", flush=True)
+            print(
+                f"iter {step}: loss {lv:.4f}, lr {opt.param_groups[0]['lr']:.3e}, grad {gn:.3f}", flush=True
+            )
         if args.fault == "silent-death" and step == args.fault_step:
             os.kill(os.getpid(), signal.SIGKILL)
         if args.fault == "hang" and step == args.fault_step:
@@ -263,16 +318,24 @@ def main(argv: list[str] | None = None) -> int:
         every = 1 if args.fault == "disk-fill" else args.ckpt_every
         ends_earlier_run = earlier_run and step >= args.fault_step
         if rank == 0 and (ends_earlier_run or (every and step % every == 0)) and step > start_step:
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "scheduler": sched.state_dict(), "step": step, "tokens": tokens,
-                     "config": {"lr": session_lr, "vocab_size": vocab, **arch}}
+            state = {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "step": step,
+                "tokens": tokens,
+                "config": {"lr": session_lr, "vocab_size": vocab, **arch},
+            }
             pad = args.ckpt_pad_mb or (8.0 if args.fault == "disk-fill" else 0.0)
             if pad:
                 state["pad"] = torch.zeros(int(pad * (1 << 20) / 4))
             _save(state, step, ckpt_root, truncate=args.fault == "truncated-ckpt" and step >= args.fault_step)
         if ends_earlier_run:
-            print(f"the earlier run ends at step {step} (lr {opt.param_groups[0]['lr']:.3g}, saved); "
-                  "resume it (r, or `trainroom resume --yes`) for the session", flush=True)
+            print(
+                f"the earlier run ends at step {step} (lr {opt.param_groups[0]['lr']:.3g}, saved); "
+                "resume it (r, or `trainroom resume --yes`) for the session",
+                flush=True,
+            )
             break
         if args.step_delay:
             time.sleep(args.step_delay)
@@ -296,8 +359,8 @@ def _checkpoint_file(path: str) -> str:
 
 
 def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
-    from trainroom.core.sdk import reporter as reporter
     from trainroom.core.ckpt.layout import CheckpointWontFit, save_checkpoint
+    from trainroom.core.sdk import reporter as reporter
 
     if not truncate:
         try:
@@ -320,11 +383,10 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
     q.mkdir(parents=True, exist_ok=True)
     path = q / f"step-{step:06d}.pt"
     rep = reporter.current()
-    with rep.phase("checkpoint-save"):
-        with open(path, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    with rep.phase("checkpoint-save"), open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     rep.checkpoint(str(path), step, size_bytes=len(data), digest=None)
 
 
@@ -368,10 +430,18 @@ def _start_duplicate() -> None:
     # an intermediate that exits at once, so it is not our descendant either (the duplicate check
     # rightly counts our own children, e.g. data-loader workers, as ours): an unreleased session's
     # trainer is no child of the new one.
-    launcher = ("import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, "
-                "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
-    subprocess.run([sys.executable, "-c", launcher, *sys.orig_argv], env=env, check=False,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = (
+        "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, "
+        "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", launcher, *sys.orig_argv],
+        env=env,
+        check=False,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _be_the_duplicate(parent: int) -> int:
@@ -397,9 +467,18 @@ def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -
     if args.fault == "orphan-context" and step >= args.fault_step - 1:
         procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": 12 << 30})
         util, power = 100, 60.0
-    scenario = {"devices": [{"name": "NVIDIA GeForce RTX 3060 (fake)", "total_bytes": 12 << 30,
-                             "used_bytes": sum(p["used_bytes"] for p in procs), "util_percent": util,
-                             "power_w": power}], "processes": procs}
+    scenario = {
+        "devices": [
+            {
+                "name": "NVIDIA GeForce RTX 3060 (fake)",
+                "total_bytes": 12 << 30,
+                "used_bytes": sum(p["used_bytes"] for p in procs),
+                "util_percent": util,
+                "power_w": power,
+            }
+        ],
+        "processes": procs,
+    }
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(scenario, f)

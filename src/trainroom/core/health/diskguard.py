@@ -57,8 +57,14 @@ class DiskUsage(msgspec.Struct, kw_only=True, frozen=True):
         return self.used_bytes / denom if denom > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "total_bytes": self.total_bytes, "used_bytes": self.used_bytes,
-                "free_bytes": self.free_bytes, "used_fraction": round(self.used_fraction, 4), "budget": self.budget}
+        return {
+            "path": self.path,
+            "total_bytes": self.total_bytes,
+            "used_bytes": self.used_bytes,
+            "free_bytes": self.free_bytes,
+            "used_fraction": round(self.used_fraction, 4),
+            "budget": self.budget,
+        }
 
 
 class MountEntry(msgspec.Struct, kw_only=True, frozen=True):
@@ -94,8 +100,12 @@ def disk_usage(path: str | os.PathLike[str], statvfs: StatvfsFn = os.statvfs) ->
     st = statvfs(str(p))
     frsize = st.f_frsize or st.f_bsize
     total = st.f_blocks * frsize
-    return DiskUsage(path=str(path), total_bytes=total, used_bytes=(st.f_blocks - st.f_bfree) * frsize,
-                     free_bytes=st.f_bavail * frsize)
+    return DiskUsage(
+        path=str(path),
+        total_bytes=total,
+        used_bytes=(st.f_blocks - st.f_bfree) * frsize,
+        free_bytes=st.f_bavail * frsize,
+    )
 
 
 def _unescape(field: str) -> str:
@@ -123,8 +133,13 @@ def budget_usage(root: str | os.PathLike[str], budget_bytes: int, used_bytes: in
                     used_bytes += os.lstat(os.path.join(dirpath, n)).st_size
                 except OSError:
                     pass
-    return DiskUsage(path=str(root), total_bytes=budget_bytes, used_bytes=used_bytes,
-                     free_bytes=max(0, budget_bytes - used_bytes), budget=True)
+    return DiskUsage(
+        path=str(root),
+        total_bytes=budget_bytes,
+        used_bytes=used_bytes,
+        free_bytes=max(0, budget_bytes - used_bytes),
+        budget=True,
+    )
 
 
 def read_mounts(mounts_path: str | os.PathLike[str] = "/proc/mounts") -> list[MountEntry]:
@@ -137,8 +152,14 @@ def read_mounts(mounts_path: str | os.PathLike[str] = "/proc/mounts") -> list[Mo
         parts = line.split()
         if len(parts) < 4:
             continue
-        entries.append(MountEntry(device=_unescape(parts[0]), mountpoint=_unescape(parts[1]),
-                                  fstype=parts[2], options=tuple(parts[3].split(","))))
+        entries.append(
+            MountEntry(
+                device=_unescape(parts[0]),
+                mountpoint=_unescape(parts[1]),
+                fstype=parts[2],
+                options=tuple(parts[3].split(",")),
+            )
+        )
     return entries
 
 
@@ -155,8 +176,11 @@ def mount_of(path: str | os.PathLike[str], mounts: Iterable[MountEntry]) -> Moun
     return best
 
 
-def observe(root: str | os.PathLike[str], statvfs: StatvfsFn = os.statvfs,
-            mounts_path: str | os.PathLike[str] = "/proc/mounts") -> dict[str, Any]:
+def observe(
+    root: str | os.PathLike[str],
+    statvfs: StatvfsFn = os.statvfs,
+    mounts_path: str | os.PathLike[str] = "/proc/mounts",
+) -> dict[str, Any]:
     """One disk reading for `ProbeSample.disk`: usage plus the filesystem type of the root."""
     usage = disk_usage(root, statvfs)
     mount = mount_of(root, read_mounts(mounts_path))
@@ -190,9 +214,14 @@ def disk_high(usage: DiskUsage, warn: float = DISK_WARN, critical: float = DISK_
         return None
     severity = "critical" if frac >= critical else "warning"
     return Finding(
-        code="DISK_HIGH", severity=severity, action="prune", key=usage.path,
-        message=(f"{usage.what} {frac * 100:.1f}% used at {usage.path}: {_gb(usage.free_bytes)} free "
-                 f"of {_gb(usage.total_bytes)} (thresholds {warn * 100:.0f}% / {critical * 100:.0f}%)"),
+        code="DISK_HIGH",
+        severity=severity,
+        action="prune",
+        key=usage.path,
+        message=(
+            f"{usage.what} {frac * 100:.1f}% used at {usage.path}: {_gb(usage.free_bytes)} free "
+            f"of {_gb(usage.total_bytes)} (thresholds {warn * 100:.0f}% / {critical * 100:.0f}%)"
+        ),
         evidence={**usage.as_dict(), "warn": warn, "critical": critical},
     )
 
@@ -203,8 +232,9 @@ def reserve_for(usage: DiskUsage, reserve_bytes: int | None = None) -> int:
     return min(DEFAULT_RESERVE_BYTES, int(usage.total_bytes * RESERVE_FRACTION))
 
 
-def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
-            reserve_bytes: int | None = None) -> Projection | None:
+def project(
+    usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float, reserve_bytes: int | None = None
+) -> Projection | None:
     """Time to full from the recent saves, each `(t, size_bytes)` of a checkpoint that added a new
     file (an overwrite in place adds nothing and should not be passed). None with under 2 saves.
     The next save is due one cadence after the last (at once when that is past: a save that is
@@ -223,14 +253,26 @@ def project(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float,
     saves_left = max(0, (usage.free_bytes - reserve_for(usage, reserve_bytes)) // size)
     next_t = max(recent[-1][0] + cadence, now)
     fail_t = next_t + saves_left * cadence
-    return Projection(checkpoint_bytes=size, cadence_s=cadence, bytes_per_s=size / cadence,
-                      saves_left=int(saves_left), time_to_full_s=max(0.0, fail_t - now))
+    return Projection(
+        checkpoint_bytes=size,
+        cadence_s=cadence,
+        bytes_per_s=size / cadence,
+        saves_left=int(saves_left),
+        time_to_full_s=max(0.0, fail_t - now),
+    )
 
 
-def disk_full_soon(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float, *,
-                   horizon_s: float = FULL_SOON_HORIZON_S, critical_s: float = FULL_SOON_CRITICAL_S,
-                   reserve_bytes: int | None = None,
-                   prunable_bytes: int | None = None, writing: bool = True) -> Finding | None:
+def disk_full_soon(
+    usage: DiskUsage,
+    saves: Sequence[tuple[float, int]],
+    now: float,
+    *,
+    horizon_s: float = FULL_SOON_HORIZON_S,
+    critical_s: float = FULL_SOON_CRITICAL_S,
+    reserve_bytes: int | None = None,
+    prunable_bytes: int | None = None,
+    writing: bool = True,
+) -> Finding | None:
     """DISK_FULL_SOON while checkpoints are being written (`writing`: the trainer is alive) and
     the projection falls within `horizon_s`; with no writer only when the next checkpoint of the
     same size would not fit at all (a rate means nothing once nobody writes)."""
@@ -238,43 +280,81 @@ def disk_full_soon(usage: DiskUsage, saves: Sequence[tuple[float, int]], now: fl
     if proj is None or proj.time_to_full_s > horizon_s or (not writing and proj.saves_left > 0):
         return None
     severity = "critical" if proj.saves_left == 0 or proj.time_to_full_s <= critical_s else "warning"
-    when = ("the next checkpoint will not fit" if proj.saves_left == 0
-            else f"{proj.saves_left} more fit; full in {_duration(proj.time_to_full_s)}")
-    msg = (f"checkpoints of {_gb(proj.checkpoint_bytes)} every {_duration(proj.cadence_s)} "
-           f"({_gb(proj.bytes_per_s * 3600)}/h) with {_gb(usage.free_bytes)} free"
-           f"{' in the budget' if usage.budget else ''}: {when}")
+    when = (
+        "the next checkpoint will not fit"
+        if proj.saves_left == 0
+        else f"{proj.saves_left} more fit; full in {_duration(proj.time_to_full_s)}"
+    )
+    msg = (
+        f"checkpoints of {_gb(proj.checkpoint_bytes)} every {_duration(proj.cadence_s)} "
+        f"({_gb(proj.bytes_per_s * 3600)}/h) with {_gb(usage.free_bytes)} free"
+        f"{' in the budget' if usage.budget else ''}: {when}"
+    )
     if prunable_bytes:
         msg += f"; prune would free {_gb(prunable_bytes)}"
-    evidence: dict[str, Any] = {**msgspec.structs.asdict(proj), "free_bytes": usage.free_bytes,
-                                "path": usage.path, "budget": usage.budget, "writing": writing}
+    evidence: dict[str, Any] = {
+        **msgspec.structs.asdict(proj),
+        "free_bytes": usage.free_bytes,
+        "path": usage.path,
+        "budget": usage.budget,
+        "writing": writing,
+    }
     if prunable_bytes is not None:
         evidence["prunable_bytes"] = prunable_bytes
-    return Finding(code="DISK_FULL_SOON", severity=severity, action="prune", key=usage.path,
-                   message=msg, evidence=evidence)
+    return Finding(
+        code="DISK_FULL_SOON",
+        severity=severity,
+        action="prune",
+        key=usage.path,
+        message=msg,
+        evidence=evidence,
+    )
 
 
 def drvfs_checkpoints(root: str, mount: MountEntry | None) -> Finding | None:
     if mount is None or not mount.remote:
         return None
-    kind = "drvfs" if (mount.fstype == "drvfs" or any(o.startswith("aname=drvfs") for o in mount.options)) \
+    kind = (
+        "drvfs"
+        if (mount.fstype == "drvfs" or any(o.startswith("aname=drvfs") for o in mount.options))
         else mount.fstype
+    )
     return Finding(
-        code="DRVFS_CHECKPOINTS", severity="warning", key=root,
-        message=(f"checkpoint root {root} is on {mount.fstype} ({kind}, mounted at {mount.mountpoint}): "
-                 "torch.save there has written truncated checkpoints; save to a native Linux directory "
-                 "(e.g. ~/ckpt) and copy verified checkpoints out"),
-        evidence={"root": root, "fstype": mount.fstype, "mountpoint": mount.mountpoint,
-                  "device": mount.device, "options": list(mount.options)},
+        code="DRVFS_CHECKPOINTS",
+        severity="warning",
+        key=root,
+        message=(
+            f"checkpoint root {root} is on {mount.fstype} ({kind}, mounted at {mount.mountpoint}): "
+            "torch.save there has written truncated checkpoints; save to a native Linux directory "
+            "(e.g. ~/ckpt) and copy verified checkpoints out"
+        ),
+        evidence={
+            "root": root,
+            "fstype": mount.fstype,
+            "mountpoint": mount.mountpoint,
+            "device": mount.device,
+            "options": list(mount.options),
+        },
     )
 
 
-def disk_findings(usage: DiskUsage, mount: MountEntry | None, saves: Sequence[tuple[float, int]],
-                  now: float, *, warn: float = DISK_WARN, critical: float = DISK_CRITICAL,
-                  prunable_bytes: int | None = None, writing: bool = True) -> list[Finding]:
+def disk_findings(
+    usage: DiskUsage,
+    mount: MountEntry | None,
+    saves: Sequence[tuple[float, int]],
+    now: float,
+    *,
+    warn: float = DISK_WARN,
+    critical: float = DISK_CRITICAL,
+    prunable_bytes: int | None = None,
+    writing: bool = True,
+) -> list[Finding]:
     """Every disk rule over one reading: what the keeper calls each probe cycle."""
-    out = [disk_high(usage, warn, critical),
-           disk_full_soon(usage, saves, now, prunable_bytes=prunable_bytes, writing=writing),
-           drvfs_checkpoints(usage.path, mount)]
+    out = [
+        disk_high(usage, warn, critical),
+        disk_full_soon(usage, saves, now, prunable_bytes=prunable_bytes, writing=writing),
+        drvfs_checkpoints(usage.path, mount),
+    ]
     return [f for f in out if f is not None]
 
 
@@ -285,9 +365,15 @@ def next_save_fits(usage: DiskUsage, next_bytes: int, reserve_bytes: int | None 
     return usage.free_bytes - next_bytes >= reserve_for(usage, reserve_bytes)
 
 
-def check_fit(path: str | os.PathLike[str], next_bytes: int, *, statvfs: StatvfsFn = os.statvfs,
-              reserve_bytes: int | None = None, budget_bytes: int | None = None,
-              root: str | os.PathLike[str] | None = None) -> DiskUsage:
+def check_fit(
+    path: str | os.PathLike[str],
+    next_bytes: int,
+    *,
+    statvfs: StatvfsFn = os.statvfs,
+    reserve_bytes: int | None = None,
+    budget_bytes: int | None = None,
+    root: str | os.PathLike[str] | None = None,
+) -> DiskUsage:
     """Raise CheckpointWontFit (ENOSPC) before writing a checkpoint that cannot fit: on the
     filesystem holding `path`, and within `budget_bytes` for the checkpoint `root` when given."""
     import errno

@@ -45,9 +45,7 @@ CODES = (
     "LOSS_SCALE",
 )
 
-REIMPOSE_HINT = (
-    "call trainroom.core.lr.reimpose_lr(optimizer, scheduler, lr) after loading the checkpoint"
-)
+REIMPOSE_HINT = "call trainroom.core.lr.reimpose_lr(optimizer, scheduler, lr) after loading the checkpoint"
 
 
 class SanityThresholds(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,7 +147,9 @@ def ln_vocab(vocab_size: int | None) -> float | None:
     return math.log(vocab_size)
 
 
-def headline_loss(per_rank_losses: Mapping[int, float | None]) -> tuple[float | None, int | None, float | None]:
+def headline_loss(
+    per_rank_losses: Mapping[int, float | None],
+) -> tuple[float | None, int | None, float | None]:
     """(median, worst rank, worst loss) across ranks: the headline is the median with the worst rank
     beside it, never only the mean (one failed rank of 64 moves the mean by half a nat and hides).
     A non-finite loss is the worst there is; the median is taken over the finite ones."""
@@ -158,7 +158,9 @@ def headline_loss(per_rank_losses: Mapping[int, float | None]) -> tuple[float | 
         return None, None, None
     good = [v for v in vals.values() if math.isfinite(v)]
     med = statistics.median(good) if good else math.nan
-    worst_rank = max(vals, key=lambda r: (not math.isfinite(vals[r]), vals[r] if math.isfinite(vals[r]) else 0.0, -r))
+    worst_rank = max(
+        vals, key=lambda r: (not math.isfinite(vals[r]), vals[r] if math.isfinite(vals[r]) else 0.0, -r)
+    )
     return med, worst_rank, vals[worst_rank]
 
 
@@ -317,8 +319,20 @@ class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class _RankState:
-    __slots__ = ("rank", "step", "t", "loss", "grad_norm", "tokens", "dts", "rate_t", "rate_tok",
-                 "scale", "pending_grad", "losses")
+    __slots__ = (
+        "dts",
+        "grad_norm",
+        "loss",
+        "losses",
+        "pending_grad",
+        "rank",
+        "rate_t",
+        "rate_tok",
+        "scale",
+        "step",
+        "t",
+        "tokens",
+    )
 
     def __init__(self, rank: int, window: int, loss_window: int) -> None:
         self.rank = rank
@@ -347,7 +361,7 @@ class _RankState:
 class _Rolling:
     """A bounded window with a cached (median, sigma), re-sorted every `refresh` appends."""
 
-    __slots__ = ("values", "refresh", "min_n", "_since", "level", "recent")
+    __slots__ = ("_since", "level", "min_n", "recent", "refresh", "values")
 
     def __init__(self, size: int, refresh: int, min_n: int, recent: int | None = None) -> None:
         self.values: deque[float] = deque(maxlen=size)
@@ -362,8 +376,11 @@ class _Rolling:
         self.values.append(v)
         self._since += 1
         if len(self.values) >= self.min_n and (self.level is None or self._since >= self.refresh):
-            self.level = (robust_level(self.values) if self.recent is None
-                          else trend_robust_level(self.values, self.recent))
+            self.level = (
+                robust_level(self.values)
+                if self.recent is None
+                else trend_robust_level(self.values, self.recent)
+            )
             self._since = 0
 
 
@@ -416,8 +433,16 @@ class SanityTracker:
         elif isinstance(rec, p.Received):
             msg = rec.msg
             if isinstance(msg, p.Step):
-                self.observe_step(rec.rank, msg.step, msg.t, loss=msg.loss, grad_norm=msg.grad_norm,
-                                  lrs=msg.lr, loss_scale=msg.loss_scale, tokens=msg.tokens)
+                self.observe_step(
+                    rec.rank,
+                    msg.step,
+                    msg.t,
+                    loss=msg.loss,
+                    grad_norm=msg.grad_norm,
+                    lrs=msg.lr,
+                    loss_scale=msg.loss_scale,
+                    tokens=msg.tokens,
+                )
             elif isinstance(msg, p.Note):
                 self.observe_note(rec.rank, msg.kind, msg.step, msg.data, msg.t)
             elif isinstance(msg, p.Hello) and (rec.rank == 0 or self.requested == RequestedConfig()):
@@ -494,7 +519,9 @@ class SanityTracker:
         if lnv is not None and self.white is not None and white_model_open(self.white, th):
             out.append(white_model_finding(self.white, req.vocab_size or 0, th))
         if self.spike is not None and excursion_open(self.spike, now, th):
-            out.append(loss_spike_finding(self.spike, self._loss.values[-1] if self._loss.values else None, th))
+            out.append(
+                loss_spike_finding(self.spike, self._loss.values[-1] if self._loss.values else None, th)
+            )
         if self.divergence is not None:
             out.append(divergence_finding(self.divergence, th))
         if self.grad is not None and excursion_open(self.grad, now, th):
@@ -509,8 +536,15 @@ class SanityTracker:
 
     def rank_table(self) -> list[RankRow]:
         return [
-            RankRow(rank=r.rank, step=r.step, t=r.t, loss=r.loss, grad_norm=r.grad_norm,
-                    step_time_s=r.step_time(1), tokens_per_s=r.tokens_per_s())
+            RankRow(
+                rank=r.rank,
+                step=r.step,
+                t=r.t,
+                loss=r.loss,
+                grad_norm=r.grad_norm,
+                step_time_s=r.step_time(1),
+                tokens_per_s=r.tokens_per_s(),
+            )
             for r in sorted(self._ranks.values(), key=lambda r: r.rank)
         ]
 
@@ -529,7 +563,9 @@ class SanityTracker:
         self.lr_mismatch: LrMismatch | None = None
         self.first_loss: FirstLoss | None = None
         self.white: WhiteStreak | None = None
-        self._loss = _Rolling(th.loss_window, th.refresh_every, th.min_window, recent=th.spike_baseline_window)
+        self._loss = _Rolling(
+            th.loss_window, th.refresh_every, th.min_window, recent=th.spike_baseline_window
+        )
         self.spike: Excursion | None = None
         self._spike_cand: Excursion | None = None
         self._chunk: list[float] = []
@@ -577,8 +613,16 @@ class SanityTracker:
         if fresh and all_low and (self._prev_lr is None or rising):
             # Maybe an undeclared warmup on a start from scratch: wait while the LR still rises.
             return
-        self.lr_mismatch = LrMismatch(step=step, t=t, requested=req, groups=bad, resumed=self.resumed,
-                                      fresh=fresh, last_step=step, last_t=t)
+        self.lr_mismatch = LrMismatch(
+            step=step,
+            t=t,
+            requested=req,
+            groups=bad,
+            resumed=self.resumed,
+            fresh=fresh,
+            last_step=step,
+            last_t=t,
+        )
         self._lr_phase = "open"
 
     def _observe_loss(self, step: int, t: float, loss: float, rising_lr: bool) -> None:
@@ -602,8 +646,16 @@ class SanityTracker:
             med, sigma = level
             thr = max(th.spike_sigmas * sigma, th.spike_min_rel * abs(med), th.spike_min_nats)
             self.spike, self._spike_cand = advance_excursion(
-                self.spike, self._spike_cand, step, t, loss, med, thr,
-                immediate=th.spike_immediate * thr, confirm=th.confirm_steps)
+                self.spike,
+                self._spike_cand,
+                step,
+                t,
+                loss,
+                med,
+                thr,
+                immediate=th.spike_immediate * thr,
+                confirm=th.confirm_steps,
+            )
         self._loss.append(loss)
         # Divergence: medians of consecutive chunks against the attempt's best chunk.
         if self._chunk_start is None:
@@ -626,12 +678,22 @@ class SanityTracker:
             med, sigma = level
             thr = max(med * (th.grad_ratio - 1), th.grad_sigmas * sigma)
             self.grad, self._grad_cand = advance_excursion(
-                self.grad, self._grad_cand, step, t, g, med, thr, cap=th.grad_abs_max,
-                immediate=th.grad_immediate * thr, confirm=th.confirm_steps)
+                self.grad,
+                self._grad_cand,
+                step,
+                t,
+                g,
+                med,
+                thr,
+                cap=th.grad_abs_max,
+                immediate=th.grad_immediate * thr,
+                confirm=th.confirm_steps,
+            )
         elif g > th.grad_abs_max or self.grad is not None:
             # No history yet: only the absolute cap can tell (the seed's 10^18 from the first step).
             self.grad, self._grad_cand = advance_excursion(
-                self.grad, None, step, t, g, 0.0, math.inf, cap=th.grad_abs_max)
+                self.grad, None, step, t, g, 0.0, math.inf, cap=th.grad_abs_max
+            )
         self._grad.append(g)
 
     def _observe_scale(self, rs: _RankState, step: int, t: float, scale: float | None, primary: bool) -> bool:
@@ -645,8 +707,14 @@ class SanityTracker:
         return halved
 
     def _observe_finiteness(
-        self, rs: _RankState, step: int, t: float, loss: float | None, grad_norm: float | None,
-        scale: float | None, halved: bool,
+        self,
+        rs: _RankState,
+        step: int,
+        t: float,
+        loss: float | None,
+        grad_norm: float | None,
+        scale: float | None,
+        halved: bool,
     ) -> None:
         pend = rs.pending_grad
         if pend is not None:
@@ -666,16 +734,26 @@ class SanityTracker:
                 # Under a loss scaler an overflowing step is skipped and the scale halved; the
                 # halving may show on this step's report or the next one.
                 rs.pending_grad = (step, t, grad_norm, scale)
-        elif self.nonfinite is not None and rs.rank in self.nonfinite.bad_ranks and (
-            loss is not None or grad_norm is not None
+        elif (
+            self.nonfinite is not None
+            and rs.rank in self.nonfinite.bad_ranks
+            and (loss is not None or grad_norm is not None)
         ):
             self.nonfinite.bad_ranks.remove(rs.rank)
 
     def _nonfinite(self, rank: int, step: int, t: float, what: str, value: float) -> None:
         nf = self.nonfinite
         if nf is None or (not nf.open and t - nf.last_t >= self.th.hold_s):
-            self.nonfinite = NonFinite(first_step=step, first_t=t, first_rank=rank, first_field=what,
-                                       first_value=value, last_step=step, last_t=t, bad_ranks=[rank])
+            self.nonfinite = NonFinite(
+                first_step=step,
+                first_t=t,
+                first_rank=rank,
+                first_field=what,
+                first_value=value,
+                last_step=step,
+                last_t=t,
+                bad_ranks=[rank],
+            )
             return
         nf.last_step, nf.last_t = max(nf.last_step, step), t
         nf.count += 1
@@ -723,8 +801,17 @@ def advance_excursion(
     if not above:
         return ev, None
     if cand is None:
-        cand = Excursion(start_step=step, start_t=t, baseline=baseline, threshold=threshold, cap=cap,
-                         peak=value, peak_step=step, last=value, last_step=step)
+        cand = Excursion(
+            start_step=step,
+            start_t=t,
+            baseline=baseline,
+            threshold=threshold,
+            cap=cap,
+            peak=value,
+            peak_step=step,
+            last=value,
+            last_step=step,
+        )
     else:
         cand.run += 1
         cand.last, cand.last_step = value, step
@@ -741,7 +828,9 @@ def excursion_open(ev: Excursion, now: float, th: SanityThresholds = DEFAULT_THR
 
 
 def divergence_state(
-    medians: list[tuple[float, int, float]], best: tuple[float, int], last_step: int,
+    medians: list[tuple[float, int, float]],
+    best: tuple[float, int],
+    last_step: int,
     th: SanityThresholds = DEFAULT_THRESHOLDS,
 ) -> Divergence | None:
     """Divergence when the last `divergence_chunks` chunk medians all sit above the best chunk
@@ -752,8 +841,15 @@ def divergence_state(
     band = max(th.divergence_rel * abs(b), th.divergence_min_nats)
     if not all(m > b + band for m, _, _ in medians):
         return None
-    return Divergence(since_step=medians[0][1], since_t=medians[0][2], best=b, best_step=b_step, band=band,
-                      medians=[m for m, _, _ in medians], last_step=last_step)
+    return Divergence(
+        since_step=medians[0][1],
+        since_t=medians[0][2],
+        best=b,
+        best_step=b_step,
+        band=band,
+        medians=[m for m, _, _ in medians],
+        last_step=last_step,
+    )
 
 
 def lr_mismatch_finding(m: LrMismatch, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
@@ -782,50 +878,80 @@ def lr_mismatch_finding(m: LrMismatch, th: SanityThresholds = DEFAULT_THRESHOLDS
     if len(m.groups) > 1:
         msg += f" [{groups}]"
     return Finding(
-        code="LR_MISMATCH", severity="warning", message=msg,
+        code="LR_MISMATCH",
+        severity="warning",
+        message=msg,
         evidence={
-            "requested": m.requested, "effective": eff, "ratio": ratio, "group": group,
+            "requested": m.requested,
+            "effective": eff,
+            "ratio": ratio,
+            "group": group,
             "groups": [{"group": g, "effective": e, "ratio": r} for g, e, r in m.groups],
-            "step": m.step, "last_step": m.last_step, "resumed": m.resumed,
+            "step": m.step,
+            "last_step": m.last_step,
+            "resumed": m.resumed,
             "band": [th.lr_low_ratio, th.lr_high_ratio],
         },
     )
 
 
-def exploded_start_finding(first: FirstLoss, vocab_size: int, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
+def exploded_start_finding(
+    first: FirstLoss, vocab_size: int, th: SanityThresholds = DEFAULT_THRESHOLDS
+) -> Finding:
     lnv = math.log(vocab_size)
     return Finding(
-        code="EXPLODED_START", severity="warning", action="verify",
+        code="EXPLODED_START",
+        severity="warning",
+        action="verify",
         message=(
             f"first loss {_fmt(first.loss)} at step {first.step} vs ln V = {lnv:.3f} (V = {vocab_size}): "
             f"{first.loss / lnv:.1f}x the uniform-guess baseline (limit {th.exploded_factor:g}x); "
             "the starting weights look exploded (an output head with a huge std?): verify the starting "
             "checkpoint before spending steps normalising it"
         ),
-        evidence={"first_loss": first.loss, "step": first.step, "ln_v": lnv, "vocab_size": vocab_size,
-                  "ratio": first.loss / lnv, "factor": th.exploded_factor},
+        evidence={
+            "first_loss": first.loss,
+            "step": first.step,
+            "ln_v": lnv,
+            "vocab_size": vocab_size,
+            "ratio": first.loss / lnv,
+            "factor": th.exploded_factor,
+        },
     )
 
 
-def white_model_finding(w: WhiteStreak, vocab_size: int, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
+def white_model_finding(
+    w: WhiteStreak, vocab_size: int, th: SanityThresholds = DEFAULT_THRESHOLDS
+) -> Finding:
     lnv = math.log(vocab_size)
     mean = w.total / w.n if w.n else lnv
     steps = w.last_step - w.start_step + 1
     return Finding(
-        code="WHITE_MODEL", severity="warning",
+        code="WHITE_MODEL",
+        severity="warning",
         message=(
             f"loss {mean:.4f} has stayed within {th.white_band:.0%} of ln V = {lnv:.3f} (V = {vocab_size}) "
             f"for {steps} steps (since step {w.start_step}): e^-L = {math.exp(-mean):.3g}, the "
             f"geometric-mean probability of the right token, is what uniform guessing gives (1/V = "
             f"{1 / vocab_size:.3g}): the model has learned nothing"
         ),
-        evidence={"loss": mean, "ln_v": lnv, "vocab_size": vocab_size, "steps": steps,
-                  "since_step": w.start_step, "last_step": w.last_step, "geo_mean_p": math.exp(-mean),
-                  "uniform_p": 1 / vocab_size, "band": th.white_band},
+        evidence={
+            "loss": mean,
+            "ln_v": lnv,
+            "vocab_size": vocab_size,
+            "steps": steps,
+            "since_step": w.start_step,
+            "last_step": w.last_step,
+            "geo_mean_p": math.exp(-mean),
+            "uniform_p": 1 / vocab_size,
+            "band": th.white_band,
+        },
     )
 
 
-def loss_spike_finding(s: Excursion, latest: float | None, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
+def loss_spike_finding(
+    s: Excursion, latest: float | None, th: SanityThresholds = DEFAULT_THRESHOLDS
+) -> Finding:
     size = s.peak - s.baseline
     if s.recovered_step is not None:
         n = s.recovered_step - s.start_step
@@ -834,14 +960,24 @@ def loss_spike_finding(s: Excursion, latest: float | None, th: SanityThresholds 
         state = f"not recovered: {_fmt(latest)} at step {s.last_step}, {s.last_step - s.start_step} steps on"
     more = f"; {s.count} spikes this attempt" if s.count > 1 else ""
     return Finding(
-        code="LOSS_SPIKE", severity="info" if s.recovered_step is not None else "warning",
+        code="LOSS_SPIKE",
+        severity="info" if s.recovered_step is not None else "warning",
         message=(
             f"loss spike at step {s.start_step}: {_fmt(s.baseline)} -> {_fmt(s.peak)} (+{size:.3g} nats over "
             f"the median of the latest {th.spike_baseline_window} steps; band +{s.threshold:.3g}), {state}{more}"
         ),
-        evidence={"step": s.start_step, "baseline": s.baseline, "peak": s.peak, "peak_step": s.peak_step,
-                  "size_nats": size, "threshold": s.threshold, "recovered": s.recovered_step is not None,
-                  "recovered_step": s.recovered_step, "last": latest, "count": s.count},
+        evidence={
+            "step": s.start_step,
+            "baseline": s.baseline,
+            "peak": s.peak,
+            "peak_step": s.peak_step,
+            "size_nats": size,
+            "threshold": s.threshold,
+            "recovered": s.recovered_step is not None,
+            "recovered_step": s.recovered_step,
+            "last": latest,
+            "count": s.count,
+        },
     )
 
 
@@ -849,15 +985,23 @@ def divergence_finding(d: Divergence, th: SanityThresholds = DEFAULT_THRESHOLDS)
     cur = d.medians[-1]
     trend = "rising" if cur > d.medians[0] else "holding"
     return Finding(
-        code="DIVERGENCE", severity="warning",
+        code="DIVERGENCE",
+        severity="warning",
         message=(
             f"rolling median loss {_fmt(cur)} has stayed above the attempt's best {_fmt(d.best)} (step "
             f"{d.best_step}) + band {d.band:.3g} for {len(d.medians)} windows of {th.divergence_chunk} "
             f"steps since step {d.since_step}, {trend} ({_fmt(d.medians[0])} -> {_fmt(cur)}): the trajectory "
             "is not coming back; look at LR, warmup and the data before it turns NaN"
         ),
-        evidence={"median": cur, "best": d.best, "best_step": d.best_step, "band": d.band,
-                  "since_step": d.since_step, "medians": d.medians, "last_step": d.last_step},
+        evidence={
+            "median": cur,
+            "best": d.best,
+            "best_step": d.best_step,
+            "band": d.band,
+            "since_step": d.since_step,
+            "medians": d.medians,
+            "last_step": d.last_step,
+        },
     )
 
 
@@ -867,16 +1011,27 @@ def grad_explosion_finding(g: Excursion, th: SanityThresholds = DEFAULT_THRESHOL
         state = f"back in range at step {g.recovered_step}"
     else:
         state = f"still {_fmt(g.last)} at step {g.last_step}"
-    ref = (f"{ratio:.3g}x its median {_fmt(g.baseline)} over the last {th.grad_window} steps" if g.baseline > 0
-           else f"above the absolute cap {_fmt(th.grad_abs_max)} before any history")
+    ref = (
+        f"{ratio:.3g}x its median {_fmt(g.baseline)} over the last {th.grad_window} steps"
+        if g.baseline > 0
+        else f"above the absolute cap {_fmt(th.grad_abs_max)} before any history"
+    )
     return Finding(
-        code="GRAD_EXPLOSION", severity="info" if g.recovered_step is not None else "warning",
+        code="GRAD_EXPLOSION",
+        severity="info" if g.recovered_step is not None else "warning",
         message=(
             f"grad norm {_fmt(g.peak)} at step {g.peak_step} (10^{math.log10(g.peak):.0f}), {ref}; {state}"
         ),
-        evidence={"step": g.start_step, "peak": g.peak, "peak_step": g.peak_step, "median": g.baseline,
-                  "ratio": ratio if math.isfinite(ratio) else None, "recovered": g.recovered_step is not None,
-                  "last": g.last, "count": g.count},
+        evidence={
+            "step": g.start_step,
+            "peak": g.peak,
+            "peak_step": g.peak_step,
+            "median": g.baseline,
+            "ratio": ratio if math.isfinite(ratio) else None,
+            "recovered": g.recovered_step is not None,
+            "last": g.last,
+            "count": g.count,
+        },
     )
 
 
@@ -886,9 +1041,15 @@ def nonfinite_finding(nf: NonFinite, tracer: TracerReport | None) -> Finding:
         f"({nf.count} non-finite step{'s' if nf.count != 1 else ''}, last at step {nf.last_step}"
         f"{'' if nf.open else '; finite again since'})"
     )
-    evidence: dict[str, Any] = {"step": nf.first_step, "rank": nf.first_rank, "field": nf.first_field,
-                                "value": str(nf.first_value), "count": nf.count, "last_step": nf.last_step,
-                                "open": nf.open}
+    evidence: dict[str, Any] = {
+        "step": nf.first_step,
+        "rank": nf.first_rank,
+        "field": nf.first_field,
+        "value": str(nf.first_value),
+        "count": nf.count,
+        "last_step": nf.last_step,
+        "open": nf.open,
+    }
     if tracer is not None:
         at = f" (step {tracer.step})" if tracer.step is not None else ""
         msg += f"; first non-finite module: {tracer.module}{at}, from the tracer"
@@ -910,18 +1071,27 @@ def loss_scale_finding(
         return None
     last = halvings[-1] if halvings else None
     if collapsed:
-        msg = (f"loss scale collapsed to {_fmt(scale)} (floor {_fmt(th.loss_scale_floor)}): the scaler "
-               "halves at every step, so gradients overflow at any scale; expect NONFINITE")
+        msg = (
+            f"loss scale collapsed to {_fmt(scale)} (floor {_fmt(th.loss_scale_floor)}): the scaler "
+            "halves at every step, so gradients overflow at any scale; expect NONFINITE"
+        )
     else:
         assert last is not None
-        msg = (f"fp16 loss scale halved {last.old:g} -> {last.new:g} at step {last.step}: the "
-               f"overflowing step was skipped, the scaler's controlled response, not an incident "
-               f"({len(recent)} halving{'s' if len(recent) != 1 else ''} in the last {th.hold_s:g} s)")
+        msg = (
+            f"fp16 loss scale halved {last.old:g} -> {last.new:g} at step {last.step}: the "
+            f"overflowing step was skipped, the scaler's controlled response, not an incident "
+            f"({len(recent)} halving{'s' if len(recent) != 1 else ''} in the last {th.hold_s:g} s)"
+        )
     return Finding(
-        code="LOSS_SCALE", severity="warning" if collapsed else "info", message=msg,
-        evidence={"scale": scale, "halvings_recent": len(recent),
-                  "last": None if last is None else {"step": last.step, "old": last.old, "new": last.new},
-                  "collapsed": collapsed},
+        code="LOSS_SCALE",
+        severity="warning" if collapsed else "info",
+        message=msg,
+        evidence={
+            "scale": scale,
+            "halvings_recent": len(recent),
+            "last": None if last is None else {"step": last.step, "old": last.old, "new": last.new},
+            "collapsed": collapsed,
+        },
     )
 
 
@@ -931,7 +1101,9 @@ def _others(n: int) -> str:
     return "the other rank" if n == 2 else f"the other {n - 1} ranks"
 
 
-def rank_outlier_findings(ranks: Mapping[int, _RankState], th: SanityThresholds = DEFAULT_THRESHOLDS) -> list[Finding]:
+def rank_outlier_findings(
+    ranks: Mapping[int, _RankState], th: SanityThresholds = DEFAULT_THRESHOLDS
+) -> list[Finding]:
     out: list[Finding] = []
     latest = {r: s.loss for r, s in ranks.items() if s.loss is not None and math.isfinite(s.loss)}
     smooth = {r: statistics.median(s.losses) for r, s in ranks.items() if s.losses}
@@ -939,35 +1111,66 @@ def rank_outlier_findings(ranks: Mapping[int, _RankState], th: SanityThresholds 
     if len(latest) >= 2:
         mean = statistics.fmean(latest.values())
         med = statistics.median(latest.values())
-        flagged = {d[0]: d for d in rank_deviations(
-            smooth, th.rank_sigmas, th.rank_loss_rel, th.rank_loss_min_nats, True)}
+        flagged = {
+            d[0]: d
+            for d in rank_deviations(smooth, th.rank_sigmas, th.rank_loss_rel, th.rank_loss_min_nats, True)
+        }
         for d in rank_deviations(
-            latest, th.rank_sigmas * th.rank_immediate, th.rank_loss_rel * th.rank_immediate,
-            th.rank_loss_min_nats * th.rank_immediate, True,
+            latest,
+            th.rank_sigmas * th.rank_immediate,
+            th.rank_loss_rel * th.rank_immediate,
+            th.rank_loss_min_nats * th.rank_immediate,
+            True,
         ):
             flagged.setdefault(d[0], d)
         others = _others(len(latest))
         for r, v, ref, thr in sorted(flagged.values()):
-            out.append(Finding(
-                code="RANK_OUTLIER", severity="warning", key=f"{r}/loss",
-                message=(
-                    f"rank {r} loss {_fmt(v)} vs {_fmt(ref)}, the median of {others} ({v - ref:+.3g} nats; "
-                    f"band ±{thr:.3g}); across "
-                    f"{len(latest)} ranks the median is {_fmt(med)} and the mean {_fmt(mean)}, which hides it"
-                ),
-                evidence={"rank": r, "metric": "loss", "value": v, "reference": ref, "threshold": thr,
-                          "ranks": n, "median": med, "mean": mean, "step": ranks[r].step},
-            ))
+            out.append(
+                Finding(
+                    code="RANK_OUTLIER",
+                    severity="warning",
+                    key=f"{r}/loss",
+                    message=(
+                        f"rank {r} loss {_fmt(v)} vs {_fmt(ref)}, the median of {others} ({v - ref:+.3g} nats; "
+                        f"band ±{thr:.3g}); across "
+                        f"{len(latest)} ranks the median is {_fmt(med)} and the mean {_fmt(mean)}, which hides it"
+                    ),
+                    evidence={
+                        "rank": r,
+                        "metric": "loss",
+                        "value": v,
+                        "reference": ref,
+                        "threshold": thr,
+                        "ranks": n,
+                        "median": med,
+                        "mean": mean,
+                        "step": ranks[r].step,
+                    },
+                )
+            )
     times = {r: st for r, s in ranks.items() if (st := s.step_time(th.rank_time_min_samples)) is not None}
     if len(times) >= 2:
-        for r, v, ref, thr in rank_deviations(times, th.rank_sigmas, th.rank_time_rel, th.rank_time_min_s, False):
-            out.append(Finding(
-                code="RANK_OUTLIER", severity="warning", key=f"{r}/step-time",
-                message=(
-                    f"rank {r} step time {v:.3g} s vs {ref:.3g} s, the median of {_others(len(times))} "
-                    f"({v / ref if ref > 0 else math.inf:.3g}x): a straggler"
-                ),
-                evidence={"rank": r, "metric": "step_time_s", "value": v, "reference": ref, "threshold": thr,
-                          "ranks": n, "step": ranks[r].step},
-            ))
+        for r, v, ref, thr in rank_deviations(
+            times, th.rank_sigmas, th.rank_time_rel, th.rank_time_min_s, False
+        ):
+            out.append(
+                Finding(
+                    code="RANK_OUTLIER",
+                    severity="warning",
+                    key=f"{r}/step-time",
+                    message=(
+                        f"rank {r} step time {v:.3g} s vs {ref:.3g} s, the median of {_others(len(times))} "
+                        f"({v / ref if ref > 0 else math.inf:.3g}x): a straggler"
+                    ),
+                    evidence={
+                        "rank": r,
+                        "metric": "step_time_s",
+                        "value": v,
+                        "reference": ref,
+                        "threshold": thr,
+                        "ranks": n,
+                        "step": ranks[r].step,
+                    },
+                )
+            )
     return out

@@ -171,7 +171,9 @@ def _intervals_of(rows: Iterable[StepRow]) -> list[float]:
 def median_interval(run: RunState, th: Thresholds) -> float | None:
     """The run's step interval: the slowest rank of this attempt once it has enough intervals,
     else the previous attempt's (a resume steps as fast as the run did), else None."""
-    meds = [statistics.median(r.intervals) for r in run.ranks.values() if len(r.intervals) >= th.min_intervals]
+    meds = [
+        statistics.median(r.intervals) for r in run.ranks.values() if len(r.intervals) >= th.min_intervals
+    ]
     if meds:
         return max(meds)
     a = run.attempt
@@ -255,7 +257,9 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
         lost_txt = f"at step {a.last_step}; {lost} steps lost since the last verified checkpoint (step {verified.step})"
     else:
         lost = a.last_step - start if start is not None else None
-        lost_txt = f"at step {a.last_step}; no verified checkpoint" + (f", {lost} steps of this attempt lost" if lost is not None else "")
+        lost_txt = f"at step {a.last_step}; no verified checkpoint" + (
+            f", {lost} steps of this attempt lost" if lost is not None else ""
+        )
     if crash is not None and crash.chain:
         inner = crash.chain[-1]
         why = f"{inner.type}: {inner.message}"
@@ -266,18 +270,33 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
     host = ctx.host or {}
     oom_hint = ""
     avail = host.get("effective_available_bytes")
-    if a.exit_signal == signal.SIGKILL and isinstance(avail, int) and avail < ctx.thresholds.host_ram_low_bytes:
+    if (
+        a.exit_signal == signal.SIGKILL
+        and isinstance(avail, int)
+        and avail < ctx.thresholds.host_ram_low_bytes
+    ):
         oom_hint = f"; host RAM was low ({fmt_bytes(avail)} available): the OOM killer is a suspect"
     message = f"attempt {a.n} {cause} {lost_txt}" + (f" ({why})" if why else "") + oom_hint
     last_ckpt = max((c.step for c in run.checkpoints if c.step is not None), default=None)
     return Finding(
-        code="DEAD", severity="critical", message=message, action="resume", key=f"attempt-{a.n}",
-        evidence={"attempt": a.n, "exit_code": a.exit_code, "exit_signal": a.exit_signal,
-                  "signal": signal_name(a.exit_signal) if a.exit_signal is not None else None,
-                  "error": a.error, "last_step": a.last_step, "steps_lost": lost,
-                  "last_verified_step": verified.step if verified is not None else None,
-                  "last_verified_path": verified.path if verified is not None else None,
-                  "last_checkpoint_step": last_ckpt, "ended_at": a.ended_at},
+        code="DEAD",
+        severity="critical",
+        message=message,
+        action="resume",
+        key=f"attempt-{a.n}",
+        evidence={
+            "attempt": a.n,
+            "exit_code": a.exit_code,
+            "exit_signal": a.exit_signal,
+            "signal": signal_name(a.exit_signal) if a.exit_signal is not None else None,
+            "error": a.error,
+            "last_step": a.last_step,
+            "steps_lost": lost,
+            "last_verified_step": verified.step if verified is not None else None,
+            "last_verified_path": verified.path if verified is not None else None,
+            "last_checkpoint_step": last_ckpt,
+            "ended_at": a.ended_at,
+        },
     )
 
 
@@ -292,8 +311,9 @@ def _activity_fresh(mem: Memory, now: float, th: Thresholds) -> bool:
     return mem.activity_t is None or now - mem.activity_t <= th.park_slack_s
 
 
-def _main_thread_parked(pid: int | None, mem: Memory, now: float, bound: float,
-                        th: Thresholds | None = None) -> bool | None:
+def _main_thread_parked(
+    pid: int | None, mem: Memory, now: float, bound: float, th: Thresholds | None = None
+) -> bool | None:
     """True: the main thread has not run for `bound`; False: it ran; None: no (fresh) activity data."""
     if pid is None or pid not in mem.active_at:
         return None
@@ -321,17 +341,37 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         st = ctx.proc_states.get(pid)
         if st in ("T", "t"):
             why = "SIGSTOP or a debugger" if st == "T" else "being traced"
-            return "hung", f"pid {pid} stopped (state {st})", [hung_finding(
-                f"pid {pid} is stopped (state {st}: {why}); it makes no progress until SIGCONT",
-                {"cause": "stopped", "pid": pid, "state": st, "last_step": a.last_step})]
+            return (
+                "hung",
+                f"pid {pid} stopped (state {st})",
+                [
+                    hung_finding(
+                        f"pid {pid} is stopped (state {st}: {why}); it makes no progress until SIGCONT",
+                        {"cause": "stopped", "pid": pid, "state": st, "last_step": a.last_step},
+                    )
+                ],
+            )
         d_bound = th.d_state_bound_s if th.d_state_bound_s is not None else (bound or th.stall_floor_s)
         if st == "D" and pid in mem.d_since and now - mem.d_since[pid] > d_bound:
             held = now - mem.d_since[pid]
-            return "hung", f"pid {pid} stuck in uninterruptible I/O (state D)", [hung_finding(
-                f"pid {pid} has sat in uninterruptible I/O (state D) for {fmt_s(held)} (bound {fmt_s(d_bound)}): "
-                "a stuck filesystem or driver call",
-                {"cause": "d-state", "pid": pid, "state": "D", "for_s": round(held, 1), "bound_s": d_bound,
-                 "last_step": a.last_step})]
+            return (
+                "hung",
+                f"pid {pid} stuck in uninterruptible I/O (state D)",
+                [
+                    hung_finding(
+                        f"pid {pid} has sat in uninterruptible I/O (state D) for {fmt_s(held)} (bound {fmt_s(d_bound)}): "
+                        "a stuck filesystem or driver call",
+                        {
+                            "cause": "d-state",
+                            "pid": pid,
+                            "state": "D",
+                            "for_s": round(held, 1),
+                            "bound_s": d_bound,
+                            "last_step": a.last_step,
+                        },
+                    )
+                ],
+            )
 
     if a.bye is not None:
         return "running", f"trainer said bye ({a.bye}); waiting for it to exit", []
@@ -347,10 +387,19 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         for r, pb in in_phase:
             since = now - (r.phase_since or a.started_at)
             if since > pb:
-                return _stalled(a, f"{r.phase} phase over its {fmt_s(pb)} bound",
-                                f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
-                                {"cause": "phase", "rank": r.rank, "phase": r.phase, "phase_s": round(since, 1),
-                                 "bound_s": pb}, ctx)
+                return _stalled(
+                    a,
+                    f"{r.phase} phase over its {fmt_s(pb)} bound",
+                    f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
+                    {
+                        "cause": "phase",
+                        "rank": r.rank,
+                        "phase": r.phase,
+                        "phase_s": round(since, 1),
+                        "bound_s": pb,
+                    },
+                    ctx,
+                )
         if in_phase:
             r, pb = in_phase[0]
             return "starting", f"{r.phase} phase (bound {fmt_s(pb)})", []
@@ -362,17 +411,27 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         waited = now - ref
         if waited <= th.start_grace_s:
             return "starting", "no step yet", []
-        return _stalled(a, f"alive, heartbeats flowing, no first step within the {fmt_s(th.start_grace_s)} start grace",
-                        f"alive, heartbeats flowing, no first step after {fmt_s(waited)} "
-                        f"(start grace {fmt_s(th.start_grace_s)})",
-                        {"cause": "no-first-step", "waited_s": round(waited, 1), "bound_s": th.start_grace_s,
-                         "last_step": None}, ctx)
+        return _stalled(
+            a,
+            f"alive, heartbeats flowing, no first step within the {fmt_s(th.start_grace_s)} start grace",
+            f"alive, heartbeats flowing, no first step after {fmt_s(waited)} "
+            f"(start grace {fmt_s(th.start_grace_s)})",
+            {
+                "cause": "no-first-step",
+                "waited_s": round(waited, 1),
+                "bound_s": th.start_grace_s,
+                "last_step": None,
+            },
+            ctx,
+        )
 
     # Progress of the ranks that step (some setups report steps from rank 0 only).
     step_bound = bound if bound is not None else grace
     if bound is not None:
-        bound_txt = (f"bound {fmt_s(step_bound)} = max({th.stall_factor:g} x median step {median:.2f} s, "
-                     f"floor {fmt_s(th.stall_floor_s)})")
+        bound_txt = (
+            f"bound {fmt_s(step_bound)} = max({th.stall_factor:g} x median step {median:.2f} s, "
+            f"floor {fmt_s(th.stall_floor_s)})"
+        )
     else:
         bound_txt = f"warm-up bound {fmt_s(step_bound)}"
     worst: tuple[float, str, str, dict[str, Any]] | None = None  # (excess ratio, reason, message, evidence)
@@ -382,19 +441,37 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         if pb is not None:
             since = now - (r.phase_since or r.last_step_t)
             if since > pb and (worst is None or since / pb > worst[0]):
-                worst = (since / pb, f"{r.phase} phase over its {fmt_s(pb)} bound",
-                         f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
-                         {"cause": "phase", "rank": r.rank, "phase": r.phase, "phase_s": round(since, 1),
-                          "bound_s": pb, "last_step": r.step})
+                worst = (
+                    since / pb,
+                    f"{r.phase} phase over its {fmt_s(pb)} bound",
+                    f"{r.phase} phase for {fmt_s(since)}, over its bound {fmt_s(pb)}",
+                    {
+                        "cause": "phase",
+                        "rank": r.rank,
+                        "phase": r.phase,
+                        "phase_s": round(since, 1),
+                        "bound_s": pb,
+                        "last_step": r.step,
+                    },
+                )
             continue
         # A phase that just ended restarts the clock: the next step is on its way.
         gap = now - max(r.last_step_t, r.phase_since or 0.0)
         if gap > step_bound and (worst is None or gap / step_bound > worst[0]):
             beats = "heartbeats flowing" if a.instrumented else "process running (uninstrumented)"
-            worst = (gap / step_bound, f"alive, {beats}, no step within {fmt_s(step_bound)}",
-                     f"alive, {beats}, no step for {fmt_s(gap)} ({bound_txt})",
-                     {"cause": "no-step", "rank": r.rank, "gap_s": round(gap, 1), "bound_s": step_bound,
-                      "median_s": median, "last_step": r.step})
+            worst = (
+                gap / step_bound,
+                f"alive, {beats}, no step within {fmt_s(step_bound)}",
+                f"alive, {beats}, no step for {fmt_s(gap)} ({bound_txt})",
+                {
+                    "cause": "no-step",
+                    "rank": r.rank,
+                    "gap_s": round(gap, 1),
+                    "bound_s": step_bound,
+                    "median_s": median,
+                    "last_step": r.step,
+                },
+            )
     if worst is not None:
         _, reason, message, evidence = worst
         # Heartbeats flow but the main thread has sat on one line, not running, since its last
@@ -403,17 +480,39 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> tuple
         r = run.ranks.get(evidence["rank"])
         if a.instrumented and r is not None and _parked_since_last_step(r, a, mem, now, th):
             age = _main_frame_age(r, now) or 0.0
-            return "hung", f"rank {r.rank}: main thread parked on {r.main_frame}", [hung_finding(
-                f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} since step {r.step}, "
-                f"for {fmt_s(age)} (bound {fmt_s(step_bound)}): a deadlock or a blocking call",
-                {"cause": "main-frame", "rank": r.rank, "pid": r.pid, "main_frame": r.main_frame,
-                 "main_frame_age_s": round(age, 1), "bound_s": step_bound, "last_step": r.step,
-                 "main_thread_parked": True})]
+            return (
+                "hung",
+                f"rank {r.rank}: main thread parked on {r.main_frame}",
+                [
+                    hung_finding(
+                        f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} since step {r.step}, "
+                        f"for {fmt_s(age)} (bound {fmt_s(step_bound)}): a deadlock or a blocking call",
+                        {
+                            "cause": "main-frame",
+                            "rank": r.rank,
+                            "pid": r.pid,
+                            "main_frame": r.main_frame,
+                            "main_frame_age_s": round(age, 1),
+                            "bound_s": step_bound,
+                            "last_step": r.step,
+                            "main_thread_parked": True,
+                        },
+                    )
+                ],
+            )
         # Without heartbeats, a main thread that has not run for the whole bound is parked: a hang.
         if not a.instrumented and _main_thread_parked(a.pid, mem, now, step_bound, th):
-            return "hung", f"no step within {fmt_s(step_bound)} and the main thread is parked", [hung_finding(
-                f"{message}; the main thread of pid {a.pid} has not run for over {fmt_s(step_bound)}: "
-                "blocked (a lock, a pipe, a peer)", {**evidence, "cause": "parked", "pid": a.pid})]
+            return (
+                "hung",
+                f"no step within {fmt_s(step_bound)} and the main thread is parked",
+                [
+                    hung_finding(
+                        f"{message}; the main thread of pid {a.pid} has not run for over {fmt_s(step_bound)}: "
+                        "blocked (a lock, a pipe, a peer)",
+                        {**evidence, "cause": "parked", "pid": a.pid},
+                    )
+                ],
+            )
         return _stalled(a, reason, message, evidence, ctx)
 
     slow = slow_check(stepped, th)
@@ -453,8 +552,16 @@ def _parked_since_last_step(r: RankView, a: AttemptView, mem: Memory, now: float
     return frame_since <= limit and active_at <= limit
 
 
-def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, bound: float | None, grace: float,
-                      now: float, mem: Memory, th: Thresholds) -> tuple[str, str, dict[str, Any]] | None:
+def _silent_or_parked(
+    a: AttemptView,
+    ranks: list[RankView],
+    stepped: bool,
+    bound: float | None,
+    grace: float,
+    now: float,
+    mem: Memory,
+    th: Thresholds,
+) -> tuple[str, str, dict[str, Any]] | None:
     """HUNG for an instrumented attempt: a rank with no heartbeat (nor step) within its bound, or
     whose main thread has sat on one line past it while nothing says the thread still runs."""
     worst: tuple[float, str, str, dict[str, Any]] | None = None
@@ -470,11 +577,21 @@ def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, boun
         silent = now - (max(beats) if beats else a.started_at)
         if silent > hb_bound:
             if worst is None or silent / hb_bound > worst[0]:
-                worst = (silent / hb_bound, f"rank {r.rank} silent: no heartbeat within {fmt_s(hb_bound)}",
-                         f"rank {r.rank} alive but silent: no heartbeat (nor step) for {fmt_s(silent)} "
-                         f"(bound {fmt_s(hb_bound)}); last step {r.step}",
-                         {"cause": "silent", "rank": r.rank, "pid": r.pid, "silent_s": round(silent, 1),
-                          "bound_s": hb_bound, "last_step": r.step, "phase": r.phase})
+                worst = (
+                    silent / hb_bound,
+                    f"rank {r.rank} silent: no heartbeat within {fmt_s(hb_bound)}",
+                    f"rank {r.rank} alive but silent: no heartbeat (nor step) for {fmt_s(silent)} "
+                    f"(bound {fmt_s(hb_bound)}); last step {r.step}",
+                    {
+                        "cause": "silent",
+                        "rank": r.rank,
+                        "pid": r.pid,
+                        "silent_s": round(silent, 1),
+                        "bound_s": hb_bound,
+                        "last_step": r.step,
+                        "phase": r.phase,
+                    },
+                )
             continue
         age = _main_frame_age(r, now)
         if age is None:
@@ -482,22 +599,44 @@ def _silent_or_parked(a: AttemptView, ranks: list[RankView], stepped: bool, boun
         parked = _main_thread_parked(r.pid or a.pid, mem, now, hb_bound, th)
         # A main thread that keeps running (a loop that never steps) is a stall, not a hang.
         if age > hb_bound and parked is not False and (worst is None or age / hb_bound > worst[0]):
-            worst = (age / hb_bound, f"rank {r.rank}: main thread parked on {r.main_frame}",
-                     f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} for "
-                     f"{fmt_s(age)} (bound {fmt_s(hb_bound)}): a deadlock or a blocking call",
-                     {"cause": "main-frame", "rank": r.rank, "pid": r.pid, "main_frame": r.main_frame,
-                      "main_frame_age_s": round(age, 1), "bound_s": hb_bound, "last_step": r.step,
-                      "main_thread_parked": parked})
+            worst = (
+                age / hb_bound,
+                f"rank {r.rank}: main thread parked on {r.main_frame}",
+                f"rank {r.rank}: heartbeats flow but the main thread has sat on {r.main_frame} for "
+                f"{fmt_s(age)} (bound {fmt_s(hb_bound)}): a deadlock or a blocking call",
+                {
+                    "cause": "main-frame",
+                    "rank": r.rank,
+                    "pid": r.pid,
+                    "main_frame": r.main_frame,
+                    "main_frame_age_s": round(age, 1),
+                    "bound_s": hb_bound,
+                    "last_step": r.step,
+                    "main_thread_parked": parked,
+                },
+            )
     return None if worst is None else (worst[1], worst[2], worst[3])
 
 
-def _stalled(a: AttemptView, reason: str, message: str, evidence: dict[str, Any],
-             ctx: WatchContext) -> tuple[str, str, list[Finding]]:
+def _stalled(
+    a: AttemptView, reason: str, message: str, evidence: dict[str, Any], ctx: WatchContext
+) -> tuple[str, str, list[Finding]]:
     odd = {pid: st for pid, st in ctx.proc_states.items() if st in ("T", "t", "D", "Z")}
     if odd:
         evidence = {**evidence, "odd_processes": {str(k): v for k, v in sorted(odd.items())}}
-    return "stalled", reason, [Finding(code="STALLED", severity="warning", message=message, action="dump",
-                                       evidence={**evidence, "attempt": a.n})]
+    return (
+        "stalled",
+        reason,
+        [
+            Finding(
+                code="STALLED",
+                severity="warning",
+                message=message,
+                action="dump",
+                evidence={**evidence, "attempt": a.n},
+            )
+        ],
+    )
 
 
 def hung_finding(message: str, evidence: dict[str, Any]) -> Finding:
@@ -522,19 +661,34 @@ def slow_check(stepped: list[RankView], th: Thresholds) -> Finding | None:
         return None
     ratio, r, recent, base = worst
     return Finding(
-        code="SLOW", severity="warning", action="bench",
-        message=(f"steps slowed {ratio:.1f}x: the last {k} took {min(recent):.2f}-{max(recent):.2f} s against a "
-                 f"median of {base:.2f} s (rank {r.rank}); ghost VRAM, throttling or a sick GPU: bench it"),
-        evidence={"rank": r.rank, "recent_s": [round(x, 3) for x in recent], "median_s": round(base, 4),
-                  "ratio": round(ratio, 2), "factor": th.slow_factor},
+        code="SLOW",
+        severity="warning",
+        action="bench",
+        message=(
+            f"steps slowed {ratio:.1f}x: the last {k} took {min(recent):.2f}-{max(recent):.2f} s against a "
+            f"median of {base:.2f} s (rank {r.rank}); ghost VRAM, throttling or a sick GPU: bench it"
+        ),
+        evidence={
+            "rank": r.rank,
+            "recent_s": [round(x, 3) for x in recent],
+            "median_s": round(base, 4),
+            "ratio": round(ratio, 2),
+            "factor": th.slow_factor,
+        },
     )
 
 
 def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
     """REPEAT_DEATH: the last two deaths within the window of the same step. Cleared once a later
     attempt gets past that region."""
-    dead = [a for a in run.attempts if a.ended_at is not None and a.last_step is not None and a.error is None
-            and not (a.exit_code == 0 and a.exit_signal is None)]
+    dead = [
+        a
+        for a in run.attempts
+        if a.ended_at is not None
+        and a.last_step is not None
+        and a.error is None
+        and not (a.exit_code == 0 and a.exit_signal is None)
+    ]
     if len(dead) < 2:
         return None
     last, prev = dead[-1], dead[-2]
@@ -546,14 +700,20 @@ def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
     if cur is not None and cur.n > last.n and cur.last_step is not None and cur.last_step > region_end:
         return None
     return Finding(
-        code="REPEAT_DEATH", severity="warning",
-        message=(f"attempts {prev.n} and {last.n} both died near step {last.last_step} ({prev.last_step} and "
-                 f"{last.last_step}, within {th.repeat_death_window_steps} steps): once is bad luck, twice in the "
-                 "same place is a pattern in that region of training (a batch, a shard, the schedule)"),
+        code="REPEAT_DEATH",
+        severity="warning",
+        message=(
+            f"attempts {prev.n} and {last.n} both died near step {last.last_step} ({prev.last_step} and "
+            f"{last.last_step}, within {th.repeat_death_window_steps} steps): once is bad luck, twice in the "
+            "same place is a pattern in that region of training (a batch, a shard, the schedule)"
+        ),
         key=f"step-{last.last_step}",
-        evidence={"attempts": [prev.n, last.n], "steps": [prev.last_step, last.last_step],
-                  "window_steps": th.repeat_death_window_steps,
-                  "causes": [_death_cause(prev), _death_cause(last)]},
+        evidence={
+            "attempts": [prev.n, last.n],
+            "steps": [prev.last_step, last.last_step],
+            "window_steps": th.repeat_death_window_steps,
+            "causes": [_death_cause(prev), _death_cause(last)],
+        },
     )
 
 
@@ -574,11 +734,19 @@ def masked_error(a: AttemptView, log_crash: p.Crash | None) -> Finding | None:
     action = "reclaim" if en == "ENOMEM" else None
     advice = "; host RAM ran out: reclaim the page cache before a resume" if action else ""
     return Finding(
-        code="MASKED_ERROR", severity="warning", action=action, key=f"attempt-{a.n}",
+        code="MASKED_ERROR",
+        severity="warning",
+        action=action,
+        key=f"attempt-{a.n}",
         message=f"`{outer_txt}` hides `{inner_txt}`{advice}",
-        evidence={"attempt": a.n, "outer": msgspec.to_builtins(outer), "inner": msgspec.to_builtins(inner),
-                  "chain": [f"{x.type}: {x.message}" for x in crash.chain], "errno_name": en,
-                  "source": crash.source},
+        evidence={
+            "attempt": a.n,
+            "outer": msgspec.to_builtins(outer),
+            "inner": msgspec.to_builtins(inner),
+            "chain": [f"{x.type}: {x.message}" for x in crash.chain],
+            "errno_name": en,
+            "source": crash.source,
+        },
     )
 
 
@@ -614,7 +782,9 @@ def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
     em = _ERRNO.search(message)
     if em is not None:
         code = int(em.group("n"))
-        link = p.ErrorLink(type=link.type, message=message, errno=code, errno_name=errno_mod.errorcode.get(code))
+        link = p.ErrorLink(
+            type=link.type, message=message, errno=code, errno_name=errno_mod.errorcode.get(code)
+        )
     return link, j
 
 
@@ -647,8 +817,9 @@ def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
             break
         chain.append(prev_link)
         first = prev_heads[-1]
-    return p.Crash(t=time.time() if t is None else t, chain=chain, traceback="\n".join(lines[first:end]),
-                   source="log")
+    return p.Crash(
+        t=time.time() if t is None else t, chain=chain, traceback="\n".join(lines[first:end]), source="log"
+    )
 
 
 # --------------------------------------------------------------------------- GPU
@@ -679,36 +850,61 @@ def ghost_measure(run: RunState, ctx: WatchContext) -> dict[str, Any] | None:
         if not used:
             return None
         # Other live processes' memory, where the driver does say it, is theirs, not a ghost.
-        others = sum(x["used_bytes"] for x in gpu.get("processes") or []
-                     if not x.get("ours") and x.get("exists") and x.get("used_bytes") is not None)
+        others = sum(
+            x["used_bytes"]
+            for x in gpu.get("processes") or []
+            if not x.get("ours") and x.get("exists") and x.get("used_bytes") is not None
+        )
         driver, basis = max(0, sum(used) - others), "device"
         devices = [d["index"] for d in gpu.get("devices") or [] if d.get("used_bytes") is not None]
-    return {"driver_bytes": driver, "reserved_bytes": reserved, "ratio": driver / reserved, "basis": basis,
-            "devices": devices}
+    return {
+        "driver_bytes": driver,
+        "reserved_bytes": reserved,
+        "ratio": driver / reserved,
+        "basis": basis,
+        "devices": devices,
+    }
 
 
-def ghost_finding(measure: dict[str, Any] | None, streak: int, run: RunState, ctx: WatchContext) -> Finding | None:
+def ghost_finding(
+    measure: dict[str, Any] | None, streak: int, run: RunState, ctx: WatchContext
+) -> Finding | None:
     th = ctx.thresholds
     if measure is None or streak < th.ghost_cycles:
         return None
     wsl = bool((ctx.host or {}).get("wsl"))
     driver, reserved, ratio = measure["driver_bytes"], measure["reserved_bytes"], measure["ratio"]
-    basis = ("the driver attributes" if measure["basis"] == "per-process"
-             else "the device shows (per-process memory is N/A here, device totals stand in)")
+    basis = (
+        "the driver attributes"
+        if measure["basis"] == "per-process"
+        else "the device shows (per-process memory is N/A here, device totals stand in)"
+    )
     if wsl:
-        advice = ("under WSL2 the driver keeps dead contexts' memory until the VM restarts: "
-                  "stop the run, `wsl --shutdown` from Windows, resume")
+        advice = (
+            "under WSL2 the driver keeps dead contexts' memory until the VM restarts: "
+            "stop the run, `wsl --shutdown` from Windows, resume"
+        )
         action = None
     else:
         advice = "memory left by earlier crashed contexts: kill leftover processes of earlier attempts, then resume"
         action = "kill"
     previous = [x.pgid for x in run.attempts[:-1] if x.pgid > 0]
     return Finding(
-        code="GHOST_MEMORY", severity="warning", action=action,
-        message=(f"{basis} {fmt_bytes(driver)} but the allocator reserves {fmt_bytes(reserved)} "
-                 f"({ratio:.2f}x > {th.ghost_factor}x for {streak} probe cycles): {advice}"),
-        evidence={**measure, "ratio": round(ratio, 3), "factor": th.ghost_factor, "cycles": streak, "wsl": wsl,
-                  "previous_pgids": previous},
+        code="GHOST_MEMORY",
+        severity="warning",
+        action=action,
+        message=(
+            f"{basis} {fmt_bytes(driver)} but the allocator reserves {fmt_bytes(reserved)} "
+            f"({ratio:.2f}x > {th.ghost_factor}x for {streak} probe cycles): {advice}"
+        ),
+        evidence={
+            **measure,
+            "ratio": round(ratio, 3),
+            "factor": th.ghost_factor,
+            "cycles": streak,
+            "wsl": wsl,
+            "previous_pgids": previous,
+        },
     )
 
 
@@ -739,8 +935,11 @@ def busy_devices(run: RunState, ctx: WatchContext) -> list[dict[str, Any]]:
         util = d.get("util_percent")
         if util is None or util < ctx.thresholds.orphan_util_percent:
             continue
-        live = [x for x in gpu.get("processes") or []
-                if x.get("device", 0) == d["index"] and x.get("exists") and x.get("state") not in ("Z", "X")]
+        live = [
+            x
+            for x in gpu.get("processes") or []
+            if x.get("device", 0) == d["index"] and x.get("exists") and x.get("state") not in ("Z", "X")
+        ]
         if not live:
             out.append(d)
     return out
@@ -766,32 +965,64 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
             continue  # a context being torn down right after its process exited
         what = "does not exist" if not x.get("exists") else "is a zombie"
         dev = next((d for d in gpu.get("devices") or [] if d["index"] == x.get("device", 0)), {})
-        found.append(Finding(
-            code="ORPHAN_CONTEXT", severity="critical", action="kill", key=f"pid-{x['pid']}",
-            message=(f"the driver lists compute pid {x['pid']} holding {fmt_bytes(x.get('used_bytes'))} on "
-                     f"device {x.get('device', 0)}, and that pid {what}: a context that outlived its process"
-                     + (f" (device at {dev.get('util_percent')} %, {dev.get('power_w')} W)"
-                        if dev.get("util_percent") is not None else "")
-                     + "; kill the old process group and confirm the VRAM falls"),
-            evidence={"pid": x["pid"], "used_bytes": x.get("used_bytes"), "device": x.get("device", 0),
-                      "exists": x.get("exists"), "state": x.get("state"),
-                      "device_used_bytes": dev.get("used_bytes"), "util_percent": dev.get("util_percent"),
-                      "power_w": dev.get("power_w"), "previous_pgids": previous},
-        ))
+        found.append(
+            Finding(
+                code="ORPHAN_CONTEXT",
+                severity="critical",
+                action="kill",
+                key=f"pid-{x['pid']}",
+                message=(
+                    f"the driver lists compute pid {x['pid']} holding {fmt_bytes(x.get('used_bytes'))} on "
+                    f"device {x.get('device', 0)}, and that pid {what}: a context that outlived its process"
+                    + (
+                        f" (device at {dev.get('util_percent')} %, {dev.get('power_w')} W)"
+                        if dev.get("util_percent") is not None
+                        else ""
+                    )
+                    + "; kill the old process group and confirm the VRAM falls"
+                ),
+                evidence={
+                    "pid": x["pid"],
+                    "used_bytes": x.get("used_bytes"),
+                    "device": x.get("device", 0),
+                    "exists": x.get("exists"),
+                    "state": x.get("state"),
+                    "device_used_bytes": dev.get("used_bytes"),
+                    "util_percent": dev.get("util_percent"),
+                    "power_w": dev.get("power_w"),
+                    "previous_pgids": previous,
+                },
+            )
+        )
     for d in busy_devices(run, ctx):
         streak = mem.busy_streak.get(d["index"], 0)
         if streak < ctx.thresholds.orphan_cycles:
             continue
-        found.append(Finding(
-            code="ORPHAN_CONTEXT", severity="critical", action="kill", key=f"device-{d['index']}",
-            message=(f"device {d['index']} is {d['util_percent']} % busy at {d.get('power_w')} W with "
-                     f"{fmt_bytes(d.get('used_bytes'))} used, and no live compute process of ours: a zombie "
-                     "context holds the GPU; kill the old process group and confirm the VRAM falls"),
-            evidence={"device": d["index"], "util_percent": d["util_percent"], "power_w": d.get("power_w"),
-                      "used_bytes": d.get("used_bytes"), "total_bytes": d.get("total_bytes"), "cycles": streak,
-                      "driver_pids": [x["pid"] for x in gpu.get("processes") or [] if x.get("device", 0) == d["index"]],
-                      "previous_pgids": previous},
-        ))
+        found.append(
+            Finding(
+                code="ORPHAN_CONTEXT",
+                severity="critical",
+                action="kill",
+                key=f"device-{d['index']}",
+                message=(
+                    f"device {d['index']} is {d['util_percent']} % busy at {d.get('power_w')} W with "
+                    f"{fmt_bytes(d.get('used_bytes'))} used, and no live compute process of ours: a zombie "
+                    "context holds the GPU; kill the old process group and confirm the VRAM falls"
+                ),
+                evidence={
+                    "device": d["index"],
+                    "util_percent": d["util_percent"],
+                    "power_w": d.get("power_w"),
+                    "used_bytes": d.get("used_bytes"),
+                    "total_bytes": d.get("total_bytes"),
+                    "cycles": streak,
+                    "driver_pids": [
+                        x["pid"] for x in gpu.get("processes") or [] if x.get("device", 0) == d["index"]
+                    ],
+                    "previous_pgids": previous,
+                },
+            )
+        )
     return found
 
 
@@ -812,14 +1043,24 @@ def host_ram_low(run: RunState, ctx: WatchContext) -> Finding | None:
     a = run.attempt
     enomem = a is not None and any(errno_name(x) == "ENOMEM" for x in (a.crash.chain if a.crash else []))
     return Finding(
-        code="HOST_RAM_LOW", severity="critical" if enomem else "warning", action="reclaim",
-        message=(f"{where} RAM low: {fmt_bytes(avail)} available (< {fmt_bytes(th.host_ram_low_bytes)}); "
-                 f"{fmt_bytes(cache)} in the page cache could be reclaimed; torch.load of a checkpoint fails "
-                 "with ENOMEM below this"),
-        evidence={"available_bytes": avail, "threshold_bytes": th.host_ram_low_bytes, "page_cache_bytes": cache,
-                  "mem_total_bytes": host.get("mem_total_bytes"), "mem_available_bytes": host.get("mem_available_bytes"),
-                  "cgroup_limit_bytes": cg.get("limit_bytes"), "cgroup_usage_bytes": cg.get("usage_bytes"),
-                  "wsl": host.get("wsl")},
+        code="HOST_RAM_LOW",
+        severity="critical" if enomem else "warning",
+        action="reclaim",
+        message=(
+            f"{where} RAM low: {fmt_bytes(avail)} available (< {fmt_bytes(th.host_ram_low_bytes)}); "
+            f"{fmt_bytes(cache)} in the page cache could be reclaimed; torch.load of a checkpoint fails "
+            "with ENOMEM below this"
+        ),
+        evidence={
+            "available_bytes": avail,
+            "threshold_bytes": th.host_ram_low_bytes,
+            "page_cache_bytes": cache,
+            "mem_total_bytes": host.get("mem_total_bytes"),
+            "mem_available_bytes": host.get("mem_available_bytes"),
+            "cgroup_limit_bytes": cg.get("limit_bytes"),
+            "cgroup_usage_bytes": cg.get("usage_bytes"),
+            "wsl": host.get("wsl"),
+        },
     )
 
 
@@ -839,7 +1080,11 @@ def stale_locks(run: RunState, ctx: WatchContext) -> list[Finding]:
         for h in lk.get("holders") or []:
             pid, state = h.get("pid"), h.get("state")
             if not h.get("exists"):
-                why = f"pid {pid} no longer exists" if pid and pid > 0 else "its owner is not visible here (pid 0)"
+                why = (
+                    f"pid {pid} no longer exists"
+                    if pid and pid > 0
+                    else "its owner is not visible here (pid 0)"
+                )
             elif state in ("Z", "X"):
                 why = f"pid {pid} is a zombie"
             elif pid in current:
@@ -850,18 +1095,33 @@ def stale_locks(run: RunState, ctx: WatchContext) -> list[Finding]:
             inherit_txt = ""
             if inheritors:
                 inherit_txt = "; still held through an inherited descriptor by " + ", ".join(
-                    f"pid {k['pid']} ({k.get('comm')}, state {k.get('state')}, pgid {k.get('pgid')})" for k in inheritors)
+                    f"pid {k['pid']} ({k.get('comm')}, state {k.get('state')}, pgid {k.get('pgid')})"
+                    for k in inheritors
+                )
             kill_pids = [k["pid"] for k in inheritors] or ([pid] if h.get("exists") and pid else [])
-            out.append(Finding(
-                code="STALE_LOCK", severity="critical", action="kill", key=lk.get("path", ""),
-                message=f"{h.get('kind', 'lock')} on {lk.get('path')} held by pid {pid}: {why}{inherit_txt}; "
-                        "a relaunch cannot take it",
-                evidence={"path": lk.get("path"), "lock_key": lk.get("key"), "holder_pid": pid, "holder_state": state,
-                          "holder_exists": h.get("exists"), "kind": h.get("kind"), "mode": h.get("mode"),
-                          "inheritors": inheritors, "kill_pids": kill_pids,
-                          "kill_pgids": sorted({k["pgid"] for k in inheritors if k.get("pgid")}),
-                          "waiters": lk.get("waiters") or []},
-            ))
+            out.append(
+                Finding(
+                    code="STALE_LOCK",
+                    severity="critical",
+                    action="kill",
+                    key=lk.get("path", ""),
+                    message=f"{h.get('kind', 'lock')} on {lk.get('path')} held by pid {pid}: {why}{inherit_txt}; "
+                    "a relaunch cannot take it",
+                    evidence={
+                        "path": lk.get("path"),
+                        "lock_key": lk.get("key"),
+                        "holder_pid": pid,
+                        "holder_state": state,
+                        "holder_exists": h.get("exists"),
+                        "kind": h.get("kind"),
+                        "mode": h.get("mode"),
+                        "inheritors": inheritors,
+                        "kill_pids": kill_pids,
+                        "kill_pgids": sorted({k["pgid"] for k in inheritors if k.get("pgid")}),
+                        "waiters": lk.get("waiters") or [],
+                    },
+                )
+            )
             break  # one finding per lock file
     return out
 
@@ -870,24 +1130,49 @@ def duplicate_findings(ctx: WatchContext) -> list[Finding]:
     out = []
     for d in ctx.duplicates:
         if d.get("kind") == "host":
-            out.append(Finding(
-                code="DUPLICATE_TRAINER", severity="warning", action="kill", key=f"host:{d.get('name')}",
-                message=(f"{len(d['pids'])} instances of {d.get('name')} (pids {', '.join(map(str, d['pids']))}): "
-                         "a session that was not released holds its memory"),
-                evidence={"kind": "host", "name": d.get("name"), "pids": d["pids"], "others": d.get("others", [])},
-            ))
+            out.append(
+                Finding(
+                    code="DUPLICATE_TRAINER",
+                    severity="warning",
+                    action="kill",
+                    key=f"host:{d.get('name')}",
+                    message=(
+                        f"{len(d['pids'])} instances of {d.get('name')} (pids {', '.join(map(str, d['pids']))}): "
+                        "a session that was not released holds its memory"
+                    ),
+                    evidence={
+                        "kind": "host",
+                        "name": d.get("name"),
+                        "pids": d["pids"],
+                        "others": d.get("others", []),
+                    },
+                )
+            )
             continue
         ours, others = d.get("ours"), d.get("others") or []
         if not others:
             continue
         mine = f"ours is pid {ours}" if ours else "our attempt is not running"
-        out.append(Finding(
-            code="DUPLICATE_TRAINER", severity="warning", action="kill", key="trainer",
-            message=(f"another process runs the same command in {d.get('cwd')}: pid {', '.join(map(str, others))} "
-                     f"({mine}); two trainers share the GPU and the checkpoint directory"),
-            evidence={"kind": "trainer", "pids": d.get("pids") or others, "ours": ours, "others": others,
-                      "cmdline": d.get("cmdline"), "cwd": d.get("cwd")},
-        ))
+        out.append(
+            Finding(
+                code="DUPLICATE_TRAINER",
+                severity="warning",
+                action="kill",
+                key="trainer",
+                message=(
+                    f"another process runs the same command in {d.get('cwd')}: pid {', '.join(map(str, others))} "
+                    f"({mine}); two trainers share the GPU and the checkpoint directory"
+                ),
+                evidence={
+                    "kind": "trainer",
+                    "pids": d.get("pids") or others,
+                    "ours": ours,
+                    "others": others,
+                    "cmdline": d.get("cmdline"),
+                    "cwd": d.get("cwd"),
+                },
+            )
+        )
     return out
 
 
@@ -944,7 +1229,11 @@ class Watchdog:
             m.gpu_t = t  # a new probe cycle: streaks advance once per sample, not per tick
             g = ghost_measure(run, ctx)
             th = ctx.thresholds
-            if g is not None and g["ratio"] > th.ghost_factor and g["driver_bytes"] - g["reserved_bytes"] >= th.ghost_min_excess_bytes:
+            if (
+                g is not None
+                and g["ratio"] > th.ghost_factor
+                and g["driver_bytes"] - g["reserved_bytes"] >= th.ghost_min_excess_bytes
+            ):
                 m.ghost_streak += 1
             else:
                 m.ghost_streak = 0
@@ -989,9 +1278,15 @@ class Watchdog:
         return Verdict(state=state, reason=reason, findings=findings)
 
 
-def context_from_probe(sample: p.ProbeSample | None, *, thresholds: Thresholds | None = None,
-                       alive: bool | None = None, attempt_pids: Iterable[int] = (),
-                       log_crash: p.Crash | None = None, attempt: int | None = None) -> WatchContext:
+def context_from_probe(
+    sample: p.ProbeSample | None,
+    *,
+    thresholds: Thresholds | None = None,
+    alive: bool | None = None,
+    attempt_pids: Iterable[int] = (),
+    log_crash: p.Crash | None = None,
+    attempt: int | None = None,
+) -> WatchContext:
     """A WatchContext from the keeper's latest ProbeSample, when its `procs` dict carries
     {attempt, states, activity, locks, duplicates} as probes.sweep writes it (keys may arrive as
     strings after a JSON round trip). Given `attempt`, process states sampled for another
@@ -1015,13 +1310,29 @@ def context_from_probe(sample: p.ProbeSample | None, *, thresholds: Thresholds |
     activity = {} if stale else int_keys(procs.get("activity"))
     pids = list(attempt_pids) or sorted(states)
     return WatchContext(
-        thresholds=th, alive=alive, attempt_pids=pids, gpu=sample.gpu or None, host=sample.host or None,
-        proc_states=states, activity=activity, locks=list(procs.get("locks") or []),
-        duplicates=list(procs.get("duplicates") or []), log_crash=log_crash, probe_t=sample.t,
+        thresholds=th,
+        alive=alive,
+        attempt_pids=pids,
+        gpu=sample.gpu or None,
+        host=sample.host or None,
+        proc_states=states,
+        activity=activity,
+        locks=list(procs.get("locks") or []),
+        duplicates=list(procs.get("duplicates") or []),
+        log_crash=log_crash,
+        probe_t=sample.t,
     )
 
 
 __all__ = [
-    "Thresholds", "WatchContext", "Verdict", "Watchdog", "Memory", "crash_from_log", "context_from_probe",
-    "median_interval", "progress_bound", "STATES",
+    "STATES",
+    "Memory",
+    "Thresholds",
+    "Verdict",
+    "WatchContext",
+    "Watchdog",
+    "context_from_probe",
+    "crash_from_log",
+    "median_interval",
+    "progress_bound",
 ]

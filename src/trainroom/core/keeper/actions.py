@@ -24,10 +24,28 @@ KNOWN = ("kill", "reclaim", "prune", "resume", "dump", "verify", "bench")
 DESTRUCTIVE = ("kill", "reclaim", "prune", "resume")
 
 
-def journal_action(keeper: Keeper, action: str, ok: bool, message: str, target: dict[str, Any],
-                   before: dict[str, Any], after: dict[str, Any], client: str = "") -> None:
-    keeper.emit(p.ActionRecord(action=action, t=time.time(), ok=ok, message=message, target=target,
-                               before=before, after=after, client=client))
+def journal_action(
+    keeper: Keeper,
+    action: str,
+    ok: bool,
+    message: str,
+    target: dict[str, Any],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    client: str = "",
+) -> None:
+    keeper.emit(
+        p.ActionRecord(
+            action=action,
+            t=time.time(),
+            ok=ok,
+            message=message,
+            target=target,
+            before=before,
+            after=after,
+            client=client,
+        )
+    )
     keeper.journal.flush(fsync=True)
 
 
@@ -52,13 +70,23 @@ class Actions:
         handler = self.handlers.get(req.action)
         if handler is None:
             known = req.action in KNOWN
-            msg = (f"{req.action}: not available in this build yet" if known
-                   else f"unknown action {req.action!r} (known: {', '.join(KNOWN)})")
+            msg = (
+                f"{req.action}: not available in this build yet"
+                if known
+                else f"unknown action {req.action!r} (known: {', '.join(KNOWN)})"
+            )
             reply(p.Reply(id=req.id, action=req.action, stage="done", ok=False, message=msg))
             return
         if req.confirm and req.action in self._busy:
-            reply(p.Reply(id=req.id, action=req.action, stage="done", ok=False,
-                          message=f"{req.action} is already running"))
+            reply(
+                p.Reply(
+                    id=req.id,
+                    action=req.action,
+                    stage="done",
+                    ok=False,
+                    message=f"{req.action} is already running",
+                )
+            )
             return
         if req.confirm:
             self._busy.add(req.action)
@@ -84,7 +112,9 @@ def _progress(reply: Reply, req: p.Request) -> Callable[[str], None]:
     loop = asyncio.get_running_loop()
 
     def say(line: str) -> None:
-        loop.call_soon_threadsafe(reply, p.Reply(id=req.id, action=req.action, stage="progress", message=line))
+        loop.call_soon_threadsafe(
+            reply, p.Reply(id=req.id, action=req.action, stage="progress", message=line)
+        )
 
     return say
 
@@ -103,8 +133,9 @@ async def kill(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     if a is None or a.pid <= 0:
         reply(_done(req, False, "kill: this run has no attempt with a process group to kill"))
         return
-    plan = await asyncio.to_thread(plan_kill, a.pid, a.pgid, a.start_time, attempt_start_ticks=a.start_ticks,
-                                   keeper_pid=os.getpid())
+    plan = await asyncio.to_thread(
+        plan_kill, a.pid, a.pgid, a.start_time, attempt_start_ticks=a.start_ticks, keeper_pid=os.getpid()
+    )
     target = plan.as_dict()
     if not plan.ok and not plan.nothing_left:
         reply(_done(req, False, "kill refused: " + "; ".join(plan.refusals), plan=target))
@@ -113,8 +144,10 @@ async def kill(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     if plan.nothing_left:
         # The attempt died whole (the seed's SIGKILL): nothing to signal, but a kill still
         # confirms the driver gave its memory back before anyone resumes.
-        summary = (f"nothing left to kill of attempt {a.n}: process group {plan.pgid} has no live members; "
-                   "confirm the driver released its memory")
+        summary = (
+            f"nothing left to kill of attempt {a.n}: process group {plan.pgid} has no live members; "
+            "confirm the driver released its memory"
+        )
     else:
         summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
     if not req.confirm:
@@ -124,12 +157,21 @@ async def kill(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     gpu = keeper.gpu_probe()
     probe = run_vram_probe(gpu, sorted({a.pid, *pids})) if gpu is not None else None
     result = await asyncio.to_thread(
-        execute_kill, plan, grace_s=float(req.args.get("grace_s", cfg.grace_s)), vram_probe=probe,
-        tolerance_bytes=int(cfg.vram_tolerance_mib * (1 << 20)), vram_timeout_s=cfg.vram_timeout_s,
-        progress=_progress(reply, req), vram_poll_s=cfg.vram_poll_s,
+        execute_kill,
+        plan,
+        grace_s=float(req.args.get("grace_s", cfg.grace_s)),
+        vram_probe=probe,
+        tolerance_bytes=int(cfg.vram_tolerance_mib * (1 << 20)),
+        vram_timeout_s=cfg.vram_timeout_s,
+        progress=_progress(reply, req),
+        vram_poll_s=cfg.vram_poll_s,
     )
     r = result.as_dict()
-    reply(_done(req, result.ok, result.message, plan=target, before=r.get("before", {}), after=r.get("after", {})))
+    reply(
+        _done(
+            req, result.ok, result.message, plan=target, before=r.get("before", {}), after=r.get("after", {})
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ reclaim
@@ -143,14 +185,24 @@ async def reclaim(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     target = plan.as_dict()
     if not req.confirm:
         cache = target.get("page_cache_bytes")
-        msg = (f"reclaim page cache via {plan.method} ({plan.target})"
-               + (f": {cache / (1 << 30):.2f} GiB cached now" if isinstance(cache, int) else ""))
+        msg = f"reclaim page cache via {plan.method} ({plan.target})" + (
+            f": {cache / (1 << 30):.2f} GiB cached now" if isinstance(cache, int) else ""
+        )
         reply(p.Reply(id=req.id, action="reclaim", stage="plan", message=msg, plan=target))
         return
-    result = await asyncio.to_thread(execute_reclaim, plan, sys_root=roots["sys_root"],
-                                     proc_root=roots["proc_root"], progress=_progress(reply, req))
+    result = await asyncio.to_thread(
+        execute_reclaim,
+        plan,
+        sys_root=roots["sys_root"],
+        proc_root=roots["proc_root"],
+        progress=_progress(reply, req),
+    )
     r = result.as_dict()
-    reply(_done(req, result.ok, result.message, plan=target, before=r.get("before", {}), after=r.get("after", {})))
+    reply(
+        _done(
+            req, result.ok, result.message, plan=target, before=r.get("before", {}), after=r.get("after", {})
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ dump
@@ -165,12 +217,26 @@ async def dump(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         return
     if not req.confirm:
         how = "SIGUSR1 (faulthandler)" if a.instrumented else "py-spy dump"
-        reply(p.Reply(id=req.id, action="dump", stage="plan", message=f"dump stacks of pid {a.pid} via {how}",
-                      plan={"pid": a.pid, "method": how}))
+        reply(
+            p.Reply(
+                id=req.id,
+                action="dump",
+                stage="plan",
+                message=f"dump stacks of pid {a.pid} via {how}",
+                plan={"pid": a.pid, "method": how},
+            )
+        )
         return
     out = await asyncio.to_thread(dump_stacks, a.pid, str(keeper.log_path), a.instrumented)
-    reply(_done(req, bool(out.get("ok")), out.get("message", ""), plan={"pid": a.pid},
-                after={"method": out.get("method"), "stacks": out.get("text", "")}))
+    reply(
+        _done(
+            req,
+            bool(out.get("ok")),
+            out.get("message", ""),
+            plan={"pid": a.pid},
+            after={"method": out.get("method"), "stacks": out.get("text", "")},
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ bench
@@ -182,13 +248,24 @@ async def bench(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     device = str(req.args.get("device", "auto"))
     python = keeper.trainer_python()
     if not req.confirm:
-        reply(p.Reply(id=req.id, action="bench", stage="plan", message=f"matmul bench on {device} (~1 s)",
-                      plan={"device": device, "python": python}))
+        reply(
+            p.Reply(
+                id=req.id,
+                action="bench",
+                stage="plan",
+                message=f"matmul bench on {device} (~1 s)",
+                plan={"device": device, "python": python},
+            )
+        )
         return
-    reply(p.Reply(id=req.id, action="bench", stage="progress", message=f"running the matmul bench on {device}"))
+    reply(
+        p.Reply(id=req.id, action="bench", stage="progress", message=f"running the matmul bench on {device}")
+    )
     cfg = keeper.config.bench  # the keeper always holds a Config (defaults when there is no file)
     seconds = float(req.args.get("seconds") or cfg.seconds)
-    out = await asyncio.to_thread(run_bench, device, python=python, seconds=seconds, floor_tflops=cfg.floor_tflops)
+    out = await asyncio.to_thread(
+        run_bench, device, python=python, seconds=seconds, floor_tflops=cfg.floor_tflops
+    )
     ok = bool(out.get("ok", out.get("tflops") is not None))
     msg = describe(out)
     reply(_done(req, ok, str(msg), plan={"device": device}, after=out))
@@ -219,15 +296,23 @@ async def prune(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         return
     include_rejected = bool(req.args.get("include_rejected"))
     protect = [x for x in [*pipe.verifying, _resume_target(keeper)] if x]
-    plan = await asyncio.to_thread(pruning.plan, pipe.root, keep, protect=protect, include_rejected=include_rejected)
+    plan = await asyncio.to_thread(
+        pruning.plan, pipe.root, keep, protect=protect, include_rejected=include_rejected
+    )
     # Records, not strings: the CLI prints them as `prune --root` does, the control room one a line.
-    target = {"root": plan.root, "keep": keep, "bytes_to_free": plan.bytes_to_free,
-              "delete": [{"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete],
-              "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
-              "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped]}
+    target = {
+        "root": plan.root,
+        "keep": keep,
+        "bytes_to_free": plan.bytes_to_free,
+        "delete": [{"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete],
+        "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
+        "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped],
+    }
     if not req.confirm or req.args.get("dry_run"):
-        msg = (f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
-               f"{plan.bytes_to_free / (1 << 20):.1f} MiB to free")
+        msg = (
+            f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
+            f"{plan.bytes_to_free / (1 << 20):.1f} MiB to free"
+        )
         stage = "plan" if not req.confirm else "done"
         reply(p.Reply(id=req.id, action="prune", stage=stage, ok=True, message=msg, plan=target))
         return
@@ -237,15 +322,23 @@ async def prune(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     # A pruned step directory is the promoted form of a candidate the run knows by its path.
     by_dir = {(c.report or {}).get("promoted_dir"): c.path for c in keeper.state.checkpoints}
     for d in res.deleted:
-        keeper.emit(p.CheckpointState(path=by_dir.get(d.path, d.path), step=d.step, state="pruned", t=now,
-                                      size_bytes=d.bytes))
+        keeper.emit(
+            p.CheckpointState(
+                path=by_dir.get(d.path, d.path), step=d.step, state="pruned", t=now, size_bytes=d.bytes
+            )
+        )
     usage = await asyncio.to_thread(pipe.disk_sample)
-    after = {"disk_used_bytes": usage.get("used_bytes"), "bytes_freed": res.bytes_freed,
-             "deleted": [{"step": d.step, "path": d.path, "bytes": d.bytes} for d in res.deleted],
-             "failed": [{"step": f.step, "path": f.path, "why": f.why} for f in res.failed]}
+    after = {
+        "disk_used_bytes": usage.get("used_bytes"),
+        "bytes_freed": res.bytes_freed,
+        "deleted": [{"step": d.step, "path": d.path, "bytes": d.bytes} for d in res.deleted],
+        "failed": [{"step": f.step, "path": f.path, "why": f.why} for f in res.failed],
+    }
     ok = not res.failed
-    msg = (f"pruned {len(res.deleted)} checkpoint(s), freed {res.bytes_freed / (1 << 20):.1f} MiB, "
-           f"kept {len(res.kept)}" + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else ""))
+    msg = (
+        f"pruned {len(res.deleted)} checkpoint(s), freed {res.bytes_freed / (1 << 20):.1f} MiB, "
+        f"kept {len(res.kept)}" + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else "")
+    )
     reply(_done(req, ok, msg, plan=target, before=before, after=after))
 
 
@@ -259,16 +352,20 @@ async def verify(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         reply(_done(req, False, "verify: no verified checkpoint yet (`latest` points nowhere)"))
         return
     if not req.confirm:
-        reply(p.Reply(id=req.id, action="verify", stage="plan", message=f"verify {path}", plan={"path": path}))
+        reply(
+            p.Reply(id=req.id, action="verify", stage="plan", message=f"verify {path}", plan={"path": path})
+        )
         return
     reply(p.Reply(id=req.id, action="verify", stage="progress", message=f"verifying {path}"))
     # The pipeline's warm verifier (torch already imported) when there is one.
     check = pipe.verify_now if pipe is not None else verify_in_subprocess
     expected = req.args.get("expected")
     rep = await asyncio.to_thread(check, path, expected if isinstance(expected, dict) else None)
-    summary = (f"{path}: {'verified' if rep.get('ok') else 'REJECTED: ' + str(rep.get('reason'))}; "
-               f"{rep.get('tensors')} tensors, {rep.get('params')} params, "
-               f"non-finite {len(rep.get('nonfinite') or {})}, outliers {len(rep.get('outliers') or [])}")
+    summary = (
+        f"{path}: {'verified' if rep.get('ok') else 'REJECTED: ' + str(rep.get('reason'))}; "
+        f"{rep.get('tensors')} tensors, {rep.get('params')} params, "
+        f"non-finite {len(rep.get('nonfinite') or {})}, outliers {len(rep.get('outliers') or [])}"
+    )
     small = {k: v for k, v in rep.items() if k not in ("stds",)}
     reply(_done(req, bool(rep.get("ok")), summary, plan={"path": path}, after=small))
 
@@ -284,9 +381,24 @@ async def resume(keeper: Keeper, req: p.Request, reply: Reply) -> None:
         reply(_done(req, False, "resume refused: " + "; ".join(plan["refusals"]), plan=plan))
         return
     if not req.confirm:
-        reply(p.Reply(id=req.id, action="resume", stage="plan", plan=plan,
-                      message=f"resume attempt {plan['attempt']} from {plan['checkpoint']} (step {plan['step']})"))
+        reply(
+            p.Reply(
+                id=req.id,
+                action="resume",
+                stage="plan",
+                plan=plan,
+                message=f"resume attempt {plan['attempt']} from {plan['checkpoint']} (step {plan['step']})",
+            )
+        )
         return
     result = await start_resume(keeper, plan, progress=_progress(reply, req))
-    reply(_done(req, result["ok"], result["message"], plan=plan, before=result.get("before", {}),
-                after=result.get("after", {})))
+    reply(
+        _done(
+            req,
+            result["ok"],
+            result["message"],
+            plan=plan,
+            before=result.get("before", {}),
+            after=result.get("after", {}),
+        )
+    )

@@ -26,10 +26,10 @@ from typing import Any
 import psutil
 
 from trainroom.core import protocol as p
-from trainroom.core.run import store as runs
 from trainroom.core.findings import Finding
-from trainroom.core.run.journal import Journal
 from trainroom.core.probes import procs
+from trainroom.core.run import store as runs
+from trainroom.core.run.journal import Journal
 from trainroom.core.run.state import RunState, to_snapshot
 
 TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest within a tick
@@ -111,7 +111,9 @@ class Keeper:
         self.record = runs.read_record(run_dir)
         rec = self.record
         self.options: dict[str, Any] = rec.options
-        self.state = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options)
+        self.state = RunState(
+            run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options
+        )
         self.journal = Journal(run_dir / runs.JOURNAL_NAME)
         self.sock_path = run_dir / runs.SOCKET_NAME
         self.log_path = run_dir / runs.LOG_NAME
@@ -152,8 +154,10 @@ class Keeper:
 
     def reclaim_roots(self) -> dict[str, str]:
         # Tests point reclaim at a temporary tree that mimics /sys/fs/cgroup and /proc.
-        return {"sys_root": os.environ.get("TRAINROOM_SYS_ROOT", "/sys/fs/cgroup"),
-                "proc_root": os.environ.get("TRAINROOM_PROC_ROOT", "/proc")}
+        return {
+            "sys_root": os.environ.get("TRAINROOM_SYS_ROOT", "/sys/fs/cgroup"),
+            "proc_root": os.environ.get("TRAINROOM_PROC_ROOT", "/proc"),
+        }
 
     def trainer_python(self) -> str:
         """The trainer's interpreter (it has torch) when the command names one, else ours."""
@@ -213,19 +217,25 @@ class Keeper:
 
     # ------------------------------------------------------------------ attempts
 
-    async def start_attempt(self, argv: list[str] | None = None, resume_from: str | None = None,
-                            extra_env: dict[str, str] | None = None) -> p.AttemptStarted | p.AttemptEnded:
+    async def start_attempt(
+        self,
+        argv: list[str] | None = None,
+        resume_from: str | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> p.AttemptStarted | p.AttemptEnded:
         self.attempt_n += 1
         n = self.attempt_n
         argv = argv or self.record.argv
         env = dict(os.environ)
-        env.update({
-            "TRAINROOM_SOCKET": str(self.sock_path),
-            "TRAINROOM_RUN": self.record.run_id,
-            "TRAINROOM_RUN_DIR": str(self.run_dir),
-            "TRAINROOM_ATTEMPT": str(n),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "TRAINROOM_SOCKET": str(self.sock_path),
+                "TRAINROOM_RUN": self.record.run_id,
+                "TRAINROOM_RUN_DIR": str(self.run_dir),
+                "TRAINROOM_ATTEMPT": str(n),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if self.options.get("ckpt_root"):
             env["TRAINROOM_CKPT_ROOT"] = str(self.options["ckpt_root"])
         if self.options.get("disk_budget_bytes"):
@@ -238,17 +248,32 @@ class Keeper:
         env.update(extra_env or {})
         now = time.time()
         with open(self.log_path, "ab") as log:
-            log.write(f"=== trainroom: attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                      f"{' '.join(argv)} ===\n".encode())
+            log.write(
+                f"=== trainroom: attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{' '.join(argv)} ===\n".encode()
+            )
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                    cwd=self.record.cwd, env=env, process_group=0,
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    cwd=self.record.cwd,
+                    env=env,
+                    process_group=0,
                 )
             except OSError as exc:
                 log.write(f"=== trainroom: could not start: {exc} ===\n".encode())
-                started = p.AttemptStarted(n=n, t=now, pid=0, pgid=0, start_time=0.0, argv=argv,
-                                           cwd=self.record.cwd, resume_from=resume_from)
+                started = p.AttemptStarted(
+                    n=n,
+                    t=now,
+                    pid=0,
+                    pgid=0,
+                    start_time=0.0,
+                    argv=argv,
+                    cwd=self.record.cwd,
+                    resume_from=resume_from,
+                )
                 self.emit(started)
                 ended = p.AttemptEnded(n=n, t=time.time(), exit_code=127, error=f"could not start: {exc}")
                 self.emit(ended)
@@ -259,10 +284,18 @@ class Keeper:
         except psutil.Error:
             start_time = now
         self.proc = proc
-        started = p.AttemptStarted(n=n, t=now, pid=proc.pid, pgid=proc.pid, start_time=start_time,
-                                   start_ticks=procs.start_ticks(proc.pid),
-                                   argv=argv, cwd=self.record.cwd, resume_from=resume_from,
-                                   requested=_requested_from_argv(argv))
+        started = p.AttemptStarted(
+            n=n,
+            t=now,
+            pid=proc.pid,
+            pgid=proc.pid,
+            start_time=start_time,
+            start_ticks=procs.start_ticks(proc.pid),
+            argv=argv,
+            cwd=self.record.cwd,
+            resume_from=resume_from,
+            requested=_requested_from_argv(argv),
+        )
         self.emit(started)
         self.journal.flush()
         if self.watch is not None:
@@ -275,7 +308,9 @@ class Keeper:
         now = time.time()
         # Read what the trainer wrote last before calling it: a traceback there is the cause.
         self._read_log(now)
-        ended = p.AttemptEnded(n=n, t=now, exit_code=rc if rc >= 0 else None, exit_signal=-rc if rc < 0 else None)
+        ended = p.AttemptEnded(
+            n=n, t=now, exit_code=rc if rc >= 0 else None, exit_signal=-rc if rc < 0 else None
+        )
         self.emit(ended)
         a = self.state.attempt
         if a is not None and a.n == n and rc != 0 and a.crash is None and self.watch is not None:
@@ -305,8 +340,14 @@ class Keeper:
         for step, loss, lr in self.tail.read():
             if a is None or a.instrumented:
                 continue  # the reporter's frames are exact; log lines would double them
-            self.emit(p.Received(attempt=a.n, rank=0, t=now, msg=p.Step(
-                step=step, t=now, loss=loss, lr=[lr] if lr is not None else [], source="log")))
+            self.emit(
+                p.Received(
+                    attempt=a.n,
+                    rank=0,
+                    t=now,
+                    msg=p.Step(step=step, t=now, loss=loss, lr=[lr] if lr is not None else [], source="log"),
+                )
+            )
 
     async def tick_loop(self) -> None:
         while not self.stop_event.is_set():
@@ -440,8 +481,15 @@ class Keeper:
         try:
             await self.actions.serve(self, req, reply, c.name)
         except Exception as exc:
-            reply(p.Reply(id=req.id, action=req.action, stage="done", ok=False,
-                          message=f"{req.action} failed: {type(exc).__name__}: {exc}"))
+            reply(
+                p.Reply(
+                    id=req.id,
+                    action=req.action,
+                    stage="done",
+                    ok=False,
+                    message=f"{req.action} failed: {type(exc).__name__}: {exc}",
+                )
+            )
         with contextlib.suppress(Exception):
             await c.writer.drain()
 
@@ -544,7 +592,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m trainroom.core.keeper RUN_DIR", file=sys.stderr)
         return 2
     return run_keeper(args[0])
-
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from trainroom.core.ckpt import watch as watch
-from trainroom.core.health import diskguard as diskguard
 from trainroom.core import protocol as p
+from trainroom.core.ckpt import watch as watch
 from trainroom.core.ckpt.layout import (
     ENV_ROOT,
     QUARANTINE,
@@ -37,8 +36,9 @@ from trainroom.core.ckpt.layout import (
     latest_checkpoint,
     settle,
 )
-from trainroom.core.findings import Finding
 from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report, host_ram_low
+from trainroom.core.findings import Finding
+from trainroom.core.health import diskguard as diskguard
 
 if TYPE_CHECKING:
     from trainroom.core.keeper.loop import Keeper
@@ -162,14 +162,21 @@ class CheckpointPipeline:
             try:
                 await self._run(job)
             except Exception as exc:  # one bad job never stops the queue or the keeper
-                self.keeper.emit(p.KeeperNote(t=time.time(), kind="warning",
-                                              message=f"checkpoint {job.path}: {type(exc).__name__}: {exc}"))
+                self.keeper.emit(
+                    p.KeeperNote(
+                        t=time.time(),
+                        kind="warning",
+                        message=f"checkpoint {job.path}: {type(exc).__name__}: {exc}",
+                    )
+                )
             finally:
                 self._jobs.pop(job.key, None)
                 self._verifying = frozenset(j.path for j in self._jobs.values())
                 self.keeper.journal.flush()
 
-    def verify_now(self, path: str, expected: dict[str, Any] | None = None, timeout: float = 600.0) -> dict[str, Any]:
+    def verify_now(
+        self, path: str, expected: dict[str, Any] | None = None, timeout: float = 600.0
+    ) -> dict[str, Any]:
         """Verify one file in the warm verifier (blocks: call it from a worker thread). For the
         keeper's `verify` action and the re-verification before a resume as well."""
         return self.verifier.verify(path, expected or None, timeout=timeout)
@@ -202,8 +209,13 @@ class CheckpointPipeline:
         try:
             rec = await asyncio.to_thread(settle, path, report, own)
         except Exception as exc:  # promotion failed: say so, keep the keeper
-            rec = p.CheckpointState(path=path, step=step, state="rejected", t=time.time(),
-                                    reason=f"could not settle: {type(exc).__name__}: {exc}")
+            rec = p.CheckpointState(
+                path=path,
+                step=step,
+                state="rejected",
+                t=time.time(),
+                reason=f"could not settle: {type(exc).__name__}: {exc}",
+            )
             report = {**report, "ok": False, "reason": rec.reason}
         k.emit(rec)
         self._remember(path, report, rec.state)
@@ -213,9 +225,18 @@ class CheckpointPipeline:
         file left where it is, a verified copy promoted when asked."""
         ok, deferred = bool(report.get("ok")), bool(report.get("deferred"))
         state = "verified" if ok else "candidate" if deferred else "rejected"
-        self.keeper.emit(p.CheckpointState(path=path, step=report.get("step"), state=state, t=time.time(),
-                                           reason=report.get("reason"), size_bytes=report.get("size_bytes"),
-                                           digest=report.get("digest"), report=_journal_report(report)))
+        self.keeper.emit(
+            p.CheckpointState(
+                path=path,
+                step=report.get("step"),
+                state=state,
+                t=time.time(),
+                reason=report.get("reason"),
+                size_bytes=report.get("size_bytes"),
+                digest=report.get("digest"),
+                report=_journal_report(report),
+            )
+        )
         self._remember(path, report, state)
         if ok and self.keep_copies:
             await self._keep_copy(path, report)
@@ -230,7 +251,9 @@ class CheckpointPipeline:
         k = self.keeper
         report = await asyncio.to_thread(self.verify_now, request.path, dict(request.expected))
         current = await asyncio.to_thread(watch.stat_one, request.path)
-        self.watch_state, recs, stood = watch.record_verdict(self.watch_state, request, report, current, time.time())
+        self.watch_state, recs, stood = watch.record_verdict(
+            self.watch_state, request, report, current, time.time()
+        )
         for r in recs:
             k.emit(r)
         if stood and report.get("ok") and self.keep_copies:
@@ -241,8 +264,13 @@ class CheckpointPipeline:
         try:
             target = await asyncio.to_thread(keep_verified_copy, path, report, self.root)
         except Exception as exc:  # ENOSPC, a vanished file: the verdict stands, the copy does not
-            k.emit(p.KeeperNote(t=time.time(), kind="warning",
-                                message=f"could not keep a verified copy of {path}: {type(exc).__name__}: {exc}"))
+            k.emit(
+                p.KeeperNote(
+                    t=time.time(),
+                    kind="warning",
+                    message=f"could not keep a verified copy of {path}: {type(exc).__name__}: {exc}",
+                )
+            )
             return
         if target is None:
             k.emit(p.KeeperNote(t=time.time(), message=f"{path} changed while it was copied: no copy kept"))
@@ -251,9 +279,17 @@ class CheckpointPipeline:
         size = copy.stat().st_size if copy.exists() else None
         if size:
             self._saved(time.time(), size)
-        k.emit(p.CheckpointState(path=str(copy), step=report.get("step"), state="verified", t=time.time(),
-                                 size_bytes=size, digest=report.get("digest"),
-                                 report={"promoted_dir": str(target), "promoted_file": str(copy), "source": path}))
+        k.emit(
+            p.CheckpointState(
+                path=str(copy),
+                step=report.get("step"),
+                state="verified",
+                t=time.time(),
+                size_bytes=size,
+                digest=report.get("digest"),
+                report={"promoted_dir": str(target), "promoted_file": str(copy), "source": path},
+            )
+        )
         k.emit(p.KeeperNote(t=time.time(), message=f"kept a verified copy of {path} at {copy}"))
 
     def start(self) -> None:
@@ -305,14 +341,21 @@ class CheckpointPipeline:
         out: list[Finding] = []
         th = k.config.thresholds
         if self.usage is not None:
-            out += diskguard.disk_findings(self.usage, self.mount, list(self.saves), now, warn=th.disk_warn,
-                                           critical=th.disk_critical, prunable_bytes=self.prunable,
-                                           writing=self.writing())
+            out += diskguard.disk_findings(
+                self.usage,
+                self.mount,
+                list(self.saves),
+                now,
+                warn=th.disk_warn,
+                critical=th.disk_critical,
+                prunable_bytes=self.prunable,
+                writing=self.writing(),
+            )
         # A rejection stays open until a newer checkpoint verifies.
         newest_ok = max((c.step or -1 for c in k.state.checkpoints if c.state == "verified"), default=-1)
         for path, rep in list(self.reports.items()):
             c = k.state.checkpoint(path)
-            if c is None or c.state != "rejected" or (c.step or -1) <= newest_ok and newest_ok >= 0:
+            if c is None or c.state != "rejected" or ((c.step or -1) <= newest_ok and newest_ok >= 0):
                 continue
             out += findings_for_report(rep)
         for path, rep in list(self.deferred.items()):

@@ -57,7 +57,9 @@ def _held_locks(paths: list[str]) -> list[str]:
         who = [f"pid {h.get('pid')} ({h.get('state') or '?'})" for h in live + (lk.get("inheritors") or [])]
         text = f"lock {lk.get('path')} is held by {', '.join(who) if who else 'a process not visible here'}"
         if gone:
-            dead = ", ".join(f"pid {h.get('pid')} ({'a zombie' if h.get('exists') else 'gone'})" for h in gone)
+            dead = ", ".join(
+                f"pid {h.get('pid')} ({'a zombie' if h.get('exists') else 'gone'})" for h in gone
+            )
             text += f" through a descriptor taken by {dead}"
         out.append(text)
     return out
@@ -90,16 +92,20 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
         refusals.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
     live = _members(a.pgid, a.start_time, a.start_ticks)
     if live:
-        refusals.append(f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} "
-                        "(kill clears them)")
+        refusals.append(
+            f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} "
+            "(kill clears them)"
+        )
     refusals += _held_locks(keeper.lock_files())
     cfg = keeper.config
     tolerance = int(cfg.kill.vram_tolerance_mib * (1 << 20))
     held = _driver_bytes(keeper, [a.pid])
     plan["driver_bytes"] = held
     if held is not None and held > tolerance:
-        refusals.append(f"the driver still holds {held / (1 << 20):.0f} MiB for the old attempt "
-                        f"(tolerance {tolerance / (1 << 20):.0f} MiB): kill and wait for it to fall")
+        refusals.append(
+            f"the driver still holds {held / (1 << 20):.0f} MiB for the old attempt "
+            f"(tolerance {tolerance / (1 << 20):.0f} MiB): kill and wait for it to fall"
+        )
     pipe = getattr(keeper.watch, "checkpoints", None) if keeper.watch is not None else None
     ckpt = latest_checkpoint(pipe.root) if pipe is not None else None
     step = None
@@ -129,15 +135,20 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
         plan["step"] = step
         size = Path(ckpt).stat().st_size
         mem = read_meminfo().get("MemAvailable")
-        low = host_ram_low(mem, load_need_bytes(size), str(ckpt), floor_bytes=cfg.thresholds.host_ram_low_bytes)
+        low = host_ram_low(
+            mem, load_need_bytes(size), str(ckpt), floor_bytes=cfg.thresholds.host_ram_low_bytes
+        )
         if low is not None:
             refusals.append(f"{low.message} — reclaim the page cache first (c)")
         plan["mem_available_bytes"] = mem
         plan["checkpoint_bytes"] = size
     template = keeper.options.get("resume_template") or cfg.resume.command
     if "checkpoint" in plan:
-        plan["argv"] = (resume_argv(template, ckpt=plan["checkpoint"], step=plan.get("step"),
-                                    run_id=keeper.record.run_id) if template else list(keeper.record.argv))
+        plan["argv"] = (
+            resume_argv(template, ckpt=plan["checkpoint"], step=plan.get("step"), run_id=keeper.record.run_id)
+            if template
+            else list(keeper.record.argv)
+        )
     plan["died_at_step"] = a.last_step
     if a.last_step is not None and plan.get("step") is not None:
         plan["steps_lost"] = max(0, a.last_step - int(plan["step"]))
@@ -149,8 +160,12 @@ async def plan_resume(keeper: Keeper) -> dict[str, Any]:
     return await asyncio.to_thread(_plan_sync, keeper)
 
 
-async def start_resume(keeper: Keeper, plan: dict[str, Any], progress: Callable[[str], None] | None = None,
-                       verify_digest: bool = True) -> dict[str, Any]:
+async def start_resume(
+    keeper: Keeper,
+    plan: dict[str, Any],
+    progress: Callable[[str], None] | None = None,
+    verify_digest: bool = True,
+) -> dict[str, Any]:
     from trainroom.core.ckpt.verify import verify_in_subprocess
 
     say = progress or (lambda _line: None)
@@ -165,16 +180,29 @@ async def start_resume(keeper: Keeper, plan: dict[str, Any], progress: Callable[
         if not rep.get("ok"):
             return {"ok": False, "message": f"resume refused: {ckpt} no longer verifies: {rep.get('reason')}"}
     a = keeper.state.attempt
-    before = {"attempt": a.n if a else None, "died_at_step": plan.get("died_at_step"),
-              "exit_code": a.exit_code if a else None, "exit_signal": a.exit_signal if a else None}
+    before = {
+        "attempt": a.n if a else None,
+        "died_at_step": plan.get("died_at_step"),
+        "exit_code": a.exit_code if a else None,
+        "exit_signal": a.exit_signal if a else None,
+    }
     say(f"starting attempt {plan['attempt']}: {' '.join(plan['argv'])}")
     started = await keeper.start_attempt(plan["argv"], resume_from=ckpt)
     if isinstance(started, p.AttemptEnded):
         return {"ok": False, "message": f"resume failed: {started.error}", "before": before}
-    after = {"attempt": started.n, "pid": started.pid, "pgid": started.pgid, "from_step": plan.get("step"),
-             "steps_lost": plan.get("steps_lost")}
-    return {"ok": True, "before": before, "after": after,
-            "message": f"attempt {started.n} started (pid {started.pid}) from step {plan.get('step')} of {ckpt}"}
+    after = {
+        "attempt": started.n,
+        "pid": started.pid,
+        "pgid": started.pgid,
+        "from_step": plan.get("step"),
+        "steps_lost": plan.get("steps_lost"),
+    }
+    return {
+        "ok": True,
+        "before": before,
+        "after": after,
+        "message": f"attempt {started.n} started (pid {started.pid}) from step {plan.get('step')} of {ckpt}",
+    }
 
 
 class AutoResume:
@@ -195,7 +223,7 @@ class AutoResume:
     async def attempt_ended(self, ended: p.AttemptEnded) -> None:
         from trainroom.core.health.watchdog import repeat_death
 
-        if ended.exit_code == 0 and ended.exit_signal is None or self.stopped:
+        if (ended.exit_code == 0 and ended.exit_signal is None) or self.stopped:
             return
         if ended.error is not None:
             self.stopped = f"the command could not start: {ended.error}"

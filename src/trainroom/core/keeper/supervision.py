@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from trainroom.core import protocol as p
 from trainroom.core.config import Config
 from trainroom.core.findings import Finding
-from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.health.sanity import SanityThresholds, SanityTracker
-from trainroom.core.run.series import Series
 from trainroom.core.health.watchdog import Thresholds, Watchdog, context_from_probe, crash_from_log
+from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
+from trainroom.core.run.series import Series
 
 if TYPE_CHECKING:
     from trainroom.core.keeper.loop import Keeper
@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 def sanity_thresholds(cfg: Config) -> SanityThresholds:
     th = cfg.thresholds
     return SanityThresholds(
-        lr_low_ratio=1.0 / th.lr_too_low_ratio, lr_high_ratio=th.lr_too_high_ratio,
-        white_band=th.white_band, white_steps=th.white_steps, exploded_factor=th.exploded_start_factor,
+        lr_low_ratio=1.0 / th.lr_too_low_ratio,
+        lr_high_ratio=th.lr_too_high_ratio,
+        white_band=th.white_band,
+        white_steps=th.white_steps,
+        exploded_factor=th.exploded_start_factor,
     )
 
 
@@ -88,7 +91,8 @@ class Supervision:
         st = keeper.state
         a = st.attempt
         ctx = context_from_probe(
-            st.probe, thresholds=self.thresholds,
+            st.probe,
+            thresholds=self.thresholds,
             alive=keeper.proc is not None and keeper.proc.returncode is None,
             attempt=a.n if a else None,
         )
@@ -110,4 +114,3 @@ def _checkpoint_pipeline(keeper: Keeper) -> Any:
     except ImportError:
         return None
     return CheckpointPipeline(keeper)
-

@@ -203,9 +203,15 @@ def with_floor(result: dict[str, Any], floor_tflops: float | None) -> dict[str, 
     """The result judged against a configured floor instead of its class's."""
     if floor_tflops is None or not result.get("ok") or not isinstance(result.get("tflops"), (int, float)):
         return result
-    word, text = verdict(float(result["tflops"]), f"{result.get('device_class', '?')}, set in trainroom.toml",
-                         floor_tflops)
-    return result | {"floor_tflops": floor_tflops, "floor_source": "trainroom.toml", "verdict": word, "message": text}
+    word, text = verdict(
+        float(result["tflops"]), f"{result.get('device_class', '?')}, set in trainroom.toml", floor_tflops
+    )
+    return result | {
+        "floor_tflops": floor_tflops,
+        "floor_source": "trainroom.toml",
+        "verdict": word,
+        "message": text,
+    }
 
 
 def describe(result: dict[str, Any]) -> str:
@@ -244,7 +250,9 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
         help="cpu, cuda or cuda:N (default: cuda:0 if there is one)",
     )
     parser.add_argument(
-        "--seconds", type=_seconds_arg, default=None,
+        "--seconds",
+        type=_seconds_arg,
+        default=None,
         help="timed duration (default: [bench] seconds in trainroom.toml, else 1)",
     )
 

@@ -103,8 +103,12 @@ def plan_kill(
     keeper_pid: int | None = None,
 ) -> KillPlan:
     """The exact target of a kill of this attempt, or the reasons to refuse it."""
-    plan = KillPlan(pgid=attempt_pgid, leader_pid=attempt_pid, leader_start_time=attempt_start_time,
-                    leader_start_ticks=attempt_start_ticks)
+    plan = KillPlan(
+        pgid=attempt_pgid,
+        leader_pid=attempt_pid,
+        leader_start_time=attempt_start_time,
+        leader_start_ticks=attempt_start_ticks,
+    )
     ticks = attempt_start_ticks
     refusals = plan.refusals
     if attempt_pgid <= 1:
@@ -132,8 +136,11 @@ def plan_kill(
                 leader = None
             elif not same:
                 now_ticks = _ticks_of(attempt_pid)
-                at = (f" (tick {now_ticks}, the attempt's {ticks})"
-                      if ticks is not None and now_ticks is not None else "")
+                at = (
+                    f" (tick {now_ticks}, the attempt's {ticks})"
+                    if ticks is not None and now_ticks is not None
+                    else ""
+                )
                 refusals.append(
                     f"refusing pid {attempt_pid}: it started at {_clock(created)}, the attempt's at "
                     f"{_clock(attempt_start_time)}{at} (the PID was reused)"
@@ -161,8 +168,9 @@ def plan_kill(
             if child.pid in seen:
                 continue
             member = _describe(child, in_group=False)
-            if member is not None and started_since(member.create_time, member.start_ticks,
-                                                    attempt_start_time, ticks):
+            if member is not None and started_since(
+                member.create_time, member.start_ticks, attempt_start_time, ticks
+            ):
                 seen.add(child.pid)
                 members.append(member)
     hit = sorted(protected & {m.pid for m in members})
@@ -180,8 +188,11 @@ def live_members(pgid: int, attempt_start_time: float, attempt_start_ticks: int 
     started before the attempt is not part of it: the group number was reused by a stranger."""
     if pgid <= 1:
         return []
-    return sorted(m.pid for m in _group_members(pgid)
-                  if started_since(m.create_time, m.start_ticks, attempt_start_time, attempt_start_ticks))
+    return sorted(
+        m.pid
+        for m in _group_members(pgid)
+        if started_since(m.create_time, m.start_ticks, attempt_start_time, attempt_start_ticks)
+    )
 
 
 # --------------------------------------------------------------------------- execute
@@ -205,7 +216,9 @@ def execute_kill(
     """
     say = progress or (lambda _line: None)
     if plan.nothing_left:
-        return _confirm_nothing_left(plan, vram_probe, tolerance_bytes, vram_timeout_s, vram_poll_s, say, proc_root)
+        return _confirm_nothing_left(
+            plan, vram_probe, tolerance_bytes, vram_timeout_s, vram_poll_s, say, proc_root
+        )
     if not plan.ok:
         return KillResult(ok=False, message="; ".join(plan.refusals), pgid=plan.pgid)
 
@@ -288,22 +301,41 @@ def _confirm_nothing_left(
     """Nothing to signal: the group is empty. Still confirm what a kill confirms, that the
     driver gave the memory back (a context that outlived its process still holds it)."""
     vram_before = _probe(vram_probe)
-    before = {"members": 0, "pids": [], "vram_bytes": vram_before, "mem_available_bytes": _mem_available(proc_root)}
+    before = {
+        "members": 0,
+        "pids": [],
+        "vram_bytes": vram_before,
+        "mem_available_bytes": _mem_available(proc_root),
+    }
     say(f"nothing left to signal: pgid {plan.pgid} has no live members")
-    released, vram_after, waited = _wait_vram(vram_probe, vram_before, tolerance_bytes, vram_timeout_s,
-                                              vram_poll_s, say)
-    after = {"members": 0, "pids": [], "vram_bytes": vram_after, "mem_available_bytes": _mem_available(proc_root),
-             "vram_wait_s": round(waited, 1)}
+    released, vram_after, waited = _wait_vram(
+        vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
+    )
+    after = {
+        "members": 0,
+        "pids": [],
+        "vram_bytes": vram_after,
+        "mem_available_bytes": _mem_available(proc_root),
+        "vram_wait_s": round(waited, 1),
+    }
     gone = f"nothing left to kill: pgid {plan.pgid} has no live members"
     if released is None:
         message = f"{gone}; driver view unavailable, VRAM release not confirmed"
     elif released:
         message = f"{gone}; VRAM {_size(vram_before)} -> {_size(vram_after)}"
     else:
-        message = (f"{gone}; but the driver still holds {_size(vram_after)} after {vram_timeout_s:g} s "
-                   f"(tolerance {_size(tolerance_bytes)})")
-    return KillResult(ok=released is not False, message=message, pgid=plan.pgid, vram_released=released,
-                      before=before, after=after)
+        message = (
+            f"{gone}; but the driver still holds {_size(vram_after)} after {vram_timeout_s:g} s "
+            f"(tolerance {_size(tolerance_bytes)})"
+        )
+    return KillResult(
+        ok=released is not False,
+        message=message,
+        pgid=plan.pgid,
+        vram_released=released,
+        before=before,
+        after=after,
+    )
 
 
 def run_vram_probe(
@@ -448,9 +480,7 @@ def _live_group_members(plan: KillPlan) -> list[psutil.Process]:
     return found
 
 
-def _wait_gone(
-    targets: dict[int, psutil.Process], plan: KillPlan, timeout_s: float
-) -> list[psutil.Process]:
+def _wait_gone(targets: dict[int, psutil.Process], plan: KillPlan, timeout_s: float) -> list[psutil.Process]:
     """Poll until every target and every current member of the group is gone, or the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -66,8 +66,13 @@ def _inside(root_real: str, path: str | os.PathLike[str]) -> bool:
     return real != root_real and real.startswith(root_real.rstrip("/") + "/")
 
 
-def plan(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *,
-         protect: Iterable[str | os.PathLike[str]] = (), include_rejected: bool = False) -> PrunePlan:
+def plan(
+    root: str | os.PathLike[str],
+    keep: int = DEFAULT_KEEP,
+    *,
+    protect: Iterable[str | os.PathLike[str]] = (),
+    include_rejected: bool = False,
+) -> PrunePlan:
     """What prune would delete and keep, and why, without deleting anything."""
     if keep < 0:
         raise ValueError("keep must be >= 0")
@@ -84,8 +89,13 @@ def plan(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *,
     latest_real = os.path.realpath(latest) if latest else None
     pointer = root_p / ck.LATEST
     if pointer.is_symlink() and latest is None:
-        out.skipped.append(Kept(path=str(pointer), step=None,
-                                why=f"latest -> {os.readlink(pointer)} is not a verified step dir here: not followed"))
+        out.skipped.append(
+            Kept(
+                path=str(pointer),
+                step=None,
+                why=f"latest -> {os.readlink(pointer)} is not a verified step dir here: not followed",
+            )
+        )
 
     verified = ck.verified_checkpoints(root_p)
     listed = {os.path.basename(v.dir) for v in verified}
@@ -97,9 +107,13 @@ def plan(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *,
         if e.name in listed or e.name in (ck.LATEST, ck.QUARANTINE) or e.name.startswith("."):
             continue
         if e.is_symlink():
-            out.skipped.append(Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed"))
+            out.skipped.append(
+                Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed")
+            )
         elif ck.STEP_DIR_RE.match(e.name):
-            out.skipped.append(Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint"))
+            out.skipped.append(
+                Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint")
+            )
 
     newest = {v.dir for v in verified[-keep:]} if keep else set()
     for v in reversed(verified):
@@ -132,21 +146,28 @@ def plan(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *,
     return out
 
 
-def execute(pl: PrunePlan, *, dry_run: bool = False,
-            protect: Iterable[str | os.PathLike[str]] = ()) -> PruneResult:
+def execute(
+    pl: PrunePlan, *, dry_run: bool = False, protect: Iterable[str | os.PathLike[str]] = ()
+) -> PruneResult:
     """Delete what the plan lists, re-checking each target first (it may have changed)."""
-    res = PruneResult(root=pl.root, keep=pl.keep, dry_run=dry_run, kept=list(pl.kept), skipped=list(pl.skipped))
+    res = PruneResult(
+        root=pl.root, keep=pl.keep, dry_run=dry_run, kept=list(pl.kept), skipped=list(pl.skipped)
+    )
     root_real = os.path.realpath(pl.root)
     latest = ck.latest_dir(pl.root)
     latest_real = os.path.realpath(latest) if latest else None
-    protected = {os.path.realpath(x) for x in protect} | {os.path.dirname(os.path.realpath(x)) for x in protect}
+    protected = {os.path.realpath(x) for x in protect} | {
+        os.path.dirname(os.path.realpath(x)) for x in protect
+    }
     for t in pl.delete:
         p_ = Path(t.path)
         refuse = None
         if p_.is_symlink():
             refuse = "became a symlink"
         elif not _inside(root_real, p_) or os.path.dirname(os.path.realpath(p_)) not in (
-                root_real, os.path.join(root_real, ck.QUARANTINE)):
+            root_real,
+            os.path.join(root_real, ck.QUARANTINE),
+        ):
             refuse = "outside the root"
         elif os.path.realpath(p_) == latest_real:
             refuse = "is latest now"
@@ -178,12 +199,19 @@ def execute(pl: PrunePlan, *, dry_run: bool = False,
     return res
 
 
-def prune(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *, dry_run: bool = False,
-          protect: Iterable[str | os.PathLike[str]] = (), include_rejected: bool = False) -> PruneResult:
+def prune(
+    root: str | os.PathLike[str],
+    keep: int = DEFAULT_KEEP,
+    *,
+    dry_run: bool = False,
+    protect: Iterable[str | os.PathLike[str]] = (),
+    include_rejected: bool = False,
+) -> PruneResult:
     """Plan and execute: what the keeper's prune action calls (journal `bytes_freed` after)."""
     protect = list(protect)
-    return execute(plan(root, keep, protect=protect, include_rejected=include_rejected),
-                   dry_run=dry_run, protect=protect)
+    return execute(
+        plan(root, keep, protect=protect, include_rejected=include_rejected), dry_run=dry_run, protect=protect
+    )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -192,17 +220,27 @@ def prune(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP, *, dry_run: bo
 def add_parser(subparsers: Any) -> None:
     """`trainroom prune [RUN] [--keep N] [--dry-run] [--yes] [--json] [--root PATH]`."""
     ap = subparsers.add_parser(
-        "prune", help="delete old verified checkpoints, keeping the last N, pinned and latest",
+        "prune",
+        help="delete old verified checkpoints, keeping the last N, pinned and latest",
         description="Delete old verified checkpoints, keeping the last N, pinned ones and `latest`. While the "
-                    "run's keeper is up this goes through it (it also spares candidates being verified and the "
-                    "checkpoint a resume is loading, and journals the bytes freed); once it is gone, or with "
-                    "--root, on the files directly. Asks first unless --yes or --dry-run.")
-    ap.add_argument("run", nargs="?", metavar="RUN",
-                    help=f"the run whose checkpoints to prune (default: ${ck.ENV_ROOT} if set, else the newest run)")
+        "run's keeper is up this goes through it (it also spares candidates being verified and the "
+        "checkpoint a resume is loading, and journals the bytes freed); once it is gone, or with "
+        "--root, on the files directly. Asks first unless --yes or --dry-run.",
+    )
+    ap.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help=f"the run whose checkpoints to prune (default: ${ck.ENV_ROOT} if set, else the newest run)",
+    )
     ap.add_argument("--root", metavar="PATH", help="a checkpoint root instead of a run's")
-    ap.add_argument("--keep", type=int, default=None, help=f"verified checkpoints to keep (default {DEFAULT_KEEP})")
+    ap.add_argument(
+        "--keep", type=int, default=None, help=f"verified checkpoints to keep (default {DEFAULT_KEEP})"
+    )
     ap.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
-    ap.add_argument("--include-rejected", action="store_true", help="also delete rejected candidates in quarantine")
+    ap.add_argument(
+        "--include-rejected", action="store_true", help="also delete rejected candidates in quarantine"
+    )
     ap.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.set_defaults(func=run)
@@ -290,10 +328,20 @@ def _through_keeper(args: argparse.Namespace, info: Any, keep: int | None) -> di
     client = KeeperClient(info.sock)
     plan = client.call("prune", req, confirm=False)
     pl = plan.plan
-    out: dict[str, Any] = {"via": "keeper", "run": info.run_id, "root": pl.get("root"), "keep": pl.get("keep"),
-                           "dry_run": bool(args.dry_run), "ok": plan.ok, "message": plan.message,
-                           "deleted": [], "kept": pl.get("kept", []), "skipped": pl.get("skipped", []),
-                           "failed": [], "bytes_freed": 0}
+    out: dict[str, Any] = {
+        "via": "keeper",
+        "run": info.run_id,
+        "root": pl.get("root"),
+        "keep": pl.get("keep"),
+        "dry_run": bool(args.dry_run),
+        "ok": plan.ok,
+        "message": plan.message,
+        "deleted": [],
+        "kept": pl.get("kept", []),
+        "skipped": pl.get("skipped", []),
+        "failed": [],
+        "bytes_freed": 0,
+    }
     if not plan.ok:
         return out
     if args.dry_run:
@@ -304,8 +352,14 @@ def _through_keeper(args: argparse.Namespace, info: Any, keep: int | None) -> di
         return out
     done = client.call("prune", req, confirm=True)
     after = done.after
-    out.update(ok=done.ok, message=done.message, deleted=after.get("deleted", []), failed=after.get("failed", []),
-               bytes_freed=int(after.get("bytes_freed") or 0), disk_used_bytes=after.get("disk_used_bytes"))
+    out.update(
+        ok=done.ok,
+        message=done.message,
+        deleted=after.get("deleted", []),
+        failed=after.get("failed", []),
+        bytes_freed=int(after.get("bytes_freed") or 0),
+        disk_used_bytes=after.get("disk_used_bytes"),
+    )
     return out
 
 
@@ -315,18 +369,44 @@ def _on_files(args: argparse.Namespace, root: Path, keep: int) -> dict[str, Any]
     if not root.is_dir():
         raise _BadInput(f"{root}: not a directory")
     pl = plan(root, keep, include_rejected=args.include_rejected)
-    out: dict[str, Any] = {"via": "files", "run": None, "root": str(root), "keep": keep, "dry_run": bool(args.dry_run)}
-    if not args.dry_run and pl.delete and not _confirm(
-            args, f"prune {len(pl.delete)} checkpoint(s) under {root}, keeping {keep} verified: "
-                  f"{_gb(pl.bytes_to_free)} to free"):
-        out.update(ok=False, message="cancelled", cancelled=True, deleted=[], kept=_records(pl.kept),
-                   skipped=_records(pl.skipped), failed=[], bytes_freed=0)
+    out: dict[str, Any] = {
+        "via": "files",
+        "run": None,
+        "root": str(root),
+        "keep": keep,
+        "dry_run": bool(args.dry_run),
+    }
+    if (
+        not args.dry_run
+        and pl.delete
+        and not _confirm(
+            args,
+            f"prune {len(pl.delete)} checkpoint(s) under {root}, keeping {keep} verified: "
+            f"{_gb(pl.bytes_to_free)} to free",
+        )
+    ):
+        out.update(
+            ok=False,
+            message="cancelled",
+            cancelled=True,
+            deleted=[],
+            kept=_records(pl.kept),
+            skipped=_records(pl.skipped),
+            failed=[],
+            bytes_freed=0,
+        )
         return out
     res = execute(pl, dry_run=args.dry_run)
-    out.update(ok=not res.failed, deleted=_records(res.deleted), kept=_records(res.kept),
-               skipped=_records(res.skipped), failed=_records(res.failed), bytes_freed=res.bytes_freed,
-               message=f"{'would free' if args.dry_run else 'freed'} {_gb(res.bytes_freed)} in {len(res.deleted)} "
-                       f"checkpoint(s) under {root}, kept {len(res.kept)}")
+    out.update(
+        ok=not res.failed,
+        deleted=_records(res.deleted),
+        kept=_records(res.kept),
+        skipped=_records(res.skipped),
+        failed=_records(res.failed),
+        bytes_freed=res.bytes_freed,
+        message=f"{'would free' if args.dry_run else 'freed'} {_gb(res.bytes_freed)} in {len(res.deleted)} "
+        f"checkpoint(s) under {root}, kept {len(res.kept)}",
+    )
     return out
 
 

@@ -135,7 +135,9 @@ class FakeNvml:
                     pass  # torn or half-written: keep the last good scenario, retry next call
             return self._scenario
 
-    def _enter(self, fn: str, device: dict[str, Any] | None = None, *, needs_init: bool = True) -> dict[str, Any]:
+    def _enter(
+        self, fn: str, device: dict[str, Any] | None = None, *, needs_init: bool = True
+    ) -> dict[str, Any]:
         self.calls += 1
         sc = self.scenario()
         if needs_init and self._refcount <= 0:
@@ -264,7 +266,10 @@ nvmlDeviceGetComputeRunningProcesses_v3 = _default.nvmlDeviceGetComputeRunningPr
 nvmlDeviceGetGraphicsRunningProcesses = _default.nvmlDeviceGetGraphicsRunningProcesses
 
 __all__ = _REAL_NAMES + [
-    "ENV", "FakeNvml", "write_scenario", "ULLONG_MAX",
+    "ENV",
+    "FakeNvml",
+    "write_scenario",
+    "ULLONG_MAX",
 ]
 
 # The class carries the error classes too, so a FakeNvml instance stands where the module does.

@@ -33,10 +33,12 @@ PROCESS_FUNCTIONS = (
     "nvmlDeviceGetComputeRunningProcesses_v2",
     "nvmlDeviceGetComputeRunningProcesses",
 )
-PER_PROCESS_NA = ("per-process GPU memory is N/A from this driver (WSL2/WDDM or MIG): "
-                  "device totals stand in for it")
-FOREIGN_NAMESPACE = ("not in the host PID namespace: the driver's PIDs may not exist here, so they "
-                     "are not called orphans")
+PER_PROCESS_NA = (
+    "per-process GPU memory is N/A from this driver (WSL2/WDDM or MIG): device totals stand in for it"
+)
+FOREIGN_NAMESPACE = (
+    "not in the host PID namespace: the driver's PIDs may not exist here, so they are not called orphans"
+)
 
 
 def load_nvml() -> Any:
@@ -66,8 +68,14 @@ class GpuProbe:
     """Samples NVML once per probe cycle. Thread-safe enough for one caller thread at a time
     (the keeper's probe worker); `sample()` never raises."""
 
-    def __init__(self, nvml: Any = None, *, clock: Callable[[], float] = time.time, proc_root: str = PROC,
-                 retry_init_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        nvml: Any = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        proc_root: str = PROC,
+        retry_init_s: float = 30.0,
+    ) -> None:
         self.nvml = nvml if nvml is not None else load_nvml()
         self.clock = clock
         self.proc_root = proc_root
@@ -108,8 +116,16 @@ class GpuProbe:
     # ------------------------------------------------------------------ sample
 
     def _unavailable(self, t: float, why: str) -> dict[str, Any]:
-        return {"t": t, "available": False, "reason": f"driver view unavailable: {why}", "per_process": None,
-                "pid_namespace": self._namespace, "notes": [], "devices": [], "processes": []}
+        return {
+            "t": t,
+            "available": False,
+            "reason": f"driver view unavailable: {why}",
+            "per_process": None,
+            "pid_namespace": self._namespace,
+            "notes": [],
+            "devices": [],
+            "processes": [],
+        }
 
     def sample(self, our_pids: Collection[int] = ()) -> dict[str, Any]:
         t = self.clock()
@@ -130,8 +146,14 @@ class GpuProbe:
         ours = set(our_pids)
         any_known = any_na = False
         for i in range(count):
-            dev: dict[str, Any] = {"index": i, "name": None, "used_bytes": None, "total_bytes": None,
-                                   "util_percent": None, "power_w": None}
+            dev: dict[str, Any] = {
+                "index": i,
+                "name": None,
+                "used_bytes": None,
+                "total_bytes": None,
+                "util_percent": None,
+                "power_w": None,
+            }
             devices.append(dev)
             handle = self._field(notes, i, "handle", nvml.nvmlDeviceGetHandleByIndex, i)
             if handle is None:
@@ -147,7 +169,9 @@ class GpuProbe:
                 if 0 <= gpu_util <= 100:
                     dev["util_percent"] = gpu_util
                 else:
-                    notes.append(f"device {i}: utilisation sample {gpu_util} % dropped (junk, as zombie contexts report)")
+                    notes.append(
+                        f"device {i}: utilisation sample {gpu_util} % dropped (junk, as zombie contexts report)"
+                    )
             power = self._field(notes, i, "power", nvml.nvmlDeviceGetPowerUsage, handle)
             if power is not None:
                 dev["power_w"] = round(int(power) / 1000.0, 1)  # NVML reports milliwatts
@@ -158,15 +182,31 @@ class GpuProbe:
                 any_known |= used is not None
                 any_na |= used is None
                 st = read_stat(pid, self.proc_root) if pid > 0 else None
-                processes.append({"pid": pid, "used_bytes": used, "exists": st is not None,
-                                  "ours": pid in ours, "device": i, "state": st.state if st is not None else None})
+                processes.append(
+                    {
+                        "pid": pid,
+                        "used_bytes": used,
+                        "exists": st is not None,
+                        "ours": pid in ours,
+                        "device": i,
+                        "state": st.state if st is not None else None,
+                    }
+                )
         per_process: bool | None = True if any_known else (False if any_na else None)
         if per_process is False:
             notes.append(PER_PROCESS_NA)
         if processes and self._namespace != "host" and any(not p["exists"] for p in processes):
             notes.append(FOREIGN_NAMESPACE)
-        return {"t": t, "available": True, "reason": "", "per_process": per_process,
-                "pid_namespace": self._namespace, "notes": notes, "devices": devices, "processes": processes}
+        return {
+            "t": t,
+            "available": True,
+            "reason": "",
+            "per_process": per_process,
+            "pid_namespace": self._namespace,
+            "notes": notes,
+            "devices": devices,
+            "processes": processes,
+        }
 
     def _field(self, notes: list[str], index: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -198,5 +238,7 @@ class GpuProbe:
             return procs
         if self._process_fn and names == (self._process_fn,):
             self._process_fn = None  # the remembered variant failed: probe them all next time
-        notes.append(f"device {index}: compute processes unavailable: {last or 'no ComputeRunningProcesses function'}")
+        notes.append(
+            f"device {index}: compute processes unavailable: {last or 'no ComputeRunningProcesses function'}"
+        )
         return []

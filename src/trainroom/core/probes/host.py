@@ -66,7 +66,9 @@ def _read_stat(path: str) -> dict[str, int]:
     return out
 
 
-def cgroup_memory(proc_root: str = PROC, cgroup_root: str = CGROUP, mem_total: int | None = None) -> dict[str, Any] | None:
+def cgroup_memory(
+    proc_root: str = PROC, cgroup_root: str = CGROUP, mem_total: int | None = None
+) -> dict[str, Any] | None:
     """This process's memory cgroup: {version, path, limit_bytes, usage_bytes, file_bytes,
     inactive_file_bytes, available_bytes, reclaim_file}; None when no cgroup memory view exists.
 
@@ -107,7 +109,11 @@ def cgroup_memory(proc_root: str = PROC, cgroup_root: str = CGROUP, mem_total: i
         reclaim = None
         path = v1_path
     elif v2_path is not None:
-        base = cgroup_root if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers")) else os.path.join(cgroup_root, "unified")
+        base = (
+            cgroup_root
+            if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers"))
+            else os.path.join(cgroup_root, "unified")
+        )
         d = locate(base, v2_path, "memory.current")
         if d is None:
             return None
@@ -127,9 +133,17 @@ def cgroup_memory(proc_root: str = PROC, cgroup_root: str = CGROUP, mem_total: i
     if limit is not None and usage is not None:
         # Usage counts page cache; the inactive part of it goes first under pressure.
         available = max(0, limit - usage + (inactive or 0))
-    return {"version": version, "path": path, "dir": d, "limit_bytes": limit, "usage_bytes": usage,
-            "file_bytes": file_bytes, "inactive_file_bytes": inactive, "available_bytes": available,
-            "reclaim_file": reclaim}
+    return {
+        "version": version,
+        "path": path,
+        "dir": d,
+        "limit_bytes": limit,
+        "usage_bytes": usage,
+        "file_bytes": file_bytes,
+        "inactive_file_bytes": inactive,
+        "available_bytes": available,
+        "reclaim_file": reclaim,
+    }
 
 
 def is_wsl(proc_root: str = PROC) -> bool:
@@ -149,8 +163,9 @@ def is_wsl(proc_root: str = PROC) -> bool:
 class HostProbe:
     """Host RAM, once a probe cycle. `sample()` never raises: a failure is `available: False`."""
 
-    def __init__(self, *, proc_root: str = PROC, cgroup_root: str = CGROUP,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, proc_root: str = PROC, cgroup_root: str = CGROUP, clock: Callable[[], float] = time.time
+    ) -> None:
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self.clock = clock
@@ -161,7 +176,12 @@ class HostProbe:
         try:
             mem = read_meminfo(f"{self.proc_root}/meminfo")
         except OSError as exc:
-            return {"t": t, "available": False, "reason": f"host memory view unavailable: {exc}", "wsl": self._wsl}
+            return {
+                "t": t,
+                "available": False,
+                "reason": f"host memory view unavailable: {exc}",
+                "wsl": self._wsl,
+            }
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
         if avail is None and total is not None:  # kernels before 3.14: a rough equivalent

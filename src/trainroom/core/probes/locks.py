@@ -53,16 +53,30 @@ def parse_locks(text: str) -> list[dict[str, Any]]:
             key = f"{int(major, 16):02x}:{int(minor, 16):02x}:{int(inode)}"
         except ValueError:
             continue
-        out.append({"id": lock_id, "kind": kind, "advisory": advisory, "mode": mode, "pid": pid,
-                    "key": key, "waiter": waiter})
+        out.append(
+            {
+                "id": lock_id,
+                "kind": kind,
+                "advisory": advisory,
+                "mode": mode,
+                "pid": pid,
+                "key": key,
+                "waiter": waiter,
+            }
+        )
     return out
 
 
 def _describe(pid: int, proc_root: str) -> dict[str, Any]:
     st = read_stat(pid, proc_root) if pid > 0 else None
-    return {"pid": pid, "exists": st is not None, "state": st.state if st is not None else None,
-            "state_name": state_name(st.state if st is not None else None),
-            "pgid": st.pgid if st is not None else None, "comm": st.comm if st is not None else None}
+    return {
+        "pid": pid,
+        "exists": st is not None,
+        "state": st.state if st is not None else None,
+        "state_name": state_name(st.state if st is not None else None),
+        "pgid": st.pgid if st is not None else None,
+        "comm": st.comm if st is not None else None,
+    }
 
 
 def fd_lock_holders(key: str, proc_root: str = PROC) -> list[int]:
@@ -110,8 +124,15 @@ def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[dict[st
     out = []
     for path in paths:
         key = lock_key(path)
-        entry: dict[str, Any] = {"path": path, "key": key, "exists": key is not None, "held": False,
-                                 "holders": [], "inheritors": [], "waiters": []}
+        entry: dict[str, Any] = {
+            "path": path,
+            "key": key,
+            "exists": key is not None,
+            "held": False,
+            "holders": [],
+            "inheritors": [],
+            "waiters": [],
+        }
         if key is not None:
             mine = [lk for lk in table if lk["key"] == key]
             seen: set[int] = set()
@@ -120,12 +141,14 @@ def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[dict[st
                     entry["waiters"].append(lk["pid"])
                 elif lk["pid"] not in seen:
                     seen.add(lk["pid"])
-                    entry["holders"].append({**_describe(lk["pid"], proc_root), "kind": lk["kind"],
-                                             "mode": lk["mode"]})
+                    entry["holders"].append(
+                        {**_describe(lk["pid"], proc_root), "kind": lk["kind"], "mode": lk["mode"]}
+                    )
             entry["held"] = bool(entry["holders"])
             if any(not h["exists"] or h["state"] in ("Z", "X") for h in entry["holders"]):
                 named = {h["pid"] for h in entry["holders"]}
-                entry["inheritors"] = [_describe(pid, proc_root) for pid in fd_lock_holders(key, proc_root)
-                                    if pid not in named]
+                entry["inheritors"] = [
+                    _describe(pid, proc_root) for pid in fd_lock_holders(key, proc_root) if pid not in named
+                ]
         out.append(entry)
     return out

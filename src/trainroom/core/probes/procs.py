@@ -25,8 +25,17 @@ ZOMBIE = frozenset("ZX")
 DISK_SLEEP = frozenset("D")
 
 STATE_NAMES = {
-    "R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped", "t": "tracing-stop",
-    "Z": "zombie", "X": "dead", "I": "idle", "P": "parked", "W": "paging", "K": "wakekill",
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk-sleep",
+    "T": "stopped",
+    "t": "tracing-stop",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+    "P": "parked",
+    "W": "paging",
+    "K": "wakekill",
 }
 
 
@@ -53,9 +62,15 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
         return None
     fields = raw[rpar + 2 :].split()
     try:
-        return ProcStat(pid=int(raw[:lpar]), comm=raw[lpar + 1 : rpar], state=fields[0],
-                        ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]),
-                        start_ticks=int(fields[19]))
+        return ProcStat(
+            pid=int(raw[:lpar]),
+            comm=raw[lpar + 1 : rpar],
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            sid=int(fields[3]),
+            start_ticks=int(fields[19]),
+        )
     except (IndexError, ValueError):
         return None
 
@@ -194,8 +209,14 @@ def _descendants(pid: int) -> set[int]:
         return set()
 
 
-def trainer_duplicates(argv: Sequence[str], cwd: str, *, trainer_pid: int | None = None,
-                       own_pgid: int | None = None, exclude: Collection[int] = ()) -> dict[str, Any] | None:
+def trainer_duplicates(
+    argv: Sequence[str],
+    cwd: str,
+    *,
+    trainer_pid: int | None = None,
+    own_pgid: int | None = None,
+    exclude: Collection[int] = (),
+) -> dict[str, Any] | None:
     """Another process that runs the trainer's command in the trainer's working directory.
 
     The trainer's own process group and its descendants (data-loader workers, torchrun ranks carry
@@ -234,8 +255,14 @@ def trainer_duplicates(argv: Sequence[str], cwd: str, *, trainer_pid: int | None
     if not others:
         return None
     others.sort()
-    return {"kind": "trainer", "ours": ours, "others": others,
-            "pids": ([ours] if ours is not None else []) + others, "cmdline": cmdline, "cwd": real_cwd}
+    return {
+        "kind": "trainer",
+        "ours": ours,
+        "others": others,
+        "pids": ([ours] if ours is not None else []) + others,
+        "cmdline": cmdline,
+        "cwd": real_cwd,
+    }
 
 
 def host_process_duplicates(names: Iterable[str]) -> list[dict[str, Any]]:
@@ -255,15 +282,19 @@ def host_process_duplicates(names: Iterable[str]) -> list[dict[str, Any]]:
             continue
         for name in wanted & candidates:
             found.setdefault(name, []).append(proc.pid)
-    return [{"kind": "host", "name": name, "pids": sorted(pids), "others": sorted(pids)[1:],
-             "ours": None} for name, pids in sorted(found.items()) if len(pids) >= 2]
+    return [
+        {"kind": "host", "name": name, "pids": sorted(pids), "others": sorted(pids)[1:], "ours": None}
+        for name, pids in sorted(found.items())
+        if len(pids) >= 2
+    ]
 
 
 # --------------------------------------------------------------------------- waiting for an exit
 
 
-def wait_exit(pid: int, timeout: float | None = None, *, start_time: float | None = None,
-              ticks: int | None = None) -> bool:
+def wait_exit(
+    pid: int, timeout: float | None = None, *, start_time: float | None = None, ticks: int | None = None
+) -> bool:
     """True once `pid` has exited (a zombie counts: it will never run again), False on timeout.
 
     A pidfd wakes within a millisecond of the exit and cannot be fooled by a reused pid once

@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.run.state import RunState
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.host import HostProbe
 from trainroom.core.probes.locks import lock_holders
@@ -26,6 +25,7 @@ from trainroom.core.probes.procs import (
     host_process_duplicates,
     trainer_duplicates,
 )
+from trainroom.core.run.state import RunState
 
 
 class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
@@ -44,8 +44,15 @@ class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
         a = run.attempt
         if a is None:
             return cls()
-        return cls(attempt=a.n, pid=a.pid, pgid=a.pgid, alive=a.alive, argv=list(a.argv), cwd=a.cwd,
-                   rank_pids=sorted({r.pid for r in list(run.ranks.values()) if r.pid}))
+        return cls(
+            attempt=a.n,
+            pid=a.pid,
+            pgid=a.pgid,
+            alive=a.alive,
+            argv=list(a.argv),
+            cwd=a.cwd,
+            rank_pids=sorted({r.pid for r in list(run.ranks.values()) if r.pid}),
+        )
 
 
 class ProbeSweep:
@@ -53,9 +60,18 @@ class ProbeSweep:
     duplicates. Duplicates scan every process's command line, so they run every
     `duplicate_every` cycles and the last answer is repeated in between."""
 
-    def __init__(self, *, lock_paths: Iterable[str] = (), host_process_names: Iterable[str] = (),
-                 nvml: Any = None, gpu: GpuProbe | None = None, host: HostProbe | None = None,
-                 proc_root: str = PROC, clock: Callable[[], float] = time.time, duplicate_every: int = 2) -> None:
+    def __init__(
+        self,
+        *,
+        lock_paths: Iterable[str] = (),
+        host_process_names: Iterable[str] = (),
+        nvml: Any = None,
+        gpu: GpuProbe | None = None,
+        host: HostProbe | None = None,
+        proc_root: str = PROC,
+        clock: Callable[[], float] = time.time,
+        duplicate_every: int = 2,
+    ) -> None:
         self.lock_paths = list(lock_paths)
         self.host_process_names = list(host_process_names)
         self.clock = clock
@@ -72,8 +88,12 @@ class ProbeSweep:
         if self._cycle % self.duplicate_every == 0:
             found = []
             if targets.argv:
-                dup = trainer_duplicates(targets.argv, targets.cwd, trainer_pid=targets.pid if targets.alive else None,
-                                         own_pgid=targets.pgid or None)
+                dup = trainer_duplicates(
+                    targets.argv,
+                    targets.cwd,
+                    trainer_pid=targets.pid if targets.alive else None,
+                    own_pgid=targets.pgid or None,
+                )
                 if dup is not None:
                     found.append(dup)
             found += host_process_duplicates(self.host_process_names)
@@ -94,15 +114,27 @@ class ProbeSweep:
             procs = self.procs(targets)
         except Exception as exc:
             procs = {"error": f"{type(exc).__name__}: {exc}"}
-        ours = set((procs.get("states") or {}).keys()) | set(targets.rank_pids) | ({targets.pid} if targets.alive else set())
+        ours = (
+            set((procs.get("states") or {}).keys())
+            | set(targets.rank_pids)
+            | ({targets.pid} if targets.alive else set())
+        )
         try:
             gpu = self.gpu.sample(our_pids=ours)
         except Exception as exc:
-            gpu = {"t": t, "available": False, "reason": f"driver view unavailable: {type(exc).__name__}: {exc}"}
+            gpu = {
+                "t": t,
+                "available": False,
+                "reason": f"driver view unavailable: {type(exc).__name__}: {exc}",
+            }
         try:
             host = self.host.sample()
         except Exception as exc:
-            host = {"t": t, "available": False, "reason": f"host memory view unavailable: {type(exc).__name__}: {exc}"}
+            host = {
+                "t": t,
+                "available": False,
+                "reason": f"host memory view unavailable: {type(exc).__name__}: {exc}",
+            }
         self._cycle += 1
         return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs)
 

@@ -69,8 +69,13 @@ class KeeperClient:
             if isinstance(msg, p.Delta):
                 yield msg.records
 
-    def request(self, action: str, args: dict[str, Any] | None = None, confirm: bool = False,
-                timeout_s: float | None = 600.0) -> Iterator[p.Reply]:
+    def request(
+        self,
+        action: str,
+        args: dict[str, Any] | None = None,
+        confirm: bool = False,
+        timeout_s: float | None = 600.0,
+    ) -> Iterator[p.Reply]:
         """Send an action request on its own connection; yield replies until the `done` one."""
         sock = self._connect()
         sock.settimeout(timeout_s)
@@ -90,8 +95,13 @@ class KeeperClient:
         finally:
             sock.close()
 
-    def call(self, action: str, args: dict[str, Any] | None = None, confirm: bool = False,
-             timeout_s: float | None = 600.0) -> p.Reply:
+    def call(
+        self,
+        action: str,
+        args: dict[str, Any] | None = None,
+        confirm: bool = False,
+        timeout_s: float | None = 600.0,
+    ) -> p.Reply:
         last: p.Reply | None = None
         for r in self.request(action, args, confirm, timeout_s):
             last = r

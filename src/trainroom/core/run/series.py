@@ -145,13 +145,21 @@ class Series:
             if prev is not None and prev > 0 and lr0 > 0:
                 r = lr0 / prev
                 if self._lr_flat and (r >= LR_JUMP or r <= 1 / LR_JUMP):
-                    self._add_mark(Mark(kind="lr-change", x=x, step=step, label=f"lr {prev:.3g} -> {lr0:.3g}"))
+                    self._add_mark(
+                        Mark(kind="lr-change", x=x, step=step, label=f"lr {prev:.3g} -> {lr0:.3g}")
+                    )
                 self._lr_flat = abs(r - 1) <= LR_FLAT
             self._lr = lr0
         if loss_scale is not None and math.isfinite(loss_scale):
             if self._scale is not None and loss_scale < self._scale:
-                self._add_mark(Mark(kind="loss-scale", x=x, step=step,
-                                    label=f"loss scale {self._scale:.6g} -> {loss_scale:.6g}"))
+                self._add_mark(
+                    Mark(
+                        kind="loss-scale",
+                        x=x,
+                        step=step,
+                        label=f"loss scale {self._scale:.6g} -> {loss_scale:.6g}",
+                    )
+                )
             self._scale = loss_scale
         self._add(x, (loss, lr0, grad_norm, step_time))
 
@@ -167,8 +175,15 @@ class Series:
         elif isinstance(rec, p.Received) and rec.rank == 0:
             msg = rec.msg
             if isinstance(msg, p.Step):
-                self.observe_step(msg.step, t=msg.t, tokens=msg.tokens, loss=msg.loss, lr=msg.lr or None,
-                                  grad_norm=msg.grad_norm, loss_scale=msg.loss_scale)
+                self.observe_step(
+                    msg.step,
+                    t=msg.t,
+                    tokens=msg.tokens,
+                    loss=msg.loss,
+                    lr=msg.lr or None,
+                    grad_norm=msg.grad_norm,
+                    loss_scale=msg.loss_scale,
+                )
             elif isinstance(msg, p.Note) and msg.kind == "lr-reimposed" and msg.data.get("changes", True):
                 # (a note that lists no changes says the LR was already right: nothing to mark)
                 self.mark("lr-change", label=msg.message or "lr re-imposed", step=msg.step)
@@ -210,12 +225,21 @@ class Series:
                 col.nonfinite = [bad[i] for i in idx]
             cols.append(col)
         return SeriesSnapshot(
-            x_unit=self.x_unit or "tokens", x0=self.x0 or 0.0, width=self.width, index=idx,
-            x_lo=[self._xlo[i] for i in idx], x_hi=[self._xhi[i] for i in idx],
+            x_unit=self.x_unit or "tokens",
+            x0=self.x0 or 0.0,
+            width=self.width,
+            index=idx,
+            x_lo=[self._xlo[i] for i in idx],
+            x_hi=[self._xhi[i] for i in idx],
             points=[self._pts[i] for i in idx],
-            loss=cols[0], lr=cols[1], grad_norm=cols[2], step_time=cols[3],
+            loss=cols[0],
+            lr=cols[1],
+            grad_norm=cols[2],
+            step_time=cols[3],
             marks=[msgspec.structs.replace(m) for m in self.marks],
-            loss_baseline=self.loss_baseline, total_points=self.total_points, max_buckets=self.max_buckets,
+            loss_baseline=self.loss_baseline,
+            total_points=self.total_points,
+            max_buckets=self.max_buckets,
         )
 
     def to_builtins(self) -> dict[str, object]:

@@ -154,8 +154,16 @@ class RunState(msgspec.Struct, kw_only=True):
     def _attempt_started(self, r: p.AttemptStarted) -> None:
         self.attempts.append(
             AttemptView(
-                n=r.n, pid=r.pid, pgid=r.pgid, start_time=r.start_time, start_ticks=r.start_ticks, started_at=r.t,
-                argv=r.argv, cwd=r.cwd, resume_from=r.resume_from, requested=r.requested,
+                n=r.n,
+                pid=r.pid,
+                pgid=r.pgid,
+                start_time=r.start_time,
+                start_ticks=r.start_ticks,
+                started_at=r.t,
+                argv=r.argv,
+                cwd=r.cwd,
+                resume_from=r.resume_from,
+                requested=r.requested,
             )
         )
         self.ranks = {}
@@ -201,14 +209,29 @@ class RunState(msgspec.Struct, kw_only=True):
             rank.last_heartbeat_t = r.t
         elif isinstance(msg, p.Checkpoint):
             self._checkpoint(
-                p.CheckpointState(path=msg.path, step=msg.step, state="candidate", t=r.t,
-                                  size_bytes=msg.size_bytes, digest=msg.digest)
+                p.CheckpointState(
+                    path=msg.path,
+                    step=msg.step,
+                    state="candidate",
+                    t=r.t,
+                    size_bytes=msg.size_bytes,
+                    digest=msg.digest,
+                )
             )
         elif isinstance(msg, p.Crash):
             a.crash = msg
         elif isinstance(msg, p.Note):
-            self._note({"t": r.t, "kind": msg.kind, "message": msg.message, "step": msg.step,
-                        "rank": r.rank, "attempt": r.attempt, "data": msg.data})
+            self._note(
+                {
+                    "t": r.t,
+                    "kind": msg.kind,
+                    "message": msg.message,
+                    "step": msg.step,
+                    "rank": r.rank,
+                    "attempt": r.attempt,
+                    "data": msg.data,
+                }
+            )
         elif isinstance(msg, p.Bye):
             a.bye = msg.reason
             rank.connected = False
@@ -224,7 +247,9 @@ class RunState(msgspec.Struct, kw_only=True):
             dt = r.t - rank.last_step_t
             if dt > 0 and s.tokens >= rank.tokens:
                 rate = (s.tokens - rank.tokens) / dt
-                rank.tokens_per_s = rate if rank.tokens_per_s is None else 0.8 * rank.tokens_per_s + 0.2 * rate
+                rank.tokens_per_s = (
+                    rate if rank.tokens_per_s is None else 0.8 * rank.tokens_per_s + 0.2 * rate
+                )
         rank.step, rank.loss, rank.grad_norm, rank.last_step_t = s.step, s.loss, s.grad_norm, r.t
         rank.steps_seen += 1
         if s.lr:
@@ -235,7 +260,10 @@ class RunState(msgspec.Struct, kw_only=True):
             rank.loss_scale = s.loss_scale
         if s.alloc_allocated is not None:
             rank.alloc_allocated, rank.alloc_reserved, rank.alloc_peak = (
-                s.alloc_allocated, s.alloc_reserved, s.alloc_peak)
+                s.alloc_allocated,
+                s.alloc_reserved,
+                s.alloc_peak,
+            )
         if rank.phase != "train" and s.source == "reporter":
             rank.phase, rank.phase_since, rank.phase_bound_s = "train", r.t, None
         if s.source == "log":
@@ -253,8 +281,16 @@ class RunState(msgspec.Struct, kw_only=True):
         c = self.checkpoint(r.path)
         if c is None:
             self.checkpoints.append(
-                CheckpointView(path=r.path, step=r.step, state=r.state, t=r.t, reason=r.reason,
-                               size_bytes=r.size_bytes, digest=r.digest, report=r.report)
+                CheckpointView(
+                    path=r.path,
+                    step=r.step,
+                    state=r.state,
+                    t=r.t,
+                    reason=r.reason,
+                    size_bytes=r.size_bytes,
+                    digest=r.digest,
+                    report=r.report,
+                )
             )
             return
         c.state, c.t = r.state, r.t
@@ -302,7 +338,11 @@ class RunState(msgspec.Struct, kw_only=True):
         losses = {r.rank: r.loss for r in self.ranks.values() if r.loss is not None and math.isfinite(r.loss)}
         nonfinite = [r.rank for r in self.ranks.values() if r.loss is not None and not math.isfinite(r.loss)]
         if nonfinite:
-            return (statistics.median(losses.values()) if losses else float("nan"), nonfinite[0], float("nan"))
+            return (
+                statistics.median(losses.values()) if losses else float("nan"),
+                nonfinite[0],
+                float("nan"),
+            )
         if not losses:
             return None, None, None
         worst = max(losses, key=lambda k: losses[k])

@@ -33,9 +33,14 @@ def signal_name(sig: int | None) -> str | None:
 def driver_view(st: RunState) -> dict[str, Any]:
     """The driver's figures for the run: per-process where the driver reports it, else the device."""
     gpu = (st.probe.gpu if st.probe else {}) or {}
-    out: dict[str, Any] = {"available": bool(gpu.get("available")), "reason": gpu.get("reason"),
-                           "used_bytes": None, "total_bytes": None, "run_bytes": None,
-                           "per_process": bool(gpu.get("per_process"))}
+    out: dict[str, Any] = {
+        "available": bool(gpu.get("available")),
+        "reason": gpu.get("reason"),
+        "used_bytes": None,
+        "total_bytes": None,
+        "run_bytes": None,
+        "per_process": bool(gpu.get("per_process")),
+    }
     devices = gpu.get("devices") or []
     if devices:
         used = [d.get("used_bytes") for d in devices if d.get("used_bytes") is not None]
@@ -99,29 +104,61 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             "page_cache_bytes": host.get("page_cache_bytes"),
             "mem_total_bytes": host.get("mem_total_bytes"),
         },
-        "disk": {"path": disk.get("path"), "used_fraction": disk.get("used_fraction"),
-                 "free_bytes": disk.get("free_bytes"), "time_to_full_s": disk.get("time_to_full_s")},
+        "disk": {
+            "path": disk.get("path"),
+            "used_fraction": disk.get("used_fraction"),
+            "free_bytes": disk.get("free_bytes"),
+            "time_to_full_s": disk.get("time_to_full_s"),
+        },
         "ranks": [
-            {"rank": r.rank, "step": r.step, "loss": _finite(r.loss),
-             "step_time_s": r.median_interval, "tokens_per_s": r.tokens_per_s, "connected": r.connected}
+            {
+                "rank": r.rank,
+                "step": r.step,
+                "loss": _finite(r.loss),
+                "step_time_s": r.median_interval,
+                "tokens_per_s": r.tokens_per_s,
+                "connected": r.connected,
+            }
             for r in sorted(st.ranks.values(), key=lambda r: r.rank)
         ],
         "checkpoints": [
-            {"step": c.step, "path": c.path, "state": c.state, "reason": c.reason, "size_bytes": c.size_bytes,
-             "digest": c.digest, "promoted": (c.report or {}).get("promoted_file")}
+            {
+                "step": c.step,
+                "path": c.path,
+                "state": c.state,
+                "reason": c.reason,
+                "size_bytes": c.size_bytes,
+                "digest": c.digest,
+                "promoted": (c.report or {}).get("promoted_file"),
+            }
             for c in st.checkpoints
         ],
         # The file a resume loads (`latest`, read by the keeper's disk probe; null without one).
         "latest_checkpoint": disk.get("latest"),
         "findings": [
-            {"code": f.code, "severity": f.severity, "message": f.message, "action": f.action,
-             "first_seen": f.first_seen, "last_seen": f.last_seen, "evidence": f.evidence}
+            {
+                "code": f.code,
+                "severity": f.severity,
+                "message": f.message,
+                "action": f.action,
+                "first_seen": f.first_seen,
+                "last_seen": f.last_seen,
+                "evidence": f.evidence,
+            }
             for f in st.open_findings()
         ],
         "attempts": [
-            {"n": x.n, "pid": x.pid, "started_at": x.started_at, "ended_at": x.ended_at,
-             "exit_code": x.exit_code, "exit_signal": x.exit_signal, "first_step": x.first_step,
-             "last_step": x.last_step, "resume_from": x.resume_from}
+            {
+                "n": x.n,
+                "pid": x.pid,
+                "started_at": x.started_at,
+                "ended_at": x.ended_at,
+                "exit_code": x.exit_code,
+                "exit_signal": x.exit_signal,
+                "first_step": x.first_step,
+                "last_step": x.last_step,
+                "resume_from": x.resume_from,
+            }
             for x in st.attempts
         ],
         "steps_total": st.steps_total,

@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import psutil
 
-from trainroom.core.run import journal as journal
 from trainroom.core.probes.procs import same_start
+from trainroom.core.run import journal as journal
 from trainroom.core.run.state import RunState
 
 SOCKET_NAME = "keeper.sock"
@@ -128,8 +128,9 @@ def keeper_alive(rec: RunRecord) -> bool:
         return False
     try:
         proc = psutil.Process(rec.keeper_pid)
-        if rec.keeper_start_time is not None and not same_start(rec.keeper_pid, rec.keeper_start_time,
-                                                                rec.keeper_start_ticks):
+        if rec.keeper_start_time is not None and not same_start(
+            rec.keeper_pid, rec.keeper_start_time, rec.keeper_start_ticks
+        ):
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -149,8 +150,16 @@ def list_runs() -> list[RunInfo]:
         except RunError:
             continue
         sock = d / SOCKET_NAME
-        out.append(RunInfo(run_id=rec.run_id, run_dir=str(d), sock=str(sock), created=rec.created,
-                           argv=rec.argv, alive=keeper_alive(rec) and sock.exists()))
+        out.append(
+            RunInfo(
+                run_id=rec.run_id,
+                run_dir=str(d),
+                sock=str(sock),
+                created=rec.created,
+                argv=rec.argv,
+                alive=keeper_alive(rec) and sock.exists(),
+            )
+        )
     out.sort(key=lambda r: (r.created, r.run_id))
     return out
 
@@ -160,9 +169,17 @@ def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
     runs = list_runs()
     if spec and os.sep in spec and Path(spec, RECORD_NAME).is_file():
         rec = read_record(Path(spec))
-        return next((r for r in runs if r.run_id == rec.run_id), RunInfo(
-            run_id=rec.run_id, run_dir=spec, sock=str(Path(spec) / SOCKET_NAME), created=rec.created,
-            argv=rec.argv, alive=keeper_alive(rec)))
+        return next(
+            (r for r in runs if r.run_id == rec.run_id),
+            RunInfo(
+                run_id=rec.run_id,
+                run_dir=spec,
+                sock=str(Path(spec) / SOCKET_NAME),
+                created=rec.created,
+                argv=rec.argv,
+                alive=keeper_alive(rec),
+            ),
+        )
     pool = [r for r in runs if r.alive] if live_only else runs
     if not spec:
         if not pool:

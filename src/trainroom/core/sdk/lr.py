@@ -37,7 +37,11 @@ def requested_from_argv(argv: Sequence[str]) -> RequestedConfig:
     occurrence wins). A value that does not parse is left unknown: this argv belongs to the
     trainer, it is not ours to reject."""
     raw: dict[str, str] = {}
-    flags = {f: "lr" for f in LR_FLAGS} | {f: "vocab" for f in VOCAB_FLAGS} | {f: "warmup" for f in WARMUP_FLAGS}
+    flags = (
+        dict.fromkeys(LR_FLAGS, "lr")
+        | dict.fromkeys(VOCAB_FLAGS, "vocab")
+        | dict.fromkeys(WARMUP_FLAGS, "warmup")
+    )
     i = 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
@@ -181,7 +185,9 @@ def _record(changes: list[LrChange], field: str, old: Any, new: float) -> None:
         changes.append(LrChange(field=field, old=o, new=new))
 
 
-def _set_group(g: dict[str, Any], key: str, new: float, field: str, changes: list[LrChange], torch: Any) -> None:
+def _set_group(
+    g: dict[str, Any], key: str, new: float, field: str, changes: list[LrChange], torch: Any
+) -> None:
     old = g.get(key)
     _record(changes, field, old, new)
     if isinstance(old, torch.Tensor):
@@ -190,7 +196,9 @@ def _set_group(g: dict[str, Any], key: str, new: float, field: str, changes: lis
         g[key] = new
 
 
-def _set_list(obj: Any, attr: str, i: int, new: float, field: str, changes: list[LrChange], torch: Any) -> None:
+def _set_list(
+    obj: Any, attr: str, i: int, new: float, field: str, changes: list[LrChange], torch: Any
+) -> None:
     values = getattr(obj, attr)
     old = values[i]
     _record(changes, f"{field}.{attr}[{i}]", old, new)
@@ -201,8 +209,12 @@ def _set_list(obj: Any, attr: str, i: int, new: float, field: str, changes: list
 
 
 def _rebase(
-    sched: Any, groups: list[dict[str, Any]], targets: list[float], field: str,
-    changes: list[LrChange], torch: Any,
+    sched: Any,
+    groups: list[dict[str, Any]],
+    targets: list[float],
+    field: str,
+    changes: list[LrChange],
+    torch: Any,
 ) -> list[float | None]:
     """Move the scheduler's base values (and the groups' initial/max/min lr) to `targets`.
     Returns per group the factor new/old of the schedule's reference LR (None when unknown)."""
@@ -224,7 +236,14 @@ def _rebase(
             if r is not None:
                 init = (_val(g.get("initial_lr")) or 0.0) * r
                 _set_group(g, "initial_lr", init, f"param_groups[{i}].initial_lr", changes, torch)
-                _set_group(g, "min_lr", (_val(g.get("min_lr")) or 0.0) * r, f"param_groups[{i}].min_lr", changes, torch)
+                _set_group(
+                    g,
+                    "min_lr",
+                    (_val(g.get("min_lr")) or 0.0) * r,
+                    f"param_groups[{i}].min_lr",
+                    changes,
+                    torch,
+                )
                 if hasattr(sched, "base_lrs") and i < len(sched.base_lrs):
                     _set_list(sched, "base_lrs", i, init, field, changes, torch)
         elif kind == "CyclicLR":
@@ -292,8 +311,13 @@ def _set_last_lr(sched: Any, current: list[float], field: str, changes: list[LrC
 
 
 def _announce(
-    sched: Any | None, targets: list[float], old_lrs: list[float], new_lrs: list[float],
-    changes: list[LrChange], reporter: NoteSink | None, step: int | None,
+    sched: Any | None,
+    targets: list[float],
+    old_lrs: list[float],
+    new_lrs: list[float],
+    changes: list[LrChange],
+    reporter: NoteSink | None,
+    step: int | None,
 ) -> None:
     kind = type(sched).__name__ if sched is not None else None
     epoch = getattr(sched, "last_epoch", None) if sched is not None else None
@@ -301,10 +325,14 @@ def _announce(
     if len(set(old_lrs)) == 1 and len(set(new_lrs)) == 1:
         lrs = f"{old_lrs[0]:.3g} -> {new_lrs[0]:.3g}"
     else:
-        lrs = ", ".join(f"group {i} {o:.3g} -> {n:.3g}" for i, (o, n) in enumerate(zip(old_lrs, new_lrs, strict=True)))
+        lrs = ", ".join(
+            f"group {i} {o:.3g} -> {n:.3g}" for i, (o, n) in enumerate(zip(old_lrs, new_lrs, strict=True))
+        )
     if changes:
-        message = (f"LR re-imposed after loading state: {lrs} (requested {', '.join(f'{t:.3g}' for t in sorted(set(targets)))}; "
-                   f"{where}; {len(changes)} values changed)")
+        message = (
+            f"LR re-imposed after loading state: {lrs} (requested {', '.join(f'{t:.3g}' for t in sorted(set(targets)))}; "
+            f"{where}; {len(changes)} values changed)"
+        )
         log.warning("trainroom: %s", message)
     else:
         message = f"LR already as requested: {lrs} ({where})"
@@ -316,8 +344,14 @@ def _announce(
             return
         reporter = reporter_mod.current()
     reporter.note(
-        "lr-reimposed", message, step=step,
-        requested=targets, scheduler=kind, last_epoch=epoch if isinstance(epoch, int) else None,
-        groups=[{"group": i, "old": o, "new": n} for i, (o, n) in enumerate(zip(old_lrs, new_lrs, strict=True))],
+        "lr-reimposed",
+        message,
+        step=step,
+        requested=targets,
+        scheduler=kind,
+        last_epoch=epoch if isinstance(epoch, int) else None,
+        groups=[
+            {"group": i, "old": o, "new": n} for i, (o, n) in enumerate(zip(old_lrs, new_lrs, strict=True))
+        ],
         changes=[{"field": c.field, "old": c.old, "new": c.new} for c in changes],
     )

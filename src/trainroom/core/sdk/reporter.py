@@ -47,7 +47,8 @@ def error_chain(exc: BaseException) -> list[p.ErrorLink]:
         no = no if isinstance(no, int) else None
         links.append(
             p.ErrorLink(
-                type=type(cur).__qualname__ if type(cur).__module__ == "builtins"
+                type=type(cur).__qualname__
+                if type(cur).__module__ == "builtins"
                 else f"{type(cur).__module__}.{type(cur).__qualname__}",
                 message=str(cur),
                 errno=no,
@@ -111,11 +112,16 @@ class Reporter:
         self.last_step = step
         self._send(
             p.Step(
-                step=step, t=time.time(), tokens=tokens,
+                step=step,
+                t=time.time(),
+                tokens=tokens,
                 loss=None if loss is None else float(loss),
                 grad_norm=None if grad_norm is None else float(grad_norm),
-                lr=lrs, loss_scale=None if loss_scale is None else float(loss_scale),
-                alloc_allocated=alloc[0], alloc_reserved=alloc[1], alloc_peak=alloc[2],
+                lr=lrs,
+                loss_scale=None if loss_scale is None else float(loss_scale),
+                alloc_allocated=alloc[0],
+                alloc_reserved=alloc[1],
+                alloc_peak=alloc[2],
             )
         )
 
@@ -131,8 +137,12 @@ class Reporter:
             self._phase = prev
             self._send(p.Phase(name=prev if prev in _PHASES else "train", t=time.time()))
 
-    def checkpoint(self, path: str, step: int, size_bytes: int | None = None, digest: str | None = None) -> None:
-        self._send(p.Checkpoint(path=str(path), step=step, t=time.time(), size_bytes=size_bytes, digest=digest))
+    def checkpoint(
+        self, path: str, step: int, size_bytes: int | None = None, digest: str | None = None
+    ) -> None:
+        self._send(
+            p.Checkpoint(path=str(path), step=step, t=time.time(), size_bytes=size_bytes, digest=digest)
+        )
 
     def note(self, kind: str, message: str = "", step: int | None = None, **data: Any) -> None:
         self._send(p.Note(kind=kind, t=time.time(), message=message, step=step, data=data))
@@ -234,7 +244,10 @@ class Reporter:
         now = time.monotonic()
         if key != self._frame_key:
             self._frame_key, self._frame_since = key, now
-        return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}", now - self._frame_since
+        return (
+            f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}",
+            now - self._frame_since,
+        )
 
     def _beat(self) -> None:
         while not self._closed:
@@ -245,9 +258,15 @@ class Reporter:
             with self._lock:
                 if self._sock is None:
                     self._connect_locked()
-            self._send(p.Heartbeat(t=time.time(), phase=self._phase, main_frame=frame,
-                                   main_frame_age_s=None if age is None else round(age, 2),
-                                   dropped=self.dropped))
+            self._send(
+                p.Heartbeat(
+                    t=time.time(),
+                    phase=self._phase,
+                    main_frame=frame,
+                    main_frame_age_s=None if age is None else round(age, 2),
+                    dropped=self.dropped,
+                )
+            )
 
 
 class NullReporter:
@@ -356,7 +375,10 @@ def _allocator_stats() -> tuple[int | None, int | None, int | None]:
     try:
         if not torch.cuda.is_initialized():
             return None, None, None
-        return (int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved()),
-                int(torch.cuda.max_memory_allocated()))
+        return (
+            int(torch.cuda.memory_allocated()),
+            int(torch.cuda.memory_reserved()),
+            int(torch.cuda.max_memory_allocated()),
+        )
     except Exception:
         return None, None, None

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from ..evidence import plan_lines
+from trainroom.tui.evidence import plan_lines
 
 QUESTIONS = {
     "kill": "Kill the trainer's process group?",
@@ -41,8 +41,7 @@ class ConfirmAction(ModalScreen[bool]):
             if self.message:
                 yield Static(self.message, id="confirm-message", markup=False)
             with VerticalScroll(id="confirm-plan"):
-                yield Static("\n".join(plan_lines(self.plan)) or "(the keeper sent no details)",
-                             markup=False)
+                yield Static("\n".join(plan_lines(self.plan)) or "(the keeper sent no details)", markup=False)
             with Horizontal(classes="modal-buttons"):
                 yield Button(f"yes, {self.action_name} (y)", variant="error", id="confirm-yes")
                 yield Button("cancel (n)", variant="primary", id="confirm-no")

@@ -11,13 +11,18 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from ..bindings import BINDINGS
+from trainroom.tui.bindings import BINDINGS
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,question_mark,q", "close", "close", id="trainroom.help.close",
-                tooltip="Back to the control room"),
+        Binding(
+            "escape,question_mark,q",
+            "close",
+            "close",
+            id="trainroom.help.close",
+            tooltip="Back to the control room",
+        ),
     ]
 
     def __init__(self, available: dict[str, bool]) -> None:
@@ -37,8 +42,11 @@ class HelpScreen(ModalScreen[None]):
             yield Label("trainroom keys", id="help-title")
             with VerticalScroll(id="help-scroll"):
                 yield Static(table, id="help-table")
-            yield Label("Findings name the key of their suggested action, e.g. [k] kill.",
-                        classes="modal-hint", markup=False)
+            yield Label(
+                "Findings name the key of their suggested action, e.g. [k] kill.",
+                classes="modal-hint",
+                markup=False,
+            )
 
     def action_close(self) -> None:
         self.dismiss(None)

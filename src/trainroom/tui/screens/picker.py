@@ -10,9 +10,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
-from trainroom.core.run.store import RunInfo
 
-from .. import fmt
+from trainroom.core.run.store import RunInfo
+from trainroom.tui import fmt
 
 
 class RunPicker(ModalScreen[RunInfo | None]):
@@ -28,8 +28,13 @@ class RunPicker(ModalScreen[RunInfo | None]):
         with Vertical(id="picker-box", classes="modal-box"):
             yield Label(f"{len(self.runs)} live runs: pick one", id="picker-title")
             yield OptionList(
-                *(Option(f"{r.run_id}  started {fmt.clock(r.created)}  {fmt.shorten(' '.join(r.argv), 50)}",
-                         id=r.run_id) for r in self.runs),
+                *(
+                    Option(
+                        f"{r.run_id}  started {fmt.clock(r.created)}  {fmt.shorten(' '.join(r.argv), 50)}",
+                        id=r.run_id,
+                    )
+                    for r in self.runs
+                ),
                 id="picker-list",
             )
             yield Label("enter: watch it · esc: none", classes="modal-hint")

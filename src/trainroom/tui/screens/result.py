@@ -10,17 +10,29 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from ..evidence import before_after_lines, plan_lines
+from trainroom.tui.evidence import before_after_lines, plan_lines
 
 
 class ActionResult(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,enter,q,space", "close", "close", id="trainroom.result.close",
-                tooltip="Back to the control room"),
+        Binding(
+            "escape,enter,q,space",
+            "close",
+            "close",
+            id="trainroom.result.close",
+            tooltip="Back to the control room",
+        ),
     ]
 
-    def __init__(self, action: str, ok: bool, message: str, before: dict[str, Any] | None = None,
-                 after: dict[str, Any] | None = None, details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        action: str,
+        ok: bool,
+        message: str,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.action_name, self.ok, self.message = action, ok, message
         self.before, self.after, self.details = before or {}, after or {}, details or {}
@@ -33,8 +45,11 @@ class ActionResult(ModalScreen[None]):
             with VerticalScroll(id="result-evidence"):
                 if self.before or self.after:
                     yield Label("before -> after", classes="result-heading")
-                    yield Static("\n".join(before_after_lines(self.before, self.after)),
-                                 id="result-before-after", markup=False)
+                    yield Static(
+                        "\n".join(before_after_lines(self.before, self.after)),
+                        id="result-before-after",
+                        markup=False,
+                    )
                 if self.details:
                     yield Static("\n".join(plan_lines(self.details)), id="result-details", markup=False)
             yield Label("esc / enter: close", classes="modal-hint")

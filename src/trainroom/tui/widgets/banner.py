@@ -8,7 +8,8 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
+from trainroom.tui import fmt
+
 from .base import Panel
 
 
@@ -31,11 +32,15 @@ class DisconnectBanner(Panel):
     def render_view(self, v: BannerView) -> RenderableType:
         # Line 1: since when, and the way back; line 2: what the journal says and why it ended.
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(f"keeper gone since {fmt.clock(v.since)} ({fmt.duration(v.now - v.since)} ago)",
-                 style=self.style("crit"))
+        t.append(
+            f"keeper gone since {fmt.clock(v.since)} ({fmt.duration(v.now - v.since)} ago)",
+            style=self.style("crit"),
+        )
         t.append(f"  ·  press {v.resume_key} to resume", style=self.style("info"))
         t.append("\njournal's last state: ", style=self.style("label"))
-        t.append(v.state.upper(), style=self.style("crit" if v.state in ("dead", "hung", "stalled") else "value"))
+        t.append(
+            v.state.upper(), style=self.style("crit" if v.state in ("dead", "hung", "stalled") else "value")
+        )
         if v.last_step is not None:
             t.append(f", last step {v.last_step}", style=self.style("value"))
         if v.state_reason:

@@ -13,8 +13,20 @@ from textual.widget import Widget
 # Levels a figure is drawn at, and the drawing parts the panels share; each is a component
 # class styled in control_room.tcss from the theme's variables.
 PANEL_STYLES = (
-    "ok", "info", "warn", "crit", "dim", "label", "value", "curve", "lnv", "mark", "axis",
-    "bar-driver", "bar-allocator", "bar-empty",
+    "ok",
+    "info",
+    "warn",
+    "crit",
+    "dim",
+    "label",
+    "value",
+    "curve",
+    "lnv",
+    "mark",
+    "axis",
+    "bar-driver",
+    "bar-allocator",
+    "bar-empty",
 )
 
 

@@ -9,8 +9,9 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Sparkline
 
-from .. import fmt
-from ..figures import CadenceView
+from trainroom.tui import fmt
+from trainroom.tui.figures import CadenceView
+
 from .base import Panel
 
 

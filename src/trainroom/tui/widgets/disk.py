@@ -6,8 +6,9 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import DiskView
+from trainroom.tui import fmt
+from trainroom.tui.figures import DiskView
+
 from .base import Panel
 
 _STATE_LEVEL = {"verified": "ok", "rejected": "crit", "candidate": "info", "verifying": "info"}

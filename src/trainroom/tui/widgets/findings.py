@@ -6,7 +6,8 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from ..figures import FindingRow
+from trainroom.tui.figures import FindingRow
+
 from .base import Panel
 
 _SEVERITY = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}

@@ -10,8 +10,9 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import HeaderView
+from trainroom.tui import fmt
+from trainroom.tui.figures import HeaderView
+
 from .base import PANEL_STYLES, Panel
 
 STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "exited")
@@ -41,10 +42,19 @@ class RunHeader(Panel):
         if view.attempt is not None:
             parts.append((4, [("  attempt ", label), (f"{view.attempt}/{view.attempts}", value)]))
         # The badge carries the state in words, so it reads the same without colour.
-        parts.append((1, [("  ", label), (f" {view.state.upper()} ",
-                                          self.get_component_rich_style(f"header--state-{state}"))]))
+        parts.append(
+            (
+                1,
+                [
+                    ("  ", label),
+                    (f" {view.state.upper()} ", self.get_component_rich_style(f"header--state-{state}")),
+                ],
+            )
+        )
         if not view.connected:
-            parts.append((1, [(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))]))
+            parts.append(
+                (1, [(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))])
+            )
         if view.state_age_s is not None:
             parts.append((5, [(f" for {fmt.duration(view.state_age_s)}", label)]))
         if view.step is not None:

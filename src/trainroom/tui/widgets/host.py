@@ -7,8 +7,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import HostView
+from trainroom.tui import fmt
+from trainroom.tui.figures import HostView
+
 from .base import Panel
 
 
@@ -45,7 +46,9 @@ class HostPanel(Panel):
                 self.pair(t, "  a load gets", fmt.nbytes(view.effective_available), level)
             t.append("\n")
         if view.wsl:
-            t.append("WSL2: what Linux frees goes back to Windows only after a reclaim\n", style=self.style("dim"))
+            t.append(
+                "WSL2: what Linux frees goes back to Windows only after a reclaim\n", style=self.style("dim")
+            )
         if view.finding:
             t.rstrip()
             return Group(t, Text(view.finding, style=self.style(view.level)))

@@ -16,7 +16,7 @@ class LogTailPanel(Panel):
     view: reactive[tuple[str, ...] | None] = reactive(None)
 
     def render_view(self, view: tuple[str, ...]) -> RenderableType:
-        lines = view[-self.inner_height:]
+        lines = view[-self.inner_height :]
         # Plain text, never markup: a trainer may print anything.
         t = Text(no_wrap=True, overflow="ellipsis")
         for i, line in enumerate(lines):

@@ -10,9 +10,10 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import LossView
-from ..plot import MARK_SYMBOLS, chart
+from trainroom.tui import fmt
+from trainroom.tui.figures import LossView
+from trainroom.tui.plot import MARK_SYMBOLS, chart
+
 from .base import Panel
 
 GUTTER = 7  # the y-axis labels
@@ -40,14 +41,23 @@ class LossPanel(Panel):
         if not view.points:
             t.append("no loss reported yet", style=self.style("dim"))
             return t
-        c = chart(view.points, cols, rows, guides={"lnv": view.ln_v} if view.ln_v else None,
-                  marks=[(m.x, m.kind) for m in view.marks])
+        c = chart(
+            view.points,
+            cols,
+            rows,
+            guides={"lnv": view.ln_v} if view.ln_v else None,
+            marks=[(m.x, m.kind) for m in view.marks],
+        )
         labels = dict(c.y_labels)
         styles = {k: self.style(k) for k in ("curve", "lnv", "axis", "mark")}
         for r, row in enumerate(c.rows):
             t.append(labels.get(r, "").rjust(GUTTER - 1)[: GUTTER - 1] + " ", style=styles["axis"])
             t.append("┤" if r in labels else "│", style=styles["axis"])
-            _append_runs(t, row, lambda kind: styles["curve" if kind == "curve" else "lnv" if kind == "lnv" else "axis"])
+            _append_runs(
+                t,
+                row,
+                lambda kind: styles["curve" if kind == "curve" else "lnv" if kind == "lnv" else "axis"],
+            )
             t.append("\n")
         t.append(" " * GUTTER + "└", style=styles["axis"])
         _append_runs(t, c.marks, lambda kind: styles["mark" if kind != "blank" else "axis"])

@@ -6,8 +6,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import LrView
+from trainroom.tui import fmt
+from trainroom.tui.figures import LrView
+
 from .base import Panel
 
 GROUPS_SHOWN = 3

@@ -7,8 +7,9 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import RanksView
+from trainroom.tui import fmt
+from trainroom.tui.figures import RanksView
+
 from .base import Panel
 
 # (column, the width it needs with its padding)
@@ -56,7 +57,9 @@ class RanksPanel(Panel):
                 "tok/s": fmt.count(row.tokens_per_s),
                 "reserved": fmt.nbytes(row.alloc_reserved),
             }
-            body.append("".join(cells[name].rjust(width) for name, width in columns) + "\n", style=self.style(level))
+            body.append(
+                "".join(cells[name].rjust(width) for name, width in columns) + "\n", style=self.style(level)
+            )
         if len(view.rows) > room:
             body.append(f"+{len(view.rows) - room} more ranks", style=self.style("dim"))
         head.append("\n")

@@ -6,8 +6,9 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import TrainerView
+from trainroom.tui import fmt
+from trainroom.tui.figures import TrainerView
+
 from .base import Panel
 
 

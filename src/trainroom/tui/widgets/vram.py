@@ -11,8 +11,9 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.reactive import reactive
 
-from .. import fmt
-from ..figures import VramView
+from trainroom.tui import fmt
+from trainroom.tui.figures import VramView
+
 from .base import Panel
 
 LABEL = 7
