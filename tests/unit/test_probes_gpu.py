@@ -238,7 +238,7 @@ def test_ghost_memory_after_two_probe_cycles_with_both_figures(tmp_path: Path) -
     ctx = lambda: WatchContext(
         alive=True,
         attempt_pids=[me],
-        gpu=probe.sample(our_pids=[me]),  # noqa: E731
+        gpu=probe.sample(our_pids=[me]),
         host={"available": True, "wsl": False, "effective_available_bytes": 20 * GIB},
     )
     first = wd.evaluate(b.run, ctx(), b.now)

@@ -195,8 +195,9 @@ def test_read_stat_copes_with_spaces_and_parentheses_in_comm(tmp_path: Path) -> 
 def test_a_sweep_of_a_real_sigstopped_trainer_reads_as_hung(spawn, tmp_path: Path, monkeypatch) -> None:
     from tests.support.run_builder import RunBuilder
     from trainroom.core.health.watchdog import Watchdog, context_from_probe
+    from trainroom.core.keeper.supervision import targets_of
     from trainroom.core.probes import fake_nvml
-    from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
+    from trainroom.core.probes.sweep import ProbeSweep
 
     monkeypatch.setenv(fake_nvml.ENV, str(tmp_path / "gpu.json"))  # no file: a driver with no devices
     argv = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"]
@@ -208,7 +209,7 @@ def test_a_sweep_of_a_real_sigstopped_trainer_reads_as_hung(spawn, tmp_path: Pat
     b.steps(30)
     sweep = ProbeSweep(lock_paths=[str(tmp_path / "train.lock")])
     wd = Watchdog()
-    sample = sweep.sample(ProbeTargets.of(b.run))
+    sample = sweep.sample(targets_of(b.run))
     assert sample.procs["states"][trainer.pid] != "T" and trainer.pid in sample.procs["activity"]
     assert sample.procs["duplicates"] == [] and sample.gpu["available"] is True and sample.host["available"]
     b.apply(sample)
@@ -217,7 +218,7 @@ def test_a_sweep_of_a_real_sigstopped_trainer_reads_as_hung(spawn, tmp_path: Pat
     assert v.state == "running" and [f.code for f in v.findings if f.code != "HOST_RAM_LOW"] == []
     os.kill(trainer.pid, signal.SIGSTOP)
     wait_for(lambda: process_state(trainer.pid) == "T", what="state T")
-    b.apply(sweep.sample(ProbeTargets.of(b.run)))
+    b.apply(sweep.sample(targets_of(b.run)))
     v = wd.evaluate(b.run, context_from_probe(b.run.probe, alive=True), b.now + 0.5)
     assert v.state == "hung" and any(f.code == "HUNG" and "state T" in f.message for f in v.findings)
     sweep.close()

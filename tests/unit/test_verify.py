@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from tests.support.ckpt_fixtures import GPT, NotAllowed, flip_byte_in, nanogpt_checkpoint
 from trainroom.core.ckpt import verify as v
-from trainroom.core.sdk.reporter import error_chain
+from trainroom.core.protocol import error_chain
 
 
 @pytest.fixture

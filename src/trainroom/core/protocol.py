@@ -11,11 +11,13 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 
 from __future__ import annotations
 
+import errno as errno_mod
 import struct
 from typing import Any, Literal, Union
 
 import msgspec
 
+from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 
 PROTOCOL_VERSION = 1
@@ -95,6 +97,29 @@ class ErrorLink(msgspec.Struct, kw_only=True, omit_defaults=True):
     message: str
     errno: int | None = None
     errno_name: str | None = None
+
+
+def error_chain(exc: BaseException) -> list[ErrorLink]:
+    """The exception and what it was raised from, outermost first, innermost last."""
+    links: list[ErrorLink] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        no = getattr(cur, "errno", None)
+        no = no if isinstance(no, int) else None
+        links.append(
+            ErrorLink(
+                type=type(cur).__qualname__
+                if type(cur).__module__ == "builtins"
+                else f"{type(cur).__module__}.{type(cur).__qualname__}",
+                message=str(cur),
+                errno=no,
+                errno_name=errno_mod.errorcode.get(no) if no is not None else None,
+            )
+        )
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    return links
 
 
 class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):
@@ -237,6 +262,16 @@ class RunStatus(msgspec.Struct, tag="status", kw_only=True, omit_defaults=True):
     reason: str = ""
 
 
+class KeeperStarted(msgspec.Struct, tag="keeper-started", kw_only=True, omit_defaults=True):
+    """A keeper took the run, with the thresholds its rules judge by: every reader (the control
+    room, `status` of a finished run) computes the same bounds from the same numbers."""
+
+    t: float
+    pid: int
+    start_ticks: int | None = None
+    thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
+
+
 class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=True):
     t: float
     message: str
@@ -254,6 +289,7 @@ Record = Union[
     ConnectionClosed,
     ProbeSample,
     RunStatus,
+    KeeperStarted,
     KeeperNote,
 ]
 

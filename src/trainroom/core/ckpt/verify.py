@@ -814,9 +814,7 @@ def verify(
     try:
         tensors, obj = _load(path, fmt)
     except Exception as exc:  # every load failure becomes a reason, never a traceback
-        from trainroom.core.sdk.reporter import error_chain
-
-        links = error_chain(exc)
+        links = p.error_chain(exc)
         rep["error_chain"] = [msgspec.to_builtins(x) for x in links]
         text = " ".join(x.message for x in links)
         if "Weights only load failed" in text or "Unsupported global" in text:
@@ -841,9 +839,7 @@ def verify(
         for name, t in tensors:
             inv.add(name, t)
     except Exception as exc:  # a lazily read tensor (mmap, safetensors) can still fail here
-        from trainroom.core.sdk.reporter import error_chain
-
-        links = error_chain(exc)
+        links = p.error_chain(exc)
         rep["error_chain"] = [msgspec.to_builtins(x) for x in links]
         problems.append(translate_load_error(links, size))
     rep["tensors"], rep["params"], rep["dtypes"] = inv.tensors, inv.params, inv.dtypes

@@ -15,7 +15,7 @@ in the kernel (D) or a main thread parked on one line.
 Wiring (the keeper, one Watchdog per run, all on the event-loop thread except the probe cycle):
 
     sweep = probes.sweep.ProbeSweep(lock_paths=cfg.lock_files)          # once
-    sample = sweep.sample(ProbeTargets.of(run))                          # worker thread, ~1 s
+    sample = sweep.sample(targets_of(run))                                # worker thread, ~1 s
     keeper.emit(sample, journal=False)                                   # -> run.probe
     ctx = context_from_probe(run.probe, thresholds=Thresholds.from_config(cfg.thresholds),
                              alive=<child not yet reaped>, attempt=run.attempt.n)

@@ -521,6 +521,14 @@ class Keeper:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
+        self.emit(
+            p.KeeperStarted(
+                t=time.time(),
+                pid=me.pid,
+                start_ticks=self.record.keeper_start_ticks,
+                thresholds=self.config.thresholds,
+            )
+        )
         if self.config_note:
             self.emit(p.KeeperNote(t=time.time(), message=self.config_note, kind="warning"))
         await self.start_attempt()

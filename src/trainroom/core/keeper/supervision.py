@@ -18,9 +18,26 @@ from trainroom.core.health.sanity import SanityThresholds, SanityTracker
 from trainroom.core.health.watchdog import Thresholds, Watchdog, context_from_probe, crash_from_log
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.series import Series
+from trainroom.core.run.state import RunState
 
 if TYPE_CHECKING:
     from trainroom.core.keeper.loop import Keeper
+
+
+def targets_of(run: RunState) -> ProbeTargets:
+    """What one probe cycle looks at, read from the run on the keeper's loop thread."""
+    a = run.attempt
+    if a is None:
+        return ProbeTargets()
+    return ProbeTargets(
+        attempt=a.n,
+        pid=a.pid,
+        pgid=a.pgid,
+        alive=a.alive,
+        argv=list(a.argv),
+        cwd=a.cwd,
+        rank_pids=sorted({r.pid for r in list(run.ranks.values()) if r.pid}),
+    )
 
 
 def sanity_thresholds(cfg: Config) -> SanityThresholds:
@@ -59,10 +76,10 @@ class Supervision:
             self.checkpoints.observe(rec)
 
     def start_attempt(self, keeper: Keeper, started: p.AttemptStarted) -> None:
-        self._targets = ProbeTargets.of(keeper.state)
+        self._targets = targets_of(keeper.state)
 
     async def attempt_ended(self, keeper: Keeper, ended: p.AttemptEnded) -> None:
-        self._targets = ProbeTargets.of(keeper.state)
+        self._targets = targets_of(keeper.state)
         if keeper.auto_resume is not None:
             await keeper.auto_resume.attempt_ended(ended)
 
@@ -73,7 +90,7 @@ class Supervision:
 
     def targets(self) -> ProbeTargets:
         """Read on the loop thread, handed to `probe` in the worker."""
-        self._targets = ProbeTargets.of(self.keeper.state)
+        self._targets = targets_of(self.keeper.state)
         return self._targets
 
     def probe(self, targets: ProbeTargets) -> p.ProbeSample:

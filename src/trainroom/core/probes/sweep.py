@@ -1,6 +1,6 @@
 """One probe cycle: every probe the watchdog reads, gathered into a protocol.ProbeSample.
 
-The keeper takes `ProbeTargets.of(run)` on its event loop (a consistent read of the run), hands
+The keeper takes `targets_of(run)` (keeper.supervision) on its event loop (a consistent read of the run), hands
 it to `ProbeSweep.sample` in a worker thread once a second (NVML and /proc reads block), emits
 the sample (not journaled), and builds the watchdog's context from `run.probe` with
 `watchdog.context_from_probe`. So the TUI and `status` see exactly what the rules saw.
@@ -25,7 +25,6 @@ from trainroom.core.probes.procs import (
     host_process_duplicates,
     trainer_duplicates,
 )
-from trainroom.core.run.state import RunState
 
 
 class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
@@ -38,21 +37,6 @@ class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
     argv: list[str] = []
     cwd: str = ""
     rank_pids: list[int] = []
-
-    @classmethod
-    def of(cls, run: RunState) -> ProbeTargets:
-        a = run.attempt
-        if a is None:
-            return cls()
-        return cls(
-            attempt=a.n,
-            pid=a.pid,
-            pgid=a.pgid,
-            alive=a.alive,
-            argv=list(a.argv),
-            cwd=a.cwd,
-            rank_pids=sorted({r.pid for r in list(run.ranks.values()) if r.pid}),
-        )
 
 
 class ProbeSweep:

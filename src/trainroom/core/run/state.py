@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding, order
 
 RECENT_STEPS = 512  # raw steps kept in memory and in the snapshot (the journal has them all)
@@ -124,6 +125,9 @@ class RunState(msgspec.Struct, kw_only=True):
     # Plot series (loss, LR, grad norm, step time against tokens) with marks; filled by
     # `series.Series` when it is wired, kept as builtins here so the snapshot stays plain.
     series: dict[str, Any] = {}
+    # The thresholds the keeper's rules use (KeeperStarted): what a reader computes bounds with.
+    thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
+    keeper_pid: int | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -324,6 +328,9 @@ class RunState(msgspec.Struct, kw_only=True):
     def _status(self, r: p.RunStatus) -> None:
         self.status, self.status_reason, self.status_since = r.state, r.reason, r.t
 
+    def _keeper_started(self, r: p.KeeperStarted) -> None:
+        self.thresholds, self.keeper_pid = r.thresholds, r.pid
+
     def _keeper_note(self, r: p.KeeperNote) -> None:
         self._note({"t": r.t, "kind": r.kind, "message": r.message})
 
@@ -383,6 +390,7 @@ _HANDLERS = {
     p.ConnectionClosed: RunState._conn_closed,
     p.ProbeSample: RunState._probe,
     p.RunStatus: RunState._status,
+    p.KeeperStarted: RunState._keeper_started,
     p.KeeperNote: RunState._keeper_note,
 }
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import errno as errno_mod
 import faulthandler
 import os
 import signal
@@ -31,32 +30,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainroom.core import protocol as p
+from trainroom.core.protocol import error_chain
 
 QUEUE_FRAMES = 4096
 SNDBUF_BYTES = 1 << 20
-
-
-def error_chain(exc: BaseException) -> list[p.ErrorLink]:
-    """The exception and what it was raised from, outermost first, innermost last."""
-    links: list[p.ErrorLink] = []
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        no = getattr(cur, "errno", None)
-        no = no if isinstance(no, int) else None
-        links.append(
-            p.ErrorLink(
-                type=type(cur).__qualname__
-                if type(cur).__module__ == "builtins"
-                else f"{type(cur).__module__}.{type(cur).__qualname__}",
-                message=str(cur),
-                errno=no,
-                errno_name=errno_mod.errorcode.get(no) if no is not None else None,
-            )
-        )
-        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
-    return links
 
 
 class Reporter:
