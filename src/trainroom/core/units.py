@@ -1,0 +1,74 @@
+"""How trainroom writes figures, once: bytes, durations, clocks, signal and errno names.
+
+Every message a rule writes, every line `status` prints and every panel of the control room
+formats through these, so one figure reads the same everywhere (nvitop's `bytes2human` is the
+model). Binary units throughout, as nvidia-smi, free and df -h show them. An unknown value is
+`unknown` (an em dash by default), never an invented zero.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import math
+import signal
+import time
+
+UNKNOWN = "—"
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+TIB = 1 << 40
+_BYTE_UNITS = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
+
+
+def fmt_bytes(n: float | None, unknown: str = UNKNOWN) -> str:
+    """1.5 GiB, 400 MiB, 12.3 KiB, 512 B: one decimal under 100 of a unit, none above."""
+    if n is None or not math.isfinite(n):
+        return unknown
+    x = float(n)
+    for unit, size in _BYTE_UNITS:
+        if abs(x) >= size:
+            value = x / size
+            return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+    return f"{x:.0f} B"
+
+
+def fmt_duration(s: float | None, unknown: str = UNKNOWN) -> str:
+    """0.4 s, 12 s, 3m07s, 2h05m, 3d04h."""
+    if s is None or not math.isfinite(s):
+        return unknown
+    s = max(s, 0.0)
+    if s < 60:
+        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def fmt_clock(t: float | None, unknown: str = UNKNOWN) -> str:
+    """A wall-clock time to the hundredth of a second, local: 2026-12-03 09:41:07.25."""
+    if t is None or not math.isfinite(t):
+        return unknown
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 100):02d}"
+
+
+def signal_name(n: int) -> str:
+    """SIGKILL for 9; `signal 77` for a number with no name here."""
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def errno_name(number: int | None, name: str | None = None) -> str | None:
+    """ENOMEM for 12 (or the name the trainer already sent); None when neither is known."""
+    if name:
+        return name
+    if number is not None:
+        return errno_mod.errorcode.get(number)
+    return None
