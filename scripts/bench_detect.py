@@ -50,20 +50,18 @@ VERDICT = {"kill": "dead", "stall": "stalled", "hang": "hung", "hang-lock": "hun
 
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def trial(kind: str, interval: float, script: Path) -> tuple[float, float]:
     from trainroom.core import protocol
-    from trainroom.core.cli import main as cli
     from trainroom.core.run import store as runs
     from trainroom.core.run.client import KeeperClient
+    from trainroom.core.run.launch import launch
 
     stall_at = FAULT_STEP if kind == "stall" else 0
     lock_at = FAULT_STEP if kind == "hang-lock" else 0
-    info = cli.launch(
-        [sys.executable, str(script), str(interval), str(stall_at), str(lock_at)], {"linger_s": 2}
-    )
+    info = launch([sys.executable, str(script), str(interval), str(stall_at), str(lock_at)], {"linger_s": 2})
     c = KeeperClient(info.sock)
     st = c.subscribe(client="bench")
     target = VERDICT[kind]

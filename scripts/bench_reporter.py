@@ -42,11 +42,11 @@ def main() -> int:
     home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
     from trainroom.core import protocol
-    from trainroom.core.cli import main as cli
     from trainroom.core.run import store as runs
+    from trainroom.core.run.launch import launch
     from trainroom.core.sdk import reporter as reporter
 
-    info = cli.launch(["sleep", "3600"], {"linger_s": 5})
+    info = launch(["sleep", "3600"], {"linger_s": 5})
     rec = runs.read_record(Path(info.run_dir))
     rep = reporter.Reporter(info.sock, protocol.Hello(pid=os.getpid()), heartbeat_s=1.0)
 

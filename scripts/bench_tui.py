@@ -155,8 +155,8 @@ def main() -> int:
 
     home = tempfile.mkdtemp(prefix="trt", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
-    from trainroom.core.cli import main as cli
     from trainroom.core.run import store as runs
+    from trainroom.core.run.launch import launch
 
     total = args.warmup + args.seconds
     publisher = [
@@ -170,7 +170,7 @@ def main() -> int:
         "--seconds",
         str(total + 15),
     ]
-    info = cli.launch(publisher, {"linger_s": 30, "ckpt_root": os.path.join(home, "ck")}, cwd=home)
+    info = launch(publisher, {"linger_s": 30, "ckpt_root": os.path.join(home, "ck")}, cwd=home)
     keeper = _keeper(Path(info.run_dir))
     tsock = os.path.join(home, "tmux.sock")
     trainer: psutil.Process | None = None

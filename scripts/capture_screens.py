@@ -67,8 +67,8 @@ def main() -> int:
         print(f"capture_screens: demo failed: {out.stderr.strip()}", file=sys.stderr)
         return 1
     run_id = out.stdout.strip()
-    from trainroom.core.cli.main import current_state
     from trainroom.core.run import store as runs
+    from trainroom.core.run.client import current_state
     from trainroom.core.run.status import status_dict
 
     info = runs.resolve_run(run_id)

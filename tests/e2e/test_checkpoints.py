@@ -18,10 +18,10 @@ from tests.support.helpers import codes, run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
 from trainroom.core.ckpt import layout as ck
-from trainroom.core.cli import main as cli
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.launch import launch
 
 NANOGPT_LIKE = Path(__file__).parents[1] / "support" / "nanogpt_like.py"
 TORCH_START_S = 120  # a loaded 2-core machine: importing torch in trainer and verifier
@@ -32,7 +32,7 @@ def _journal(info: runs.RunInfo) -> list[Any]:
 
 
 def _root(info: runs.RunInfo) -> Path:
-    return Path(runs.read_record(Path(info.run_dir)).options["ckpt_root"])
+    return runs.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir)
 
 
 def _settled(d: dict[str, Any], n: int) -> bool:
@@ -254,7 +254,7 @@ def test_watched_nanogpt_checkpoint_each_version_verified_and_a_verified_copy_ke
 ) -> None:
     work = tmp_path / "nanogpt"
     work.mkdir()
-    info = cli.launch(
+    info = launch(
         [sys.executable, str(NANOGPT_LIKE), "--iters", "20", "--save-every", "10", "--wait-copies"],
         {"watch_ckpt": ["out/*.pt"], "keep_verified_copies": True},
         cwd=str(work),

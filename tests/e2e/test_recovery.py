@@ -22,18 +22,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
-from trainroom.core.cli import main as cli
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.launch import launch
 
 START_S = 120.0  # torch's import on a loaded 2-core machine, then a few steps
 GIB, MIB = 1 << 30, 1 << 20
@@ -108,7 +109,9 @@ def _probe_cycles(info: runs.RunInfo, n: int) -> None:
 def _series(info: runs.RunInfo) -> dict[str, Any]:
     c = KeeperClient(info.sock)
     try:
-        return c.subscribe(client="test", live=False).series or {}
+        out = msgspec.to_builtins(c.subscribe_view(client="test", live=False).series.snapshot())
+        assert isinstance(out, dict)
+        return out
     finally:
         c.close()
 
@@ -236,7 +239,7 @@ def test_resume_refuses_live_members_a_held_lock_and_unreleased_memory_each_in_t
     r = _plan(info, "resume")
     assert not r.ok and len(r.plan["refusals"]) == 1
     assert re.match(
-        r"the driver still holds \d+ MiB for the old attempt \(tolerance 512 MiB\)", r.plan["refusals"][0]
+        r"the driver still holds [\d.]+ [MG]iB for the old attempt \(tolerance 512 MiB\)", r.plan["refusals"][0]
     )
 
     # 4. The driver lets go; a stranger takes the lock: that holder is named.
@@ -379,7 +382,7 @@ def _stub_sudo(bin_dir: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Non
 
 
 def _launch_sleeper() -> runs.RunInfo:
-    return cli.launch(["sleep", "120"], {})
+    return launch(["sleep", "120"], {})
 
 
 @pytest.mark.parametrize("case", ["allowed", "denied-no-sudo", "denied-working-sudo"])
@@ -428,7 +431,7 @@ def test_reclaim_through_the_keeper(
 
 
 def test_auto_resume_stops_on_repeat_death(trhome: Path) -> None:
-    ns_args = dict(
+    ns = argparse.Namespace(
         fault="silent-death",
         fault_step=25,
         steps=60,
@@ -440,9 +443,8 @@ def test_auto_resume_stops_on_repeat_death(trhome: Path) -> None:
         auto_resume=3,
         linger_s=None,
     )
-    ns = argparse.Namespace(**ns_args)
-    opts = demo_options(ns) | {"auto_resume_delay_s": 0.5}
-    info = cli.launch(demo_command(ns) + ["--fault-every-attempt"], opts, cwd=str(demo_dir()))
+    opts = msgspec.structs.replace(demo_options(ns), auto_resume_delay_s=0.5)
+    info = launch([*demo_command(ns), "--fault-every-attempt"], opts, cwd=str(demo_dir()))
     note = wait_for(
         lambda: next((n for n in _notes(info) if n.startswith("auto-resume stopped")), None),
         timeout=2 * START_S,

@@ -15,13 +15,13 @@ import pytest
 from tests.support.helpers import run_cli, start_demo, status, status_json
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
-from trainroom.core.cli import main as cli
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.demo.train import EARLIER_RUN_LR
 from trainroom.core.health.sanity import CODES
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.launch import launch
 
 SANITY = set(CODES)
 START = 120.0  # torch import and the first step on a loaded 2-core machine: a bound, not a measure
@@ -76,7 +76,7 @@ def _launch(fault: str, trainer_extra: list[str], **kw: Any) -> runs.RunInfo:
         auto_resume=None,
         linger_s=None,
     )
-    return cli.launch(demo_command(ns) + trainer_extra, demo_options(ns), cwd=str(demo_dir()))
+    return launch(demo_command(ns) + trainer_extra, demo_options(ns), cwd=str(demo_dir()))
 
 
 # ---------------------------------------------------------------------------- scenario 4: lr-override

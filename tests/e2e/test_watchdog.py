@@ -23,9 +23,9 @@ import pytest
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
-from trainroom.core.cli import main as cli
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
+from trainroom.core.run.launch import launch
 
 TORCH_START_S = 120.0  # torch import + model set-up on 2 busy cores, with margin
 # Every code the watchdog can raise: a healthy run raises none of them.
@@ -78,7 +78,7 @@ def _wait_state(info: runs.RunInfo, state: str, timeout: float = TORCH_START_S) 
 def _launch_script(tmp_path: Path, source: str) -> runs.RunInfo:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(source))
-    return cli.launch([sys.executable, str(script)], {"linger_s": 60}, cwd=str(tmp_path))
+    return launch([sys.executable, str(script)], {"linger_s": 60}, cwd=str(tmp_path))
 
 
 # --------------------------------------------------------------------------- 1 silent-death

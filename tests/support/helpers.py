@@ -8,9 +8,12 @@ import subprocess
 import sys
 from typing import Any
 
-from trainroom.core.cli import main as cli
+import msgspec
+
 from trainroom.core.demo.launcher import demo_command, demo_options
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import current_state
+from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.store import RunInfo
 
@@ -36,16 +39,15 @@ def start_demo(
         auto_resume=kw.pop("auto_resume", None),
         linger_s=kw.pop("linger_s", None),
     )
-    opts = demo_options(ns)
-    opts.update(extra or {})
+    opts = msgspec.structs.replace(demo_options(ns), **(extra or {}))
     from trainroom.core.demo.launcher import demo_dir
 
-    return cli.launch(demo_command(ns), opts, cwd=str(demo_dir()))
+    return launch(demo_command(ns), opts, cwd=str(demo_dir()))
 
 
 def status(info: RunInfo | str) -> dict[str, Any]:
     r = runs.resolve_run(info.run_id if isinstance(info, RunInfo) else info)
-    st, alive = cli.current_state(r)
+    st, alive = current_state(r)
     return status_dict(st, keeper_alive=alive)
 
 

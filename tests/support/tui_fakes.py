@@ -24,6 +24,7 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 from trainroom.core.run.store import RunError, RunInfo
+from trainroom.core.run.view import RunView
 
 T0 = 1_700_000_000.0  # the frozen clock's epoch
 GiB = 1 << 30
@@ -248,11 +249,11 @@ class FakeLink:
         self.subscribed = threading.Event()
         self.closed = False
 
-    def subscribe(self, client: str = "tui") -> RunState:
+    def subscribe_view(self, client: str = "tui") -> RunView:
         # Through builtins, as the wire does: the app never shares the test's object.
         state = from_snapshot(msgspec.msgpack.decode(msgspec.msgpack.encode(to_snapshot(self._snapshot))))
         self.subscribed.set()
-        return state
+        return RunView(state)
 
     def records(self) -> Iterator[list[Any]]:
         while True:
@@ -307,8 +308,8 @@ class FakeRuns:
             raise ConnectionRefusedError(f"no keeper on {run.sock}")
         return self.links[run.run_id]
 
-    def load_state(self, run: RunInfo) -> RunState:
-        return self.journal[run.run_id]
+    def load_view(self, run: RunInfo) -> RunView:
+        return RunView(self.journal[run.run_id])
 
 
 def run_info(run_id: str, run_dir: str, alive: bool = True, created: float = T0) -> RunInfo:

@@ -15,6 +15,7 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import to_snapshot
+from trainroom.core.run.view import RunView
 from trainroom.tui import figures, fmt
 from trainroom.tui.evidence import before_after_lines, plan_lines
 from trainroom.tui.logtail import TrainerLogTail
@@ -167,12 +168,11 @@ def test_series_for_a_state_seeds_from_recent_steps_or_takes_the_snapshot() -> N
     recs = healthy_records(steps=20)
     recs.append(p.CheckpointState(path="/ckpt/step-000010", step=10, state="verified", t=T0 + 7))
     st = build_state(recs)
-    seeded = series_for(st)
+    seeded = series_for(RunView(st))
     snap = seeded.snapshot()
     assert snap.total_points == 20 and snap.loss_baseline == pytest.approx(math.log(50257))
     assert [(m.kind, m.x) for m in snap.marks] == [("checkpoint", 11 * 8192.0)]
-    st.series = seeded.to_builtins()
-    again = series_for(st).snapshot()
+    again = series_for(RunView(st, seeded)).snapshot()
     assert again.total_points == 20 and len(again.marks) == 1
 
 

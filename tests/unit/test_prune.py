@@ -14,6 +14,7 @@ from tests.support.ckpt_fixtures import small_state
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.health import diskguard as dg
 from trainroom.core.ops import prune as pr
+from trainroom.core.settings import LaunchOptions
 
 
 def make_root(root: Path, steps: list[int], width: int = 64) -> list[ck.Saved]:
@@ -187,7 +188,9 @@ def test_cli_resolves_the_run_root(trhome: Path, tmp_path: Path, capsys: pytest.
 
     root = tmp_path / "ck"
     make_root(root, [1, 2, 3, 4])
-    _, rec = runs.create_run(["python", "train.py"], str(tmp_path), {"ckpt_root": str(root), "keep": 3})
+    _, rec = runs.create_run(
+        ["python", "train.py"], str(tmp_path), LaunchOptions(ckpt_root=str(root), keep=3)
+    )
     assert pr.run(_cli(["prune", rec.run_id, "--json", "--yes"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["root"] == str(root) and out["keep"] == 3 and len(out["deleted"]) == 1

@@ -238,6 +238,14 @@ class ActionRecord(msgspec.Struct, tag="action", kw_only=True, omit_defaults=Tru
     client: str = ""
 
 
+class TrainerDisconnected(msgspec.Struct, tag="trainer-gone", kw_only=True, omit_defaults=True):
+    """A rank's reporter connection closed (its process's exit says why, if it exited)."""
+
+    attempt: int
+    rank: int
+    t: float
+
+
 class ConnectionClosed(msgspec.Struct, tag="conn-closed", kw_only=True, omit_defaults=True):
     t: float
     peer_pid: int | None
@@ -287,6 +295,7 @@ Record = Union[
     CheckpointState,
     ActionRecord,
     ConnectionClosed,
+    TrainerDisconnected,
     ProbeSample,
     RunStatus,
     KeeperStarted,
@@ -298,7 +307,10 @@ Record = Union[
 
 class Snapshot(msgspec.Struct, tag="snapshot", kw_only=True):
     v: int
-    state: Any  # state.RunState, as builtins (decoded into RunState by the client)
+    state: Any  # run.state.RunState, as builtins (decoded into RunState by the client)
+    # run.series.SeriesSnapshot, as builtins: the plot series is a fold of the same records,
+    # kept beside the state (the client keeps folding live records into both).
+    series: Any = None
 
 
 class Delta(msgspec.Struct, tag="delta", kw_only=True):

@@ -328,9 +328,8 @@ class ControlRoom(App[int]):
         """The journal's last state: what the keeper had written when it went away."""
         if self.run_info is None:
             return
-        state = self.source.load_state(self.run_info)
-        series = series_for(state)
-        self.call_from_thread(self._journal_loaded, state, series)
+        view = self.source.load_view(self.run_info)
+        self.call_from_thread(self._journal_loaded, view.state, series_for(view))
 
     def _journal_loaded(self, state: RunState, series: Series) -> None:
         if self.connected:

@@ -8,22 +8,20 @@ No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 from trainroom.core.protocol import Reply
-from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
-from trainroom.core.run.series import Series
-from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
+from trainroom.core.run.view import RunView
 
 
 class KeeperLink(Protocol):
     """A keeper's socket, as a blocking client."""
 
-    def subscribe(self, client: str = "tui") -> RunState:
-        """Connect and return the snapshot; `records()` then yields the live deltas."""
+    def subscribe_view(self, client: str = "tui") -> RunView:
+        """Connect and return the snapshot (state and plot series); `records()` then yields the
+        live deltas."""
         ...
 
     def records(self) -> Iterator[list[Any]]:
@@ -46,7 +44,7 @@ class RunSource(Protocol):
 
     def connect(self, run: RunInfo) -> KeeperLink: ...
 
-    def load_state(self, run: RunInfo) -> RunState: ...
+    def load_view(self, run: RunInfo) -> RunView: ...
 
 
 class LocalRuns:
@@ -63,16 +61,6 @@ class LocalRuns:
 
         return KeeperClient(run.sock)  # type: ignore[no-any-return]
 
-    def load_state(self, run: RunInfo) -> RunState:
+    def load_view(self, run: RunInfo) -> RunView:
         """The journal replayed, into the state and its plot series at once (one read)."""
-        d = Path(run.run_dir)
-        rec = runs.read_record(d)
-        state = RunState(
-            run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options
-        )
-        series = Series()
-        for r in journal.read_journal(d / runs.JOURNAL_NAME):
-            state.apply(r)
-            series.observe_record(r)
-        state.series = series.to_builtins()
-        return state
+        return runs.load_view(run.run_dir)

@@ -12,22 +12,20 @@ import threading
 import time
 from collections.abc import Callable
 
-import msgspec
-
-from trainroom.core.run.series import Series, SeriesSnapshot
+from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
+from trainroom.core.run.view import RunView
 
 from .link import KeeperLink
 
 
-def series_for(state: RunState) -> Series:
-    """The plot series to fold live records into: the snapshot's (the whole run) when the keeper
-    sent one, else seeded from the recent raw steps so the curve does not start empty."""
-    if state.series:
-        try:
-            return Series.from_snapshot(msgspec.convert(state.series, SeriesSnapshot))
-        except (msgspec.ValidationError, TypeError, ValueError):
-            pass  # a series of another shape: rebuild from what the state holds
+def series_for(view: RunView) -> Series:
+    """The plot series to fold live records into: the view's (the whole run, as the keeper or
+    the journal replay folded it) when it holds anything, else seeded from the recent raw steps
+    (a snapshot from a keeper that sends no series) so the curve does not start empty."""
+    if view.series.total_points or view.series.marks:
+        return view.series
+    state = view.state
     series = Series()
     a = state.attempt
     if a is not None:
@@ -76,8 +74,8 @@ class KeeperReader(threading.Thread):
     def run(self) -> None:
         reason = "the keeper closed the connection"
         try:
-            state = self.link.subscribe(client="tui")
-            series = series_for(state)
+            view = self.link.subscribe_view(client="tui")
+            state, series = view.state, series_for(view)
             self._on_snapshot(state, series)
             for batch in self.link.records():
                 if self._stopping.is_set():

@@ -1259,7 +1259,7 @@ def _run_target(spec: str | None) -> tuple[Any, Path]:
         rec = runs.read_record(Path(info.run_dir))
     except runs.RunError as exc:
         raise _BadInput(str(exc)) from None
-    return info, Path(str(rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints"))
+    return info, rec.checkpoint_root(info.run_dir)
 
 
 def _via_keeper(info: Any, expected: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -10,7 +10,11 @@ from typing import Any
 
 from trainroom.core.demo.train import FAULTS
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperGone, snapshot
+from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
+from trainroom.core.run.status_text import status_lines
+from trainroom.core.settings import LaunchOptions
 
 NVML_FAULTS = {"ghost-memory", "orphan-context"}
 
@@ -77,36 +81,28 @@ def demo_dir() -> Any:
     return d
 
 
-def demo_options(args: argparse.Namespace) -> dict[str, Any]:
-    opts: dict[str, Any] = {"demo": True, "resume_template": None}
-    if args.fault in NVML_FAULTS:
-        opts["fake_nvml"] = True
-    if args.fault == "orphan-context":
-        opts["lock_files"] = [str(demo_dir() / "train.lock")]
-    if args.fault == "disk-fill":
-        opts["disk_budget_bytes"] = 160 << 20
-    if args.auto_resume is not None:
-        opts["auto_resume"] = args.auto_resume
-    if args.linger_s is not None:
-        opts["linger_s"] = args.linger_s
-    return {k: v for k, v in opts.items() if v is not None}
+def demo_options(args: argparse.Namespace) -> LaunchOptions:
+    return LaunchOptions(
+        demo=True,
+        fake_nvml=args.fault in NVML_FAULTS,
+        lock_files=[str(demo_dir() / "train.lock")] if args.fault == "orphan-context" else [],
+        disk_budget_bytes=160 << 20 if args.fault == "disk-fill" else None,
+        auto_resume=args.auto_resume,
+        linger_s=args.linger_s,
+    )
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    from trainroom.core.cli.main import launch, status_lines
-
+def run_demo(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], int]) -> int:
+    """Launch the demo; then the control room through `open_tui` (the CLI's hook), or status
+    lines each second with --no-tui."""
     info = launch(demo_command(args), demo_options(args), cwd=str(demo_dir()))
     if args.detach:
         print(info.run_id)
         return 0
     if not args.no_tui:
-        from trainroom.core.cli.main import open_tui
-
         args.run = info.run_id
         return open_tui(args)
     print(f"run {info.run_id}  (trainroom status {info.run_id} --json; Ctrl-C leaves it running)")
-    from trainroom.core.run.client import KeeperGone, snapshot
-
     try:
         while True:
             try:

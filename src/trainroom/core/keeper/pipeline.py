@@ -20,14 +20,13 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import watch as watch
 from trainroom.core.ckpt.layout import (
-    ENV_ROOT,
     QUARANTINE,
     Quarantine,
     _journal_report,
@@ -39,9 +38,9 @@ from trainroom.core.ckpt.layout import (
 from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report, host_ram_low
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
-
-if TYPE_CHECKING:
-    from trainroom.core.keeper.loop import Keeper
+from trainroom.core.keeper.ports import Recorder, RunContext
+from trainroom.core.ops.prune import plan as prune_plan
+from trainroom.core.settings import RunSettings
 
 # A deferred verdict (verifier timed out or died, host RAM short) is tried again this much later,
 # at most MAX_TRIES times in all; a leftover is tried again at the next keeper start.
@@ -49,22 +48,6 @@ RETRY_S = 30.0
 MAX_TRIES = 3
 # Seconds the warm verifier may sit idle before it is closed (its torch holds ~150 MB).
 VERIFIER_IDLE_S = 300.0
-
-
-def checkpoint_root(keeper: Keeper) -> Path:
-    """The run's checkpoint root: `launch --ckpt-root`, then the project config's
-    `checkpoints.root`, then TRAINROOM_CKPT_ROOT as the launching shell had it, then
-    `<run dir>/checkpoints`."""
-    opt = keeper.options.get("ckpt_root")
-    if opt:
-        return Path(opt)
-    cfg_root = keeper.config.checkpoints.root
-    if cfg_root:
-        return Path(cfg_root) if os.path.isabs(cfg_root) else Path(keeper.record.cwd) / cfg_root
-    env_root = os.environ.get(ENV_ROOT)
-    if env_root:
-        return Path(env_root).expanduser().absolute()
-    return keeper.run_dir / "checkpoints"
 
 
 def _own_root(path: str) -> Path | None:
@@ -82,20 +65,19 @@ class _Job(msgspec.Struct, kw_only=True):
 
 
 class CheckpointPipeline:
-    def __init__(self, keeper: Keeper) -> None:
-        self.keeper = keeper
-        self.root = checkpoint_root(keeper)
+    def __init__(self, settings: RunSettings, recorder: Recorder, run: RunContext) -> None:
+        self.recorder = recorder
+        self.run = run
+        self.settings = settings
+        self.root = Path(settings.ckpt_root)
         self.root.mkdir(parents=True, exist_ok=True)
-        # Recorded in the run record (the keeper writes it at start) and exported to every attempt
-        # as TRAINROOM_CKPT_ROOT: the trainer's SDK, prune and resume all see this one root.
-        keeper.options["ckpt_root"] = str(self.root)
-        self.keep = int(keeper.options.get("keep") or keeper.config.checkpoints.keep)
-        self.budget = keeper.options.get("disk_budget_bytes")
-        self.globs = list(keeper.options.get("watch_ckpt") or keeper.config.checkpoints.watch)
-        self.keep_copies = bool(keeper.options.get("keep_verified_copies"))
+        self.keep = settings.keep
+        self.budget = settings.disk_budget_bytes
+        self.globs = list(settings.watch_globs)
+        self.keep_copies = settings.keep_verified_copies
         self.verifier = WarmVerifier(idle_s=VERIFIER_IDLE_S)
         # /proc/mounts (DRVFS_CHECKPOINTS), under the keeper's proc root so a test can stage one.
-        self.mounts_path = os.path.join(keeper.reclaim_roots()["proc_root"], "mounts")
+        self.mounts_path = os.path.join(settings.roots.proc, "mounts")
         self.reports: dict[str, dict[str, Any]] = {}  # path -> the verdict of a rejected candidate
         self.deferred: dict[str, dict[str, Any]] = {}  # path -> a verdict that could not be reached yet
         self.saves: list[tuple[float, int]] = []  # (t, bytes) of each checkpoint that added a file
@@ -118,8 +100,7 @@ class CheckpointPipeline:
 
     def writing(self) -> bool:
         """Whether a trainer is alive to write checkpoints (the disk projection needs one)."""
-        proc = self.keeper.proc
-        return proc is not None and proc.returncode is None
+        return self.run.trainer_alive()
 
     # ------------------------------------------------------------------ records (loop thread)
 
@@ -162,7 +143,7 @@ class CheckpointPipeline:
             try:
                 await self._run(job)
             except Exception as exc:  # one bad job never stops the queue or the keeper
-                self.keeper.emit(
+                self.recorder.emit(
                     p.KeeperNote(
                         t=time.time(),
                         kind="warning",
@@ -172,7 +153,7 @@ class CheckpointPipeline:
             finally:
                 self._jobs.pop(job.key, None)
                 self._verifying = frozenset(j.path for j in self._jobs.values())
-                self.keeper.journal.flush()
+                self.recorder.flush()
 
     def verify_now(
         self, path: str, expected: dict[str, Any] | None = None, timeout: float = 600.0
@@ -182,7 +163,6 @@ class CheckpointPipeline:
         return self.verifier.verify(path, expected or None, timeout=timeout)
 
     async def _run(self, job: _Job) -> None:
-        k = self.keeper
         if job.request is not None:
             await self._run_watched(job.request)
             return
@@ -191,9 +171,9 @@ class CheckpointPipeline:
         expected = await asyncio.to_thread(expected_for, own or self.root, self.declared_arch or None, path)
         step = expected.get("step")
         if step is None:
-            c = k.state.checkpoint(path)
+            c = self.run.state.checkpoint(path)
             step = c.step if c is not None else None
-        k.emit(p.CheckpointState(path=path, step=step, state="verifying", t=time.time()))
+        self.recorder.emit(p.CheckpointState(path=path, step=step, state="verifying", t=time.time()))
         report = await asyncio.to_thread(self.verify_now, path, expected)
         if report.get("step") is None:
             report["step"] = step
@@ -217,7 +197,7 @@ class CheckpointPipeline:
                 reason=f"could not settle: {type(exc).__name__}: {exc}",
             )
             report = {**report, "ok": False, "reason": rec.reason}
-        k.emit(rec)
+        self.recorder.emit(rec)
         self._remember(path, report, rec.state)
 
     async def _settle_in_place(self, path: str, report: dict[str, Any]) -> None:
@@ -225,7 +205,7 @@ class CheckpointPipeline:
         file left where it is, a verified copy promoted when asked."""
         ok, deferred = bool(report.get("ok")), bool(report.get("deferred"))
         state = "verified" if ok else "candidate" if deferred else "rejected"
-        self.keeper.emit(
+        self.recorder.emit(
             p.CheckpointState(
                 path=path,
                 step=report.get("step"),
@@ -248,23 +228,21 @@ class CheckpointPipeline:
             self.reports.pop(path, None)
 
     async def _run_watched(self, request: watch.VerifyRequest) -> None:
-        k = self.keeper
         report = await asyncio.to_thread(self.verify_now, request.path, dict(request.expected))
         current = await asyncio.to_thread(watch.stat_one, request.path)
         self.watch_state, recs, stood = watch.record_verdict(
             self.watch_state, request, report, current, time.time()
         )
         for r in recs:
-            k.emit(r)
+            self.recorder.emit(r)
         if stood and report.get("ok") and self.keep_copies:
             await self._keep_copy(request.path, report)
 
     async def _keep_copy(self, path: str, report: dict[str, Any]) -> None:
-        k = self.keeper
         try:
             target = await asyncio.to_thread(keep_verified_copy, path, report, self.root)
         except Exception as exc:  # ENOSPC, a vanished file: the verdict stands, the copy does not
-            k.emit(
+            self.recorder.emit(
                 p.KeeperNote(
                     t=time.time(),
                     kind="warning",
@@ -273,13 +251,15 @@ class CheckpointPipeline:
             )
             return
         if target is None:
-            k.emit(p.KeeperNote(t=time.time(), message=f"{path} changed while it was copied: no copy kept"))
+            self.recorder.emit(
+                p.KeeperNote(t=time.time(), message=f"{path} changed while it was copied: no copy kept")
+            )
             return
         copy = target / Path(path).name
         size = copy.stat().st_size if copy.exists() else None
         if size:
             self._saved(time.time(), size)
-        k.emit(
+        self.recorder.emit(
             p.CheckpointState(
                 path=str(copy),
                 step=report.get("step"),
@@ -290,7 +270,7 @@ class CheckpointPipeline:
                 report={"promoted_dir": str(target), "promoted_file": str(copy), "source": path},
             )
         )
-        k.emit(p.KeeperNote(t=time.time(), message=f"kept a verified copy of {path} at {copy}"))
+        self.recorder.emit(p.KeeperNote(t=time.time(), message=f"kept a verified copy of {path} at {copy}"))
 
     def start(self) -> None:
         """At keeper start: finish what a previous keeper left half done, verify leftovers."""
@@ -306,8 +286,6 @@ class CheckpointPipeline:
     # ------------------------------------------------------------------ probes (worker thread)
 
     def disk_sample(self) -> dict[str, Any]:
-        from trainroom.core.ops.prune import plan
-
         self.verifier.close_if_idle()
         try:
             if self.budget:
@@ -315,12 +293,12 @@ class CheckpointPipeline:
             else:
                 usage = diskguard.disk_usage(self.root)
             self.mount = diskguard.mount_of(self.root, diskguard.read_mounts(self.mounts_path))
-            self.prunable = plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
+            self.prunable = prune_plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
         except (OSError, ValueError) as exc:
             return {"path": str(self.root), "error": str(exc)}
         self.usage = usage
         if self.globs:
-            self.sightings = watch.sight(self.globs, self.keeper.record.cwd)
+            self.sightings = watch.sight(self.globs, self.run.cwd)
         out = usage.as_dict()
         out["budget_bytes"] = self.budget
         if self.mount is not None:
@@ -337,9 +315,8 @@ class CheckpointPipeline:
     def findings(self, now: float) -> list[Finding]:
         if not self._started:
             self.start()
-        k = self.keeper
         out: list[Finding] = []
-        th = k.config.thresholds
+        th = self.settings.thresholds
         if self.usage is not None:
             out += diskguard.disk_findings(
                 self.usage,
@@ -352,9 +329,11 @@ class CheckpointPipeline:
                 writing=self.writing(),
             )
         # A rejection stays open until a newer checkpoint verifies.
-        newest_ok = max((c.step or -1 for c in k.state.checkpoints if c.state == "verified"), default=-1)
+        newest_ok = max(
+            (c.step or -1 for c in self.run.state.checkpoints if c.state == "verified"), default=-1
+        )
         for path, rep in list(self.reports.items()):
-            c = k.state.checkpoint(path)
+            c = self.run.state.checkpoint(path)
             if c is None or c.state != "rejected" or ((c.step or -1) <= newest_ok and newest_ok >= 0):
                 continue
             out += findings_for_report(rep)
@@ -366,7 +345,7 @@ class CheckpointPipeline:
         if self.globs:
             self.watch_state, requests, recs = watch.poll(self.watch_state, self.sightings, now)
             for r in recs:
-                k.emit(r)
+                self.recorder.emit(r)
             for req in requests:
                 self._schedule(req.path, req)
             out += watch.watch_findings(self.watch_state)

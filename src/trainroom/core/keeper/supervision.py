@@ -1,27 +1,22 @@
-"""What the keeper runs around its trainer: the probe sweep, the watchdog, the sanity tracker, the
-plot series, the checkpoint pipeline and the disk guard. Each rule lives in its own module; this
-one only feeds them what they observe and hands their verdicts back to the keeper.
+"""What the keeper runs around its trainer: the probe sweep, the watchdog and the sanity tracker.
+Each rule lives in `health/`; this module only feeds them what they observe and hands their
+verdicts back to the keeper.
 
-Thread model: `observe`, `evaluate`, `start_attempt` and `attempt_ended` run on the keeper's loop
-thread; `probe` runs in a worker thread once a second (NVML and /proc reads block) on targets read
-on the loop thread.
+Thread model: `observe` and `evaluate` run on the keeper's loop thread; `probe` runs in a worker
+thread once a second (NVML and /proc reads block) on targets read on the loop thread.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from trainroom.core import protocol as p
-from trainroom.core.config import Config
 from trainroom.core.findings import Finding
 from trainroom.core.health.sanity import SanityThresholds, SanityTracker
 from trainroom.core.health.watchdog import Thresholds, Watchdog, context_from_probe, crash_from_log
+from trainroom.core.keeper.ports import RunContext
+from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
-from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
-
-if TYPE_CHECKING:
-    from trainroom.core.keeper.loop import Keeper
+from trainroom.core.settings import RunSettings
 
 
 def targets_of(run: RunState) -> ProbeTargets:
@@ -40,8 +35,8 @@ def targets_of(run: RunState) -> ProbeTargets:
     )
 
 
-def sanity_thresholds(cfg: Config) -> SanityThresholds:
-    th = cfg.thresholds
+def sanity_thresholds(settings: RunSettings) -> SanityThresholds:
+    th = settings.thresholds
     return SanityThresholds(
         lr_low_ratio=1.0 / th.lr_too_low_ratio,
         lr_high_ratio=th.lr_too_high_ratio,
@@ -52,36 +47,24 @@ def sanity_thresholds(cfg: Config) -> SanityThresholds:
 
 
 class Supervision:
-    def __init__(self, keeper: Keeper) -> None:
-        cfg = keeper.config
-        self.keeper = keeper
-        self.thresholds = Thresholds.from_config(cfg.thresholds)
-        self.sweep = ProbeSweep(lock_paths=keeper.lock_files(), host_process_names=cfg.host_processes)
+    """The probe sweep (worker thread), the watchdog and the sanity tracker (loop thread)."""
+
+    def __init__(self, settings: RunSettings, run: RunContext) -> None:
+        self.run = run
+        self.thresholds = Thresholds.from_config(settings.thresholds)
+        self.sweep = ProbeSweep(
+            lock_paths=settings.lock_files,
+            host_process_names=settings.host_processes,
+        )
         self.watchdog = Watchdog()
-        try:
-            self.sanity = SanityTracker(sanity_thresholds(cfg))
-        except TypeError:  # thresholds named differently: the tracker's defaults hold
-            self.sanity = SanityTracker()
-        self.series = Series()
-        self._targets = ProbeTargets()
-        self._series_pushed = 0.0
-        self.checkpoints = _checkpoint_pipeline(keeper)
+        self.sanity = SanityTracker(sanity_thresholds(settings))
 
-    # ------------------------------------------------------------------ records
+    @property
+    def gpu(self) -> GpuProbe:
+        return self.sweep.gpu
 
-    def observe(self, rec: Any) -> None:
+    def observe(self, rec: p.Record) -> None:
         self.sanity.observe_record(rec)
-        self.series.observe_record(rec)
-        if self.checkpoints is not None:
-            self.checkpoints.observe(rec)
-
-    def start_attempt(self, keeper: Keeper, started: p.AttemptStarted) -> None:
-        self._targets = targets_of(keeper.state)
-
-    async def attempt_ended(self, keeper: Keeper, ended: p.AttemptEnded) -> None:
-        self._targets = targets_of(keeper.state)
-        if keeper.auto_resume is not None:
-            await keeper.auto_resume.attempt_ended(ended)
 
     def crash_from_log(self, text: str) -> p.Crash | None:
         return crash_from_log(text)
@@ -90,44 +73,24 @@ class Supervision:
 
     def targets(self) -> ProbeTargets:
         """Read on the loop thread, handed to `probe` in the worker."""
-        self._targets = targets_of(self.keeper.state)
-        return self._targets
+        return targets_of(self.run.state)
 
     def probe(self, targets: ProbeTargets) -> p.ProbeSample:
-        sample = self.sweep.sample(targets)
-        if self.checkpoints is not None:
-            sample.disk = self.checkpoints.disk_sample()
-        return sample
-
-    def gpu_probe(self) -> Any:
-        return self.sweep.gpu
+        return self.sweep.sample(targets)
 
     # ------------------------------------------------------------------ verdicts (loop thread)
 
-    def evaluate(self, keeper: Keeper, now: float) -> tuple[str, str, list[Finding]]:
-        st = keeper.state
+    def evaluate(self, now: float) -> tuple[str, str, list[Finding]]:
+        st = self.run.state
         a = st.attempt
         ctx = context_from_probe(
             st.probe,
             thresholds=self.thresholds,
-            alive=keeper.proc is not None and keeper.proc.returncode is None,
+            alive=self.run.trainer_alive(),
             attempt=a.n if a else None,
         )
         verdict = self.watchdog.evaluate(st, ctx, now)
-        found = list(verdict.findings)
-        found += self.sanity.findings(now)
-        if self.checkpoints is not None:
-            found += self.checkpoints.findings(now)
-        if now - self._series_pushed >= 1.0:
-            # O(buckets): refreshed once a second for the snapshot, never per step.
-            st.series = self.series.to_builtins()
-            self._series_pushed = now
-        return verdict.state, verdict.reason, found
+        return verdict.state, verdict.reason, [*verdict.findings, *self.sanity.findings(now)]
 
-
-def _checkpoint_pipeline(keeper: Keeper) -> Any:
-    try:
-        from trainroom.core.keeper.pipeline import CheckpointPipeline
-    except ImportError:
-        return None
-    return CheckpointPipeline(keeper)
+    def close(self) -> None:
+        self.sweep.close()

@@ -254,8 +254,7 @@ def _run_root(info: Any) -> tuple[Path, int | None]:
     from trainroom.core.run import store as runs
 
     rec = runs.read_record(Path(info.run_dir))
-    keep = rec.options.get("keep") if isinstance(rec.options.get("keep"), int) else None
-    return Path(str(rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints")), keep
+    return rec.checkpoint_root(info.run_dir), rec.options.keep
 
 
 def _live_owner(root: Path) -> Any:

@@ -9,7 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainroom.core import protocol as p
-from trainroom.core.run.state import RunState, from_snapshot
+from trainroom.core.run import store
+from trainroom.core.run.state import RunState
+from trainroom.core.run.store import RunInfo
+from trainroom.core.run.view import RunView
 
 
 class KeeperGone(Exception):
@@ -50,6 +53,11 @@ class KeeperClient:
         return self._ready.pop(0)
 
     def subscribe(self, client: str = "client", live: bool = True) -> RunState:
+        return self.subscribe_view(client, live).state
+
+    def subscribe_view(self, client: str = "client", live: bool = True) -> RunView:
+        """The snapshot as a RunView (state and plot series); `records()` then yields what to
+        fold into it."""
         self.close()
         self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
         self._ready = []
@@ -58,7 +66,7 @@ class KeeperClient:
         msg = self._recv(self._sock)
         if not isinstance(msg, p.Snapshot):
             raise KeeperGone(f"expected a snapshot, got {type(msg).__name__}")
-        return from_snapshot(msg.state)
+        return RunView.from_snapshot(msg)
 
     def records(self, timeout_s: float | None = None) -> Iterator[list[Any]]:
         """Live deltas until the keeper goes away (KeeperGone) or a receive times out."""
@@ -125,3 +133,14 @@ def snapshot(sock_path: str, timeout_s: float = 5.0) -> RunState:
         return c.subscribe(client="status", live=False)
     finally:
         c.close()
+
+
+def current_state(info: RunInfo) -> tuple[RunState, bool]:
+    """The run from its keeper, or from its journal when the keeper is gone; and whether the
+    keeper answered."""
+    if info.alive:
+        try:
+            return snapshot(info.sock), True
+        except KeeperGone:
+            pass
+    return store.load_state(info.run_dir), False

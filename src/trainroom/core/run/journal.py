@@ -22,7 +22,7 @@ MAX_RECORD = 16 << 20
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._f = open(path, "ab", buffering=1 << 16)
+        self._f = open(path, "ab", buffering=1 << 16)  # noqa: SIM115 - open for the keeper's lifetime
 
     def append(self, rec: Any) -> None:
         body = p.encode(rec)

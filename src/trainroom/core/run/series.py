@@ -16,8 +16,8 @@ store so a client can keep folding live steps on top.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -31,6 +31,7 @@ XUnit = Literal["tokens", "steps"]
 # milestone or a re-imposed LR, not the smooth slope of a warmup or a cosine tail.
 LR_JUMP = 1.5
 LR_FLAT = 0.01
+T = TypeVar("T")
 
 
 class Mark(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -126,15 +127,17 @@ class Series:
         """One step. `lr` is the first param group's (a list is accepted); `step_time` is
         derived from `t` and the previous step when not given."""
         x = self._x_of(step, tokens)
-        if step_time is None and t is not None and self._last_t is not None and self._last_step is not None:
-            if step > self._last_step:
-                step_time = max(t - self._last_t, 0.0) / (step - self._last_step)
+        last_t, last_step = self._last_t, self._last_step
+        if (
+            step_time is None
+            and t is not None
+            and last_t is not None
+            and last_step is not None
+            and step > last_step
+        ):
+            step_time = max(t - last_t, 0.0) / (step - last_step)
         self._last_t, self._last_step = t, step
-        lr0: float | None
-        if lr is None or isinstance(lr, (int, float)):
-            lr0 = lr
-        else:
-            lr0 = lr[0] if len(lr) else None
+        lr0 = lr if lr is None or isinstance(lr, (int, float)) else (lr[0] if len(lr) else None)
         if self._pending:
             for m in self._pending:
                 m.x = x
@@ -264,8 +267,9 @@ class Series:
             for m, col in enumerate(cols):
                 n = col.n[k] if k < len(col.n) else 0
                 if n:
-                    s._lo[m][i] = col.lo[k] if col.lo[k] is not None else math.inf
-                    s._hi[m][i] = col.hi[k] if col.hi[k] is not None else -math.inf
+                    lo, hi = col.lo[k], col.hi[k]
+                    s._lo[m][i] = lo if lo is not None else math.inf
+                    s._hi[m][i] = hi if hi is not None else -math.inf
                     s._sum[m][i] = (col.mean[k] or 0.0) * n
                     s._cnt[m][i] = n
                 if col.nonfinite and k < len(col.nonfinite):
@@ -343,9 +347,9 @@ class Series:
         n = self.max_buckets
         half = n // 2
 
-        def fold(a: list, op: object, empty: object) -> None:
+        def fold(a: list[T], op: Callable[[T, T], T], empty: T) -> None:
             for j in range(half):
-                a[j] = op(a[2 * j], a[2 * j + 1])  # type: ignore[operator]
+                a[j] = op(a[2 * j], a[2 * j + 1])
             for j in range(half, n):
                 a[j] = empty
 

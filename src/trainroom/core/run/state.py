@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -16,6 +17,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding, order
+from trainroom.core.settings import LaunchOptions
 
 RECENT_STEPS = 512  # raw steps kept in memory and in the snapshot (the journal has them all)
 INTERVALS = 64  # step intervals kept per rank for the cadence statistics
@@ -108,7 +110,7 @@ class RunState(msgspec.Struct, kw_only=True):
     argv: list[str]
     cwd: str
     created: float
-    options: dict[str, Any] = {}
+    options: LaunchOptions = msgspec.field(default_factory=LaunchOptions)
     status: str = "starting"
     status_reason: str = ""
     status_since: float = 0.0
@@ -122,9 +124,6 @@ class RunState(msgspec.Struct, kw_only=True):
     notes: list[dict[str, Any]] = []
     closed_connections: int = 0
     steps_total: int = 0
-    # Plot series (loss, LR, grad norm, step time against tokens) with marks; filled by
-    # `series.Series` when it is wired, kept as builtins here so the snapshot stays plain.
-    series: dict[str, Any] = {}
     # The thresholds the keeper's rules use (KeeperStarted): what a reader computes bounds with.
     thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
     keeper_pid: int | None = None
@@ -150,7 +149,7 @@ class RunState(msgspec.Struct, kw_only=True):
 
     # ------------------------------------------------------------------ the fold
 
-    def apply(self, rec: Any) -> None:
+    def apply(self, rec: p.Record) -> None:
         handler = _HANDLERS.get(type(rec))
         if handler is not None:
             handler(self, rec)
@@ -318,6 +317,11 @@ class RunState(msgspec.Struct, kw_only=True):
         self.actions.append(r)
         del self.actions[:-ACTIONS]
 
+    def _trainer_disconnected(self, r: p.TrainerDisconnected) -> None:
+        rank = self.ranks.get(r.rank)
+        if rank is not None and rank.attempt == r.attempt:
+            rank.connected = False
+
     def _conn_closed(self, r: p.ConnectionClosed) -> None:
         self.closed_connections += 1
         self._note({"t": r.t, "kind": "connection-closed", "message": r.reason})
@@ -379,7 +383,7 @@ def _merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.Reque
     )
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.AttemptStarted: RunState._attempt_started,
     p.AttemptEnded: RunState._attempt_ended,
     p.Received: RunState._received,
@@ -388,6 +392,7 @@ _HANDLERS = {
     p.FindingCleared: RunState._finding_cleared,
     p.ActionRecord: RunState._action,
     p.ConnectionClosed: RunState._conn_closed,
+    p.TrainerDisconnected: RunState._trainer_disconnected,
     p.ProbeSample: RunState._probe,
     p.RunStatus: RunState._status,
     p.KeeperStarted: RunState._keeper_started,

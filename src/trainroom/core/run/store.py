@@ -7,7 +7,6 @@ import re
 import secrets
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import psutil
@@ -15,6 +14,8 @@ import psutil
 from trainroom.core.probes.procs import same_start
 from trainroom.core.run import journal as journal
 from trainroom.core.run.state import RunState
+from trainroom.core.run.view import RunView
+from trainroom.core.settings import LaunchOptions
 
 SOCKET_NAME = "keeper.sock"
 RECORD_NAME = "run.msgpack"
@@ -34,10 +35,18 @@ class RunRecord(msgspec.Struct, kw_only=True):
     argv: list[str]
     cwd: str
     created: float
-    options: dict[str, Any] = {}
+    options: LaunchOptions = msgspec.field(default_factory=LaunchOptions)
+    # The checkpoint root the keeper resolved (settings.checkpoint_root) and exported to the trainer
+    # as TRAINROOM_CKPT_ROOT: what `prune` and `verify` use once the keeper is gone.
+    ckpt_root: str | None = None
     keeper_pid: int | None = None
     keeper_start_time: float | None = None
     keeper_start_ticks: int | None = None
+
+    def checkpoint_root(self, run_dir: str | Path) -> Path:
+        """Where this run's checkpoints are: what its keeper resolved, else what launch was
+        told, else the default under the run dir (a keeper that never started)."""
+        return Path(self.ckpt_root or self.options.ckpt_root or Path(run_dir) / "checkpoints")
 
 
 class RunInfo(msgspec.Struct, kw_only=True):
@@ -89,7 +98,7 @@ def new_run_id(argv: list[str]) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
 
 
-def create_run(argv: list[str], cwd: str, options: dict[str, Any]) -> tuple[Path, RunRecord]:
+def create_run(argv: list[str], cwd: str, options: LaunchOptions) -> tuple[Path, RunRecord]:
     root = ensure_runs_dir()
     run_id = new_run_id(argv)
     run_dir = root / run_id
@@ -198,12 +207,22 @@ def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
 
 def load_state(run_dir: str | Path) -> RunState:
     """Rebuild the run from its record and journal, for when its keeper is gone."""
+    return load_view(run_dir, series=False).state
+
+
+def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
+    """The journal replayed into the run's state (and its plot series, unless told not to)."""
     d = Path(run_dir)
     rec = read_record(d)
     st = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options)
+    if not series:
+        for r in journal.read_journal(d / JOURNAL_NAME):
+            st.apply(r)
+        return RunView(st)
+    view = RunView(st)
     for r in journal.read_journal(d / JOURNAL_NAME):
-        st.apply(r)
-    return st
+        view.apply(r)
+    return view
 
 
 def stop_run(run_dir: str | Path) -> None:

@@ -1,0 +1,90 @@
+"""`trainroom launch [OPTIONS] -- CMD ...`: start a trainer detached under a keeper."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from trainroom.core.cli.errors import CliError
+from trainroom.core.run.launch import launch
+from trainroom.core.run.launch import launch_options as launch_options_from
+from trainroom.core.settings import LaunchOptions
+
+
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    opts: dict[str, Any] = {}
+    for key in ("ckpt_root", "log_pattern", "linger_s", "auto_resume", "resume_template", "keep"):
+        val = getattr(args, key, None)
+        if val is not None:
+            opts[key] = os.path.abspath(val) if key == "ckpt_root" else val
+    if getattr(args, "lock_file", None):
+        opts["lock_files"] = [os.path.abspath(x) for x in args.lock_file]
+    if getattr(args, "watch_ckpt", None):
+        opts["watch_ckpt"] = list(args.watch_ckpt)
+    if getattr(args, "keep_verified_copies", False):
+        opts["keep_verified_copies"] = True
+    if getattr(args, "disk_budget", None):
+        opts["disk_budget_bytes"] = _parse_size(args.disk_budget)
+    return launch_options_from(opts)
+
+
+def _parse_size(text: str) -> int:
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        return int(float(num) * units[unit])
+    except ValueError:
+        raise CliError(f"bad size {text!r}: expected e.g. 500M or 20G") from None
+
+
+def add_launch_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--ckpt-root", dest="ckpt_root", help="checkpoint root (default: <run dir>/checkpoints)")
+    sp.add_argument(
+        "--log-pattern",
+        dest="log_pattern",
+        help="regex with named groups step, loss and optional lr for log-line telemetry",
+    )
+    sp.add_argument(
+        "--linger",
+        dest="linger_s",
+        type=float,
+        help="seconds the keeper stays after the trainer ends with no client (default 3600)",
+    )
+    sp.add_argument(
+        "--auto-resume",
+        dest="auto_resume",
+        type=int,
+        metavar="N",
+        help="resume by itself at most N times when the death criteria hold",
+    )
+    sp.add_argument(
+        "--resume-template",
+        dest="resume_template",
+        help="the command for a resume; {ckpt} and {ckpt_dir} are replaced",
+    )
+    sp.add_argument("--lock-file", dest="lock_file", action="append", help="a lock file the trainer holds")
+    sp.add_argument(
+        "--watch-ckpt",
+        dest="watch_ckpt",
+        action="append",
+        metavar="GLOB",
+        help="checkpoint files an uninstrumented trainer writes (verified once stable)",
+    )
+    sp.add_argument(
+        "--keep-verified-copies",
+        action="store_true",
+        help="keep a verified copy of each watched checkpoint version",
+    )
+    sp.add_argument("--keep", type=int, help="verified checkpoints prune keeps (default 2)")
+    sp.add_argument("--disk-budget", dest="disk_budget", help="bytes the checkpoint root may use, e.g. 50G")
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    argv = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    info = launch(argv, launch_options(args))
+    print(info.run_id)
+    return 0

@@ -1,0 +1,179 @@
+"""The resume plan: from which checkpoint a new attempt would start, with which command, and
+whether the death criteria hold (the old process group is gone, no lock file is held, the driver
+gave the memory back, the host has the RAM the load needs). Blocking reads (/proc, /proc/locks,
+the checkpoint root, NVML through the caller's probe): call it from a worker thread.
+
+The checkpoint reaches the trainer as TRAINROOM_RESUME and through the resume command template
+(`{ckpt}`, `{ckpt_dir}`, `{step}`, `{run_id}`); the new attempt's argv is what its requested LR is
+parsed from, so LR_MISMATCH compares against this session's policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from trainroom.core.ckpt.layout import latest_checkpoint
+from trainroom.core.ckpt.verify import host_ram_low, load_need_bytes, read_meminfo
+from trainroom.core.config import resume_argv
+from trainroom.core.ops.kill import live_members
+from trainroom.core.probes.locks import lock_holders
+from trainroom.core.run.state import AttemptView, RunState
+from trainroom.core.units import fmt_bytes
+
+
+class WatchedTarget(msgspec.Struct, kw_only=True, frozen=True):
+    """The newest watched file (an uninstrumented trainer's out/ckpt.pt) whose current bytes
+    verified: nanoGPT resumes from the file it overwrites, so that file is the resume target."""
+
+    path: str
+    step: int | None
+    digest: str | None
+
+
+class ResumePlan(msgspec.Struct, kw_only=True):
+    """What a resume would do, and why it may not (refusals); shown for confirmation."""
+
+    ok: bool = False
+    refusals: list[str] = []
+    attempt: int  # the attempt it would start
+    checkpoint: str | None = None
+    step: int | None = None
+    # A watched file's digest when it verified: checked again before the load (no sidecar has it).
+    digest: str | None = None
+    argv: list[str] = []
+    # Whether a resume template shaped argv (else: the original command, the checkpoint in
+    # TRAINROOM_RESUME, and the trainer decides where it starts).
+    templated: bool = False
+    died_at_step: int | None = None
+    steps_lost: int | None = None
+    driver_bytes: int | None = None
+    mem_available_bytes: int | None = None
+    checkpoint_bytes: int | None = None
+
+
+class ResumeInputs(msgspec.Struct, kw_only=True, frozen=True):
+    """What the plan depends on beyond the run's state."""
+
+    run_id: str
+    argv: list[str]
+    template: str | None
+    lock_files: tuple[str, ...]
+    ckpt_root: str | None
+    watched: WatchedTarget | None = None
+    vram_tolerance_bytes: int
+    host_ram_floor_bytes: int
+
+
+DriverBytes = Callable[[list[int]], int | None]
+
+
+def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes | None) -> ResumePlan:
+    a = state.attempt
+    plan = ResumePlan(attempt=(a.n + 1) if a else 1)
+    if a is None:
+        plan.refusals.append("this run has no attempt yet")
+        return plan
+    plan.refusals += _life_refusals(a)
+    plan.refusals += held_locks(inputs.lock_files)
+    plan.driver_bytes = driver_bytes([a.pid]) if driver_bytes is not None else None
+    tolerance = inputs.vram_tolerance_bytes
+    if plan.driver_bytes is not None and plan.driver_bytes > tolerance:
+        plan.refusals.append(
+            f"the driver still holds {fmt_bytes(plan.driver_bytes)} for the old attempt "
+            f"(tolerance {fmt_bytes(tolerance)}): kill and wait for it to fall"
+        )
+    _choose_checkpoint(plan, state, inputs)
+    if plan.checkpoint is None:
+        plan.refusals.append("no verified checkpoint: `latest` points nowhere")
+    else:
+        _check_host_ram(plan, inputs.host_ram_floor_bytes)
+        plan.templated = bool(inputs.template)
+        plan.argv = (
+            resume_argv(inputs.template, ckpt=plan.checkpoint, step=plan.step, run_id=inputs.run_id)
+            if inputs.template
+            else list(inputs.argv)
+        )
+    plan.died_at_step = a.last_step
+    if a.last_step is not None and plan.step is not None:
+        plan.steps_lost = max(0, a.last_step - plan.step)
+    plan.ok = not plan.refusals
+    return plan
+
+
+def _life_refusals(a: AttemptView) -> list[str]:
+    out = []
+    if a.ended_at is None:
+        out.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
+    # By start time too: a stranger that reused the group number is not the old attempt.
+    live = live_members(a.pgid, a.start_time, a.start_ticks)
+    if live:
+        out.append(
+            f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} (kill clears them)"
+        )
+    return out
+
+
+def held_locks(paths: Sequence[str]) -> list[str]:
+    """A refusal for each lock file some process holds (a relaunch could not take it)."""
+    out = []
+    for lk in lock_holders(paths):
+        if not lk.get("held"):
+            continue
+        holders = lk.get("holders") or []
+        live = [h for h in holders if h.get("exists") and h.get("state") not in ("Z", "X")]
+        gone = [h for h in holders if h not in live]
+        # /proc/locks names the pid that took the lock; when that one is gone, the holder is
+        # whoever inherited the descriptor (the seed's orphan child).
+        who = [f"pid {h.get('pid')} ({h.get('state') or '?'})" for h in live + (lk.get("inheritors") or [])]
+        text = f"lock {lk.get('path')} is held by {', '.join(who) if who else 'a process not visible here'}"
+        if gone:
+            dead = ", ".join(
+                f"pid {h.get('pid')} ({'a zombie' if h.get('exists') else 'gone'})" for h in gone
+            )
+            text += f" through a descriptor taken by {dead}"
+        out.append(text)
+    return out
+
+
+def _promoted_step(state: RunState, ckpt: Path) -> int | None:
+    """The step of the verified checkpoint `latest` points at: from the run's records, else its
+    manifest, else the newest verified one the run knows."""
+    for c in state.checkpoints:
+        promoted = (c.report or {}).get("promoted_file")
+        if c.state == "verified" and promoted and Path(promoted) == ckpt:
+            return c.step
+    try:
+        step = json.loads((ckpt.parent / "manifest.json").read_text()).get("step")
+        if isinstance(step, int):
+            return step
+    except (OSError, ValueError):
+        pass
+    verified = state.last_verified()
+    return verified.step if verified is not None else None
+
+
+def _choose_checkpoint(plan: ResumePlan, state: RunState, inputs: ResumeInputs) -> None:
+    """The highest verified step: `latest` under the root, or a newer watched file."""
+    ckpt = latest_checkpoint(inputs.ckpt_root) if inputs.ckpt_root else None
+    step = _promoted_step(state, ckpt) if ckpt is not None else None
+    w = inputs.watched
+    if w is not None and (ckpt is None or (w.step or -1) > (step if step is not None else -1)):
+        ckpt, step = Path(w.path), w.step
+        plan.digest = w.digest
+    if ckpt is not None:
+        plan.checkpoint, plan.step = str(ckpt), step
+
+
+def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:
+    assert plan.checkpoint is not None
+    size = Path(plan.checkpoint).stat().st_size
+    mem = read_meminfo().get("MemAvailable")
+    low = host_ram_low(mem, load_need_bytes(size), plan.checkpoint, floor_bytes=floor_bytes)
+    if low is not None:
+        plan.refusals.append(f"{low.message} — reclaim the page cache first (c)")
+    plan.mem_available_bytes = mem
+    plan.checkpoint_bytes = size

@@ -1,0 +1,98 @@
+"""Starting a run: check the command and the config, create the run dir and record, start its
+keeper detached (`python -m trainroom.core.keeper RUN_DIR` in its own session, every standard
+stream away from the caller), and return once the keeper's socket is up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+
+import msgspec
+
+from trainroom.core.config import ConfigError, load_config
+from trainroom.core.run import store as runs
+from trainroom.core.run.store import RunError, RunInfo
+from trainroom.core.settings import LaunchOptions
+
+KEEPER_WAIT_S = 10.0
+
+
+def check_command(argv: list[str], cwd: str) -> None:
+    if not argv:
+        raise RunError("launch needs a command after `--`, e.g. trainroom launch -- python train.py")
+    exe = argv[0]
+    if os.sep in exe:
+        path = exe if os.path.isabs(exe) else os.path.join(cwd, exe)
+        if not os.path.isfile(path):
+            raise RunError(f"command not found: {exe}")
+        if not os.access(path, os.X_OK):
+            raise RunError(f"command is not executable: {exe}")
+    elif shutil.which(exe) is None:
+        raise RunError(f"command not found: {exe}")
+
+
+def check_config(cwd: str) -> None:
+    """A bad trainroom.toml is refused here, before any keeper starts (the keeper would only
+    fall back to the defaults with a note, and the run would use settings nobody wrote)."""
+    try:
+        load_config(cwd, runs.state_dir())
+    except ConfigError as exc:
+        raise RunError(str(exc)) from None
+
+
+def launch_options(options: LaunchOptions | Mapping[str, object]) -> LaunchOptions:
+    """Options as given, checked: a mapping is validated field by field (a bad one is a RunError
+    that names it)."""
+    if isinstance(options, LaunchOptions):
+        return options
+    try:
+        return msgspec.convert(dict(options), LaunchOptions)
+    except msgspec.ValidationError as exc:
+        raise RunError(f"bad launch option: {exc}") from None
+
+
+def launch(
+    argv: list[str],
+    options: LaunchOptions | Mapping[str, object] | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    wait_s: float = KEEPER_WAIT_S,
+) -> RunInfo:
+    """Start a keeper for `argv` in its own session and return once its socket is up."""
+    cwd = os.path.abspath(cwd or os.getcwd())
+    opts = launch_options(options or LaunchOptions())
+    check_command(argv, cwd)
+    check_config(cwd)
+    run_dir, rec = runs.create_run(argv, cwd, opts)
+    # Every standard stream is detached: `run=$(trainroom launch ...)` must not wait on the keeper.
+    with open(run_dir / runs.KEEPER_LOG_NAME, "ab") as klog:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainroom.core.keeper", str(run_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=klog,
+            stderr=klog,
+            start_new_session=True,
+            close_fds=True,
+            cwd=str(run_dir),
+            env=dict(env) if env is not None else None,
+        )
+    sock = run_dir / runs.SOCKET_NAME
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if sock.exists():
+            break
+        if proc.poll() is not None:
+            tail = (run_dir / runs.KEEPER_LOG_NAME).read_text(errors="replace").strip().splitlines()[-1:]
+            raise RunError(f"keeper exited at start ({proc.returncode}): {tail[0] if tail else 'no output'}")
+        time.sleep(0.01)
+    else:
+        raise RunError(
+            f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})"
+        )
+    return RunInfo(
+        run_id=rec.run_id, run_dir=str(run_dir), sock=str(sock), created=rec.created, argv=argv, alive=True
+    )

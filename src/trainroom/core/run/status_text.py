@@ -1,0 +1,44 @@
+"""`trainroom status` as text: a few lines a human reads, from the `status --json` dict (so the
+text can never say something the JSON does not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainroom.core.units import fmt_bytes
+
+
+def status_lines(d: dict[str, Any]) -> list[str]:
+    ex = d["exit"]
+    end = ""
+    if ex["signal"] is not None:
+        end = f" (killed by {ex['signal_name']})"
+    elif ex["code"] is not None:
+        end = f" (exit {ex['code']})"
+    loss = d["loss"]
+    loss_s = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
+    lr = d["lr"]
+    eff = lr["effective"][0] if lr["effective"] else None
+    lines = [
+        f"{d['run']}  {d['state'].upper()}{end}  attempt {d['attempt']}  pid {d['pid']}  keeper {d['keeper']}",
+        f"  step {d['step']}  age {d['step_age_s']} s  {d['steps_per_s'] or '?'} steps/s  loss {loss_s}"
+        f"  lr {eff if eff is not None else '?'} (asked {lr['requested'] if lr['requested'] is not None else '?'})",
+    ]
+    v = d["vram"]
+    if v["driver_available"]:
+        lines.append(
+            f"  vram driver {fmt_bytes(v['driver_used_bytes'])}/{fmt_bytes(v['driver_total_bytes'])}"
+            f"  allocator {fmt_bytes(v['allocator_reserved_bytes'])}"
+        )
+    else:
+        lines.append(f"  {v['driver_reason'] or 'driver view unavailable: not probed yet'}")
+    h = d["host"]
+    if h["mem_available_bytes"] is not None:
+        lines.append(
+            f"  host available {fmt_bytes(h['mem_available_bytes'])}  page cache "
+            f"{fmt_bytes(h['page_cache_bytes'])}  disk {d['disk']['used_fraction']}"
+        )
+    for f in d["findings"]:
+        key = f" [{f['action']}]" if f["action"] else ""
+        lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
+    return lines
