@@ -26,7 +26,7 @@ import msgspec
 import psutil
 import pytest
 
-from tests.support.helpers import run_cli, start_demo, status
+from tests.support.helpers import run_cli, series_of, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
@@ -106,16 +106,6 @@ def _probe_cycles(info: runs.RunInfo, n: int) -> None:
         c.close()
 
 
-def _series(info: runs.RunInfo) -> dict[str, Any]:
-    c = KeeperClient(info.sock)
-    try:
-        out = msgspec.to_builtins(c.subscribe_view(client="test", live=False).series.snapshot())
-        assert isinstance(out, dict)
-        return out
-    finally:
-        c.close()
-
-
 # ------------------------------------------------------------------------------------ seed 001
 
 
@@ -162,7 +152,7 @@ def test_seed_001_silent_death_kill_resume_from_the_last_verified_step(trhome: P
     assert d["lr"]["requested"] == pytest.approx(1e-3)
     assert d["lr"]["effective"] == [pytest.approx(1e-3)]
     assert _code(d, "LR_MISMATCH") is None and _code(d, "DEAD") is None
-    marks = [m for m in _series(info).get("marks", []) if m["kind"] == "restart"]
+    marks = [m for m in series_of(info).get("marks", []) if m["kind"] == "restart"]
     assert [m["label"] for m in marks] == ["attempt 2"]
     # Both actions are in the journal, with their evidence.
     assert [r.ok for r in _actions(info, "kill")] == [True]
@@ -239,7 +229,8 @@ def test_resume_refuses_live_members_a_held_lock_and_unreleased_memory_each_in_t
     r = _plan(info, "resume")
     assert not r.ok and len(r.plan["refusals"]) == 1
     assert re.match(
-        r"the driver still holds [\d.]+ [MG]iB for the old attempt \(tolerance 512 MiB\)", r.plan["refusals"][0]
+        r"the driver still holds [\d.]+ [MG]iB for the old attempt \(tolerance 512 MiB\)",
+        r.plan["refusals"][0],
     )
 
     # 4. The driver lets go; a stranger takes the lock: that holder is named.

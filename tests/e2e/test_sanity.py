@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.helpers import run_cli, start_demo, status, status_json
+from tests.support.helpers import run_cli, series_of, start_demo, status, status_json
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
@@ -20,7 +20,6 @@ from trainroom.core.demo.train import EARLIER_RUN_LR
 from trainroom.core.health.sanity import CODES
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
-from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
 
 SANITY = set(CODES)
@@ -52,14 +51,6 @@ def _notes(info: runs.RunInfo, kind: str) -> list[protocol.Received]:
         for r in _journal(info)
         if isinstance(r, protocol.Received) and isinstance(r.msg, protocol.Note) and r.msg.kind == kind
     ]
-
-
-def _series(info: runs.RunInfo) -> dict[str, Any]:
-    c = KeeperClient(info.sock)
-    try:
-        return c.subscribe(client="test-series", live=False).series
-    finally:
-        c.close()
 
 
 def _launch(fault: str, trainer_extra: list[str], **kw: Any) -> runs.RunInfo:
@@ -143,7 +134,7 @@ def test_lr_override_resume_raises_lr_mismatch_on_the_first_step_after_the_resum
     assert not _notes(info, "lr-reimposed")
     # The series reached the snapshot: both attempts' points, a restart mark, the checkpoint mark.
     series = wait_for(
-        lambda: (s := _series(info)).get("total_points", 0) >= 25 and s,
+        lambda: (s := series_of(info)).get("total_points", 0) >= 25 and s,
         timeout=30,
         what="the series of both attempts in the snapshot",
     )
@@ -166,7 +157,7 @@ def test_lr_override_resume_through_reimpose_lr_raises_none(trhome: Path) -> Non
     groups = notes[0].msg.data["groups"]
     assert groups == [{"group": 0, "old": pytest.approx(1e-6), "new": pytest.approx(1e-4)}]
     series = wait_for(
-        lambda: (s := _series(info)).get("total_points", 0) >= 25 and s,
+        lambda: (s := series_of(info)).get("total_points", 0) >= 25 and s,
         timeout=30,
         what="the series of both attempts in the snapshot",
     )
@@ -202,7 +193,7 @@ def test_white_model_raises_white_model_within_50_steps_on_the_plateau(trhome: P
     assert "e^-L" in found[0].message
     assert not {"EXPLODED_START", "LR_MISMATCH"} & {f.code for f in _raised(info)}
     # ln V is drawn on the loss plot.
-    assert wait_for(lambda: _series(info).get("loss_baseline"), timeout=30) == pytest.approx(lnv)
+    assert wait_for(lambda: series_of(info).get("loss_baseline"), timeout=30) == pytest.approx(lnv)
 
 
 # ---------------------------------------------------------------------------- scenario 7
@@ -281,7 +272,7 @@ def test_healthy_2000_step_demo_raises_no_sanity_finding(trhome: Path) -> None:
     assert not {f.code for f in raised} & SANITY, [(f.code, f.message) for f in raised if f.code in SANITY]
     assert d["loss"] < math.log(d["vocab_size"]) * 0.75  # it did learn
     series = wait_for(
-        lambda: (s := _series(info)).get("total_points") == 2000 and s,
+        lambda: (s := series_of(info)).get("total_points") == 2000 and s,
         timeout=30,
         what="all 2000 points in the snapshot's series",
     )

@@ -12,7 +12,7 @@ import msgspec
 
 from trainroom.core.demo.launcher import demo_command, demo_options
 from trainroom.core.run import store as runs
-from trainroom.core.run.client import current_state
+from trainroom.core.run.client import KeeperClient, current_state
 from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.store import RunInfo
@@ -72,3 +72,14 @@ def status_json(run: str) -> dict[str, Any]:
     out = run_cli("status", run, "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def series_of(info: RunInfo) -> dict[str, Any]:
+    """The plot series the keeper sends in its snapshot, as builtins (marks, loss_baseline, ...)."""
+    c = KeeperClient(info.sock)
+    try:
+        out = msgspec.to_builtins(c.subscribe_view(client="test-series", live=False).series.snapshot())
+        assert isinstance(out, dict)
+        return out
+    finally:
+        c.close()
