@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from trainroom.core.cli.main import build_parser
 from trainroom.core.ops import bench as bench
 
 KEEPER_SIDE = """
 import json, sys
 from trainroom.core.ops import bench
 result = bench.run_bench("cpu", seconds=0.3)
-print(json.dumps({"result": result, "torch_imported": "torch" in sys.modules}))
+print(json.dumps({"result": result.as_dict(), "torch_imported": "torch" in sys.modules}))
 """
 
 
@@ -32,13 +33,12 @@ def test_cpu_bench_runs_in_a_subprocess_and_gives_a_verdict() -> None:
     assert result["tflops"] > 0
     assert result["floor_tflops"] == bench.CPU_FLOOR[1]
     assert result["verdict"] == ("ok" if result["tflops"] >= result["floor_tflops"] else "slow")
-    assert "TFLOPS" in bench.describe(result)
+    assert "TFLOPS" in bench.describe(bench.BenchResult(**result))
 
 
-def test_bench_verb_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser(prog="trainroom")
-    bench.add_parser(parser.add_subparsers(dest="verb"))
-    args = parser.parse_args(["bench", "--device", "cpu", "--seconds", "0.2", "--json"])
+def test_bench_verb_prints_json(trhome: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # No live run under this home: the verb benches here, without a keeper.
+    args = build_parser().parse_args(["bench", "--device", "cpu", "--seconds", "0.2", "--json"])
     code = args.func(args)
     printed = json.loads(capsys.readouterr().out)
     assert printed["ok"] is True and printed["device"] == "cpu"
@@ -52,12 +52,12 @@ def test_cuda_without_a_gpu_is_a_clear_error_not_a_traceback() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the no-GPU message cannot be seen here")
     result = bench.run_bench("cuda:0", seconds=0.1)
-    assert result == {"ok": False, "device": "cuda:0", "error": "CUDA is not available to torch here"}
+    assert result == bench.BenchResult(ok=False, device="cuda:0", error="CUDA is not available to torch here")
 
 
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "gpu0"])
 def test_bad_device_is_refused_before_anything_starts(device: str) -> None:
-    assert "bad device" in bench.run_bench(device)["error"]
+    assert "bad device" in (bench.run_bench(device).error or "")
     done = subprocess.run(
         [sys.executable, "-m", "trainroom.core.ops.bench", "--device", device], capture_output=True, text=True
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainroom.core.ops.stacks import PY_SPY_INSTALL, catches_signal, dump_stacks, extract_dump
+from trainroom.core.ops.stacks import PY_SPY_INSTALL, StackDump, catches_signal, dump_stacks, extract_dump
 
 # A trainer stand-in: a named worker thread, a main thread parked in `inner`, log lines on stdout
 # interleaved with whatever faulthandler writes to stderr (both go to the one log file).
@@ -62,12 +62,12 @@ def test_faulthandler_dump_is_read_back_from_the_log(trainer) -> None:
     proc, log = trainer("instrumented")
     assert catches_signal(proc.pid, signal.SIGUSR1)
     result = dump_stacks(proc.pid, log, instrumented=True, timeout=10)
-    assert result["ok"] and result["method"] == "faulthandler", result["message"]
-    text = result["text"]
+    assert result.ok and result.method == "faulthandler", result.message
+    text = result.text
     assert text.startswith(("Thread 0x", "Current thread 0x"))
     assert "Current thread 0x" in text and " in inner" in text and " in loader" in text
     assert "iter " not in text  # the trainer's own log lines are not part of the block
-    assert "2 thread(s)" in result["message"]
+    assert "2 thread(s)" in result.message
     assert proc.poll() is None  # SIGUSR1 did not kill it
 
 
@@ -105,8 +105,8 @@ def test_the_dump_does_not_wake_a_parked_main_thread(tmp_path: Path) -> None:
             time.sleep(0.02)  # until the second acquire has put it to sleep
         before = _main_thread_switches(proc.pid)
         result = dump_stacks(proc.pid, log, instrumented=True, timeout=10)
-        assert result["ok"], result["message"]
-        assert result["text"].count("hread 0x") == 2 and " in <module>" in result["text"]
+        assert result.ok, result.message
+        assert result.text.count("hread 0x") == 2 and " in <module>" in result.text
         assert _main_thread_switches(proc.pid) == before
     finally:
         proc.kill()
@@ -118,7 +118,7 @@ def test_a_second_dump_reads_only_the_new_block(trainer) -> None:
     first = dump_stacks(proc.pid, log, instrumented=True, timeout=10)
     size = log.stat().st_size
     second = dump_stacks(proc.pid, log, instrumented=True, timeout=10)
-    assert first["ok"] and second["ok"]
+    assert first.ok and second.ok
     assert log.read_bytes()[size:].count(b"Current thread 0x") == 1
 
 
@@ -130,8 +130,8 @@ def test_sigusr1_is_never_sent_to_a_process_that_does_not_catch_it(
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # and no py-spy to fall back on
     result = dump_stacks(proc.pid, log, instrumented=True, timeout=2)
-    assert result["ok"] is False
-    assert "does not catch SIGUSR1" in result["message"] and "pip install py-spy" in result["message"]
+    assert result.ok is False
+    assert "does not catch SIGUSR1" in result.message and "pip install py-spy" in result.message
     assert proc.poll() is None
 
 
@@ -142,18 +142,18 @@ def test_uninstrumented_without_py_spy_says_how_to_install_it(
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     result = dump_stacks(proc.pid, log, instrumented=False)
-    assert result == {"ok": False, "text": "", "method": None, "message": PY_SPY_INSTALL}
+    assert result == StackDump(ok=False, text="", method=None, message=PY_SPY_INSTALL)
 
 
 @pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
 def test_uninstrumented_trainer_through_py_spy(trainer) -> None:
     proc, log = trainer("plain")
     result = dump_stacks(proc.pid, log, instrumented=False)
-    reason = result["message"].lower()
-    if not result["ok"] and ("ptrace" in reason or "permission" in reason):
+    reason = result.message.lower()
+    if not result.ok and ("ptrace" in reason or "permission" in reason):
         pytest.skip(f"py-spy cannot attach here: {result['message']}")
-    assert result["ok"] and result["method"] == "py-spy", result["message"]
-    assert "inner" in result["text"] and "loader" in result["text"]
+    assert result.ok and result.method == "py-spy", result.message
+    assert "inner" in result.text and "loader" in result.text
 
 
 def test_stopped_trainer_is_not_signalled_and_the_reason_is_given(
@@ -168,8 +168,8 @@ def test_stopped_trainer_is_not_signalled_and_the_reason_is_given(
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     result = dump_stacks(proc.pid, log, instrumented=True, timeout=1)
-    assert result["ok"] is False
-    assert f"kill -CONT {proc.pid}" in result["message"]
+    assert result.ok is False
+    assert f"kill -CONT {proc.pid}" in result.message
     # Nothing is pending for it: a SIGUSR1 sent now would fire whenever it is continued.
     status = Path(f"/proc/{proc.pid}/status").read_text()
     pending = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("ShdPnd:"))
@@ -180,7 +180,7 @@ def test_a_pid_that_is_gone() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
     result = dump_stacks(done.pid, None, instrumented=True)
-    assert result["ok"] is False and "is not running" in result["message"]
+    assert result.ok is False and "is not running" in result.message
 
 
 def test_extract_dump_skips_log_lines_around_the_block() -> None:

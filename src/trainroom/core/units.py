@@ -21,15 +21,16 @@ TIB = 1 << 40
 _BYTE_UNITS = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
 
 
-def fmt_bytes(n: float | None, unknown: str = UNKNOWN) -> str:
-    """1.5 GiB, 400 MiB, 12.3 KiB, 512 B: one decimal under 100 of a unit, none above."""
+def fmt_bytes(n: float | None, unknown: str = UNKNOWN, digits: int = 1) -> str:
+    """1.5 GiB, 400 MiB, 12.3 KiB, 512 B: `digits` decimals under 100 of a unit, none above (two
+    where a before -> after figure must show a small change)."""
     if n is None or not math.isfinite(n):
         return unknown
     x = float(n)
     for unit, size in _BYTE_UNITS:
         if abs(x) >= size:
             value = x / size
-            return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+            return f"{value:.{digits}f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
     return f"{x:.0f} B"
 
 

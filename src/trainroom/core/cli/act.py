@@ -106,5 +106,5 @@ def bench_here(args: argparse.Namespace) -> int:
     cfg, _path = load_config(Path.cwd(), runs.state_dir())  # ConfigError: one line, exit 2
     seconds = getattr(args, "seconds", None) or cfg.bench.seconds
     result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
-    print(json.dumps(result) if getattr(args, "json", False) else describe(result))
-    return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
+    print(json.dumps(result.as_dict()) if getattr(args, "json", False) else describe(result))
+    return 0 if result.passed else 1

@@ -224,10 +224,10 @@ class Actions:
         reply(
             _done(
                 req,
-                bool(out.get("ok")),
-                out.get("message", ""),
+                out.ok,
+                out.message,
                 plan={"pid": a.pid},
-                after={"method": out.get("method"), "stacks": out.get("text", "")},
+                after={"method": out.method, "stacks": out.text},
             )
         )
 
@@ -252,8 +252,7 @@ class Actions:
         out = await asyncio.to_thread(
             run_bench, device, python=python, seconds=seconds, floor_tflops=cfg.floor_tflops
         )
-        ok = bool(out.get("ok", out.get("tflops") is not None))
-        reply(_done(req, ok, str(describe(out)), plan={"device": device}, after=out))
+        reply(_done(req, out.ok, describe(out), plan={"device": device}, after=out.as_dict()))
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -5,20 +5,20 @@ a zombie context did far less), so look elsewhere. The floors below are wedge de
 under what a healthy part of each class reaches, not performance targets.
 
 The measurement imports torch, so it runs in a short-lived subprocess:
-`python -m trainroom.core.bench --device cpu|cuda:N [--seconds S] --json`; the keeper and the CLI
-call `run_bench`, which starts it and returns its JSON as a dict.
+`python -m trainroom.core.ops.bench --device cpu|cuda:N [--seconds S] --json`; the keeper and the CLI
+call `run_bench`, which starts it and decodes its JSON into a BenchResult.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 # (name pattern, device class, floor in TFLOPS); the first match wins.
@@ -33,6 +33,41 @@ DEFAULT_SECONDS = 1.0
 DEFAULT_TIMEOUT_S = 120.0
 
 
+class BenchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One bench run: the figures and the verdict (`ok` False: it could not measure, `error` says why)."""
+
+    ok: bool
+    device: str
+    error: str | None = None
+    device_name: str | None = None
+    device_class: str | None = None
+    dtype: str | None = None
+    n: int | None = None
+    iterations: int | None = None
+    seconds: float | None = None
+    tflops: float | None = None
+    floor_tflops: float | None = None
+    floor_source: Literal["class", "trainroom.toml"] = "class"
+    verdict: Literal["ok", "slow"] | None = None
+    message: str = ""
+    threads: int | None = None
+    torch: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Measured and at or above the floor: what exit code 0 means."""
+        return self.ok and self.verdict == "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        out = msgspec.to_builtins(self)
+        assert isinstance(out, dict)
+        return out
+
+
+def failed(device: str, error: str) -> BenchResult:
+    return BenchResult(ok=False, device=device, error=error)
+
+
 def floor_for(device_type: str, name: str) -> tuple[str, float]:
     """The device class and its TFLOPS floor."""
     if device_type == "cpu":
@@ -43,7 +78,7 @@ def floor_for(device_type: str, name: str) -> tuple[str, float]:
     raise AssertionError("the last GPU pattern matches everything")
 
 
-def verdict(tflops: float, cls: str, floor: float) -> tuple[str, str]:
+def verdict(tflops: float, cls: str, floor: float) -> tuple[Literal["ok", "slow"], str]:
     if tflops >= floor:
         return (
             "ok",
@@ -58,7 +93,7 @@ def verdict(tflops: float, cls: str, floor: float) -> tuple[str, str]:
 # --------------------------------------------------------------------------- in the subprocess
 
 
-def measure(device: str = "auto", seconds: float = DEFAULT_SECONDS) -> dict[str, Any]:
+def measure(device: str = "auto", seconds: float = DEFAULT_SECONDS) -> BenchResult:
     """Time square matmuls on `device` for about `seconds` after a warm-up (imports torch)."""
     import torch
 
@@ -67,14 +102,10 @@ def measure(device: str = "auto", seconds: float = DEFAULT_SECONDS) -> dict[str,
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            return {"ok": False, "device": device, "error": "CUDA is not available to torch here"}
+            return failed(device, "CUDA is not available to torch here")
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            return {
-                "ok": False,
-                "device": device,
-                "error": f"no such device: {torch.cuda.device_count()} CUDA device(s)",
-            }
+            return failed(device, f"no such device: {torch.cuda.device_count()} CUDA device(s)")
         dev = torch.device("cuda", index)
         name = torch.cuda.get_device_name(index)
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -110,39 +141,41 @@ def measure(device: str = "auto", seconds: float = DEFAULT_SECONDS) -> dict[str,
             if elapsed * 8 < seconds:
                 batch *= 2  # fewer synchronisations once we know a matmul is quick
     except RuntimeError as exc:  # out of memory on a full device, a lost GPU
-        return {"ok": False, "device": str(dev), "device_name": name, "error": str(exc).splitlines()[0]}
+        return BenchResult(ok=False, device=str(dev), device_name=name, error=str(exc).splitlines()[0])
 
     tflops = 2 * n**3 * iterations / elapsed / 1e12
     cls, floor = floor_for(dev.type, name)
     word, text = verdict(tflops, cls, floor)
-    return {
-        "ok": True,
-        "device": str(dev),
-        "device_name": name,
-        "device_class": cls,
-        "dtype": str(dtype).removeprefix("torch."),
-        "n": n,
-        "iterations": iterations,
-        "seconds": round(elapsed, 3),
-        "tflops": round(tflops, 4),
-        "floor_tflops": floor,
-        "verdict": word,
-        "message": text,
-        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
-        "torch": torch.__version__,
-    }
+    return BenchResult(
+        ok=True,
+        device=str(dev),
+        device_name=name,
+        device_class=cls,
+        dtype=str(dtype).removeprefix("torch."),
+        n=n,
+        iterations=iterations,
+        seconds=round(elapsed, 3),
+        tflops=round(tflops, 4),
+        floor_tflops=floor,
+        verdict=word,
+        message=text,
+        threads=torch.get_num_threads() if dev.type == "cpu" else None,
+        torch=str(torch.__version__),
+    )
 
 
 def _cpu_name() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+        for line in lines:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     import platform
 
-    return platform.processor() or "cpu"
+    return str(platform.processor() or "cpu")
 
 
 # --------------------------------------------------------------------------- keeper / CLI side
@@ -155,7 +188,7 @@ def run_bench(
     seconds: float = DEFAULT_SECONDS,
     python: str | None = None,
     floor_tflops: float | None = None,
-) -> dict[str, Any]:
+) -> BenchResult:
     """Run the bench in a subprocess and return its result; never raises.
 
     `python` is the interpreter that has torch (the trainer's; default ours). Blocking for about
@@ -163,65 +196,42 @@ def run_bench(
     (trainroom.toml's [bench]) replaces the device class's floor in the verdict.
     """
     if not DEVICE_RE.match(device):
-        return {
-            "ok": False,
-            "device": device,
-            "error": f"bad device {device!r}: expected cpu, cuda or cuda:N",
-        }
-    argv = [
-        python or sys.executable,
-        "-m",
-        "trainroom.core.ops.bench",
-        "--device",
-        device,
-        "--seconds",
-        str(seconds),
-        "--json",
-    ]
+        return failed(device, f"bad device {device!r}: expected cpu, cuda or cuda:N")
+    argv = [python or sys.executable, "-m", "trainroom.core.ops.bench", "--device", device]
+    argv += ["--seconds", str(seconds), "--json"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return {
-            "ok": False,
-            "device": device,
-            "error": f"the bench did not finish in {timeout:g} s (a wedged device?)",
-        }
+        return failed(device, f"the bench did not finish in {timeout:g} s (a wedged device?)")
     except OSError as exc:
-        return {"ok": False, "device": device, "error": f"cannot start {argv[0]}: {exc.strerror or exc}"}
+        return failed(device, f"cannot start {argv[0]}: {exc.strerror or exc}")
     lines = done.stdout.strip().splitlines()
     try:
-        result = json.loads(lines[-1])
-        if isinstance(result, dict):
-            return with_floor(result, floor_tflops)
-    except (IndexError, json.JSONDecodeError):
+        return with_floor(msgspec.json.decode(lines[-1], type=BenchResult), floor_tflops)
+    except (IndexError, msgspec.DecodeError, msgspec.ValidationError):
         pass
     tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-    return {"ok": False, "device": device, "error": f"the bench failed: {tail}"}
+    return failed(device, f"the bench failed: {tail}")
 
 
-def with_floor(result: dict[str, Any], floor_tflops: float | None) -> dict[str, Any]:
+def with_floor(result: BenchResult, floor_tflops: float | None) -> BenchResult:
     """The result judged against a configured floor instead of its class's."""
-    if floor_tflops is None or not result.get("ok") or not isinstance(result.get("tflops"), (int, float)):
+    if floor_tflops is None or not result.ok or result.tflops is None:
         return result
-    word, text = verdict(
-        float(result["tflops"]), f"{result.get('device_class', '?')}, set in trainroom.toml", floor_tflops
+    word, text = verdict(result.tflops, f"{result.device_class or '?'}, set in trainroom.toml", floor_tflops)
+    return msgspec.structs.replace(
+        result, floor_tflops=floor_tflops, floor_source="trainroom.toml", verdict=word, message=text
     )
-    return result | {
-        "floor_tflops": floor_tflops,
-        "floor_source": "trainroom.toml",
-        "verdict": word,
-        "message": text,
-    }
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: BenchResult) -> str:
     """One line for a human."""
-    if not result.get("ok"):
-        return f"bench on {result.get('device', '?')}: {result.get('error', 'failed')}"
+    if not result.ok:
+        return f"bench on {result.device}: {result.error or 'failed'}"
     return (
-        f"{result['device']} ({result['device_name']}): {result['tflops']:.3g} TFLOPS {result['dtype']} "
-        f"({result['iterations']} matmuls of {result['n']}x{result['n']} in {result['seconds']:.2f} s); "
-        f"{result['message']}"
+        f"{result.device} ({result.device_name}): {result.tflops:.3g} TFLOPS {result.dtype} "
+        f"({result.iterations} matmuls of {result.n}x{result.n} in {result.seconds or 0:.2f} s); "
+        f"{result.message}"
     )
 
 
@@ -262,27 +272,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def add_parser(subparsers: Any) -> None:
-    """`trainroom bench [--device D] [--seconds S] [--json]`: exit 0 above the floor, 1 below it
-    or when it could not measure, 2 on bad input."""
-    parser = subparsers.add_parser("bench", help="matmul TFLOPS on a device, against a floor for its class")
-    _add_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Bench here, without a keeper (args: device, seconds, json), with the [bench] section of
-    the trainroom.toml in force here (the current dir, then the state dir)."""
-    from trainroom.core.config import load_config
-    from trainroom.core.run.store import state_dir
-
-    cfg, _path = load_config(Path.cwd(), state_dir())  # ConfigError: one line, exit 2
-    seconds = getattr(args, "seconds", None) or cfg.bench.seconds
-    result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
-    print(json.dumps(result) if getattr(args, "json", False) else describe(result))
-    return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     """The subprocess entry: measures in this process."""
     parser = argparse.ArgumentParser(prog="python -m trainroom.core.ops.bench")
@@ -291,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = measure(args.device, args.seconds or DEFAULT_SECONDS)
     except ImportError as exc:
-        result = {"ok": False, "device": args.device, "error": f"torch is not importable here: {exc}"}
-    print(json.dumps(result) if args.json else describe(result))
-    return 0 if result.get("ok") and result.get("verdict") == "ok" else 1
+        result = failed(args.device, f"torch is not importable here: {exc}")
+    print(msgspec.json.encode(result).decode() if args.json else describe(result))
+    return 0 if result.passed else 1
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import psutil
 # time within a tolerance (probes.procs.same_start).
 from trainroom.core.probes.procs import same_start, started_since
 from trainroom.core.probes.procs import start_ticks as _ticks_of
+from trainroom.core.units import fmt_bytes, fmt_clock
 
 # How long to wait, after SIGKILL, for the kernel to tear the processes down (a process in
 # uninterruptible sleep inside a driver call dies only when that call returns).
@@ -74,7 +75,7 @@ class KillPlan(msgspec.Struct, kw_only=True):
         return self.empty and len(self.refusals) == 1
 
     def as_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self) | {"ok": self.ok, "nothing_left": self.nothing_left}
+        return _builtins(self) | {"ok": self.ok, "nothing_left": self.nothing_left}
 
 
 class KillResult(msgspec.Struct, kw_only=True):
@@ -88,7 +89,13 @@ class KillResult(msgspec.Struct, kw_only=True):
     after: dict[str, Any] = {}
 
     def as_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        return _builtins(self)
+
+
+def _builtins(x: msgspec.Struct) -> dict[str, Any]:
+    out = msgspec.to_builtins(x)
+    assert isinstance(out, dict)
+    return out
 
 
 # --------------------------------------------------------------------------- plan
@@ -109,56 +116,78 @@ def plan_kill(
         leader_start_time=attempt_start_time,
         leader_start_ticks=attempt_start_ticks,
     )
-    ticks = attempt_start_ticks
-    refusals = plan.refusals
     if attempt_pgid <= 1:
-        refusals.append(f"refusing pgid {attempt_pgid}: a group <= 1 is the whole system or init")
+        plan.refusals.append(f"refusing pgid {attempt_pgid}: a group <= 1 is the whole system or init")
         return plan
-    own_pgid = os.getpgid(0)
-    if attempt_pgid == own_pgid:
-        refusals.append(f"refusing pgid {attempt_pgid}: it is our own process group")
-    if keeper_pid is not None:
-        keeper_pgid = _pgid_of(keeper_pid)
-        if keeper_pgid == attempt_pgid:
-            refusals.append(
-                f"refusing pgid {attempt_pgid}: it is the keeper's process group (keeper pid {keeper_pid})"
-            )
-
-    leader = _process(attempt_pid)
-    if leader is not None:
-        try:
-            created = leader.create_time()
-            same = same_start(attempt_pid, attempt_start_time, ticks)
-        except psutil.Error:
-            leader = None
-        else:
-            if same is None:
-                leader = None
-            elif not same:
-                now_ticks = _ticks_of(attempt_pid)
-                at = (
-                    f" (tick {now_ticks}, the attempt's {ticks})"
-                    if ticks is not None and now_ticks is not None
-                    else ""
-                )
-                refusals.append(
-                    f"refusing pid {attempt_pid}: it started at {_clock(created)}, the attempt's at "
-                    f"{_clock(attempt_start_time)}{at} (the PID was reused)"
-                )
-                return plan
-
-    members = [m for m in _group_members(attempt_pgid)]
-    protected = {os.getpid(), keeper_pid} - {None}
+    plan.refusals += _group_refusals(attempt_pgid, keeper_pid)
+    leader, reused = _leader(attempt_pid, attempt_start_time, attempt_start_ticks)
+    if reused is not None:
+        plan.refusals.append(reused)
+        return plan
+    members = list(_group_members(attempt_pgid))
     # A member older than the attempt cannot be part of it: the group number was reused.
-    older = [m for m in members if not started_since(m.create_time, m.start_ticks, attempt_start_time, ticks)]
+    older = [
+        m
+        for m in members
+        if not started_since(m.create_time, m.start_ticks, attempt_start_time, attempt_start_ticks)
+    ]
     if older:
-        refusals.append(
+        plan.refusals.append(
             f"refusing pgid {attempt_pgid}: pid {older[0].pid} in it started at {_clock(older[0].create_time)}, "
             f"before the attempt ({_clock(attempt_start_time)}): the group number was reused"
         )
-    seen = {m.pid for m in members}
     # Descendants of the leader and of every member, wherever their group is now.
     roots = ([leader] if leader is not None else []) + [p for p in (_process(m.pid) for m in members) if p]
+    members += _strayed_descendants(roots, {m.pid for m in members}, attempt_start_time, attempt_start_ticks)
+    protected = {os.getpid()} | ({keeper_pid} if keeper_pid is not None else set())
+    hit = sorted(protected & {m.pid for m in members})
+    if hit:
+        plan.refusals.append(f"refusing pgid {attempt_pgid}: it contains pid {hit[0]}, ours or the keeper's")
+    plan.members = sorted(members, key=lambda m: (not m.in_group, m.pid))
+    if not plan.members and not plan.refusals:
+        plan.empty = True
+        plan.refusals.append(f"no such process group: pgid {attempt_pgid} has no live members")
+    return plan
+
+
+def _group_refusals(pgid: int, keeper_pid: int | None) -> list[str]:
+    out = []
+    if pgid == os.getpgid(0):
+        out.append(f"refusing pgid {pgid}: it is our own process group")
+    if keeper_pid is not None and _pgid_of(keeper_pid) == pgid:
+        out.append(f"refusing pgid {pgid}: it is the keeper's process group (keeper pid {keeper_pid})")
+    return out
+
+
+def _leader(pid: int, start_time: float, ticks: int | None) -> tuple[psutil.Process | None, str | None]:
+    """The attempt's leader if it still lives (None when gone), and a refusal when its pid now
+    names another process."""
+    leader = _process(pid)
+    if leader is None:
+        return None, None
+    try:
+        created = leader.create_time()
+        same = same_start(pid, start_time, ticks)
+    except psutil.Error:
+        return None, None
+    if same is None:
+        return None, None
+    if same:
+        return leader, None
+    now_ticks = _ticks_of(pid)
+    at = f" (tick {now_ticks}, the attempt's {ticks})" if ticks is not None and now_ticks is not None else ""
+    return None, (
+        f"refusing pid {pid}: it started at {_clock(created)}, the attempt's at "
+        f"{_clock(start_time)}{at} (the PID was reused)"
+    )
+
+
+def _strayed_descendants(
+    roots: list[psutil.Process], seen: set[int], start_time: float, ticks: int | None
+) -> list[Member]:
+    """Descendants of the roots that left the group (setsid, a torchrun worker), started no
+    earlier than the attempt."""
+    out: list[Member] = []
     for root in roots:
         try:
             children = root.children(recursive=True)
@@ -169,18 +198,11 @@ def plan_kill(
                 continue
             member = _describe(child, in_group=False)
             if member is not None and started_since(
-                member.create_time, member.start_ticks, attempt_start_time, ticks
+                member.create_time, member.start_ticks, start_time, ticks
             ):
                 seen.add(child.pid)
-                members.append(member)
-    hit = sorted(protected & {m.pid for m in members})
-    if hit:
-        refusals.append(f"refusing pgid {attempt_pgid}: it contains pid {hit[0]}, ours or the keeper's")
-    plan.members = sorted(members, key=lambda m: (not m.in_group, m.pid))
-    if not plan.members and not refusals:
-        plan.empty = True
-        refusals.append(f"no such process group: pgid {attempt_pgid} has no live members")
-    return plan
+                out.append(member)
+    return out
 
 
 def live_members(pgid: int, attempt_start_time: float, attempt_start_ticks: int | None = None) -> list[int]:
@@ -575,12 +597,8 @@ def _mem_available(proc_root: str) -> int | None:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
-    return f"{n / (1 << 20):.0f} MiB"
+    return fmt_bytes(n, unknown="n/a")
 
 
 def _clock(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 100):02d}"
+    return fmt_clock(t)

@@ -30,11 +30,12 @@ import os
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import msgspec
 
 from trainroom.core.probes.host import read_meminfo as _read_meminfo
+from trainroom.core.units import fmt_bytes
 
 Method = Literal["cgroup2-memory.reclaim", "cgroup1-memory.force_empty", "drop_caches"]
 Progress = Callable[[str], None]
@@ -57,7 +58,13 @@ class ReclaimPlan(msgspec.Struct, kw_only=True):
     manual_command: str = ""  # the same reclaim as one shell command, for a human to run
 
     def as_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        return _builtins(self)
+
+
+def _builtins(x: msgspec.Struct) -> dict[str, Any]:
+    out = msgspec.to_builtins(x)
+    assert isinstance(out, dict)
+    return out
 
 
 class ReclaimResult(msgspec.Struct, kw_only=True):
@@ -72,7 +79,7 @@ class ReclaimResult(msgspec.Struct, kw_only=True):
     after: dict[str, Any] = {}
 
     def as_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        return _builtins(self)
 
 
 # --------------------------------------------------------------------------- observations
@@ -142,34 +149,35 @@ def plan_reclaim(
     figures = memory_figures(proc_root)
     wsl = detect_wsl(proc_root, env)
     cgroups = cgroup_paths(proc_root, pid)
-    passed_over: list[str] = []
-    common = {
-        "cgroup": None,
-        "passed_over": passed_over,
-        "wsl": wsl,
-        "wsl_note": _wsl_note(figures["page_cache_bytes"]) if wsl else None,
-        **figures,
-    }
-
+    drop = proc_root / "sys" / "vm" / "drop_caches"
+    # The last resort, and the shape every other plan takes its common fields from.
+    plan = ReclaimPlan(
+        method="drop_caches",
+        target=str(drop),
+        value="1",
+        wsl=wsl,
+        wsl_note=_wsl_note(figures["page_cache_bytes"]) if wsl else None,
+        page_cache_bytes=figures["page_cache_bytes"],
+        mem_available_bytes=figures["mem_available_bytes"],
+        **_scripted(f"sync; echo 1 > {shlex.quote(str(drop))}"),
+    )
     if method in (None, "cgroup2-memory.reclaim"):
-        v2 = cgroups.get("v2")
-        found = _v2_reclaim_file(sys_root, v2) if v2 is not None else None
+        found = _cgroup2_plan(plan, sys_root, proc_root, pid, cgroups.get("v2"), figures["page_cache_bytes"])
         if found is not None:
-            nbytes = _cgroup_file_bytes(found.parent) or figures["page_cache_bytes"] or 0
-            value, fallback = f"{nbytes} swappiness=0", str(nbytes)
-            quoted = shlex.quote(str(found))
-            return ReclaimPlan(
-                method="cgroup2-memory.reclaim",
-                target=str(found),
-                value=value,
-                fallback_value=fallback,
-                bytes_requested=nbytes,
-                **_scripted(
-                    f"echo {shlex.quote(value)} > {quoted} 2>/dev/null || echo {fallback} > {quoted}"
-                ),
-                **(common | {"cgroup": v2}),
-            )
-        passed_over.append(
+            return found
+    if method in (None, "cgroup1-memory.force_empty"):
+        found = _cgroup1_plan(plan, sys_root, cgroups.get("memory"))
+        if found is not None:
+            return found
+    return plan
+
+
+def _cgroup2_plan(
+    plan: ReclaimPlan, sys_root: Path, proc_root: Path, pid: int | str, v2: str | None, page_cache: int | None
+) -> ReclaimPlan | None:
+    found = _v2_reclaim_file(sys_root, v2) if v2 is not None else None
+    if found is None:
+        plan.passed_over.append(
             "cgroup v2 memory.reclaim: "
             + (
                 "no v2 cgroup in " + str(proc_root / str(pid) / "cgroup")
@@ -177,35 +185,44 @@ def plan_reclaim(
                 else f"no memory.reclaim for {v2} (kernel < 5.19 or memory controller not on v2)"
             )
         )
+        return None
+    nbytes = _cgroup_file_bytes(found.parent) or page_cache or 0
+    value, fallback = f"{nbytes} swappiness=0", str(nbytes)
+    quoted = shlex.quote(str(found))
+    return msgspec.structs.replace(
+        plan,
+        method="cgroup2-memory.reclaim",
+        target=str(found),
+        value=value,
+        fallback_value=fallback,
+        bytes_requested=nbytes,
+        cgroup=v2,
+        passed_over=list(plan.passed_over),
+        **_scripted(f"echo {shlex.quote(value)} > {quoted} 2>/dev/null || echo {fallback} > {quoted}"),
+    )
 
-    if method in (None, "cgroup1-memory.force_empty"):
-        v1 = cgroups.get("memory")
-        if v1 is None:
-            passed_over.append("cgroup v1 memory.force_empty: no v1 memory cgroup")
-        else:
-            directory = sys_root / "memory" / v1.lstrip("/")
-            target = directory / "memory.force_empty"
-            unsafe = _force_empty_unsafe(directory, v1)
-            if not target.exists():
-                passed_over.append(f"cgroup v1 memory.force_empty: {target} does not exist")
-            elif unsafe:
-                passed_over.append(f"cgroup v1 memory.force_empty: {unsafe}")
-            else:
-                return ReclaimPlan(
-                    method="cgroup1-memory.force_empty",
-                    target=str(target),
-                    value="0",
-                    **_scripted(f"echo 0 > {shlex.quote(str(target))}"),
-                    **(common | {"cgroup": v1}),
-                )
 
-    target = proc_root / "sys" / "vm" / "drop_caches"
-    return ReclaimPlan(
-        method="drop_caches",
+def _cgroup1_plan(plan: ReclaimPlan, sys_root: Path, v1: str | None) -> ReclaimPlan | None:
+    if v1 is None:
+        plan.passed_over.append("cgroup v1 memory.force_empty: no v1 memory cgroup")
+        return None
+    directory = sys_root / "memory" / v1.lstrip("/")
+    target = directory / "memory.force_empty"
+    unsafe = _force_empty_unsafe(directory, v1)
+    if not target.exists():
+        plan.passed_over.append(f"cgroup v1 memory.force_empty: {target} does not exist")
+        return None
+    if unsafe:
+        plan.passed_over.append(f"cgroup v1 memory.force_empty: {unsafe}")
+        return None
+    return msgspec.structs.replace(
+        plan,
+        method="cgroup1-memory.force_empty",
         target=str(target),
-        value="1",
-        **_scripted(f"sync; echo 1 > {shlex.quote(str(target))}"),
-        **common,
+        value="0",
+        cgroup=v1,
+        passed_over=list(plan.passed_over),
+        **_scripted(f"echo 0 > {shlex.quote(str(target))}"),
     )
 
 
@@ -258,7 +275,12 @@ def _wsl_note(page_cache: int | None) -> str:
     )
 
 
-def _scripted(script: str) -> dict[str, str]:
+class _Script(TypedDict):
+    script: str
+    manual_command: str
+
+
+def _scripted(script: str) -> _Script:
     return {"script": script, "manual_command": f"sudo sh -c {shlex.quote(script)}"}
 
 
@@ -285,21 +307,8 @@ def execute_reclaim(
     if plan is None:
         plan = plan_reclaim(sys_root, proc_root, pid=pid, env=env, method=method)
     before = memory_figures(proc_root)
-    base = {
-        "method": plan.method,
-        "target": plan.target,
-        "manual_command": plan.manual_command,
-        "wsl_note": plan.wsl_note,
-        "before": before,
-    }
     if plan.bytes_requested == 0:
-        return ReclaimResult(
-            ok=True,
-            via=None,
-            message="nothing to reclaim: the cgroup holds no page cache",
-            after=before,
-            **base,
-        )
+        return _result(plan, True, None, "nothing to reclaim: the cgroup holds no page cache", before, before)
 
     if plan.method == "drop_caches":
         say("sync (writing dirty pages first, so the drop frees them too)")
@@ -312,16 +321,10 @@ def execute_reclaim(
         via = "direct"
     except OSError as exc:
         if not _is_denied(exc):
-            return ReclaimResult(
-                ok=False,
-                via=None,
-                message=f"{plan.method}: writing {plan.target} failed: {_reason(exc)}",
-                after=before,
-                **base,
-            )
+            return _refused(plan, before, f"writing {plan.target} failed: {_reason(exc)}")
         denied = f"writing {plan.target} was denied ({_reason(exc)})"
         if not use_sudo:
-            return _refused(plan, base, before, f"{denied}; run by hand: {plan.manual_command}")
+            return _refused(plan, before, f"{denied}; run by hand: {plan.manual_command}")
         say(f"{denied}: trying sudo -n")
         sudo_error = _run_sudo(plan)
         if sudo_error is not None:
@@ -330,7 +333,6 @@ def execute_reclaim(
                 hint = " (read-only here, as in a container: run it on the host)"
             return _refused(
                 plan,
-                base,
                 before,
                 f"{denied}; sudo -n: {sudo_error}; run by hand{hint}: {plan.manual_command}",
             )
@@ -345,8 +347,12 @@ def execute_reclaim(
     )
     if partial:
         message += " (the cgroup gave back less than asked)"
-    after = after | {"page_cache_freed_bytes": freed, "mem_available_gained_bytes": gained}
-    return ReclaimResult(ok=True, via=via, message=message, after=after, **base)
+    evidence: dict[str, Any] = {
+        **after,
+        "page_cache_freed_bytes": freed,
+        "mem_available_gained_bytes": gained,
+    }
+    return _result(plan, True, via, message, before, evidence)
 
 
 def _write_control(path: str, value: str, fallback: str | None) -> bool:
@@ -401,8 +407,29 @@ def _run_sudo(plan: ReclaimPlan) -> str | None:
     return None
 
 
-def _refused(plan: ReclaimPlan, base: dict[str, Any], before: dict[str, Any], message: str) -> ReclaimResult:
-    return ReclaimResult(ok=False, via=None, message=f"{plan.method}: {message}", after=before, **base)
+def _result(
+    plan: ReclaimPlan,
+    ok: bool,
+    via: Literal["direct", "sudo"] | None,
+    message: str,
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+) -> ReclaimResult:
+    return ReclaimResult(
+        ok=ok,
+        method=plan.method,
+        via=via,
+        message=message,
+        target=plan.target,
+        manual_command=plan.manual_command,
+        wsl_note=plan.wsl_note,
+        before=dict(before),
+        after=dict(after),
+    )
+
+
+def _refused(plan: ReclaimPlan, before: Mapping[str, Any], message: str) -> ReclaimResult:
+    return _result(plan, False, None, f"{plan.method}: {message}", before, before)
 
 
 def _reason(exc: OSError) -> str:
@@ -414,4 +441,4 @@ def _delta(a: int | None, b: int | None) -> int | None:
 
 
 def _gib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / (1 << 30):.2f} GiB"
+    return fmt_bytes(n, unknown="n/a", digits=2)

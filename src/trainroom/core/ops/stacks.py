@@ -25,8 +25,9 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import psutil
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -40,6 +41,16 @@ PY_SPY_INSTALL = (
     "kernel.yama.ptrace_scope=0, or root / CAP_SYS_PTRACE)"
 )
 
+DumpMethod = Literal["faulthandler", "py-spy"]
+
+
+class StackDump(msgspec.Struct, kw_only=True):
+    ok: bool
+    text: str = ""
+    method: DumpMethod | None = None  # None: nothing could be dumped
+    message: str = ""
+
+
 _HEADER = re.compile(r"^(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+.*|Stack) \(most recent call first\):$")
 _FRAME = re.compile(r"^  (?:File |<no Python frame>|\.\.\.)")
 
@@ -51,14 +62,15 @@ def dump_stacks(
     timeout: float = DEFAULT_TIMEOUT_S,
     *,
     proc_root: str = "/proc",
-) -> dict[str, Any]:
-    """{"ok", "text", "method" ("faulthandler" | "py-spy" | None), "message"}; never raises.
+) -> StackDump:
+    """Every thread's stack of `pid`, by faulthandler (SIGUSR1, when the trainer registered it and
+    runs) or py-spy; never raises.
 
     Blocking for up to `timeout` (plus py-spy's run): call it from a worker thread.
     """
+    state: str
     try:
-        proc = psutil.Process(pid)
-        state = proc.status()
+        state = psutil.Process(pid).status()
     except psutil.NoSuchProcess:
         return _result(False, "", None, f"pid {pid} is not running")
     except psutil.AccessDenied:
@@ -90,10 +102,8 @@ def dump_stacks(
             notes.append(f"no faulthandler dump appeared in {log_path} within {timeout:g} s")
 
     spied = _py_spy(pid, timeout=max(timeout, 10.0))
-    if spied["ok"]:
-        spied["message"] = "; ".join([*notes, spied["message"]])
-        return spied
-    return _result(False, "", None, "; ".join([*notes, spied["message"]]))
+    spied.message = "; ".join([*notes, spied.message])
+    return spied
 
 
 def catches_signal(pid: int, sig: int, proc_root: str = "/proc") -> bool:
@@ -202,7 +212,7 @@ def _tgkill() -> Any:
     return fn
 
 
-def _py_spy(pid: int, timeout: float) -> dict[str, Any]:
+def _py_spy(pid: int, timeout: float) -> StackDump:
     import sh  # external commands go through sh
 
     try:
@@ -220,5 +230,5 @@ def _py_spy(pid: int, timeout: float) -> dict[str, Any]:
     return _result(True, text, "py-spy", f"stacks of pid {pid} read by py-spy")
 
 
-def _result(ok: bool, text: str, method: str | None, message: str) -> dict[str, Any]:
-    return {"ok": ok, "text": text, "method": method, "message": message}
+def _result(ok: bool, text: str, method: DumpMethod | None, message: str) -> StackDump:
+    return StackDump(ok=ok, text=text, method=method, message=message)
