@@ -15,8 +15,8 @@ import pytest
 from tests.support.helpers import run_cli, series_of, start_demo, status, status_json
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
+from trainroom.core.demo.faults import EARLIER_RUN_LR
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
-from trainroom.core.demo.train import EARLIER_RUN_LR
 from trainroom.core.health.sanity import CODES
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs

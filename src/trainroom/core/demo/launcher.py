@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainroom.core.demo.train import FAULTS
+from trainroom.core.demo.faults import FAULTS
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperGone, snapshot
 from trainroom.core.run.launch import launch

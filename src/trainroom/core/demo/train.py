@@ -35,33 +35,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-FAULTS = (
-    "none",
-    "silent-death",
-    "stall",
-    "hang",
-    "hang-lock",
-    "lr-override",
-    "exploded-init",
-    "white-model",
-    "spike",
-    "diverge",
-    "nan",
-    "rank-outlier",
-    "ghost-memory",
-    "orphan-context",
-    "disk-fill",
-    "truncated-ckpt",
-    "masked-enomem",
-    "duplicate",
-)
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-# lr-override (seed 003): the earlier run began at this LR; the session that resumes from its
-# checkpoint asks for --lr (the seed: 1e-4).
-EARLIER_RUN_LR = 1e-6
-SESSION_LR_AFTER_OVERRIDE = 1e-4
-# diverge: the LR climbs to this many times --lr and stays there.
-DIVERGE_LR_FACTOR = 300.0
+from trainroom.core.ckpt.layout import CheckpointWontFit, save_checkpoint
+from trainroom.core.demo.faults import DIVERGE_LR_FACTOR, EARLIER_RUN_LR, FAULTS, SESSION_LR_AFTER_OVERRIDE
+from trainroom.core.demo.model import CharGPT
+from trainroom.core.sdk import reporter
+from trainroom.core.sdk.lr import reimpose_lr
+from trainroom.core.sdk.tracer import NonFiniteTracer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,240 +95,242 @@ def main(argv: list[str] | None = None) -> int:
         args.lr = SESSION_LR_AFTER_OVERRIDE if args.fault == "lr-override" else 3e-3
     if os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
         return _be_the_duplicate(int(os.environ["TRAINROOM_DEMO_DUPLICATE"]))
-    resume = os.environ.get("TRAINROOM_RESUME")
-    # lr-override is a story in two attempts (seed 003): a fresh attempt plays the earlier run,
-    # which trains at 1e-6, saves and ends; every resume from it plays the session that asks for
-    # --lr and restores optimizer + scheduler state but never calls reimpose_lr. The missing call
-    # is a property of the session's code, so it holds in every resumed attempt (unless
-    # --reimpose-lr, the fix).
-    forgets_reimpose = args.fault == "lr-override" and bool(resume) and not args.reimpose_lr
-    if int(os.environ.get("TRAINROOM_ATTEMPT", "1")) > 1 and not args.fault_every_attempt:
-        # A fault is an event, not a property of the run: a resumed attempt trains on cleanly.
-        args.fault = "none"
-    earlier_run = args.fault == "lr-override" and not resume
-    session_lr = EARLIER_RUN_LR if earlier_run else args.lr
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+    return DemoRun(args).train()
 
-    from trainroom.core.sdk import reporter as reporter
 
-    torch.set_num_threads(1)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if world > 1:
-        import torch.distributed as dist
+class DemoRun:
+    """One attempt of the demo: the model, its optimizer and scheduler, the reporter, and the
+    fault this attempt plays (before a step, after it, or in how it saves)."""
 
-        dist.init_process_group("gloo")
-    torch.manual_seed(args.seed)
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.resume = os.environ.get("TRAINROOM_RESUME")
+        # lr-override is a story in two attempts (seed 003): a fresh attempt plays the earlier run,
+        # which trains at 1e-6, saves and ends; every resume from it plays the session that asks for
+        # --lr and restores optimizer + scheduler state but never calls reimpose_lr. The missing call
+        # is a property of the session's code, so it holds in every resumed attempt (unless
+        # --reimpose-lr, the fix).
+        self.forgets_reimpose = args.fault == "lr-override" and bool(self.resume) and not args.reimpose_lr
+        if int(os.environ.get("TRAINROOM_ATTEMPT", "1")) > 1 and not args.fault_every_attempt:
+            # A fault is an event, not a property of the run: a resumed attempt trains on cleanly.
+            args.fault = "none"
+        self.fault = args.fault
+        self.earlier_run = args.fault == "lr-override" and not self.resume
+        self.session_lr = EARLIER_RUN_LR if self.earlier_run else args.lr
+        torch.set_num_threads(1)
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1:
+            import torch.distributed as dist
 
-    text = resources.files("trainroom.core.demo").joinpath("corpus.txt").read_text()
-    chars = sorted(set(text))
-    vocab = len(chars)
-    stoi = {c: i for i, c in enumerate(chars)}
-    data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+            dist.init_process_group("gloo")
+        torch.manual_seed(args.seed)
+        text = resources.files("trainroom.core.demo").joinpath("corpus.txt").read_text()
+        chars = sorted(set(text))
+        self.vocab = len(chars)
+        stoi = {c: i for i, c in enumerate(chars)}
+        self.data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+        self.arch = {
+            "layers": args.layers,
+            "d_model": args.d_model,
+            "vocab": self.vocab,
+            "heads": args.heads,
+            "ctx": args.ctx,
+        }
+        self.rep = reporter.connect(lr=self.session_lr, vocab_size=self.vocab, warmup_steps=0, arch=self.arch)
+        self.model = CharGPT(self.vocab, args.d_model, args.heads, args.layers, args.ctx)
+        self.net: nn.Module = self.model
+        if self.world > 1:
+            self.net = nn.parallel.DistributedDataParallel(self.model)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.session_lr, weight_decay=0.01)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1000, gamma=0.5)
+        self.step = 0
+        self.tokens = 0
+        self.gen = torch.Generator().manual_seed(args.seed * 1000 + self.rank)
+        self.fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
+        self.ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
+        self.tracer: NonFiniteTracer | None = None
 
-    arch = {
-        "layers": args.layers,
-        "d_model": args.d_model,
-        "vocab": vocab,
-        "heads": args.heads,
-        "ctx": args.ctx,
-    }
-    rep = reporter.connect(lr=session_lr, vocab_size=vocab, warmup_steps=0, arch=arch)
+    # ------------------------------------------------------------------ setup
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1 = nn.LayerNorm(args.d_model)
-            self.attn = nn.MultiheadAttention(args.d_model, args.heads, batch_first=True)
-            self.ln2 = nn.LayerNorm(args.d_model)
-            self.mlp = nn.Sequential(
-                nn.Linear(args.d_model, 4 * args.d_model),
-                nn.GELU(),
-                nn.Linear(4 * args.d_model, args.d_model),
-            )
-
-        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            h = self.ln1(x)
-            x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-            return x + self.mlp(self.ln2(x))
-
-    class CharGPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok = nn.Embedding(vocab, args.d_model)
-            self.pos = nn.Embedding(args.ctx, args.d_model)
-            self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
-            self.ln_f = nn.LayerNorm(args.d_model)
-            self.lm_head = nn.Linear(args.d_model, vocab, bias=False)
-
-        def forward(self, idx: torch.Tensor) -> torch.Tensor:
-            t = idx.shape[1]
-            mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
-            x = self.tok(idx) + self.pos(torch.arange(t))
-            for b in self.blocks:
-                x = b(x, mask)
-            return self.lm_head(self.ln_f(x))
-
-    model = CharGPT()
-    net: nn.Module = model
-    if world > 1:
-        net = nn.parallel.DistributedDataParallel(model)
-    if args.fault == "white-model":
-        # The seed-004 plateau at ln V: an output head left at zero and frozen (a fine-tune that
-        # forgot to unfreeze it). Its logits are all 0, so every token gets 1/V, the loss is ln V
-        # exactly, and no gradient reaches anything below it: the run steps and learns nothing.
-        with torch.no_grad():
-            model.lm_head.weight.zero_()
-        model.lm_head.weight.requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=session_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
-    step = 0
-    tokens = 0
-
-    if resume:
-        with rep.phase("checkpoint-load"):
-            ckpt = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        step, tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
-        print(f"resumed from {resume} at step {step}", flush=True)
-        if forgets_reimpose or args.no_reimpose_lr:
+    def _prepare(self) -> None:
+        args, model = self.args, self.model
+        if self.fault == "white-model":
+            # The seed-004 plateau at ln V: an output head left at zero and frozen (a fine-tune that
+            # forgot to unfreeze it). Its logits are all 0, so every token gets 1/V, the loss is ln V
+            # exactly, and no gradient reaches anything below it: the run steps and learns nothing.
+            with torch.no_grad():
+                model.lm_head.weight.zero_()
+            model.lm_head.weight.requires_grad_(False)
+        if self.resume:
+            self._load(self.resume)
+        if self.earlier_run:
             print(
-                f"lr {opt.param_groups[0]['lr']:.3g} restored from the checkpoint, "
-                f"requested {args.lr:g}: reimpose_lr not called",
+                f"lr-override: this attempt plays the earlier run at lr {EARLIER_RUN_LR:g} (not --lr {args.lr:g}); "
+                f"it saves at step {args.fault_step} and ends: resume the run to start the session",
+                flush=True,
+            )
+        if self.fault == "exploded-init":
+            with torch.no_grad():
+                model.lm_head.weight.mul_(13.87 / float(model.lm_head.weight.std()))
+        if args.tracer:
+            self.tracer = NonFiniteTracer(model, reporter=self.rep)
+        lock_fd = _take_lock(args.lock_file) if args.lock_file else None
+        if self.fault == "orphan-context" and lock_fd is not None and self.rank == 0:
+            # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(3600)"],
+                pass_fds=(lock_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        if self.fault == "duplicate" and self.rank == 0:
+            _start_duplicate()
+
+    def _load(self, resume: str) -> None:
+        with self.rep.phase("checkpoint-load"):
+            ckpt = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=False)
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.sched.load_state_dict(ckpt["scheduler"])
+        self.step, self.tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
+        print(f"resumed from {resume} at step {self.step}", flush=True)
+        if self.forgets_reimpose or self.args.no_reimpose_lr:
+            print(
+                f"lr {self.opt.param_groups[0]['lr']:.3g} restored from the checkpoint, "
+                f"requested {self.args.lr:g}: reimpose_lr not called",
                 flush=True,
             )
         else:
-            from trainroom.core.sdk.lr import reimpose_lr
+            reimpose_lr(self.opt, self.sched, self.args.lr, step=self.step)
 
-            reimpose_lr(opt, sched, args.lr, step=step)
-    if earlier_run:
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> int:
+        args = self.args
+        self._prepare()
         print(
-            f"lr-override: this attempt plays the earlier run at lr {EARLIER_RUN_LR:g} (not --lr {args.lr:g}); "
-            f"it saves at step {args.fault_step} and ends: resume the run to start the session",
+            f"demo trainer: rank {self.rank}/{self.world} vocab {self.vocab} ln(V) {math.log(self.vocab):.4f} "
+            f"lr {self.session_lr:g} fault {self.fault}@{args.fault_step}",
             flush=True,
         )
-    if args.fault == "exploded-init":
-        with torch.no_grad():
-            model.lm_head.weight.mul_(13.87 / float(model.lm_head.weight.std()))
+        start_step = self.step
+        while self.step < args.steps:
+            x, y = self._batch()
+            self._before_step()
+            lv, gn, alloc = self._train_step(x, y)
+            self.rep.step(
+                self.step, loss=lv, tokens=self.tokens, grad_norm=gn, optimizer=self.opt, alloc=alloc
+            )
+            if self.step % 10 == 0 and self.rank == 0:
+                print(
+                    f"iter {self.step}: loss {lv:.4f}, lr {self.opt.param_groups[0]['lr']:.3e}, grad {gn:.3f}",
+                    flush=True,
+                )
+            self._after_step()
+            ends_earlier_run = self.earlier_run and self.step >= args.fault_step
+            self._maybe_save(ends_earlier_run, start_step)
+            if ends_earlier_run:
+                print(
+                    f"the earlier run ends at step {self.step} (lr {self.opt.param_groups[0]['lr']:.3g}, saved); "
+                    "resume it (r, or `trainroom resume --yes`) for the session",
+                    flush=True,
+                )
+                break
+            if args.step_delay:
+                time.sleep(args.step_delay)
+        self.rep.close("finished")
+        if self.world > 1:
+            import torch.distributed as dist
 
-    tracer = None
-    if args.tracer:
-        from trainroom.core.sdk.tracer import NonFiniteTracer
+            dist.destroy_process_group()
+        print(f"done at step {self.step}", flush=True)
+        return 0
 
-        tracer = NonFiniteTracer(model, reporter=rep)
-
-    lock_fd = _take_lock(args.lock_file) if args.lock_file else None
-    if args.fault == "orphan-context" and lock_fd is not None and rank == 0:
-        # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
-        subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(3600)"],
-            pass_fds=(lock_fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    if args.fault == "duplicate" and rank == 0 and not os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
-        _start_duplicate()
-    fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
-    ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
-
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    print(
-        f"demo trainer: rank {rank}/{world} vocab {vocab} ln(V) {math.log(vocab):.4f} lr {session_lr:g} "
-        f"fault {args.fault}@{args.fault_step}",
-        flush=True,
-    )
-    start_step = step
-    while step < args.steps:
-        if args.fault == "stall" and step >= args.fault_step:
-            _stall(net, data, args, gen, torch, F, vocab)
-        ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
-        x = torch.stack([data[i : i + args.ctx] for i in ix])
-        y = torch.stack([data[i + 1 : i + 1 + args.ctx] for i in ix])
-        if args.fault == "rank-outlier" and rank == 1 and step >= args.fault_step:
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        args = self.args
+        if self.fault == "stall" and self.step >= args.fault_step:
+            _stall(self.net, self.data, args, self.gen)
+        ix = torch.randint(len(self.data) - args.ctx - 1, (args.batch,), generator=self.gen)
+        x = torch.stack([self.data[i : i + args.ctx] for i in ix])
+        y = torch.stack([self.data[i + 1 : i + 1 + args.ctx] for i in ix])
+        if self.fault == "rank-outlier" and self.rank == 1 and self.step >= args.fault_step:
             # Seed 002's rank 41: from the fault step on, one rank's loader hands out corrupt
             # labels (random token ids). Its loss jumps and stays up; averaged with the healthy
             # rank it only moves the mean, so the headline must show the median and the worst.
-            y = torch.randint(vocab, y.shape, generator=gen)
-        if args.fault == "spike" and step == args.fault_step:
+            y = torch.randint(self.vocab, y.shape, generator=self.gen)
+        return x, y
+
+    def _before_step(self) -> None:
+        args, step, model = self.args, self.step, self.model
+        if self.fault == "spike" and step == args.fault_step:
             with torch.no_grad():  # a bad batch of weights for one step: a spike, then recovery
                 model.lm_head.weight.mul_(4.0)
-        if args.fault == "nan" and step == args.fault_step:
+        if self.fault == "nan" and step == args.fault_step:
             with torch.no_grad():
                 model.blocks[-1].mlp[0].weight.fill_(float("nan"))
-        if args.fault == "diverge" and step >= args.fault_step:
+        if self.fault == "diverge" and step >= args.fault_step:
             # An LR pushed past the stable range (a schedule that ramps too far): the loss stops
             # coming back and settles well above its best while staying finite, the divergence
             # that "wait for NaN" misses.
-            for g in opt.param_groups:
+            for g in self.opt.param_groups:
                 g["lr"] = min(g["lr"] * 1.05, args.lr * DIVERGE_LR_FACTOR)
-        if tracer is not None:
-            tracer.step = step + 1  # the step this forward reports as
-        logits = net(x)
-        loss = F.cross_entropy(logits.view(-1, vocab), y.view(-1))
-        opt.zero_grad(set_to_none=True)
+        if self.tracer is not None:
+            self.tracer.step = step + 1  # the step this forward reports as
+
+    def _train_step(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[float, float, tuple[int, int, int] | None]:
+        logits = self.net(x)
+        loss = F.cross_entropy(logits.view(-1, self.vocab), y.view(-1))
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
-        opt.step()
-        sched.step()
-        step += 1
-        tokens += args.batch * args.ctx * world
+        gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9))
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        self.tokens += self.args.batch * self.args.ctx * self.world
         alloc = None
-        if fake_nvml and rank == 0:
-            alloc = _drive_fake_nvml(fake_nvml, args, step, os.getpid())
-        lv = float(loss.detach())
-        rep.step(step, loss=lv, tokens=tokens, grad_norm=gn, optimizer=opt, alloc=alloc)
-        if step % 10 == 0 and rank == 0:
-            print(
-                f"iter {step}: loss {lv:.4f}, lr {opt.param_groups[0]['lr']:.3e}, grad {gn:.3f}", flush=True
-            )
-        if args.fault == "silent-death" and step == args.fault_step:
+        if self.fake_nvml and self.rank == 0:
+            alloc = _drive_fake_nvml(self.fake_nvml, self.args, self.step, os.getpid())
+        return float(loss.detach()), gn, alloc
+
+    def _after_step(self) -> None:
+        at = self.step == self.args.fault_step
+        if not at:
+            return
+        if self.fault in ("silent-death", "orphan-context"):
             os.kill(os.getpid(), signal.SIGKILL)
-        if args.fault == "hang" and step == args.fault_step:
+        elif self.fault == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)
-        if args.fault == "hang-lock" and step == args.fault_step:
+        elif self.fault == "hang-lock":
             lock = threading.Lock()
             lock.acquire()
             lock.acquire()  # the main thread parks here for good; the heartbeat thread goes on
-        if args.fault == "masked-enomem" and step == args.fault_step:
+        elif self.fault == "masked-enomem":
             _load_with_masked_enomem()
-        if args.fault == "orphan-context" and step == args.fault_step:
-            os.kill(os.getpid(), signal.SIGKILL)
-        every = 1 if args.fault == "disk-fill" else args.ckpt_every
-        ends_earlier_run = earlier_run and step >= args.fault_step
-        if rank == 0 and (ends_earlier_run or (every and step % every == 0)) and step > start_step:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-                "step": step,
-                "tokens": tokens,
-                "config": {"lr": session_lr, "vocab_size": vocab, **arch},
-            }
-            pad = args.ckpt_pad_mb or (8.0 if args.fault == "disk-fill" else 0.0)
-            if pad:
-                state["pad"] = torch.zeros(int(pad * (1 << 20) / 4))
-            _save(state, step, ckpt_root, truncate=args.fault == "truncated-ckpt" and step >= args.fault_step)
-        if ends_earlier_run:
-            print(
-                f"the earlier run ends at step {step} (lr {opt.param_groups[0]['lr']:.3g}, saved); "
-                "resume it (r, or `trainroom resume --yes`) for the session",
-                flush=True,
-            )
-            break
-        if args.step_delay:
-            time.sleep(args.step_delay)
-    rep.close("finished")
-    if world > 1:
-        import torch.distributed as dist
 
-        dist.destroy_process_group()
-    print(f"done at step {step}", flush=True)
-    return 0
+    def _maybe_save(self, ends_earlier_run: bool, start_step: int) -> None:
+        args, step = self.args, self.step
+        every = 1 if self.fault == "disk-fill" else args.ckpt_every
+        due = ends_earlier_run or bool(every and step % every == 0)
+        if self.rank != 0 or not due or step <= start_step:
+            return
+        state: dict[str, Any] = {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "step": step,
+            "tokens": self.tokens,
+            "config": {"lr": self.session_lr, "vocab_size": self.vocab, **self.arch},
+        }
+        pad = args.ckpt_pad_mb or (8.0 if self.fault == "disk-fill" else 0.0)
+        if pad:
+            state["pad"] = torch.zeros(int(pad * (1 << 20) / 4))
+        _save(
+            state, step, self.ckpt_root, truncate=self.fault == "truncated-ckpt" and step >= args.fault_step
+        )
 
 
 def _checkpoint_file(path: str) -> str:
@@ -359,9 +344,6 @@ def _checkpoint_file(path: str) -> str:
 
 
 def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
-    from trainroom.core.ckpt.layout import CheckpointWontFit, save_checkpoint
-    from trainroom.core.sdk import reporter as reporter
-
     if not truncate:
         try:
             save_checkpoint(state, step, root=root)
@@ -373,8 +355,6 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
         return
     # DrvFs as the seed saw it: the file lands short, nothing says so, and the trainer moves on.
     import io
-
-    import torch
 
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -390,7 +370,7 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
     rep.checkpoint(str(path), step, size_bytes=len(data), digest=None)
 
 
-def _stall(net: Any, data: Any, args: argparse.Namespace, gen: Any, torch: Any, F: Any, vocab: int) -> None:
+def _stall(net: nn.Module, data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator) -> None:
     """The seed-004 bug: after a resume the accumulation counter never meets its multiple, so the
     loop keeps computing micro-batches and never steps. Alive, busy, no progress."""
     micro = 1
