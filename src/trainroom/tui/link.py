@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from trainroom.core.protocol import Reply
+from trainroom.core.protocol import Record, Reply
 from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
@@ -26,11 +27,11 @@ class KeeperLink(Protocol):
         """Connect and return the snapshot; `records()` then yields the live deltas."""
         ...
 
-    def records(self) -> Iterator[list[Any]]:
+    def records(self) -> Iterator[list[Record]]:
         """Batches of keeper records until the keeper goes away (then it raises or ends)."""
         ...
 
-    def request(self, action: str, args: dict[str, Any], confirm: bool) -> Iterator[Reply]:
+    def request(self, action: str, args: dict[str, object], confirm: bool) -> Iterator[Reply]:
         """An action on its own connection: plan, progress lines, done."""
         ...
 
@@ -40,6 +41,8 @@ class KeeperLink(Protocol):
 
 
 class RunSource(Protocol):
+    """Where runs are found and how each is reached."""
+
     def list_runs(self) -> list[RunInfo]: ...
 
     def resolve(self, spec: str | None) -> RunInfo: ...
@@ -59,9 +62,7 @@ class LocalRuns:
         return runs.resolve_run(spec)
 
     def connect(self, run: RunInfo) -> KeeperLink:
-        from trainroom.core.run.client import KeeperClient
-
-        return KeeperClient(run.sock)  # type: ignore[no-any-return]
+        return KeeperClient(run.sock)
 
     def load_state(self, run: RunInfo) -> RunState:
         """The journal replayed, into the state and its plot series at once (one read)."""
