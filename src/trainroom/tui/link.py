@@ -1,7 +1,7 @@
 """How the control room reaches a run: its keeper while it lives, its journal when it is gone.
 
 No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
-`core.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
+`core.run.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
 `RunSource` whose links are fakes; everything above that boundary is the real app.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from trainroom.core.protocol import Record, Reply
-from trainroom.core.run import journal as journal
+from trainroom.core.run import journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.series import Series
