@@ -9,16 +9,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from trainroom.core.cli import main as cli
+
 
 def open_control_room(args: argparse.Namespace) -> int:
+    # Imported here, not above: `trainroom status` and friends never pay for loading Textual.
     from trainroom.tui.app import run_app
 
-    return int(run_app(args) or 0)
+    return run_app(args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainroom.core.cli import main as cli
-
     return cli.main(argv, open_tui=open_control_room)
 
 

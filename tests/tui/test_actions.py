@@ -276,6 +276,26 @@ def test_every_binding_has_an_id_and_a_tooltip() -> None:
         assert b.id and b.id.startswith("trainroom.") and b.tooltip
 
 
+def test_the_action_keys_come_from_the_one_table_in_core() -> None:
+    from trainroom.core.findings import ACTION_KEYS, ACTIONS
+    from trainroom.core.keeper import actions as keeper_actions
+    from trainroom.tui.bindings import BINDINGS, DESTRUCTIVE, KEEPER_ACTIONS
+
+    by_action = {b.action: b for b in BINDINGS}
+    for a in ACTIONS:
+        b = by_action[a.name]
+        assert (b.key, b.description, b.tooltip, b.id) == (
+            a.key,
+            a.name,
+            a.description,
+            f"trainroom.{a.name}",
+        )
+    assert {a.name: a.key for a in ACTIONS} == ACTION_KEYS
+    assert {a.name for a in ACTIONS if a.destructive} == DESTRUCTIVE
+    # The keeper serves exactly the actions of the table.
+    assert set(keeper_actions.KNOWN) == set(KEEPER_ACTIONS)
+
+
 @in_loop
 async def test_quitting_never_waits_for_an_action_in_flight(tmp_path) -> None:
     release = threading.Event()

@@ -206,8 +206,8 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
             "the resume result",
             lambda: screen_text(app),
         )
-        assert result.ok, result.message
-        assert result.before["attempt"] == 1 and result.after["attempt"] == 2
+        assert result.outcome.ok, result.outcome.message
+        assert result.outcome.before["attempt"] == 1 and result.outcome.after["attempt"] == 2
         await _shows(app, pilot, ["resume: done", "attempt: 1 -> 2", f"from_step: — -> {LAST_CKPT}"])
         await pilot.press("escape")
 
@@ -250,8 +250,8 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
             "the kill result",
             lambda: screen_text(app),
         )
-        assert result.ok, result.message
-        assert result.before["members"] == len(pids) and result.after["members"] == 0
+        assert result.outcome.ok, result.outcome.message
+        assert result.outcome.before["members"] == len(pids) and result.outcome.after["members"] == 0
         await _shows(
             app,
             pilot,

@@ -306,3 +306,29 @@ async def test_with_no_run_yet_it_waits_for_the_first_one(tmp_path) -> None:
         runs.runs.append(run_info("run-late", str(tmp_path)))
         await until(pilot, lambda: app.state is not None, "the first run")
     assert app.run_id == "run-late" and app.connected
+
+
+@in_loop
+async def test_a_run_that_cannot_be_found_is_said_and_nothing_breaks(tmp_path) -> None:
+    app = ControlRoom("nope", source=FakeRuns([]), clock=lambda: T0, theme_dirs=shipped_themes())
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await until(pilot, lambda: len(app._notifications) > 0, "the notice")
+        (notice,) = list(app._notifications)
+        assert notice.title == "cannot watch that run" and "unknown run 'nope'" in notice.message
+        assert app.is_running and app.state is None
+
+
+@in_loop
+async def test_an_unreadable_journal_is_said_and_the_keeper_still_looked_for(tmp_path) -> None:
+    info = run_info("run-gone", str(tmp_path), alive=False)
+    runs = FakeRuns([info])  # no journal for it: load_state raises
+    app = ControlRoom(
+        "run-gone", source=runs, clock=lambda: T0, theme_dirs=shipped_themes(), reconnect_interval_s=0.02
+    )
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await until(pilot, lambda: len(app._notifications) > 0, "the notice")
+        assert next(iter(app._notifications)).message.startswith("journal unreadable")
+        st = build_state(healthy_records(steps=2), run_id="run-gone")
+        runs.links["run-gone"] = FakeLink(st)
+        runs.runs[0] = run_info("run-gone", str(tmp_path))  # its keeper is back
+        await until(pilot, lambda: app.connected, "the keeper found again")

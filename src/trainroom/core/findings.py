@@ -14,16 +14,64 @@ import msgspec
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 
-# The action names a finding can suggest; each is one key in the control room and one CLI verb.
-ACTION_KEYS: dict[str, str] = {
-    "kill": "k",
-    "reclaim": "c",
-    "prune": "p",
-    "resume": "r",
-    "dump": "d",
-    "verify": "v",
-    "bench": "b",
-}
+
+class Action(msgspec.Struct, frozen=True, kw_only=True):
+    """An action a client asks the keeper for: its name on the wire, its key, what it does."""
+
+    name: str  # the protocol's `Request.action`, and what a finding's `action` names
+    key: str  # the control room's key for it (findings show it: `[r] resume`)
+    description: str  # what it does, in one line (the help screen, the palette, tooltips)
+    destructive: bool  # changes the world: clients show the keeper's plan and ask first
+
+
+# Every action, once: the control room's bindings and `ACTION_KEYS` derive from this table.
+ACTIONS: tuple[Action, ...] = (
+    Action(
+        name="kill",
+        key="k",
+        description="Kill the trainer's process group (SIGTERM, then SIGKILL) and confirm VRAM fell",
+        destructive=True,
+    ),
+    Action(
+        name="reclaim",
+        key="c",
+        description="Reclaim the host page cache (cgroup memory.reclaim or drop_caches)",
+        destructive=True,
+    ),
+    Action(
+        name="prune",
+        key="p",
+        description="Prune checkpoints, keeping the last verified ones, pinned and latest",
+        destructive=True,
+    ),
+    Action(
+        name="resume",
+        key="r",
+        description="Resume from the last verified checkpoint as a new attempt",
+        destructive=True,
+    ),
+    Action(
+        name="dump",
+        key="d",
+        description="Dump the trainer's stacks (faulthandler, or py-spy when uninstrumented)",
+        destructive=False,
+    ),
+    Action(
+        name="verify",
+        key="v",
+        description="Verify the latest checkpoint (digest, NaN/Inf, shapes, outlier std)",
+        destructive=False,
+    ),
+    Action(
+        name="bench",
+        key="b",
+        description="Run the matmul bench on the run's device: is the hardware fine?",
+        destructive=False,
+    ),
+)
+
+# The action names a finding can suggest, with their keys.
+ACTION_KEYS: dict[str, str] = {a.name: a.key for a in ACTIONS}
 
 
 class Finding(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -1,65 +1,27 @@
 """Every key of the control room: one `Binding` each, with an id (remappable through
-`App.set_keymap`) and a tooltip (the help screen and the command palette show it)."""
+`App.set_keymap`) and a tooltip (the help screen and the command palette show it).
+
+The keeper's actions come from core's one table (`trainroom.core.findings.ACTIONS`), so a key, a
+description or whether an action asks first is written once, for every client.
+"""
 
 from __future__ import annotations
 
 from textual.binding import Binding
 
-# Actions the keeper carries out, by name (the protocol's `Request.action`).
-KEEPER_ACTIONS = ("kill", "reclaim", "prune", "resume", "dump", "verify", "bench")
+from trainroom.core.findings import ACTIONS
+
+# Actions the keeper carries out, by name (the protocol's `Request.action`), in key order.
+KEEPER_ACTIONS: tuple[str, ...] = tuple(a.name for a in ACTIONS)
 # These change the world: the plan is shown in a confirmation first.
-DESTRUCTIVE = frozenset({"kill", "reclaim", "prune", "resume"})
+DESTRUCTIVE: frozenset[str] = frozenset(a.name for a in ACTIONS if a.destructive)
+
+KEEPER_BINDINGS: list[Binding] = [
+    Binding(a.key, a.name, a.name, id=f"trainroom.{a.name}", tooltip=a.description) for a in ACTIONS
+]
 
 BINDINGS: list[Binding] = [
-    Binding(
-        "k",
-        "kill",
-        "kill",
-        id="trainroom.kill",
-        tooltip="Kill the trainer's process group (SIGTERM, then SIGKILL) and confirm VRAM fell",
-    ),
-    Binding(
-        "c",
-        "reclaim",
-        "reclaim",
-        id="trainroom.reclaim",
-        tooltip="Reclaim the host page cache (cgroup memory.reclaim or drop_caches)",
-    ),
-    Binding(
-        "p",
-        "prune",
-        "prune",
-        id="trainroom.prune",
-        tooltip="Prune checkpoints, keeping the last verified ones, pinned and latest",
-    ),
-    Binding(
-        "r",
-        "resume",
-        "resume",
-        id="trainroom.resume",
-        tooltip="Resume from the last verified checkpoint as a new attempt",
-    ),
-    Binding(
-        "d",
-        "dump",
-        "dump",
-        id="trainroom.dump",
-        tooltip="Dump the trainer's stacks (faulthandler, or py-spy when uninstrumented)",
-    ),
-    Binding(
-        "v",
-        "verify",
-        "verify",
-        id="trainroom.verify",
-        tooltip="Verify the latest checkpoint (digest, NaN/Inf, shapes, outlier std)",
-    ),
-    Binding(
-        "b",
-        "bench",
-        "bench",
-        id="trainroom.bench",
-        tooltip="Run the matmul bench on the run's device: is the hardware fine?",
-    ),
+    *KEEPER_BINDINGS,
     # Off the footer (80 columns hold the rest); still in the help screen and the palette.
     Binding("t", "next_theme", "theme", show=False, id="trainroom.theme", tooltip="Switch to the next theme"),
     Binding(

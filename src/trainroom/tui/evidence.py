@@ -1,4 +1,4 @@
-"""Plans and before -> after evidence as lines of text: pure, no Textual.
+"""Plans, outcomes and before -> after evidence as lines of text: pure, no Textual.
 
 The keeper's plan for an action is a dict whose shape depends on the action (a kill plan lists
 the PGID and its members, a prune plan the checkpoints and bytes). The control room shows it
@@ -9,7 +9,10 @@ lists of records as one line a record.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+import msgspec
+
+from trainroom.core.protocol import Reply
 
 from . import fmt
 
@@ -17,7 +20,33 @@ from . import fmt
 _RECORD_KEYS = ("pid", "pgid", "state", "status", "step", "path", "name", "size_bytes", "cmdline", "cmd")
 
 
-def value_text(key: str, value: Any) -> str:
+class ActionOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How an action ended, as the result screen shows it."""
+
+    action: str
+    ok: bool
+    message: str
+    before: dict[str, object] = {}
+    after: dict[str, object] = {}
+    details: dict[str, object] = {}  # the keeper's plan, or its report of what it did
+
+    @classmethod
+    def of_reply(cls, action: str, reply: Reply) -> ActionOutcome:
+        return cls(
+            action=action,
+            ok=reply.ok,
+            message=reply.message,
+            before=reply.before,
+            after=reply.after,
+            details=reply.plan,
+        )
+
+    @classmethod
+    def failed(cls, action: str, message: str) -> ActionOutcome:
+        return cls(action=action, ok=False, message=message)
+
+
+def value_text(key: str, value: object) -> str:
     if value is None:
         return fmt.UNKNOWN
     if isinstance(value, bool):
@@ -41,15 +70,12 @@ def value_text(key: str, value: Any) -> str:
     return str(value)
 
 
-def record_line(rec: Mapping[str, Any]) -> str:
+def record_line(rec: Mapping[str, object]) -> str:
     keys = [k for k in _RECORD_KEYS if k in rec] + [k for k in rec if k not in _RECORD_KEYS]
-    parts = []
-    for k in keys:
-        parts.append(f"{k} {value_text(k, rec[k])}")
-    return "  ".join(parts)
+    return "  ".join(f"{k} {value_text(k, rec[k])}" for k in keys)
 
 
-def plan_lines(plan: Mapping[str, Any]) -> list[str]:
+def plan_lines(plan: Mapping[str, object]) -> list[str]:
     """Every field of a plan: scalars as `key: value`, lists of records one indented line each."""
     out: list[str] = []
     for key, value in plan.items():
@@ -68,7 +94,7 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def before_after_lines(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+def before_after_lines(before: Mapping[str, object], after: Mapping[str, object]) -> list[str]:
     """`key: before -> after` for every key either side has, in the order they appear."""
     keys = list(before) + [k for k in after if k not in before]
     out = []

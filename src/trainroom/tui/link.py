@@ -1,17 +1,18 @@
 """How the control room reaches a run: its keeper while it lives, its journal when it is gone.
 
 No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
-`core.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
+`core.run.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
 `RunSource` whose links are fakes; everything above that boundary is the real app.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
-from trainroom.core.protocol import Reply
+from trainroom.core.protocol import Record, Reply
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.view import RunView
 
@@ -24,11 +25,11 @@ class KeeperLink(Protocol):
         live deltas."""
         ...
 
-    def records(self) -> Iterator[list[Any]]:
+    def records(self) -> Iterator[list[Record]]:
         """Batches of keeper records until the keeper goes away (then it raises or ends)."""
         ...
 
-    def request(self, action: str, args: dict[str, Any], confirm: bool) -> Iterator[Reply]:
+    def request(self, action: str, args: dict[str, object], confirm: bool) -> Iterator[Reply]:
         """An action on its own connection: plan, progress lines, done."""
         ...
 
@@ -38,6 +39,8 @@ class KeeperLink(Protocol):
 
 
 class RunSource(Protocol):
+    """Where runs are found and how each is reached."""
+
     def list_runs(self) -> list[RunInfo]: ...
 
     def resolve(self, spec: str | None) -> RunInfo: ...
@@ -57,9 +60,7 @@ class LocalRuns:
         return runs.resolve_run(spec)
 
     def connect(self, run: RunInfo) -> KeeperLink:
-        from trainroom.core.run.client import KeeperClient
-
-        return KeeperClient(run.sock)  # type: ignore[no-any-return]
+        return KeeperClient(run.sock)
 
     def load_view(self, run: RunInfo) -> RunView:
         """The journal replayed, into the state and its plot series at once (one read)."""

@@ -28,7 +28,7 @@ class TrainerLogTail(threading.Thread):
     def __init__(
         self,
         path: str | os.PathLike[str],
-        on_lines: Callable[[tuple[str, ...]], None],
+        on_lines: Callable[[tuple[str, ...]], object],
         *,
         interval_s: float = 0.5,
         max_lines: int = TAIL_LINES,
@@ -84,7 +84,7 @@ class TrainerLogTail(threading.Thread):
     @property
     def lines(self) -> tuple[str, ...]:
         tail = tuple(self._lines)
-        return tail + (clean_line(self._partial),) if self._partial.strip() else tail
+        return (*tail, clean_line(self._partial)) if self._partial.strip() else tail
 
     def run(self) -> None:
         while not self._stopping.is_set():

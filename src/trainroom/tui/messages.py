@@ -1,4 +1,8 @@
-"""Messages from the reader threads and the action workers to the app: small dataclasses."""
+"""Messages from the reader threads to the app: small dataclasses.
+
+The two that can come in bursts (records folded, the log grew) carry nothing a newer one does not,
+so each replaces its predecessor still in the queue (`can_replace`): a burst costs one render.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from textual.message import Message
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 
+from .reader import KeeperReader
+
 
 @dataclass
 class Attached(Message):
@@ -16,7 +22,7 @@ class Attached(Message):
 
     state: RunState
     series: Series
-    reader: object = None  # which reader sent it
+    reader: KeeperReader | None = None  # which reader sent it: one stopped meanwhile is not heard
 
 
 @dataclass
@@ -31,7 +37,7 @@ class RunChanged(Message):
 class KeeperLost(Message):
     reason: str
     t: float
-    reader: object = None
+    reader: KeeperReader | None = None
 
 
 @dataclass

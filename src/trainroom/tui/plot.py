@@ -142,8 +142,7 @@ def chart(
             best[c] = pri
             mark_cells[c] = (MARK_SYMBOLS.get(kind, "*"), kind)
     labels = [(0, _label(y_max)), (rows - 1, _label(y_min))]
-    for v in guides.values():
-        labels.append((py(v) // 4, _label(v)))
+    labels.extend((py(v) // 4, _label(v)) for v in guides.values())
     # One label a row; a guide's own value wins over the range ends it lands on.
     by_row = dict(labels)
     return Chart(tuple(grid), tuple(sorted(by_row.items())), tuple(mark_cells), x_min, x_max, y_min, y_max)

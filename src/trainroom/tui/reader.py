@@ -55,9 +55,9 @@ class KeeperReader(threading.Thread):
         link: KeeperLink,
         lock: threading.Lock,
         *,
-        on_snapshot: Callable[[RunState, Series], None],
-        on_change: Callable[[], None],
-        on_gone: Callable[[str, float], None],
+        on_snapshot: Callable[[RunState, Series], object],
+        on_change: Callable[[], object],
+        on_gone: Callable[[str, float], object],
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(name="trainroom-keeper-reader", daemon=True)

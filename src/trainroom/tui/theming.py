@@ -8,7 +8,7 @@ instead of surfacing later as a stylesheet error.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
@@ -17,6 +17,8 @@ from pathlib import Path
 import msgspec
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
+
+from trainroom.core.run.store import state_dir
 
 DEFAULT_THEME = "trainroom-dark"
 CONTRAST_THEME = "trainroom-contrast"  # the default under NO_COLOR: it reads best in grey
@@ -125,8 +127,6 @@ def parse_theme(data: bytes) -> Theme:
 def default_dirs() -> list[Path | Traversable]:
     """The shipped themes, then the user's (`$TRAINROOM_HOME/themes`), which win on a name."""
     dirs: list[Path | Traversable] = [resources.files("trainroom.themes")]
-    from trainroom.core.run.store import state_dir
-
     user = state_dir() / "themes"
     if user.is_dir():
         dirs.append(user)
@@ -156,3 +156,53 @@ def load_themes(dirs: Iterable[Path | Traversable]) -> LoadedThemes:
     order = {DEFAULT_THEME: 0, "trainroom-light": 1, CONTRAST_THEME: 2}
     loaded.themes = sorted(by_name.values(), key=lambda t: (order.get(t.name, 9), t.name))
     return loaded
+
+
+def initial_theme(
+    loaded: LoadedThemes, requested: str | None, *, no_color: bool, builtin: Callable[[str], Theme | None]
+) -> tuple[str, str]:
+    """The theme to open with, and what to say about the request (empty when nothing): the
+    requested one (a file's, by full or short name, or one of Textual's via `builtin`), else the
+    default (the contrast theme under NO_COLOR)."""
+    note = ""
+    if requested:
+        found = loaded.find(requested) or builtin(requested)
+        if found is not None:
+            return found.name, note
+        note = f"unknown theme {requested!r}; available: {', '.join(loaded.names())}"
+    preferred = CONTRAST_THEME if no_color else DEFAULT_THEME
+    for name in (preferred, DEFAULT_THEME):
+        if loaded.find(name) is not None:
+            return name, note
+    return "textual-dark", note
+
+
+def app_variables(theme: Theme) -> dict[str, str]:
+    """The app's own variables, derived from `theme` so that any theme (a built-in one picked in
+    the palette too) draws the panels; theme files override them."""
+    c = theme.to_color_system().generate()
+    return {
+        "trainroom-ok": c["text-success"],
+        "trainroom-info": c["text-primary"],
+        "trainroom-warn": c["text-warning"],
+        "trainroom-crit": c["text-error"],
+        "trainroom-dim": c["foreground-muted"],
+        "trainroom-label": c["foreground-muted"],
+        "trainroom-value": c["foreground"],
+        "trainroom-border": c["foreground-disabled"],
+        "trainroom-curve": c["text-primary"],
+        "trainroom-lnv": c["text-warning"],
+        "trainroom-mark": c["text-accent"],
+        "trainroom-bar-driver": c["warning"],
+        "trainroom-bar-allocator": c["primary"],
+        "trainroom-bar-empty": c["surface-active"],
+        "trainroom-badge-text": c["background"],
+        "trainroom-state-running": c["success"],
+        "trainroom-state-starting": c["primary"],
+        "trainroom-state-slow": c["warning"],
+        "trainroom-state-stalled": c["error"],
+        "trainroom-state-hung": c["error"],
+        "trainroom-state-dead": c["error"],
+        "trainroom-state-exited": c["panel"],
+        "trainroom-banner": c["error-muted"],
+    }

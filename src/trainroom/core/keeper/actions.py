@@ -16,7 +16,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import latest_checkpoint
-from trainroom.core.findings import ACTION_KEYS
+from trainroom.core.findings import ACTIONS
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.keeper.recovery import Resumer
@@ -31,7 +31,7 @@ from trainroom.core.units import fmt_bytes
 Reply = Callable[[p.Reply], None]
 Handler = Callable[[p.Request, Reply], Awaitable[None]]
 
-KNOWN = tuple(ACTION_KEYS)
+KNOWN = tuple(a.name for a in ACTIONS)
 
 
 def _progress(reply: Reply, req: p.Request) -> Callable[[str], None]:

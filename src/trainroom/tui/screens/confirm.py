@@ -5,7 +5,8 @@ Cancel has the focus: a stray Enter never kills a process group.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -29,7 +30,7 @@ class ConfirmAction(ModalScreen[bool]):
         Binding("n,escape", "cancel", "no", id="trainroom.confirm.no", tooltip="Leave everything as it is"),
     ]
 
-    def __init__(self, action: str, plan: dict[str, Any], message: str = "") -> None:
+    def __init__(self, action: str, plan: Mapping[str, object], message: str = "") -> None:
         super().__init__()
         self.action_name = action
         self.plan = plan

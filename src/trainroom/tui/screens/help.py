@@ -11,6 +11,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from trainroom.core.findings import ACTION_KEYS
 from trainroom.tui.bindings import BINDINGS
 
 
@@ -43,7 +44,7 @@ class HelpScreen(ModalScreen[None]):
             with VerticalScroll(id="help-scroll"):
                 yield Static(table, id="help-table")
             yield Label(
-                "Findings name the key of their suggested action, e.g. [k] kill.",
+                f"Findings name the key of their suggested action, e.g. [{ACTION_KEYS['kill']}] kill.",
                 classes="modal-hint",
                 markup=False,
             )

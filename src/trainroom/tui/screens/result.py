@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -10,7 +10,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from trainroom.tui.evidence import before_after_lines, plan_lines
+from trainroom.tui.evidence import ActionOutcome, before_after_lines, plan_lines
 
 
 class ActionResult(ModalScreen[None]):
@@ -24,34 +24,26 @@ class ActionResult(ModalScreen[None]):
         ),
     ]
 
-    def __init__(
-        self,
-        action: str,
-        ok: bool,
-        message: str,
-        before: dict[str, Any] | None = None,
-        after: dict[str, Any] | None = None,
-        details: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, outcome: ActionOutcome) -> None:
         super().__init__()
-        self.action_name, self.ok, self.message = action, ok, message
-        self.before, self.after, self.details = before or {}, after or {}, details or {}
+        self.outcome = outcome
 
     def compose(self) -> ComposeResult:
-        title = f"{self.action_name}: {'done' if self.ok else 'not done'}"
-        with Vertical(id="result-box", classes="modal-box " + ("-ok" if self.ok else "-failed")):
+        o = self.outcome
+        title = f"{o.action}: {'done' if o.ok else 'not done'}"
+        with Vertical(id="result-box", classes="modal-box " + ("-ok" if o.ok else "-failed")):
             yield Label(title, id="result-title")
-            yield Static(self.message or "(no message)", id="result-message", markup=False)
+            yield Static(o.message or "(no message)", id="result-message", markup=False)
             with VerticalScroll(id="result-evidence"):
-                if self.before or self.after:
+                if o.before or o.after:
                     yield Label("before -> after", classes="result-heading")
                     yield Static(
-                        "\n".join(before_after_lines(self.before, self.after)),
+                        "\n".join(before_after_lines(o.before, o.after)),
                         id="result-before-after",
                         markup=False,
                     )
-                if self.details:
-                    yield Static("\n".join(plan_lines(self.details)), id="result-details", markup=False)
+                if o.details:
+                    yield Static("\n".join(plan_lines(o.details)), id="result-details", markup=False)
             yield Label("esc / enter: close", classes="modal-hint")
 
     def action_close(self) -> None:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from .base import Panel
 
 
-class ActionStrip(Panel):
-    view: reactive[str | None] = reactive(None)
-    """The progress line, or None when no action runs (the strip is then hidden)."""
+class ActionStrip(Panel[str]):
+    """Its view is the action's latest progress line, or None when none runs (then it hides)."""
 
     def watch_view(self, view: str | None) -> None:
         self.display = view is not None

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
+from trainroom.core.findings import ACTION_KEYS
 from trainroom.tui import fmt
 
 from .base import Panel
@@ -21,13 +21,11 @@ class BannerView:
     state_reason: str
     last_step: int | None
     now: float
-    resume_key: str = "r"
+    resume_key: str = ACTION_KEYS["resume"]
 
 
-class DisconnectBanner(Panel):
+class DisconnectBanner(Panel[BannerView]):
     WAITING = ""
-
-    view: reactive[BannerView | None] = reactive(None)
 
     def render_view(self, v: BannerView) -> RenderableType:
         # Line 1: since when, and the way back; line 2: what the journal says and why it ended.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 from rich.console import RenderableType
 from rich.style import Style
@@ -30,15 +30,19 @@ PANEL_STYLES = (
 )
 
 
-class Panel(Widget):
-    """One panel of the control room. Data flows down: the app sets `view`; the panel renders it."""
+ViewT = TypeVar("ViewT")
+
+
+class Panel(Widget, Generic[ViewT]):
+    """One panel of the control room. Data flows down: the app sets `view`; the panel renders it.
+    `ViewT` is the frozen view it draws (from `figures`, mostly)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"panel--{name}" for name in PANEL_STYLES}
     TITLE: ClassVar[str] = ""
     WAITING: ClassVar[str] = "waiting for the keeper…"
 
-    view: reactive[Any] = reactive(None)
-    """The frozen view from `figures`; None until the first snapshot arrives."""
+    view: reactive[ViewT | None] = reactive(None)
+    """The frozen view; None until the first snapshot arrives."""
 
     _styles: dict[str, Style]
 
@@ -68,7 +72,7 @@ class Panel(Widget):
             return Text(self.WAITING, style=self.style("dim"))
         return self.render_view(self.view)
 
-    def render_view(self, view: Any) -> RenderableType:
+    def render_view(self, view: ViewT) -> RenderableType:
         raise NotImplementedError
 
     # Small builders the panels share.

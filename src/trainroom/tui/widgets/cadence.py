@@ -15,9 +15,7 @@ from trainroom.tui.figures import CadenceView
 from .base import Panel
 
 
-class CadenceFigures(Panel):
-    view: reactive[CadenceView | None] = reactive(None)
-
+class CadenceFigures(Panel[CadenceView]):
     def render_view(self, view: CadenceView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))

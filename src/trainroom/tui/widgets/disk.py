@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import DiskView
@@ -14,10 +13,8 @@ from .base import Panel
 _STATE_LEVEL = {"verified": "ok", "rejected": "crit", "candidate": "info", "verifying": "info"}
 
 
-class DiskPanel(Panel):
+class DiskPanel(Panel[DiskView]):
     TITLE = "disk guard"
-
-    view: reactive[DiskView | None] = reactive(None)
 
     def render_view(self, view: DiskView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")

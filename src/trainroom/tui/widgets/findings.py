@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui.figures import FindingRow
 
@@ -13,10 +12,8 @@ from .base import Panel
 _SEVERITY = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
 
-class FindingsPanel(Panel):
+class FindingsPanel(Panel[tuple[FindingRow, ...]]):
     TITLE = "findings"
-
-    view: reactive[tuple[FindingRow, ...] | None] = reactive(None)
 
     def render_view(self, view: tuple[FindingRow, ...]) -> RenderableType:
         self.border_title = f"findings ({len(view)})" if view else "findings"

@@ -8,7 +8,6 @@ from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.style import Style
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import HeaderView
@@ -18,15 +17,13 @@ from .base import PANEL_STYLES, Panel
 STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "exited")
 
 
-class RunHeader(Panel):
+class RunHeader(Panel[HeaderView]):
     COMPONENT_CLASSES: ClassVar[set[str]] = (
         {f"panel--{n}" for n in PANEL_STYLES}
         | {f"header--state-{s}" for s in STATES}
         | {"header--brand", "header--offline"}
     )
     WAITING = "trainroom · looking for a run…"
-
-    view: reactive[HeaderView | None] = reactive(None)
 
     def render_view(self, view: HeaderView) -> RenderableType:
         """Parts chosen by importance, shown in reading order; one that does not fit is left out

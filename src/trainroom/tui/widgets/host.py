@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from rich.console import Group, RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import HostView
@@ -13,10 +12,8 @@ from trainroom.tui.figures import HostView
 from .base import Panel
 
 
-class HostPanel(Panel):
+class HostPanel(Panel[HostView]):
     TITLE = "host RAM"
-
-    view: reactive[HostView | None] = reactive(None)
 
     def render_view(self, view: HostView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from .base import Panel
 
 
-class LogTailPanel(Panel):
+class LogTailPanel(Panel[tuple[str, ...]]):
     TITLE = "trainer.log"
     WAITING = "no trainer log yet"
-
-    view: reactive[tuple[str, ...] | None] = reactive(None)
 
     def render_view(self, view: tuple[str, ...]) -> RenderableType:
         lines = view[-self.inner_height :]

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from rich.console import RenderableType
 from rich.style import Style
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import LossView
@@ -19,10 +18,8 @@ from .base import Panel
 GUTTER = 7  # the y-axis labels
 
 
-class LossPanel(Panel):
+class LossPanel(Panel[LossView]):
     TITLE = "loss"
-
-    view: reactive[LossView | None] = reactive(None)
 
     def render_view(self, view: LossView) -> RenderableType:
         self.border_title = f"loss vs {view.x_label}"

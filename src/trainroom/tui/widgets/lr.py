@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.console import Group, RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import LrView
@@ -14,10 +13,8 @@ from .base import Panel
 GROUPS_SHOWN = 3
 
 
-class LrPanel(Panel):
+class LrPanel(Panel[LrView]):
     TITLE = "learning rate"
-
-    view: reactive[LrView | None] = reactive(None)
 
     def render_view(self, view: LrView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import RanksView
@@ -16,10 +15,8 @@ from .base import Panel
 COLUMNS = (("rank", 6), ("step", 7), ("loss", 8), ("t/step", 8), ("tok/s", 7), ("reserved", 10))
 
 
-class RanksPanel(Panel):
+class RanksPanel(Panel[RanksView]):
     TITLE = "ranks"
-
-    view: reactive[RanksView | None] = reactive(None)
 
     def render_view(self, view: RanksView) -> RenderableType:
         head = Text(no_wrap=True, overflow="ellipsis")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import TrainerView
@@ -12,10 +11,8 @@ from trainroom.tui.figures import TrainerView
 from .base import Panel
 
 
-class TrainerPanel(Panel):
+class TrainerPanel(Panel[TrainerView]):
     TITLE = "trainer"
-
-    view: reactive[TrainerView | None] = reactive(None)
 
     def render_view(self, view: TrainerView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")

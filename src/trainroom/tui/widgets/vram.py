@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from rich.console import RenderableType
 from rich.text import Text
-from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import VramView
@@ -20,10 +19,8 @@ LABEL = 7
 FIGURE = 9  # "11.0 GiB" right-aligned after the bar
 
 
-class VramPanel(Panel):
+class VramPanel(Panel[VramView]):
     TITLE = "VRAM"
-
-    view: reactive[VramView | None] = reactive(None)
 
     def _bar(self, t: Text, label: str, value: float | None, scale: float | None, part: str) -> None:
         width = max(min(self.inner_width - LABEL - FIGURE - 1, 48), 4)

@@ -1,0 +1,188 @@
+"""Acting on the run: plan -> confirm -> run -> result, one keeper action at a time.
+
+The keeper plans every action first (`confirm=False`: the exact target, nothing done). A
+destructive one is shown for confirmation, and the execution carries the confirmed plan as
+`expect`, so the keeper refuses if the target changed meanwhile. Requests are blocking socket
+calls: they run in thread workers, whose results reach the UI through `call_from_thread`.
+
+`ActionFlow` is the control room's base class: the app says which actions apply now
+(`can_act`) and how to reach the keeper (`keeper_link`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from functools import partial
+
+from textual import on, work
+from textual.app import App
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from trainroom.core.protocol import Reply
+
+from .bindings import DESTRUCTIVE
+from .evidence import ActionOutcome
+from .link import KeeperLink
+from .screens.confirm import ConfirmAction
+from .screens.result import ActionResult
+from .widgets.actionstrip import ActionStrip
+
+ACTION_GROUP = "action"  # the workers of the action under way (one at a time: exclusive)
+
+
+def plan_or_refusal(action: str, replies: list[Reply]) -> Reply | ActionOutcome:
+    """The keeper's plan to act on, or why there is none (refused, or not available yet), said
+    plainly as the keeper put it."""
+    plan = next((r for r in replies if r.stage == "plan"), None)
+    if plan is not None and plan.ok:
+        return plan
+    said = next((r for r in replies if r.stage == "done"), None) or plan
+    if said is None:
+        return ActionOutcome.failed(action, "the keeper sent no plan")
+    return ActionOutcome.of_reply(action, said)
+
+
+def keeper_replies(link: KeeperLink, action: str, args: dict[str, object], confirm: bool) -> Iterator[Reply]:
+    """The keeper's replies to one request, read by a daemon thread: the calling worker waits on
+    them but gives up when cancelled, so quitting never waits for an action (the keeper carries
+    it out whether anyone watches or not)."""
+    replies: queue.Queue[Reply | BaseException | None] = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for reply in link.request(action, args, confirm):
+                replies.put(reply)
+            replies.put(None)
+        except BaseException as exc:  # handed to the worker, which raises it
+            replies.put(exc)
+
+    threading.Thread(target=pump, name=f"trainroom-{action}", daemon=True).start()
+    worker = get_current_worker()
+    while True:
+        try:
+            item = replies.get(timeout=0.2)
+        except queue.Empty:
+            if worker.is_cancelled:
+                return
+            continue
+        if item is None:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+class ActionFlow(App[int]):
+    """The keys that act on the run, and the one action under way."""
+
+    current_action: str | None = None
+    """The action under way: being planned, awaiting confirmation, or running."""
+
+    def can_act(self, action: str) -> bool:
+        """Whether `action` applies now (the app knows the run)."""
+        raise NotImplementedError
+
+    def keeper_link(self) -> KeeperLink:
+        """The keeper to ask (called in a worker thread: it may connect)."""
+        raise NotImplementedError
+
+    # One action method a key: the bindings name them.
+    def action_kill(self) -> None:
+        self.start_action("kill")
+
+    def action_reclaim(self) -> None:
+        self.start_action("reclaim")
+
+    def action_prune(self) -> None:
+        self.start_action("prune")
+
+    def action_resume(self) -> None:
+        self.start_action("resume")
+
+    def action_dump(self) -> None:
+        self.start_action("dump")
+
+    def action_verify(self) -> None:
+        self.start_action("verify")
+
+    def action_bench(self) -> None:
+        self.start_action("bench")
+
+    def start_action(self, action: str) -> None:
+        if not self.can_act(action):
+            self.notify(f"{action} does not apply now", severity="warning", timeout=3)
+            return
+        self.current_action = action
+        self._progress(f"{action}: asking the keeper for the plan…")
+        self.refresh_bindings()
+        self._request_plan(action)
+
+    @work(thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False)
+    def _request_plan(self, action: str) -> None:
+        replies = list(keeper_replies(self.keeper_link(), action, {}, False))
+        if not get_current_worker().is_cancelled:
+            self.call_from_thread(self._plan_arrived, action, plan_or_refusal(action, replies))
+
+    def _plan_arrived(self, action: str, plan: Reply | ActionOutcome) -> None:
+        if isinstance(plan, ActionOutcome):
+            self._finish(plan)
+        elif action in DESTRUCTIVE:
+            self._progress(f"{action}: waiting for your confirmation")
+            self.push_screen(
+                ConfirmAction(action, plan.plan, plan.message), partial(self._confirmed, action, plan)
+            )
+        else:
+            self._execute(action, plan.plan)
+
+    def _confirmed(self, action: str, plan: Reply, yes: bool | None) -> None:
+        if yes:
+            self._execute(action, plan.plan)
+        else:
+            self._release()
+            self.notify(f"{action}: cancelled, nothing done", timeout=3)
+
+    @work(thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False)
+    def _execute(self, action: str, plan: dict[str, object]) -> None:
+        self.call_from_thread(self._progress, f"{action}: running…")
+        final: Reply | None = None
+        # `expect` is the target the user confirmed: the keeper refuses if it changed meanwhile.
+        for reply in keeper_replies(self.keeper_link(), action, {"expect": plan}, True):
+            if reply.stage == "done":
+                final = reply
+            else:
+                self.call_from_thread(self._progress, f"{action}: {reply.message}")
+        if get_current_worker().is_cancelled:
+            return
+        outcome = (
+            ActionOutcome.of_reply(action, final)
+            if final is not None
+            else ActionOutcome.failed(action, "the keeper ended the request without a result")
+        )
+        self.call_from_thread(self._finish, outcome)
+
+    def _progress(self, line: str | None) -> None:
+        if self.is_running:
+            self.query_one(ActionStrip).view = line
+
+    def _release(self) -> None:
+        self.current_action = None
+        self._progress(None)
+        self.refresh_bindings()
+
+    def _finish(self, outcome: ActionOutcome) -> None:
+        self._release()
+        self.push_screen(ActionResult(outcome))
+
+    @on(Worker.StateChanged)
+    def _action_failed(self, event: Worker.StateChanged) -> None:
+        """A request that raised (the keeper unreachable, a socket reset): a result, not a crash."""
+        if event.state != WorkerState.ERROR or event.worker.group != ACTION_GROUP:
+            return
+        if self.current_action is not None:
+            error = event.worker.error
+            text = str(error) or type(error).__name__
+            self._finish(
+                ActionOutcome.failed(self.current_action, f"the keeper could not be reached: {text}")
+            )
