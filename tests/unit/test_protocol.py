@@ -9,6 +9,7 @@ import pytest
 
 from trainroom.core import protocol as p
 from trainroom.core.run.journal import Journal, read_journal
+from trainroom.core.run.state import RunState
 
 
 def test_every_trainer_message_round_trips_through_a_frame() -> None:
@@ -72,19 +73,66 @@ def test_garbage_and_wrong_direction_messages_are_protocol_errors() -> None:
         reader.feed(p.frame({"type": "step", "t": 1.0}))
 
 
-def test_journal_ignores_a_torn_tail_and_keeps_everything_before(tmp_path: Path) -> None:
-    path = tmp_path / "journal.msgpack"
+def _notes(n: int) -> list[p.KeeperNote]:
+    return [p.KeeperNote(t=float(i), message=f"n{i}") for i in range(n)]
+
+
+def _write(path: Path, recs: list[p.KeeperNote]) -> bytes:
     j = Journal(path)
-    for i in range(10):
-        j.append(p.KeeperNote(t=float(i), message=f"n{i}"))
+    for r in recs:
+        j.append(r)
     j.close()
-    whole = path.read_bytes()
+    return path.read_bytes()
+
+
+def test_a_torn_tail_is_reported_and_everything_before_it_kept(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    whole = _write(path, _notes(10))
     path.write_bytes(whole[:-3])  # the keeper died mid-write
     got = list(read_journal(path))
-    assert [r.message for r in got] == [f"n{i}" for i in range(9)]
-    # A flipped byte in the last record's body fails its CRC: that record and after are dropped.
-    b = bytearray(whole)
-    b[-2] ^= 0xFF
-    path.write_bytes(bytes(b))
-    assert len(list(read_journal(path))) == 9
+    assert [r.message for r in got[:-1]] == [f"n{i}" for i in range(9)]
+    assert isinstance(got[-1], p.JournalDamaged) and got[-1].torn_tail
+    assert got[-1].skipped_bytes == len(whole) - 3 - got[-1].offset
     assert list(read_journal(tmp_path / "missing")) == []
+
+
+def test_a_flipped_byte_in_the_middle_loses_only_its_record(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    whole = _write(path, _notes(10))
+    b = bytearray(whole)
+    b[len(whole) // 2] ^= 0xFF
+    path.write_bytes(bytes(b))
+    got = list(read_journal(path))
+    damaged = [r for r in got if isinstance(r, p.JournalDamaged)]
+    kept = [r.message for r in got if isinstance(r, p.KeeperNote)]
+    assert len(damaged) == 1 and not damaged[0].torn_tail and damaged[0].skipped_bytes > 0
+    assert len(kept) == 9 and kept[0] == "n0" and kept[-1] == "n9"  # the records after it survive
+    # The fold says so: every reader (status, the control room) reports it.
+    st = RunState(run_id="r", argv=[], cwd="/", created=0.0)
+    for r in got:
+        st.apply(r)
+    assert st.journal_damage.regions == 1 and st.journal_damage.skipped_bytes == damaged[0].skipped_bytes
+
+
+def test_garbage_between_records_is_skipped_by_resyncing(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    first = _write(path, _notes(3))
+    noise = bytes(range(256)) * 64  # 16 KiB of garbage, a stretch a bad disk or a stray write leaves
+    second = _write(tmp_path / "second.msgpack", [p.KeeperNote(t=9.0, message="after")])
+    path.write_bytes(first + noise + second)
+    got = list(read_journal(path))
+    assert [r.message for r in got if isinstance(r, p.KeeperNote)] == ["n0", "n1", "n2", "after"]
+    (gap,) = [r for r in got if isinstance(r, p.JournalDamaged)]
+    assert gap.offset == len(first) and gap.skipped_bytes == len(noise)
+
+
+def test_a_keeper_opening_a_torn_journal_cuts_the_tail_before_appending(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    whole = _write(path, _notes(5))
+    path.write_bytes(whole[:-4])
+    j = Journal(path)
+    assert j.health.truncated_bytes > 0
+    j.append(p.KeeperNote(t=99.0, message="appended"))
+    j.close()
+    got = list(read_journal(path))
+    assert [r.message for r in got] == ["n0", "n1", "n2", "n3", "appended"]  # no damage left

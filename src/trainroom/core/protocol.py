@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import struct
-from typing import Any, Literal, Union
+from typing import Any, Generic, Literal, TypeVar, Union
 
 import msgspec
 
@@ -30,7 +30,13 @@ PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data
 
 
 class ProtocolError(Exception):
-    """A frame that must end its connection: too large, or not a message of this direction."""
+    """A frame that must end its connection: too large, or not a message of this direction.
+    `decoded` holds the whole messages that arrived before it in the same read: they are valid
+    and are still handled (a bad frame loses nothing but itself)."""
+
+    def __init__(self, message: str, decoded: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.decoded: list[Any] = decoded or []
 
 
 # --------------------------------------------------------------------------- trainer -> keeper
@@ -280,6 +286,16 @@ class KeeperStarted(msgspec.Struct, tag="keeper-started", kw_only=True, omit_def
     thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
 
 
+class JournalDamaged(msgspec.Struct, tag="journal-damaged", kw_only=True, omit_defaults=True):
+    """Not written by anyone: what a journal reader found unreadable at `offset` (the records
+    before and after it are kept). Folded like any record so every reader reports it."""
+
+    offset: int
+    skipped_bytes: int
+    torn_tail: bool = False  # the damage runs to the end of the file (a write cut short)
+    unknown_records: int = 0  # whole records of a newer version this reader cannot decode
+
+
 class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=True):
     t: float
     message: str
@@ -300,6 +316,7 @@ Record = Union[
     RunStatus,
     KeeperStarted,
     KeeperNote,
+    JournalDamaged,
 ]
 
 # --------------------------------------------------------------------------- keeper -> client
@@ -335,35 +352,42 @@ KeeperMsg = Union[Snapshot, Delta, Reply]
 # --------------------------------------------------------------------------- framing
 
 _encoder = msgspec.msgpack.Encoder()
-inbound_decoder = msgspec.msgpack.Decoder(InboundMsg)
-keeper_decoder = msgspec.msgpack.Decoder(KeeperMsg)
-record_decoder = msgspec.msgpack.Decoder(Record)
+inbound_decoder: msgspec.msgpack.Decoder[InboundMsg] = msgspec.msgpack.Decoder(InboundMsg)
+keeper_decoder: msgspec.msgpack.Decoder[KeeperMsg] = msgspec.msgpack.Decoder(KeeperMsg)
+record_decoder: msgspec.msgpack.Decoder[Record] = msgspec.msgpack.Decoder(Record)
+
+T = TypeVar("T")
 
 
-def encode(msg: Any) -> bytes:
+def encode(msg: object) -> bytes:
     return _encoder.encode(msg)
 
 
-def frame(msg: Any) -> bytes:
+def frame(msg: object) -> bytes:
     body = _encoder.encode(msg)
     return HEADER.pack(len(body)) + body
 
 
-class FrameReader:
+class FrameReader(Generic[T]):
     """Accumulates bytes from a stream and yields whole decoded messages."""
 
-    def __init__(self, decoder: msgspec.msgpack.Decoder, max_frame: int) -> None:
+    def __init__(self, decoder: msgspec.msgpack.Decoder[T], max_frame: int) -> None:
         self._decoder = decoder
         self._max = max_frame
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[Any]:
+    @property
+    def buffered(self) -> int:
+        """Bytes held waiting for the rest of a frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[T]:
         self._buf += data
-        out: list[Any] = []
+        out: list[T] = []
         while len(self._buf) >= HEADER.size:
             (n,) = HEADER.unpack_from(self._buf)
             if n > self._max:
-                raise ProtocolError(f"frame of {n} bytes exceeds the limit of {self._max}")
+                raise ProtocolError(f"frame of {n} bytes exceeds the limit of {self._max}", out)
             if len(self._buf) < HEADER.size + n:
                 break
             body = bytes(self._buf[HEADER.size : HEADER.size + n])
@@ -371,5 +395,5 @@ class FrameReader:
             try:
                 out.append(self._decoder.decode(body))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise ProtocolError(f"undecodable frame: {exc}") from None
+                raise ProtocolError(f"undecodable frame: {exc}", out) from None
         return out

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
@@ -27,6 +28,7 @@ from trainroom.core import protocol as p
 from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, ConfigError, load_config
 from trainroom.core.findings import Finding
+from trainroom.core.health.keeper import journal_write_failed
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
@@ -203,6 +205,9 @@ class Keeper:
     def evaluate(self, now: float) -> None:
         state, reason, found = self.supervision.evaluate(now)
         found += self.pipeline.findings(now)
+        journal = journal_write_failed(self.journal.health, str(self._run_dir), self.journal.backlog_bytes)
+        if journal is not None:
+            found.append(journal)
         self.set_status(state, reason, now)
         self.set_findings(found, now)
 
@@ -238,10 +243,8 @@ class Keeper:
         argv = argv or list(self.record.argv)
         env = self._attempt_env(n, resume_from)
         now = time.time()
-        with open(self._log_path, "ab") as log:
-            log.write(
-                f"=== trainroom: attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)} ===\n".encode()
-            )
+        with open(self._log_path, "ab", buffering=0) as log:
+            _log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -253,7 +256,7 @@ class Keeper:
                     process_group=0,
                 )
             except OSError as exc:
-                log.write(f"=== trainroom: could not start: {exc} ===\n".encode())
+                _log_line(log, f"could not start: {exc}")
                 return self._could_not_start(n, now, argv, resume_from, exc)
         try:
             start_time = psutil.Process(proc.pid).create_time()
@@ -401,6 +404,14 @@ class Keeper:
         self.supervision.close()
         self.journal.close()
         return 0
+
+
+def _log_line(log: BinaryIO, text: str) -> None:
+    """A keeper line in trainer.log; a full disk must not stop an attempt from starting."""
+    try:
+        log.write(f"=== trainroom: {text} ===\n".encode())
+    except OSError:
+        pass
 
 
 def run_keeper(run_dir: str) -> int:

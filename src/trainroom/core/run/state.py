@@ -105,6 +105,14 @@ class CheckpointView(msgspec.Struct, kw_only=True):
     report: dict[str, Any] = {}
 
 
+class JournalDamage(msgspec.Struct, kw_only=True):
+    regions: int = 0
+    skipped_bytes: int = 0
+    unknown_records: int = 0
+    torn_tail: bool = False
+    first_offset: int | None = None
+
+
 class RunState(msgspec.Struct, kw_only=True):
     run_id: str
     argv: list[str]
@@ -127,6 +135,8 @@ class RunState(msgspec.Struct, kw_only=True):
     # The thresholds the keeper's rules use (KeeperStarted): what a reader computes bounds with.
     thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
     keeper_pid: int | None = None
+    # What a journal reader had to skip (JournalDamaged): shown, never silently dropped.
+    journal_damage: JournalDamage = msgspec.field(default_factory=lambda: JournalDamage())
 
     # ------------------------------------------------------------------ views
 
@@ -335,6 +345,15 @@ class RunState(msgspec.Struct, kw_only=True):
     def _keeper_started(self, r: p.KeeperStarted) -> None:
         self.thresholds, self.keeper_pid = r.thresholds, r.pid
 
+    def _journal_damaged(self, r: p.JournalDamaged) -> None:
+        d = self.journal_damage
+        if r.skipped_bytes:
+            d.regions += 1
+            d.skipped_bytes += r.skipped_bytes
+            d.first_offset = r.offset if d.first_offset is None else d.first_offset
+        d.unknown_records += r.unknown_records
+        d.torn_tail = d.torn_tail or r.torn_tail
+
     def _keeper_note(self, r: p.KeeperNote) -> None:
         self._note({"t": r.t, "kind": r.kind, "message": r.message})
 
@@ -397,6 +416,7 @@ _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.RunStatus: RunState._status,
     p.KeeperStarted: RunState._keeper_started,
     p.KeeperNote: RunState._keeper_note,
+    p.JournalDamaged: RunState._journal_damaged,
 }
 
 
