@@ -86,7 +86,9 @@ def _fill(path: Path) -> None:
             assert exc.errno == 28, exc  # ENOSPC, nothing else
 
 
-def test_a_full_state_disk_keeps_the_keeper_watching_and_loses_nothing(small_home: Path, tmp_path: Path) -> None:
+def test_a_full_state_disk_keeps_the_keeper_watching_and_loses_nothing(
+    small_home: Path, tmp_path: Path
+) -> None:
     info = _launch_stepper(tmp_path)
     wait_for(lambda: (status(info)["step"] or 0) >= 5, timeout=60, what="steps")
     filler = small_home / "filler"

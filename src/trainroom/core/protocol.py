@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import struct
-from typing import Any, Generic, Literal, TypeVar, Union
+from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
 import msgspec
 
@@ -27,6 +27,20 @@ MAX_INBOUND_FRAME = 1 << 20
 MAX_OUTBOUND_FRAME = 64 << 20
 
 PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
+
+# Every number a trainer sends is checked where it arrives (a frame that breaks one is refused
+# with its connection): steps and counts are never negative, times and bounds are finite. A loss
+# or a grad norm may be NaN or Inf: that is a measurement (NONFINITE), not a bad frame.
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Pid = Annotated[int, msgspec.Meta(ge=1)]
+Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]  # seconds since the epoch
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+PositiveRate = Annotated[float, msgspec.Meta(gt=0, le=1e6)]
+# Strings are bounded so no trainer can make the keeper hold (or a snapshot carry) megabytes.
+Name = Annotated[str, msgspec.Meta(max_length=256)]
+Path_ = Annotated[str, msgspec.Meta(max_length=4096)]
+Text = Annotated[str, msgspec.Meta(max_length=16384)]
+LongText = Annotated[str, msgspec.Meta(max_length=262144)]
 
 
 class ProtocolError(Exception):
@@ -45,64 +59,64 @@ class ProtocolError(Exception):
 class RequestedConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What the session asked for; what LR_MISMATCH and the ln(V) baselines compare against."""
 
-    lr: float | None = None
-    vocab_size: int | None = None
-    warmup_steps: int | None = None
-    arch: dict[str, Any] = {}
+    lr: PositiveRate | None = None
+    vocab_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    warmup_steps: Count | None = None
+    arch: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
 
 
 class Hello(msgspec.Struct, tag="hello", kw_only=True, omit_defaults=True):
     v: int = PROTOCOL_VERSION
-    pid: int
-    rank: int = 0
-    world_size: int = 1
+    pid: Pid
+    rank: Count = 0
+    world_size: Annotated[int, msgspec.Meta(ge=1)] = 1
     config: RequestedConfig = msgspec.field(default_factory=RequestedConfig)
-    argv: list[str] = []
+    argv: Annotated[list[Text], msgspec.Meta(max_length=1024)] = []
 
 
 class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
-    step: int
-    t: float
-    tokens: int | None = None
+    step: Count
+    t: Time
+    tokens: Count | None = None
     loss: float | None = None
     grad_norm: float | None = None
-    lr: list[float] = []  # effective LR per param group
+    lr: Annotated[list[float], msgspec.Meta(max_length=1024)] = []  # effective LR per param group
     loss_scale: float | None = None
-    alloc_allocated: int | None = None
-    alloc_reserved: int | None = None
-    alloc_peak: int | None = None
+    alloc_allocated: Count | None = None
+    alloc_reserved: Count | None = None
+    alloc_peak: Count | None = None
     source: Literal["reporter", "log"] = "reporter"
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True, omit_defaults=True):
-    t: float
-    phase: str = "train"
+    t: Time
+    phase: Name = "train"
     # Where the main thread is ("file:line in func") and for how long it has been there: a main
     # thread parked on one line while this thread still beats is a hang, not a stall.
-    main_frame: str | None = None
-    main_frame_age_s: float | None = None
-    dropped: int = 0
+    main_frame: Text | None = None
+    main_frame_age_s: Seconds | None = None
+    dropped: Count = 0
 
 
 class Phase(msgspec.Struct, tag="phase", kw_only=True, omit_defaults=True):
     name: PhaseName
-    t: float
-    bound_s: float | None = None  # how long this phase may take before it is a stall
+    t: Time
+    bound_s: Seconds | None = None  # how long this phase may take before it is a stall
 
 
 class Checkpoint(msgspec.Struct, tag="checkpoint", kw_only=True, omit_defaults=True):
-    path: str
-    step: int
-    t: float
-    size_bytes: int | None = None
-    digest: str | None = None
+    path: Path_
+    step: Count
+    t: Time
+    size_bytes: Count | None = None
+    digest: Name | None = None
 
 
 class ErrorLink(msgspec.Struct, kw_only=True, omit_defaults=True):
-    type: str
-    message: str
+    type: Text
+    message: Text
     errno: int | None = None
-    errno_name: str | None = None
+    errno_name: Name | None = None
 
 
 def error_chain(exc: BaseException) -> list[ErrorLink]:
@@ -129,9 +143,9 @@ def error_chain(exc: BaseException) -> list[ErrorLink]:
 
 
 class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):
-    t: float
-    chain: list[ErrorLink]  # outermost first; the last link is the innermost error
-    traceback: str = ""
+    t: Time
+    chain: Annotated[list[ErrorLink], msgspec.Meta(max_length=64)]  # outermost first; the innermost last
+    traceback: LongText = ""
     source: Literal["reporter", "log"] = "reporter"
 
 
@@ -139,16 +153,16 @@ class Note(msgspec.Struct, tag="note", kw_only=True, omit_defaults=True):
     """An info event from the trainer: an LR re-imposed, a loss-scale halving, a first
     non-finite module. `kind` names it; `data` carries the figures."""
 
-    kind: str
-    t: float
-    message: str = ""
-    step: int | None = None
-    data: dict[str, Any] = {}
+    kind: Name
+    t: Time
+    message: Text = ""
+    step: Count | None = None
+    data: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
 
 
 class Bye(msgspec.Struct, tag="bye", kw_only=True, omit_defaults=True):
-    t: float
-    reason: str = "finished"
+    t: Time
+    reason: Text = "finished"
 
 
 # --------------------------------------------------------------------------- client -> keeper
@@ -156,7 +170,7 @@ class Bye(msgspec.Struct, tag="bye", kw_only=True, omit_defaults=True):
 
 class Subscribe(msgspec.Struct, tag="subscribe", kw_only=True, omit_defaults=True):
     v: int = PROTOCOL_VERSION
-    client: str = "client"
+    client: Name = "client"
     live: bool = True  # False: snapshot only, then the keeper closes (what `status` uses)
 
 
@@ -164,8 +178,8 @@ class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
     """An action request. `confirm=False` asks for the plan (the exact target) only."""
 
     id: int
-    action: str
-    args: dict[str, Any] = {}
+    action: Name
+    args: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
     confirm: bool = False
 
 
@@ -348,6 +362,19 @@ class Reply(msgspec.Struct, tag="reply", kw_only=True, omit_defaults=True):
 
 
 KeeperMsg = Union[Snapshot, Delta, Reply]
+
+NOTE_DATA_BYTES = 16384
+
+
+def bounded(msg: TrainerMsg) -> TrainerMsg:
+    """What the keeper keeps of a trainer message: a note's free-form data is cut to a summary
+    when it would take more than NOTE_DATA_BYTES (the strings are bounded by their types)."""
+    if isinstance(msg, Note) and msg.data:
+        size = len(_encoder.encode(msg.data))
+        if size > NOTE_DATA_BYTES:
+            return msgspec.structs.replace(msg, data={"truncated_bytes": size})
+    return msg
+
 
 # --------------------------------------------------------------------------- framing
 

@@ -32,3 +32,26 @@ def journal_write_failed(health: JournalHealth, where: str, backlog_bytes: int) 
             "path": where,
         },
     )
+
+
+def rank_claimed(claims: list[tuple[int, int, int, int]], attempt: int | None) -> list[Finding]:
+    """RANK_CLAIMED: a second reporter (a duplicate trainer, a stray script) said it was a rank a
+    live reporter of this attempt already reports; it was refused. One finding per rank, naming
+    both pids. `claims`: (attempt, rank, owner pid, claimant pid) of the claimants still alive."""
+    latest: dict[int, tuple[int, int]] = {}
+    for a, rank, owner, claimant in claims:
+        if a == attempt:
+            latest[rank] = (owner, claimant)
+    return [
+        Finding(
+            code="RANK_CLAIMED",
+            severity="warning",
+            key=f"rank-{rank}",
+            message=(
+                f"pid {claimant} connected as rank {rank}, which pid {owner} already reports: refused "
+                "(two trainers, or a script speaking for one?)"
+            ),
+            evidence={"rank": rank, "owner_pid": owner, "claimant_pid": claimant},
+        )
+        for rank, (owner, claimant) in sorted(latest.items())
+    ]

@@ -28,12 +28,12 @@ from trainroom.core import protocol as p
 from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, ConfigError, load_config
 from trainroom.core.findings import Finding
-from trainroom.core.health.keeper import journal_write_failed
+from trainroom.core.health.keeper import journal_write_failed, rank_claimed
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.server import Server
+from trainroom.core.keeper.server import Server, pid_alive
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
@@ -208,6 +208,13 @@ class Keeper:
         journal = journal_write_failed(self.journal.health, str(self._run_dir), self.journal.backlog_bytes)
         if journal is not None:
             found.append(journal)
+        claims = [
+            (c.attempt, c.rank, c.owner_pid, c.claimant_pid)
+            for c in self.server.rank_claims
+            if pid_alive(c.claimant_pid)
+        ]
+        a = self.state.attempt
+        found += rank_claimed(claims, a.n if a else None)
         self.set_status(state, reason, now)
         self.set_findings(found, now)
 
@@ -331,6 +338,7 @@ class Keeper:
             now = time.time()
             self._read_log(now)
             self.evaluate(now)
+            self.server.tick(now)
             self.server.flush()
             self.flush()
             self._check_linger(now)

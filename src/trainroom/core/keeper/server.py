@@ -18,11 +18,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
+import msgspec
+
 from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder
 
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
 READ_CHUNK = 1 << 16
+# Limits against a careless or hostile peer of the same uid: how many connections at once, how
+# many bytes all of them may hold half-read, how long a first message or a started frame may take.
+MAX_CONNECTIONS = 256
+BUFFER_BUDGET = 16 << 20
+FIRST_MESSAGE_S = 10.0
+PARTIAL_FRAME_S = 30.0
+LISTEN_BACKLOG = 1024
+# Closed connections are journaled one by one up to this many per window, then counted.
+CLOSE_RECORDS_PER_WINDOW = 5
+CLOSE_WINDOW_S = 10.0
 
 
 class ActionServer(Protocol):
@@ -36,6 +48,26 @@ class Host(Recorder, Protocol):
     def attempt_n(self) -> int: ...
 
     def snapshot(self) -> p.Snapshot: ...
+
+
+class RankClaim(msgspec.Struct, kw_only=True, frozen=True):
+    """A second reporter that claimed a rank a live one already reports (refused)."""
+
+    attempt: int
+    rank: int
+    owner_pid: int
+    claimant_pid: int
+    t: float
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _peer_cred(sock: socket.socket) -> tuple[int, int, int]:
@@ -56,6 +88,7 @@ class Conn:
         self.live = False
         self.pending: list[p.Record] = []
         self.name = "client"
+        self.buffered = 0  # bytes of a frame read but not yet whole
 
     def send(self, msg: p.KeeperMsg) -> None:
         self.writer.write(p.frame(msg))
@@ -70,6 +103,12 @@ class Server:
         self._dirty = False
         self._server: asyncio.AbstractServer | None = None
         self._path: Path | None = None
+        self._window_start = 0.0
+        self._window_records = 0
+        self._window_counted: dict[str, int] = {}
+        # (attempt, rank) -> pid of the reporter connected for it; a second claimant is refused.
+        self.rank_owners: dict[tuple[int, int], int] = {}
+        self.rank_claims: list[RankClaim] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -84,7 +123,9 @@ class Server:
             bind_path.unlink()
         old_umask = os.umask(0o177)
         try:
-            self._server = await asyncio.start_unix_server(self.handle, path=str(bind_path), limit=1 << 20)
+            self._server = await asyncio.start_unix_server(
+                self.handle, path=str(bind_path), limit=1 << 20, backlog=LISTEN_BACKLOG
+            )
         finally:
             os.umask(old_umask)
         os.chmod(bind_path, 0o600)
@@ -135,11 +176,44 @@ class Server:
         if c in self.conns:
             self.conns.discard(c)
             if reason:
-                self.host.emit(p.ConnectionClosed(t=time.time(), peer_pid=c.peer_pid, reason=reason))
+                self._record_close(c, reason)
         with contextlib.suppress(Exception):
             c.writer.close()
         if c.role == "trainer":
+            if self.rank_owners.get((c.attempt, c.rank)) == c.peer_pid:
+                del self.rank_owners[(c.attempt, c.rank)]
             self.host.emit(p.TrainerDisconnected(attempt=c.attempt, rank=c.rank, t=time.time()))
+
+    def _record_close(self, c: Conn, reason: str) -> None:
+        """Journal why a connection was closed, at a bounded rate: a flood of garbage connections
+        becomes a count, not a record each."""
+        now = time.time()
+        if now - self._window_start >= CLOSE_WINDOW_S:
+            self._flush_close_counts(now)
+        if self._window_records < CLOSE_RECORDS_PER_WINDOW:
+            self._window_records += 1
+            self.host.emit(p.ConnectionClosed(t=now, peer_pid=c.peer_pid, reason=reason))
+            return
+        kind = reason.split(":", 1)[0]
+        self._window_counted[kind] = self._window_counted.get(kind, 0) + 1
+
+    def _flush_close_counts(self, now: float) -> None:
+        if self._window_counted:
+            total = sum(self._window_counted.values())
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(self._window_counted.items()))
+            self.host.emit(
+                p.KeeperNote(
+                    t=now,
+                    kind="warning",
+                    message=f"closed {total} more connection(s) in {CLOSE_WINDOW_S:.0f} s: {kinds}",
+                )
+            )
+        self._window_start, self._window_records, self._window_counted = now, 0, {}
+
+    def tick(self, now: float) -> None:
+        """Called by the keeper's tick: a count of closes is journaled once its window ends."""
+        if self._window_counted and now - self._window_start >= CLOSE_WINDOW_S:
+            self._flush_close_counts(now)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -153,22 +227,44 @@ class Server:
         if peer_uid != self.uid:
             self._close(c, f"refused peer pid {peer_pid}: uid {peer_uid} is not the keeper's uid {self.uid}")
             return
+        if len(self.conns) > MAX_CONNECTIONS:
+            self._close(c, f"refused peer pid {peer_pid}: {MAX_CONNECTIONS} connections already open")
+            return
+        self._close(c, await self._read(c, reader))
+
+    async def _read(self, c: Conn, reader: asyncio.StreamReader) -> str | None:
+        """Read and handle frames until the peer leaves (None) or must be dropped (why)."""
         frames = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME)
-        reason: str | None = None
+        who = f"pid {c.peer_pid}"
         try:
             while True:
-                data = await reader.read(READ_CHUNK)
+                timeout = FIRST_MESSAGE_S if c.role is None else PARTIAL_FRAME_S if c.buffered else None
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), timeout)
+                except TimeoutError:
+                    what = "no first message" if c.role is None else "a frame left half-sent"
+                    return f"timeout from {who}: {what} within {timeout:.0f} s"
                 if not data:
-                    break  # a trainer that went away: its attempt's exit says why
-                for msg in frames.feed(data):
+                    return None  # a trainer that went away: its attempt's exit says why
+                try:
+                    msgs = frames.feed(data)
+                except p.ProtocolError as exc:
+                    for msg in exc.decoded:  # whole frames before the bad one still count
+                        await self._on_message(c, msg)
+                    raise
+                c.buffered = frames.buffered
+                for msg in msgs:
                     await self._on_message(c, msg)
+                if sum(x.buffered for x in self.conns) > BUFFER_BUDGET:
+                    return (
+                        f"over budget from {who}: {BUFFER_BUDGET >> 20} MiB held half-read across connections"
+                    )
         except p.ProtocolError as exc:
-            reason = f"protocol error from pid {peer_pid}: {exc}"
+            return f"protocol error from {who}: {exc}"
         except OSError:
-            reason = None
+            return None
         except Exception as exc:
-            reason = f"internal error on connection from pid {peer_pid}: {type(exc).__name__}: {exc}"
-        self._close(c, reason)
+            return f"internal error on connection from {who}: {type(exc).__name__}: {exc}"
 
     async def _on_message(self, c: Conn, msg: p.InboundMsg) -> None:
         if c.role is None and not await self._first_message(c, msg):
@@ -176,7 +272,7 @@ class Server:
         if c.role == "trainer":
             if isinstance(msg, (p.Subscribe, p.Request)):
                 raise p.ProtocolError("a trainer connection sent a client message")
-            self.host.emit(p.Received(attempt=c.attempt, rank=c.rank, t=time.time(), msg=msg))
+            self.host.emit(p.Received(attempt=c.attempt, rank=c.rank, t=time.time(), msg=p.bounded(msg)))
         elif isinstance(msg, p.Request):
             asyncio.get_running_loop().create_task(self._serve_request(c, msg))
         elif not isinstance(msg, p.Subscribe):
@@ -185,9 +281,7 @@ class Server:
     async def _first_message(self, c: Conn, msg: p.InboundMsg) -> bool:
         """Take the connection's role from its first message; False when it is already done."""
         if isinstance(msg, p.Hello):
-            if msg.v != p.PROTOCOL_VERSION:
-                raise p.ProtocolError(f"protocol version {msg.v}, keeper speaks {p.PROTOCOL_VERSION}")
-            c.role, c.rank, c.attempt = "trainer", msg.rank, self.host.attempt_n
+            self._take_rank(c, msg)
             return True
         if isinstance(msg, p.Subscribe):
             c.role, c.name = "client", msg.client
@@ -202,6 +296,27 @@ class Server:
             c.role = "client"
             return True
         raise p.ProtocolError(f"first message was {type(msg).__name__}, not hello/subscribe/request")
+
+    def _take_rank(self, c: Conn, msg: p.Hello) -> None:
+        """A reporter says who it is: the pid it claims must be the peer the kernel names
+        (SO_PEERCRED), and a rank already held by a live reporter of this attempt is not taken
+        over: the newcomer is refused and RANK_CLAIMED says who tried."""
+        if msg.v != p.PROTOCOL_VERSION:
+            raise p.ProtocolError(f"protocol version {msg.v}, keeper speaks {p.PROTOCOL_VERSION}")
+        if c.peer_pid is not None and msg.pid != c.peer_pid:
+            raise p.ProtocolError(f"hello claims pid {msg.pid}, but the peer is pid {c.peer_pid}")
+        attempt = self.host.attempt_n
+        owner = self.rank_owners.get((attempt, msg.rank))
+        if owner is not None and owner != msg.pid and pid_alive(owner):
+            self.rank_claims.append(
+                RankClaim(
+                    attempt=attempt, rank=msg.rank, owner_pid=owner, claimant_pid=msg.pid, t=time.time()
+                )
+            )
+            del self.rank_claims[:-16]
+            raise p.ProtocolError(f"rank {msg.rank} of attempt {attempt} is already reported by pid {owner}")
+        self.rank_owners[(attempt, msg.rank)] = msg.pid
+        c.role, c.rank, c.attempt = "trainer", msg.rank, attempt
 
     async def _serve_request(self, c: Conn, req: p.Request) -> None:
         def reply(r: p.Reply) -> None:
