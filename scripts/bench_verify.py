@@ -50,8 +50,8 @@ def main() -> int:
 
     import torch
 
-    from trainroom.core.ckpt import layout as ck
     from trainroom.core.ckpt import verify as v
+    from trainroom.core.sdk import save as save
 
     tmp = Path(tempfile.mkdtemp(prefix="trbench"))
     root = args.keep or tmp / "ck"
@@ -75,7 +75,7 @@ def main() -> int:
                 sd[f"transformer.h.{i}.{name}"] = torch.randn(*shape, generator=g) * 0.02
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
         t = time.perf_counter()
-        saved = ck.save_checkpoint({"model": sd, "iter_num": 1}, 1, root=root, promote_inline=False)
+        saved = save.save_checkpoint({"model": sd, "iter_num": 1}, 1, root=root, promote_inline=False)
         save_s = time.perf_counter() - t
         del sd  # the verifier reads the file, not these
         path = Path(saved.path)

@@ -69,6 +69,7 @@ def main() -> int:
         return 2
 
     from trainroom.core.ckpt import layout as ck
+    from trainroom.core.ckpt import promote as pm
     from trainroom.core.ckpt import verify as v
     from trainroom.core.ops import prune as prune
 
@@ -135,7 +136,7 @@ def main() -> int:
                     failures.append(f"trial {trial}: latest {latest} failed: {rep['reason']}")
             for c in ck.Quarantine(root).candidates():
                 # A candidate the kill left unjudged: verify and settle it as a keeper would.
-                rec = ck.settle(c, v.verify(c), root)
+                rec = pm.settle(c, v.verify(c), root)
                 counts[f"leftover candidates {rec.state}"] += 1
             pr = prune.prune(root, keep=2)
             counts["bytes pruned"] += pr.bytes_freed

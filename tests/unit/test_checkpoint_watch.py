@@ -10,6 +10,7 @@ import torch
 
 from tests.support.ckpt_fixtures import nanogpt_checkpoint
 from trainroom.core.ckpt import layout as ck
+from trainroom.core.ckpt import promote as pm
 from trainroom.core.ckpt import verify as v
 from trainroom.core.ckpt import watch as w
 
@@ -45,7 +46,7 @@ def test_overwritten_file_is_verified_per_version_and_copied(tmp_path: Path) -> 
     state, reqs, recs = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 10.0)
     assert reqs == [] and recs == []
     root = tmp_path / "ck"
-    kept = ck.keep_verified_copy(ckpt, report, root)
+    kept = pm.keep_verified_copy(ckpt, report, root)
     assert kept == root / "step-000100" and (kept / "ckpt.pt").read_bytes() == ckpt.read_bytes()
     assert ck.latest_checkpoint(root) == kept / "ckpt.pt"
 
@@ -61,7 +62,7 @@ def test_overwritten_file_is_verified_per_version_and_copied(tmp_path: Path) -> 
     report2 = v.verify(reqs[0].path, reqs[0].expected)
     state, recs, stood = w.record_verdict(state, reqs[0], report2, w.stat_one(str(ckpt)), 24.0)
     assert stood and recs[0].state == "verified" and recs[0].step == 200
-    assert ck.keep_verified_copy(ckpt, report2, root) == root / "step-000200"
+    assert pm.keep_verified_copy(ckpt, report2, root) == root / "step-000200"
     assert os.readlink(root / "latest") == "step-000200"
 
 
@@ -78,7 +79,7 @@ def test_a_verdict_on_overwritten_bytes_is_dropped(tmp_path: Path) -> None:
     assert not stood and recs == []
     assert state.files[str(ckpt)].state == "settling"
     # A copy of the old verdict's bytes cannot be made either: the file's digest no longer matches.
-    assert ck.keep_verified_copy(ckpt, report, tmp_path / "ck") is None
+    assert pm.keep_verified_copy(ckpt, report, tmp_path / "ck") is None
     assert ck.Quarantine(tmp_path / "ck").candidates() == [] and not (tmp_path / "ck" / "latest").exists()
 
 

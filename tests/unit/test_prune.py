@@ -14,10 +14,11 @@ from tests.support.ckpt_fixtures import small_state
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.health import diskguard as dg
 from trainroom.core.ops import prune as pr
+from trainroom.core.sdk import save as save
 
 
-def make_root(root: Path, steps: list[int], width: int = 64) -> list[ck.Saved]:
-    return [ck.save_checkpoint(small_state(s, width), s, root=root) for s in steps]
+def make_root(root: Path, steps: list[int], width: int = 64) -> list[save.Saved]:
+    return [save.save_checkpoint(small_state(s, width), s, root=root) for s in steps]
 
 
 def step_dirs(root: Path) -> list[str]:
@@ -44,7 +45,7 @@ def test_keeps_the_last_n_verified_and_latest(tmp_path: Path) -> None:
 def test_pinned_latest_and_in_use_are_kept(tmp_path: Path) -> None:
     make_root(tmp_path, [1, 2, 3, 4, 5, 6])
     ck.pin(tmp_path / "step-000001")
-    ck._replace_latest(tmp_path, "step-000002")  # a resume rolled latest back to step 2
+    ck.replace_latest(tmp_path, "step-000002")  # a resume rolled latest back to step 2
     resume_file = tmp_path / "step-000003" / "step-000003.pt"
     res = pr.prune(tmp_path, keep=1, protect=[resume_file])
     assert step_dirs(tmp_path) == ["step-000001", "step-000002", "step-000003", "step-000006"]
@@ -99,8 +100,8 @@ def test_latest_pointing_outside_is_not_followed(tmp_path: Path) -> None:
 
 def test_quarantine_and_unverified_dirs_are_left_alone(tmp_path: Path) -> None:
     make_root(tmp_path, [1, 2, 3])
-    pending = ck.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)  # being verified
-    bad = ck.save_checkpoint(small_state(5), 5, root=tmp_path, promote_inline=False)
+    pending = save.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)  # being verified
+    bad = save.save_checkpoint(small_state(5), 5, root=tmp_path, promote_inline=False)
     ck.Quarantine(tmp_path).reject(Path(bad.path), {"reason": "truncated: test", "ok": False})
     (tmp_path / "step-000009").mkdir()  # someone's own directory, no manifest
     (tmp_path / "step-000009" / "notes.txt").write_text("mine")

@@ -359,8 +359,8 @@ def _checkpoint_file(path: str) -> str:
 
 
 def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
-    from trainroom.core.ckpt.layout import CheckpointWontFit, save_checkpoint
     from trainroom.core.sdk import reporter as reporter
+    from trainroom.core.sdk.save import CheckpointWontFit, save_checkpoint
 
     if not truncate:
         try:

@@ -26,16 +26,8 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import watch as watch
-from trainroom.core.ckpt.layout import (
-    ENV_ROOT,
-    QUARANTINE,
-    Quarantine,
-    _journal_report,
-    expected_for,
-    keep_verified_copy,
-    latest_checkpoint,
-    settle,
-)
+from trainroom.core.ckpt.layout import ENV_ROOT, QUARANTINE, Quarantine, latest_checkpoint
+from trainroom.core.ckpt.promote import expected_for, journal_report, keep_verified_copy, settle
 from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report, host_ram_low
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
@@ -234,7 +226,7 @@ class CheckpointPipeline:
                 reason=report.get("reason"),
                 size_bytes=report.get("size_bytes"),
                 digest=report.get("digest"),
-                report=_journal_report(report),
+                report=journal_report(report),
             )
         )
         self._remember(path, report, state)
