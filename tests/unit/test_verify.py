@@ -349,3 +349,43 @@ def test_warm_verifier_keeps_torch_out_of_the_caller(nanogpt: tuple[Path, GPT]) 
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_verify_verb_on_a_file_a_step_dir_and_a_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support.ckpt_fixtures import small_state
+    from trainroom.core.cli import ckpt as cli
+    from trainroom.core.sdk.save import save_checkpoint
+
+    def verb(*argv: str) -> int:
+        ap = argparse.ArgumentParser(prog="trainroom")
+        cli.add_parser(ap.add_subparsers())
+        args = ap.parse_args(["verify", *argv])
+        return int(args.func(args))
+
+    saved = save_checkpoint(small_state(7), 7, root=tmp_path)
+    assert saved.promoted is not None and saved.file is not None
+    assert verb(saved.file, "--json") == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] and rep["digest_ok"] is True and rep["path"] == saved.file
+    # A step directory stands for its file, a root for its `latest`: the same report.
+    for target in (saved.promoted, str(tmp_path)):
+        assert verb(target, "--json") == 0
+        assert json.loads(capsys.readouterr().out)["path"] == saved.file
+    assert verb(saved.file) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("OK ") and "digest matches the one recorded at save time" in text
+    assert "tensors 2 (float32 2)" in text
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(Path(saved.file).read_bytes()[:1000])
+    assert verb(str(cut)) == 1
+    text = capsys.readouterr().out
+    assert text.startswith("REJECTED ") and "reason: truncated" in text
+    assert verb(saved.file, "--expect-json", "[1]") == 2
+    assert "must be a JSON object" in capsys.readouterr().err
+    assert verb(str(tmp_path / "nope.pt")) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "plain").mkdir()
+    assert verb(str(tmp_path / "plain")) == 2
+    assert "neither a step directory nor a checkpoint root" in capsys.readouterr().err

@@ -1156,200 +1156,47 @@ def serve(nice: int = 0) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- CLI
-
-
-def _human(rep: Mapping[str, Any]) -> str:
-    head = "OK      " if rep.get("ok") else "REJECTED"
-    size = rep.get("size_bytes")
-    lines = [
-        f"{head} {rep.get('path')}  {_gb(size) if size is not None else '?'}  {rep.get('digest') or ''}  "
-        f"({rep.get('seconds', 0):.2f} s)".rstrip()
-    ]
-    if not rep.get("ok"):
-        lines.append(f"  reason: {rep.get('reason')}")
-        lines += [f"  also: {x}" for x in (rep.get("problems") or [])[1:]]
-    if rep.get("tensors"):
-        dtypes = ", ".join(
-            f"{k} {v}" for k, v in sorted((rep.get("dtypes") or {}).items(), key=lambda kv: -kv[1])
-        )
-        nan = sum(v.get("nan", 0) for v in (rep.get("nonfinite") or {}).values())
-        inf = sum(v.get("inf", 0) for v in (rep.get("nonfinite") or {}).values())
-        lines.append(
-            f"  tensors {rep['tensors']} ({dtypes}); params {rep.get('params', 0):,}; {nan} NaN, {inf} Inf"
-        )
-        a = rep.get("arch") or {}
-        lines.append(f"  arch: layers {a.get('layers')}, d_model {a.get('d_model')}, vocab {a.get('vocab')}")
-    for o in (rep.get("outliers") or [])[:5]:
-        lines.append(f"  {o['kind']}: {o['name']} std {o['std']} ({o['why']})")
-    if rep.get("digest_ok") is True:
-        lines.append("  digest matches the one recorded at save time")
-    return "\n".join(lines)
-
-
-def _configure(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument(
-        "path",
-        metavar="TARGET",
-        nargs="?",
-        default=None,
-        help="a checkpoint file (.pt, .pth, .bin, .safetensors), a step directory, a checkpoint "
-        "root (its `latest`), or a run (its `latest`; default: the newest run)",
-    )
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument(
-        "--expect-json",
-        metavar="JSON",
-        default=None,
-        help='what the file must match: {"digest": ..., "size_bytes": ..., "arch": {...}, "previous": {...}}',
-    )
-    ap.add_argument(
-        "--no-discover", action="store_true", help="ignore the sidecar / manifest recorded beside the file"
-    )
-    ap.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
-
-
-def add_parser(subparsers: Any) -> None:
-    """`trainroom verify [TARGET] [--json]`: exit 0 verified, 1 rejected, 2 bad input."""
-    ap = subparsers.add_parser(
-        "verify",
-        help="verify a checkpoint (integrity, NaN/Inf, exploded tensors, arch)",
-        description="Verify a checkpoint: exit 0 verified, 1 rejected, 2 bad input. A file is verified here; "
-        "a run's `latest` through its keeper while the keeper is up (journaled, its warm verifier), "
-        "here once it is gone.",
-    )
-    _configure(ap)
-    ap.set_defaults(func=run)
-
-
-class _BadInput(Exception):
-    """One line for stderr; exit 2."""
-
-
-_CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
-
-
-def _file_in(path: Path) -> Path:
-    """The checkpoint a directory stands for: a step directory's file, a root's `latest`."""
-    from trainroom.core.ckpt import layout as checkpoints
-
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        try:
-            name = json.loads(manifest.read_text()).get("file")
-        except (OSError, ValueError) as exc:
-            raise _BadInput(f"{manifest}: unreadable manifest: {exc}") from None
-        if name and (path / str(name)).is_file():
-            return path / str(name)
-        raise _BadInput(f"{path}: the manifest names no file that is there")
-    if (path / checkpoints.LATEST).exists() or (path / checkpoints.QUARANTINE).is_dir():
-        latest = checkpoints.latest_checkpoint(path)
-        if latest is None:
-            raise _BadInput(f"{path}: no verified checkpoint (`latest` points nowhere)")
-        return latest
-    raise _BadInput(f"{path}: a directory that is neither a step directory nor a checkpoint root")
-
-
-def _run_target(spec: str | None) -> tuple[Any, Path]:
-    """(RunInfo, its checkpoint root) for a run spec (None: the newest run)."""
-    from trainroom.core.run import store as runs
-
+def main(argv: list[str] | None = None) -> int:
+    """The verifier child: `--serve [--nice N]` (the warm one), or one file, its report as JSON on
+    stdout (exit 0 verified, 1 rejected, 2 bad input). `trainroom verify` is the command for people."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--serve"]:
+        nice = int(args[2]) if len(args) >= 3 and args[1] == "--nice" else 0
+        return serve(nice)
+    ap = argparse.ArgumentParser(prog="python -m trainroom.core.ckpt.verify", description=main.__doc__)
+    ap.add_argument("path", metavar="FILE")
+    ap.add_argument("--json", action="store_true", help="the report as JSON (always, here)")
+    ap.add_argument("--expect-json", metavar="JSON", default=None)
+    ap.add_argument("--no-discover", action="store_true")
+    ap.add_argument("--nice", type=int, default=0)
+    ns = ap.parse_args(args)
+    path = Path(ns.path)
     try:
-        info = runs.resolve_run(spec)
-        rec = runs.read_record(Path(info.run_dir))
-    except runs.RunError as exc:
-        raise _BadInput(str(exc)) from None
-    return info, Path(str(rec.options.get("ckpt_root") or Path(info.run_dir) / "checkpoints"))
+        if not path.is_file():
+            raise ValueError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+        expected = parse_expected(ns.expect_json)
+    except ValueError as exc:
+        print(f"trainroom verify: {exc}", file=sys.stderr)
+        return 2
+    if ns.nice:
+        with contextlib.suppress(OSError):
+            os.nice(ns.nice)
+    rep = verify(path, expected, discover=not ns.no_discover)
+    sys.stdout.write(json.dumps(_clean(rep), allow_nan=False) + "\n")
+    return 0 if rep.get("ok") else 1
 
 
-def _via_keeper(info: Any, expected: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The keeper's `verify` action on its `latest` (journaled); None when the keeper is gone."""
-    from trainroom.core.run.client import KeeperClient, KeeperGone
-
-    args: dict[str, Any] = {"expected": expected} if expected else {}
-    try:
-        reply = KeeperClient(info.sock).call("verify", args, confirm=True)
-    except KeeperGone:
-        return None
-    if not reply.after:
-        raise _BadInput(f"run {info.run_id}: {reply.message}")
-    return dict(reply.after)
-
-
-def _parse_expected(text: str | None) -> dict[str, Any] | None:
+def parse_expected(text: str | None) -> dict[str, Any] | None:
+    """`--expect-json`: what the file must match, as the user (or the keeper) wrote it."""
     if not text:
         return None
     try:
         expected = json.loads(text)
     except ValueError as exc:
-        raise _BadInput(f"--expect-json is not JSON: {exc}") from None
+        raise ValueError(f"--expect-json is not JSON: {exc}") from None
     if not isinstance(expected, dict):
-        raise _BadInput("--expect-json must be a JSON object")
+        raise ValueError("--expect-json must be a JSON object")
     return expected
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        expected = _parse_expected(args.expect_json)
-        rep = _verify_target(args, expected)
-    except _BadInput as exc:
-        print(f"trainroom verify: {exc}", file=sys.stderr)
-        return 2
-    except ImportError as exc:
-        print(f"trainroom verify: needs torch in this environment ({exc})", file=sys.stderr)
-        return 2
-    if args.json:
-        sys.stdout.write(json.dumps(_clean(rep), allow_nan=False) + "\n")
-    else:
-        print(_human(rep))
-    return 0 if rep.get("ok") else 1
-
-
-def _verify_target(args: argparse.Namespace, expected: dict[str, Any] | None) -> dict[str, Any]:
-    target = args.path
-    path = Path(target) if target else None
-    if path is not None and path.is_file():
-        file = path
-    elif path is not None and path.is_dir():
-        if (path / "run.msgpack").is_file():
-            return _verify_run(str(path), expected, args)
-        file = _file_in(path)
-    elif path is not None and (os.sep in str(target) or str(target).endswith(_CKPT_SUFFIXES)):
-        raise _BadInput(f"{path}: {'not a file' if path.exists() else 'no such file'}")
-    else:
-        return _verify_run(target, expected, args)
-    if getattr(args, "nice", 0):
-        with contextlib.suppress(OSError):
-            os.nice(args.nice)
-    return verify(file, expected, discover=not args.no_discover)
-
-
-def _verify_run(
-    spec: str | None, expected: dict[str, Any] | None, args: argparse.Namespace
-) -> dict[str, Any]:
-    from trainroom.core.ckpt import layout as checkpoints
-
-    info, root = _run_target(spec)
-    if info.alive:
-        rep = _via_keeper(info, expected)
-        if rep is not None:
-            return rep
-    latest = checkpoints.latest_checkpoint(root) if root.is_dir() else None
-    if latest is None:
-        raise _BadInput(f"run {info.run_id}: no verified checkpoint under {root} (`latest` points nowhere)")
-    return verify(latest, expected, discover=not args.no_discover)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--serve"]:
-        nice = int(args[2]) if len(args) >= 3 and args[1] == "--nice" else 0
-        return serve(nice)
-    ap = argparse.ArgumentParser(
-        prog="python -m trainroom.core.ckpt.verify", description=__doc__.splitlines()[0]
-    )
-    _configure(ap)
-    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":
