@@ -130,10 +130,10 @@ def main() -> int:
                 counts["no latest yet"] += 1
             else:
                 rep = v.verify(latest)
-                if rep["ok"] and rep["digest_ok"]:
+                if rep.ok and rep.digest_ok:
                     counts["latest verified"] += 1
                 else:
-                    failures.append(f"trial {trial}: latest {latest} failed: {rep['reason']}")
+                    failures.append(f"trial {trial}: latest {latest} failed: {rep.reason}")
             for c in ck.Quarantine(root).candidates():
                 # A candidate the kill left unjudged: verify and settle it as a keeper would.
                 rec = pm.settle(c, v.verify(c), root)

@@ -13,6 +13,8 @@ from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt import promote as pm
 from trainroom.core.ckpt import verify as v
 from trainroom.core.ckpt import watch as w
+from trainroom.core.ckpt.digest import digest_file
+from trainroom.core.ckpt.report import failure_report
 
 
 def write_ckpt(path: Path, iter_num: int) -> None:
@@ -41,7 +43,7 @@ def test_overwritten_file_is_verified_per_version_and_copied(tmp_path: Path) -> 
     assert req.path == str(ckpt) and req.version == 1
     report = v.verify(req.path, req.expected)
     state, recs, stood = w.record_verdict(state, req, report, w.stat_one(req.path), 3.0)
-    assert stood and [(r.state, r.step, r.digest) for r in recs] == [("verified", 100, v.digest_file(ckpt))]
+    assert stood and [(r.state, r.step, r.digest) for r in recs] == [("verified", 100, digest_file(ckpt))]
     # Polling on finds nothing new to do.
     state, reqs, recs = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 10.0)
     assert reqs == [] and recs == []
@@ -58,7 +60,8 @@ def test_overwritten_file_is_verified_per_version_and_copied(tmp_path: Path) -> 
     state, reqs, recs = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 23.0)
     assert len(reqs) == 1 and reqs[0].version == 2
     # The previous version's fingerprint is what the new one is compared against.
-    assert reqs[0].expected["previous"]["arch"]["layers"] == 2
+    previous = reqs[0].expected.previous
+    assert previous is not None and previous.arch.layers == 2
     report2 = v.verify(reqs[0].path, reqs[0].expected)
     state, recs, stood = w.record_verdict(state, reqs[0], report2, w.stat_one(str(ckpt)), 24.0)
     assert stood and recs[0].state == "verified" and recs[0].step == 200
@@ -112,7 +115,7 @@ def test_deferred_verdict_retries_the_same_version(tmp_path: Path) -> None:
     write_ckpt(ckpt, 100)
     state, req = settle_and_request(w.WatchState(), ckpt, 0.0)
     state, recs, stood = w.record_verdict(
-        state, req, v.failure_report(ckpt, "verifier timed out", deferred=True), w.stat_one(str(ckpt)), 3.0
+        state, req, failure_report(ckpt, "verifier timed out", deferred=True), w.stat_one(str(ckpt)), 3.0
     )
     assert not stood and recs == [] and state.files[str(ckpt)].state == "settling"
     state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 3.0 + w.SETTLE_S)

@@ -20,6 +20,9 @@ from trainroom.core import protocol as p
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt import promote as pm
 from trainroom.core.ckpt import verify as v
+from trainroom.core.ckpt.digest import digest_file
+from trainroom.core.ckpt.rules import findings_for_report
+from trainroom.core.ckpt.verifier import verify_in_subprocess
 from trainroom.core.sdk import save as save
 
 TESTS = str(Path(__file__).resolve().parents[2])  # the repo root: `tests.support` imports
@@ -38,13 +41,13 @@ def test_save_promotes_and_points_latest(tmp_path: Path) -> None:
     assert saved.file == str(f) and ck.latest_checkpoint(tmp_path) == f
     manifest = json.loads((tmp_path / "step-000300" / "manifest.json").read_text())
     # The digest taken while writing is the digest of the bytes on disk.
-    assert manifest["digest"] == saved.digest == v.digest_file(f)
+    assert manifest["digest"] == saved.digest == digest_file(f)
     assert manifest["size_bytes"] == f.stat().st_size == saved.size_bytes
     assert manifest["report"]["arch"]["layers"] == 2 and manifest["step"] == 300
     assert _listing(tmp_path / ".quarantine") == []  # no candidate, sidecar or temp left
     # Re-verifying the promoted file finds its digest in the manifest beside it.
     rep = v.verify(f)
-    assert rep["ok"] and rep["digest_ok"] is True
+    assert rep.ok and rep.digest_ok is True
 
 
 def test_env_root_and_missing_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +75,7 @@ def test_truncated_candidate_stays_quarantined_and_latest_unchanged(tmp_path: Pa
     assert os.readlink(tmp_path / "latest") == "step-000100"
     assert not (tmp_path / "step-000200").exists()
     assert ck.Quarantine(tmp_path).rejected() == [cand] and ck.Quarantine(tmp_path).candidates() == []
-    f = v.findings_for_report(report)[0]
+    f = findings_for_report(report)[0]
     assert f.code == "CKPT_REJECTED" and "truncated" in f.message
     with pytest.raises(ck.CheckpointError):
         pm.promote(cand, report, tmp_path)
@@ -118,15 +121,15 @@ def test_keeper_flow_over_a_real_socket(tmp_path: Path) -> None:
     phases = [m for m in msgs if isinstance(m, p.Phase)]
     assert phases[0].name == "checkpoint-save" and phases[1].name == "train"
     frame = next(m for m in msgs if isinstance(m, p.Checkpoint))
-    assert frame.path == cand and frame.step == 5 and frame.digest == v.digest_file(cand)
+    assert frame.path == cand and frame.step == 5 and frame.digest == digest_file(cand)
     assert frame.size_bytes == Path(cand).stat().st_size
     assert not (root / "latest").exists()
     # The keeper's half: verify in a subprocess (no torch here), then settle.
-    report = v.verify_in_subprocess(cand, pm.expected_for(root, candidate=cand), timeout=120)
-    assert report["digest_ok"] is True
+    report = verify_in_subprocess(cand, pm.expected_for(root, candidate=cand), timeout=120)
+    assert report.digest_ok is True
     record = pm.settle(cand, report, root)
     assert record.state == "verified" and record.path == cand and record.digest == frame.digest
-    assert record.report["promoted_dir"] == str(root / "step-000005")
+    assert record.report is not None and record.report.promoted_dir == str(root / "step-000005")
     assert ck.latest_checkpoint(root) == root / "step-000005" / "step-000005.pt"
 
 
@@ -180,7 +183,7 @@ def test_write_failure_midway_leaves_latest_intact(tmp_path: Path) -> None:
     assert out.stdout.strip() == "EFBIG", out.stderr
     assert _listing(root / ".quarantine") == []
     assert sorted(x.name for x in root.iterdir()) == [".quarantine", "latest", "step-000001"]
-    assert v.verify(ck.latest_checkpoint(root))["ok"]
+    assert v.verify(ck.latest_checkpoint(root)).ok
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) for a private tmpfs")
@@ -211,7 +214,7 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
         out["quarantine"] = sorted(os.listdir(os.path.join(root, ".quarantine")))
         out["root"] = sorted(os.listdir(root))
         out["latest"] = os.readlink(os.path.join(root, "latest"))
-        out["latest_ok"] = v.verify(ck.latest_checkpoint(root))["ok"]
+        out["latest_ok"] = v.verify(ck.latest_checkpoint(root)).ok
         print(json.dumps(out))
     """)
     )

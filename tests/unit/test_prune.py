@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.ckpt_fixtures import small_state
 from trainroom.core.ckpt import layout as ck
+from trainroom.core.ckpt.report import failure_report
 from trainroom.core.cli import ckpt as cli
 from trainroom.core.health import diskguard as dg
 from trainroom.core.ops import prune as pr
@@ -103,7 +104,7 @@ def test_quarantine_and_unverified_dirs_are_left_alone(tmp_path: Path) -> None:
     make_root(tmp_path, [1, 2, 3])
     pending = save.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)  # being verified
     bad = save.save_checkpoint(small_state(5), 5, root=tmp_path, promote_inline=False)
-    ck.Quarantine(tmp_path).reject(Path(bad.path), {"reason": "truncated: test", "ok": False})
+    ck.Quarantine(tmp_path).reject(Path(bad.path), failure_report(bad.path, "truncated: test"))
     (tmp_path / "step-000009").mkdir()  # someone's own directory, no manifest
     (tmp_path / "step-000009" / "notes.txt").write_text("mine")
     res = pr.prune(tmp_path, keep=1)

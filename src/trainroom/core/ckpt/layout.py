@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 
-from trainroom.core.ckpt import verify as verifier
+from trainroom.core.ckpt.digest import DIGEST_ALGO
+from trainroom.core.ckpt.report import Arch, NonFinite, Outlier, Previous, VerifyReport
 
 ENV_ROOT = "TRAINROOM_CKPT_ROOT"
 QUARANTINE = ".quarantine"
@@ -43,6 +42,53 @@ _SIDE_SUFFIXES = (SAVED_SUFFIX, REASON_SUFFIX, REPORT_SUFFIX, ".tmp")
 
 class CheckpointError(Exception):
     """A checkpoint operation that cannot go on; str() is one line."""
+
+
+class SaveRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """`<candidate>.saved.json`: what was known of the file as it was written."""
+
+    step: int | None = None
+    size_bytes: int | None = None
+    digest: str | None = None
+    digest_algo: str = DIGEST_ALGO
+    saved_at: float | None = None
+    pid: int | None = None  # the writer (a save by the SDK)
+    source: str | None = None  # the file it was copied from (a watched file's verified copy)
+
+
+class ManifestReport(msgspec.Struct, kw_only=True, frozen=True):
+    """What a manifest keeps of the verification: what the next checkpoint is compared with."""
+
+    format: str | None = None
+    tensors: int = 0
+    params: int = 0
+    dtypes: dict[str, int] = {}
+    nonfinite: dict[str, NonFinite] = {}
+    outliers: list[Outlier] = []
+    arch: Arch = msgspec.field(default_factory=Arch)
+    stds: dict[str, float] = {}
+    model_key: str | None = None
+    seconds: float = 0.0
+    step: int | None = None
+
+
+class Manifest(msgspec.Struct, kw_only=True, frozen=True):
+    """`<step dir>/manifest.json`: a promoted checkpoint, verified. Only a manifest with `ok`
+    makes a step directory a checkpoint that `latest`, resume and prune will consider."""
+
+    version: int = 1
+    ok: bool = False
+    file: str = ""  # the checkpoint file's name inside the step directory
+    path: str = ""
+    step: int | None = None
+    size_bytes: int | None = None
+    digest: str | None = None
+    digest_algo: str = DIGEST_ALGO
+    saved_at: float = 0.0
+    verified_at: float = 0.0
+    source: str = ""  # where it was written (the candidate, or a watched file)
+    pinned: bool = False
+    report: ManifestReport = msgspec.field(default_factory=ManifestReport)
 
 
 class VerifiedCheckpoint(msgspec.Struct, kw_only=True, frozen=True):
@@ -81,21 +127,33 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, record: msgspec.Struct) -> None:
+    """The record as indented JSON, fsynced, replacing `path` by rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, allow_nan=False)
+    with open(tmp, "wb") as f:
+        f.write(msgspec.json.format(msgspec.json.encode(record), indent=1))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+_R = TypeVar("_R", bound=msgspec.Struct)
+
+
+def read_record(path: Path, kind: type[_R]) -> _R | None:
+    """A JSON record written here; None when it is missing, unreadable or not one."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return msgspec.json.decode(path.read_bytes(), type=kind)
+    except (OSError, msgspec.DecodeError):
         return None
-    return data if isinstance(data, dict) else None
+
+
+def read_manifest(step_dir: Path) -> Manifest | None:
+    return read_record(step_dir / MANIFEST, Manifest)
+
+
+def read_saved(candidate: str | os.PathLike[str]) -> SaveRecord | None:
+    return read_record(Path(str(candidate) + SAVED_SUFFIX), SaveRecord)
 
 
 def unique_path(path: Path) -> Path:
@@ -162,12 +220,12 @@ class Quarantine:
         except OSError:
             return None
 
-    def reject(self, candidate: Path, report: Mapping[str, Any]) -> Path:
+    def reject(self, candidate: Path, report: VerifyReport) -> Path:
         """Keep the candidate where it is, with why: the evidence for CKPT_REJECTED."""
         reason_path = candidate.with_name(candidate.name + REASON_SUFFIX)
-        write_json_atomic(candidate.with_name(candidate.name + REPORT_SUFFIX), verifier._clean(dict(report)))
+        write_json_atomic(candidate.with_name(candidate.name + REPORT_SUFFIX), report)
         tmp = reason_path.with_name(f".{reason_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(f"{report.get('reason') or 'rejected'}\n")
+        tmp.write_text(f"{report.reason or 'rejected'}\n")
         os.replace(tmp, reason_path)
         with contextlib.suppress(OSError):
             fsync_dir(self.dir)
@@ -190,8 +248,8 @@ class Quarantine:
                 m = re.match(r"^\.promote-(step-\d+(?:-\d+)?)\.(\d+)$", stage.name)
                 if not m or stage.is_symlink() or not stage.is_dir() or _pid_alive(int(m.group(2))):
                     continue
-                manifest = read_json(stage / MANIFEST)
-                if manifest and manifest.get("ok") and (stage / str(manifest.get("file"))).is_file():
+                manifest = read_manifest(stage)
+                if manifest and manifest.ok and manifest.file and (stage / manifest.file).is_file():
                     target = unique_path(self.root / m.group(1))
                     os.rename(stage, target)
                     fsync_dir(self.root)
@@ -231,13 +289,21 @@ def latest_dir(root: str | os.PathLike[str]) -> Path | None:
     d = root / name
     if d.is_symlink() or not d.is_dir():
         return None
-    manifest = read_json(d / MANIFEST)
-    return d if manifest and manifest.get("ok") else None
+    manifest = read_manifest(d)
+    return d if manifest and manifest.ok else None
 
 
-def latest_manifest(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+def latest_manifest(root: str | os.PathLike[str]) -> Manifest | None:
     d = latest_dir(root)
-    return read_json(d / MANIFEST) if d else None
+    return read_manifest(d) if d else None
+
+
+def previous_verified(root: str | os.PathLike[str]) -> Previous | None:
+    """The latest verified checkpoint as a new candidate under `root` is compared with it."""
+    prev = latest_manifest(root)
+    if prev is None:
+        return None
+    return Previous(path=prev.path, arch=prev.report.arch, stds=prev.report.stds)
 
 
 def latest_checkpoint(root: str | os.PathLike[str] | None = None) -> Path | None:
@@ -246,9 +312,9 @@ def latest_checkpoint(root: str | os.PathLike[str] | None = None) -> Path | None
     d = latest_dir(r)
     if d is None:
         return None
-    manifest = read_json(d / MANIFEST) or {}
-    f = d / str(manifest.get("file", ""))
-    return f if f.is_file() else None
+    manifest = read_manifest(d)
+    f = d / manifest.file if manifest and manifest.file else None
+    return f if f is not None and f.is_file() else None
 
 
 def replace_latest(root: Path, name: str) -> None:
@@ -272,9 +338,9 @@ def replace_latest(root: Path, name: str) -> None:
 def point_latest(root: Path, target: Path) -> bool:
     """Move `latest` to `target` unless the current one was saved later (a late verdict on an
     older candidate must not roll `latest` back)."""
-    new = read_json(target / MANIFEST) or {}
+    new = read_manifest(target)
     cur = latest_manifest(root)
-    if cur and float(cur.get("saved_at", 0)) > float(new.get("saved_at", 0)):
+    if cur and cur.saved_at > (new.saved_at if new else 0.0):
         return False
     replace_latest(root, target.name)
     return True
@@ -292,18 +358,18 @@ def verified_checkpoints(root: str | os.PathLike[str]) -> list[VerifiedCheckpoin
         m = STEP_DIR_RE.match(d.name)
         if not m or d.is_symlink() or not d.is_dir():
             continue
-        manifest = read_json(d / MANIFEST)
-        if not manifest or not manifest.get("ok"):
+        manifest = read_manifest(d)
+        if not manifest or not manifest.ok:
             continue
         out.append(
             VerifiedCheckpoint(
                 dir=str(d),
-                file=str(d / str(manifest.get("file", ""))),
-                step=int(manifest.get("step", m.group(1))),
+                file=str(d / manifest.file),
+                step=manifest.step if manifest.step is not None else int(m.group(1)),
                 size_bytes=tree_bytes(d),
-                saved_at=float(manifest.get("saved_at", 0.0)),
-                digest=manifest.get("digest"),
-                pinned=(d / PIN).exists() or bool(manifest.get("pinned")),
+                saved_at=manifest.saved_at,
+                digest=manifest.digest,
+                pinned=(d / PIN).exists() or manifest.pinned,
             )
         )
     out.sort(key=lambda c: (c.saved_at, c.step, c.dir))

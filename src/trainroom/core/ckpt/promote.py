@@ -15,56 +15,60 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import digest as digest
 from trainroom.core.ckpt import layout as layout
-from trainroom.core.ckpt import verify as verifier
-
-# What a manifest keeps of the verification report (the journal keeps the rest but the stds).
-REPORT_KEYS = (
-    "format",
-    "tensors",
-    "params",
-    "dtypes",
-    "nonfinite",
-    "outliers",
-    "arch",
-    "stds",
-    "model_key",
-    "seconds",
-    "step",
-)
+from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
 
 
 def expected_for(
     root: str | os.PathLike[str],
-    declared_arch: Mapping[str, Any] | None = None,
+    declared_arch: Mapping[str, object] | None = None,
     candidate: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
+) -> Expected:
     """What a new candidate is checked against: its save-time record, the declared config, and
     the latest verified checkpoint's fingerprint and stds."""
-    out: dict[str, Any] = {}
-    if candidate is not None:
-        side = layout.read_json(Path(str(candidate) + layout.SAVED_SUFFIX)) or {}
-        out.update({k: side[k] for k in ("digest", "size_bytes", "step") if side.get(k) is not None})
-    if declared_arch:
-        out["arch"] = dict(declared_arch)
-    prev = layout.latest_manifest(root)
-    if prev:
-        rep = prev.get("report") or {}
-        out["previous"] = {
-            "path": prev.get("path", ""),
-            "arch": rep.get("arch", {}),
-            "stds": rep.get("stds", {}),
-        }
-    return out
+    side = layout.read_saved(candidate) if candidate is not None else None
+    return Expected(
+        digest=side.digest if side else None,
+        size_bytes=side.size_bytes if side else None,
+        step=side.step if side else None,
+        arch=dict(declared_arch or {}),
+        previous=layout.previous_verified(root),
+    )
+
+
+def _manifest_report(report: VerifyReport) -> layout.ManifestReport:
+    return layout.ManifestReport(
+        format=report.format,
+        tensors=report.tensors,
+        params=report.params,
+        dtypes=report.dtypes,
+        nonfinite=report.nonfinite,
+        outliers=report.outliers,
+        arch=report.arch,
+        stds=report.stds,
+        model_key=report.model_key,
+        seconds=report.seconds,
+        step=report.step,
+    )
+
+
+def _step_of(cand: Path, report: VerifyReport, side: layout.SaveRecord | None) -> int:
+    if report.step is not None:
+        return report.step
+    if side is not None and side.step is not None:
+        return side.step
+    m = re.search(r"(\d+)", cand.name)
+    return int(m.group(1)) if m else 0
 
 
 def promote(
     candidate: str | os.PathLike[str],
-    report: Mapping[str, Any],
+    report: VerifyReport,
     root: str | os.PathLike[str] | None = None,
     *,
     file_name: str | None = None,
@@ -74,37 +78,32 @@ def promote(
     at it. Refuses a report that did not pass or that names other bytes."""
     cand = Path(candidate)
     r = layout.checkpoint_root(root) if root is not None else cand.parent.parent
-    if not report.get("ok"):
-        raise layout.CheckpointError(f"{cand.name} did not verify ({report.get('reason')}): not promoting it")
-    side = layout.read_json(Path(str(cand) + layout.SAVED_SUFFIX)) or {}
+    if not report.ok:
+        raise layout.CheckpointError(f"{cand.name} did not verify ({report.reason}): not promoting it")
+    side = layout.read_saved(cand)
     st = cand.stat()
-    if report.get("size_bytes") not in (None, st.st_size):
+    if report.size_bytes not in (None, st.st_size):
         raise layout.CheckpointError(f"{cand.name} changed since it was verified ({st.st_size} bytes now)")
-    if step is None:
-        step = report.get("step") if report.get("step") is not None else side.get("step")
-    if step is None:
-        m = re.search(r"(\d+)", cand.name)
-        step = int(m.group(1)) if m else 0
-    target = layout.unique_path(r / layout.step_dir_name(int(step)))
+    step = step if step is not None else _step_of(cand, report, side)
+    target = layout.unique_path(r / layout.step_dir_name(step))
     stage = r / f".promote-{target.name}.{os.getpid()}"
     stage.mkdir()
     fname = file_name or cand.name
     os.rename(cand, stage / fname)
-    manifest = {
-        "version": 1,
-        "ok": True,
-        "file": fname,
-        "path": str(target / fname),
-        "step": int(step),
-        "size_bytes": st.st_size,
-        "digest": report.get("digest") or side.get("digest"),
-        "digest_algo": report.get("digest_algo", digest.DIGEST_ALGO),
-        "saved_at": float(side.get("saved_at", st.st_mtime)),
-        "verified_at": time.time(),
-        "source": str(side.get("source", cand)),
-        "report": {k: report.get(k) for k in REPORT_KEYS if k in report},
-    }
-    layout.write_json_atomic(stage / layout.MANIFEST, verifier._clean(manifest))
+    manifest = layout.Manifest(
+        ok=True,
+        file=fname,
+        path=str(target / fname),
+        step=step,
+        size_bytes=st.st_size,
+        digest=report.digest or (side.digest if side else None),
+        digest_algo=report.digest_algo,
+        saved_at=side.saved_at if side and side.saved_at is not None else st.st_mtime,
+        verified_at=time.time(),
+        source=side.source if side and side.source else str(cand),
+        report=_manifest_report(report),
+    )
+    layout.write_json_atomic(stage / layout.MANIFEST, manifest)
     layout.fsync_dir(stage)
     os.rename(stage, target)
     layout.fsync_dir(r)
@@ -117,7 +116,7 @@ def promote(
 
 def settle(
     candidate: str | os.PathLike[str],
-    report: Mapping[str, Any],
+    report: VerifyReport,
     root: str | os.PathLike[str] | None = None,
     now: float | None = None,
 ) -> p.CheckpointState:
@@ -127,53 +126,36 @@ def settle(
     cand = Path(candidate)
     r = layout.checkpoint_root(root) if root is not None else cand.parent.parent
     t = time.time() if now is None else now
-    rep = dict(report)
-    step = rep.get("step")
-    if rep.get("ok"):
-        target = promote(cand, rep, r)
-        manifest = layout.read_json(target / layout.MANIFEST) or {}
-        rep["promoted_dir"], rep["promoted_file"] = str(target), manifest.get("path")
-        return p.CheckpointState(
-            path=str(cand),
-            step=manifest.get("step", step),
-            state="verified",
-            t=t,
-            size_bytes=rep.get("size_bytes"),
-            digest=rep.get("digest"),
-            report=journal_report(rep),
-        )
-    if rep.get("deferred"):
-        return p.CheckpointState(
-            path=str(cand),
-            step=step,
-            state="candidate",
-            t=t,
-            reason=rep.get("reason"),
-            size_bytes=rep.get("size_bytes"),
-            digest=rep.get("digest"),
-        )
-    if cand.exists():
-        layout.Quarantine(r).reject(cand, rep)
-    return p.CheckpointState(
+    state = p.CheckpointState(
         path=str(cand),
-        step=step,
+        step=report.step,
         state="rejected",
         t=t,
-        reason=rep.get("reason"),
-        size_bytes=rep.get("size_bytes"),
-        digest=rep.get("digest"),
-        report=journal_report(rep),
+        reason=report.reason,
+        size_bytes=report.size_bytes,
+        digest=report.digest,
     )
-
-
-def journal_report(rep: Mapping[str, Any]) -> dict[str, Any]:
-    """The report without the per-tensor stds (they live in the manifest; the journal stays small)."""
-    return verifier._clean({k: v for k, v in rep.items() if k != "stds"})
+    if report.ok:
+        target = promote(cand, report, r)
+        manifest = layout.read_manifest(target)
+        return msgspec.structs.replace(
+            state,
+            step=manifest.step if manifest else report.step,
+            state="verified",
+            report=journal_report(
+                report, promoted_dir=str(target), promoted_file=manifest.path if manifest else None
+            ),
+        )
+    if report.deferred:
+        return msgspec.structs.replace(state, state="candidate")
+    if cand.exists():
+        layout.Quarantine(r).reject(cand, report)
+    return msgspec.structs.replace(state, report=journal_report(report))
 
 
 def keep_verified_copy(
     src: str | os.PathLike[str],
-    report: Mapping[str, Any],
+    report: VerifyReport,
     root: str | os.PathLike[str] | None = None,
     *,
     step: int | None = None,
@@ -187,6 +169,7 @@ def keep_verified_copy(
     src = Path(src)
     tmp = q.dir / f".{src.name}.{os.getpid()}.tmp"
     h = digest.new_hasher()
+    s = step if step is not None else report.step
     try:
         with open(src, "rb") as fi, open(tmp, "xb") as fo:
             while chunk := fi.read(digest.READ_CHUNK):
@@ -194,12 +177,11 @@ def keep_verified_copy(
                 fo.write(chunk)
             fo.flush()
             os.fsync(fo.fileno())
-        if digest.digest_hex(h) != report.get("digest"):
+        if digest.digest_hex(h) != report.digest:
             tmp.unlink()
             return None
-        s = step if step is not None else report.get("step")
         cand = layout.unique_path(
-            q.dir / (f"{layout.step_dir_name(int(s))}-{src.name}" if s is not None else src.name)
+            q.dir / (f"{layout.step_dir_name(s)}-{src.name}" if s is not None else src.name)
         )
         os.rename(tmp, cand)
         layout.fsync_dir(q.dir)
@@ -207,16 +189,11 @@ def keep_verified_copy(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+    size = cand.stat().st_size
     layout.write_json_atomic(
         Path(str(cand) + layout.SAVED_SUFFIX),
-        {
-            "step": s,
-            "size_bytes": cand.stat().st_size,
-            "digest": report.get("digest"),
-            "digest_algo": digest.DIGEST_ALGO,
-            "saved_at": src.stat().st_mtime,
-            "source": str(src),
-        },
+        layout.SaveRecord(
+            step=s, size_bytes=size, digest=report.digest, saved_at=src.stat().st_mtime, source=str(src)
+        ),
     )
-    rep = {**report, "size_bytes": cand.stat().st_size}
-    return promote(cand, rep, r, file_name=src.name, step=s)
+    return promote(cand, msgspec.structs.replace(report, size_bytes=size), r, file_name=src.name, step=s)

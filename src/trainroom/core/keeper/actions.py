@@ -12,6 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from trainroom.core import protocol as p
 
 if TYPE_CHECKING:
@@ -320,7 +322,7 @@ async def prune(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     res = await asyncio.to_thread(pruning.execute, plan, dry_run=False, protect=protect)
     now = time.time()
     # A pruned step directory is the promoted form of a candidate the run knows by its path.
-    by_dir = {(c.report or {}).get("promoted_dir"): c.path for c in keeper.state.checkpoints}
+    by_dir = {c.report.promoted_dir: c.path for c in keeper.state.checkpoints if c.report is not None}
     for d in res.deleted:
         keeper.emit(
             p.CheckpointState(
@@ -344,7 +346,8 @@ async def prune(keeper: Keeper, req: p.Request, reply: Reply) -> None:
 
 async def verify(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     from trainroom.core.ckpt.layout import latest_checkpoint
-    from trainroom.core.ckpt.verify import verify_in_subprocess
+    from trainroom.core.ckpt.report import decode_expected
+    from trainroom.core.ckpt.verifier import verify_in_subprocess
 
     pipe = _pipeline(keeper)
     path = req.args.get("path") or (str(latest_checkpoint(pipe.root) or "") if pipe is not None else "")
@@ -359,15 +362,20 @@ async def verify(keeper: Keeper, req: p.Request, reply: Reply) -> None:
     reply(p.Reply(id=req.id, action="verify", stage="progress", message=f"verifying {path}"))
     # The pipeline's warm verifier (torch already imported) when there is one.
     check = pipe.verify_now if pipe is not None else verify_in_subprocess
-    expected = req.args.get("expected")
-    rep = await asyncio.to_thread(check, path, expected if isinstance(expected, dict) else None)
+    raw = req.args.get("expected")
+    try:
+        expected = decode_expected(raw) if isinstance(raw, dict) else None
+    except ValueError as exc:
+        reply(_done(req, False, f"verify: expected {exc}"))
+        return
+    rep = await asyncio.to_thread(check, path, expected)
     summary = (
-        f"{path}: {'verified' if rep.get('ok') else 'REJECTED: ' + str(rep.get('reason'))}; "
-        f"{rep.get('tensors')} tensors, {rep.get('params')} params, "
-        f"non-finite {len(rep.get('nonfinite') or {})}, outliers {len(rep.get('outliers') or [])}"
+        f"{path}: {'verified' if rep.ok else 'REJECTED: ' + str(rep.reason)}; "
+        f"{rep.tensors} tensors, {rep.params} params, "
+        f"non-finite {len(rep.nonfinite)}, outliers {len(rep.outliers)}"
     )
-    small = {k: v for k, v in rep.items() if k not in ("stds",)}
-    reply(_done(req, bool(rep.get("ok")), summary, plan={"path": path}, after=small))
+    small = msgspec.to_builtins(msgspec.structs.replace(rep, stds={}))
+    reply(_done(req, rep.ok, summary, plan={"path": path}, after=small))
 
 
 # ------------------------------------------------------------------------------------ resume

@@ -112,7 +112,7 @@ def _plan_sync(keeper: Keeper) -> dict[str, Any]:
     if ckpt is not None:
         verified = st.last_verified()
         for c in st.checkpoints:
-            promoted = (c.report or {}).get("promoted_file")
+            promoted = c.report.promoted_file if c.report is not None else None
             if c.state == "verified" and promoted and Path(promoted) == Path(ckpt):
                 step = c.step
         if step is None:
@@ -166,19 +166,20 @@ async def start_resume(
     progress: Callable[[str], None] | None = None,
     verify_digest: bool = True,
 ) -> dict[str, Any]:
-    from trainroom.core.ckpt.verify import verify_in_subprocess
+    from trainroom.core.ckpt.report import Expected
+    from trainroom.core.ckpt.verifier import verify_in_subprocess
 
     say = progress or (lambda _line: None)
     ckpt = plan["checkpoint"]
     if verify_digest:
         say(f"re-verifying {ckpt} (digest, tensors) before the load")
-        expected = {"digest": plan["digest"]} if plan.get("digest") else None
+        expected = Expected(digest=plan["digest"]) if plan.get("digest") else None
         # The pipeline's warm verifier (torch already imported) when there is one.
         pipe = getattr(keeper.watch, "checkpoints", None) if keeper.watch is not None else None
         check = pipe.verify_now if pipe is not None else verify_in_subprocess
         rep = await asyncio.to_thread(check, ckpt, expected)
-        if not rep.get("ok"):
-            return {"ok": False, "message": f"resume refused: {ckpt} no longer verifies: {rep.get('reason')}"}
+        if not rep.ok:
+            return {"ok": False, "message": f"resume refused: {ckpt} no longer verifies: {rep.reason}"}
     a = keeper.state.attempt
     before = {
         "attempt": a.n if a else None,

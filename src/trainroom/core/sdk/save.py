@@ -19,14 +19,14 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 import msgspec
 
 from trainroom.core.ckpt import digest as digest
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import promote as promote
-from trainroom.core.ckpt import verify as verifier
+from trainroom.core.ckpt.verify import verify
 from trainroom.core.health import diskguard as diskguard
 from trainroom.core.sdk import reporter as reporter
 
@@ -39,7 +39,7 @@ SAVE_OVERHEAD = 1 << 20
 CheckpointWontFit = diskguard.CheckpointWontFit
 
 
-class Saved(msgspec.Struct, kw_only=True):
+class Saved(msgspec.Struct, kw_only=True, frozen=True):
     """What `save_checkpoint` did: the candidate, and (promoted inline) where it went."""
 
     path: str  # the candidate in quarantine (where it was written)
@@ -56,12 +56,12 @@ class _DigestingWriter:
     """The file torch.save writes into: hashes the bytes on their way to disk (torch writes the
     archive front to back, so this is the digest of the file), and never drops a short write."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: IO[bytes]) -> None:
         self._raw = raw
         self._hasher = digest.new_hasher()
         self.size = 0
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
         self._hasher.update(view)
         done = 0
@@ -81,14 +81,14 @@ class _DigestingWriter:
         return digest.digest_hex(self._hasher)
 
 
-def estimate_bytes(state: Any) -> int:
+def estimate_bytes(state: object) -> int:
     """What torch.save of `state` will write: the tensor storages (a shared one once) plus overhead."""
     import torch
 
     seen: set[int] = set()
     total = 0
     count = 0
-    stack = [state]
+    stack: list[object] = [state]
     while stack:
         obj = stack.pop()
         if isinstance(obj, torch.Tensor):
@@ -125,12 +125,12 @@ def _innermost_oserror(exc: BaseException) -> OSError | None:
 
 
 def save_checkpoint(
-    state: Any,
+    state: object,
     step: int,
     root: str | os.PathLike[str] | None = None,
     *,
     promote_inline: bool | None = None,
-    declared_arch: Mapping[str, Any] | None = None,
+    declared_arch: Mapping[str, object] | None = None,
     statvfs: diskguard.StatvfsFn = os.statvfs,
     reserve_bytes: int | None = None,
     budget_bytes: int | None = None,
@@ -169,14 +169,9 @@ def save_checkpoint(
                 os.fsync(raw.fileno())
             layout.write_json_atomic(
                 Path(str(final) + layout.SAVED_SUFFIX),
-                {
-                    "step": step,
-                    "size_bytes": w.size,
-                    "digest": w.digest,
-                    "digest_algo": digest.DIGEST_ALGO,
-                    "saved_at": time.time(),
-                    "pid": os.getpid(),
-                },
+                layout.SaveRecord(
+                    step=step, size_bytes=w.size, digest=w.digest, saved_at=time.time(), pid=os.getpid()
+                ),
             )
             os.rename(tmp, final)
             layout.fsync_dir(q.dir)
@@ -199,12 +194,13 @@ def save_checkpoint(
     inline = (not rep.active) if promote_inline is None else promote_inline
     if not inline:
         return saved
-    report = verifier.verify(final, promote.expected_for(r, declared_arch, final))
+    report = verify(final, promote.expected_for(r, declared_arch, final))
     record = promote.settle(final, report, r)
-    saved.state, saved.reason = record.state, record.reason
-    if record.state == "verified":
-        saved.promoted = record.report.get("promoted_dir")
-        saved.file = record.report.get("promoted_file")
+    saved = msgspec.structs.replace(saved, state=record.state, reason=record.reason)
+    if record.state == "verified" and record.report is not None:
+        saved = msgspec.structs.replace(
+            saved, promoted=record.report.promoted_dir, file=record.report.promoted_file
+        )
     elif record.state == "rejected":
         print(
             f"trainroom: checkpoint step {step} rejected, kept in quarantine: {record.reason}",
