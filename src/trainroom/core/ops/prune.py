@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core.ckpt import layout as ck
+from trainroom.core.ckpt import layout as layout
 
 DEFAULT_KEEP = 2
 
@@ -62,6 +62,60 @@ def _inside(root_real: str, path: str | os.PathLike[str]) -> bool:
     return real != root_real and real.startswith(root_real.rstrip("/") + "/")
 
 
+def _resolved(protect: Iterable[str | os.PathLike[str]]) -> set[str]:
+    """Protected paths, resolved: a file inside a step directory protects its directory."""
+    out: set[str] = set()
+    for x in protect:
+        real = os.path.realpath(x)
+        out.add(real)
+        out.add(os.path.dirname(real))
+    return out
+
+
+def _unlisted(root: Path, listed: set[str]) -> list[Kept]:
+    """What prune will not touch at the top of the root, with why: a symlink, or a step-named
+    directory without a verified manifest."""
+    out: list[Kept] = []
+    try:
+        entries = sorted(root.iterdir())
+    except FileNotFoundError:
+        return out
+    for e in entries:
+        if e.name in listed or e.name in (layout.LATEST, layout.QUARANTINE) or e.name.startswith("."):
+            continue
+        if e.is_symlink():
+            out.append(Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed"))
+        elif layout.STEP_DIR_RE.match(e.name):
+            out.append(Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint"))
+    return out
+
+
+def _rejected(root: Path, root_real: str, protected: set[str]) -> list[PruneTarget]:
+    """Rejected candidates in quarantine, each with its side files."""
+    out: list[PruneTarget] = []
+    for f in layout.Quarantine(root).rejected():
+        if os.path.realpath(f) in protected or f.is_symlink() or not _inside(root_real, f):
+            continue
+        side = [Path(str(f) + s) for s in (layout.REASON_SUFFIX, layout.REPORT_SUFFIX, layout.SAVED_SUFFIX)]
+        size = sum(x.lstat().st_size for x in [f, *side] if os.path.lexists(x))
+        out.append(PruneTarget(path=str(f), step=None, bytes=size, kind="rejected"))
+    return out
+
+
+def _why_kept(
+    v: layout.VerifiedCheckpoint, is_latest: bool, in_use: bool, newest: bool, keep: int
+) -> str | None:
+    if is_latest:
+        return "latest"
+    if in_use:
+        return "in use (resume or verification)"
+    if v.pinned:
+        return "pinned"
+    if newest:
+        return f"one of the last {keep} verified"
+    return None
+
+
 def plan(
     root: str | os.PathLike[str],
     keep: int = DEFAULT_KEEP,
@@ -75,69 +129,28 @@ def plan(
     root_p = Path(root).absolute()
     root_real = os.path.realpath(root_p)
     out = PrunePlan(root=str(root_p), keep=keep)
-    # Protected paths, resolved: a file inside a step dir protects its directory.
-    protected: set[str] = set()
-    for x in protect:
-        real = os.path.realpath(x)
-        protected.add(real)
-        protected.add(os.path.dirname(real))
-    latest = ck.latest_dir(root_p)
+    protected = _resolved(protect)
+    latest = layout.latest_dir(root_p)
     latest_real = os.path.realpath(latest) if latest else None
-    pointer = root_p / ck.LATEST
+    pointer = root_p / layout.LATEST
     if pointer.is_symlink() and latest is None:
-        out.skipped.append(
-            Kept(
-                path=str(pointer),
-                step=None,
-                why=f"latest -> {os.readlink(pointer)} is not a verified step dir here: not followed",
-            )
-        )
-
-    verified = ck.verified_checkpoints(root_p)
-    listed = {os.path.basename(v.dir) for v in verified}
-    try:
-        entries = sorted(root_p.iterdir())
-    except FileNotFoundError:
-        return out
-    for e in entries:
-        if e.name in listed or e.name in (ck.LATEST, ck.QUARANTINE) or e.name.startswith("."):
-            continue
-        if e.is_symlink():
-            out.skipped.append(
-                Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed")
-            )
-        elif ck.STEP_DIR_RE.match(e.name):
-            out.skipped.append(
-                Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint")
-            )
-
+        note = f"latest -> {os.readlink(pointer)} is not a verified step dir here: not followed"
+        out.skipped.append(Kept(path=str(pointer), step=None, why=note))
+    verified = layout.verified_checkpoints(root_p)
+    out.skipped += _unlisted(root_p, {os.path.basename(v.dir) for v in verified})
     newest = {v.dir for v in verified[-keep:]} if keep else set()
     for v in reversed(verified):
         real = os.path.realpath(v.dir)
-        why = None
         if not _inside(root_real, v.dir):
             out.skipped.append(Kept(path=v.dir, step=v.step, why="resolves outside the root"))
             continue
-        if real == latest_real:
-            why = "latest"
-        elif real in protected:
-            why = "in use (resume or verification)"
-        elif v.pinned:
-            why = "pinned"
-        elif v.dir in newest:
-            why = f"one of the last {keep} verified"
+        why = _why_kept(v, real == latest_real, real in protected, v.dir in newest, keep)
         if why:
             out.kept.append(Kept(path=v.dir, step=v.step, why=why))
         else:
             out.delete.append(PruneTarget(path=v.dir, step=v.step, bytes=v.size_bytes))
     if include_rejected:
-        q = ck.Quarantine(root_p)
-        for f in q.rejected():
-            if os.path.realpath(f) in protected or f.is_symlink() or not _inside(root_real, f):
-                continue
-            side = [Path(str(f) + s) for s in (ck.REASON_SUFFIX, ck.REPORT_SUFFIX, ck.SAVED_SUFFIX)]
-            size = sum(x.lstat().st_size for x in [f, *side] if os.path.lexists(x))
-            out.delete.append(PruneTarget(path=str(f), step=None, bytes=size, kind="rejected"))
+        out.delete += _rejected(root_p, root_real, protected)
     out.bytes_to_free = sum(t.bytes for t in out.delete)
     return out
 
@@ -150,11 +163,9 @@ def execute(
         root=pl.root, keep=pl.keep, dry_run=dry_run, kept=list(pl.kept), skipped=list(pl.skipped)
     )
     root_real = os.path.realpath(pl.root)
-    latest = ck.latest_dir(pl.root)
+    latest = layout.latest_dir(pl.root)
     latest_real = os.path.realpath(latest) if latest else None
-    protected = {os.path.realpath(x) for x in protect} | {
-        os.path.dirname(os.path.realpath(x)) for x in protect
-    }
+    protected = _resolved(protect)
     for t in pl.delete:
         p_ = Path(t.path)
         refuse = None
@@ -162,7 +173,7 @@ def execute(
             refuse = "became a symlink"
         elif not _inside(root_real, p_) or os.path.dirname(os.path.realpath(p_)) not in (
             root_real,
-            os.path.join(root_real, ck.QUARANTINE),
+            os.path.join(root_real, layout.QUARANTINE),
         ):
             refuse = "outside the root"
         elif os.path.realpath(p_) == latest_real:
@@ -178,7 +189,7 @@ def execute(
             continue
         try:
             if t.kind == "rejected":
-                for s in ("", ck.REASON_SUFFIX, ck.REPORT_SUFFIX, ck.SAVED_SUFFIX):
+                for s in ("", layout.REASON_SUFFIX, layout.REPORT_SUFFIX, layout.SAVED_SUFFIX):
                     x = Path(t.path + s)
                     if os.path.lexists(x):
                         x.unlink()
@@ -191,7 +202,7 @@ def execute(
         res.deleted.append(t)
         res.bytes_freed += t.bytes
     if res.deleted and not dry_run:
-        ck.fsync_dir(pl.root)
+        layout.fsync_dir(pl.root)
     return res
 
 
