@@ -223,8 +223,8 @@ def _rebase(
     if isinstance(children, list) and children:
         ratios: list[float | None] = [None] * len(groups)
         for k, child in enumerate(children):
-            r = _rebase(child, groups, targets, f"{field}._schedulers[{k}]", changes, torch)
-            ratios = [a if a is not None else b for a, b in zip(ratios, r, strict=True)]
+            child_ratios = _rebase(child, groups, targets, f"{field}._schedulers[{k}]", changes, torch)
+            ratios = [a if a is not None else b for a, b in zip(ratios, child_ratios, strict=True)]
         return ratios
     ratios = []
     for i, g in enumerate(groups):

@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 from trainroom.core import protocol as p
 from trainroom.core.protocol import error_chain
@@ -47,7 +47,7 @@ class Reporter:
         self._queue: collections.deque[bytes] = collections.deque(maxlen=QUEUE_FRAMES)
         self._partial: memoryview | None = None
         self._sock: socket.socket | None = None
-        self._phase = "train"
+        self._phase: p.PhaseName = "train"
         self._closed = False
         self.dropped = 0
         self.last_step: int | None = None
@@ -85,7 +85,7 @@ class Reporter:
             lrs = [float(lr)]
         else:
             lrs = list(lr or [])
-        alloc = alloc or _allocator_stats()
+        stats = alloc or _allocator_stats()
         self.last_step = step
         self._send(
             p.Step(
@@ -96,9 +96,9 @@ class Reporter:
                 grad_norm=None if grad_norm is None else float(grad_norm),
                 lr=lrs,
                 loss_scale=None if loss_scale is None else float(loss_scale),
-                alloc_allocated=alloc[0],
-                alloc_reserved=alloc[1],
-                alloc_peak=alloc[2],
+                alloc_allocated=stats[0],
+                alloc_reserved=stats[1],
+                alloc_peak=stats[2],
             )
         )
 
@@ -112,6 +112,7 @@ class Reporter:
             yield
         finally:
             self._phase = prev
+            # A name outside the protocol's would end the connection: fall back to train.
             self._send(p.Phase(name=prev if prev in _PHASES else "train", t=time.time()))
 
     def checkpoint(
@@ -226,10 +227,13 @@ class Reporter:
             now - self._frame_since,
         )
 
+    def _running(self) -> bool:
+        return not self._closed
+
     def _beat(self) -> None:
-        while not self._closed:
+        while self._running():
             time.sleep(self._heartbeat_s)
-            if self._closed:
+            if not self._running():  # closed while this thread slept
                 return
             frame, age = self._main_frame()
             with self._lock:
@@ -261,7 +265,7 @@ class NullReporter:
         self.last_step = step
 
     @contextlib.contextmanager
-    def phase(self, name: str, bound_s: float | None = None) -> Iterator[None]:
+    def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
         yield
 
     def checkpoint(self, *_: Any, **__: Any) -> None:
@@ -280,7 +284,7 @@ class NullReporter:
         return True
 
 
-_PHASES = {"train", "eval", "checkpoint-save", "checkpoint-load", "data"}
+_PHASES: frozenset[str] = frozenset(get_args(p.PhaseName))
 _current: Reporter | NullReporter = NullReporter()
 
 
