@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
@@ -22,8 +22,12 @@ from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.units import fmt_bytes
 
+if TYPE_CHECKING:
+    # What `ArgumentParser.add_subparsers()` returns (generic only to the type checker).
+    Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
-def add_parser(subparsers: Any) -> None:
+
+def add_parser(subparsers: Subcommands) -> None:
     """Both verbs on `trainroom`'s subcommands."""
     _add_verify(subparsers)
     _add_prune(subparsers)
@@ -56,7 +60,7 @@ def _human(rep: VerifyReport) -> str:
     return "\n".join(lines)
 
 
-def _add_verify(subparsers: Any) -> None:
+def _add_verify(subparsers: Subcommands) -> None:
     """`trainroom verify [TARGET] [--json]`: exit 0 verified, 1 rejected, 2 bad input."""
     ap = subparsers.add_parser(
         "verify",
@@ -184,7 +188,7 @@ def _verify_run(spec: str | None, expected: Expected | None, args: argparse.Name
 # --------------------------------------------------------------------------- prune
 
 
-def _add_prune(subparsers: Any) -> None:
+def _add_prune(subparsers: Subcommands) -> None:
     """`trainroom prune [RUN] [--keep N] [--dry-run] [--yes] [--json] [--root PATH]`."""
     ap = subparsers.add_parser(
         "prune",

@@ -26,11 +26,15 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from typing import Any, get_args
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, get_args
 
 from trainroom.core import protocol as p
 from trainroom.core.protocol import error_chain
+
+if TYPE_CHECKING:
+    import torch
 
 QUEUE_FRAMES = 4096
 SNDBUF_BYTES = 1 << 20
@@ -72,7 +76,7 @@ class Reporter:
         loss: float | None = None,
         tokens: int | None = None,
         grad_norm: float | None = None,
-        optimizer: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
         lr: list[float] | float | None = None,
         loss_scale: float | None = None,
         alloc: tuple[int, int, int] | None = None,
@@ -122,7 +126,7 @@ class Reporter:
             p.Checkpoint(path=str(path), step=step, t=time.time(), size_bytes=size_bytes, digest=digest)
         )
 
-    def note(self, kind: str, message: str = "", step: int | None = None, **data: Any) -> None:
+    def note(self, kind: str, message: str = "", step: int | None = None, **data: object) -> None:
         self._send(p.Note(kind=kind, t=time.time(), message=message, step=step, data=data))
 
     def crash(self, exc: BaseException) -> None:
@@ -156,7 +160,7 @@ class Reporter:
 
     # ----------------------------------------------------------------- sending
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: p.TrainerMsg) -> None:
         data = p.frame(msg)
         with self._lock:
             if len(self._queue) == self._queue.maxlen:
@@ -261,17 +265,17 @@ class NullReporter:
     def active(self) -> bool:
         return False
 
-    def step(self, step: int, **_: Any) -> None:
+    def step(self, step: int, **_: object) -> None:
         self.last_step = step
 
     @contextlib.contextmanager
     def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
         yield
 
-    def checkpoint(self, *_: Any, **__: Any) -> None:
+    def checkpoint(self, *_: object, **__: object) -> None:
         pass
 
-    def note(self, *_: Any, **__: Any) -> None:
+    def note(self, *_: object, **__: object) -> None:
         pass
 
     def crash(self, exc: BaseException) -> None:
@@ -297,7 +301,7 @@ def connect(
     lr: float | None = None,
     vocab_size: int | None = None,
     warmup_steps: int | None = None,
-    arch: dict[str, Any] | None = None,
+    arch: Mapping[str, object] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     sock_path: str | None = None,
@@ -314,7 +318,9 @@ def connect(
         pid=os.getpid(),
         rank=int(os.environ.get("RANK", 0)) if rank is None else rank,
         world_size=int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size,
-        config=p.RequestedConfig(lr=lr, vocab_size=vocab_size, warmup_steps=warmup_steps, arch=arch or {}),
+        config=p.RequestedConfig(
+            lr=lr, vocab_size=vocab_size, warmup_steps=warmup_steps, arch=dict(arch or {})
+        ),
         argv=list(sys.argv),
     )
     rep = Reporter(path, hello)
@@ -326,7 +332,7 @@ def connect(
 def _install_hooks(rep: Reporter) -> None:
     prev_hook = sys.excepthook
 
-    def excepthook(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
+    def excepthook(tp: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if not isinstance(exc, KeyboardInterrupt):
             with contextlib.suppress(Exception):
                 rep.crash(exc)
