@@ -293,3 +293,61 @@ def test_latest_pointer_file_when_symlinks_are_unavailable(tmp_path: Path) -> No
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-000001" / "step-000001.pt"
     (tmp_path / "latest").write_text("../elsewhere\n")
     assert ck.latest_checkpoint(tmp_path) is None
+
+
+def test_records_written_before_the_structs_still_read(tmp_path: Path) -> None:
+    """A journal record whose report was a plain dict, and a manifest written by json.dump, as
+    runs on disk have them: both decode into today's records."""
+    import msgspec
+
+    old = {
+        "type": "ckpt",
+        "path": "/r/.quarantine/step-000005.pt",
+        "step": 5,
+        "state": "verified",
+        "t": 1.0,
+        "report": {
+            "ok": True,
+            "format": "torch-zip",
+            "tensors": 3,
+            "nonfinite": {},
+            "arch": {"layers": 2},
+            "ram": {},
+            "seconds": 0.01,
+            "promoted_dir": "/r/step-000005",
+            "promoted_file": "/r/step-000005/step-000005.pt",
+        },
+    }
+    rec = p.record_decoder.decode(msgspec.msgpack.encode(old))
+    assert isinstance(rec, p.CheckpointState) and rec.report is not None
+    assert rec.report.promoted_file == "/r/step-000005/step-000005.pt" and rec.report.tensors == 3
+    saved = save.save_checkpoint(small_state(5), 5, root=tmp_path)
+    step_dir = tmp_path / "step-000005"
+    f = step_dir / "step-000005.pt"
+    manifest = {
+        "version": 1,
+        "ok": True,
+        "file": f.name,
+        "path": str(f),
+        "step": 5,
+        "size_bytes": f.stat().st_size,
+        "digest": saved.digest,
+        "digest_algo": "xxh3-128",
+        "saved_at": 1.5,
+        "verified_at": 2.5,
+        "source": saved.path,
+        "report": {
+            "format": "torch-zip",
+            "tensors": 2,
+            "arch": {"layers": 1, "vocab": 64},
+            "stds": {"a": 0.02},
+        },
+    }
+    (step_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    assert ck.latest_checkpoint(tmp_path) == f
+    (only,) = ck.verified_checkpoints(tmp_path)
+    assert only.step == 5 and only.saved_at == 1.5 and only.digest == saved.digest
+    prev = ck.previous_verified(tmp_path)
+    assert prev is not None and prev.arch.vocab == 64 and prev.stds == {"a": 0.02}
+    assert v.discover_expected(f).digest == saved.digest
+    assert v.verify(f).digest_ok is True
