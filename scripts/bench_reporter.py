@@ -81,13 +81,12 @@ def main() -> int:
 
     results.append(("SummaryWriter.add_scalar x 8", *bench(tstep, args.steps)))
     tb.close()
-    f = open(os.path.join(home, "log.txt"), "w")
+    with open(os.path.join(home, "log.txt"), "w") as f:
 
-    def pstep(i: int) -> None:
-        print(f"step {i} loss 2.5 tokens {i * 512} gn 0.9 lr 1e-4 ls 65536 a 1 r 2 p 3", file=f)
+        def pstep(i: int) -> None:
+            print(f"step {i} loss 2.5 tokens {i * 512} gn 0.9 lr 1e-4 ls 65536 a 1 r 2 p 3", file=f)
 
-    results.append(("print to a file", *bench(pstep, args.steps)))
-    f.close()
+        results.append(("print to a file", *bench(pstep, args.steps)))
     rep.close()
     runs.stop_run(info.run_dir)
 

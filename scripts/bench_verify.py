@@ -50,8 +50,11 @@ def main() -> int:
 
     import torch
 
-    from trainroom.core.ckpt import layout as ck
     from trainroom.core.ckpt import verify as v
+    from trainroom.core.ckpt.digest import digest_file
+    from trainroom.core.ckpt.report import VerifyReport
+    from trainroom.core.ckpt.verifier import WarmVerifier, verify_in_subprocess
+    from trainroom.core.sdk import save as save
 
     tmp = Path(tempfile.mkdtemp(prefix="trbench"))
     root = args.keep or tmp / "ck"
@@ -75,7 +78,7 @@ def main() -> int:
                 sd[f"transformer.h.{i}.{name}"] = torch.randn(*shape, generator=g) * 0.02
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
         t = time.perf_counter()
-        saved = ck.save_checkpoint({"model": sd, "iter_num": 1}, 1, root=root, promote_inline=False)
+        saved = save.save_checkpoint({"model": sd, "iter_num": 1}, 1, root=root, promote_inline=False)
         save_s = time.perf_counter() - t
         del sd  # the verifier reads the file, not these
         path = Path(saved.path)
@@ -87,7 +90,7 @@ def main() -> int:
             args.repeat,
             lambda: subprocess.run(["sha256sum", str(path)], check=True, stdout=subprocess.DEVNULL),
         )
-        xxh = best_of(args.repeat, lambda: v.digest_file(path))
+        xxh = best_of(args.repeat, lambda: digest_file(path))
 
         def openssl_sha256() -> None:
             import hashlib
@@ -108,25 +111,25 @@ def main() -> int:
             b3_s: float | None = best_of(args.repeat, b3)
         except ImportError:
             b3_s = None
-        reports: list[dict] = []
+        reports: list[VerifyReport] = []
         t = time.perf_counter()
         reports.append(v.verify(path))
         first = time.perf_counter() - t  # the first mmap load faults every page in
         inproc = min(first, best_of(max(1, args.repeat - 1), lambda: reports.append(v.verify(path))))
         rep = reports[-1]
-        if not rep["ok"] or not rep["digest_ok"]:
-            print(f"bench_verify: the checkpoint did not verify: {rep['reason']}", file=sys.stderr)
+        if not rep.ok or not rep.digest_ok:
+            print(f"bench_verify: the checkpoint did not verify: {rep.reason}", file=sys.stderr)
             return 1
-        sub = best_of(max(1, args.repeat - 1), lambda: v.verify_in_subprocess(path, timeout=600))
-        warm = v.WarmVerifier(nice=0)
+        sub = best_of(max(1, args.repeat - 1), lambda: verify_in_subprocess(path, timeout=600))
+        warm = WarmVerifier(nice=0)
         try:
             t = time.perf_counter()
             warm_rep = warm.verify(path, timeout=600)
             warm_first = time.perf_counter() - t
             warm_best = best_of(args.repeat, lambda: warm.verify(path, timeout=600))
-            if warm.starts != 1 or not warm_rep["ok"]:
+            if warm.starts != 1 or not warm_rep.ok:
                 print(
-                    f"bench_verify: the warm verifier restarted or rejected: {warm_rep['reason']}",
+                    f"bench_verify: the warm verifier restarted or rejected: {warm_rep.reason}",
                     file=sys.stderr,
                 )
                 return 1
@@ -137,7 +140,7 @@ def main() -> int:
             return f"  {name:44s} {s:8.3f} s  {gb / s:7.2f} GB/s  {sha / s:6.2f}x sha256sum"
 
         print(
-            f"bench_verify: {size / 1e6:.0f} MB checkpoint, {rep['tensors']} tensors, {rep['params']:,} params "
+            f"bench_verify: {size / 1e6:.0f} MB checkpoint, {rep.tensors} tensors, {rep.params:,} params "
             f"(saved in {save_s:.2f} s, {gb / save_s:.2f} GB/s with the digest taken while writing); "
             f"page cache warm, best of {args.repeat}, torch threads {torch.get_num_threads()}"
         )

@@ -55,6 +55,42 @@ def phase_of(log: Path) -> str:
     }.get(last, last)
 
 
+def check_after_kill(root: Path, trial: int, counts: collections.Counter[str]) -> list[str]:
+    """As the next save would: sweep what the killed writer left; then what is outside quarantine
+    must be whole, `latest` must verify, and leftover candidates are settled as a keeper would."""
+    from trainroom.core.ckpt import layout as ck
+    from trainroom.core.ckpt import promote as pm
+    from trainroom.core.ckpt import verify as v
+    from trainroom.core.ops import prune as prune
+
+    failures: list[str] = []
+    done = ck.Quarantine(root).sweep()
+    counts["swept: half-written temp files removed"] += sum(x.startswith("removed") for x in done)
+    counts["swept: half-done promotions finished"] += sum(x.startswith("finished") for x in done)
+    counts["swept: half-done promotions undone"] += sum(x.startswith("undid") for x in done)
+    # What is outside quarantine must be whole: step dirs with manifests, and latest.
+    for x in root.iterdir():
+        if x.name in (ck.LATEST, ck.QUARANTINE):
+            continue
+        if x.name.startswith(".") or not (x / ck.MANIFEST).is_file():
+            failures.append(f"trial {trial}: {x.name} left outside quarantine")
+    latest = ck.latest_checkpoint(root)
+    if latest is None:
+        counts["no latest yet"] += 1
+    else:
+        rep = v.verify(latest)
+        if rep.ok and rep.digest_ok:
+            counts["latest verified"] += 1
+        else:
+            failures.append(f"trial {trial}: latest {latest} failed: {rep.reason}")
+    for c in ck.Quarantine(root).candidates():
+        # A candidate the kill left unjudged: verify and settle it as a keeper would.
+        rec = pm.settle(c, v.verify(c), root)
+        counts[f"leftover candidates {rec.state}"] += 1
+    counts["bytes pruned"] += prune.prune(root, keep=2).bytes_freed
+    return failures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=60)
@@ -67,10 +103,6 @@ def main() -> int:
     if args.trials < 1 or args.mb <= 0:
         print("stress_checkpoints: --trials and --mb must be positive", file=sys.stderr)
         return 2
-
-    from trainroom.core.ckpt import layout as ck
-    from trainroom.core.ckpt import verify as v
-    from trainroom.core.ops import prune as prune
 
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="trstress"))
@@ -114,35 +146,11 @@ def main() -> int:
             proc.wait()
             proc.stderr.close()
             moments[phase_of(log)] += 1
-            done = ck.Quarantine(root).sweep()
-            counts["swept: half-written temp files removed"] += sum(x.startswith("removed") for x in done)
-            counts["swept: half-done promotions finished"] += sum(x.startswith("finished") for x in done)
-            counts["swept: half-done promotions undone"] += sum(x.startswith("undid") for x in done)
-            # What is outside quarantine must be whole: step dirs with manifests, and latest.
-            for x in root.iterdir():
-                if x.name in (ck.LATEST, ck.QUARANTINE):
-                    continue
-                if x.name.startswith(".") or not (x / ck.MANIFEST).is_file():
-                    failures.append(f"trial {trial}: {x.name} left outside quarantine")
-            latest = ck.latest_checkpoint(root)
-            if latest is None:
-                counts["no latest yet"] += 1
-            else:
-                rep = v.verify(latest)
-                if rep["ok"] and rep["digest_ok"]:
-                    counts["latest verified"] += 1
-                else:
-                    failures.append(f"trial {trial}: latest {latest} failed: {rep['reason']}")
-            for c in ck.Quarantine(root).candidates():
-                # A candidate the kill left unjudged: verify and settle it as a keeper would.
-                rec = ck.settle(c, v.verify(c), root)
-                counts[f"leftover candidates {rec.state}"] += 1
-            pr = prune.prune(root, keep=2)
-            counts["bytes pruned"] += pr.bytes_freed
+            failures += check_after_kill(root, trial, counts)
             verified = [
                 int(x.split()[1]) for x in log.read_text().splitlines() if x.startswith(("verified", "save"))
             ]
-            step = max(verified + [step]) + 1
+            step = max([*verified, step]) + 1
         print(
             f"stress_checkpoints: {args.trials} SIGKILLs of a real save loop, {args.mb:g} MB checkpoints, "
             f"save cycle ~{cycle_s:.3f} s"

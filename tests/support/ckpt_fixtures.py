@@ -60,12 +60,12 @@ class GPT(nn.Module):
     ) -> None:
         super().__init__()
         self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(vocab, n_embd),
-                wpe=nn.Embedding(BLOCK, n_embd),
-                h=nn.ModuleList([Block(n_embd, N_HEAD) for _ in range(n_layer)]),
-                ln_f=nn.LayerNorm(n_embd),
-            )
+            {
+                "wte": nn.Embedding(vocab, n_embd),
+                "wpe": nn.Embedding(BLOCK, n_embd),
+                "h": nn.ModuleList([Block(n_embd, N_HEAD) for _ in range(n_layer)]),
+                "ln_f": nn.LayerNorm(n_embd),
+            }
         )
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         if tied:
@@ -97,39 +97,39 @@ def nanogpt_checkpoint(
     loss = model(idx, torch.roll(idx, -1, 1))
     loss.backward()
     opt.step()
-    model_args = dict(
-        n_layer=n_layer,
-        n_head=N_HEAD,
-        n_embd=N_EMBD,
-        block_size=BLOCK,
-        bias=True,
-        vocab_size=VOCAB,
-        dropout=0.0,
-    )
-    config = dict(
-        out_dir="out",
-        eval_interval=2000,
-        log_interval=1,
-        eval_only=False,
-        always_save_checkpoint=True,
-        init_from="scratch",
-        wandb_log=False,
-        dataset="openwebtext",
-        gradient_accumulation_steps=40,
-        batch_size=12,
-        learning_rate=6e-4,
-        max_iters=600000,
-        beta1=0.9,
-        beta2=0.95,
-        grad_clip=1.0,
-        decay_lr=True,
-        warmup_iters=2000,
-        min_lr=6e-5,
-        backend="nccl",
-        device="cpu",
-        dtype="float32",
-        compile=False,
-    )
+    model_args = {
+        "n_layer": n_layer,
+        "n_head": N_HEAD,
+        "n_embd": N_EMBD,
+        "block_size": BLOCK,
+        "bias": True,
+        "vocab_size": VOCAB,
+        "dropout": 0.0,
+    }
+    config = {
+        "out_dir": "out",
+        "eval_interval": 2000,
+        "log_interval": 1,
+        "eval_only": False,
+        "always_save_checkpoint": True,
+        "init_from": "scratch",
+        "wandb_log": False,
+        "dataset": "openwebtext",
+        "gradient_accumulation_steps": 40,
+        "batch_size": 12,
+        "learning_rate": 6e-4,
+        "max_iters": 600000,
+        "beta1": 0.9,
+        "beta2": 0.95,
+        "grad_clip": 1.0,
+        "decay_lr": True,
+        "warmup_iters": 2000,
+        "min_lr": 6e-5,
+        "backend": "nccl",
+        "device": "cpu",
+        "dtype": "float32",
+        "compile": False,
+    }
     state = {
         "model": model.state_dict(),
         "optimizer": opt.state_dict(),

@@ -10,8 +10,11 @@ import torch
 
 from tests.support.ckpt_fixtures import nanogpt_checkpoint
 from trainroom.core.ckpt import layout as ck
+from trainroom.core.ckpt import promote as pm
 from trainroom.core.ckpt import verify as v
 from trainroom.core.ckpt import watch as w
+from trainroom.core.ckpt.digest import digest_file
+from trainroom.core.ckpt.report import failure_report
 
 
 def write_ckpt(path: Path, iter_num: int) -> None:
@@ -40,12 +43,12 @@ def test_overwritten_file_is_verified_per_version_and_copied(tmp_path: Path) -> 
     assert req.path == str(ckpt) and req.version == 1
     report = v.verify(req.path, req.expected)
     state, recs, stood = w.record_verdict(state, req, report, w.stat_one(req.path), 3.0)
-    assert stood and [(r.state, r.step, r.digest) for r in recs] == [("verified", 100, v.digest_file(ckpt))]
+    assert stood and [(r.state, r.step, r.digest) for r in recs] == [("verified", 100, digest_file(ckpt))]
     # Polling on finds nothing new to do.
     state, reqs, recs = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 10.0)
     assert reqs == [] and recs == []
     root = tmp_path / "ck"
-    kept = ck.keep_verified_copy(ckpt, report, root)
+    kept = pm.keep_verified_copy(ckpt, report, root)
     assert kept == root / "step-000100" and (kept / "ckpt.pt").read_bytes() == ckpt.read_bytes()
     assert ck.latest_checkpoint(root) == kept / "ckpt.pt"
 
@@ -57,11 +60,12 @@ def test_overwritten_file_is_verified_per_version_and_copied(tmp_path: Path) -> 
     state, reqs, recs = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 23.0)
     assert len(reqs) == 1 and reqs[0].version == 2
     # The previous version's fingerprint is what the new one is compared against.
-    assert reqs[0].expected["previous"]["arch"]["layers"] == 2
+    previous = reqs[0].expected.previous
+    assert previous is not None and previous.arch.layers == 2
     report2 = v.verify(reqs[0].path, reqs[0].expected)
     state, recs, stood = w.record_verdict(state, reqs[0], report2, w.stat_one(str(ckpt)), 24.0)
     assert stood and recs[0].state == "verified" and recs[0].step == 200
-    assert ck.keep_verified_copy(ckpt, report2, root) == root / "step-000200"
+    assert pm.keep_verified_copy(ckpt, report2, root) == root / "step-000200"
     assert os.readlink(root / "latest") == "step-000200"
 
 
@@ -78,7 +82,7 @@ def test_a_verdict_on_overwritten_bytes_is_dropped(tmp_path: Path) -> None:
     assert not stood and recs == []
     assert state.files[str(ckpt)].state == "settling"
     # A copy of the old verdict's bytes cannot be made either: the file's digest no longer matches.
-    assert ck.keep_verified_copy(ckpt, report, tmp_path / "ck") is None
+    assert pm.keep_verified_copy(ckpt, report, tmp_path / "ck") is None
     assert ck.Quarantine(tmp_path / "ck").candidates() == [] and not (tmp_path / "ck" / "latest").exists()
 
 
@@ -111,7 +115,7 @@ def test_deferred_verdict_retries_the_same_version(tmp_path: Path) -> None:
     write_ckpt(ckpt, 100)
     state, req = settle_and_request(w.WatchState(), ckpt, 0.0)
     state, recs, stood = w.record_verdict(
-        state, req, v.failure_report(ckpt, "verifier timed out", deferred=True), w.stat_one(str(ckpt)), 3.0
+        state, req, failure_report(ckpt, "verifier timed out", deferred=True), w.stat_one(str(ckpt)), 3.0
     )
     assert not stood and recs == [] and state.files[str(ckpt)].state == "settling"
     state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 3.0 + w.SETTLE_S)

@@ -18,7 +18,12 @@ import torch
 from tests.support.ckpt_fixtures import nanogpt_checkpoint, small_state
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import layout as ck
+from trainroom.core.ckpt import promote as pm
 from trainroom.core.ckpt import verify as v
+from trainroom.core.ckpt.digest import digest_file
+from trainroom.core.ckpt.rules import findings_for_report
+from trainroom.core.ckpt.verifier import verify_in_subprocess
+from trainroom.core.sdk import save as save
 
 TESTS = str(Path(__file__).resolve().parents[2])  # the repo root: `tests.support` imports
 
@@ -29,51 +34,51 @@ def _listing(root: Path) -> list[str]:
 
 def test_save_promotes_and_points_latest(tmp_path: Path) -> None:
     state, _ = nanogpt_checkpoint()
-    saved = ck.save_checkpoint(state, 300, root=tmp_path)
+    saved = save.save_checkpoint(state, 300, root=tmp_path)
     assert saved.state == "verified", saved.reason
     assert os.readlink(tmp_path / "latest") == "step-000300"
     f = tmp_path / "step-000300" / "step-000300.pt"
     assert saved.file == str(f) and ck.latest_checkpoint(tmp_path) == f
     manifest = json.loads((tmp_path / "step-000300" / "manifest.json").read_text())
     # The digest taken while writing is the digest of the bytes on disk.
-    assert manifest["digest"] == saved.digest == v.digest_file(f)
+    assert manifest["digest"] == saved.digest == digest_file(f)
     assert manifest["size_bytes"] == f.stat().st_size == saved.size_bytes
     assert manifest["report"]["arch"]["layers"] == 2 and manifest["step"] == 300
     assert _listing(tmp_path / ".quarantine") == []  # no candidate, sidecar or temp left
     # Re-verifying the promoted file finds its digest in the manifest beside it.
     rep = v.verify(f)
-    assert rep["ok"] and rep["digest_ok"] is True
+    assert rep.ok and rep.digest_ok is True
 
 
 def test_env_root_and_missing_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ck.ENV_ROOT, str(tmp_path / "ck"))
-    assert ck.save_checkpoint(small_state(1), 1).state == "verified"
+    assert save.save_checkpoint(small_state(1), 1).state == "verified"
     assert ck.latest_checkpoint() == tmp_path / "ck" / "step-000001" / "step-000001.pt"
     monkeypatch.delenv(ck.ENV_ROOT)
     with pytest.raises(ck.CheckpointError, match="TRAINROOM_CKPT_ROOT"):
-        ck.save_checkpoint(small_state(2), 2)
+        save.save_checkpoint(small_state(2), 2)
 
 
 def test_truncated_candidate_stays_quarantined_and_latest_unchanged(tmp_path: Path) -> None:
     # Scenario 12: the file on disk is shorter than what was written (DrvFs did this).
-    ck.save_checkpoint(small_state(100), 100, root=tmp_path)
-    saved = ck.save_checkpoint(small_state(200), 200, root=tmp_path, promote_inline=False)
+    save.save_checkpoint(small_state(100), 100, root=tmp_path)
+    saved = save.save_checkpoint(small_state(200), 200, root=tmp_path, promote_inline=False)
     cand = Path(saved.path)
     assert saved.state == "candidate" and cand.parent.name == ".quarantine"
     with open(cand, "r+b") as fh:
         fh.truncate(cand.stat().st_size // 2)
-    report = v.verify(cand, ck.expected_for(tmp_path, candidate=cand))
-    record = ck.settle(cand, report, tmp_path)
+    report = v.verify(cand, pm.expected_for(tmp_path, candidate=cand))
+    record = pm.settle(cand, report, tmp_path)
     assert record.state == "rejected" and record.reason.startswith("truncated")
     assert cand.exists() and (cand.parent / (cand.name + ".reason")).read_text().startswith("truncated")
     assert json.loads((cand.parent / (cand.name + ".verify.json")).read_text())["ok"] is False
     assert os.readlink(tmp_path / "latest") == "step-000100"
     assert not (tmp_path / "step-000200").exists()
     assert ck.Quarantine(tmp_path).rejected() == [cand] and ck.Quarantine(tmp_path).candidates() == []
-    f = v.findings_for_report(report)[0]
+    f = findings_for_report(report)[0]
     assert f.code == "CKPT_REJECTED" and "truncated" in f.message
     with pytest.raises(ck.CheckpointError):
-        ck.promote(cand, report, tmp_path)
+        pm.promote(cand, report, tmp_path)
 
 
 def test_keeper_flow_over_a_real_socket(tmp_path: Path) -> None:
@@ -116,28 +121,28 @@ def test_keeper_flow_over_a_real_socket(tmp_path: Path) -> None:
     phases = [m for m in msgs if isinstance(m, p.Phase)]
     assert phases[0].name == "checkpoint-save" and phases[1].name == "train"
     frame = next(m for m in msgs if isinstance(m, p.Checkpoint))
-    assert frame.path == cand and frame.step == 5 and frame.digest == v.digest_file(cand)
+    assert frame.path == cand and frame.step == 5 and frame.digest == digest_file(cand)
     assert frame.size_bytes == Path(cand).stat().st_size
     assert not (root / "latest").exists()
     # The keeper's half: verify in a subprocess (no torch here), then settle.
-    report = v.verify_in_subprocess(cand, ck.expected_for(root, candidate=cand), timeout=120)
-    assert report["digest_ok"] is True
-    record = ck.settle(cand, report, root)
+    report = verify_in_subprocess(cand, pm.expected_for(root, candidate=cand), timeout=120)
+    assert report.digest_ok is True
+    record = pm.settle(cand, report, root)
     assert record.state == "verified" and record.path == cand and record.digest == frame.digest
-    assert record.report["promoted_dir"] == str(root / "step-000005")
+    assert record.report is not None and record.report.promoted_dir == str(root / "step-000005")
     assert ck.latest_checkpoint(root) == root / "step-000005" / "step-000005.pt"
 
 
 def test_presave_check_refuses_before_writing(tmp_path: Path) -> None:
-    ck.save_checkpoint(small_state(1), 1, root=tmp_path)
+    save.save_checkpoint(small_state(1), 1, root=tmp_path)
 
     class Nearly:  # statvfs figures: 100 MB disk with 1 MB available
         f_frsize = f_bsize = 4096
         f_blocks = 25_600
         f_bfree = f_bavail = 256
 
-    with pytest.raises(ck.CheckpointWontFit) as ei:
-        ck.save_checkpoint(
+    with pytest.raises(save.CheckpointWontFit) as ei:
+        save.save_checkpoint(
             {"w": torch.zeros(1_000_000)}, 2, root=tmp_path, statvfs=lambda _: Nearly, reserve_bytes=0
         )
     assert ei.value.errno == errno.ENOSPC and "will not fit" in str(ei.value)
@@ -178,7 +183,7 @@ def test_write_failure_midway_leaves_latest_intact(tmp_path: Path) -> None:
     assert out.stdout.strip() == "EFBIG", out.stderr
     assert _listing(root / ".quarantine") == []
     assert sorted(x.name for x in root.iterdir()) == [".quarantine", "latest", "step-000001"]
-    assert v.verify(ck.latest_checkpoint(root))["ok"]
+    assert v.verify(ck.latest_checkpoint(root)).ok
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) for a private tmpfs")
@@ -209,7 +214,7 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
         out["quarantine"] = sorted(os.listdir(os.path.join(root, ".quarantine")))
         out["root"] = sorted(os.listdir(root))
         out["latest"] = os.readlink(os.path.join(root, "latest"))
-        out["latest_ok"] = v.verify(ck.latest_checkpoint(root))["ok"]
+        out["latest_ok"] = v.verify(ck.latest_checkpoint(root)).ok
         print(json.dumps(out))
     """)
     )
@@ -238,18 +243,18 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
 
 
 def test_a_late_verdict_does_not_roll_latest_back(tmp_path: Path) -> None:
-    a = ck.save_checkpoint(small_state(1), 1, root=tmp_path, promote_inline=False)
-    b = ck.save_checkpoint(small_state(2), 2, root=tmp_path, promote_inline=False)
-    ck.settle(b.path, v.verify(b.path), tmp_path)
+    a = save.save_checkpoint(small_state(1), 1, root=tmp_path, promote_inline=False)
+    b = save.save_checkpoint(small_state(2), 2, root=tmp_path, promote_inline=False)
+    pm.settle(b.path, v.verify(b.path), tmp_path)
     assert os.readlink(tmp_path / "latest") == "step-000002"
-    assert ck.settle(a.path, v.verify(a.path), tmp_path).state == "verified"
+    assert pm.settle(a.path, v.verify(a.path), tmp_path).state == "verified"
     assert os.readlink(tmp_path / "latest") == "step-000002"
     assert [c.step for c in ck.verified_checkpoints(tmp_path)] == [1, 2]
 
 
 def test_same_step_saved_twice_gets_its_own_dir(tmp_path: Path) -> None:
-    ck.save_checkpoint(small_state(1), 7, root=tmp_path)
-    ck.save_checkpoint(small_state(2), 7, root=tmp_path)
+    save.save_checkpoint(small_state(1), 7, root=tmp_path)
+    save.save_checkpoint(small_state(2), 7, root=tmp_path)
     assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("step")) == [
         "step-000007",
         "step-000007-2",
@@ -258,16 +263,16 @@ def test_same_step_saved_twice_gets_its_own_dir(tmp_path: Path) -> None:
 
 
 def test_sweep_tidies_what_a_killed_writer_left(tmp_path: Path) -> None:
-    ck.save_checkpoint(small_state(1), 1, root=tmp_path)
+    save.save_checkpoint(small_state(1), 1, root=tmp_path)
     dead = subprocess.Popen(["true"])
     dead.wait()
     q = ck.Quarantine(tmp_path)
     # A promotion killed after its manifest, before the rename: finished.
-    saved = ck.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)
+    saved = save.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)
     report = v.verify(saved.path)
-    target = ck.promote(saved.path, report, tmp_path)
+    target = pm.promote(saved.path, report, tmp_path)
     os.rename(target, tmp_path / f".promote-step-000004.{dead.pid}")
-    ck._replace_latest(tmp_path, "step-000001")
+    ck.replace_latest(tmp_path, "step-000001")
     # A save killed while writing.
     (q.dir / f".step-000002.pt.{dead.pid}.tmp").write_bytes(b"half a checkpoint")
     # A promotion killed after moving the file, before its manifest: undone.
@@ -282,9 +287,67 @@ def test_sweep_tidies_what_a_killed_writer_left(tmp_path: Path) -> None:
 
 
 def test_latest_pointer_file_when_symlinks_are_unavailable(tmp_path: Path) -> None:
-    ck.save_checkpoint(small_state(1), 1, root=tmp_path)
+    save.save_checkpoint(small_state(1), 1, root=tmp_path)
     (tmp_path / "latest").unlink()
     (tmp_path / "latest").write_text("step-000001\n")
     assert ck.latest_checkpoint(tmp_path) == tmp_path / "step-000001" / "step-000001.pt"
     (tmp_path / "latest").write_text("../elsewhere\n")
     assert ck.latest_checkpoint(tmp_path) is None
+
+
+def test_records_written_before_the_structs_still_read(tmp_path: Path) -> None:
+    """A journal record whose report was a plain dict, and a manifest written by json.dump, as
+    runs on disk have them: both decode into today's records."""
+    import msgspec
+
+    old = {
+        "type": "ckpt",
+        "path": "/r/.quarantine/step-000005.pt",
+        "step": 5,
+        "state": "verified",
+        "t": 1.0,
+        "report": {
+            "ok": True,
+            "format": "torch-zip",
+            "tensors": 3,
+            "nonfinite": {},
+            "arch": {"layers": 2},
+            "ram": {},
+            "seconds": 0.01,
+            "promoted_dir": "/r/step-000005",
+            "promoted_file": "/r/step-000005/step-000005.pt",
+        },
+    }
+    rec = p.record_decoder.decode(msgspec.msgpack.encode(old))
+    assert isinstance(rec, p.CheckpointState) and rec.report is not None
+    assert rec.report.promoted_file == "/r/step-000005/step-000005.pt" and rec.report.tensors == 3
+    saved = save.save_checkpoint(small_state(5), 5, root=tmp_path)
+    step_dir = tmp_path / "step-000005"
+    f = step_dir / "step-000005.pt"
+    manifest = {
+        "version": 1,
+        "ok": True,
+        "file": f.name,
+        "path": str(f),
+        "step": 5,
+        "size_bytes": f.stat().st_size,
+        "digest": saved.digest,
+        "digest_algo": "xxh3-128",
+        "saved_at": 1.5,
+        "verified_at": 2.5,
+        "source": saved.path,
+        "report": {
+            "format": "torch-zip",
+            "tensors": 2,
+            "arch": {"layers": 1, "vocab": 64},
+            "stds": {"a": 0.02},
+        },
+    }
+    (step_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    assert ck.latest_checkpoint(tmp_path) == f
+    (only,) = ck.verified_checkpoints(tmp_path)
+    assert only.step == 5 and only.saved_at == 1.5 and only.digest == saved.digest
+    prev = ck.previous_verified(tmp_path)
+    assert prev is not None and prev.arch.vocab == 64 and prev.stds == {"a": 0.02}
+    assert v.discover_expected(f).digest == saved.digest
+    assert v.verify(f).digest_ok is True

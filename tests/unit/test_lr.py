@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
 from trainroom.core import protocol as p
 from trainroom.core.sdk.lr import reimpose_lr, requested_from_argv
 from trainroom.core.sdk.reporter import NullReporter, Reporter
+
+torch = pytest.importorskip("torch")
 
 QUIET = NullReporter()  # the SDK's own reporter outside a keeper, for tests not about reporting
 

@@ -12,13 +12,15 @@ import pytest
 
 from tests.support.ckpt_fixtures import small_state
 from trainroom.core.ckpt import layout as ck
+from trainroom.core.ckpt.report import failure_report
+from trainroom.core.cli import ckpt as cli
 from trainroom.core.health import diskguard as dg
 from trainroom.core.ops import prune as pr
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.sdk import save as save
 
 
-def make_root(root: Path, steps: list[int], width: int = 64) -> list[ck.Saved]:
-    return [ck.save_checkpoint(small_state(s, width), s, root=root) for s in steps]
+def make_root(root: Path, steps: list[int], width: int = 64) -> list[save.Saved]:
+    return [save.save_checkpoint(small_state(s, width), s, root=root) for s in steps]
 
 
 def step_dirs(root: Path) -> list[str]:
@@ -45,7 +47,7 @@ def test_keeps_the_last_n_verified_and_latest(tmp_path: Path) -> None:
 def test_pinned_latest_and_in_use_are_kept(tmp_path: Path) -> None:
     make_root(tmp_path, [1, 2, 3, 4, 5, 6])
     ck.pin(tmp_path / "step-000001")
-    ck._replace_latest(tmp_path, "step-000002")  # a resume rolled latest back to step 2
+    ck.replace_latest(tmp_path, "step-000002")  # a resume rolled latest back to step 2
     resume_file = tmp_path / "step-000003" / "step-000003.pt"
     res = pr.prune(tmp_path, keep=1, protect=[resume_file])
     assert step_dirs(tmp_path) == ["step-000001", "step-000002", "step-000003", "step-000006"]
@@ -100,9 +102,9 @@ def test_latest_pointing_outside_is_not_followed(tmp_path: Path) -> None:
 
 def test_quarantine_and_unverified_dirs_are_left_alone(tmp_path: Path) -> None:
     make_root(tmp_path, [1, 2, 3])
-    pending = ck.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)  # being verified
-    bad = ck.save_checkpoint(small_state(5), 5, root=tmp_path, promote_inline=False)
-    ck.Quarantine(tmp_path).reject(Path(bad.path), {"reason": "truncated: test", "ok": False})
+    pending = save.save_checkpoint(small_state(4), 4, root=tmp_path, promote_inline=False)  # being verified
+    bad = save.save_checkpoint(small_state(5), 5, root=tmp_path, promote_inline=False)
+    ck.Quarantine(tmp_path).reject(Path(bad.path), failure_report(bad.path, "truncated: test"))
     (tmp_path / "step-000009").mkdir()  # someone's own directory, no manifest
     (tmp_path / "step-000009" / "notes.txt").write_text("mine")
     res = pr.prune(tmp_path, keep=1)
@@ -151,7 +153,7 @@ def test_disk_fill_then_prune_keeps_n(tmp_path: Path) -> None:
 
 def _cli(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="trainroom")
-    pr.add_parser(ap.add_subparsers())
+    cli.add_parser(ap.add_subparsers())
     return ap.parse_args(argv)
 
 
@@ -159,27 +161,27 @@ def test_cli(
     trhome: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_root(tmp_path, [1, 2, 3])
-    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--dry-run", "--json"])) == 0
+    assert cli.run_prune(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--dry-run", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["dry_run"] and len(out["deleted"]) == 2 and out["bytes_freed"] > 0 and out["via"] == "files"
     assert step_dirs(tmp_path) == ["step-000001", "step-000002", "step-000003"]
     # Destructive: with no terminal to ask on, it needs --yes (a clear one-liner, exit 2).
-    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1"])) == 2
+    assert cli.run_prune(_cli(["prune", "--root", str(tmp_path), "--keep", "1"])) == 2
     assert "pass --yes" in capsys.readouterr().err and len(step_dirs(tmp_path)) == 3
-    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--yes"])) == 0
+    assert cli.run_prune(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--yes"])) == 0
     text = capsys.readouterr().out
     assert "deleted  " in text and "freed" in text and step_dirs(tmp_path) == ["step-000003"]
-    assert pr.run(_cli(["prune", "--root", str(tmp_path / "nope")])) == 2
+    assert cli.run_prune(_cli(["prune", "--root", str(tmp_path / "nope")])) == 2
     assert "not a directory" in capsys.readouterr().err
-    assert pr.run(_cli(["prune", "--root", str(tmp_path), "--keep", "-1"])) == 2
-    assert pr.run(_cli(["prune", "run-x", "--root", str(tmp_path)])) == 2
+    assert cli.run_prune(_cli(["prune", "--root", str(tmp_path), "--keep", "-1"])) == 2
+    assert cli.run_prune(_cli(["prune", "run-x", "--root", str(tmp_path)])) == 2
     assert "not both" in capsys.readouterr().err
     # No RUN, no --root, no $TRAINROOM_CKPT_ROOT and no runs at all: says what to give.
     monkeypatch.delenv(ck.ENV_ROOT, raising=False)
-    assert pr.run(_cli(["prune"])) == 2
+    assert cli.run_prune(_cli(["prune"])) == 2
     assert "TRAINROOM_CKPT_ROOT" in capsys.readouterr().err
     monkeypatch.setenv(ck.ENV_ROOT, str(tmp_path))
-    assert pr.run(_cli(["prune", "--json", "--yes"])) == 0
+    assert cli.run_prune(_cli(["prune", "--json", "--yes"])) == 0
     assert json.loads(capsys.readouterr().out)["root"] == str(tmp_path)
 
 
@@ -188,11 +190,9 @@ def test_cli_resolves_the_run_root(trhome: Path, tmp_path: Path, capsys: pytest.
 
     root = tmp_path / "ck"
     make_root(root, [1, 2, 3, 4])
-    _, rec = runs.create_run(
-        ["python", "train.py"], str(tmp_path), LaunchOptions(ckpt_root=str(root), keep=3)
-    )
-    assert pr.run(_cli(["prune", rec.run_id, "--json", "--yes"])) == 0
+    _, rec = runs.create_run(["python", "train.py"], str(tmp_path), {"ckpt_root": str(root), "keep": 3})
+    assert cli.run_prune(_cli(["prune", rec.run_id, "--json", "--yes"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["root"] == str(root) and out["keep"] == 3 and len(out["deleted"]) == 1
-    assert pr.run(_cli(["prune", "no-such-run"])) == 2
+    assert cli.run_prune(_cli(["prune", "no-such-run"])) == 2
     assert "unknown run" in capsys.readouterr().err

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-nn = torch.nn
-
 from trainroom.core import protocol as p
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.sdk.reporter import NullReporter, Reporter
 from trainroom.core.sdk.tracer import INPUT, NonFiniteTracer
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
 
 QUIET = NullReporter()
 

@@ -4,13 +4,11 @@ module (a test checks)."""
 
 from trainroom.core.ckpt.layout import (
     CheckpointError,
-    CheckpointWontFit,
-    Saved,
     VerifiedCheckpoint,
     latest_checkpoint,
-    save_checkpoint,
     verified_checkpoints,
 )
+from trainroom.core.sdk.save import CheckpointWontFit, Saved, save_checkpoint
 
 __all__ = [
     "CheckpointError",

@@ -232,6 +232,27 @@ class FindingCleared(msgspec.Struct, tag="finding-cleared", kw_only=True, omit_d
     t: float
 
 
+class CheckpointReport(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What the journal keeps of a checkpoint's verification: the verdict in brief and, once
+    promoted, where it went. The whole report (per-tensor figures) is in the step directory's
+    manifest, or beside a rejected candidate as `.verify.json`."""
+
+    ok: bool = False
+    reason: str | None = None
+    problems: list[str] = []
+    format: str | None = None
+    tensors: int = 0
+    params: int = 0
+    digest_ok: bool | None = None
+    deferred: bool = False
+    seconds: float = 0.0
+    refused_types: list[str] = []
+    error_chain: list[ErrorLink] = []
+    promoted_dir: str | None = None  # the step directory it was promoted to
+    promoted_file: str | None = None  # the checkpoint file in it (what a resume loads)
+    source: str | None = None  # the watched file a verified copy was taken from
+
+
 class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=True):
     """A checkpoint changed state: candidate, verifying, verified, rejected, pruned."""
 
@@ -242,7 +263,7 @@ class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=Tr
     reason: str | None = None
     size_bytes: int | None = None
     digest: str | None = None
-    report: dict[str, Any] = {}
+    report: CheckpointReport | None = None
 
 
 class ActionRecord(msgspec.Struct, tag="action", kw_only=True, omit_defaults=True):

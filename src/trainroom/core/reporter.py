@@ -4,6 +4,7 @@ The code lives in `trainroom.core.sdk.reporter`; this module keeps the documente
 Nothing inside trainroom imports it (a test checks).
 """
 
-from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current, error_chain
+from trainroom.core.protocol import error_chain
+from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current
 
 __all__ = ["NullReporter", "Reporter", "connect", "current", "error_chain"]

@@ -3,7 +3,7 @@
 No reporter tells the keeper a checkpoint was written, so the keeper stats the configured globs
 each second (`sight`), and `poll`, a pure function of those sightings and `now`, decides: a new
 version of a file (size, mtime or inode changed) is verified once its size and mtime have held
-still for `settle_s`. The keeper runs the verification (its warm `verify.WarmVerifier`, from a
+still for `settle_s`. The keeper runs the verification (its warm `verifier.WarmVerifier`, from a
 worker thread), stats the file again, and hands both to `record_verdict`, which drops a verdict
 about a version that has been overwritten meanwhile. Each call returns `CheckpointState` records
 to journal; `watch_findings` gives CKPT_REJECTED for files whose current version failed.
@@ -14,12 +14,12 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.ckpt import verify as verifier
+from trainroom.core.ckpt.report import Expected, Previous, VerifyReport, journal_report
+from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.findings import Finding
 
 SETTLE_S = 2.0
@@ -48,8 +48,8 @@ class WatchedFile(msgspec.Struct, kw_only=True):
     digest: str | None = None
     step: int | None = None
     reason: str | None = None
-    report: dict[str, Any] = {}
-    last_verified: dict[str, Any] = {}  # {digest, step, arch, stds} of the newest good version
+    report: VerifyReport | None = None  # the current version's verdict, without the stds
+    last_verified: Previous | None = None  # the newest good version, what the next is compared with
 
     def matches(self, s: Sighting) -> bool:
         return (self.size, self.mtime_ns, self.ino) == s.version
@@ -67,7 +67,7 @@ class VerifyRequest(msgspec.Struct, kw_only=True, frozen=True):
     mtime_ns: int
     ino: int
     version: int
-    expected: dict[str, Any] = {}
+    expected: Expected = msgspec.field(default_factory=Expected)
 
 
 def sight(patterns: Iterable[str], cwd: str | os.PathLike[str] = ".") -> list[Sighting]:
@@ -96,12 +96,13 @@ def stat_one(path: str) -> Sighting | None:
 
 
 def _request(f: WatchedFile) -> VerifyRequest:
-    expected: dict[str, Any] = {}
-    lv = f.last_verified
-    if lv.get("arch"):
-        expected["previous"] = {"path": f.path, "arch": lv.get("arch", {}), "stds": lv.get("stds", {})}
     return VerifyRequest(
-        path=f.path, size=f.size, mtime_ns=f.mtime_ns, ino=f.ino, version=f.version, expected=expected
+        path=f.path,
+        size=f.size,
+        mtime_ns=f.mtime_ns,
+        ino=f.ino,
+        version=f.version,
+        expected=Expected(previous=f.last_verified),
     )
 
 
@@ -130,7 +131,7 @@ def poll(
             f.stable_since = now
             if f.state != "settling":
                 f.version += 1
-                f.state, f.digest, f.reason, f.report = "settling", None, None, {}
+                f.state, f.digest, f.reason, f.report = "settling", None, None, None
                 records.append(
                     p.CheckpointState(path=s.path, step=None, state="candidate", t=now, size_bytes=s.size)
                 )
@@ -147,7 +148,7 @@ def poll(
 
 
 def record_verdict(
-    state: WatchState, request: VerifyRequest, report: dict[str, Any], current: Sighting | None, now: float
+    state: WatchState, request: VerifyRequest, report: VerifyReport, current: Sighting | None, now: float
 ) -> tuple[WatchState, list[p.CheckpointState], bool]:
     """Take a verification report for `request`. `current` is a stat taken after the verifier
     finished: if the file changed since the request, the verdict is about bytes that are gone and
@@ -167,42 +168,33 @@ def record_verdict(
             f.state, f.stable_since = "settling", now
         return WatchState(files=files), [], False
     assert f is not None
-    if report.get("deferred"):
+    if report.deferred:
         # The verifier could not judge (timed out, RAM short): try this version again later.
-        f.state, f.stable_since, f.reason = "settling", now, report.get("reason")
+        f.state, f.stable_since, f.reason = "settling", now, report.reason
         return WatchState(files=files), [], False
-    f.digest, f.step, f.report = report.get("digest"), report.get("step"), _small(report)
-    if report.get("ok"):
+    f.digest, f.step, f.report = report.digest, report.step, msgspec.structs.replace(report, stds={})
+    if report.ok:
         f.state, f.reason = "verified", None
-        f.last_verified = {
-            "digest": f.digest,
-            "step": f.step,
-            "arch": report.get("arch") or {},
-            "stds": report.get("stds") or {},
-        }
+        f.last_verified = Previous(path=f.path, arch=report.arch, stds=report.stds)
     else:
-        f.state, f.reason = "rejected", report.get("reason")
+        f.state, f.reason = "rejected", report.reason
     rec = p.CheckpointState(
         path=f.path,
         step=f.step,
         state=f.state,
         t=now,
         reason=f.reason,
-        size_bytes=report.get("size_bytes"),
+        size_bytes=report.size_bytes,
         digest=f.digest,
-        report=f.report,
+        report=journal_report(report),
     )
     return WatchState(files=files), [rec], True
-
-
-def _small(report: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in report.items() if k != "stds"}
 
 
 def watch_findings(state: WatchState) -> list[Finding]:
     """CKPT_REJECTED (and MASKED_ERROR) for each watched file whose current version failed."""
     out: list[Finding] = []
     for f in state.files.values():
-        if f.state == "rejected" and f.report:
-            out += verifier.findings_for_report({**f.report, "path": f.path, "ok": False})
+        if f.state == "rejected" and f.report is not None:
+            out += findings_for_report(msgspec.structs.replace(f.report, path=f.path, ok=False))
     return out

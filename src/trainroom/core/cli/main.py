@@ -89,12 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_module_verbs(sub: Any) -> None:
-    """Verbs whose code lives with their subject (verify, prune)."""
-    from trainroom.core.ckpt import verify
-    from trainroom.core.ops import prune
+    """Verbs whose code lives in their own module (verify, prune)."""
+    from trainroom.core.cli import ckpt
 
-    verify.add_parser(sub)
-    prune.add_parser(sub)
+    ckpt.add_parser(sub)
 
 
 def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:

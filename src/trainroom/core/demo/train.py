@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainroom.core.ckpt.layout import CheckpointWontFit, save_checkpoint
 from trainroom.core.demo.faults import DIVERGE_LR_FACTOR, EARLIER_RUN_LR, FAULTS, SESSION_LR_AFTER_OVERRIDE
 from trainroom.core.demo.model import CharGPT
 from trainroom.core.sdk import reporter
 from trainroom.core.sdk.lr import reimpose_lr
+from trainroom.core.sdk.save import CheckpointWontFit, save_checkpoint
 from trainroom.core.sdk.tracer import NonFiniteTracer
 
 

@@ -16,6 +16,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import latest_checkpoint
+from trainroom.core.ckpt.report import decode_expected
 from trainroom.core.findings import ACTIONS
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
@@ -293,7 +294,7 @@ class Actions:
         res = await asyncio.to_thread(pruning.execute, plan, dry_run=False, protect=protect)
         now = time.time()
         # A pruned step directory is the promoted form of a candidate the run knows by its path.
-        by_dir = {(c.report or {}).get("promoted_dir"): c.path for c in self.run.state.checkpoints}
+        by_dir = {c.report.promoted_dir: c.path for c in self.run.state.checkpoints if c.report is not None}
         for d in res.deleted:
             self.recorder.emit(
                 p.CheckpointState(
@@ -323,15 +324,20 @@ class Actions:
             reply(_plan(req, f"verify {path}", {"path": path}))
             return
         reply(p.Reply(id=req.id, action="verify", stage="progress", message=f"verifying {path}"))
-        expected = req.args.get("expected")
-        rep = await asyncio.to_thread(pipe.verify_now, path, expected if isinstance(expected, dict) else None)
+        raw = req.args.get("expected")
+        try:
+            expected = decode_expected(raw) if isinstance(raw, dict) else None
+        except ValueError as exc:
+            reply(_done(req, False, f"verify: expected {exc}"))
+            return
+        rep = await asyncio.to_thread(pipe.verify_now, path, expected)
         summary = (
-            f"{path}: {'verified' if rep.get('ok') else 'REJECTED: ' + str(rep.get('reason'))}; "
-            f"{rep.get('tensors')} tensors, {rep.get('params')} params, "
-            f"non-finite {len(rep.get('nonfinite') or {})}, outliers {len(rep.get('outliers') or [])}"
+            f"{path}: {'verified' if rep.ok else 'REJECTED: ' + str(rep.reason)}; "
+            f"{rep.tensors} tensors, {rep.params} params, "
+            f"non-finite {len(rep.nonfinite)}, outliers {len(rep.outliers)}"
         )
-        small = {k: v for k, v in rep.items() if k not in ("stds",)}
-        reply(_done(req, bool(rep.get("ok")), summary, plan={"path": path}, after=small))
+        small = _builtins(msgspec.structs.replace(rep, stds={}))
+        reply(_done(req, rep.ok, summary, plan={"path": path}, after=small))
 
     # ------------------------------------------------------------------ resume
 

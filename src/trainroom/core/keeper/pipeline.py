@@ -4,7 +4,7 @@ guard reads the checkpoint filesystem (or its byte budget) each probe cycle. The
 checkpoints / verify / diskguard / checkpoint_watch / prune; this module schedules them and turns
 their verdicts into records and findings.
 
-Verification runs in one warm child process (`verify.WarmVerifier`: torch imported once, reused
+Verification runs in one warm child process (`verifier.WarmVerifier`: torch imported once, reused
 for every checkpoint, restarted if it dies, closed when idle), fed by one queue in arrival order:
 a trainer that checkpoints every step gets each checkpoint verified in about the time it takes
 to read it, and never more than one verification competes with it for the CPU.
@@ -26,16 +26,12 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import watch as watch
-from trainroom.core.ckpt.layout import (
-    QUARANTINE,
-    Quarantine,
-    _journal_report,
-    expected_for,
-    keep_verified_copy,
-    latest_checkpoint,
-    settle,
-)
-from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report, host_ram_low
+from trainroom.core.ckpt.layout import QUARANTINE, Quarantine, latest_checkpoint
+from trainroom.core.ckpt.promote import expected_for, keep_verified_copy, settle
+from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
+from trainroom.core.ckpt.rules import findings_for_report
+from trainroom.core.ckpt.verifier import WarmVerifier
+from trainroom.core.ckpt.verify import host_ram_low
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
 from trainroom.core.keeper.ports import Recorder, RunContext
@@ -78,8 +74,8 @@ class CheckpointPipeline:
         self.verifier = WarmVerifier(idle_s=VERIFIER_IDLE_S)
         # /proc/mounts (DRVFS_CHECKPOINTS), under the keeper's proc root so a test can stage one.
         self.mounts_path = os.path.join(settings.roots.proc, "mounts")
-        self.reports: dict[str, dict[str, Any]] = {}  # path -> the verdict of a rejected candidate
-        self.deferred: dict[str, dict[str, Any]] = {}  # path -> a verdict that could not be reached yet
+        self.reports: dict[str, VerifyReport] = {}  # path -> the verdict of a rejected candidate
+        self.deferred: dict[str, VerifyReport] = {}  # path -> a verdict that could not be reached yet
         self.saves: list[tuple[float, int]] = []  # (t, bytes) of each checkpoint that added a file
         self.usage: diskguard.DiskUsage | None = None
         self.mount: diskguard.MountEntry | None = None
@@ -155,12 +151,10 @@ class CheckpointPipeline:
                 self._verifying = frozenset(j.path for j in self._jobs.values())
                 self.recorder.flush()
 
-    def verify_now(
-        self, path: str, expected: dict[str, Any] | None = None, timeout: float = 600.0
-    ) -> dict[str, Any]:
+    def verify_now(self, path: str, expected: Expected | None = None, timeout: float = 600.0) -> VerifyReport:
         """Verify one file in the warm verifier (blocks: call it from a worker thread). For the
         keeper's `verify` action and the re-verification before a resume as well."""
-        return self.verifier.verify(path, expected or None, timeout=timeout)
+        return self.verifier.verify(path, expected, timeout=timeout)
 
     async def _run(self, job: _Job) -> None:
         if job.request is not None:
@@ -169,15 +163,15 @@ class CheckpointPipeline:
         path = job.path
         own = _own_root(path)
         expected = await asyncio.to_thread(expected_for, own or self.root, self.declared_arch or None, path)
-        step = expected.get("step")
+        step = expected.step
         if step is None:
             c = self.run.state.checkpoint(path)
             step = c.step if c is not None else None
         self.recorder.emit(p.CheckpointState(path=path, step=step, state="verifying", t=time.time()))
         report = await asyncio.to_thread(self.verify_now, path, expected)
-        if report.get("step") is None:
-            report["step"] = step
-        if report.get("deferred"):
+        if report.step is None:
+            report = msgspec.structs.replace(report, step=step)
+        if report.deferred:
             self.deferred[path] = report
             if job.tries + 1 < MAX_TRIES:
                 asyncio.get_running_loop().call_later(RETRY_S, self._schedule, path, None, job.tries + 1)
@@ -196,49 +190,49 @@ class CheckpointPipeline:
                 t=time.time(),
                 reason=f"could not settle: {type(exc).__name__}: {exc}",
             )
-            report = {**report, "ok": False, "reason": rec.reason}
+            report = msgspec.structs.replace(report, ok=False, reason=rec.reason)
         self.recorder.emit(rec)
         self._remember(path, report, rec.state)
 
-    async def _settle_in_place(self, path: str, report: dict[str, Any]) -> None:
+    async def _settle_in_place(self, path: str, report: VerifyReport) -> None:
         """A checkpoint the trainer announced outside quarantine is its own: verdict recorded,
         file left where it is, a verified copy promoted when asked."""
-        ok, deferred = bool(report.get("ok")), bool(report.get("deferred"))
+        ok, deferred = report.ok, report.deferred
         state = "verified" if ok else "candidate" if deferred else "rejected"
         self.recorder.emit(
             p.CheckpointState(
                 path=path,
-                step=report.get("step"),
+                step=report.step,
                 state=state,
                 t=time.time(),
-                reason=report.get("reason"),
-                size_bytes=report.get("size_bytes"),
-                digest=report.get("digest"),
-                report=_journal_report(report),
+                reason=report.reason,
+                size_bytes=report.size_bytes,
+                digest=report.digest,
+                report=journal_report(report),
             )
         )
         self._remember(path, report, state)
         if ok and self.keep_copies:
             await self._keep_copy(path, report)
 
-    def _remember(self, path: str, report: dict[str, Any], state: str) -> None:
+    def _remember(self, path: str, report: VerifyReport, state: str) -> None:
         if state == "rejected":
             self.reports[path] = report
         else:
             self.reports.pop(path, None)
 
     async def _run_watched(self, request: watch.VerifyRequest) -> None:
-        report = await asyncio.to_thread(self.verify_now, request.path, dict(request.expected))
+        report = await asyncio.to_thread(self.verify_now, request.path, request.expected)
         current = await asyncio.to_thread(watch.stat_one, request.path)
         self.watch_state, recs, stood = watch.record_verdict(
             self.watch_state, request, report, current, time.time()
         )
         for r in recs:
             self.recorder.emit(r)
-        if stood and report.get("ok") and self.keep_copies:
+        if stood and report.ok and self.keep_copies:
             await self._keep_copy(request.path, report)
 
-    async def _keep_copy(self, path: str, report: dict[str, Any]) -> None:
+    async def _keep_copy(self, path: str, report: VerifyReport) -> None:
         try:
             target = await asyncio.to_thread(keep_verified_copy, path, report, self.root)
         except Exception as exc:  # ENOSPC, a vanished file: the verdict stands, the copy does not
@@ -262,12 +256,14 @@ class CheckpointPipeline:
         self.recorder.emit(
             p.CheckpointState(
                 path=str(copy),
-                step=report.get("step"),
+                step=report.step,
                 state="verified",
                 t=time.time(),
                 size_bytes=size,
-                digest=report.get("digest"),
-                report={"promoted_dir": str(target), "promoted_file": str(copy), "source": path},
+                digest=report.digest,
+                report=p.CheckpointReport(
+                    ok=True, promoted_dir=str(target), promoted_file=str(copy), source=path
+                ),
             )
         )
         self.recorder.emit(p.KeeperNote(t=time.time(), message=f"kept a verified copy of {path} at {copy}"))
@@ -338,8 +334,8 @@ class CheckpointPipeline:
                 continue
             out += findings_for_report(rep)
         for path, rep in list(self.deferred.items()):
-            ram = rep.get("ram") or {}
-            low = host_ram_low(ram.get("mem_available"), int(ram.get("need_to_verify") or 0), path)
+            ram = rep.ram
+            low = host_ram_low(ram.mem_available, ram.need_to_verify, path) if ram is not None else None
             if low is not None:
                 out.append(low)
         if self.globs:

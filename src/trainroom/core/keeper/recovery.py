@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.ckpt.report import Expected
 from trainroom.core.health.watchdog import Thresholds, repeat_death
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
@@ -79,12 +80,10 @@ class Resumer:
         ckpt = plan.checkpoint
         assert ckpt is not None, "start() takes a plan that found a checkpoint"
         say(f"re-verifying {ckpt} (digest, tensors) before the load")
-        expected = {"digest": plan.digest} if plan.digest else None
+        expected = Expected(digest=plan.digest) if plan.digest else None
         rep = await asyncio.to_thread(self.pipeline.verify_now, ckpt, expected)
-        if not rep.get("ok"):
-            return ResumeResult(
-                ok=False, message=f"resume refused: {ckpt} no longer verifies: {rep.get('reason')}"
-            )
+        if not rep.ok:
+            return ResumeResult(ok=False, message=f"resume refused: {ckpt} no longer verifies: {rep.reason}")
         a = self.run.state.attempt
         before: dict[str, object] = {
             "attempt": a.n if a else None,

@@ -10,13 +10,12 @@ parsed from, so LR_MISMATCH compares against this session's policy.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 
-from trainroom.core.ckpt.layout import latest_checkpoint
+from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest
 from trainroom.core.ckpt.verify import host_ram_low, load_need_bytes, read_meminfo
 from trainroom.core.config import resume_argv
 from trainroom.core.ops.kill import live_members
@@ -143,15 +142,12 @@ def _promoted_step(state: RunState, ckpt: Path) -> int | None:
     """The step of the verified checkpoint `latest` points at: from the run's records, else its
     manifest, else the newest verified one the run knows."""
     for c in state.checkpoints:
-        promoted = (c.report or {}).get("promoted_file")
+        promoted = c.report.promoted_file if c.report is not None else None
         if c.state == "verified" and promoted and Path(promoted) == ckpt:
             return c.step
-    try:
-        step = json.loads((ckpt.parent / "manifest.json").read_text()).get("step")
-        if isinstance(step, int):
-            return step
-    except (OSError, ValueError):
-        pass
+    manifest = read_manifest(ckpt.parent)
+    if manifest is not None and manifest.step is not None:
+        return manifest.step
     verified = state.last_verified()
     return verified.step if verified is not None else None
 

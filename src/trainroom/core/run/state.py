@@ -102,7 +102,7 @@ class CheckpointView(msgspec.Struct, kw_only=True):
     reason: str | None = None
     size_bytes: int | None = None
     digest: str | None = None
-    report: dict[str, Any] = {}
+    report: p.CheckpointReport | None = None
 
 
 class JournalDamage(msgspec.Struct, kw_only=True):
@@ -314,7 +314,7 @@ class RunState(msgspec.Struct, kw_only=True):
             c.size_bytes = r.size_bytes
         if r.digest is not None:
             c.digest = r.digest
-        if r.report:
+        if r.report is not None:
             c.report = r.report
 
     def _finding(self, r: p.FindingRaised) -> None:

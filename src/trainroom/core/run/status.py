@@ -129,7 +129,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 "reason": c.reason,
                 "size_bytes": c.size_bytes,
                 "digest": c.digest,
-                "promoted": (c.report or {}).get("promoted_file"),
+                "promoted": c.report.promoted_file if c.report is not None else None,
             }
             for c in st.checkpoints
         ],

@@ -16,11 +16,21 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, TypeAlias
 
 import msgspec
 
 from trainroom.core.protocol import RequestedConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    # Anything with an LR schedule torch knows (ReduceLROnPlateau is its own kind).
+    Scheduler: TypeAlias = torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
+
+# One of an optimizer's param_groups, as torch types it (lr, betas, params, ... by name).
+ParamGroup: TypeAlias = dict[str, Any]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +108,7 @@ class LrChange(msgspec.Struct, kw_only=True):
 
 
 class NoteSink(Protocol):
-    def note(self, kind: str, message: str = "", step: int | None = None, **data: Any) -> None: ...
+    def note(self, kind: str, message: str = "", step: int | None = None, **data: object) -> None: ...
 
 
 # Schedulers whose get_lr() is a function of base_lrs and the position only (not of the current
@@ -107,8 +117,8 @@ _POSITIONAL = ("LambdaLR", "OneCycleLR", "CyclicLR", "CosineAnnealingWarmRestart
 
 
 def reimpose_lr(
-    optimizer: Any,
-    scheduler: Any | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Scheduler | None,
     lr: float | Sequence[float],
     reporter: NoteSink | None = None,
     *,
@@ -172,21 +182,24 @@ def _per_group(lr: float | Sequence[float], n: int) -> list[float]:
     return values
 
 
-def _val(v: Any) -> float | None:
+def _val(v: object) -> float | None:
+    """A number, a one-element tensor (a capturable optimizer's lr), or None."""
+    if not isinstance(v, SupportsFloat):
+        return None
     try:
         return float(v)
     except (TypeError, ValueError):
         return None
 
 
-def _record(changes: list[LrChange], field: str, old: Any, new: float) -> None:
+def _record(changes: list[LrChange], field: str, old: object, new: float) -> None:
     o = _val(old)
     if o is None or not math.isclose(o, new, rel_tol=1e-12, abs_tol=0.0):
         changes.append(LrChange(field=field, old=o, new=new))
 
 
 def _set_group(
-    g: dict[str, Any], key: str, new: float, field: str, changes: list[LrChange], torch: Any
+    g: ParamGroup, key: str, new: float, field: str, changes: list[LrChange], torch: ModuleType
 ) -> None:
     old = g.get(key)
     _record(changes, field, old, new)
@@ -197,7 +210,7 @@ def _set_group(
 
 
 def _set_list(
-    obj: Any, attr: str, i: int, new: float, field: str, changes: list[LrChange], torch: Any
+    obj: object, attr: str, i: int, new: float, field: str, changes: list[LrChange], torch: ModuleType
 ) -> None:
     values = getattr(obj, attr)
     old = values[i]
@@ -209,12 +222,12 @@ def _set_list(
 
 
 def _rebase(
-    sched: Any,
-    groups: list[dict[str, Any]],
+    sched: Scheduler,
+    groups: list[ParamGroup],
     targets: list[float],
     field: str,
     changes: list[LrChange],
-    torch: Any,
+    torch: ModuleType,
 ) -> list[float | None]:
     """Move the scheduler's base values (and the groups' initial/max/min lr) to `targets`.
     Returns per group the factor new/old of the schedule's reference LR (None when unknown)."""
@@ -223,8 +236,8 @@ def _rebase(
     if isinstance(children, list) and children:
         ratios: list[float | None] = [None] * len(groups)
         for k, child in enumerate(children):
-            r = _rebase(child, groups, targets, f"{field}._schedulers[{k}]", changes, torch)
-            ratios = [a if a is not None else b for a, b in zip(ratios, r, strict=True)]
+            child_ratios = _rebase(child, groups, targets, f"{field}._schedulers[{k}]", changes, torch)
+            ratios = [a if a is not None else b for a, b in zip(ratios, child_ratios, strict=True)]
         return ratios
     ratios = []
     for i, g in enumerate(groups):
@@ -267,7 +280,11 @@ def _rebase(
 
 
 def _current_lrs(
-    sched: Any, old_lrs: list[float], targets: list[float], ratios: list[float | None], torch: Any
+    sched: Scheduler,
+    old_lrs: list[float],
+    targets: list[float],
+    ratios: list[float | None],
+    torch: ModuleType,
 ) -> list[float]:
     """The LR the session's schedule gives at the restored position."""
     children = getattr(sched, "_schedulers", None)
@@ -277,7 +294,7 @@ def _current_lrs(
         idx = bisect.bisect_right(sched._milestones, sched.last_epoch)
         return _current_lrs(children[min(idx, len(children) - 1)], old_lrs, targets, ratios, torch)
     kind = type(sched).__name__
-    values: list[Any] | None = None
+    values: list[object] | None = None
     try:
         if hasattr(sched, "_get_closed_form_lr") and not children:
             values = list(sched._get_closed_form_lr())
@@ -298,7 +315,7 @@ def _current_lrs(
     return [old * r if r is not None else t for old, r, t in zip(old_lrs, ratios, targets, strict=True)]
 
 
-def _set_last_lr(sched: Any, current: list[float], field: str, changes: list[LrChange]) -> None:
+def _set_last_lr(sched: Scheduler, current: list[float], field: str, changes: list[LrChange]) -> None:
     last = getattr(sched, "_last_lr", None)
     if isinstance(last, list) and len(last) == len(current):
         for i, v in enumerate(current):
@@ -311,7 +328,7 @@ def _set_last_lr(sched: Any, current: list[float], field: str, changes: list[LrC
 
 
 def _announce(
-    sched: Any | None,
+    sched: Scheduler | None,
     targets: list[float],
     old_lrs: list[float],
     new_lrs: list[float],

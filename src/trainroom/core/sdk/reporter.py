@@ -26,11 +26,15 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, get_args
 
 from trainroom.core import protocol as p
 from trainroom.core.protocol import error_chain
+
+if TYPE_CHECKING:
+    import torch
 
 QUEUE_FRAMES = 4096
 SNDBUF_BYTES = 1 << 20
@@ -47,7 +51,7 @@ class Reporter:
         self._queue: collections.deque[bytes] = collections.deque(maxlen=QUEUE_FRAMES)
         self._partial: memoryview | None = None
         self._sock: socket.socket | None = None
-        self._phase = "train"
+        self._phase: p.PhaseName = "train"
         self._closed = False
         self.dropped = 0
         self.last_step: int | None = None
@@ -72,7 +76,7 @@ class Reporter:
         loss: float | None = None,
         tokens: int | None = None,
         grad_norm: float | None = None,
-        optimizer: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
         lr: list[float] | float | None = None,
         loss_scale: float | None = None,
         alloc: tuple[int, int, int] | None = None,
@@ -85,7 +89,7 @@ class Reporter:
             lrs = [float(lr)]
         else:
             lrs = list(lr or [])
-        alloc = alloc or _allocator_stats()
+        stats = alloc or _allocator_stats()
         self.last_step = step
         self._send(
             p.Step(
@@ -96,9 +100,9 @@ class Reporter:
                 grad_norm=None if grad_norm is None else float(grad_norm),
                 lr=lrs,
                 loss_scale=None if loss_scale is None else float(loss_scale),
-                alloc_allocated=alloc[0],
-                alloc_reserved=alloc[1],
-                alloc_peak=alloc[2],
+                alloc_allocated=stats[0],
+                alloc_reserved=stats[1],
+                alloc_peak=stats[2],
             )
         )
 
@@ -112,6 +116,7 @@ class Reporter:
             yield
         finally:
             self._phase = prev
+            # A name outside the protocol's would end the connection: fall back to train.
             self._send(p.Phase(name=prev if prev in _PHASES else "train", t=time.time()))
 
     def checkpoint(
@@ -121,7 +126,7 @@ class Reporter:
             p.Checkpoint(path=str(path), step=step, t=time.time(), size_bytes=size_bytes, digest=digest)
         )
 
-    def note(self, kind: str, message: str = "", step: int | None = None, **data: Any) -> None:
+    def note(self, kind: str, message: str = "", step: int | None = None, **data: object) -> None:
         self._send(p.Note(kind=kind, t=time.time(), message=message, step=step, data=data))
 
     def crash(self, exc: BaseException) -> None:
@@ -155,7 +160,7 @@ class Reporter:
 
     # ----------------------------------------------------------------- sending
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: p.TrainerMsg) -> None:
         data = p.frame(msg)
         with self._lock:
             if len(self._queue) == self._queue.maxlen:
@@ -226,10 +231,13 @@ class Reporter:
             now - self._frame_since,
         )
 
+    def _running(self) -> bool:
+        return not self._closed
+
     def _beat(self) -> None:
-        while not self._closed:
+        while self._running():
             time.sleep(self._heartbeat_s)
-            if self._closed:
+            if not self._running():  # closed while this thread slept
                 return
             frame, age = self._main_frame()
             with self._lock:
@@ -257,17 +265,17 @@ class NullReporter:
     def active(self) -> bool:
         return False
 
-    def step(self, step: int, **_: Any) -> None:
+    def step(self, step: int, **_: object) -> None:
         self.last_step = step
 
     @contextlib.contextmanager
-    def phase(self, name: str, bound_s: float | None = None) -> Iterator[None]:
+    def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
         yield
 
-    def checkpoint(self, *_: Any, **__: Any) -> None:
+    def checkpoint(self, *_: object, **__: object) -> None:
         pass
 
-    def note(self, *_: Any, **__: Any) -> None:
+    def note(self, *_: object, **__: object) -> None:
         pass
 
     def crash(self, exc: BaseException) -> None:
@@ -280,7 +288,7 @@ class NullReporter:
         return True
 
 
-_PHASES = {"train", "eval", "checkpoint-save", "checkpoint-load", "data"}
+_PHASES: frozenset[str] = frozenset(get_args(p.PhaseName))
 _current: Reporter | NullReporter = NullReporter()
 
 
@@ -293,7 +301,7 @@ def connect(
     lr: float | None = None,
     vocab_size: int | None = None,
     warmup_steps: int | None = None,
-    arch: dict[str, Any] | None = None,
+    arch: Mapping[str, object] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     sock_path: str | None = None,
@@ -310,7 +318,9 @@ def connect(
         pid=os.getpid(),
         rank=int(os.environ.get("RANK", 0)) if rank is None else rank,
         world_size=int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size,
-        config=p.RequestedConfig(lr=lr, vocab_size=vocab_size, warmup_steps=warmup_steps, arch=arch or {}),
+        config=p.RequestedConfig(
+            lr=lr, vocab_size=vocab_size, warmup_steps=warmup_steps, arch=dict(arch or {})
+        ),
         argv=list(sys.argv),
     )
     rep = Reporter(path, hello)
@@ -322,7 +332,7 @@ def connect(
 def _install_hooks(rep: Reporter) -> None:
     prev_hook = sys.excepthook
 
-    def excepthook(tp: type[BaseException], exc: BaseException, tb: Any) -> None:
+    def excepthook(tp: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if not isinstance(exc, KeyboardInterrupt):
             with contextlib.suppress(Exception):
                 rep.crash(exc)

@@ -18,10 +18,16 @@ sync per forward of the root model to read them. Off (`enabled = False`, or afte
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING
 
+from trainroom.core.sdk import reporter as reporter_mod
 from trainroom.core.sdk.lr import NoteSink
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +36,9 @@ MAX_DEPTH = 4  # how deep outputs nested in tuples / lists / dicts are searched
 MAX_PENDING = 65536  # flags held before an early check (submodules called outside the root)
 
 
-def _tensors(obj: Any, torch: Any, depth: int = 0) -> Iterator[Any]:
-    if isinstance(obj, torch.Tensor):
+def _tensors(obj: object, tm: ModuleType, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The floating tensors in a module's output, however it nests them (`tm`: torch itself)."""
+    if isinstance(obj, tm.Tensor):
         if obj.is_floating_point() or obj.is_complex():
             yield obj
         return
@@ -39,13 +46,13 @@ def _tensors(obj: Any, torch: Any, depth: int = 0) -> Iterator[Any]:
         return
     if isinstance(obj, (tuple, list)):
         for o in obj:
-            yield from _tensors(o, torch, depth + 1)
+            yield from _tensors(o, tm, depth + 1)
     elif isinstance(obj, dict):
         for o in obj.values():
-            yield from _tensors(o, torch, depth + 1)
+            yield from _tensors(o, tm, depth + 1)
     elif hasattr(obj, "__dataclass_fields__"):  # HF ModelOutput and friends
         for name in obj.__dataclass_fields__:
-            yield from _tensors(getattr(obj, name, None), torch, depth + 1)
+            yield from _tensors(getattr(obj, name, None), tm, depth + 1)
 
 
 class NonFiniteTracer:
@@ -55,20 +62,22 @@ class NonFiniteTracer:
     `note("nonfinite-module", ..., step=self.step, module=name)` through `reporter` (or
     `trainroom.core.reporter.current()` when None)."""
 
-    def __init__(self, model: Any, reporter: NoteSink | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module, reporter: NoteSink | None = None, enabled: bool = True
+    ) -> None:
         import torch
 
-        self._torch = torch
+        self._torch: ModuleType = torch
         self.model = model
         self.reporter = reporter
         self.step: int | None = None
         self.first: tuple[int | None, str] | None = None  # (step, module) of the latest report
         self.reports = 0
         self._names: list[str] = []
-        self._flags: list[Any] = []
+        self._flags: list[torch.Tensor] = []
         self._flag_names: list[int] = []
         self._armed = True  # report the next non-finite forward
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         if enabled:
             self._install()
 
@@ -112,37 +121,38 @@ class NonFiniteTracer:
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre))
         self._handles.append(self.model.register_forward_hook(self._root_post))
 
-    def _make_hook(self, idx: int) -> Any:
-        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+    def _make_hook(self, idx: int) -> Callable[[torch.nn.Module, object, object], None]:
+        def hook(_module: torch.nn.Module, _inputs: object, output: object) -> None:
             self._flag(idx, output)
 
         return hook
 
-    def _flag(self, idx: int, obj: Any) -> None:
+    def _flag(self, idx: int, obj: object) -> None:
         # min and max of each output, left on the device: NaN propagates through both and an Inf
         # shows in one, so their finiteness is the tensor's; one reduction, no sync, no copy.
-        torch = self._torch
-        if isinstance(obj, torch.Tensor):
-            ts: Any = (obj,) if obj.is_floating_point() or obj.is_complex() else ()
+        tm = self._torch
+        ts: Iterable[torch.Tensor]
+        if isinstance(obj, tm.Tensor):
+            ts = (obj,) if obj.is_floating_point() or obj.is_complex() else ()
         else:
-            ts = _tensors(obj, torch)
+            ts = _tensors(obj, tm)
         flags, names = self._flags, self._flag_names
         for t in ts:
             if t.numel() == 0:
                 continue
             t = t.detach()
-            lo, hi = torch.aminmax(t.abs() if t.is_complex() else t)
+            lo, hi = tm.aminmax(t.abs() if t.is_complex() else t)
             flags += (lo, hi)
             names += (idx, idx)
         if len(flags) >= MAX_PENDING:
             self.check()
 
-    def _root_pre(self, _module: Any, inputs: Any) -> None:
+    def _root_pre(self, _module: torch.nn.Module, inputs: object) -> None:
         self._flags.clear()
         self._flag_names.clear()
         self._flag(-1, inputs)
 
-    def _root_post(self, _module: Any, _inputs: Any, output: Any) -> None:
+    def _root_post(self, _module: torch.nn.Module, _inputs: object, output: object) -> None:
         self._flag(0, output)
         self.check()
 
@@ -179,11 +189,5 @@ class NonFiniteTracer:
         what = "the input batch" if name == INPUT else f"module {name}"
         message = f"first non-finite output{at}: {what}"
         log.warning("trainroom: %s", message)
-        rep = self.reporter
-        if rep is None:
-            try:
-                from trainroom.core.sdk import reporter as reporter_mod
-            except ImportError:
-                return
-            rep = reporter_mod.current()
+        rep = self.reporter if self.reporter is not None else reporter_mod.current()
         rep.note("nonfinite-module", message, step=self.step, module=name)

@@ -1,0 +1,199 @@
+"""Promotion: a verified candidate moves out of quarantine into its step directory, with its
+manifest, and `latest` follows; a rejected one stays in quarantine with why.
+
+A promotion builds the step directory under a dot name, writes the manifest, renames it into
+place, then swaps `latest`: a kill at any moment leaves `latest` on a verified checkpoint (and
+`Quarantine.sweep` finishes or undoes what it left). Used by the keeper for announced candidates,
+by the SDK when it verifies inline, and for the verified copies of a watched file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core.ckpt import digest as digest
+from trainroom.core.ckpt import layout as layout
+from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
+
+
+def expected_for(
+    root: str | os.PathLike[str],
+    declared_arch: Mapping[str, object] | None = None,
+    candidate: str | os.PathLike[str] | None = None,
+) -> Expected:
+    """What a new candidate is checked against: its save-time record, the declared config, and
+    the latest verified checkpoint's fingerprint and stds."""
+    side = layout.read_saved(candidate) if candidate is not None else None
+    return Expected(
+        digest=side.digest if side else None,
+        size_bytes=side.size_bytes if side else None,
+        step=side.step if side else None,
+        arch=dict(declared_arch or {}),
+        previous=layout.previous_verified(root),
+    )
+
+
+def _manifest_report(report: VerifyReport) -> layout.ManifestReport:
+    return layout.ManifestReport(
+        format=report.format,
+        tensors=report.tensors,
+        params=report.params,
+        dtypes=report.dtypes,
+        nonfinite=report.nonfinite,
+        outliers=report.outliers,
+        arch=report.arch,
+        stds=report.stds,
+        model_key=report.model_key,
+        seconds=report.seconds,
+        step=report.step,
+    )
+
+
+def _step_of(cand: Path, report: VerifyReport, side: layout.SaveRecord | None) -> int:
+    if report.step is not None:
+        return report.step
+    if side is not None and side.step is not None:
+        return side.step
+    m = re.search(r"(\d+)", cand.name)
+    return int(m.group(1)) if m else 0
+
+
+def promote(
+    candidate: str | os.PathLike[str],
+    report: VerifyReport,
+    root: str | os.PathLike[str] | None = None,
+    *,
+    file_name: str | None = None,
+    step: int | None = None,
+) -> Path:
+    """Move a verified candidate to `<root>/step-NNNNNN/` with its manifest, then point `latest`
+    at it. Refuses a report that did not pass or that names other bytes."""
+    cand = Path(candidate)
+    r = layout.checkpoint_root(root) if root is not None else cand.parent.parent
+    if not report.ok:
+        raise layout.CheckpointError(f"{cand.name} did not verify ({report.reason}): not promoting it")
+    side = layout.read_saved(cand)
+    st = cand.stat()
+    if report.size_bytes not in (None, st.st_size):
+        raise layout.CheckpointError(f"{cand.name} changed since it was verified ({st.st_size} bytes now)")
+    step = step if step is not None else _step_of(cand, report, side)
+    target = layout.unique_path(r / layout.step_dir_name(step))
+    stage = r / f".promote-{target.name}.{os.getpid()}"
+    stage.mkdir()
+    fname = file_name or cand.name
+    os.rename(cand, stage / fname)
+    manifest = layout.Manifest(
+        ok=True,
+        file=fname,
+        path=str(target / fname),
+        step=step,
+        size_bytes=st.st_size,
+        digest=report.digest or (side.digest if side else None),
+        digest_algo=report.digest_algo,
+        saved_at=side.saved_at if side and side.saved_at is not None else st.st_mtime,
+        verified_at=time.time(),
+        source=side.source if side and side.source else str(cand),
+        report=_manifest_report(report),
+    )
+    layout.write_json_atomic(stage / layout.MANIFEST, manifest)
+    layout.fsync_dir(stage)
+    os.rename(stage, target)
+    layout.fsync_dir(r)
+    for suffix in (layout.SAVED_SUFFIX, layout.REASON_SUFFIX, layout.REPORT_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            Path(str(cand) + suffix).unlink()
+    layout.point_latest(r, target)
+    return target
+
+
+def settle(
+    candidate: str | os.PathLike[str],
+    report: VerifyReport,
+    root: str | os.PathLike[str] | None = None,
+    now: float | None = None,
+) -> p.CheckpointState:
+    """Act on a verdict: promote a verified candidate, keep a rejected one in quarantine with its
+    reason, leave a deferred one (verifier timed out, RAM short) as a candidate. Returns the
+    record the keeper journals (path stays the candidate's; `report` says where it went)."""
+    cand = Path(candidate)
+    r = layout.checkpoint_root(root) if root is not None else cand.parent.parent
+    t = time.time() if now is None else now
+    state = p.CheckpointState(
+        path=str(cand),
+        step=report.step,
+        state="rejected",
+        t=t,
+        reason=report.reason,
+        size_bytes=report.size_bytes,
+        digest=report.digest,
+    )
+    if report.ok:
+        target = promote(cand, report, r)
+        manifest = layout.read_manifest(target)
+        return msgspec.structs.replace(
+            state,
+            step=manifest.step if manifest else report.step,
+            state="verified",
+            report=journal_report(
+                report, promoted_dir=str(target), promoted_file=manifest.path if manifest else None
+            ),
+        )
+    if report.deferred:
+        return msgspec.structs.replace(state, state="candidate")
+    if cand.exists():
+        layout.Quarantine(r).reject(cand, report)
+    return msgspec.structs.replace(state, report=journal_report(report))
+
+
+def keep_verified_copy(
+    src: str | os.PathLike[str],
+    report: VerifyReport,
+    root: str | os.PathLike[str] | None = None,
+    *,
+    step: int | None = None,
+) -> Path | None:
+    """For a trainer that overwrites one file (nanoGPT's out/ckpt.pt): copy the version that just
+    verified into the root and promote it. The copy's own digest must equal the verified one,
+    else the trainer overwrote the file meanwhile and the copy is dropped (None)."""
+    r = layout.checkpoint_root(root)
+    q = layout.Quarantine(r)
+    q.dir.mkdir(parents=True, exist_ok=True)
+    src = Path(src)
+    tmp = q.dir / f".{src.name}.{os.getpid()}.tmp"
+    h = digest.new_hasher()
+    s = step if step is not None else report.step
+    try:
+        with open(src, "rb") as fi, open(tmp, "xb") as fo:
+            while chunk := fi.read(digest.READ_CHUNK):
+                h.update(chunk)
+                fo.write(chunk)
+            fo.flush()
+            os.fsync(fo.fileno())
+        if digest.digest_hex(h) != report.digest:
+            tmp.unlink()
+            return None
+        cand = layout.unique_path(
+            q.dir / (f"{layout.step_dir_name(s)}-{src.name}" if s is not None else src.name)
+        )
+        os.rename(tmp, cand)
+        layout.fsync_dir(q.dir)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    size = cand.stat().st_size
+    layout.write_json_atomic(
+        Path(str(cand) + layout.SAVED_SUFFIX),
+        layout.SaveRecord(
+            step=s, size_bytes=size, digest=report.digest, saved_at=src.stat().st_mtime, source=str(src)
+        ),
+    )
+    return promote(cand, msgspec.structs.replace(report, size_bytes=size), r, file_name=src.name, step=s)
