@@ -120,3 +120,69 @@ def test_a_full_state_disk_keeps_the_keeper_watching_and_loses_nothing(
     steps = [r.msg.step for r in recs if isinstance(r, p.Received) and isinstance(r.msg, p.Step)]
     assert steps == list(range(1, len(steps) + 1)), "a step record was lost while the disk was full"
     assert len(steps) > steps_while_full + 5
+
+
+# --------------------------------------------------------------------------- the trainer side
+
+# SIGPIPE at its default (as in a trainer launched from a shell that reset it, or a C++ extension
+# that did): a write to a closed socket without MSG_NOSIGNAL kills the process with signal 13.
+DEFAULT_SIGPIPE = """
+    import os, signal, sys, time
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=1e-3)
+    out = open(sys.argv[1], "a", buffering=1)
+    step = 0
+    while not os.path.exists(sys.argv[2]):
+        step += 1
+        rep.step(step, loss=2.0)
+        out.write(f"step {step}\\n")
+        time.sleep(0.02)
+    out.write("done\\n")
+"""
+
+
+def test_the_reporter_never_kills_blocks_or_raises_whatever_the_keeper_does(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """Keeper stopped, then killed, then its socket gone: the trainer (SIGPIPE at SIG_DFL) steps on
+    and ends on its own."""
+    script = tmp_path / "t.py"
+    script.write_text(textwrap.dedent(DEFAULT_SIGPIPE))
+    steps, stop = tmp_path / "steps.log", tmp_path / "stop"
+    info = launch(
+        [sys.executable, str(script), str(steps), str(stop)], LaunchOptions(linger_s=60), cwd=str(tmp_path)
+    )
+    rec = runs.read_record(Path(info.run_dir))
+    assert rec.keeper_pid is not None
+
+    def count() -> int:
+        return (
+            sum(1 for line in steps.read_text().splitlines() if line.startswith("step"))
+            if steps.exists()
+            else 0
+        )
+
+    wait_for(lambda: count() >= 10, timeout=60, what="steps")
+    os.kill(rec.keeper_pid, signal.SIGSTOP)  # a stopped keeper: the socket fills, nothing reads
+    try:
+        n = count()
+        wait_for(lambda: count() >= n + 300, timeout=120, what="steps while the keeper is stopped")
+    finally:
+        os.kill(rec.keeper_pid, signal.SIGCONT)
+    trainer = status(info)["pid"]
+    os.kill(rec.keeper_pid, signal.SIGKILL)  # gone mid-stream: the next send meets a closed socket
+    n = count()
+    wait_for(lambda: count() >= n + 50, timeout=60, what="steps after the keeper died")
+    stop.touch()
+    wait_for(
+        lambda: steps.read_text().rstrip().endswith("done"), timeout=60, what="the trainer ends by itself"
+    )
+    wait_for(lambda: not Path(f"/proc/{trainer}").exists() or _state(trainer) == "Z", timeout=30, what="exit")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

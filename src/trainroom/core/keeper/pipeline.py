@@ -46,11 +46,35 @@ MAX_TRIES = 3
 VERIFIER_IDLE_S = 300.0
 
 
-def _own_root(path: str) -> Path | None:
-    """The root a candidate was written under (`<root>/.quarantine/<file>`), or None for a file
-    the trainer keeps elsewhere (that one is never moved)."""
-    parent = Path(path).parent
-    return parent.parent if parent.name == QUARANTINE else None
+def _placement(path: str, root: Path) -> tuple[Path | None, str | None]:
+    """Where an announced checkpoint sits: (our root, None) for a candidate in our quarantine,
+    (None, None) for a file the trainer keeps elsewhere (verified where it is, never moved or
+    written beside), (None, why) for anything the keeper must not touch: another root's
+    quarantine, a symlink, a path that resolves out of our root. Paths are compared resolved."""
+    candidate = Path(path)
+    parent = candidate.parent
+    if parent.name != QUARANTINE:
+        return None, None
+    if candidate.is_symlink():
+        return None, f"{path} is a symbolic link in a quarantine: candidates are files the trainer wrote"
+    real_root = os.path.realpath(root)
+    if os.path.realpath(parent.parent) != real_root:
+        return None, f"{path} is in the quarantine of {parent.parent}, not of this run's root {root}"
+    if os.path.dirname(os.path.realpath(candidate)) != os.path.join(real_root, QUARANTINE):
+        return None, f"{path} resolves outside {root}"
+    return root, None
+
+
+def outside_root(path: str, why: str) -> Finding:
+    """CKPT_OUTSIDE_ROOT: an announced checkpoint the keeper refused to move, promote or write
+    beside, because it is not inside this run's checkpoint root."""
+    return Finding(
+        code="CKPT_OUTSIDE_ROOT",
+        severity="warning",
+        key=path,
+        message=f"checkpoint not handled: {why}; the keeper only creates, moves or deletes inside its root",
+        evidence={"path": path, "why": why},
+    )
 
 
 class _Job(msgspec.Struct, kw_only=True):
@@ -88,6 +112,7 @@ class CheckpointPipeline:
         self._queue: asyncio.Queue[_Job] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._started = False
+        self.outside: dict[str, str] = {}  # path -> why the keeper would not touch it
 
     @property
     def verifying(self) -> frozenset[str]:
@@ -161,7 +186,10 @@ class CheckpointPipeline:
             await self._run_watched(job.request)
             return
         path = job.path
-        own = _own_root(path)
+        own, refused = _placement(path, self.root)
+        if refused is not None:
+            self.outside[path] = refused
+            return
         expected = await asyncio.to_thread(expected_for, own or self.root, self.declared_arch or None, path)
         step = expected.step
         if step is None:
@@ -338,6 +366,7 @@ class CheckpointPipeline:
             low = host_ram_low(ram.mem_available, ram.need_to_verify, path) if ram is not None else None
             if low is not None:
                 out.append(low)
+        out += [outside_root(path, why) for path, why in list(self.outside.items())[-8:]]
         if self.globs:
             self.watch_state, requests, recs = watch.poll(self.watch_state, self.sightings, now)
             for r in recs:

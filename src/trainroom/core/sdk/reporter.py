@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, get_args
 
+import msgspec
+
 from trainroom.core import protocol as p
 from trainroom.core.protocol import error_chain
 
@@ -54,6 +56,7 @@ class Reporter:
         self._phase: p.PhaseName = "train"
         self._closed = False
         self.dropped = 0
+        self.invalid = 0  # steps dropped because the keeper would refuse them (negative, not an int)
         self.last_step: int | None = None
         self._heartbeat_s = heartbeat_s
         self._main = threading.main_thread()
@@ -82,7 +85,12 @@ class Reporter:
         alloc: tuple[int, int, int] | None = None,
     ) -> None:
         """Report one optimizer step. Cheap: a struct, an encode, a queue append, one send.
-        `alloc` (allocated, reserved, peak bytes) overrides what torch.cuda says."""
+        `alloc` (allocated, reserved, peak bytes) overrides what torch.cuda says. A step the
+        keeper would refuse (negative, not an integer) is dropped and counted, never raised:
+        the reporter must not break the training loop."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            self.invalid += 1
+            return
         if lr is None and optimizer is not None:
             lrs = [float(g["lr"]) for g in optimizer.param_groups]
         elif isinstance(lr, (int, float)):
@@ -127,11 +135,17 @@ class Reporter:
         )
 
     def note(self, kind: str, message: str = "", step: int | None = None, **data: object) -> None:
-        self._send(p.Note(kind=kind, t=time.time(), message=message, step=step, data=data))
+        if step is not None and (not isinstance(step, int) or step < 0):
+            step = None
+        self._send(p.Note(kind=kind[:256], t=time.time(), message=message[:16384], step=step, data=data))
 
     def crash(self, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self._send(p.Crash(t=time.time(), chain=error_chain(exc), traceback=tb[-20000:]))
+        chain = [
+            msgspec.structs.replace(link, type=link.type[:16384], message=link.message[:16384])
+            for link in error_chain(exc)[-64:]
+        ]
+        self._send(p.Crash(t=time.time(), chain=chain, traceback=tb[-20000:]))
         self.flush(timeout_s=1.0)
 
     def close(self, reason: str = "finished") -> None:
@@ -179,7 +193,9 @@ class Reporter:
                     if not self._queue:
                         return
                     self._partial = memoryview(self._queue.popleft())
-                n = sock.send(self._partial)
+                # MSG_NOSIGNAL: a keeper that went away is EPIPE here, never a SIGPIPE that
+                # kills a trainer running with SIGPIPE at its default.
+                n = sock.send(self._partial, socket.MSG_NOSIGNAL)
                 if n == len(self._partial):
                     self._partial = None
                 else:

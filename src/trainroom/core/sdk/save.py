@@ -144,6 +144,8 @@ def save_checkpoint(
     (it gets a Checkpoint frame); otherwise (`promote_inline` None and no keeper, or True) this
     call verifies in-process and promotes or rejects before returning.
     """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"save_checkpoint: step must be an integer >= 0, got {step!r}")
     import torch
 
     r = layout.checkpoint_root(root)
