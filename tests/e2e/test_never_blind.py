@@ -3,23 +3,29 @@ hostile or careless peers on the socket. Every test drives a real keeper process
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from tests.support.helpers import status
+from tests.support.helpers import run_cli, status
 from tests.support.waiting import kill_runs_under, wait_for
 from trainroom.core import protocol as p
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient, snapshot
 from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
@@ -186,3 +192,293 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+# --------------------------------------------------------------------------- hostile or careless peers
+
+
+def _peer(info: runs.RunInfo) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(info.sock)
+    return s
+
+
+def _closed_by_keeper(s: socket.socket, wait: float = 10.0) -> bool:
+    """Whether the keeper closed this connection (within `wait`)."""
+    s.settimeout(wait)
+    try:
+        return s.recv(1) == b""
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _closes(info: runs.RunInfo) -> list[str]:
+    return [r.reason for r in _journal(info) if isinstance(r, p.ConnectionClosed)]
+
+
+def test_a_lying_hello_and_a_taken_rank_are_refused(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    d = wait_for(lambda: (s := status(info)) and (s["step"] or 0) >= 3 and s, timeout=60, what="steps")
+    trainer = d["pid"]
+    # A Hello that names another process is refused: the kernel says who the peer is.
+    liar = _peer(info)
+    liar.sendall(p.frame(p.Hello(pid=trainer, rank=0)))
+    assert _closed_by_keeper(liar)
+    wait_for(
+        lambda: any("hello claims pid" in r for r in _closes(info)), timeout=30, what="refusal journaled"
+    )
+    # An honest Hello for a rank a live reporter holds is refused too, and said.
+    claimant = _peer(info)
+    claimant.sendall(p.frame(p.Hello(pid=os.getpid(), rank=0)))
+    assert _closed_by_keeper(claimant)
+    d = wait_for(
+        lambda: (s := status(info)) and _finding(s, "RANK_CLAIMED") and s, timeout=30, what="RANK_CLAIMED"
+    )
+    f = _finding(d, "RANK_CLAIMED")
+    assert (
+        f is not None
+        and f["evidence"]["owner_pid"] == trainer
+        and f["evidence"]["claimant_pid"] == os.getpid()
+    )
+    assert [r["rank"] for r in d["ranks"]] == [0] and d["pid"] == trainer and d["state"] == "running"
+
+
+def test_valid_frames_in_the_same_read_as_a_bad_one_still_count(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
+    s = _peer(info)
+    now = time.time()
+    good = p.frame(p.Hello(pid=os.getpid(), rank=5)) + p.frame(p.Step(step=7, t=now, loss=1.5))
+    bad = p.frame({"type": "step", "step": -1, "t": now})  # a negative step: refused at the boundary
+    s.sendall(good + bad)
+    assert _closed_by_keeper(s)
+    d = wait_for(
+        lambda: (x := status(info)) and any(r["rank"] == 5 for r in x["ranks"]) and x,
+        timeout=30,
+        what="rank 5",
+    )
+    (rank5,) = [r for r in d["ranks"] if r["rank"] == 5]
+    assert rank5["step"] == 7
+    wait_for(lambda: any("Expected `int` >= 0" in r for r in _closes(info)), timeout=30, what="why it closed")
+
+
+def _rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def test_floods_of_connections_and_half_frames_are_bounded(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    before = _rss(keeper)
+    # Slow loris: 40 connections each holding most of a 1 MiB frame (40 MiB if all were kept).
+    lorises, cut_off = [], 0
+    for _ in range(40):
+        s = _peer(info)
+        try:
+            s.sendall(struct.pack(">I", 1 << 20) + b"\x00" * (900 << 10))
+        except (BrokenPipeError, ConnectionResetError):
+            cut_off += 1  # the keeper dropped it mid-send: over the budget already
+        lorises.append(s)
+    # Idle ones: more than the keeper takes at once.
+    idle = [_peer(info) for _ in range(300)]
+    d = status(info)  # the keeper still answers, and still watches its trainer
+    assert d["keeper"] == "alive" and d["state"] == "running"
+    grown = _rss(keeper) - before
+    assert grown < 48 << 20, f"keeper RSS grew by {grown >> 20} MiB"
+    closed = sum(_closed_by_keeper(s, wait=0.2) for s in lorises)
+    assert closed >= 20 and cut_off <= closed, "the buffer budget closed too few of the half-sent frames"
+    # Idle connections get a deadline for their first message; nothing is left open.
+    wait_for(
+        lambda: len(psutil.Process(keeper).net_connections(kind="unix")) < 20, timeout=60, what="idle closed"
+    )
+    # Each close is not a journal record: a few, then counts.
+    reasons = _closes(info)
+    assert len(reasons) <= 40, f"{len(reasons)} ConnectionClosed records for one flood"
+    for s in lorises + idle:
+        s.close()
+
+
+def _snapshot_bytes(info: runs.RunInfo) -> int:
+    """The snapshot as it travels: subscribe without live deltas and count what arrives."""
+    s = _peer(info)
+    s.sendall(p.frame(p.Subscribe(client="size", live=False)))
+    total = 0
+    while chunk := s.recv(1 << 20):
+        total += len(chunk)
+    s.close()
+    return total
+
+
+def test_a_note_flood_keeps_the_snapshot_small(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
+    s = _peer(info)
+    s.sendall(p.frame(p.Hello(pid=os.getpid(), rank=7)))
+    big = "x" * (900 << 10)
+    for i in range(80):
+        s.sendall(p.frame(p.Note(kind="flood", t=time.time(), message="m", data={"blob": big, "i": i})))
+    wait_for(
+        lambda: sum(1 for n in snapshot(info.sock).notes if n.get("kind") == "flood") >= 80,
+        timeout=60,
+        what="notes",
+    )
+    size = _snapshot_bytes(info)
+    assert size < 8 << 20, f"a snapshot of {size >> 20} MiB"
+    (kept,) = {str(n["data"]) for n in snapshot(info.sock).notes if n.get("kind") == "flood"} - set() or {""}
+    assert "truncated_bytes" in kept
+    d = status(info)
+    assert d["keeper"] == "alive"
+    s.close()
+
+
+# --------------------------------------------------------------------------- bad values, one line
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    return done.stderr.strip()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["launch", "--keep", "-5", "--", "sleep", "1"], "--keep"),
+        (["launch", "--linger", "nan", "--", "sleep", "1"], "--linger"),
+        (["launch", "--linger", "inf", "--", "sleep", "1"], "--linger"),
+        (["launch", "--auto-resume", "1e9", "--", "sleep", "1"], "--auto-resume"),
+        (["launch", "--disk-budget", "-3G", "--", "sleep", "1"], "--disk-budget"),
+        (["launch", "--log-pattern", "(", "--", "sleep", "1"], "--log-pattern"),
+        (["kill", "--grace", "nan", "--yes"], "--grace"),
+        (["kill", "--grace", "inf", "--yes"], "--grace"),
+        (["demo", "--steps", "0", "--no-tui"], "--steps"),
+    ],
+)
+def test_every_numeric_option_is_finite_and_in_range(trhome: Path, argv: list[str], says: str) -> None:
+    err = _one_line_error(run_cli(*argv))
+    assert says in err
+    assert not list((trhome / "runs").glob("*")) if (trhome / "runs").exists() else True, "a run was created"
+
+
+def test_a_bad_number_in_trainroom_toml_names_the_key_and_the_file(trhome: Path, tmp_path: Path) -> None:
+    (tmp_path / "trainroom.toml").write_text("[kill]\ngrace_s = inf\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "trainroom.cli", "launch", "--", "sleep", "1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    err = _one_line_error(done)
+    assert "kill.grace_s" in err and "trainroom.toml" in err
+
+
+def test_an_action_request_with_a_bad_number_is_refused_by_the_keeper(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
+    c = KeeperClient(info.sock)
+    for grace in (float("nan"), float("inf"), -1.0, "10"):
+        r = c.call("kill", {"grace_s": grace}, confirm=True)
+        assert not r.ok and "grace_s" in r.message
+    # The refusals did not leave kill "already running": a real one still goes through.
+    r = c.call("kill", {"grace_s": 1.0}, confirm=True)
+    assert r.ok, r.message
+
+
+def test_status_json_is_strict_json_with_a_nan_loss(trhome: Path, tmp_path: Path) -> None:
+    script = tmp_path / "nan.py"
+    script.write_text(
+        textwrap.dedent("""
+        import time
+        from trainroom.core import reporter
+        rep = reporter.connect(lr=1e-3)
+        for step in range(1, 1000):
+            rep.step(step, loss=float("nan") if step > 3 else 2.0, grad_norm=float("inf"))
+            time.sleep(0.05)
+        """)
+    )
+    info = launch([sys.executable, str(script)], LaunchOptions(linger_s=60), cwd=str(tmp_path))
+    wait_for(lambda: (status(info)["step"] or 0) > 5, timeout=60, what="steps")
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    out = run_cli("status", info.run_id, "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout, parse_constant=refuse)
+    assert d["loss"] is None and d["loss_raw"] == "nan"
+    assert "NONFINITE" in {f["code"] for f in d["findings"]}
+
+
+def test_a_keeper_that_fails_at_start_leaves_a_failed_run_not_a_starting_one(
+    trhome: Path, tmp_path: Path
+) -> None:
+    # The keeper refuses a root it cannot create: a file where the checkpoint root should be.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    done = run_cli("launch", "--ckpt-root", str(blocker / "ckpt"), "--", "sleep", "30")
+    err = _one_line_error(done)
+    assert "keeper exited at start" in err
+    (run_dir,) = list((trhome / "runs").iterdir())
+    d = json.loads(run_cli("status", run_dir.name, "--json").stdout)
+    assert d["state"] == "failed" and "keeper exited at start" in (d["state_reason"] or "")
+
+
+def test_a_busy_keeper_is_busy_not_gone(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    wait_for(lambda: (status(info)["step"] or 0) >= 3, timeout=60, what="steps")
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    os.kill(keeper, signal.SIGSTOP)  # alive, but answers nobody
+    try:
+        out = run_cli("status", info.run_id, "--json", timeout=120)
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)
+        assert d["keeper"] == "busy" and d["state"] != "unknown"
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+    assert status(info)["keeper"] == "alive"
+
+
+def _as_nobody() -> None:
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+def _nobody_can_run_python() -> bool:
+    if os.geteuid() != 0:
+        return False
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "pass"], preexec_fn=_as_nobody, capture_output=True, timeout=60
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(
+    not _nobody_can_run_python(),
+    reason="needs root, and an interpreter another uid may run (this one is not)",
+)
+def test_another_uid_gets_one_line_not_a_traceback(trhome: Path, tmp_path: Path) -> None:
+    info = _launch_stepper(tmp_path)
+    wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
+    env = dict(os.environ, TRAINROOM_HOME=str(trhome), HOME="/tmp")
+    for argv in (["status"], ["kill", info.run_id, "--yes"], ["runs"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "trainroom.cli", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            preexec_fn=_as_nobody,
+        )
+        err = _one_line_error(done)
+        assert "not readable" in err or "not yours" in err or "refused" in err, err
+    assert status(info)["state"] == "running"  # and nothing happened to the run

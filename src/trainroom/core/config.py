@@ -47,10 +47,13 @@ CONFIG_NAME = "trainroom.toml"
 GIB = 1 << 30
 MIB = 1 << 20
 
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-Positive = Annotated[float, msgspec.Meta(gt=0)]
+# Every number is finite and in range: TOML can say nan and inf, and neither is a setting (an upper
+# bound makes msgspec refuse both, with the key in its message).
+FINITE = 1e12
+NonNegative = Annotated[float, msgspec.Meta(ge=0, le=FINITE)]
+Positive = Annotated[float, msgspec.Meta(gt=0, le=FINITE)]
 Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
-AtLeastOne = Annotated[float, msgspec.Meta(ge=1)]
+AtLeastOne = Annotated[float, msgspec.Meta(ge=1, le=FINITE)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 
 # nanoGPT's training line: `iter 100: loss 2.3456, time 123.45ms, mfu 12.34%`.

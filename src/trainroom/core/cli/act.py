@@ -6,12 +6,12 @@ then prints progress and the before -> after evidence. Exit 0 done, 1 refused or
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from trainroom.core.cli.errors import CliError
+from trainroom.core.cli.output import to_json
 from trainroom.core.config import load_config
 from trainroom.core.ops.bench import describe, run_bench
 from trainroom.core.run import store as runs
@@ -78,7 +78,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _print_reply(args: argparse.Namespace, r: Any) -> int:
     if args.json:
         print(
-            json.dumps(
+            to_json(
                 {
                     "action": r.action,
                     "ok": r.ok,
@@ -87,8 +87,6 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
                     "before": r.before,
                     "after": r.after,
                 },
-                indent=2,
-                default=str,
             )
         )
     else:
@@ -106,5 +104,5 @@ def bench_here(args: argparse.Namespace) -> int:
     cfg, _path = load_config(Path.cwd(), runs.state_dir())  # ConfigError: one line, exit 2
     seconds = getattr(args, "seconds", None) or cfg.bench.seconds
     result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
-    print(json.dumps(result.as_dict()) if getattr(args, "json", False) else describe(result))
+    print(to_json(result.as_dict()) if getattr(args, "json", False) else describe(result))
     return 0 if result.passed else 1

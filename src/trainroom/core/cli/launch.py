@@ -6,10 +6,12 @@ import argparse
 import os
 from typing import Any
 
-from trainroom.core.cli.errors import CliError
+from trainroom.core import argtypes
 from trainroom.core.run.launch import launch
 from trainroom.core.run.launch import launch_options as launch_options_from
 from trainroom.core.settings import LaunchOptions
+
+MAX_LINGER_S = 30 * 86400.0
 
 
 def launch_options(args: argparse.Namespace) -> LaunchOptions:
@@ -25,18 +27,8 @@ def launch_options(args: argparse.Namespace) -> LaunchOptions:
     if getattr(args, "keep_verified_copies", False):
         opts["keep_verified_copies"] = True
     if getattr(args, "disk_budget", None):
-        opts["disk_budget_bytes"] = _parse_size(args.disk_budget)
+        opts["disk_budget_bytes"] = args.disk_budget
     return launch_options_from(opts)
-
-
-def _parse_size(text: str) -> int:
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
-    try:
-        return int(float(num) * units[unit])
-    except ValueError:
-        raise CliError(f"bad size {text!r}: expected e.g. 500M or 20G") from None
 
 
 def add_launch_options(sp: argparse.ArgumentParser) -> None:
@@ -44,18 +36,19 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--log-pattern",
         dest="log_pattern",
+        type=argtypes.log_pattern,
         help="regex with named groups step, loss and optional lr for log-line telemetry",
     )
     sp.add_argument(
         "--linger",
         dest="linger_s",
-        type=float,
+        type=argtypes.seconds(0, MAX_LINGER_S),
         help="seconds the keeper stays after the trainer ends with no client (default 3600)",
     )
     sp.add_argument(
         "--auto-resume",
         dest="auto_resume",
-        type=int,
+        type=argtypes.count(0, 100),
         metavar="N",
         help="resume by itself at most N times when the death criteria hold",
     )
@@ -77,8 +70,15 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep a verified copy of each watched checkpoint version",
     )
-    sp.add_argument("--keep", type=int, help="verified checkpoints prune keeps (default 2)")
-    sp.add_argument("--disk-budget", dest="disk_budget", help="bytes the checkpoint root may use, e.g. 50G")
+    sp.add_argument(
+        "--keep", type=argtypes.count(0, 1_000_000), help="verified checkpoints prune keeps (default 2)"
+    )
+    sp.add_argument(
+        "--disk-budget",
+        dest="disk_budget",
+        type=argtypes.size,
+        help="bytes the checkpoint root may use, e.g. 50G",
+    )
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

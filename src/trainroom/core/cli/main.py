@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
+from trainroom.core import argtypes
 from trainroom.core.cli import act, show
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
@@ -39,8 +40,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (which flag, why) and exit 2, not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="trainroom", description=__doc__)
+    ap = Parser(prog="trainroom", description=__doc__)
     ap.add_argument("--theme", help="control room theme (dark, light, high-contrast, ...)")
     sub = ap.add_subparsers(dest="cmd")
 
@@ -77,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         sp.add_argument("--json", action="store_true")
         if action == "kill":
-            sp.add_argument("--grace", dest="grace_s", type=float)
+            sp.add_argument(
+                "--grace",
+                dest="grace_s",
+                type=argtypes.seconds(0, 3600),
+                help="seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
+            )
         if action == "bench":
             add_device_options(sp)
             sp.set_defaults(func=act.cmd_bench, action=action)
@@ -109,6 +122,11 @@ def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
         return int(args.func(args) or 0)
     except (CliError, RunError, KeeperGone, ConfigError) as exc:
         print(f"trainroom: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        # A file or socket the command could not use (a permission, a full disk): one line.
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"trainroom: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130

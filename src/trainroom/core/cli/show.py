@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from trainroom.core.cli.output import to_json
 from trainroom.core.run import store as runs
-from trainroom.core.run.client import current_state
+from trainroom.core.run.client import current_state, read_run
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
 from trainroom.core.run.store import RunError
@@ -14,10 +14,11 @@ from trainroom.core.run.store import RunError
 
 def cmd_status(args: argparse.Namespace) -> int:
     info = runs.resolve_run(args.run)
-    st, alive = current_state(info)
-    d = status_dict(st, keeper_alive=alive)
+    st, keeper = read_run(info)
+    d = status_dict(st, keeper_alive=keeper != "gone")
+    d["keeper"] = keeper
     if args.json:
-        print(json.dumps(d, indent=2, default=str))
+        print(to_json(d))
     else:
         print("\n".join(status_lines(d)))
     return 0
@@ -42,7 +43,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 )
             except RunError as exc:
                 out.append({"run": r.run_id, "alive": False, "state": None, "error": str(exc)})
-        print(json.dumps(out, indent=2))
+        print(to_json(out))
         return 0
     if not rows:
         print(f"no runs under {runs.runs_dir()}")

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from trainroom.core import argtypes
 from trainroom.core.demo.faults import FAULTS
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperGone, snapshot
@@ -22,26 +23,34 @@ NVML_FAULTS = {"ghost-memory", "orphan-context"}
 def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
     sp = sub.add_parser("demo", help="run the bundled CPU trainer under a keeper and open the control room")
     sp.add_argument("--fault", choices=FAULTS, default="none", help="reproduce one scenario of SCENARIOS.md")
-    sp.add_argument("--fault-step", type=int, default=None)
-    sp.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: run on)")
+    sp.add_argument("--fault-step", type=argtypes.count(1, 10**9), default=None)
     sp.add_argument(
-        "--ranks", type=int, default=None, help="run under torchrun with this many CPU ranks (gloo)"
+        "--steps",
+        type=argtypes.count(1, 10**9),
+        default=None,
+        help="stop after this many steps (default: run on)",
     )
-    sp.add_argument("--lr", type=float, default=None)
+    sp.add_argument(
+        "--ranks",
+        type=argtypes.count(1, 64),
+        default=None,
+        help="run under torchrun with this many CPU ranks (gloo)",
+    )
+    sp.add_argument("--lr", type=argtypes.positive(10.0), default=None)
     sp.add_argument(
         "--step-delay",
-        type=float,
+        type=argtypes.seconds(0, 60),
         default=0.05,
         help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)",
     )
-    sp.add_argument("--ckpt-every", type=int, default=None)
+    sp.add_argument("--ckpt-every", type=argtypes.count(1, 10**9), default=None)
     sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
     sp.add_argument(
         "--no-tui", action="store_true", help="print status lines instead of opening the control room"
     )
     sp.add_argument("--detach", action="store_true", help="print the run id and return")
-    sp.add_argument("--auto-resume", type=int, default=None, metavar="N")
-    sp.add_argument("--linger", dest="linger_s", type=float, default=None)
+    sp.add_argument("--auto-resume", type=argtypes.count(0, 100), default=None, metavar="N")
+    sp.add_argument("--linger", dest="linger_s", type=argtypes.seconds(0, 30 * 86400), default=None)
     sp.add_argument("--theme", dest="watch_theme")
     sp.set_defaults(func=func)
 

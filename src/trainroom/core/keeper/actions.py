@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from trainroom.core import argtypes
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import latest_checkpoint
 from trainroom.core.ckpt.report import decode_expected
@@ -159,11 +160,19 @@ class Actions:
             reply(_plan(req, summary, target))
             return
         cfg = self.run.settings.kill
+        grace = argtypes.checked(req.args.get("grace_s", cfg.grace_s), 0, 3600)
+        if grace is None:
+            reply(
+                _done(
+                    req, False, f"kill: grace_s must be seconds in [0, 3600], got {req.args.get('grace_s')!r}"
+                )
+            )
+            return
         probe = run_vram_probe(self.gpu, sorted({a.pid, *pids}))
         result = await asyncio.to_thread(
             execute_kill,
             plan,
-            grace_s=float(req.args.get("grace_s", cfg.grace_s)),
+            grace_s=float(grace),
             vram_probe=probe,
             tolerance_bytes=cfg.vram_tolerance_bytes,
             vram_timeout_s=cfg.vram_timeout_s,
@@ -249,9 +258,12 @@ class Actions:
             )
         )
         cfg = self.run.settings.bench
-        seconds = float(req.args.get("seconds") or cfg.seconds)
+        seconds = argtypes.checked(req.args.get("seconds") or cfg.seconds, 0.01, 60)
+        if seconds is None:
+            reply(_done(req, False, f"bench: seconds must be in (0, 60], got {req.args.get('seconds')!r}"))
+            return
         out = await asyncio.to_thread(
-            run_bench, device, python=python, seconds=seconds, floor_tflops=cfg.floor_tflops
+            run_bench, device, python=python, seconds=float(seconds), floor_tflops=cfg.floor_tflops
         )
         reply(_done(req, out.ok, describe(out), plan={"device": device}, after=out.as_dict()))
 
@@ -263,10 +275,11 @@ class Actions:
 
     async def prune(self, req: p.Request, reply: Reply) -> None:
         pipe = self.pipeline
-        keep = int(req.args.get("keep", pipe.keep))
-        if keep < 0:
-            reply(_done(req, False, "prune: keep must be 0 or more"))
+        keep = argtypes.checked(req.args.get("keep", pipe.keep), 0, 1_000_000, whole=True)
+        if keep is None:
+            reply(_done(req, False, f"prune: keep must be a whole number >= 0, got {req.args.get('keep')!r}"))
             return
+        keep = int(keep)
         include_rejected = bool(req.args.get("include_rejected"))
         protect = [x for x in [*pipe.verifying, self._resume_target()] if x]
         plan = await asyncio.to_thread(

@@ -6,7 +6,8 @@ import contextlib
 import itertools
 import socket
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from trainroom.core import protocol as p
 from trainroom.core.run import store
@@ -17,6 +18,14 @@ from trainroom.core.run.view import RunView
 
 class KeeperGone(Exception):
     """The keeper is not there (no socket, refused) or went away mid-stream."""
+
+
+class KeeperBusy(KeeperGone):
+    """The keeper's process lives but its socket did not take the connection in time (its
+    listen backlog is full, or it is stopped): not gone."""
+
+
+KeeperStatus = Literal["alive", "busy", "gone"]
 
 
 class KeeperClient:
@@ -34,6 +43,16 @@ class KeeperClient:
         s.settimeout(self.timeout_s)
         try:
             s.connect(self.sock_path)
+        except (TimeoutError, BlockingIOError) as exc:
+            s.close()
+            raise KeeperBusy(
+                f"keeper at {self.sock_path} did not answer: {exc.strerror or 'timed out'}"
+            ) from None
+        except PermissionError:
+            s.close()
+            raise KeeperGone(
+                f"keeper at {self.sock_path} is not yours: its socket is readable by its own user only"
+            ) from None
         except OSError as exc:
             s.close()
             raise KeeperGone(f"keeper not reachable at {self.sock_path}: {exc.strerror or exc}") from None
@@ -49,7 +68,10 @@ class KeeperClient:
                 raise KeeperGone(f"keeper connection lost: {exc}") from None
             if not data:
                 raise KeeperGone("keeper closed the connection")
-            self._ready.extend(self._reader.feed(data))
+            try:
+                self._ready.extend(self._reader.feed(data))
+            except p.ProtocolError as exc:
+                raise KeeperGone(f"keeper sent what this client cannot read: {exc}") from None
         return self._ready.pop(0)
 
     def subscribe(self, client: str = "client", live: bool = True) -> RunState:
@@ -62,8 +84,13 @@ class KeeperClient:
         self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
         self._ready = []
         self._sock = self._connect()
-        self._sock.sendall(p.frame(p.Subscribe(client=client, live=live)))
-        msg = self._recv(self._sock)
+        try:
+            self._sock.sendall(p.frame(p.Subscribe(client=client, live=live)))
+            msg = self._recv(self._sock)
+        except TimeoutError:
+            raise KeeperBusy(
+                f"keeper at {self.sock_path} sent no snapshot within {self.timeout_s} s"
+            ) from None
         if not isinstance(msg, p.Snapshot):
             raise KeeperGone(f"expected a snapshot, got {type(msg).__name__}")
         return RunView.from_snapshot(msg)
@@ -100,6 +127,9 @@ class KeeperClient:
                         yield msg
                         if msg.stage == "done" or (msg.stage == "plan" and not confirm):
                             return
+        except (ConnectionError, p.ProtocolError) as exc:
+            # A keeper that answers only its own uid resets a stranger's connection.
+            raise KeeperGone(f"keeper refused or dropped the request: {exc}") from None
         finally:
             sock.close()
 
@@ -135,12 +165,30 @@ def snapshot(sock_path: str, timeout_s: float = 5.0) -> RunState:
         c.close()
 
 
+BUSY_TRIES = (1.0, 2.0, 4.0)  # connect timeouts for a keeper that lives but does not answer
+
+
+def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
+    """The run from its keeper; from its journal when the keeper is gone ("gone": its process is
+    gone, by pid and start time) or keeps not answering ("busy": it lives; retried with backoff
+    first, never called gone)."""
+    if info.alive:
+        for timeout in BUSY_TRIES:
+            try:
+                return snapshot(info.sock, timeout_s=timeout), "alive"
+            except KeeperBusy:
+                continue
+            except KeeperGone:
+                break
+        else:
+            return store.load_state(info.run_dir), "busy"
+    rec = store.read_record(Path(info.run_dir))
+    keeper: KeeperStatus = "busy" if info.alive and store.keeper_alive(rec) else "gone"
+    return store.load_state(info.run_dir), keeper
+
+
 def current_state(info: RunInfo) -> tuple[RunState, bool]:
     """The run from its keeper, or from its journal when the keeper is gone; and whether the
-    keeper answered."""
-    if info.alive:
-        try:
-            return snapshot(info.sock), True
-        except KeeperGone:
-            pass
-    return store.load_state(info.run_dir), False
+    keeper lives (it may be busy: then the state is the journal's)."""
+    state, keeper = read_run(info)
+    return state, keeper != "gone"

@@ -5,11 +5,13 @@ stream away from the caller), and return once the keeper's socket is up."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import msgspec
 
@@ -55,6 +57,27 @@ def launch_options(options: LaunchOptions | Mapping[str, object]) -> LaunchOptio
         raise RunError(f"bad launch option: {exc}") from None
 
 
+def check_options(opts: LaunchOptions) -> None:
+    """What the keeper would refuse at start, refused here before a run exists."""
+    if opts.log_pattern is not None:
+        try:
+            compiled = re.compile(opts.log_pattern)
+        except re.error as exc:
+            raise RunError(f"--log-pattern: not a regular expression: {exc}") from None
+        if "step" not in compiled.groupindex:
+            raise RunError("--log-pattern: expected a named group (?P<step>...)")
+
+
+def _mark_failed(run_dir: Path, why: str) -> None:
+    """A run whose keeper never came up says so, instead of reading `starting` forever."""
+    try:
+        rec = runs.read_record(run_dir)
+        rec.start_error = why
+        runs.write_record(run_dir, rec)
+    except (RunError, OSError):
+        pass
+
+
 def launch(
     argv: list[str],
     options: LaunchOptions | Mapping[str, object] | None = None,
@@ -67,6 +90,7 @@ def launch(
     opts = launch_options(options or LaunchOptions())
     check_command(argv, cwd)
     check_config(cwd)
+    check_options(opts)
     run_dir, rec = runs.create_run(argv, cwd, opts)
     # Every standard stream is detached: `run=$(trainroom launch ...)` must not wait on the keeper.
     with open(run_dir / runs.KEEPER_LOG_NAME, "ab") as klog:
@@ -87,12 +111,14 @@ def launch(
             break
         if proc.poll() is not None:
             tail = (run_dir / runs.KEEPER_LOG_NAME).read_text(errors="replace").strip().splitlines()[-1:]
-            raise RunError(f"keeper exited at start ({proc.returncode}): {tail[0] if tail else 'no output'}")
+            why = f"keeper exited at start ({proc.returncode}): {tail[0] if tail else 'no output'}"
+            _mark_failed(run_dir, why)
+            raise RunError(why)
         time.sleep(0.01)
     else:
-        raise RunError(
-            f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})"
-        )
+        why = f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})"
+        _mark_failed(run_dir, why)
+        raise RunError(why)
     return RunInfo(
         run_id=rec.run_id, run_dir=str(run_dir), sock=str(sock), created=rec.created, argv=argv, alive=True
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
+from trainroom.core import protocol as p
 from trainroom.core.probes.procs import same_start
 from trainroom.core.run import journal as journal
 from trainroom.core.run.state import RunState
@@ -39,6 +40,8 @@ class RunRecord(msgspec.Struct, kw_only=True):
     # The checkpoint root the keeper resolved (settings.checkpoint_root) and exported to the trainer
     # as TRAINROOM_CKPT_ROOT: what `prune` and `verify` use once the keeper is gone.
     ckpt_root: str | None = None
+    # Why the keeper never came up (set by `launch`); such a run reads as `failed`.
+    start_error: str | None = None
     keeper_pid: int | None = None
     keeper_start_time: float | None = None
     keeper_start_ticks: int | None = None
@@ -149,9 +152,13 @@ def keeper_alive(rec: RunRecord) -> bool:
 def list_runs() -> list[RunInfo]:
     root = runs_dir()
     out: list[RunInfo] = []
-    if not root.is_dir():
-        return out
-    for d in root.iterdir():
+    try:
+        if not root.is_dir():
+            return out
+        entries = sorted(root.iterdir())
+    except OSError as exc:
+        raise RunError(f"state dir {root} is not readable: {exc.strerror or exc}") from None
+    for d in entries:
         if not (d / RECORD_NAME).is_file():
             continue
         try:
@@ -215,13 +222,12 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
     d = Path(run_dir)
     rec = read_record(d)
     st = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options)
-    if not series:
-        for r in journal.read_journal(d / JOURNAL_NAME):
-            st.apply(r)
-        return RunView(st)
     view = RunView(st)
+    fold = view.apply if series else st.apply
     for r in journal.read_journal(d / JOURNAL_NAME):
-        view.apply(r)
+        fold(r)
+    if rec.start_error is not None:
+        fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))
     return view
 
 
