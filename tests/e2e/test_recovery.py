@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -199,15 +200,7 @@ def test_resume_refuses_live_members_a_held_lock_and_unreleased_memory_each_in_t
     fake = Path(info.run_dir) / "fake-nvml.json"
     _dead(info, 15)
     _verified(info, 10)
-    child = wait_for(
-        lambda: [
-            p
-            for p in psutil.process_iter(["cmdline"])
-            if "time.sleep(3600)" in " ".join(p.info["cmdline"] or [])
-        ],
-        timeout=10,
-        what="the orphan child",
-    )[0]
+    child = wait_for(lambda: _started_by(info, "time.sleep(3600)"), timeout=10, what="the orphan child")[0]
 
     # 1. The group still has a live member, it holds the lock, and the driver holds the memory.
     r = _plan(info, "resume")
@@ -623,10 +616,24 @@ def test_bench_through_a_live_keeper(trhome: Path) -> None:
     assert rec.ok and rec.after["tflops"] == out["after"]["tflops"]
 
 
+def _started_by(info: runs.RunInfo, marker: str) -> list[psutil.Process]:
+    """Processes this run started (its id in their environment) whose command line has `marker`:
+    never a process of another test or of the machine."""
+    out = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = proc.info["environ"] or {}
+        except psutil.Error:
+            continue
+        if env.get("TRAINROOM_RUN") == info.run_id and marker in " ".join(proc.info["cmdline"] or []):
+            out.append(proc)
+    return out
+
+
 def test_configured_host_processes_reach_the_probe_sweep(trhome: Path, tmp_path: Path) -> None:
     """`host_processes` in trainroom.toml: two instances of the VM's host process (here a copy
     of sleep under a name of its own) are DUPLICATE_TRAINER with both pids."""
-    name = "trvmhost"
+    name = f"trvm{secrets.token_hex(3)}"  # this test's own: never another test's process
     exe = tmp_path / name
     shutil.copy(shutil.which("sleep") or "/bin/sleep", exe)
     _write_config(trhome, f'host_processes = ["{name}"]\n')

@@ -44,7 +44,8 @@ class BenchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     dtype: str | None = None
     n: int | None = None
     iterations: int | None = None
-    seconds: float | None = None
+    seconds: float | None = None  # measured
+    requested_seconds: float | None = None
     tflops: float | None = None
     floor_tflops: float | None = None
     floor_source: Literal["class", "trainroom.toml"] = "class"
@@ -155,6 +156,7 @@ def measure(device: str = "auto", seconds: float = DEFAULT_SECONDS) -> BenchResu
         n=n,
         iterations=iterations,
         seconds=round(elapsed, 3),
+        requested_seconds=seconds,
         tflops=round(tflops, 4),
         floor_tflops=floor,
         verdict=word,
