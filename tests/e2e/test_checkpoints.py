@@ -82,7 +82,7 @@ def test_demo_checkpoints_verified_promoted_and_pruned_through_the_keeper_then_o
     assert manifest["report"]["arch"]["layers"] == 2 and manifest["report"]["arch"]["d_model"] == 64
 
     # The keeper's verify action on `latest`: digest against the manifest, tensors, arch.
-    r = KeeperClient(info.sock).call("verify", {}, confirm=True)
+    r = KeeperClient(info.sock).confirmed("verify", {})
     assert r.ok, r.message
     assert r.after["path"] == d["latest_checkpoint"] and r.after["digest_ok"] is True
     assert r.after["tensors"] > 0 and r.after["nonfinite"] == {} and r.after["arch_mismatch"] == []
@@ -232,7 +232,7 @@ def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping
     # The keeper's prune action: keeps the last 2 verified (latest among them), journals bytes freed.
     root = _root(info)
     newest = _step_dirs(root)[-2:]
-    r = KeeperClient(info.sock).call("prune", {"keep": 2}, confirm=True)
+    r = KeeperClient(info.sock).confirmed("prune", {"keep": 2})
     assert r.ok, r.message
     assert r.after["bytes_freed"] > 0 and len(r.after["deleted"]) == n_saved - 2
     assert r.after["disk_used_bytes"] < r.before["disk_used_bytes"]
@@ -297,6 +297,6 @@ def test_watched_nanogpt_checkpoint_each_version_verified_and_a_verified_copy_ke
     assert by_path[str(root / "step-000010" / "ckpt.pt")]["state"] == "verified"
     assert "CKPT_REJECTED" not in codes(d)
     # The keeper's verify action on `latest` (the kept copy): its digest is the one the watch took.
-    r = KeeperClient(info.sock).call("verify", {}, confirm=True)
+    r = KeeperClient(info.sock).confirmed("verify", {})
     assert r.ok, r.message
     assert r.after["digest"] == verdicts[-1].digest and r.after["digest_ok"] is True and r.after["step"] == 20

@@ -383,10 +383,10 @@ def test_an_action_request_with_a_bad_number_is_refused_by_the_keeper(trhome: Pa
     wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
     c = KeeperClient(info.sock)
     for grace in (float("nan"), float("inf"), -1.0, "10"):
-        r = c.call("kill", {"grace_s": grace}, confirm=True)
+        r = c.confirmed("kill", {"grace_s": grace})
         assert not r.ok and "grace_s" in r.message
     # The refusals did not leave kill "already running": a real one still goes through.
-    r = c.call("kill", {"grace_s": 1.0}, confirm=True)
+    r = c.confirmed("kill", {"grace_s": 1.0})
     assert r.ok, r.message
 
 

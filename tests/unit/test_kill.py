@@ -46,6 +46,9 @@ time.sleep(600)
 """
 
 
+RUN = "test-kill-run"
+
+
 @dataclass
 class Group:
     leader: subprocess.Popen[str]
@@ -73,7 +76,11 @@ def spawn() -> Iterator:
 
     def start(*roles: str) -> Group:
         leader = subprocess.Popen(
-            [sys.executable, "-c", LEADER, *roles], stdout=subprocess.PIPE, text=True, process_group=0
+            [sys.executable, "-c", LEADER, *roles],
+            stdout=subprocess.PIPE,
+            text=True,
+            process_group=0,
+            env=dict(os.environ, TRAINROOM_RUN=RUN),  # the marker the keeper gives an attempt
         )
         assert leader.stdout is not None
         workers = json.loads(leader.stdout.readline())
@@ -93,7 +100,7 @@ def spawn() -> Iterator:
 
 def test_term_then_kill_reaches_every_member_and_the_detached_child(spawn) -> None:
     group = spawn("plain", "stubborn", "detached")
-    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time)
+    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time, run_id=RUN)
     assert plan.ok, plan.refusals
     by_pid = {m.pid: m for m in plan.members}
     assert set(by_pid) == set(group.pids)
@@ -121,7 +128,7 @@ def test_term_then_kill_reaches_every_member_and_the_detached_child(spawn) -> No
 def test_pid_reuse_is_refused_and_nothing_is_signalled(spawn) -> None:
     group = spawn("plain")
     fake_start = group.start_time - 1000.0  # the attempt's process started long before this one
-    plan = plan_kill(group.leader.pid, group.leader.pid, fake_start)
+    plan = plan_kill(group.leader.pid, group.leader.pid, fake_start, run_id=RUN)
     assert not plan.ok
     assert "PID was reused" in plan.refusals[0]
     result = execute_kill(plan, grace_s=0)
@@ -135,12 +142,16 @@ def test_a_pid_reused_within_the_same_second_is_refused_by_its_start_tick(spawn)
     group = spawn("plain")
     ticks = procs.start_ticks(group.leader.pid)
     assert ticks is not None
-    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time, attempt_start_ticks=ticks - 3)
+    plan = plan_kill(
+        group.leader.pid, group.leader.pid, group.start_time, attempt_start_ticks=ticks - 3, run_id=RUN
+    )
     assert not plan.ok and "PID was reused" in plan.refusals[0] and f"tick {ticks}" in plan.refusals[0]
     assert execute_kill(plan, grace_s=0).ok is False
     assert not any(_gone(pid) for pid in group.pids)
     # The right tick is the same process: planned, members named with their own ticks.
-    same = plan_kill(group.leader.pid, group.leader.pid, group.start_time, attempt_start_ticks=ticks)
+    same = plan_kill(
+        group.leader.pid, group.leader.pid, group.start_time, attempt_start_ticks=ticks, run_id=RUN
+    )
     assert same.ok, same.refusals
     assert all(m.start_ticks is not None and m.start_ticks >= ticks for m in same.members)
 
@@ -150,25 +161,27 @@ def test_a_member_older_than_the_attempt_by_ticks_is_a_reused_group(spawn) -> No
     ticks = procs.start_ticks(group.leader.pid)
     assert ticks is not None
     # As if the attempt's leader had started later than every process now in the group.
-    assert live_members(group.leader.pid, group.start_time, ticks + 1000) == []
-    assert group.leader.pid in live_members(group.leader.pid, group.start_time, ticks)
+    assert live_members(group.leader.pid, group.start_time, ticks + 1000, run_id=RUN) == []
+    assert group.leader.pid in live_members(group.leader.pid, group.start_time, ticks, run_id=RUN)
 
 
 def test_keepers_group_is_refused(spawn) -> None:
     group = spawn("plain")
-    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time, keeper_pid=group.workers["plain"])
+    plan = plan_kill(
+        group.leader.pid, group.leader.pid, group.start_time, keeper_pid=group.workers["plain"], run_id=RUN
+    )
     assert any("keeper's process group" in r for r in plan.refusals)
 
 
 @pytest.mark.parametrize("pgid", [0, 1, -5])
 def test_pgid_at_most_one_is_refused(pgid: int) -> None:
-    plan = plan_kill(pgid, pgid, time.time())
+    plan = plan_kill(pgid, pgid, time.time(), run_id=RUN)
     assert not plan.ok and f"refusing pgid {pgid}" in plan.refusals[0]
 
 
 def test_our_own_group_is_refused() -> None:
     me = psutil.Process()
-    plan = plan_kill(me.pid, os.getpgid(0), me.create_time())
+    plan = plan_kill(me.pid, os.getpgid(0), me.create_time(), run_id=RUN)
     assert any("our own process group" in r for r in plan.refusals)
 
 
@@ -176,8 +189,8 @@ def test_a_group_with_no_live_members_is_refused() -> None:
     start = time.time()
     done = subprocess.Popen([sys.executable, "-c", "pass"], process_group=0)
     done.wait()
-    plan = plan_kill(done.pid, done.pid, start)
-    assert plan.refusals == [f"no such process group: pgid {done.pid} has no live members"]
+    plan = plan_kill(done.pid, done.pid, start, run_id=RUN)
+    assert plan.refusals == [f"no such process group: pgid {done.pid} has no live members of this run"]
     assert plan.empty and plan.nothing_left and plan.as_dict()["nothing_left"] is True
 
 
@@ -186,7 +199,7 @@ def test_nothing_left_still_confirms_the_driver_let_go(tmp_path: Path) -> None:
     start = time.time()
     done = subprocess.Popen([sys.executable, "-c", "pass"], process_group=0)
     done.wait()
-    plan = plan_kill(done.pid, done.pid, start)
+    plan = plan_kill(done.pid, done.pid, start, run_id=RUN)
     scenario = tmp_path / "nvml.json"
     write_scenario(
         scenario,
@@ -209,7 +222,7 @@ def test_nothing_left_still_confirms_the_driver_let_go(tmp_path: Path) -> None:
 
 def test_a_refusal_other_than_an_empty_group_is_not_nothing_left(spawn) -> None:
     group = spawn("plain")
-    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time - 1000.0)
+    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time - 1000.0, run_id=RUN)
     assert not plan.ok and not plan.empty and not plan.nothing_left
 
 
@@ -248,7 +261,7 @@ def test_wsl_driver_view_uses_device_totals_12gb_to_400mib(spawn, tmp_path: Path
         scenario, group.pids, {"devices": [RTX_3060 | {"used_bytes": 400 * MIB, "util_percent": 0}]}
     )
 
-    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time)
+    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time, run_id=RUN)
     probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [m.pid for m in plan.members])
     result = execute_kill(plan, grace_s=0.3, vram_probe=probe, vram_timeout_s=30, vram_poll_s=0.05)
     driver.join(timeout=30)
@@ -277,7 +290,7 @@ def test_a_context_that_outlives_its_process_is_memory_not_released(spawn, tmp_p
     }
     driver = _driver_releases_after_exit(scenario, group.pids, orphan)
 
-    plan = plan_kill(leader, leader, group.start_time)
+    plan = plan_kill(leader, leader, group.start_time, run_id=RUN)
     probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [m.pid for m in plan.members])
     result = execute_kill(plan, grace_s=2, vram_probe=probe, vram_timeout_s=0.5, vram_poll_s=0.05)
     driver.join(timeout=30)
@@ -292,7 +305,7 @@ def test_no_driver_reads_as_unavailable(spawn, tmp_path: Path) -> None:
     group = spawn("plain")
     scenario = tmp_path / "nvml.json"
     write_scenario(scenario, {"init_error": 12})  # NVML Shared Library Not Found
-    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time)
+    plan = plan_kill(group.leader.pid, group.leader.pid, group.start_time, run_id=RUN)
     probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [group.leader.pid])
     result = execute_kill(plan, grace_s=2, vram_probe=probe, vram_timeout_s=5)
     assert result.ok and result.vram_released is None

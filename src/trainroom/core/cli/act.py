@@ -50,7 +50,8 @@ def cmd_action(args: argparse.Namespace) -> int:
             print("cancelled")
             return 1
     last = None
-    for r in client.request(args.action, req_args, confirm=True):
+    # What runs is what was shown: the keeper refuses if the target changed meanwhile.
+    for r in client.request(args.action, {**req_args, "expect": plan.plan}, confirm=True):
         last = r
         if r.stage == "progress" and not args.json:
             print(f"  … {r.message}")

@@ -121,7 +121,11 @@ def _via_keeper(info: runs.RunInfo, expected: Expected | None) -> VerifyReport |
     """The keeper's `verify` action on its `latest` (journaled); None when the keeper is gone."""
     args: dict[str, object] = {"expected": msgspec.to_builtins(expected)} if expected else {}
     try:
-        reply = KeeperClient(info.sock).call("verify", args, confirm=True)
+        client = KeeperClient(info.sock)
+        plan = client.call("verify", args, confirm=False)
+        if plan.stage != "plan":
+            raise _BadInput(f"run {info.run_id}: {plan.message}")
+        reply = client.call("verify", {**args, "expect": plan.plan}, confirm=True)
     except KeeperGone:
         return None
     if not reply.after:
@@ -318,7 +322,7 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
     if not _confirm(args, plan.message):
         out.ok, out.message, out.cancelled = False, "cancelled", True
         return out
-    done = client.call("prune", req, confirm=True)
+    done = client.call("prune", {**req, "expect": pl}, confirm=True)
     after = done.after
     out.ok, out.message = done.ok, done.message
     out.deleted = msgspec.convert(after.get("deleted", []), list[pruning.PruneTarget])

@@ -61,8 +61,44 @@ def _builtins(x: msgspec.Struct) -> dict[str, Any]:
     return out
 
 
+def target_of(action: str, plan: dict[str, Any]) -> object:
+    """What a confirmation is a confirmation of: the exact targets of a plan (pids with their
+    start ticks, the paths a prune deletes, the checkpoint and command of a resume), compared
+    between the plan a client confirmed and the one the keeper is about to carry out."""
+    if action == "kill":
+        return (
+            plan.get("pgid"),
+            sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or []),
+        )
+    if action == "prune":
+        return sorted((d.get("path"), d.get("bytes")) for d in plan.get("delete") or [])
+    if action == "resume":
+        return (plan.get("checkpoint"), plan.get("step"), plan.get("digest"), plan.get("argv"))
+    if action == "reclaim":
+        return (plan.get("method"), plan.get("target"))
+    if action == "dump":
+        return plan.get("pid")
+    if action == "verify":
+        return plan.get("path")
+    return None  # bench: nothing to change under it
+
+
+def what_changed(action: str, confirmed: object, now: object) -> str:
+    if action == "kill" and isinstance(confirmed, tuple) and isinstance(now, tuple):
+        was = [pid for pid, _ in confirmed[1]]
+        is_ = [pid for pid, _ in now[1]]
+        return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
+    if action == "prune" and isinstance(confirmed, list) and isinstance(now, list):
+        return f"confirmed {len(confirmed)} checkpoint(s) to delete, now {len(now)}"
+    return f"confirmed {confirmed!r}, now {now!r}"
+
+
 class Actions:
-    """The keeper's actions, each a method with the services it needs given at construction."""
+    """The keeper's actions, each a method with the services it needs given at construction.
+
+    Every action is plan -> confirm -> execute that plan: a confirmed request carries the plan
+    the client showed (`args["expect"]`), the keeper plans again and refuses, naming the
+    difference, when the targets are not the ones confirmed."""
 
     def __init__(
         self,
@@ -87,6 +123,30 @@ class Actions:
             "resume": self.resume,
         }
         self._busy: set[str] = set()
+
+    def confirmed(self, req: p.Request, reply: Reply, plan: dict[str, Any]) -> bool:
+        """False (and a refusal sent) when a confirmed request's plan is not the one to run."""
+        expect = req.args.get("expect")
+        if not isinstance(expect, dict):
+            reply(
+                _done(
+                    req, False, f"{req.action}: confirm with the plan you confirmed (args.expect)", plan=plan
+                )
+            )
+            return False
+        was, now = target_of(req.action, expect), target_of(req.action, plan)
+        if was != now:
+            reply(
+                _done(
+                    req,
+                    False,
+                    f"{req.action} refused: the target changed since it was confirmed "
+                    f"({what_changed(req.action, was, now)}); look at the new plan and confirm again",
+                    plan=plan,
+                )
+            )
+            return False
+        return True
 
     async def serve(self, req: p.Request, reply: Reply, client: str) -> None:
         handler = self.handlers.get(req.action)
@@ -141,6 +201,8 @@ class Actions:
             a.start_time,
             attempt_start_ticks=a.start_ticks,
             keeper_pid=os.getpid(),
+            run_id=self.run.run_id,
+            attempt_ended_at=a.ended_at,
         )
         target = plan.as_dict()
         if not plan.ok and not plan.nothing_left:
@@ -158,6 +220,8 @@ class Actions:
             summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
         if not req.confirm:
             reply(_plan(req, summary, target))
+            return
+        if not self.confirmed(req, reply, target):
             return
         cfg = self.run.settings.kill
         grace = argtypes.checked(req.args.get("grace_s", cfg.grace_s), 0, 3600)
@@ -204,6 +268,8 @@ class Actions:
             )
             reply(_plan(req, msg, target))
             return
+        if not self.confirmed(req, reply, target):
+            return
         result = await asyncio.to_thread(
             execute_reclaim, plan, sys_root=roots.cgroup, proc_root=roots.proc, progress=_progress(reply, req)
         )
@@ -229,6 +295,8 @@ class Actions:
         if not req.confirm:
             how = "SIGUSR1 (faulthandler)" if a.instrumented else "py-spy dump"
             reply(_plan(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
+            return
+        if not self.confirmed(req, reply, {"pid": a.pid}):
             return
         out = await asyncio.to_thread(dump_stacks, a.pid, str(self.run.log_path), a.instrumented)
         reply(
@@ -303,6 +371,8 @@ class Actions:
             )
             reply(_plan(req, msg, target) if not req.confirm else _done(req, True, msg, plan=target))
             return
+        if not self.confirmed(req, reply, target):
+            return
         before = {"disk_used_bytes": pipe.usage.used_bytes if pipe.usage else None}
         res = await asyncio.to_thread(pruning.execute, plan, dry_run=False, protect=protect)
         now = time.time()
@@ -336,6 +406,8 @@ class Actions:
         if not req.confirm:
             reply(_plan(req, f"verify {path}", {"path": path}))
             return
+        if not self.confirmed(req, reply, {"path": path}):
+            return
         reply(p.Reply(id=req.id, action="verify", stage="progress", message=f"verifying {path}"))
         raw = req.args.get("expected")
         try:
@@ -364,6 +436,8 @@ class Actions:
             reply(
                 _plan(req, f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step})", target)
             )
+            return
+        if not self.confirmed(req, reply, target):
             return
         result = await self.resumer.start(plan, progress=_progress(reply, req))
         reply(_done(req, result.ok, result.message, plan=target, before=result.before, after=result.after))

@@ -28,7 +28,7 @@ import psutil
 
 # Identity is (pid, start): the start's clock tick where recorded (exact), else psutil's create
 # time within a tolerance (probes.procs.same_start).
-from trainroom.core.probes.procs import same_start, started_since
+from trainroom.core.probes.procs import START_TIME_TOLERANCE_S, same_start, started_since
 from trainroom.core.probes.procs import start_ticks as _ticks_of
 from trainroom.core.units import fmt_bytes, fmt_clock
 
@@ -51,6 +51,16 @@ class Member(msgspec.Struct, kw_only=True):
     start_ticks: int | None = None  # /proc/<pid>/stat field 22
     rss_bytes: int | None = None
     in_group: bool = True  # False: a descendant of the leader that left the process group
+    run: str | None = None  # the TRAINROOM_RUN in its environment (None: none, or unreadable)
+
+
+class Stranger(msgspec.Struct, kw_only=True, frozen=True):
+    """A process found in the group (or under the leader) that is not proven the run's: never
+    signalled, shown so nobody wonders why it was left."""
+
+    pid: int
+    cmdline: list[str]
+    why: str
 
 
 class KillPlan(msgspec.Struct, kw_only=True):
@@ -58,7 +68,12 @@ class KillPlan(msgspec.Struct, kw_only=True):
     leader_pid: int
     leader_start_time: float
     leader_start_ticks: int | None = None
+    # The run whose processes these are (their environment carries TRAINROOM_RUN) and the end of
+    # the attempt (None: still running): a process started after it is nobody's leftover.
+    run_id: str = ""
+    attempt_ended_at: float | None = None
     members: list[Member] = []
+    strangers: list[Stranger] = []
     refusals: list[str] = []
     # The group has no live member left (the attempt died whole, e.g. SIGKILLed): a refusal to
     # signal, but not an error for a caller whose aim is "nothing of that attempt is left".
@@ -108,13 +123,19 @@ def plan_kill(
     *,
     attempt_start_ticks: int | None = None,
     keeper_pid: int | None = None,
+    run_id: str,
+    attempt_ended_at: float | None = None,
 ) -> KillPlan:
-    """The exact target of a kill of this attempt, or the reasons to refuse it."""
+    """The exact target of a kill of this attempt, or the reasons to refuse it. A process is a
+    target only when proven the run's: started within the attempt's lifetime and carrying the
+    run's id in its environment (the keeper puts TRAINROOM_RUN there; children inherit it)."""
     plan = KillPlan(
         pgid=attempt_pgid,
         leader_pid=attempt_pid,
         leader_start_time=attempt_start_time,
         leader_start_ticks=attempt_start_ticks,
+        run_id=run_id,
+        attempt_ended_at=attempt_ended_at,
     )
     if attempt_pgid <= 1:
         plan.refusals.append(f"refusing pgid {attempt_pgid}: a group <= 1 is the whole system or init")
@@ -139,6 +160,14 @@ def plan_kill(
     # Descendants of the leader and of every member, wherever their group is now.
     roots = ([leader] if leader is not None else []) + [p for p in (_process(m.pid) for m in members) if p]
     members += _strayed_descendants(roots, {m.pid for m in members}, attempt_start_time, attempt_start_ticks)
+    proven = []
+    for m in members:
+        why = not_ours(m, plan)
+        if why is None:
+            proven.append(m)
+        elif not older or m not in older:
+            plan.strangers.append(Stranger(pid=m.pid, cmdline=m.cmdline, why=why))
+    members = proven
     protected = {os.getpid()} | ({keeper_pid} if keeper_pid is not None else set())
     hit = sorted(protected & {m.pid for m in members})
     if hit:
@@ -146,8 +175,20 @@ def plan_kill(
     plan.members = sorted(members, key=lambda m: (not m.in_group, m.pid))
     if not plan.members and not plan.refusals:
         plan.empty = True
-        plan.refusals.append(f"no such process group: pgid {attempt_pgid} has no live members")
+        plan.refusals.append(f"no such process group: pgid {attempt_pgid} has no live members of this run")
     return plan
+
+
+def not_ours(m: Member, plan: KillPlan) -> str | None:
+    """Why this process is not proven the run's, or None when it is."""
+    if not started_since(m.create_time, m.start_ticks, plan.leader_start_time, plan.leader_start_ticks):
+        return f"started at {_clock(m.create_time)}, before the attempt"
+    ended = plan.attempt_ended_at
+    if ended is not None and m.create_time > ended + START_TIME_TOLERANCE_S:
+        return f"started at {_clock(m.create_time)}, after the attempt ended ({_clock(ended)})"
+    if m.run != plan.run_id:
+        return "its environment does not name this run" if m.run is None else f"it belongs to run {m.run}"
+    return None
 
 
 def _group_refusals(pgid: int, keeper_pid: int | None) -> list[str]:
@@ -205,16 +246,27 @@ def _strayed_descendants(
     return out
 
 
-def live_members(pgid: int, attempt_start_time: float, attempt_start_ticks: int | None = None) -> list[int]:
-    """The pids still alive in an attempt's process group (zombies excluded). A member that
-    started before the attempt is not part of it: the group number was reused by a stranger."""
+def live_members(
+    pgid: int,
+    attempt_start_time: float,
+    attempt_start_ticks: int | None = None,
+    *,
+    run_id: str,
+    attempt_ended_at: float | None = None,
+) -> list[int]:
+    """The pids still alive in an attempt's process group (zombies excluded) that are proven the
+    run's (see `not_ours`): a stranger that reused the group number is not the old attempt."""
     if pgid <= 1:
         return []
-    return sorted(
-        m.pid
-        for m in _group_members(pgid)
-        if started_since(m.create_time, m.start_ticks, attempt_start_time, attempt_start_ticks)
+    plan = KillPlan(
+        pgid=pgid,
+        leader_pid=pgid,
+        leader_start_time=attempt_start_time,
+        leader_start_ticks=attempt_start_ticks,
+        run_id=run_id,
+        attempt_ended_at=attempt_ended_at,
     )
+    return sorted(m.pid for m in _group_members(pgid) if not_ours(m, plan) is None)
 
 
 # --------------------------------------------------------------------------- execute
@@ -427,7 +479,12 @@ def _describe(proc: psutil.Process, *, in_group: bool) -> Member | None:
                 rss: int | None = proc.memory_info().rss
             except psutil.AccessDenied:
                 rss = None
+            try:
+                run = proc.environ().get("TRAINROOM_RUN")
+            except (psutil.AccessDenied, OSError):
+                run = None  # unreadable: not proven ours
             return Member(
+                run=run,
                 pid=proc.pid,
                 ppid=proc.ppid(),
                 pgid=_pgid_of(proc.pid),
@@ -484,18 +541,20 @@ def _alive(targets: dict[int, psutil.Process]) -> list[psutil.Process]:
 
 
 def _group_is_ours(plan: KillPlan) -> bool:
-    """Whether killpg still reaches the attempt's group: a live process whose pid is the pgid
-    and that started at another time means the number now names someone else's group."""
+    """Whether one killpg may reach the group: only while its leader lives and is the attempt's.
+    A leaderless group can hold anyone by now (a daemon that double-forked into it, a stranger
+    that reused the number), so then each proven member is signalled on its own."""
     try:
-        return same_start(plan.pgid, plan.leader_start_time, plan.leader_start_ticks) is not False
+        return same_start(plan.pgid, plan.leader_start_time, plan.leader_start_ticks) is True
     except psutil.Error:
-        return True
+        return False
 
 
 def _live_group_members(plan: KillPlan) -> list[psutil.Process]:
+    """Members of the group now (one forked during the grace), each proven the run's."""
     found = []
     for m in _group_members(plan.pgid):
-        if started_since(m.create_time, m.start_ticks, plan.leader_start_time, plan.leader_start_ticks):
+        if not_ours(m, plan) is None:
             proc = _process(m.pid)
             if proc is not None:
                 found.append(proc)

@@ -147,6 +147,16 @@ class KeeperClient:
             raise KeeperGone("no reply")
         return last
 
+    def confirmed(
+        self, action: str, args: dict[str, Any] | None = None, timeout_s: float | None = 600.0
+    ) -> p.Reply:
+        """Plan, then carry out exactly that plan (for scripts that have already decided, like
+        `--yes`): the refusal when there is nothing to confirm, else the `done` reply."""
+        plan = self.call(action, args, confirm=False, timeout_s=timeout_s)
+        if plan.stage != "plan":
+            return plan
+        return self.call(action, {**(args or {}), "expect": plan.plan}, confirm=True, timeout_s=timeout_s)
+
     def close(self) -> None:
         """Shut the socket down before closing it: on Linux a close() alone does not wake a
         recv() blocked in another thread (the control room's reader)."""

@@ -232,9 +232,10 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
 
 
 def stop_run(run_dir: str | Path) -> None:
-    """Tear a run down without asking: SIGKILL every recorded attempt's process group (continued
-    first, so a stopped one dies too) and the keeper, each only if it is still the recorded one.
-    For tests and benchmarks; users go through the keeper's confirmed `kill`."""
+    """Tear a run down without asking: SIGKILL (after a SIGCONT, so a stopped one dies too) every
+    process that carries this run's id in its environment and started since its first attempt,
+    then the keeper if it is still the recorded one. Never a killpg: a leaderless group may hold a
+    stranger by now. For tests and benchmarks; users go through the keeper's confirmed `kill`."""
     import signal
 
     d = Path(run_dir)
@@ -243,22 +244,32 @@ def stop_run(run_dir: str | Path) -> None:
         st = load_state(d)
     except RunError:
         return
-    for a in st.attempts:
-        if a.pgid <= 1 or a.pgid == os.getpgid(0):
-            continue
-        try:
-            if same_start(a.pid, a.start_time, a.start_ticks) is False:
-                continue  # the pid, and so the group number, belongs to someone else now
-            # None: the leader is gone; what is left of its group is still ours to end
-        except psutil.Error:
-            continue
+    first = min((a.start_time for a in st.attempts if a.pid > 0), default=rec.created)
+    for proc in _carrying(rec.run_id, since=first):
         for sig in (signal.SIGCONT, signal.SIGKILL):
             try:
-                os.killpg(a.pgid, sig)
-            except OSError:
+                proc.send_signal(sig)  # psutil checks the create time: never a reused pid
+            except psutil.Error:
                 break
     if keeper_alive(rec) and rec.keeper_pid != os.getpid():
         try:
             psutil.Process(rec.keeper_pid).kill()
         except psutil.Error:
             pass
+
+
+def _carrying(run_id: str, since: float) -> list[psutil.Process]:
+    """Live processes whose environment names this run (TRAINROOM_RUN), started since `since`."""
+    out = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["environ", "create_time"]):
+        try:
+            env = proc.info["environ"] or {}
+            if proc.pid == me or env.get("TRAINROOM_RUN") != run_id:
+                continue
+            if proc.info["create_time"] < since - 1.0:
+                continue
+        except psutil.Error:
+            continue
+        out.append(proc)
+    return out
