@@ -89,12 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_module_verbs(sub: Any) -> None:
-    """Verbs whose code lives with their subject (verify, prune)."""
+    """Verbs whose code lives with their subject (verify, prune) or in a module of its own (doctor)."""
     from trainroom.core.ckpt import verify
+    from trainroom.core.cli import doctor
     from trainroom.core.ops import prune
 
     verify.add_parser(sub)
     prune.add_parser(sub)
+    doctor.add_parser(sub)
 
 
 def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
