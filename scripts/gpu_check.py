@@ -6,9 +6,8 @@
 Each check is PASS, FAIL or SKIP, with its figures:
 
   nvml_init        NVML init and the first sample (ms), the driver version, the devices
-  process_calls    nvmlDeviceGetComputeRunningProcesses _v3, _v2, v1 on the device: which the
-                   driver has, and that the keeper's probe settles on one
-  probe_cycle      the cost of one probe cycle (GpuProbe.sample: the keeper's NVML calls, once a second)
+  process_calls    ComputeRunningProcesses _v3, _v2, v1: which the driver has, which the probe uses
+  probe_cycle      one probe cycle's cost (GpuProbe.sample: the keeper's NVML calls, once a second)
   bench            the matmul bench's TFLOPS against the device class's floor
   trainer_vram     a real CUDA trainer under a keeper: its per-process memory as the driver lists it
   allocator_ratio  the reporter's allocator view against the driver's: the ratio, no GHOST_MEMORY
@@ -19,9 +18,8 @@ Each check is PASS, FAIL or SKIP, with its figures:
   cleanup          every process the script started is gone
 
 Without NVML the NVML checks skip; without a CUDA device in --python's torch the CUDA checks say
-"skipped: no CUDA device". Everything runs under a private TRAINROOM_HOME and is ended on the way
-out, failure or not (the runs' recorded process groups and keepers, then any process still
-carrying that TRAINROOM_HOME). Exit 0 when nothing failed, 1 otherwise.
+"skipped: no CUDA device". All runs under a private TRAINROOM_HOME, ended on the way out, failure or
+not (recorded groups, keepers, then whatever carries that TRAINROOM_HOME). Exit 0: nothing failed.
 """
 
 from __future__ import annotations
@@ -42,21 +40,29 @@ from typing import Any, Literal
 import msgspec
 import psutil
 import pynvml
+from gpu_check_session import Session
 
 from trainroom.core.ops.bench import run_bench
-from trainroom.core.ops.doctor import TorchView, nvml_view, torch_view
-from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe, load_nvml
-from trainroom.core.run.client import KeeperClient, KeeperGone, current_state
-from trainroom.core.run.launch import launch
-from trainroom.core.run.status import status_dict
-from trainroom.core.run.store import RunError, RunInfo, stop_run
+from trainroom.core.ops.doctor import TorchView, nvml_view, probe_cycles, process_call_ladder, torch_view
+from trainroom.core.probes.gpu import GpuProbe, load_nvml, pid_namespace
+from trainroom.core.run.client import KeeperClient, KeeperGone
+from trainroom.core.run.store import RunInfo
 from trainroom.core.settings import LaunchOptions
 from trainroom.core.units import fmt_bytes
 
 ROLES = Path(__file__).resolve().with_name("gpu_check_roles.py")
 NO_LIBRARY = str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
 PROBE_CYCLE_BOUND_MS = 100.0  # a tenth of the keeper's one-second probe cycle
-TRAINER_MIB, GHOST_MIB, STRAND_MIB = 1024, 2048, 1024
+TRAINER_MIB, GHOST_MIB = 1024, 2048
+CUDA_CHECKS = (
+    "bench",
+    "trainer_vram",
+    "allocator_ratio",
+    "ghost_memory",
+    "kill",
+    "stale_lock",
+    "orphan_context",
+)
 MIB = 1 << 20
 
 Result = Literal["pass", "fail", "skip"]
@@ -92,93 +98,15 @@ def skipped(name: str, why: str, **figures: Fact) -> Outcome:
     return Outcome(name=name, result="skip", detail=f"skipped: {why}", figures=figures)
 
 
-# --------------------------------------------------------------------------- what was started
-
-
-class Session:
-    """The private state dir, the deadline, and everything started, so all of it can be ended."""
-
-    def __init__(self, home: Path, budget_s: float, python: str) -> None:
-        self.home = home
-        self.python = python
-        self.deadline = time.monotonic() + budget_s
-        self.run_dirs: list[str] = []
-        self.pids: list[int] = []
-
-    def left(self, cap: float) -> float:
-        return max(0.0, min(cap, self.deadline - time.monotonic()))
-
-    def launch(self, name: str, device: str, **extra: str) -> tuple[RunInfo, Path]:
-        work = self.home / name
-        (work / "control").mkdir(parents=True)
-        lock = work / "train.lock"
-        argv = [self.python, str(ROLES), "trainer", "--device", device, "--mib", str(TRAINER_MIB)]
-        argv += ["--lock", str(lock), "--control", str(work / "control")]
-        for key, value in extra.items():
-            argv += [f"--{key.replace('_', '-')}", value]
-        info = launch(argv, LaunchOptions(lock_files=[str(lock)]), cwd=str(work))
-        self.run_dirs.append(info.run_dir)
-        return info, work / "control"
-
-    def wait(
-        self, info: RunInfo, pred: Callable[[dict[str, Any]], Any], cap: float
-    ) -> tuple[Any, dict[str, Any]]:
-        """Poll `status` until pred(status) is truthy (returned), or the cap or the budget runs out."""
-        end = time.monotonic() + self.left(cap)
-        last: dict[str, Any] = {}
-        while True:
-            try:
-                st, alive = current_state(info)
-                last = status_dict(st, keeper_alive=alive)
-                found = pred(last)
-                if found:
-                    return found, last
-            except (KeeperGone, RunError):
-                pass
-            if time.monotonic() >= end:
-                return None, last
-            time.sleep(0.2)
-
-    def wait_file(self, path: Path, cap: float) -> int | None:
-        end = time.monotonic() + self.left(cap)
-        while time.monotonic() < end:
-            if path.exists():
-                pid = int(path.read_text())
-                self.pids.append(pid)
-                return pid
-            time.sleep(0.05)
-        return None
-
-    def cleanup(self) -> list[int]:
-        """End everything started; the pids still alive afterwards (none, when it worked)."""
-        for run_dir in self.run_dirs:
-            stop_run(run_dir)
-        marked = [p for p in _carrying(self.home) if p.pid != os.getpid()]
-        for p in marked:
-            for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped straggler dies too
-                try:
-                    p.send_signal(sig)
-                except psutil.Error:
-                    pass
-        end = time.monotonic() + 15
-        while time.monotonic() < end:
-            alive = [p.pid for p in _carrying(self.home) if p.pid != os.getpid()]
-            if not alive:
-                return []
-            time.sleep(0.1)
-        return alive
-
-
-def _carrying(home: Path) -> list[psutil.Process]:
-    """Live processes whose environment names this TRAINROOM_HOME (zombies hold nothing)."""
-    found = []
-    for p in psutil.process_iter(["environ", "status"]):
-        try:
-            if (p.info["environ"] or {}).get("TRAINROOM_HOME") == str(home) and p.info["status"] != "zombie":
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+def start_trainer(s: Session, name: str, device: str) -> tuple[RunInfo, Path]:
+    """A gpu_check_roles.py trainer under a keeper, holding TRAINER_MIB on `device` and the flock
+    of its own lock file (a configured lock of the run); the control dir it watches."""
+    work = s.home / name
+    (work / "control").mkdir(parents=True)
+    lock = work / "train.lock"
+    argv = [s.python, str(ROLES), "trainer", "--device", device, "--mib", str(TRAINER_MIB)]
+    argv += ["--lock", str(lock), "--control", str(work / "control"), "--ghost-mib", str(GHOST_MIB)]
+    return s.launch(argv, LaunchOptions(lock_files=[str(lock)]), work), work / "control"
 
 
 # --------------------------------------------------------------------------- NVML
@@ -207,55 +135,34 @@ def check_nvml_init(nvml: Any) -> Outcome:
 
 
 def check_process_calls(nvml: Any, index: int) -> Outcome:
-    """Each ComputeRunningProcesses variant called on the device, newest first."""
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        return skipped("process_calls", f"NVML unavailable ({exc})")
-    figures: dict[str, Fact] = {}
-    first = None
-    try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        for name in PROCESS_FUNCTIONS:
-            short = name[-2:] if name.endswith(("_v2", "_v3")) else "v1"
-            said = _call_processes(nvml, name, handle)
-            figures[short] = said
-            if first is None and said.startswith("ok"):
-                first = short
-    except nvml.NVMLError as exc:
-        return passed("process_calls", False, f"device {index}: {exc}")
-    finally:
-        nvml.nvmlShutdown()
+    """Each ComputeRunningProcesses variant called on the device, newest first, and what the
+    keeper's probe makes of them."""
     probe = GpuProbe(nvml)
     try:
-        notes = probe.sample().get("notes") or []
+        first = probe.sample()
+        if not first.get("available"):
+            return skipped("process_calls", f"NVML unavailable ({_reason(first)})")
+        try:
+            calls = process_call_ladder(probe.nvml, index)
+        except Exception as exc:
+            return passed("process_calls", False, f"device {index}: {exc}")
+        failing = [n for n in probe.sample().get("notes") or [] if "compute processes unavailable" in n]
     finally:
         probe.close()
-    failing = [n for n in notes if "compute processes unavailable" in n]
+    uses = next((c.version for c in calls if c.ok), None)
+    figures: dict[str, Fact] = {c.version: c.said for c in calls}
     figures["probe_notes"] = "; ".join(failing) or None
-    calls = ", ".join(f"{k} {v}" for k, v in figures.items() if k in ("v3", "v2", "v1"))
+    said = ", ".join(f"{c.version} {c.said}" for c in calls)
     verdict = (
-        f"the keeper's probe uses {first}"
-        if first and not failing
+        f"the keeper's probe uses {uses}"
+        if uses and not failing
         else "; ".join(failing) or "no variant works"
     )
-    return passed("process_calls", first is not None and not failing, f"{calls}; {verdict}", **figures)
+    return passed("process_calls", uses is not None and not failing, f"{said}; {verdict}", **figures)
 
 
-def _call_processes(nvml: Any, name: str, handle: Any) -> str:
-    fn = getattr(nvml, name, None)
-    if fn is None:
-        return "absent from this nvidia-ml-py"
-    t0 = time.perf_counter()
-    try:
-        rows = list(fn(handle))
-    except nvml.NVMLError_FunctionNotFound:
-        return "not in this driver (FunctionNotFound)"
-    except nvml.NVMLError as exc:
-        return f"error: {exc}"
-    except Exception as exc:  # the binding's own struct-version mismatch
-        return f"error: {type(exc).__name__}: {exc}"
-    return f"ok: {len(rows)} process(es) in {(time.perf_counter() - t0) * 1000:.2f} ms"
+def _reason(sample: dict[str, Any]) -> str:
+    return str(sample.get("reason", "")).removeprefix("driver view unavailable: ")
 
 
 def check_probe_cycle(nvml: Any, cycles: int = 50) -> Outcome:
@@ -263,13 +170,8 @@ def check_probe_cycle(nvml: Any, cycles: int = 50) -> Outcome:
     try:
         first = probe.sample(our_pids=[os.getpid()])
         if not first.get("available"):
-            reason = str(first.get("reason", "")).removeprefix("driver view unavailable: ")
-            return skipped("probe_cycle", f"NVML unavailable ({reason})")
-        times = []
-        for _ in range(cycles):
-            t0 = time.perf_counter()
-            sample = probe.sample(our_pids=[os.getpid()])
-            times.append((time.perf_counter() - t0) * 1000)
+            return skipped("probe_cycle", f"NVML unavailable ({_reason(first)})")
+        times, sample = probe_cycles(probe, cycles)
     finally:
         probe.close()
     times.sort()
@@ -317,17 +219,17 @@ def _finding(code: str, **match: Any) -> Callable[[dict[str, Any]], Any]:
 
 
 def _driver_row(nvml: Any, pid: int) -> dict[str, Any] | None:
+    """The driver's compute-process row for `pid` (None: not listed)."""
     probe = GpuProbe(nvml)
     try:
         sample = probe.sample(our_pids=[pid])
     finally:
         probe.close()
-    row = next((p for p in sample.get("processes") or [] if p["pid"] == pid), None)
-    return None if row is None else {**row, "pid_namespace": sample.get("pid_namespace")}
+    return next((p for p in sample.get("processes") or [] if p["pid"] == pid), None)
 
 
 def trainer_phase(s: Session, nvml: Any, device: str, cpu: bool) -> list[Outcome]:
-    info, control = s.launch("trainer", device)
+    info, control = start_trainer(s, "trainer", device)
     up, d = s.wait(
         info, lambda d: (d.get("step") or 0) >= 5 and (cpu or d["vram"]["allocator_reserved_bytes"]), 120
     )
@@ -363,7 +265,7 @@ def judge_trainer(nvml: Any, pid: int, d: dict[str, Any]) -> list[Outcome]:
         "pid": pid,
         "listed": row is not None,
         "listed_bytes": row["used_bytes"] if row else None,
-        "pid_namespace": row["pid_namespace"] if row else None,
+        "pid_namespace": pid_namespace(),
         "driver_run_bytes": run_bytes,
         "driver_used_bytes": vram["driver_used_bytes"],
     }
@@ -463,7 +365,7 @@ def _alive(pid: int) -> bool:
 
 
 def straggler_phase(s: Session, nvml: Any, device: str, cpu: bool) -> list[Outcome]:
-    info, control = s.launch("straggler", device)
+    info, control = start_trainer(s, "straggler", device)
     up, d = s.wait(info, lambda d: (d.get("step") or 0) >= 3, 120)
     if not up:
         why = f"the trainer did not report 3 steps (state {d.get('state')}; see {info.run_dir}/trainer.log)"
@@ -512,7 +414,7 @@ def straggler_phase(s: Session, nvml: Any, device: str, cpu: bool) -> list[Outco
             straggler_pid=spid,
             listed=row is not None,
             held_bytes=held,
-            pid_namespace=row["pid_namespace"] if row else None,
+            pid_namespace=pid_namespace(),
             released=after is None,
         )
     )
@@ -529,28 +431,20 @@ def _inherited_by(d: dict[str, Any], pid: int) -> Any:
 # --------------------------------------------------------------------------- the run
 
 
-def run_checks(s: Session, args: argparse.Namespace, torch: TorchView) -> list[Outcome]:
+def run_checks(s: Session, args: argparse.Namespace, torch: TorchView, out: list[Outcome]) -> None:
+    """Every check in order, appended to `out` as it ends (so a failure midway keeps the rest)."""
     nvml = load_nvml()
-    out = [check_nvml_init(nvml), check_process_calls(nvml, args.device), check_probe_cycle(nvml)]
+    out += [check_nvml_init(nvml), check_process_calls(nvml, args.device), check_probe_cycle(nvml)]
     cuda = torch.cuda_available and args.device < torch.device_count
     if not cuda and not args.cpu_rehearsal:
         why = f"no CUDA device (torch {torch.version or 'not importable'} in {torch.python}"
         why += f": {torch.error})" if torch.error else (": a CPU build)" if torch.cuda_build is None else ")")
-        names = (
-            "bench",
-            "trainer_vram",
-            "allocator_ratio",
-            "ghost_memory",
-            "kill",
-            "stale_lock",
-            "orphan_context",
-        )
-        return out + [skipped(n, why) for n in names]
+        out += [skipped(n, why) for n in CUDA_CHECKS]
+        return
     device = f"cuda:{args.device}" if cuda else "cpu"
     out.append(check_bench(s.python, device))
     out += trainer_phase(s, nvml, device, cpu=not cuda)
     out += straggler_phase(s, nvml, device, cpu=not cuda)
-    return out
 
 
 def render(report: Report) -> list[str]:
@@ -593,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     torch = torch_view(args.python)
     outcomes: list[Outcome] = []
     try:
-        outcomes = run_checks(session, args, torch)
+        run_checks(session, args, torch, outcomes)
+    except Exception as exc:  # a bug here must still end in the report and the clean-up
+        outcomes.append(passed("error", False, f"gpu_check stopped: {type(exc).__name__}: {exc}"))
     finally:
         left = session.cleanup()
         outcomes.append(

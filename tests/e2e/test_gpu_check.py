@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.unit.test_gpu_check import SCRIPT, gc
+from tests.unit.test_gpu_check import SCRIPT, carrying
 
 
 def test_cpu_rehearsal_runs_the_keeper_flows_and_leaves_nothing_running(trhome: Path) -> None:
@@ -37,4 +37,4 @@ def test_cpu_rehearsal_runs_the_keeper_flows_and_leaves_nothing_running(trhome: 
     for name in ("trainer_vram", "allocator_ratio", "ghost_memory", "orphan_context"):
         assert got[name]["result"] == "skip" and got[name]["detail"].startswith("skipped: no CUDA device")
     home = Path(report["home"])
-    assert got["cleanup"]["figures"]["left"] == 0 and gc._carrying(home) == [] and not home.exists()
+    assert got["cleanup"]["figures"]["left"] == 0 and carrying(home) == [] and not home.exists()

@@ -126,11 +126,20 @@ def test_fake_driver_version_devices_persistence_and_per_process_memory(tmp_path
     ]
     check = check_nvml(view, needed=True, wsl=False)
     assert check.status == "ok", check
-    assert check.detail == (
+    assert check.detail.startswith(
         "driver 560.94; #0 NVIDIA H200 141 GiB (5.0 GiB used), persistence on; "
-        "per-process memory: reported (1 compute process(es) now)"
+        "per-process memory: reported (1 compute process(es) now); process call: v3; one probe cycle "
     )
-    assert check.facts == {"available": True, "driver_version": "560.94", "devices": 1, "per_process": True}
+    assert check.detail.endswith(f"one probe cycle {view.probe_cycle_ms} ms") and view.probe_cycle_ms > 0
+    assert [(c.version, c.ok) for c in view.process_calls] == [("v3", True), ("v2", True), ("v1", True)]
+    facts = {
+        "available": True,
+        "driver_version": "560.94",
+        "devices": 1,
+        "per_process": True,
+        "process_api": "v3",
+    }
+    assert check.facts == facts | {"probe_cycle_ms": view.probe_cycle_ms}
 
 
 def test_fake_wsl_like_driver_persistence_off_and_per_process_na_are_degraded(tmp_path: Path) -> None:

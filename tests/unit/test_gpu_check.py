@@ -24,23 +24,17 @@ from tests.support.waiting import wait_for
 from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
-from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 GIB = 1 << 30
-CUDA_CHECKS = [
-    "bench",
-    "trainer_vram",
-    "allocator_ratio",
-    "ghost_memory",
-    "kill",
-    "stale_lock",
-    "orphan_context",
-]
 
 
 def _load() -> ModuleType:
+    # As `python scripts/gpu_check.py` runs it: its own directory first on the path (its session module).
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -50,6 +44,7 @@ def _load() -> ModuleType:
 
 
 gc = _load()
+from gpu_check_session import Session, carrying  # noqa: E402 - found once _load() put scripts/ on the path
 
 
 def _has_driver() -> bool:
@@ -98,7 +93,7 @@ def test_process_call_ladder_reports_each_variant_and_the_one_the_probe_uses(
 
 
 def test_process_calls_that_all_fail_are_a_failure(tmp_path: Path) -> None:
-    errors = dict.fromkeys(gc.PROCESS_FUNCTIONS, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    errors = dict.fromkeys(PROCESS_FUNCTIONS, pynvml.NVML_ERROR_NOT_SUPPORTED)
     o = gc.check_process_calls(_scenario(tmp_path / "gpu.json", errors=errors), 0)
     assert o.result == "fail" and "compute processes unavailable" in o.detail
     assert o.figures["v3"] == f"error: {pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)}"
@@ -134,6 +129,43 @@ def test_nvml_init_passes_skips_without_a_library_and_fails_on_a_broken_driver(t
 @pytest.mark.skipif(_has_driver(), reason="this machine has an NVIDIA driver")
 def test_the_real_pynvml_without_a_driver_skips() -> None:
     assert gc.check_nvml_init(pynvml).detail == "skipped: no NVIDIA driver (NVML Shared Library Not Found)"
+
+
+def _status(run_bytes: int | None, reserved: int | None, used: int, *findings: str) -> dict[str, object]:
+    vram = {
+        "driver_available": True,
+        "driver_reason": None,
+        "driver_run_bytes": run_bytes,
+        "driver_used_bytes": used,
+        "allocator_allocated_bytes": reserved,
+        "allocator_reserved_bytes": reserved,
+    }
+    return {"vram": vram, "findings": [{"code": c, "evidence": {}} for c in findings]}
+
+
+def test_the_trainer_verdicts_on_the_driver_and_allocator_views(tmp_path: Path) -> None:
+    me, mib = os.getpid(), 1 << 20
+    nvml = _scenario(tmp_path / "gpu.json", processes=[{"pid": me, "used_bytes": 1536 * mib}])
+    vram, ratio = gc.judge_trainer(nvml, me, _status(1536 * mib, GIB, 2 * GIB))
+    assert (vram.result, ratio.result) == ("pass", "pass")
+    assert vram.detail == f"the driver attributes 1.5 GiB to pid {me}; status says 1.5 GiB for the run"
+    assert ratio.figures["ratio"] == 1.5 and ratio.figures["basis"] == "per-process"
+    assert "the CUDA context's share 512 MiB" in ratio.detail and ratio.detail.endswith("no GHOST_MEMORY")
+    # The keeper disagreeing with the driver, or calling a healthy trainer a ghost, fails.
+    assert gc.judge_trainer(nvml, me, _status(4 * GIB, GIB, 4 * GIB))[0].result == "fail"
+    assert gc.judge_trainer(nvml, me, _status(1536 * mib, GIB, 2 * GIB, "GHOST_MEMORY"))[1].result == "fail"
+    # Not listed at all; per-process N/A (device totals stand in); no driver view in the keeper.
+    assert gc.judge_trainer(nvml, 4242, _status(None, GIB, 2 * GIB))[0].result == "fail"
+    write_scenario(
+        tmp_path / "gpu.json",
+        {"devices": [{"used_bytes": 2 * GIB}], "processes": [{"pid": me, "used_bytes": None}]},
+    )
+    na, by_device = gc.judge_trainer(FakeNvml(tmp_path / "gpu.json"), me, _status(None, GIB, 2 * GIB))
+    assert na.result == "pass" and "N/A" in na.detail
+    assert by_device.figures["basis"] == "device" and by_device.figures["ratio"] == 2.0
+    gone = _status(None, GIB, 0)
+    gone["vram"] = {**gone["vram"], "driver_available": False, "driver_reason": "driver view unavailable: x"}  # type: ignore[dict-item]
+    assert [o.result for o in gc.judge_trainer(nvml, me, gone)] == ["fail", "fail"]
 
 
 def test_report_format() -> None:
@@ -178,16 +210,16 @@ def test_the_script_against_the_fake_passes_nvml_skips_cuda_and_leaves_nothing(t
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     results = {o["name"]: o for o in report["outcomes"]}
-    assert list(results) == ["nvml_init", "process_calls", "probe_cycle", *CUDA_CHECKS, "cleanup"]
+    assert list(results) == ["nvml_init", "process_calls", "probe_cycle", *gc.CUDA_CHECKS, "cleanup"]
     assert [results[n]["result"] for n in ("nvml_init", "process_calls", "probe_cycle", "cleanup")] == [
         "pass"
     ] * 4
     assert results["process_calls"]["figures"]["v3"] == "not in this driver (FunctionNotFound)"
-    for name in CUDA_CHECKS:
+    for name in gc.CUDA_CHECKS:
         assert results[name]["result"] == "skip"
         assert results[name]["detail"].startswith("skipped: no CUDA device (torch ")
     assert report["driver"] == "560.94" and report["device"] is None
-    assert not Path(report["home"]).exists() and gc._carrying(Path(report["home"])) == []
+    assert not Path(report["home"]).exists() and carrying(Path(report["home"])) == []
 
 
 def test_cleanup_ends_a_stopped_process_outside_any_run_that_carries_the_home() -> None:
@@ -197,10 +229,10 @@ def test_cleanup_ends_a_stopped_process_outside_any_run_that_carries_the_home() 
         [sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True
     )
     try:
-        wait_for(lambda: gc._carrying(home), timeout=30, what="the process to show its environment")
+        wait_for(lambda: carrying(home), timeout=30, what="the process to show its environment")
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, timeout=30)
-        session = gc.Session(home, 60.0, sys.executable)
+        session = Session(home, 60.0, sys.executable)
         assert session.cleanup() == []
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:

@@ -16,7 +16,9 @@ not missing.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,12 +27,13 @@ import msgspec
 from trainroom.core.config import Config
 from trainroom.core.ops import host_checks as hc
 from trainroom.core.ops.host_checks import Check, Fact, absent
-from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
 from trainroom.core.probes.host import is_wsl
 from trainroom.core.settings import HostRoots, LaunchOptions, checkpoint_root
 from trainroom.core.units import fmt_bytes
 
 GpuChoice = Literal["auto", "gpu", "cpu"]
+ProcessApi = Literal["v3", "v2", "v1"]
 TORCH_TIMEOUT_S = 120.0
 _UNAVAILABLE = "driver view unavailable: "
 
@@ -60,6 +63,14 @@ class GpuDevice(msgspec.Struct, kw_only=True):
     persistence_mode: bool | None  # None: the driver does not say (WSL, Windows)
 
 
+class ProcessCall(msgspec.Struct, kw_only=True):
+    """One nvmlDeviceGetComputeRunningProcesses variant, called."""
+
+    version: ProcessApi
+    ok: bool
+    said: str  # "ok: 2 process(es) in 0.41 ms", "not in this driver (FunctionNotFound)", "error: ..."
+
+
 class NvmlView(msgspec.Struct, kw_only=True):
     available: bool
     reason: str = ""  # why not, as NVML says it ("NVML Shared Library Not Found")
@@ -68,6 +79,13 @@ class NvmlView(msgspec.Struct, kw_only=True):
     per_process: bool | None = None  # None: no compute process now to tell
     processes: int = 0
     notes: list[str] = []
+    process_calls: list[ProcessCall] = []  # on device 0, newest first
+    probe_cycle_ms: float | None = None  # the median of a few GpuProbe samples
+
+    @property
+    def process_api(self) -> ProcessApi | None:
+        """The newest process call that answers: the one the keeper's probe settles on."""
+        return next((c.version for c in self.process_calls if c.ok), None)
 
 
 class TorchView(msgspec.Struct, kw_only=True):
@@ -133,6 +151,11 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
             )
             for d in sample.get("devices") or []
         ]
+        try:
+            calls = process_call_ladder(lib, 0) if devices else []
+        except Exception:  # device 0 went away between the sample and now
+            calls = []
+        cycles, _ = probe_cycles(probe, 5)
         return NvmlView(
             available=True,
             driver_version=_driver_version(lib),
@@ -140,9 +163,48 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
             per_process=sample.get("per_process"),
             processes=len(sample.get("processes") or []),
             notes=list(sample.get("notes") or []),
+            process_calls=calls,
+            probe_cycle_ms=round(statistics.median(cycles), 3),
         )
     finally:
         probe.close()
+
+
+def process_call_ladder(nvml: Any, index: int = 0) -> list[ProcessCall]:
+    """Each ComputeRunningProcesses variant on device `index`, newest first: the ladder the
+    keeper's probe walks down (v3 -> v2 -> v1) until one answers, since the struct changed across
+    drivers. NVML must be initialised; a bad index raises the binding's NVMLError."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    return [_call_processes(nvml, name, handle) for name in PROCESS_FUNCTIONS]
+
+
+def _call_processes(nvml: Any, name: str, handle: Any) -> ProcessCall:
+    version: ProcessApi = "v3" if name.endswith("_v3") else "v2" if name.endswith("_v2") else "v1"
+    fn = getattr(nvml, name, None)
+    if fn is None:
+        return ProcessCall(version=version, ok=False, said="absent from this nvidia-ml-py")
+    t0 = time.perf_counter()
+    try:
+        rows = list(fn(handle))
+    except nvml.NVMLError_FunctionNotFound:
+        return ProcessCall(version=version, ok=False, said="not in this driver (FunctionNotFound)")
+    except nvml.NVMLError as exc:
+        return ProcessCall(version=version, ok=False, said=f"error: {exc}")
+    except Exception as exc:  # the binding's own struct-version mismatch
+        return ProcessCall(version=version, ok=False, said=f"error: {type(exc).__name__}: {exc}")
+    ms = (time.perf_counter() - t0) * 1000
+    return ProcessCall(version=version, ok=True, said=f"ok: {len(rows)} process(es) in {ms:.2f} ms")
+
+
+def probe_cycles(probe: GpuProbe, cycles: int) -> tuple[list[float], dict[str, Any]]:
+    """The wall time in ms of each of `cycles` samples of an initialised probe (the NVML calls the
+    keeper makes once a second), and the last sample."""
+    times, sample = [], {}
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        sample = probe.sample(our_pids=[os.getpid()])
+        times.append((time.perf_counter() - t0) * 1000)
+    return times, sample
 
 
 def _driver_version(lib: Any) -> str | None:
@@ -208,6 +270,8 @@ def check_nvml(view: NvmlView, needed: bool, wsl: bool) -> Check:
         "driver_version": view.driver_version,
         "devices": len(view.devices),
         "per_process": view.per_process,
+        "process_api": view.process_api,
+        "probe_cycle_ms": view.probe_cycle_ms,
     }
     if not view.available:
         driver = (
@@ -236,8 +300,19 @@ def check_nvml(view: NvmlView, needed: bool, wsl: bool) -> Check:
             fix="check CUDA_VISIBLE_DEVICES, the container's --gpus, and `nvidia-smi -L`",
         )
     shown = "; ".join(_device_line(d) for d in view.devices)
-    detail = f"driver {view.driver_version}; {shown}; per-process memory: {_per_process_text(view, wsl)}"
+    calls = (
+        view.process_api
+        or "none answers (" + "; ".join(f"{c.version} {c.said}" for c in view.process_calls) + ")"
+    )
+    detail = (
+        f"driver {view.driver_version}; {shown}; per-process memory: {_per_process_text(view, wsl)}; "
+        f"process call: {calls}; one probe cycle {view.probe_cycle_ms} ms"
+    )
     fixes = []
+    if view.process_api is None:
+        fixes.append(
+            "update nvidia-ml-py (pip install -U nvidia-ml-py) to match the driver: no process list, no per-process memory"
+        )
     if any(d.persistence_mode is False for d in view.devices):
         fixes.append(
             "`sudo nvidia-smi -pm 1` (or enable nvidia-persistenced): without it each start re-initialises the driver"
