@@ -468,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", type=int, default=0, help="the CUDA device index (default 0)")
     ap.add_argument(
-        "--python", default=sys.executable, help="the interpreter whose torch has CUDA (default: this one)"
+        "--python",
+        default=sys.executable,
+        help="an interpreter with trainroom and a CUDA torch (default: this one)",
     )
     ap.add_argument("--json", action="store_true")
     ap.add_argument(
