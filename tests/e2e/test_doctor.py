@@ -118,7 +118,11 @@ def test_doctor_with_the_fake_gpu_and_a_cpu_torch_exits_1_unless_told_cpu(
     report = json.loads(out)
     assert report["gpu_needed"] is True and report["devices"][0]["name"] == "NVIDIA GeForce RTX 3060"
     assert [c["name"] for c in report["checks"] if c["status"] == "missing"] == ["cuda"]
-    assert report["checks"][2]["detail"].startswith("driver 560.94; #0 NVIDIA GeForce RTX 3060 12.0 GiB")
+    nvml = report["checks"][2]
+    assert nvml["facts"]["fake"] is True
+    assert nvml["detail"].startswith(
+        "fake NVML ($TRAINROOM_FAKE_NVML): driver 560.94; #0 NVIDIA GeForce RTX 3060 12.0 GiB"
+    )
     code, out, _ = _doctor("--cpu", cwd=tmp_path)
     assert code == 0 and "the run does not need a GPU: told so (--cpu)" in out
 

@@ -38,6 +38,7 @@ from trainroom.core.settings import HostRoots
 
 GIB = 1 << 30
 NO_LIBRARY = str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+FAKE = "fake NVML ($TRAINROOM_FAKE_NVML): "
 
 
 def _has_driver() -> bool:
@@ -127,7 +128,7 @@ def test_fake_driver_version_devices_persistence_and_per_process_memory(tmp_path
     check = check_nvml(view, needed=True, wsl=False)
     assert check.status == "ok", check
     assert check.detail.startswith(
-        "driver 560.94; #0 NVIDIA H200 141 GiB (5.0 GiB used), persistence on; "
+        FAKE + "driver 560.94; #0 NVIDIA H200 141 GiB (5.0 GiB used), persistence on; "
         "per-process memory: reported (1 compute process(es) now); process call: v3; one probe cycle "
     )
     assert check.detail.endswith(f"one probe cycle {view.probe_cycle_ms} ms") and view.probe_cycle_ms > 0
@@ -139,7 +140,7 @@ def test_fake_driver_version_devices_persistence_and_per_process_memory(tmp_path
         "per_process": True,
         "process_api": "v3",
     }
-    assert check.facts == facts | {"probe_cycle_ms": view.probe_cycle_ms}
+    assert check.facts == facts | {"probe_cycle_ms": view.probe_cycle_ms, "fake": True}
 
 
 def test_fake_wsl_like_driver_persistence_off_and_per_process_na_are_degraded(tmp_path: Path) -> None:
@@ -175,7 +176,9 @@ def test_fake_driver_that_fails_init_or_shows_no_device(tmp_path: Path) -> None:
     )
     write_scenario(path, {"driver_version": "550.1", "devices": []})
     empty = check_nvml(nvml_view(FakeNvml(path)), needed=True, wsl=False)
-    assert empty.status == "missing" and empty.detail == "NVML works (driver 550.1) but shows no device"
+    assert (
+        empty.status == "missing" and empty.detail == FAKE + "NVML works (driver 550.1) but shows no device"
+    )
 
 
 def test_whether_the_run_uses_a_gpu() -> None:

@@ -27,6 +27,7 @@ import msgspec
 from trainroom.core.config import Config
 from trainroom.core.ops import host_checks as hc
 from trainroom.core.ops.host_checks import Check, Fact, absent
+from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
 from trainroom.core.probes.host import is_wsl
 from trainroom.core.settings import HostRoots, LaunchOptions, checkpoint_root
@@ -73,6 +74,7 @@ class ProcessCall(msgspec.Struct, kw_only=True):
 
 class NvmlView(msgspec.Struct, kw_only=True):
     available: bool
+    fake: bool = False  # the fake at the pynvml boundary stands in ($TRAINROOM_FAKE_NVML), as for the keeper
     reason: str = ""  # why not, as NVML says it ("NVML Shared Library Not Found")
     driver_version: str | None = None
     devices: list[GpuDevice] = []
@@ -136,11 +138,13 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
     """The driver as the keeper's probe sees it, plus its version and each device's persistence
     mode; `nvml` is pynvml or the fake (default: what the keeper would load)."""
     probe = GpuProbe(nvml, proc_root=proc_root)
+    lib = probe.nvml
+    fake = lib is fake_nvml or isinstance(lib, fake_nvml.FakeNvml)
     try:
         sample = probe.sample()
         if not sample.get("available"):
-            return NvmlView(available=False, reason=str(sample.get("reason", "")).removeprefix(_UNAVAILABLE))
-        lib = probe.nvml
+            reason = str(sample.get("reason", "")).removeprefix(_UNAVAILABLE)
+            return NvmlView(available=False, fake=fake, reason=reason)
         devices = [
             GpuDevice(
                 index=int(d["index"]),
@@ -158,6 +162,7 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
         cycles, _ = probe_cycles(probe, 5)
         return NvmlView(
             available=True,
+            fake=fake,
             driver_version=_driver_version(lib),
             devices=devices,
             per_process=sample.get("per_process"),
@@ -272,7 +277,9 @@ def check_nvml(view: NvmlView, needed: bool, wsl: bool) -> Check:
         "per_process": view.per_process,
         "process_api": view.process_api,
         "probe_cycle_ms": view.probe_cycle_ms,
+        "fake": view.fake,
     }
+    source = f"fake NVML (${fake_nvml.ENV}): " if view.fake else ""
     if not view.available:
         driver = (
             "the NVIDIA Windows driver (WSL uses it; no Linux driver inside WSL)"
@@ -284,7 +291,7 @@ def check_nvml(view: NvmlView, needed: bool, wsl: bool) -> Check:
             status=absent(needed),
             needed=needed,
             facts=facts,
-            detail=view.reason or "NVML unavailable",
+            detail=source + (view.reason or "NVML unavailable"),
             fix=f"install {driver} so `nvidia-smi` works"
             if needed
             else f"nothing for a CPU run; with an NVIDIA GPU, install {driver} so `nvidia-smi` works "
@@ -296,7 +303,7 @@ def check_nvml(view: NvmlView, needed: bool, wsl: bool) -> Check:
             status=absent(needed),
             needed=needed,
             facts=facts,
-            detail=f"NVML works (driver {view.driver_version}) but shows no device",
+            detail=f"{source}NVML works (driver {view.driver_version}) but shows no device",
             fix="check CUDA_VISIBLE_DEVICES, the container's --gpus, and `nvidia-smi -L`",
         )
     shown = "; ".join(_device_line(d) for d in view.devices)
@@ -305,7 +312,7 @@ def check_nvml(view: NvmlView, needed: bool, wsl: bool) -> Check:
         or "none answers (" + "; ".join(f"{c.version} {c.said}" for c in view.process_calls) + ")"
     )
     detail = (
-        f"driver {view.driver_version}; {shown}; per-process memory: {_per_process_text(view, wsl)}; "
+        f"{source}driver {view.driver_version}; {shown}; per-process memory: {_per_process_text(view, wsl)}; "
         f"process call: {calls}; one probe cycle {view.probe_cycle_ms} ms"
     )
     fixes = []
