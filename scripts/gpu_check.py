@@ -131,6 +131,7 @@ def check_nvml_init(nvml: Any) -> Outcome:
         devices=len(view.devices),
         persistence=",".join(str(d.persistence_mode) for d in view.devices),
         per_process=view.per_process,
+        fake=view.fake or None,
     )
 
 
