@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from trainroom.core import argtypes
-from trainroom.core.cli import act, show
+from trainroom.core.cli import act, ckpt, doctor, show
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
 from trainroom.core.config import ConfigError
@@ -102,10 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_module_verbs(sub: Any) -> None:
-    """Verbs whose code lives in their own module (verify, prune)."""
-    from trainroom.core.cli import ckpt
-
+    """Verbs whose code lives in a module of its own (verify, prune, doctor)."""
     ckpt.add_parser(sub)
+    doctor.add_parser(sub)
 
 
 def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:

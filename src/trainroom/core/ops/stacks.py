@@ -51,6 +51,62 @@ class StackDump(msgspec.Struct, kw_only=True):
     message: str = ""
 
 
+# CAP_SYS_PTRACE's bit in /proc/<pid>/status CapEff (linux/capability.h).
+CAP_SYS_PTRACE = 19
+
+
+class PtraceAccess(msgspec.Struct, kw_only=True, frozen=True):
+    """Whether py-spy, run from here, may read a trainer of the same user (what `dump` needs for
+    an uninstrumented trainer or a stopped one)."""
+
+    py_spy: str | None  # its path; None: not installed
+    scope: int | None  # kernel.yama.ptrace_scope; None: no Yama, plain same-user rules
+    cap_sys_ptrace: bool
+    allowed: bool
+    reason: str
+
+
+def ptrace_access(proc_root: str = "/proc", py_spy: str | None = None) -> PtraceAccess:
+    """py-spy's path (PATH lookup unless given) and the ptrace rights this process has.
+
+    Yama's scope: 0 any same-user process; 1 only descendants (py-spy is not the trainer's
+    ancestor), so CAP_SYS_PTRACE is needed; 2 only with CAP_SYS_PTRACE; 3 never, root included.
+    """
+    import shutil
+
+    path = py_spy if py_spy is not None else shutil.which("py-spy")
+    scope = _read_int(Path(proc_root, "sys", "kernel", "yama", "ptrace_scope"))
+    cap = _has_cap(Path(proc_root, "self", "status"), CAP_SYS_PTRACE)
+    if scope == 3:
+        allowed, reason = False, "kernel.yama.ptrace_scope=3: no process may ptrace another until reboot"
+    elif cap:
+        allowed, reason = True, "this process has CAP_SYS_PTRACE"
+    elif scope in (None, 0):
+        allowed = True
+        reason = "same-user ptrace is allowed" + (" (no Yama)" if scope is None else " (ptrace_scope=0)")
+    else:
+        why = "only a descendant" if scope == 1 else "only CAP_SYS_PTRACE"
+        allowed, reason = False, f"kernel.yama.ptrace_scope={scope}: {why} may ptrace, and py-spy is neither"
+    return PtraceAccess(py_spy=path, scope=scope, cap_sys_ptrace=cap, allowed=allowed, reason=reason)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _has_cap(status: Path, bit: int) -> bool:
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 _HEADER = re.compile(r"^(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+.*|Stack) \(most recent call first\):$")
 _FRAME = re.compile(r"^  (?:File |<no Python frame>|\.\.\.)")
 

@@ -20,6 +20,7 @@ Scenario (every key optional):
       "devices": [{
         "name": "NVIDIA GeForce RTX 3060", "total_bytes": 12884901888, "used_bytes": 11811160064,
         "util_percent": 100, "util_memory_percent": 3, "power_w": 60.0,
+        "persistence_mode": 1,                # 0 disabled, 1 enabled (the default)
         "errors": {"nvmlDeviceGetPowerUsage": 3},  # per device
         "processes": [{"pid": 4242, "used_bytes": null}]
       }],
@@ -212,6 +213,11 @@ class FakeNvml:
         self._enter("nvmlDeviceGetPowerUsage", dev)
         return int(round(float(dev.get("power_w", 0.0)) * 1000))  # NVML says milliwatts
 
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        _, dev, _ = self._device(handle)
+        self._enter("nvmlDeviceGetPersistenceMode", dev)
+        return int(dev.get("persistence_mode", 1))  # NVML_FEATURE_ENABLED
+
     def _processes(self, handle: Any, fn: str, version: str) -> list[_ProcessInfo]:
         sc, dev, index = self._device(handle)
         self._enter(fn, dev)
@@ -260,6 +266,7 @@ nvmlDeviceGetName = _default.nvmlDeviceGetName
 nvmlDeviceGetMemoryInfo = _default.nvmlDeviceGetMemoryInfo
 nvmlDeviceGetUtilizationRates = _default.nvmlDeviceGetUtilizationRates
 nvmlDeviceGetPowerUsage = _default.nvmlDeviceGetPowerUsage
+nvmlDeviceGetPersistenceMode = _default.nvmlDeviceGetPersistenceMode
 nvmlDeviceGetComputeRunningProcesses = _default.nvmlDeviceGetComputeRunningProcesses
 nvmlDeviceGetComputeRunningProcesses_v2 = _default.nvmlDeviceGetComputeRunningProcesses_v2
 nvmlDeviceGetComputeRunningProcesses_v3 = _default.nvmlDeviceGetComputeRunningProcesses_v3
