@@ -203,6 +203,7 @@ class AttemptStarted(msgspec.Struct, tag="attempt-started", kw_only=True, omit_d
     argv: list[str]
     cwd: str
     resume_from: str | None = None
+    resume_step: int | None = None  # the step of the checkpoint it resumes from, when known
     requested: RequestedConfig = msgspec.field(default_factory=RequestedConfig)  # from argv
 
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from trainroom.core import protocol as p
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.config import load_config
 from trainroom.core.ops.bench import describe, run_bench
+from trainroom.core.ops.kill import execute_kill, plan_kill
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.journal import Journal
 from trainroom.core.run.store import RunError
 
 
@@ -27,6 +31,8 @@ def cmd_action(args: argparse.Namespace) -> int:
     """kill / reclaim / resume / dump / prune / verify-latest through the keeper, with a confirmation."""
     info = runs.resolve_run(args.run)
     if not info.alive:
+        if args.action == "kill":
+            return kill_without_keeper(info, args)
         raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
     client = KeeperClient(info.sock)
     req_args: dict[str, Any] = {}
@@ -41,14 +47,9 @@ def cmd_action(args: argparse.Namespace) -> int:
         for k, v in plan.plan.items():
             print(f"  {k}: {v}")
     # Only what changes the run asks first; a bench or a stack dump does not.
-    confirm = args.yes or args.action in ("bench", "dump")
-    if not confirm:
-        if not sys.stdin.isatty():
-            raise CliError(f"{args.action} needs confirmation: pass --yes (stdin is not a terminal)")
-        confirm = input(f"{args.action}? [y/N] ").strip().lower() in ("y", "yes")
-        if not confirm:
-            print("cancelled")
-            return 1
+    if not (args.action in ("bench", "dump") or _confirm(args)):
+        print("cancelled")
+        return 1
     last = None
     # What runs is what was shown: the keeper refuses if the target changed meanwhile.
     for r in client.request(args.action, {**req_args, "expect": plan.plan}, confirm=True):
@@ -91,12 +92,15 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
             )
         )
     else:
-        print(("ok: " if r.ok else "refused: ") + r.message)
+        word = ("slow: " if r.after.get("verdict") == "slow" else "ok: ") if r.ok else "refused: "
+        print(word + r.message)
         if r.before:
             print(f"  before: {_evidence(r.before)}")
         if r.after:
             print(f"  after:  {_evidence(r.after)}")
-    return 0 if r.ok else 1
+    # The same exit code with or without a keeper: a bench below its floor is 1 either way.
+    passed = r.ok and (r.action != "bench" or r.after.get("verdict") == "ok")
+    return 0 if passed else 1
 
 
 def bench_here(args: argparse.Namespace) -> int:
@@ -107,3 +111,72 @@ def bench_here(args: argparse.Namespace) -> int:
     result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
     print(to_json(result.as_dict()) if getattr(args, "json", False) else describe(result))
     return 0 if result.passed else 1
+
+
+def _confirm(args: argparse.Namespace) -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CliError(f"{args.action} needs confirmation: pass --yes (stdin is not a terminal)")
+    return input(f"{args.action}? [y/N] ").strip().lower() in ("y", "yes")
+
+
+def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
+    """The keeper is gone but its trainer may live on (orphaned): kill the recorded attempt's
+    group here, with the keeper's own proof of ownership (the run's id in each process's
+    environment, started within the attempt), and journal it as the keeper would have."""
+    st = runs.load_state(info.run_dir)
+    a = st.attempt
+    if a is None or a.pid <= 0:
+        raise CliError(f"{info.run_id} has no attempt with a process group to kill")
+    plan = plan_kill(
+        a.pid,
+        a.pgid,
+        a.start_time,
+        attempt_start_ticks=a.start_ticks,
+        run_id=st.run_id,
+        attempt_ended_at=a.ended_at,
+    )
+    pids = [m.pid for m in plan.members]
+    if not plan.ok:
+        print(
+            f"refused: {'; '.join(plan.refusals)}"
+            if not args.json
+            else to_json({"ok": False, "refusals": plan.refusals})
+        )
+        return 1
+    if not args.json:
+        print(f"the keeper of {info.run_id} is gone; attempt {a.n} still has {len(pids)} process(es): {pids}")
+        for m in plan.members:
+            print(f"  pid {m.pid}  {' '.join(m.cmdline)[:80]}")
+    if not _confirm(args):
+        print("cancelled")
+        return 1
+    result = execute_kill(plan, grace_s=float(args.grace_s if args.grace_s is not None else 10.0))
+    _journal_kill(info, plan.as_dict(), result.as_dict())
+    if args.json:
+        print(to_json(result.as_dict()))
+    else:
+        print(("ok: " if result.ok else "refused: ") + result.message + " (without a keeper: journaled here)")
+    return 0 if result.ok else 1
+
+
+def _journal_kill(info: runs.RunInfo, target: dict[str, Any], result: dict[str, Any]) -> None:
+    """The kill goes into the run's journal, as the keeper would have written it (the keeper is
+    gone, so this is the only writer)."""
+    journal = Journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+    try:
+        journal.append(
+            p.ActionRecord(
+                action="kill",
+                t=time.time(),
+                ok=bool(result.get("ok")),
+                message=str(result.get("message", "")) + " (the keeper was gone: done by the CLI)",
+                target=target,
+                before=result.get("before") or {},
+                after=result.get("after") or {},
+                client="cli-without-keeper",
+            )
+        )
+    finally:
+        journal.close()

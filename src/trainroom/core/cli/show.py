@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 
 from trainroom.core.cli.output import to_json
+from trainroom.core.probes.procs import same_start
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import current_state, read_run
+from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
 from trainroom.core.run.store import RunError
+
+
+def orphaned_trainer(st: RunState) -> int | None:
+    """The pid of a trainer that outlived its keeper: the journal's attempt has no end, and its
+    process (by pid and start tick) still runs."""
+    a = st.attempt
+    if a is None or a.ended_at is not None or a.pid <= 0:
+        return None
+    return a.pid if same_start(a.pid, a.start_time, a.start_ticks) else None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -17,6 +28,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     st, keeper = read_run(info)
     d = status_dict(st, keeper_alive=keeper != "gone")
     d["keeper"] = keeper
+    orphan = orphaned_trainer(st) if keeper == "gone" else None
+    if orphan is not None:
+        d["state"] = "orphaned"
+        d["state_reason"] = (
+            f"keeper gone; trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` ends it"
+        )
     if args.json:
         print(to_json(d))
     else:

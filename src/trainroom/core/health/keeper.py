@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from trainroom.core.findings import Finding
 from trainroom.core.run.journal import JournalHealth
+from trainroom.core.run.state import AttemptView
 from trainroom.core.units import fmt_bytes, fmt_clock
 
 
@@ -55,3 +56,30 @@ def rank_claimed(claims: list[tuple[int, int, int, int]], attempt: int | None) -
         )
         for rank, (owner, claimant) in sorted(latest.items())
     ]
+
+
+def resume_from_scratch(a: AttemptView) -> Finding | None:
+    """RESUME_FROM_SCRATCH: a resumed attempt whose first step is far below the checkpoint it
+    was resumed from: the trainer ignored the checkpoint and started over (and will overwrite
+    it). "Far below": under half the checkpoint's step, and more than 10 steps below it."""
+    if a.resume_step is None or a.first_step is None or a.resume_step <= 0:
+        return None
+    if not (a.first_step < a.resume_step / 2 and a.resume_step - a.first_step > 10):
+        return None
+    return Finding(
+        code="RESUME_FROM_SCRATCH",
+        severity="critical",
+        action="kill",
+        key=f"attempt-{a.n}",
+        message=(
+            f"attempt {a.n} was resumed from step {a.resume_step} ({a.resume_from}) but its first step is "
+            f"{a.first_step}: the trainer started over and will overwrite the checkpoint; stop it and "
+            "resume with a template that loads it (--resume-template)"
+        ),
+        evidence={
+            "attempt": a.n,
+            "resume_step": a.resume_step,
+            "first_step": a.first_step,
+            "resume_from": a.resume_from,
+        },
+    )

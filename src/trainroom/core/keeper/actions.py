@@ -31,6 +31,7 @@ from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.units import fmt_bytes
 
 Reply = Callable[[p.Reply], None]
+RESUME_WAIT_S = 120.0  # how long a resume waits for a checkpoint still in the verifier
 Handler = Callable[[p.Request, Reply], Awaitable[None]]
 
 KNOWN = tuple(a.name for a in ACTIONS)
@@ -426,15 +427,47 @@ class Actions:
 
     # ------------------------------------------------------------------ resume
 
+    async def _wait_for_verification(self, req: p.Request, reply: Reply) -> list[tuple[str, float]]:
+        """A checkpoint saved just before a death may still be in the verifier: wait for it
+        (bounded, saying so) rather than resume from an older one or refuse. What is still in
+        flight at the bound is returned."""
+        deadline = time.monotonic() + RESUME_WAIT_S
+        said: set[str] = set()
+        while (flight := self.pipeline.in_flight()) and time.monotonic() < deadline:
+            new = [path for path, _ in flight if path not in said]
+            if new:
+                said.update(new)
+                reply(
+                    p.Reply(
+                        id=req.id,
+                        action=req.action,
+                        stage="progress",
+                        message=f"waiting for the verification of {', '.join(new)} (up to {RESUME_WAIT_S:.0f} s)",
+                    )
+                )
+            await asyncio.sleep(0.2)
+        return self.pipeline.in_flight()
+
     async def resume(self, req: p.Request, reply: Reply) -> None:
+        still = await self._wait_for_verification(req, reply)
         plan = await self.resumer.plan()
+        if still:
+            # Refused with what is still being verified: the newest resume point may be among them.
+            waiting = ", ".join(f"{path} (for {time.time() - since:.0f} s)" for path, since in still)
+            plan.refusals.append(f"still verifying {waiting}: resume again once it has a verdict")
+            plan.ok = False
         target = _builtins(plan)
         if not plan.ok:
             reply(_done(req, False, "resume refused: " + "; ".join(plan.refusals), plan=target))
             return
         if not req.confirm:
+            note = f"; {plan.note}" if plan.note else ""
             reply(
-                _plan(req, f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step})", target)
+                _plan(
+                    req,
+                    f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){note}",
+                    target,
+                )
             )
             return
         if not self.confirmed(req, reply, target):

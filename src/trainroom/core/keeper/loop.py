@@ -28,7 +28,7 @@ from trainroom.core import protocol as p
 from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, ConfigError, load_config
 from trainroom.core.findings import Finding
-from trainroom.core.health.keeper import journal_write_failed, rank_claimed
+from trainroom.core.health.keeper import journal_write_failed, rank_claimed, resume_from_scratch
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
@@ -215,6 +215,9 @@ class Keeper:
         ]
         a = self.state.attempt
         found += rank_claimed(claims, a.n if a else None)
+        scratch = resume_from_scratch(a) if a is not None else None
+        if scratch is not None:
+            found.append(scratch)
         self.set_status(state, reason, now)
         self.set_findings(found, now)
 
@@ -243,7 +246,7 @@ class Keeper:
         return env
 
     async def start_attempt(
-        self, argv: list[str] | None = None, resume_from: str | None = None
+        self, argv: list[str] | None = None, resume_from: str | None = None, resume_step: int | None = None
     ) -> p.AttemptStarted | p.AttemptEnded:
         self.attempt_n += 1
         n = self.attempt_n
@@ -280,6 +283,7 @@ class Keeper:
             argv=argv,
             cwd=self.record.cwd,
             resume_from=resume_from,
+            resume_step=resume_step,
             requested=requested_from_argv(argv),
         )
         self.emit(started)

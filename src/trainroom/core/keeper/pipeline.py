@@ -82,6 +82,7 @@ class _Job(msgspec.Struct, kw_only=True):
     path: str
     request: watch.VerifyRequest | None = None  # a watched file's version; None: an announced candidate
     tries: int = 0
+    queued_at: float = msgspec.field(default_factory=time.time)
 
 
 class CheckpointPipeline:
@@ -118,6 +119,10 @@ class CheckpointPipeline:
     def verifying(self) -> frozenset[str]:
         """Paths queued or being verified: prune never touches them."""
         return self._verifying
+
+    def in_flight(self) -> list[tuple[str, float]]:
+        """(path, since when) of every checkpoint queued or being verified, oldest first."""
+        return sorted(((j.path, j.queued_at) for j in self._jobs.values()), key=lambda x: x[1])
 
     def writing(self) -> bool:
         """Whether a trainer is alive to write checkpoints (the disk projection needs one)."""

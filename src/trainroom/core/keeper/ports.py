@@ -63,6 +63,6 @@ class RunContext(Protocol):
         """The trainer's interpreter (it has torch) when its command names one, else the keeper's."""
 
     async def start_attempt(
-        self, argv: list[str] | None = None, resume_from: str | None = None
+        self, argv: list[str] | None = None, resume_from: str | None = None, resume_step: int | None = None
     ) -> p.AttemptStarted | p.AttemptEnded:
         """Start the next attempt (the original argv when None); AttemptEnded if it could not start."""

@@ -92,7 +92,7 @@ class Resumer:
             "exit_signal": a.exit_signal if a else None,
         }
         say(f"starting attempt {plan.attempt}: {' '.join(plan.argv)}")
-        started = await self.run.start_attempt(plan.argv, resume_from=ckpt)
+        started = await self.run.start_attempt(plan.argv, resume_from=ckpt, resume_step=plan.step)
         if isinstance(started, p.AttemptEnded):
             return ResumeResult(ok=False, message=f"resume failed: {started.error}", before=before)
         after: dict[str, object] = {

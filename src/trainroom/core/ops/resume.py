@@ -47,6 +47,7 @@ class ResumePlan(msgspec.Struct, kw_only=True):
     # Whether a resume template shaped argv (else: the original command, the checkpoint in
     # TRAINROOM_RESUME, and the trainer decides where it starts).
     templated: bool = False
+    note: str = ""  # what the user should know before saying yes (shown with the plan)
     died_at_step: int | None = None
     steps_lost: int | None = None
     driver_bytes: int | None = None
@@ -91,6 +92,12 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
     else:
         _check_host_ram(plan, inputs.host_ram_floor_bytes)
         plan.templated = bool(inputs.template)
+        if not plan.templated:
+            plan.note = (
+                "no resume template: the command is unchanged and the checkpoint is only named in "
+                "TRAINROOM_RESUME; the trainer decides where it starts (one that ignores it starts from "
+                "scratch and may overwrite the checkpoint: set --resume-template)"
+            )
         plan.argv = (
             resume_argv(inputs.template, ckpt=plan.checkpoint, step=plan.step, run_id=inputs.run_id)
             if inputs.template

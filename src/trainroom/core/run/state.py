@@ -44,6 +44,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     argv: list[str]
     cwd: str
     resume_from: str | None = None
+    resume_step: int | None = None
     requested: p.RequestedConfig = msgspec.field(default_factory=p.RequestedConfig)
     instrumented: bool = False  # a reporter said Hello
     ended_at: float | None = None
@@ -176,6 +177,7 @@ class RunState(msgspec.Struct, kw_only=True):
                 argv=r.argv,
                 cwd=r.cwd,
                 resume_from=r.resume_from,
+                resume_step=r.resume_step,
                 requested=r.requested,
             )
         )
