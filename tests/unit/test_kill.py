@@ -16,7 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainroom.core.ops.kill import execute_kill, live_members, plan_kill, run_vram_probe
+from trainroom.core.ops.kill import execute_kill, plan_kill
+from trainroom.core.ops.members import Lifetime, live_members
+from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.probes import procs
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import GpuProbe
@@ -161,8 +163,15 @@ def test_a_member_older_than_the_attempt_by_ticks_is_a_reused_group(spawn) -> No
     ticks = procs.start_ticks(group.leader.pid)
     assert ticks is not None
     # As if the attempt's leader had started later than every process now in the group.
-    assert live_members(group.leader.pid, group.start_time, ticks + 1000, run_id=RUN) == []
-    assert group.leader.pid in live_members(group.leader.pid, group.start_time, ticks, run_id=RUN)
+    assert (
+        live_members(
+            group.leader.pid, Lifetime(run_id=RUN, start_time=group.start_time, start_ticks=ticks + 1000)
+        )
+        == []
+    )
+    assert group.leader.pid in live_members(
+        group.leader.pid, Lifetime(run_id=RUN, start_time=group.start_time, start_ticks=ticks)
+    )
 
 
 def test_keepers_group_is_refused(spawn) -> None:

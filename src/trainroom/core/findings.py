@@ -57,6 +57,12 @@ ACTIONS: tuple[Action, ...] = (
         destructive=False,
     ),
     Action(
+        name="continue",
+        key="g",
+        description="Continue the trainer's stopped processes (SIGCONT), proven the run's",
+        destructive=True,
+    ),
+    Action(
         name="verify",
         key="v",
         description="Verify the latest checkpoint (digest, NaN/Inf, shapes, outlier std)",

@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("reclaim", "drop the page cache the way this host allows"),
         ("resume", "start a new attempt from the last verified checkpoint"),
         ("dump", "dump the trainer's stacks"),
+        ("continue", "continue the trainer's stopped processes (SIGCONT)"),
         ("bench", "matmul TFLOPS on the run's device (here, with no live keeper)"),
     ):
         sp = sub.add_parser(action, help=text)

@@ -24,9 +24,12 @@ from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.keeper.recovery import Resumer
 from trainroom.core.ops import prune as pruning
 from trainroom.core.ops.bench import describe, run_bench
-from trainroom.core.ops.kill import execute_kill, plan_kill, run_vram_probe
+from trainroom.core.ops.kill import execute_kill, plan_kill
+from trainroom.core.ops.members import Lifetime
 from trainroom.core.ops.reclaim import execute_reclaim, plan_reclaim
 from trainroom.core.ops.stacks import dump_stacks
+from trainroom.core.ops.vram import run_vram_probe
+from trainroom.core.ops.wake import execute_wake, plan_wake
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.units import fmt_bytes
 
@@ -79,6 +82,8 @@ def target_of(action: str, plan: dict[str, Any]) -> object:
         return (plan.get("method"), plan.get("target"))
     if action == "dump":
         return plan.get("pid")
+    if action == "continue":
+        return sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or [])
     if action == "verify":
         return plan.get("path")
     return None  # bench: nothing to change under it
@@ -118,6 +123,7 @@ class Actions:
             "kill": self.kill,
             "reclaim": self.reclaim,
             "dump": self.dump,
+            "continue": self.wake,
             "bench": self.bench,
             "prune": self.prune,
             "verify": self.verify,
@@ -294,7 +300,12 @@ class Actions:
             reply(_done(req, False, "dump: no live trainer to dump"))
             return
         if not req.confirm:
-            how = "SIGUSR1 (faulthandler)" if a.instrumented else "py-spy dump"
+            stopped = self.run.state.status == "hung" and "stopped" in self.run.state.status_reason
+            how = (
+                "py-spy (stopped: read without pausing)"
+                if stopped or not a.instrumented
+                else "SIGUSR1 (faulthandler)"
+            )
             reply(_plan(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
             return
         if not self.confirmed(req, reply, {"pid": a.pid}):
@@ -309,6 +320,28 @@ class Actions:
                 after={"method": out.method, "stacks": out.text},
             )
         )
+
+    # ------------------------------------------------------------------ continue
+
+    async def wake(self, req: p.Request, reply: Reply) -> None:
+        a = self.run.state.attempt
+        if a is None or a.ended_at is not None or a.pid <= 0:
+            reply(_done(req, False, "continue: no live trainer to continue"))
+            return
+        life = Lifetime(run_id=self.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks)
+        plan = await asyncio.to_thread(plan_wake, a.pgid, life)
+        target = {"pgid": plan.pgid, "members": [_builtins(m) for m in plan.stopped]}
+        if not plan.ok:
+            reply(_done(req, False, "continue: " + "; ".join(plan.refusals), plan=target))
+            return
+        pids = [m.pid for m in plan.stopped]
+        if not req.confirm:
+            reply(_plan(req, f"SIGCONT {len(pids)} stopped process(es) of attempt {a.n}: {pids}", target))
+            return
+        if not self.confirmed(req, reply, target):
+            return
+        result = await asyncio.to_thread(execute_wake, plan)
+        reply(_done(req, result.ok, result.message, plan=target, after=_builtins(result)))
 
     # ------------------------------------------------------------------ bench
 

@@ -19,8 +19,8 @@ from trainroom.core.ckpt.report import Expected
 from trainroom.core.health.watchdog import Thresholds, repeat_death
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
-from trainroom.core.ops.kill import run_vram_probe
 from trainroom.core.ops.resume import ResumeInputs, ResumePlan, WatchedTarget, plan_resume
+from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.probes.gpu import GpuProbe
 
 Progress = Callable[[str], None]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,18 @@ import psutil
 
 # Identity is (pid, start): the start's clock tick where recorded (exact), else psutil's create
 # time within a tolerance (probes.procs.same_start).
-from trainroom.core.probes.procs import START_TIME_TOLERANCE_S, same_start, started_since
+from trainroom.core.ops.members import (
+    Lifetime,
+    Member,
+    Stranger,
+    describe,
+    group_members,
+    not_ours,
+    pgid_of,
+    process_of,
+)
+from trainroom.core.ops.vram import Progress, VramProbe, read_vram, wait_vram
+from trainroom.core.probes.procs import same_start, started_since
 from trainroom.core.probes.procs import start_ticks as _ticks_of
 from trainroom.core.units import fmt_bytes, fmt_clock
 
@@ -36,31 +46,6 @@ from trainroom.core.units import fmt_bytes, fmt_clock
 # uninterruptible sleep inside a driver call dies only when that call returns).
 KILL_CONFIRM_S = 5.0
 POLL_S = 0.1
-
-VramProbe = Callable[[], "int | None"]
-Progress = Callable[[str], None]
-
-
-class Member(msgspec.Struct, kw_only=True):
-    pid: int
-    ppid: int
-    pgid: int | None
-    cmdline: list[str]
-    state: str
-    create_time: float
-    start_ticks: int | None = None  # /proc/<pid>/stat field 22
-    rss_bytes: int | None = None
-    in_group: bool = True  # False: a descendant of the leader that left the process group
-    run: str | None = None  # the TRAINROOM_RUN in its environment (None: none, or unreadable)
-
-
-class Stranger(msgspec.Struct, kw_only=True, frozen=True):
-    """A process found in the group (or under the leader) that is not proven the run's: never
-    signalled, shown so nobody wonders why it was left."""
-
-    pid: int
-    cmdline: list[str]
-    why: str
 
 
 class KillPlan(msgspec.Struct, kw_only=True):
@@ -82,6 +67,15 @@ class KillPlan(msgspec.Struct, kw_only=True):
     @property
     def ok(self) -> bool:
         return not self.refusals
+
+    @property
+    def life(self) -> Lifetime:
+        return Lifetime(
+            run_id=self.run_id,
+            start_time=self.leader_start_time,
+            start_ticks=self.leader_start_ticks,
+            ended_at=self.attempt_ended_at,
+        )
 
     @property
     def nothing_left(self) -> bool:
@@ -145,7 +139,7 @@ def plan_kill(
     if reused is not None:
         plan.refusals.append(reused)
         return plan
-    members = list(_group_members(attempt_pgid))
+    members = list(group_members(attempt_pgid))
     # A member older than the attempt cannot be part of it: the group number was reused.
     older = [
         m
@@ -158,11 +152,11 @@ def plan_kill(
             f"before the attempt ({_clock(attempt_start_time)}): the group number was reused"
         )
     # Descendants of the leader and of every member, wherever their group is now.
-    roots = ([leader] if leader is not None else []) + [p for p in (_process(m.pid) for m in members) if p]
+    roots = ([leader] if leader is not None else []) + [p for p in (process_of(m.pid) for m in members) if p]
     members += _strayed_descendants(roots, {m.pid for m in members}, attempt_start_time, attempt_start_ticks)
     proven = []
     for m in members:
-        why = not_ours(m, plan)
+        why = not_ours(m, plan.life)
         if why is None:
             proven.append(m)
         elif not older or m not in older:
@@ -179,23 +173,11 @@ def plan_kill(
     return plan
 
 
-def not_ours(m: Member, plan: KillPlan) -> str | None:
-    """Why this process is not proven the run's, or None when it is."""
-    if not started_since(m.create_time, m.start_ticks, plan.leader_start_time, plan.leader_start_ticks):
-        return f"started at {_clock(m.create_time)}, before the attempt"
-    ended = plan.attempt_ended_at
-    if ended is not None and m.create_time > ended + START_TIME_TOLERANCE_S:
-        return f"started at {_clock(m.create_time)}, after the attempt ended ({_clock(ended)})"
-    if m.run != plan.run_id:
-        return "its environment does not name this run" if m.run is None else f"it belongs to run {m.run}"
-    return None
-
-
 def _group_refusals(pgid: int, keeper_pid: int | None) -> list[str]:
     out = []
     if pgid == os.getpgid(0):
         out.append(f"refusing pgid {pgid}: it is our own process group")
-    if keeper_pid is not None and _pgid_of(keeper_pid) == pgid:
+    if keeper_pid is not None and pgid_of(keeper_pid) == pgid:
         out.append(f"refusing pgid {pgid}: it is the keeper's process group (keeper pid {keeper_pid})")
     return out
 
@@ -203,7 +185,7 @@ def _group_refusals(pgid: int, keeper_pid: int | None) -> list[str]:
 def _leader(pid: int, start_time: float, ticks: int | None) -> tuple[psutil.Process | None, str | None]:
     """The attempt's leader if it still lives (None when gone), and a refusal when its pid now
     names another process."""
-    leader = _process(pid)
+    leader = process_of(pid)
     if leader is None:
         return None, None
     try:
@@ -237,36 +219,13 @@ def _strayed_descendants(
         for child in children:
             if child.pid in seen:
                 continue
-            member = _describe(child, in_group=False)
+            member = describe(child, in_group=False)
             if member is not None and started_since(
                 member.create_time, member.start_ticks, start_time, ticks
             ):
                 seen.add(child.pid)
                 out.append(member)
     return out
-
-
-def live_members(
-    pgid: int,
-    attempt_start_time: float,
-    attempt_start_ticks: int | None = None,
-    *,
-    run_id: str,
-    attempt_ended_at: float | None = None,
-) -> list[int]:
-    """The pids still alive in an attempt's process group (zombies excluded) that are proven the
-    run's (see `not_ours`): a stranger that reused the group number is not the old attempt."""
-    if pgid <= 1:
-        return []
-    plan = KillPlan(
-        pgid=pgid,
-        leader_pid=pgid,
-        leader_start_time=attempt_start_time,
-        leader_start_ticks=attempt_start_ticks,
-        run_id=run_id,
-        attempt_ended_at=attempt_ended_at,
-    )
-    return sorted(m.pid for m in _group_members(pgid) if not_ours(m, plan) is None)
 
 
 # --------------------------------------------------------------------------- execute
@@ -297,7 +256,7 @@ def execute_kill(
         return KillResult(ok=False, message="; ".join(plan.refusals), pgid=plan.pgid)
 
     targets = _handles(plan)
-    vram_before = _probe(vram_probe)
+    vram_before = read_vram(vram_probe)
     before = {
         "members": len(targets),
         "pids": sorted(targets),
@@ -318,11 +277,11 @@ def execute_kill(
         _signal_all(plan, targets, signal.SIGKILL, signals)
         alive = _wait_gone(targets, plan, KILL_CONFIRM_S)
 
-    survivors = [m for m in (_describe(p, in_group=True) for p in alive) if m is not None]
+    survivors = [m for m in (describe(p, in_group=True) for p in alive) if m is not None]
     after: dict[str, Any] = {"members": len(survivors), "pids": [m.pid for m in survivors]}
     if survivors:
         states = ", ".join(f"{m.pid} ({m.state})" for m in survivors)
-        after |= {"vram_bytes": _probe(vram_probe), "mem_available_bytes": _mem_available(proc_root)}
+        after |= {"vram_bytes": read_vram(vram_probe), "mem_available_bytes": _mem_available(proc_root)}
         return KillResult(
             ok=False,
             message=f"{len(survivors)} of {len(targets)} processes survived SIGKILL: {states}",
@@ -334,7 +293,7 @@ def execute_kill(
         )
     say(f"all {len(targets)} processes of pgid {plan.pgid} are gone")
 
-    released, vram_after, waited = _wait_vram(
+    released, vram_after, waited = wait_vram(
         vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
     )
     after |= {
@@ -374,7 +333,7 @@ def _confirm_nothing_left(
 ) -> KillResult:
     """Nothing to signal: the group is empty. Still confirm what a kill confirms, that the
     driver gave the memory back (a context that outlived its process still holds it)."""
-    vram_before = _probe(vram_probe)
+    vram_before = read_vram(vram_probe)
     before = {
         "members": 0,
         "pids": [],
@@ -382,7 +341,7 @@ def _confirm_nothing_left(
         "mem_available_bytes": _mem_available(proc_root),
     }
     say(f"nothing left to signal: pgid {plan.pgid} has no live members")
-    released, vram_after, waited = _wait_vram(
+    released, vram_after, waited = wait_vram(
         vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
     )
     after = {
@@ -412,110 +371,11 @@ def _confirm_nothing_left(
     )
 
 
-def run_vram_probe(
-    gpu_probe: Any, pids: Collection[int], devices: Collection[int] | None = None
-) -> VramProbe:
-    """A VramProbe over a GpuProbe (anything with `sample(our_pids) -> dict`, see probes/gpu.py).
-
-    Where the driver reports per-process memory (and its PIDs are ours to see), the run's share
-    is the memory of the run's pids plus contexts whose pid no longer exists here: a context that
-    outlived its process is what still holds the memory after a kill (nvidia-smi's "[Not Found]").
-    Where it does not (WSL2/WDDM, MIG, another PID namespace), it is the devices' used memory, as
-    NVRx checks before a restart (the seed: 12 GB -> 400 MiB). None: the driver view is
-    unavailable.
-    """
-    run_pids = set(pids)
-    wanted = None if devices is None else set(devices)
-
-    def probe() -> int | None:
-        sample = gpu_probe.sample(run_pids)
-        if not sample.get("available"):
-            return None
-        if sample.get("per_process") and sample.get("pid_namespace") == "host":
-            return sum(
-                p["used_bytes"] or 0
-                for p in sample.get("processes", [])
-                if (wanted is None or p.get("device") in wanted)
-                and (p["pid"] in run_pids or not p.get("exists"))
-            )
-        used = [
-            d["used_bytes"]
-            for d in sample.get("devices", [])
-            if (wanted is None or d.get("index") in wanted) and d.get("used_bytes") is not None
-        ]
-        return sum(used) if used else None
-
-    return probe
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return None
-
-
-def _pgid_of(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
-
-
-def _describe(proc: psutil.Process, *, in_group: bool) -> Member | None:
-    try:
-        with proc.oneshot():
-            state = proc.status()
-            if state == psutil.STATUS_ZOMBIE:
-                return None  # holds nothing; waits only for its parent to reap it
-            try:
-                cmdline = proc.cmdline()
-            except psutil.AccessDenied:
-                cmdline = [proc.name()]
-            try:
-                rss: int | None = proc.memory_info().rss
-            except psutil.AccessDenied:
-                rss = None
-            try:
-                run = proc.environ().get("TRAINROOM_RUN")
-            except (psutil.AccessDenied, OSError):
-                run = None  # unreadable: not proven ours
-            return Member(
-                run=run,
-                pid=proc.pid,
-                ppid=proc.ppid(),
-                pgid=_pgid_of(proc.pid),
-                cmdline=cmdline,
-                state=state,
-                create_time=proc.create_time(),
-                start_ticks=_ticks_of(proc.pid),
-                rss_bytes=rss,
-                in_group=in_group,
-            )
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-
-
-def _group_members(pgid: int) -> list[Member]:
-    """The live members of a process group, by each process's current pgid."""
-    found: list[Member] = []
-    for proc in psutil.process_iter():
-        if _pgid_of(proc.pid) != pgid:
-            continue
-        member = _describe(proc, in_group=True)
-        if member is not None:
-            found.append(member)
-    return found
-
-
 def _handles(plan: KillPlan) -> dict[int, psutil.Process]:
     """psutil handles for the planned members whose create time still matches (not reused)."""
     handles: dict[int, psutil.Process] = {}
     for m in plan.members:
-        proc = _process(m.pid)
+        proc = process_of(m.pid)
         if proc is None:
             continue
         try:
@@ -550,12 +410,12 @@ def _group_is_ours(plan: KillPlan) -> bool:
         return False
 
 
-def _live_group_members(plan: KillPlan) -> list[psutil.Process]:
+def _livegroup_members(plan: KillPlan) -> list[psutil.Process]:
     """Members of the group now (one forked during the grace), each proven the run's."""
     found = []
-    for m in _group_members(plan.pgid):
-        if not_ours(m, plan) is None:
-            proc = _process(m.pid)
+    for m in group_members(plan.pgid):
+        if not_ours(m, plan.life) is None:
+            proc = process_of(m.pid)
             if proc is not None:
                 found.append(proc)
     return found
@@ -565,7 +425,7 @@ def _wait_gone(targets: dict[int, psutil.Process], plan: KillPlan, timeout_s: fl
     """Poll until every target and every current member of the group is gone, or the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
-        for proc in _live_group_members(plan):
+        for proc in _livegroup_members(plan):
             targets.setdefault(proc.pid, proc)
         alive = _alive(targets)
         if not alive or time.monotonic() >= deadline:
@@ -574,7 +434,7 @@ def _wait_gone(targets: dict[int, psutil.Process], plan: KillPlan, timeout_s: fl
 
 
 def _adopt_new_members(plan: KillPlan, targets: dict[int, psutil.Process]) -> None:
-    for proc in _live_group_members(plan):
+    for proc in _livegroup_members(plan):
         targets.setdefault(proc.pid, proc)
 
 
@@ -592,7 +452,7 @@ def _signal_all(
         except ProcessLookupError:
             pass
     for pid, proc in targets.items():
-        in_group = _pgid_of(pid) == plan.pgid
+        in_group = pgid_of(pid) == plan.pgid
         if grouped and in_group:
             continue
         try:
@@ -602,47 +462,6 @@ def _signal_all(
             pass
         except psutil.AccessDenied:
             log.append(f"{name} -> pid {pid} denied")
-
-
-def _probe(vram_probe: VramProbe | None) -> int | None:
-    if vram_probe is None:
-        return None
-    try:
-        value = vram_probe()
-    except Exception:  # one failing probe never breaks the kill; it reads as "unavailable"
-        return None
-    return None if value is None else int(value)
-
-
-def _wait_vram(
-    vram_probe: VramProbe | None,
-    before: int | None,
-    tolerance_bytes: int,
-    timeout_s: float,
-    poll_s: float,
-    say: Progress,
-) -> tuple[bool | None, int | None, float]:
-    """(released, last reading, seconds waited); released is None when the driver view is
-    unavailable."""
-    start = time.monotonic()
-    value = _probe(vram_probe) if vram_probe is not None else None
-    if value is None:
-        return None, None, 0.0
-    announced = False
-    while value is not None and value >= tolerance_bytes:
-        waited = time.monotonic() - start
-        if waited >= timeout_s:
-            return False, value, waited
-        if not announced:
-            say(
-                f"waiting for the driver to release VRAM: {_size(value)} held, tolerance {_size(tolerance_bytes)}"
-            )
-            announced = True
-        time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
-        value = _probe(vram_probe)
-    if value is None:
-        return None, None, time.monotonic() - start
-    return True, value, time.monotonic() - start
 
 
 def _mem_available(proc_root: str) -> int | None:

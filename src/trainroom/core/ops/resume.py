@@ -18,7 +18,7 @@ import msgspec
 from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest
 from trainroom.core.ckpt.verify import host_ram_low, load_need_bytes, read_meminfo
 from trainroom.core.config import resume_argv
-from trainroom.core.ops.kill import live_members
+from trainroom.core.ops.members import Lifetime, live_members
 from trainroom.core.probes.locks import lock_holders
 from trainroom.core.run.state import AttemptView, RunState
 from trainroom.core.units import fmt_bytes
@@ -115,7 +115,8 @@ def _life_refusals(a: AttemptView, run_id: str) -> list[str]:
     if a.ended_at is None:
         out.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
     # By start time too: a stranger that reused the group number is not the old attempt.
-    live = live_members(a.pgid, a.start_time, a.start_ticks, run_id=run_id, attempt_ended_at=a.ended_at)
+    life = Lifetime(run_id=run_id, start_time=a.start_time, start_ticks=a.start_ticks, ended_at=a.ended_at)
+    live = live_members(a.pgid, life)
     if live:
         out.append(
             f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} (kill clears them)"

@@ -157,7 +157,9 @@ def dump_stacks(
                 )
             notes.append(f"no faulthandler dump appeared in {log_path} within {timeout:g} s")
 
-    spied = _py_spy(pid, timeout=max(timeout, 10.0))
+    # A stopped process cannot be paused again (py-spy's default), but it holds still: read it
+    # without pausing, which is exact while it stays stopped.
+    spied = _py_spy(pid, timeout=max(timeout, 10.0), nonblocking=stopped)
     spied.message = "; ".join([*notes, spied.message])
     return spied
 
@@ -268,7 +270,7 @@ def _tgkill() -> Any:
     return fn
 
 
-def _py_spy(pid: int, timeout: float) -> StackDump:
+def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
     import sh  # external commands go through sh
 
     try:
@@ -276,14 +278,16 @@ def _py_spy(pid: int, timeout: float) -> StackDump:
     except sh.CommandNotFound:
         return _result(False, "", None, PY_SPY_INSTALL)
     try:
-        out = py_spy("dump", "--pid", str(pid), _timeout=timeout)
+        flags = ["--nonblocking"] if nonblocking else []
+        out = py_spy("dump", *flags, "--pid", str(pid), _timeout=timeout)
     except sh.ErrorReturnCode as exc:
         err = exc.stderr.decode(errors="replace").strip().splitlines() or [f"exit code {exc.exit_code}"]
         return _result(False, "", None, f"py-spy dump --pid {pid} failed: {err[-1]}")
     except sh.TimeoutException:
         return _result(False, "", None, f"py-spy dump --pid {pid} gave no answer in {timeout:g} s")
     text = str(out)
-    return _result(True, text, "py-spy", f"stacks of pid {pid} read by py-spy")
+    how = " without pausing it (it is stopped)" if nonblocking else ""
+    return _result(True, text, "py-spy", f"stacks of pid {pid} read by py-spy{how}")
 
 
 def _result(ok: bool, text: str, method: DumpMethod | None, message: str) -> StackDump:
