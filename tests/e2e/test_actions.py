@@ -3,6 +3,7 @@ ever signalled. Real keepers, real trainers, real strangers."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.helpers import start_demo, status
+from tests.support.helpers import run_cli, start_demo, status, status_json
 from tests.support.waiting import wait_for
+from trainroom.core import protocol as p
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 
@@ -109,3 +112,90 @@ def test_kill_of_a_leaderless_group_spares_a_stranger_and_takes_the_leftover(
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+STEPPER = """
+import time
+from trainroom.core import reporter
+rep = reporter.connect(lr=1e-3)
+step = 0
+while True:
+    step += 1
+    rep.step(step, loss=2.0)
+    time.sleep(0.05)
+"""
+
+
+def test_a_trainer_that_outlives_its_keeper_is_orphaned_and_killable_without_it(
+    trhome: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "stepper.py"
+    script.write_text(STEPPER)
+    info = launch([sys.executable, str(script)], LaunchOptions(linger_s=60), cwd=str(tmp_path))
+    d = wait_for(lambda: (s := status(info)) and (s["step"] or 0) >= 3 and s, timeout=60, what="steps")
+    trainer = d["pid"]
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    os.kill(keeper, signal.SIGKILL)
+    d = wait_for(
+        lambda: (s := status_json(info.run_id)) and s["keeper"] == "gone" and s, timeout=30, what="gone"
+    )
+    assert d["state"] == "orphaned" and f"trainer pid {trainer} still running" in d["state_reason"]
+    out = run_cli("kill", info.run_id, "--yes", "--grace", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "without a keeper" in out.stdout
+    wait_for(
+        lambda: not psutil.pid_exists(trainer) or psutil.Process(trainer).status() == "zombie", timeout=30
+    )
+    (rec,) = _kills(info)
+    assert rec.ok and rec.client == "cli-without-keeper" and trainer in rec.before.get("pids", [])
+
+
+def _kills(info: runs.RunInfo) -> list[p.ActionRecord]:
+    return [r for r in read_journal(Path(info.run_dir) / runs.JOURNAL_NAME) if isinstance(r, p.ActionRecord)]
+
+
+def test_a_stopped_trainer_can_be_dumped_and_continued(trhome: Path) -> None:
+    info = start_demo(fault="hang", fault_step=20, step_delay=0.02, ckpt_every=0)
+    wait_for(lambda: status(info)["state"] == "hung", timeout=120, what="hung")
+    out = run_cli("dump", info.run_id, "--json", timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = json.loads(out.stdout)
+    assert r["after"]["method"] == "py-spy" and "without pausing" in r["message"]
+    assert "MainThread" in r["after"]["stacks"]
+    out = run_cli("continue", info.run_id, "--yes", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    d = wait_for(lambda: (s := status(info))["state"] == "running" and s, timeout=60, what="running again")
+    wait_for(lambda: (status(info)["step"] or 0) > 20, timeout=60, what="steps after SIGCONT")
+    assert d["keeper"] == "alive"
+
+
+def _verifier(info: runs.RunInfo) -> psutil.Process:
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    for child in psutil.Process(keeper).children():
+        if "--serve" in child.cmdline():
+            return child
+    raise AssertionError("no warm verifier")
+
+
+def test_resume_right_after_a_death_waits_for_the_checkpoint_in_the_verifier(trhome: Path) -> None:
+    info = start_demo(fault="silent-death", fault_step=31, ckpt_every=10, step_delay=0.05)
+    wait_for(lambda: _verified(info) >= 1, timeout=120, what="a verified checkpoint (the verifier is warm)")
+    verifier = _verifier(info)
+    verifier.suspend()  # the step-30 checkpoint will sit in the verifier's queue
+    try:
+        d = wait_for(lambda: (s := status(info))["state"] == "dead" and s, timeout=120, what="dead")
+        assert d["step"] == 31  # it saved step 30, then died
+        c = KeeperClient(info.sock)
+        replies = []
+        for r in c.request("resume", {}, confirm=False):
+            replies.append(r)
+            if r.stage == "progress" and "waiting for the verification" in r.message:
+                verifier.resume()  # the verdict comes while the resume waits for it
+        plan = replies[-1]
+        assert any("waiting for the verification" in r.message for r in replies if r.stage == "progress")
+        assert plan.stage == "plan" and plan.plan["step"] == 30, plan.message
+    finally:
+        if verifier.is_running():
+            verifier.resume()
