@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -199,3 +200,42 @@ def test_resume_right_after_a_death_waits_for_the_checkpoint_in_the_verifier(trh
     finally:
         if verifier.is_running():
             verifier.resume()
+
+
+def _benches(home: Path) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if (proc.info["environ"] or {}).get("TRAINROOM_HOME") == str(
+                home
+            ) and "trainroom.core.ops.bench" in " ".join(proc.info["cmdline"] or []):
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_a_long_bench_never_blocks_kill_and_can_be_cancelled(trhome: Path, tmp_path: Path) -> None:
+    script = tmp_path / "stepper.py"
+    script.write_text(STEPPER)
+    info = launch([sys.executable, str(script)], LaunchOptions(linger_s=60), cwd=str(tmp_path))
+    wait_for(lambda: (status(info)["step"] or 0) >= 3, timeout=60, what="steps")
+    replies: list[p.Reply] = []
+    bench = threading.Thread(
+        target=lambda: replies.extend(
+            KeeperClient(info.sock).request("bench", {"device": "cpu", "seconds": 60}, confirm=True)
+        ),
+        daemon=True,
+    )
+    bench.start()
+    wait_for(lambda: _benches(trhome), timeout=60, what="the bench running")
+    # Kill is not blocked by the bench: its plan comes at once.
+    plan = KeeperClient(info.sock).call("kill", {}, confirm=False)
+    assert plan.stage == "plan" and plan.plan["members"]
+    out = run_cli("cancel", "bench", info.run_id)
+    assert out.returncode == 0, out.stdout + out.stderr
+    bench.join(timeout=60)
+    done = replies[-1]
+    assert done.stage == "done" and not done.ok and "cancel" in done.message
+    wait_for(lambda: not _benches(trhome), timeout=30, what="the bench's child gone")
+    assert status(info)["state"] == "running"

@@ -113,6 +113,14 @@ def bench_here(args: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def cmd_cancel(args: argparse.Namespace) -> int:
+    info = runs.resolve_run(args.run)
+    if not info.alive:
+        raise CliError(f"the keeper of {info.run_id} is gone: nothing of it is running")
+    reply = KeeperClient(info.sock).call("cancel", {"action": args.cancel_action})
+    return _print_reply(args, reply)
+
+
 def _confirm(args: argparse.Namespace) -> bool:
     if args.yes:
         return True

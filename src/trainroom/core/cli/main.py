@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         sp.set_defaults(func=act.cmd_action, action=action)
 
+    sp = sub.add_parser(
+        "cancel", help="cancel a long action in progress (bench, verify, dump, a waiting resume)"
+    )
+    sp.add_argument("cancel_action", metavar="ACTION", choices=("bench", "verify", "dump", "resume"))
+    sp.add_argument("run", nargs="?")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=act.cmd_cancel, action="cancel")
+
     _add_module_verbs(sub)
     return ap
 

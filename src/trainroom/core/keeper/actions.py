@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,7 +35,13 @@ from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.units import fmt_bytes
 
 Reply = Callable[[p.Reply], None]
-RESUME_WAIT_S = 120.0  # how long a resume waits for a checkpoint still in the verifier
+RESUME_WAIT_S = 120.0
+CANCELLABLE = (
+    "bench",
+    "verify",
+    "dump",
+    "resume",
+)  # long, and safe to stop midway  # how long a resume waits for a checkpoint still in the verifier
 Handler = Callable[[p.Request, Reply], Awaitable[None]]
 
 KNOWN = tuple(a.name for a in ACTIONS)
@@ -130,6 +137,7 @@ class Actions:
             "resume": self.resume,
         }
         self._busy: set[str] = set()
+        self._running: dict[str, asyncio.Task[None]] = {}  # action -> the task carrying it out
 
     def confirmed(self, req: p.Request, reply: Reply, plan: dict[str, Any]) -> bool:
         """False (and a refusal sent) when a confirmed request's plan is not the one to run."""
@@ -156,6 +164,9 @@ class Actions:
         return True
 
     async def serve(self, req: p.Request, reply: Reply, client: str) -> None:
+        if req.action == "cancel":
+            self._cancel(req, reply)
+            return
         handler = self.handlers.get(req.action)
         if handler is None:
             msg = f"unknown action {req.action!r} (known: {', '.join(KNOWN)})"
@@ -166,11 +177,37 @@ class Actions:
             return
         if req.confirm:
             self._busy.add(req.action)
+        send = self._journaling(req, reply, client)
+        task = asyncio.current_task()
+        if req.confirm and task is not None and req.action in CANCELLABLE:
+            self._running[req.action] = task
         try:
-            await handler(req, self._journaling(req, reply, client))
+            await handler(req, send)
+        except asyncio.CancelledError:
+            send(_done(req, False, f"{req.action} cancelled by a client before it finished"))
         finally:
+            self._running.pop(req.action, None)
             if req.confirm:
                 self._busy.discard(req.action)
+
+    def _cancel(self, req: p.Request, reply: Reply) -> None:
+        """`cancel` {action}: stop a long action (a bench, a verify, a resume still waiting for a
+        verdict). A kill or a prune is never cut off half-way: they are not cancellable."""
+        name = str(req.args.get("action", ""))
+        task = self._running.get(name)
+        if name not in CANCELLABLE:
+            reply(
+                _done(
+                    req,
+                    False,
+                    f"cancel: {name or 'nothing'} cannot be cancelled (only {', '.join(CANCELLABLE)})",
+                )
+            )
+        elif task is None or task.done():
+            reply(_done(req, False, f"cancel: no {name} is running"))
+        else:
+            task.cancel()
+            reply(_done(req, True, f"cancel: {name} is being cancelled"))
 
     def _journaling(self, req: p.Request, reply: Reply, client: str) -> Reply:
         """Journal every `done` of a confirmed request (or a refusal of any) as it is sent."""
@@ -364,9 +401,19 @@ class Actions:
         if seconds is None:
             reply(_done(req, False, f"bench: seconds must be in (0, 60], got {req.args.get('seconds')!r}"))
             return
-        out = await asyncio.to_thread(
-            run_bench, device, python=python, seconds=float(seconds), floor_tflops=cfg.floor_tflops
-        )
+        cancel = threading.Event()
+        try:
+            out = await asyncio.to_thread(
+                run_bench,
+                device,
+                python=python,
+                seconds=float(seconds),
+                floor_tflops=cfg.floor_tflops,
+                cancel=cancel,
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # the bench's child is killed, not left to run out its time
+            raise
         reply(_done(req, out.ok, describe(out), plan={"device": device}, after=out.as_dict()))
 
     # ------------------------------------------------------------------ checkpoints

@@ -15,6 +15,7 @@ import argparse
 import re
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Literal
 
@@ -190,6 +191,7 @@ def run_bench(
     seconds: float = DEFAULT_SECONDS,
     python: str | None = None,
     floor_tflops: float | None = None,
+    cancel: threading.Event | None = None,
 ) -> BenchResult:
     """Run the bench in a subprocess and return its result; never raises.
 
@@ -202,11 +204,24 @@ def run_bench(
     argv = [python or sys.executable, "-m", "trainroom.core.ops.bench", "--device", device]
     argv += ["--seconds", str(seconds), "--json"]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return failed(device, f"the bench did not finish in {timeout:g} s (a wedged device?)")
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        )
     except OSError as exc:
         return failed(device, f"cannot start {argv[0]}: {exc.strerror or exc}")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if (cancel is not None and cancel.is_set()) or time.monotonic() >= deadline:
+                proc.kill()
+                proc.communicate()
+                if cancel is not None and cancel.is_set():
+                    return failed(device, "the bench was cancelled")
+                return failed(device, f"the bench did not finish in {timeout:g} s (a wedged device?)")
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     lines = done.stdout.strip().splitlines()
     try:
         return with_floor(msgspec.json.decode(lines[-1], type=BenchResult), floor_tflops)
