@@ -24,6 +24,7 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 from trainroom.core.run.store import RunError, RunInfo
+from trainroom.core.samples import DiskSample, GpuDevice, GpuProcess, GpuSample, HostSample
 
 T0 = 1_700_000_000.0  # the frozen clock's epoch
 GiB = 1 << 30
@@ -98,28 +99,30 @@ def healthy_records(
     recs.append(
         p.ProbeSample(
             t=t0 + steps * 0.5,
-            gpu={
-                "available": True,
-                "reason": "",
-                "per_process": True,
-                "devices": [
-                    {
-                        "index": 0,
-                        "name": "RTX 3060",
-                        "used_bytes": 11 * GiB + 200 * MiB,
-                        "total_bytes": 12 * GiB,
-                        "util_percent": 97.0,
-                        "power_w": 151.0,
-                    }
+            gpu=GpuSample(
+                t=t0 + steps * 0.5,
+                available=True,
+                per_process=True,
+                devices=[
+                    GpuDevice(
+                        index=0,
+                        name="RTX 3060",
+                        used_bytes=11 * GiB + 200 * MiB,
+                        total_bytes=12 * GiB,
+                        util_percent=97,
+                        power_w=151.0,
+                    )
                 ],
-                "processes": [{"pid": 4242, "used_bytes": 11 * GiB, "exists": True, "ours": True}],
-            },
-            host={
-                "mem_available_bytes": 2 * GiB + 100 * MiB,
-                "mem_total_bytes": 31 * GiB,
-                "page_cache_bytes": 6 * GiB,
-            },
-            disk={"path": "/ckpt", "used_fraction": 0.94, "total_bytes": 1000 * GiB, "free_bytes": 60 * GiB},
+                processes=[GpuProcess(pid=4242, used_bytes=11 * GiB, exists=True, ours=True)],
+            ),
+            host=HostSample(
+                t=t0 + steps * 0.5,
+                available=True,
+                mem_available_bytes=2 * GiB + 100 * MiB,
+                mem_total_bytes=31 * GiB,
+                page_cache_bytes=6 * GiB,
+            ),
+            disk=DiskSample(path="/ckpt", used_fraction=0.94, total_bytes=1000 * GiB, free_bytes=60 * GiB),
         )
     )
     return recs

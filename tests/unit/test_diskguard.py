@@ -38,7 +38,7 @@ def test_real_statvfs_reading(tmp_path: Path) -> None:
     # A root that does not exist yet is measured on its nearest existing ancestor.
     assert dg.disk_usage(tmp_path / "not" / "yet").total_bytes == u.total_bytes
     obs = dg.observe(tmp_path)
-    assert obs["fstype"] and obs["mountpoint"] and obs["free_bytes"] > 0
+    assert obs.fstype and obs.mountpoint and (obs.free_bytes or 0) > 0
 
 
 def test_used_fraction_counts_root_reserve_like_df() -> None:

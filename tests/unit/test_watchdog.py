@@ -28,6 +28,16 @@ from trainroom.core.health.watchdog import (
     crash_from_log,
     median_interval,
 )
+from trainroom.core.samples import (
+    Duplicate,
+    GpuDevice,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    LockHolder,
+    LockInfo,
+    ProcsSample,
+)
 
 GIB = 1 << 30
 
@@ -103,33 +113,28 @@ def test_healthy_gpu_and_host_raise_nothing() -> None:
     b.start()
     b.steps(30, reserved=4 * GIB)
     wd = Watchdog()
-    host = {"t": 1.0, "available": True, "effective_available_bytes": 20 * GIB, "page_cache_bytes": GIB}
+    host = HostSample(t=1.0, available=True, effective_available_bytes=20 * GIB, page_cache_bytes=GIB)
     for i in range(4):
-        gpu = {
-            "t": float(i),
-            "available": True,
-            "pid_namespace": "host",
-            "per_process": True,
-            "devices": [
-                {
-                    "index": 0,
-                    "used_bytes": 4 * GIB + (300 << 20),
-                    "total_bytes": 12 * GIB,
-                    "util_percent": 97,
-                    "power_w": 160.0,
-                }
+        gpu = GpuSample(
+            t=float(i),
+            available=True,
+            pid_namespace="host",
+            per_process=True,
+            devices=[
+                GpuDevice(
+                    index=0,
+                    used_bytes=4 * GIB + (300 << 20),
+                    total_bytes=12 * GIB,
+                    util_percent=97,
+                    power_w=160.0,
+                )
             ],
-            "processes": [
-                {
-                    "pid": 4242,
-                    "used_bytes": 4 * GIB + (300 << 20),
-                    "exists": True,
-                    "ours": True,
-                    "device": 0,
-                    "state": "R",
-                }
+            processes=[
+                GpuProcess(
+                    pid=4242, used_bytes=4 * GIB + (300 << 20), exists=True, ours=True, device=0, state="R"
+                )
             ],
-        }
+        )
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=gpu, host=host), b.now + 0.05)
         assert v.findings == [] and v.state == "running"
 
@@ -627,42 +632,39 @@ def test_crash_from_log_takes_the_last_traceback_and_follows_context_chains() ->
 def test_host_ram_low_gives_the_figures_and_reclaim() -> None:
     b = RunBuilder()
     b.start()
-    host = {
-        "available": True,
-        "effective_available_bytes": int(2.1 * GIB),
-        "page_cache_bytes": 6 * GIB,
-        "mem_total_bytes": 32 * GIB,
-        "cgroup": None,
-    }
+    host = HostSample(
+        t=b.now,
+        available=True,
+        effective_available_bytes=int(2.1 * GIB),
+        page_cache_bytes=6 * GIB,
+        mem_total_bytes=32 * GIB,
+    )
     f = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now), "HOST_RAM_LOW")
     assert f.action == "reclaim" and "2.1 GiB available (< 3.0 GiB)" in f.message and "6.0 GiB" in f.message
-    host["effective_available_bytes"] = 3 * GIB
+    host = msgspec.structs.replace(host, effective_available_bytes=3 * GIB)
     assert "HOST_RAM_LOW" not in codes(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now))
 
 
 def test_stale_lock_rules() -> None:
     b = RunBuilder()
     b.start(pid=500)
-    lock = {
-        "path": "/p/train.lock",
-        "key": "fe:00:1",
-        "exists": True,
-        "held": True,
-        "waiters": [],
-        "holders": [{"pid": 400, "exists": False, "state": None, "kind": "FLOCK", "mode": "WRITE"}],
-        "inheritors": [{"pid": 401, "exists": True, "state": "S", "pgid": 400, "comm": "python"}],
-    }
+    lock = LockInfo(
+        path="/p/train.lock",
+        key="fe:00:1",
+        exists=True,
+        held=True,
+        holders=[LockHolder(pid=400, exists=False, kind="FLOCK", mode="WRITE")],
+        inheritors=[LockHolder(pid=401, exists=True, state="S", pgid=400, comm="python")],
+    )
     f = finding(
         Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[lock]), b.now),
         "STALE_LOCK",
     )
     assert "held by pid 400: pid 400 no longer exists" in f.message and "pid 401" in f.message
     assert f.evidence["kill_pids"] == [401] and f.evidence["kill_pgids"] == [400] and f.action == "kill"
-    ours = {
-        **lock,
-        "holders": [{"pid": 500, "exists": True, "state": "S", "kind": "FLOCK"}],
-        "inheritors": [],
-    }
+    ours = msgspec.structs.replace(
+        lock, holders=[LockHolder(pid=500, exists=True, state="S", kind="FLOCK")], inheritors=[]
+    )
     assert "STALE_LOCK" not in codes(
         Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[ours]), b.now)
     )
@@ -680,14 +682,9 @@ def test_stale_lock_rules() -> None:
 def test_duplicate_trainer_names_both_pids() -> None:
     b = RunBuilder()
     b.start(pid=500)
-    dup = {
-        "kind": "trainer",
-        "ours": 500,
-        "others": [777],
-        "pids": [500, 777],
-        "cmdline": ["python", "train.py"],
-        "cwd": "/p",
-    }
+    dup = Duplicate(
+        kind="trainer", ours=500, others=[777], pids=[500, 777], cmdline=["python", "train.py"], cwd="/p"
+    )
     f = finding(
         Watchdog().evaluate(b.run, WatchContext(alive=True, duplicates=[dup]), b.now), "DUPLICATE_TRAINER"
     )
@@ -709,9 +706,9 @@ def test_thresholds_from_the_config_section() -> None:
 def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:
     sample = p.ProbeSample(
         t=1.0,
-        gpu={"t": 1.0, "available": False},
-        host={"available": True},
-        procs={"states": {4242: "T"}, "activity": {4242: 3}, "locks": [], "duplicates": []},
+        gpu=GpuSample(t=1.0, available=False),
+        host=HostSample(t=1.0, available=True),
+        procs=ProcsSample(states={4242: "T"}, activity={4242: 3}),
     )
     back = msgspec.json.decode(msgspec.json.encode(sample), type=p.ProbeSample)
     ctx = context_from_probe(back, alive=True)
@@ -721,14 +718,14 @@ def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:
     b.steps(3)
     assert Watchdog().evaluate(b.run, ctx, b.now).state == "hung"
     # States sampled for attempt 1 say nothing about attempt 2.
-    sample.procs["attempt"] = 1
+    sample.procs = ProcsSample(attempt=1, states={4242: "T"}, activity={4242: 3})
     assert context_from_probe(sample, alive=True, attempt=2).proc_states == {}
     assert context_from_probe(sample, alive=True, attempt=1).proc_states == {4242: "T"}
 
 
 def test_core_watchdog_and_probes_import_without_torch_or_textual() -> None:
     code = (
-        "import sys, trainroom.core.watchdog, trainroom.core.probes.sweep, trainroom.core.probes.fake_nvml; "
+        "import sys, trainroom.core.health.watchdog, trainroom.core.probes.sweep, trainroom.core.probes.fake_nvml; "
         "bad = [m for m in ('torch', 'textual', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

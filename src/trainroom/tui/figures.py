@@ -193,9 +193,7 @@ class VramView:
 
 
 def vram_view(state: RunState) -> VramView:
-    # gpu: {available, reason, per_process, devices: [{index, name, used_bytes, total_bytes,
-    #       util_percent, power_w}], processes: [{pid, used_bytes, exists, ours}]}
-    gpu: Mapping[str, Any] = state.probe.gpu if state.probe is not None else {}
+    gpu = state.probe.gpu if state.probe is not None else None
     ranks = list(state.ranks.values())
     reserved = [r.alloc_reserved for r in ranks if r.alloc_reserved is not None]
     allocated = [r.alloc_allocated for r in ranks if r.alloc_allocated is not None]
@@ -207,10 +205,11 @@ def vram_view(state: RunState) -> VramView:
         alloc_reserved=alloc_reserved,
         alloc_peak=float(sum(peak)) if peak else None,
     )
-    if not gpu:
+    if gpu is None or not gpu.available:
+        reason = "no probe yet" if gpu is None else (gpu.reason or "unknown reason")
         return VramView(
             False,
-            "no probe yet",
+            reason.removeprefix("driver view unavailable: "),
             "",
             None,
             None,
@@ -222,40 +221,18 @@ def vram_view(state: RunState) -> VramView:
             level=level,
             **common,
         )
-    if not gpu.get("available", True):
-        reason = str(gpu.get("reason") or "unknown reason")
-        prefix = "driver view unavailable: "
-        return VramView(
-            False,
-            reason.removeprefix(prefix),
-            "",
-            None,
-            None,
-            None,
-            False,
-            ratio=None,
-            util_percent=None,
-            power_w=None,
-            level=level,
-            **common,
-        )
-    devices = [d for d in gpu.get("devices") or [] if isinstance(d, Mapping)]
-    used = [u for d in devices if (u := _num(_first(d, "used_bytes", "used"))) is not None]
-    total = [t for d in devices if (t := _num(_first(d, "total_bytes", "total"))) is not None]
-    utils = [u for d in devices if (u := _num(d.get("util_percent"))) is not None and u <= 100]
-    powers = [p for d in devices if (p := _num(d.get("power_w"))) is not None]
-    name = str(devices[0].get("name", "")) if devices else ""
+    devices = gpu.devices
+    used = [d.used_bytes for d in devices if d.used_bytes is not None]
+    total = [d.total_bytes for d in devices if d.total_bytes is not None]
+    utils = [d.util_percent for d in devices if d.util_percent is not None and d.util_percent <= 100]
+    powers = [d.power_w for d in devices if d.power_w is not None]
+    name = (devices[0].name or "") if devices else ""
     if len(devices) > 1:
         name += f" (+{len(devices) - 1})"
-    per_process = bool(gpu.get("per_process", False))
+    per_process = bool(gpu.per_process)
     run_bytes = None
     if per_process:
-        ours = [
-            _num(p.get("used_bytes"))
-            for p in gpu.get("processes") or []
-            if isinstance(p, Mapping) and p.get("ours")
-        ]
-        known = [b for b in ours if b is not None]
+        known = [x.used_bytes for x in gpu.ours if x.used_bytes is not None]
         run_bytes = float(sum(known)) if known else None
     driver_used = float(sum(used)) if used else None
     attributed = run_bytes if per_process else driver_used
@@ -269,7 +246,7 @@ def vram_view(state: RunState) -> VramView:
         run_bytes=run_bytes,
         per_process=per_process,
         ratio=ratio,
-        util_percent=max(utils) if utils else None,
+        util_percent=float(max(utils)) if utils else None,
         power_w=sum(powers) if powers else None,
         level=level,
         **common,
@@ -574,30 +551,37 @@ class HostView:
 
 
 def host_view(state: RunState) -> HostView:
-    # host (core/probes/host.py): {available: bool, reason, mem_total_bytes, mem_available_bytes,
-    #   page_cache_bytes, cgroup: {limit_bytes, usage_bytes, available_bytes, ...} | None,
-    #   effective_available_bytes, wsl}; the keeper sends {error} when the probe itself failed.
-    host: Mapping[str, Any] = state.probe.host if state.probe is not None else {}
-    cg = host.get("cgroup") if isinstance(host.get("cgroup"), Mapping) else {}
+    host = state.probe.host if state.probe is not None else None
+    cg = host.cgroup if host is not None else None
     low = _findings(state, "HOST_RAM_LOW")
-    reason = ""
-    if host.get("error"):
-        reason = f"host probe failed: {host['error']}"
-    elif host.get("available") is False:
-        reason = str(host.get("reason") or "host memory view unavailable")
-    available = _num(_first(host, "mem_available_bytes", "available_bytes"))
-    effective = _num(host.get("effective_available_bytes"))
+    if host is None:
+        return HostView(
+            False,
+            "",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            _worst_level(low) if low else "dim",
+            low[0].message if low else None,
+        )
+    reason = "" if host.available else (host.reason or "host memory view unavailable")
+    available = host.mem_available_bytes
+    effective = host.effective_available_bytes
     return HostView(
-        known=bool(host),
+        known=True,
         reason=reason,
         available=available,
-        total=_num(_first(host, "mem_total_bytes", "total_bytes")),
-        page_cache=_num(_first(host, "page_cache_bytes", "cached_bytes")),
-        cgroup_limit=_num(_first(host, "cgroup_limit_bytes") or _first(cg, "limit_bytes")),
-        cgroup_usage=_num(_first(host, "cgroup_usage_bytes") or _first(cg, "usage_bytes")),
+        total=host.mem_total_bytes,
+        page_cache=host.page_cache_bytes,
+        cgroup_limit=cg.limit_bytes if cg is not None else None,
+        cgroup_usage=cg.usage_bytes if cg is not None else None,
         effective_available=effective if effective is not None and effective != available else None,
-        wsl=bool(host.get("wsl")),
-        level=_worst_level(low) if low else ("ok" if host and not reason else "dim"),
+        wsl=host.wsl,
+        level=_worst_level(low) if low else ("ok" if not reason else "dim"),
         finding=low[0].message if low else None,
     )
 
@@ -630,16 +614,15 @@ class DiskView:
 
 
 def disk_view(state: RunState) -> DiskView:
-    # disk: {path, used_fraction, total_bytes, free_bytes, used_bytes, time_to_full_s, fstype}
-    disk: Mapping[str, Any] = state.probe.disk if state.probe is not None else {}
+    disk = state.probe.disk if state.probe is not None else None
     codes = _findings(state, "DISK_HIGH", "DISK_FULL_SOON", "DRVFS_CHECKPOINTS", "CKPT_REJECTED")
-    ttf = _num(_first(disk, "time_to_full_s", "ttf_s"))
+    ttf = disk.time_to_full_s if disk is not None else None
     if ttf is None:
         for f in _findings(state, "DISK_FULL_SOON"):
-            ttf = _num(_first(f.evidence, "time_to_full_s", "ttf_s", "seconds"))
-    total = _num(_first(disk, "total_bytes", "total"))
-    free = _num(_first(disk, "free_bytes", "available_bytes", "free"))
-    used_fraction = _num(disk.get("used_fraction"))
+            ttf = _num(f.evidence.get("time_to_full_s"))
+    total = disk.total_bytes if disk is not None else None
+    free = disk.free_bytes if disk is not None else None
+    used_fraction = disk.used_fraction if disk is not None else None
     if used_fraction is None and total and free is not None:
         used_fraction = 1.0 - free / total
     latest = state.last_verified()
@@ -652,13 +635,13 @@ def disk_view(state: RunState) -> DiskView:
     )
     ordered = sorted(codes, key=lambda f: -SEVERITY_RANK.get(f.severity, 0))
     return DiskView(
-        known=bool(disk),
-        path=str(disk.get("path", "")),
+        known=disk is not None,
+        path=disk.path if disk is not None else "",
         used_fraction=used_fraction,
         total=total,
         free=free,
         time_to_full_s=ttf,
-        level=_worst_level(codes) if codes else ("ok" if disk else "dim"),
+        level=_worst_level(codes) if codes else ("ok" if disk is not None else "dim"),
         finding=ordered[0].message if ordered else None,
         checkpoints=rows,
         pruned=sum(1 for c in state.checkpoints if c.state == "pruned"),

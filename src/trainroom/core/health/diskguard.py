@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core.findings import Finding
+from trainroom.core.samples import DiskSample
 
 DISK_WARN = 0.85
 DISK_CRITICAL = 0.94
@@ -56,15 +57,19 @@ class DiskUsage(msgspec.Struct, kw_only=True, frozen=True):
         denom = self.used_bytes + self.free_bytes
         return self.used_bytes / denom if denom > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "total_bytes": self.total_bytes,
-            "used_bytes": self.used_bytes,
-            "free_bytes": self.free_bytes,
-            "used_fraction": round(self.used_fraction, 4),
-            "budget": self.budget,
-        }
+    def sample(self, mount: MountEntry | None = None) -> DiskSample:
+        """This reading as `ProbeSample.disk`, with the filesystem of the root when known."""
+        return DiskSample(
+            path=self.path,
+            total_bytes=self.total_bytes,
+            used_bytes=self.used_bytes,
+            free_bytes=self.free_bytes,
+            used_fraction=round(self.used_fraction, 4),
+            budget=self.budget,
+            fstype=mount.fstype if mount is not None else None,
+            mountpoint=mount.mountpoint if mount is not None else None,
+            remote=mount.remote if mount is not None else None,
+        )
 
 
 class MountEntry(msgspec.Struct, kw_only=True, frozen=True):
@@ -180,14 +185,9 @@ def observe(
     root: str | os.PathLike[str],
     statvfs: StatvfsFn = os.statvfs,
     mounts_path: str | os.PathLike[str] = "/proc/mounts",
-) -> dict[str, Any]:
+) -> DiskSample:
     """One disk reading for `ProbeSample.disk`: usage plus the filesystem type of the root."""
-    usage = disk_usage(root, statvfs)
-    mount = mount_of(root, read_mounts(mounts_path))
-    out = usage.as_dict()
-    if mount is not None:
-        out.update(fstype=mount.fstype, mountpoint=mount.mountpoint, remote=mount.remote)
-    return out
+    return disk_usage(root, statvfs).sample(mount_of(root, read_mounts(mounts_path)))
 
 
 # --------------------------------------------------------------------------- rules
@@ -222,7 +222,16 @@ def disk_high(usage: DiskUsage, warn: float = DISK_WARN, critical: float = DISK_
             f"{usage.what} {frac * 100:.1f}% used at {usage.path}: {_gb(usage.free_bytes)} free "
             f"of {_gb(usage.total_bytes)} (thresholds {warn * 100:.0f}% / {critical * 100:.0f}%)"
         ),
-        evidence={**usage.as_dict(), "warn": warn, "critical": critical},
+        evidence={
+            "path": usage.path,
+            "total_bytes": usage.total_bytes,
+            "used_bytes": usage.used_bytes,
+            "free_bytes": usage.free_bytes,
+            "used_fraction": round(frac, 4),
+            "budget": usage.budget,
+            "warn": warn,
+            "critical": critical,
+        },
     )
 
 

@@ -37,6 +37,16 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import AttemptView, RankView, RunState, StepRow
+from trainroom.core.samples import (
+    Duplicate,
+    GpuDevice,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    LockHolder,
+    LockInfo,
+    ProcsSample,
+)
 
 GIB = 1 << 30
 
@@ -105,12 +115,12 @@ class WatchContext(msgspec.Struct, kw_only=True):
     alive: bool | None = None
     # The attempt's process group members (probes.procs.group_states keys).
     attempt_pids: list[int] = []
-    gpu: dict[str, Any] | None = None  # probes.gpu.GpuProbe.sample()
-    host: dict[str, Any] | None = None  # probes.host.HostProbe.sample()
+    gpu: GpuSample | None = None  # probes.gpu.GpuProbe.sample()
+    host: HostSample | None = None  # probes.host.HostProbe.sample()
     proc_states: dict[int, str] = {}  # pid -> state letter (probes.procs.group_states)
     activity: dict[int, int] = {}  # pid -> main-thread activity counter (probes.procs.group_activity)
-    locks: list[dict[str, Any]] = []  # probes.locks.lock_holders()
-    duplicates: list[dict[str, Any]] = []  # probes.procs.trainer_duplicates / host_process_duplicates
+    locks: list[LockInfo] = []  # probes.locks.lock_holders()
+    duplicates: list[Duplicate] = []  # probes.procs.trainer_duplicates / host_process_duplicates
     # The last traceback of trainer.log (crash_from_log) when the reporter sent no Crash.
     log_crash: p.Crash | None = None
     # When the probe cycle behind proc_states/activity ran; None: unknown (taken as fresh).
@@ -267,14 +277,9 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
         why = "no traceback"
     else:
         why = ""
-    host = ctx.host or {}
     oom_hint = ""
-    avail = host.get("effective_available_bytes")
-    if (
-        a.exit_signal == signal.SIGKILL
-        and isinstance(avail, int)
-        and avail < ctx.thresholds.host_ram_low_bytes
-    ):
+    avail = ctx.host.effective_available_bytes if ctx.host is not None else None
+    if a.exit_signal == signal.SIGKILL and avail is not None and avail < ctx.thresholds.host_ram_low_bytes:
         oom_hint = f"; host RAM was low ({fmt_bytes(avail)} available): the OOM killer is a suspect"
     message = f"attempt {a.n} {cause} {lost_txt}" + (f" ({why})" if why else "") + oom_hint
     last_ckpt = max((c.step for c in run.checkpoints if c.step is not None), default=None)
@@ -833,30 +838,28 @@ def _alloc_reserved(run: RunState) -> int | None:
 def ghost_measure(run: RunState, ctx: WatchContext) -> dict[str, Any] | None:
     """Driver-attributed vs allocator-reserved bytes for the live attempt, or None when either
     side is unknown. Per-process where the driver reports our processes' memory, else device used."""
-    gpu = ctx.gpu or {}
+    gpu = ctx.gpu
     a = run.attempt
-    if not gpu.get("available") or a is None or not a.alive or ctx.alive is False:
+    if gpu is None or not gpu.available or a is None or not a.alive or ctx.alive is False:
         return None
     reserved = _alloc_reserved(run)
     if reserved is None or reserved <= 0:
         return None
-    ours = [x for x in gpu.get("processes") or [] if x.get("ours")]
-    known = [x["used_bytes"] for x in ours if x.get("used_bytes") is not None]
+    ours = gpu.ours
+    known = [x.used_bytes for x in ours if x.used_bytes is not None]
     if ours and len(known) == len(ours):
         driver, basis = sum(known), "per-process"
-        devices = sorted({x.get("device", 0) for x in ours})
+        devices = sorted({x.device for x in ours})
     else:
-        used = [d["used_bytes"] for d in gpu.get("devices") or [] if d.get("used_bytes") is not None]
+        used = [d.used_bytes for d in gpu.devices if d.used_bytes is not None]
         if not used:
             return None
         # Other live processes' memory, where the driver does say it, is theirs, not a ghost.
         others = sum(
-            x["used_bytes"]
-            for x in gpu.get("processes") or []
-            if not x.get("ours") and x.get("exists") and x.get("used_bytes") is not None
+            x.used_bytes for x in gpu.processes if not x.ours and x.exists and x.used_bytes is not None
         )
         driver, basis = max(0, sum(used) - others), "device"
-        devices = [d["index"] for d in gpu.get("devices") or [] if d.get("used_bytes") is not None]
+        devices = [d.index for d in gpu.devices if d.used_bytes is not None]
     return {
         "driver_bytes": driver,
         "reserved_bytes": reserved,
@@ -872,7 +875,7 @@ def ghost_finding(
     th = ctx.thresholds
     if measure is None or streak < th.ghost_cycles:
         return None
-    wsl = bool((ctx.host or {}).get("wsl"))
+    wsl = ctx.host is not None and ctx.host.wsl
     driver, reserved, ratio = measure["driver_bytes"], measure["reserved_bytes"], measure["ratio"]
     basis = (
         "the driver attributes"
@@ -908,94 +911,90 @@ def ghost_finding(
     )
 
 
-def _ours_computing(run: RunState, ctx: WatchContext) -> bool:
+def _ours_computing(run: RunState, ctx: WatchContext, gpu: GpuSample) -> bool:
     a = run.attempt
     if a is None or not a.alive or ctx.alive is False:
         return False
-    gpu = ctx.gpu or {}
-    procs = gpu.get("processes") or []
-    if any(x.get("ours") for x in procs):
+    if gpu.ours:
         return True
     reserved = _alloc_reserved(run)
     if reserved:
         return True
     # No process list (WSL often gives none) or PIDs from another namespace: the busy device may
     # well be our own live trainer warming up, so it is not called an orphan.
-    return not procs or gpu.get("pid_namespace") != "host"
+    return not gpu.processes or gpu.pid_namespace != "host"
 
 
-def busy_devices(run: RunState, ctx: WatchContext) -> list[dict[str, Any]]:
+def busy_devices(run: RunState, ctx: WatchContext) -> list[GpuDevice]:
     """Devices at >= orphan_util_percent with no live compute process of ours and none that exists
     in our namespace: something dead is computing (the "100 % at 60 W, [Not Found]" wedge)."""
-    gpu = ctx.gpu or {}
-    if not gpu.get("available") or _ours_computing(run, ctx):
+    gpu = ctx.gpu
+    if gpu is None or not gpu.available or _ours_computing(run, ctx, gpu):
         return []
-    out = []
-    for d in gpu.get("devices") or []:
-        util = d.get("util_percent")
-        if util is None or util < ctx.thresholds.orphan_util_percent:
-            continue
-        live = [
-            x
-            for x in gpu.get("processes") or []
-            if x.get("device", 0) == d["index"] and x.get("exists") and x.get("state") not in ("Z", "X")
-        ]
-        if not live:
-            out.append(d)
-    return out
+    return [
+        d
+        for d in gpu.devices
+        if d.util_percent is not None
+        and d.util_percent >= ctx.thresholds.orphan_util_percent
+        and not any(x.device == d.index and not x.gone for x in gpu.processes)
+    ]
 
 
-def orphan_candidates(ctx: WatchContext) -> list[dict[str, Any]]:
+def orphan_candidates(ctx: WatchContext) -> list[GpuProcess]:
     """Compute processes the driver lists whose pid does not exist here or is a zombie. Only in the
     host PID namespace: elsewhere the driver's (host) PIDs need not exist here at all."""
-    gpu = ctx.gpu or {}
-    if not gpu.get("available") or gpu.get("pid_namespace") != "host":
+    gpu = ctx.gpu
+    if gpu is None or not gpu.available or gpu.pid_namespace != "host":
         return []
-    return [x for x in gpu.get("processes") or [] if not x.get("exists") or x.get("state") in ("Z", "X")]
+    return [x for x in gpu.processes if x.gone]
+
+
+def _device(gpu: GpuSample, index: int) -> GpuDevice:
+    return next((d for d in gpu.devices if d.index == index), GpuDevice(index=index))
 
 
 def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Finding]:
-    gpu = ctx.gpu or {}
-    if not gpu.get("available"):
+    gpu = ctx.gpu
+    if gpu is None or not gpu.available:
         return []
     found: list[Finding] = []
     previous = [x.pgid for x in run.attempts if x.pgid > 0 and x.ended_at is not None]
     for x in orphan_candidates(ctx):
-        if mem.orphan_streak.get(x["pid"], 0) < ctx.thresholds.orphan_cycles:
+        if mem.orphan_streak.get(x.pid, 0) < ctx.thresholds.orphan_cycles:
             continue  # a context being torn down right after its process exited
-        what = "does not exist" if not x.get("exists") else "is a zombie"
-        dev = next((d for d in gpu.get("devices") or [] if d["index"] == x.get("device", 0)), {})
+        what = "does not exist" if not x.exists else "is a zombie"
+        dev = _device(gpu, x.device)
         found.append(
             Finding(
                 code="ORPHAN_CONTEXT",
                 severity="critical",
                 action="kill",
-                key=f"pid-{x['pid']}",
+                key=f"pid-{x.pid}",
                 message=(
-                    f"the driver lists compute pid {x['pid']} holding {fmt_bytes(x.get('used_bytes'))} on "
-                    f"device {x.get('device', 0)}, and that pid {what}: a context that outlived its process"
+                    f"the driver lists compute pid {x.pid} holding {fmt_bytes(x.used_bytes)} on "
+                    f"device {x.device}, and that pid {what}: a context that outlived its process"
                     + (
-                        f" (device at {dev.get('util_percent')} %, {dev.get('power_w')} W)"
-                        if dev.get("util_percent") is not None
+                        f" (device at {dev.util_percent} %, {dev.power_w} W)"
+                        if dev.util_percent is not None
                         else ""
                     )
                     + "; kill the old process group and confirm the VRAM falls"
                 ),
                 evidence={
-                    "pid": x["pid"],
-                    "used_bytes": x.get("used_bytes"),
-                    "device": x.get("device", 0),
-                    "exists": x.get("exists"),
-                    "state": x.get("state"),
-                    "device_used_bytes": dev.get("used_bytes"),
-                    "util_percent": dev.get("util_percent"),
-                    "power_w": dev.get("power_w"),
+                    "pid": x.pid,
+                    "used_bytes": x.used_bytes,
+                    "device": x.device,
+                    "exists": x.exists,
+                    "state": x.state,
+                    "device_used_bytes": dev.used_bytes,
+                    "util_percent": dev.util_percent,
+                    "power_w": dev.power_w,
                     "previous_pgids": previous,
                 },
             )
         )
     for d in busy_devices(run, ctx):
-        streak = mem.busy_streak.get(d["index"], 0)
+        streak = mem.busy_streak.get(d.index, 0)
         if streak < ctx.thresholds.orphan_cycles:
             continue
         found.append(
@@ -1003,22 +1002,20 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
                 code="ORPHAN_CONTEXT",
                 severity="critical",
                 action="kill",
-                key=f"device-{d['index']}",
+                key=f"device-{d.index}",
                 message=(
-                    f"device {d['index']} is {d['util_percent']} % busy at {d.get('power_w')} W with "
-                    f"{fmt_bytes(d.get('used_bytes'))} used, and no live compute process of ours: a zombie "
+                    f"device {d.index} is {d.util_percent} % busy at {d.power_w} W with "
+                    f"{fmt_bytes(d.used_bytes)} used, and no live compute process of ours: a zombie "
                     "context holds the GPU; kill the old process group and confirm the VRAM falls"
                 ),
                 evidence={
-                    "device": d["index"],
-                    "util_percent": d["util_percent"],
-                    "power_w": d.get("power_w"),
-                    "used_bytes": d.get("used_bytes"),
-                    "total_bytes": d.get("total_bytes"),
+                    "device": d.index,
+                    "util_percent": d.util_percent,
+                    "power_w": d.power_w,
+                    "used_bytes": d.used_bytes,
+                    "total_bytes": d.total_bytes,
                     "cycles": streak,
-                    "driver_pids": [
-                        x["pid"] for x in gpu.get("processes") or [] if x.get("device", 0) == d["index"]
-                    ],
+                    "driver_pids": [x.pid for x in gpu.processes if x.device == d.index],
                     "previous_pgids": previous,
                 },
             )
@@ -1030,16 +1027,17 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
 
 
 def host_ram_low(run: RunState, ctx: WatchContext) -> Finding | None:
-    host = ctx.host or {}
-    avail = host.get("effective_available_bytes")
+    host = ctx.host
     th = ctx.thresholds
-    if not host.get("available") or not isinstance(avail, int) or avail >= th.host_ram_low_bytes:
+    if host is None or not host.available:
         return None
-    cache = host.get("page_cache_bytes")
-    cg = host.get("cgroup") or {}
+    avail = host.effective_available_bytes
+    if avail is None or avail >= th.host_ram_low_bytes:
+        return None
+    cg = host.cgroup
     where = "host"
-    if cg.get("available_bytes") is not None and cg["available_bytes"] == avail and cg.get("limit_bytes"):
-        where = f"cgroup (limit {fmt_bytes(cg['limit_bytes'])})"
+    if cg is not None and cg.available_bytes is not None and cg.available_bytes == avail and cg.limit_bytes:
+        where = f"cgroup (limit {fmt_bytes(cg.limit_bytes)})"
     a = run.attempt
     enomem = a is not None and any(errno_name(x) == "ENOMEM" for x in (a.crash.chain if a.crash else []))
     return Finding(
@@ -1048,18 +1046,18 @@ def host_ram_low(run: RunState, ctx: WatchContext) -> Finding | None:
         action="reclaim",
         message=(
             f"{where} RAM low: {fmt_bytes(avail)} available (< {fmt_bytes(th.host_ram_low_bytes)}); "
-            f"{fmt_bytes(cache)} in the page cache could be reclaimed; torch.load of a checkpoint fails "
-            "with ENOMEM below this"
+            f"{fmt_bytes(host.page_cache_bytes)} in the page cache could be reclaimed; torch.load of a "
+            "checkpoint fails with ENOMEM below this"
         ),
         evidence={
             "available_bytes": avail,
             "threshold_bytes": th.host_ram_low_bytes,
-            "page_cache_bytes": cache,
-            "mem_total_bytes": host.get("mem_total_bytes"),
-            "mem_available_bytes": host.get("mem_available_bytes"),
-            "cgroup_limit_bytes": cg.get("limit_bytes"),
-            "cgroup_usage_bytes": cg.get("usage_bytes"),
-            "wsl": host.get("wsl"),
+            "page_cache_bytes": host.page_cache_bytes,
+            "mem_total_bytes": host.mem_total_bytes,
+            "mem_available_bytes": host.mem_available_bytes,
+            "cgroup_limit_bytes": cg.limit_bytes if cg is not None else None,
+            "cgroup_usage_bytes": cg.usage_bytes if cg is not None else None,
+            "wsl": host.wsl,
         },
     )
 
@@ -1077,82 +1075,77 @@ def stale_locks(run: RunState, ctx: WatchContext) -> list[Finding]:
         current = set(ctx.attempt_pids) | ({a.pid} if a.pid > 0 else set())
     out = []
     for lk in ctx.locks:
-        for h in lk.get("holders") or []:
-            pid, state = h.get("pid"), h.get("state")
-            if not h.get("exists"):
-                why = (
-                    f"pid {pid} no longer exists"
-                    if pid and pid > 0
-                    else "its owner is not visible here (pid 0)"
-                )
-            elif state in ("Z", "X"):
-                why = f"pid {pid} is a zombie"
-            elif pid in current:
-                continue
-            else:
-                why = f"pid {pid} ({h.get('comm')}, state {state}) is not the current attempt"
-            inheritors = lk.get("inheritors") or []
-            inherit_txt = ""
-            if inheritors:
-                inherit_txt = "; still held through an inherited descriptor by " + ", ".join(
-                    f"pid {k['pid']} ({k.get('comm')}, state {k.get('state')}, pgid {k.get('pgid')})"
-                    for k in inheritors
-                )
-            kill_pids = [k["pid"] for k in inheritors] or ([pid] if h.get("exists") and pid else [])
-            out.append(
-                Finding(
-                    code="STALE_LOCK",
-                    severity="critical",
-                    action="kill",
-                    key=lk.get("path", ""),
-                    message=f"{h.get('kind', 'lock')} on {lk.get('path')} held by pid {pid}: {why}{inherit_txt}; "
-                    "a relaunch cannot take it",
-                    evidence={
-                        "path": lk.get("path"),
-                        "lock_key": lk.get("key"),
-                        "holder_pid": pid,
-                        "holder_state": state,
-                        "holder_exists": h.get("exists"),
-                        "kind": h.get("kind"),
-                        "mode": h.get("mode"),
-                        "inheritors": inheritors,
-                        "kill_pids": kill_pids,
-                        "kill_pgids": sorted({k["pgid"] for k in inheritors if k.get("pgid")}),
-                        "waiters": lk.get("waiters") or [],
-                    },
-                )
-            )
-            break  # one finding per lock file
+        for h in lk.holders:
+            why = _stale_because(h, current)
+            if why is not None:
+                out.append(_stale_lock_finding(lk, h, why))
+                break  # one finding per lock file
     return out
+
+
+def _stale_because(h: LockHolder, current: set[int]) -> str | None:
+    """Why a holder's lock is stale; None when it belongs to the live attempt."""
+    if not h.exists:
+        return f"pid {h.pid} no longer exists" if h.pid > 0 else "its owner is not visible here (pid 0)"
+    if h.gone:
+        return f"pid {h.pid} is a zombie"
+    if h.pid in current:
+        return None
+    return f"pid {h.pid} ({h.comm}, state {h.state}) is not the current attempt"
+
+
+def _stale_lock_finding(lk: LockInfo, h: LockHolder, why: str) -> Finding:
+    inheritors = lk.inheritors
+    inherit_txt = ""
+    if inheritors:
+        inherit_txt = "; still held through an inherited descriptor by " + ", ".join(
+            f"pid {k.pid} ({k.comm}, state {k.state}, pgid {k.pgid})" for k in inheritors
+        )
+    kill_pids = [k.pid for k in inheritors] or ([h.pid] if h.exists and h.pid else [])
+    return Finding(
+        code="STALE_LOCK",
+        severity="critical",
+        action="kill",
+        key=lk.path,
+        message=f"{h.kind or 'lock'} on {lk.path} held by pid {h.pid}: {why}{inherit_txt}; "
+        "a relaunch cannot take it",
+        evidence={
+            "path": lk.path,
+            "lock_key": lk.key,
+            "holder_pid": h.pid,
+            "holder_state": h.state,
+            "holder_exists": h.exists,
+            "kind": h.kind,
+            "mode": h.mode,
+            "inheritors": [msgspec.to_builtins(k) for k in inheritors],
+            "kill_pids": kill_pids,
+            "kill_pgids": sorted({k.pgid for k in inheritors if k.pgid}),
+            "waiters": lk.waiters,
+        },
+    )
 
 
 def duplicate_findings(ctx: WatchContext) -> list[Finding]:
     out = []
     for d in ctx.duplicates:
-        if d.get("kind") == "host":
+        if d.kind == "host":
             out.append(
                 Finding(
                     code="DUPLICATE_TRAINER",
                     severity="warning",
                     action="kill",
-                    key=f"host:{d.get('name')}",
+                    key=f"host:{d.name}",
                     message=(
-                        f"{len(d['pids'])} instances of {d.get('name')} (pids {', '.join(map(str, d['pids']))}): "
+                        f"{len(d.pids)} instances of {d.name} (pids {', '.join(map(str, d.pids))}): "
                         "a session that was not released holds its memory"
                     ),
-                    evidence={
-                        "kind": "host",
-                        "name": d.get("name"),
-                        "pids": d["pids"],
-                        "others": d.get("others", []),
-                    },
+                    evidence={"kind": "host", "name": d.name, "pids": d.pids, "others": d.others},
                 )
             )
             continue
-        ours, others = d.get("ours"), d.get("others") or []
-        if not others:
+        if not d.others:
             continue
-        mine = f"ours is pid {ours}" if ours else "our attempt is not running"
+        mine = f"ours is pid {d.ours}" if d.ours else "our attempt is not running"
         out.append(
             Finding(
                 code="DUPLICATE_TRAINER",
@@ -1160,16 +1153,16 @@ def duplicate_findings(ctx: WatchContext) -> list[Finding]:
                 action="kill",
                 key="trainer",
                 message=(
-                    f"another process runs the same command in {d.get('cwd')}: pid {', '.join(map(str, others))} "
+                    f"another process runs the same command in {d.cwd}: pid {', '.join(map(str, d.others))} "
                     f"({mine}); two trainers share the GPU and the checkpoint directory"
                 ),
                 evidence={
                     "kind": "trainer",
-                    "pids": d.get("pids") or others,
-                    "ours": ours,
-                    "others": others,
-                    "cmdline": d.get("cmdline"),
-                    "cwd": d.get("cwd"),
+                    "pids": d.pids or d.others,
+                    "ours": d.ours,
+                    "others": d.others,
+                    "cmdline": d.cmdline,
+                    "cwd": d.cwd,
                 },
             )
         )
@@ -1223,8 +1216,7 @@ class Watchdog:
                 m.activity[pid], m.active_at[pid] = counter, now
         if ctx.activity:
             m.activity_t = ctx.probe_t
-        gpu = ctx.gpu or {}
-        t = gpu.get("t")
+        t = ctx.gpu.t if ctx.gpu is not None else None
         if t is not None and t != m.gpu_t:
             m.gpu_t = t  # a new probe cycle: streaks advance once per sample, not per tick
             g = ghost_measure(run, ctx)
@@ -1237,9 +1229,9 @@ class Watchdog:
                 m.ghost_streak += 1
             else:
                 m.ghost_streak = 0
-            busy = {d["index"] for d in busy_devices(run, ctx)}
+            busy = {d.index for d in busy_devices(run, ctx)}
             m.busy_streak = {i: m.busy_streak.get(i, 0) + 1 for i in busy}
-            gone = {x["pid"] for x in orphan_candidates(ctx)}
+            gone = {x.pid for x in orphan_candidates(ctx)}
             m.orphan_streak = {pid: m.orphan_streak.get(pid, 0) + 1 for pid in gone}
 
     def evaluate(self, run: RunState, ctx: WatchContext, now: float) -> Verdict:
@@ -1287,38 +1279,24 @@ def context_from_probe(
     log_crash: p.Crash | None = None,
     attempt: int | None = None,
 ) -> WatchContext:
-    """A WatchContext from the keeper's latest ProbeSample, when its `procs` dict carries
-    {attempt, states, activity, locks, duplicates} as probes.sweep writes it (keys may arrive as
-    strings after a JSON round trip). Given `attempt`, process states sampled for another
-    attempt (the cycle that straddled a resume) are left out."""
+    """A WatchContext from the keeper's latest ProbeSample. Given `attempt`, process states
+    sampled for another attempt (the cycle that straddled a resume) are left out."""
     th = thresholds or Thresholds()
     if sample is None:
         return WatchContext(thresholds=th, alive=alive, attempt_pids=list(attempt_pids), log_crash=log_crash)
-    procs = sample.procs or {}
-
-    def int_keys(d: Any) -> dict[int, Any]:
-        out: dict[int, Any] = {}
-        for k, v in (d or {}).items():
-            try:
-                out[int(k)] = v
-            except (TypeError, ValueError):
-                continue
-        return out
-
-    stale = attempt is not None and procs.get("attempt") not in (None, attempt)
-    states = {} if stale else int_keys(procs.get("states"))
-    activity = {} if stale else int_keys(procs.get("activity"))
-    pids = list(attempt_pids) or sorted(states)
+    procs = sample.procs or ProcsSample()
+    stale = attempt is not None and sample.procs is not None and procs.attempt not in (0, attempt)
+    states = {} if stale else dict(procs.states)
     return WatchContext(
         thresholds=th,
         alive=alive,
-        attempt_pids=pids,
-        gpu=sample.gpu or None,
-        host=sample.host or None,
+        attempt_pids=list(attempt_pids) or sorted(states),
+        gpu=sample.gpu,
+        host=sample.host,
         proc_states=states,
-        activity=activity,
-        locks=list(procs.get("locks") or []),
-        duplicates=list(procs.get("duplicates") or []),
+        activity={} if stale else dict(procs.activity),
+        locks=list(procs.locks),
+        duplicates=list(procs.duplicates),
         log_crash=log_crash,
         probe_t=sample.t,
     )

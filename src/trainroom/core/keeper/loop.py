@@ -31,6 +31,7 @@ from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
 from trainroom.core.run.journal import Journal
 from trainroom.core.run.state import RunState, to_snapshot
+from trainroom.core.samples import HostSample
 
 TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest within a tick
 PROBE_S = 1.0
@@ -368,7 +369,9 @@ class Keeper:
                     targets = self.watch.targets()
                     sample = await loop.run_in_executor(None, self.watch.probe, targets)
                 except Exception as exc:  # a probe must never take the keeper down
-                    sample = p.ProbeSample(t=time.time(), host={"error": f"{type(exc).__name__}: {exc}"})
+                    now = time.time()
+                    why = f"host probe failed: {type(exc).__name__}: {exc}"
+                    sample = p.ProbeSample(t=now, host=HostSample(t=now, available=False, reason=why))
                 self.emit(sample, journal=False)
             # Re-arm only after the previous probe ended, so probes never overlap.
             await asyncio.sleep(max(0.05, PROBE_S - (time.monotonic() - t0)))

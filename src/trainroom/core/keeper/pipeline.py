@@ -39,6 +39,7 @@ from trainroom.core.ckpt.layout import (
 from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report, host_ram_low
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
+from trainroom.core.samples import DiskSample
 
 if TYPE_CHECKING:
     from trainroom.core.keeper.loop import Keeper
@@ -305,7 +306,7 @@ class CheckpointPipeline:
 
     # ------------------------------------------------------------------ probes (worker thread)
 
-    def disk_sample(self) -> dict[str, Any]:
+    def disk_sample(self) -> DiskSample:
         from trainroom.core.ops.prune import plan
 
         self.verifier.close_if_idle()
@@ -317,20 +318,21 @@ class CheckpointPipeline:
             self.mount = diskguard.mount_of(self.root, diskguard.read_mounts(self.mounts_path))
             self.prunable = plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
         except (OSError, ValueError) as exc:
-            return {"path": str(self.root), "error": str(exc)}
+            return DiskSample(path=str(self.root), error=str(exc))
         self.usage = usage
         if self.globs:
             self.sightings = watch.sight(self.globs, self.keeper.record.cwd)
-        out = usage.as_dict()
-        out["budget_bytes"] = self.budget
-        if self.mount is not None:
-            out.update(fstype=self.mount.fstype, mountpoint=self.mount.mountpoint)
         proj = diskguard.project(usage, list(self.saves), time.time())
-        out["time_to_full_s"] = proj.time_to_full_s if proj is not None and self.writing() else None
-        out["prunable_bytes"] = self.prunable
+        latest = None
         with contextlib.suppress(Exception):
-            out["latest"] = str(latest_checkpoint(self.root) or "") or None
-        return out
+            latest = str(latest_checkpoint(self.root) or "") or None
+        return msgspec.structs.replace(
+            usage.sample(self.mount),
+            budget_bytes=self.budget,
+            time_to_full_s=proj.time_to_full_s if proj is not None and self.writing() else None,
+            prunable_bytes=self.prunable,
+            latest=latest,
+        )
 
     # ------------------------------------------------------------------ findings (loop thread)
 

@@ -32,24 +32,24 @@ def signal_name(sig: int | None) -> str | None:
 
 def driver_view(st: RunState) -> dict[str, Any]:
     """The driver's figures for the run: per-process where the driver reports it, else the device."""
-    gpu = (st.probe.gpu if st.probe else {}) or {}
+    gpu = st.probe.gpu if st.probe is not None else None
     out: dict[str, Any] = {
-        "available": bool(gpu.get("available")),
-        "reason": gpu.get("reason"),
+        "available": gpu is not None and gpu.available,
+        "reason": gpu.reason if gpu is not None else None,
         "used_bytes": None,
         "total_bytes": None,
         "run_bytes": None,
-        "per_process": bool(gpu.get("per_process")),
+        "per_process": gpu is not None and bool(gpu.per_process),
     }
-    devices = gpu.get("devices") or []
-    if devices:
-        used = [d.get("used_bytes") for d in devices if d.get("used_bytes") is not None]
-        total = [d.get("total_bytes") for d in devices if d.get("total_bytes") is not None]
-        out["used_bytes"] = sum(used) if used else None
-        out["total_bytes"] = sum(total) if total else None
-    ours = [pr.get("used_bytes") for pr in gpu.get("processes") or [] if pr.get("ours")]
+    if gpu is None:
+        return out
+    used = [d.used_bytes for d in gpu.devices if d.used_bytes is not None]
+    total = [d.total_bytes for d in gpu.devices if d.total_bytes is not None]
+    out["used_bytes"] = sum(used) if used else None
+    out["total_bytes"] = sum(total) if total else None
+    ours = [pr.used_bytes for pr in gpu.ours]
     if out["per_process"] and ours and all(b is not None for b in ours):
-        out["run_bytes"] = sum(ours)
+        out["run_bytes"] = sum(b for b in ours if b is not None)
     return out
 
 
@@ -63,8 +63,8 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     effective = rank0.lr if rank0 and rank0.lr else None
     alloc = [r for r in st.ranks.values() if r.alloc_reserved is not None]
     drv = driver_view(st)
-    host = (st.probe.host if st.probe else {}) or {}
-    disk = (st.probe.disk if st.probe else {}) or {}
+    host = st.probe.host if st.probe is not None else None
+    disk = st.probe.disk if st.probe is not None else None
     state = st.status
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
@@ -100,15 +100,15 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             "allocator_reserved_bytes": sum(r.alloc_reserved or 0 for r in alloc) if alloc else None,
         },
         "host": {
-            "mem_available_bytes": host.get("mem_available_bytes"),
-            "page_cache_bytes": host.get("page_cache_bytes"),
-            "mem_total_bytes": host.get("mem_total_bytes"),
+            "mem_available_bytes": host.mem_available_bytes if host is not None else None,
+            "page_cache_bytes": host.page_cache_bytes if host is not None else None,
+            "mem_total_bytes": host.mem_total_bytes if host is not None else None,
         },
         "disk": {
-            "path": disk.get("path"),
-            "used_fraction": disk.get("used_fraction"),
-            "free_bytes": disk.get("free_bytes"),
-            "time_to_full_s": disk.get("time_to_full_s"),
+            "path": disk.path if disk is not None else None,
+            "used_fraction": disk.used_fraction if disk is not None else None,
+            "free_bytes": disk.free_bytes if disk is not None else None,
+            "time_to_full_s": disk.time_to_full_s if disk is not None else None,
         },
         "ranks": [
             {
@@ -134,7 +134,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             for c in st.checkpoints
         ],
         # The file a resume loads (`latest`, read by the keeper's disk probe; null without one).
-        "latest_checkpoint": disk.get("latest"),
+        "latest_checkpoint": disk.latest if disk is not None else None,
         "findings": [
             {
                 "code": f.code,
