@@ -19,8 +19,8 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from trainroom.core import protocol as p
+from trainroom.core.config import Thresholds
 from trainroom.core.health.watchdog import (
-    Thresholds,
     Verdict,
     WatchContext,
     Watchdog,
@@ -694,13 +694,31 @@ def test_duplicate_trainer_names_both_pids() -> None:
 # --------------------------------------------------------------------------- wiring
 
 
-def test_thresholds_from_the_config_section() -> None:
-    from trainroom.core.config import Thresholds as ConfigThresholds
+def test_the_watchdog_judges_by_the_configs_thresholds() -> None:
+    from trainroom.core.config import ConfigError, decode_config
 
-    th = Thresholds.from_config(ConfigThresholds(stall_floor_s=20.0, slow_steps=7, host_ram_low_gib=4.0))
+    th = decode_config(
+        "[thresholds]\nstall_floor_s = 20.0\nslow_steps = 7\nhost_ram_low_gib = 4.0\npark_slack_s = 1.5\n"
+    ).thresholds
     assert th.stall_floor_s == 20.0 and th.slow_steps == 7 and th.host_ram_low_bytes == 4 * GIB
+    assert th.park_slack_s == 1.5 and th.orphan_cycles == 2  # the watchdog's own knobs live there too
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"stall_floor": 3}, Thresholds)
+    with pytest.raises(ConfigError, match=r"thresholds\.orphan_cycles"):
+        decode_config("[thresholds]\norphan_cycles = 0\n")
+    # A configured floor moves the bound the STALLED finding judges by.
+    b = RunBuilder()
+    b.start()
+    b.steps(50)
+    last = b.now
+    b.now = last + 15.0
+    b.beat()
+    ctx = WatchContext(alive=True, thresholds=th)
+    assert Watchdog().evaluate(b.run, ctx, b.now).state == "running"
+    b.now = last + 20.5
+    b.beat()
+    v = Watchdog().evaluate(b.run, ctx, b.now)
+    assert v.state == "stalled" and finding(v, "STALLED").evidence["bound_s"] == 20.0
 
 
 def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:

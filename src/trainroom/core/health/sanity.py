@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.protocol import RequestedConfig
 
@@ -48,70 +49,7 @@ CODES = (
 REIMPOSE_HINT = "call trainroom.core.lr.reimpose_lr(optimizer, scheduler, lr) after loading the checkpoint"
 
 
-class SanityThresholds(msgspec.Struct, frozen=True, kw_only=True):
-    """Every number the sanity rules compare against. Window sizes count observations (one per
-    reported step), not steps, so a trainer that logs every 10th step still fills them."""
-
-    # LR_MISMATCH: effective outside [requested * low, requested * high] on the first step checked.
-    lr_low_ratio: float = 1 / 50
-    lr_high_ratio: float = 2.0
-    # A fresh start whose first step index is at most this began from scratch: a low LR that is
-    # still rising there is an undeclared warmup, so the check waits until it stops rising.
-    fresh_start_max_step: int = 10
-    # EXPLODED_START: first loss above this many times ln V.
-    exploded_factor: float = 2.0
-    # WHITE_MODEL: loss within this fraction of ln V for at least this many steps after warm-up.
-    white_band: float = 0.02
-    white_steps: int = 50
-    white_min_observations: int = 3
-    # LOSS_SPIKE: loss above the rolling median by max(k sigma, rel x median, min nats).
-    loss_window: int = 100
-    min_window: int = 20
-    # The spike baseline is the median of the latest this many observations (a window median
-    # lags above a falling curve), and the noise comes from successive differences over the
-    # whole window (a trend inflates the spread of the values, not of their differences).
-    spike_baseline_window: int = 20
-    refresh_every: int = 8  # baselines are re-sorted every this many observations, not every step
-    spike_sigmas: float = 6.0
-    spike_min_rel: float = 0.10
-    spike_min_nats: float = 0.05
-    # One observation past the band is a candidate; it is a spike once `confirm_steps` in a row are
-    # past it, or at once when past `spike_immediate` x the band (a hard batch is not a spike).
-    confirm_steps: int = 2
-    spike_immediate: float = 2.0
-    # DIVERGENCE: `divergence_chunks` consecutive chunk medians above the attempt's best chunk
-    # median by max(rel x best, min nats). 4 x 10 steps: a rise held for 40 steps, so it fires while
-    # an LR past the stable range still gives finite losses (with 4 x 25 the demo's ramp reached
-    # NaN first on some CPUs: the 100 steps of proof outlasted the finite part of the climb).
-    divergence_chunk: int = 10
-    divergence_chunks: int = 4
-    divergence_rel: float = 0.10
-    divergence_min_nats: float = 0.05
-    # GRAD_EXPLOSION: grad norm above max(ratio x median, median + k sigma), or above abs_max.
-    grad_window: int = 100
-    grad_sigmas: float = 6.0
-    grad_ratio: float = 10.0
-    grad_abs_max: float = 1e8
-    grad_immediate: float = 10.0  # x the band: a single step that far out is an explosion at once
-    # RANK_OUTLIER: a rank against the median of the others, by max(k sigma, rel x ref, floor).
-    rank_sigmas: float = 5.0
-    rank_loss_rel: float = 0.25
-    rank_loss_min_nats: float = 0.5
-    # A rank's loss is the median of its last few (one hard batch on one rank is not an outlier);
-    # its latest loss alone counts when it is `rank_immediate` x the band out.
-    rank_loss_window: int = 3
-    rank_immediate: float = 2.0
-    rank_time_rel: float = 1.0
-    rank_time_min_s: float = 0.1
-    rank_time_window: int = 16
-    rank_time_min_samples: int = 4
-    # LOSS_SCALE: below this the scaler has collapsed (every scale overflows): a warning.
-    loss_scale_floor: float = 1.0
-    # How long a recovered event (spike, explosion, non-finite, halving) stays listed.
-    hold_s: float = 120.0
-
-
-DEFAULT_THRESHOLDS = SanityThresholds()
+DEFAULT_THRESHOLDS = Thresholds()
 
 
 # ============================================================== pure helpers (plain inputs)
@@ -165,16 +103,16 @@ def headline_loss(
 
 
 def lr_out_of_band(
-    requested: float, effective: Sequence[float], th: SanityThresholds = DEFAULT_THRESHOLDS
+    requested: float, effective: Sequence[float], th: Thresholds = DEFAULT_THRESHOLDS
 ) -> list[tuple[int, float, float]]:
     """(group, effective, ratio) for each param group whose effective LR lies outside
-    [requested x lr_low_ratio, requested x lr_high_ratio]."""
+    [requested / lr_too_low_ratio, requested x lr_too_high_ratio]."""
     out: list[tuple[int, float, float]] = []
     for i, eff in enumerate(effective):
         if not finite(eff):
             continue
         ratio = eff / requested
-        if ratio < th.lr_low_ratio or ratio > th.lr_high_ratio:
+        if ratio < 1 / th.lr_too_low_ratio or ratio > th.lr_too_high_ratio:
             out.append((i, eff, ratio))
     return out
 
@@ -397,7 +335,7 @@ class SanityTracker:
     The loss detectors read the primary rank (the lowest seen, normally 0); NONFINITE reads every
     rank; RANK_OUTLIER compares ranks."""
 
-    def __init__(self, thresholds: SanityThresholds | None = None) -> None:
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.th = thresholds or DEFAULT_THRESHOLDS
         self.requested = RequestedConfig()
         self.resumed = False
@@ -764,11 +702,11 @@ class SanityTracker:
 # ============================================================== per-code rules (pure)
 
 
-def exploded(first_loss: float, lnv: float, th: SanityThresholds = DEFAULT_THRESHOLDS) -> bool:
-    return first_loss > th.exploded_factor * lnv
+def exploded(first_loss: float, lnv: float, th: Thresholds = DEFAULT_THRESHOLDS) -> bool:
+    return first_loss > th.exploded_start_factor * lnv
 
 
-def white_model_open(w: WhiteStreak, th: SanityThresholds = DEFAULT_THRESHOLDS) -> bool:
+def white_model_open(w: WhiteStreak, th: Thresholds = DEFAULT_THRESHOLDS) -> bool:
     return w.last_step - w.start_step + 1 >= th.white_steps and w.n >= th.white_min_observations
 
 
@@ -823,7 +761,7 @@ def advance_excursion(
     return ev, cand
 
 
-def excursion_open(ev: Excursion, now: float, th: SanityThresholds = DEFAULT_THRESHOLDS) -> bool:
+def excursion_open(ev: Excursion, now: float, th: Thresholds = DEFAULT_THRESHOLDS) -> bool:
     return ev.recovered_t is None or now - ev.recovered_t < th.hold_s
 
 
@@ -831,7 +769,7 @@ def divergence_state(
     medians: list[tuple[float, int, float]],
     best: tuple[float, int],
     last_step: int,
-    th: SanityThresholds = DEFAULT_THRESHOLDS,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> Divergence | None:
     """Divergence when the last `divergence_chunks` chunk medians all sit above the best chunk
     median of the attempt by more than the band: the trajectory stopped coming back."""
@@ -852,7 +790,7 @@ def divergence_state(
     )
 
 
-def lr_mismatch_finding(m: LrMismatch, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
+def lr_mismatch_finding(m: LrMismatch, th: Thresholds = DEFAULT_THRESHOLDS) -> Finding:
     worst = max(m.groups, key=lambda g: abs(math.log(g[2])) if g[2] > 0 else math.inf)
     group, eff, ratio = worst
     low = ratio < 1
@@ -890,14 +828,12 @@ def lr_mismatch_finding(m: LrMismatch, th: SanityThresholds = DEFAULT_THRESHOLDS
             "step": m.step,
             "last_step": m.last_step,
             "resumed": m.resumed,
-            "band": [th.lr_low_ratio, th.lr_high_ratio],
+            "band": [1 / th.lr_too_low_ratio, th.lr_too_high_ratio],
         },
     )
 
 
-def exploded_start_finding(
-    first: FirstLoss, vocab_size: int, th: SanityThresholds = DEFAULT_THRESHOLDS
-) -> Finding:
+def exploded_start_finding(first: FirstLoss, vocab_size: int, th: Thresholds = DEFAULT_THRESHOLDS) -> Finding:
     lnv = math.log(vocab_size)
     return Finding(
         code="EXPLODED_START",
@@ -905,7 +841,7 @@ def exploded_start_finding(
         action="verify",
         message=(
             f"first loss {_fmt(first.loss)} at step {first.step} vs ln V = {lnv:.3f} (V = {vocab_size}): "
-            f"{first.loss / lnv:.1f}x the uniform-guess baseline (limit {th.exploded_factor:g}x); "
+            f"{first.loss / lnv:.1f}x the uniform-guess baseline (limit {th.exploded_start_factor:g}x); "
             "the starting weights look exploded (an output head with a huge std?): verify the starting "
             "checkpoint before spending steps normalising it"
         ),
@@ -915,14 +851,12 @@ def exploded_start_finding(
             "ln_v": lnv,
             "vocab_size": vocab_size,
             "ratio": first.loss / lnv,
-            "factor": th.exploded_factor,
+            "factor": th.exploded_start_factor,
         },
     )
 
 
-def white_model_finding(
-    w: WhiteStreak, vocab_size: int, th: SanityThresholds = DEFAULT_THRESHOLDS
-) -> Finding:
+def white_model_finding(w: WhiteStreak, vocab_size: int, th: Thresholds = DEFAULT_THRESHOLDS) -> Finding:
     lnv = math.log(vocab_size)
     mean = w.total / w.n if w.n else lnv
     steps = w.last_step - w.start_step + 1
@@ -949,9 +883,7 @@ def white_model_finding(
     )
 
 
-def loss_spike_finding(
-    s: Excursion, latest: float | None, th: SanityThresholds = DEFAULT_THRESHOLDS
-) -> Finding:
+def loss_spike_finding(s: Excursion, latest: float | None, th: Thresholds = DEFAULT_THRESHOLDS) -> Finding:
     size = s.peak - s.baseline
     if s.recovered_step is not None:
         n = s.recovered_step - s.start_step
@@ -981,7 +913,7 @@ def loss_spike_finding(
     )
 
 
-def divergence_finding(d: Divergence, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
+def divergence_finding(d: Divergence, th: Thresholds = DEFAULT_THRESHOLDS) -> Finding:
     cur = d.medians[-1]
     trend = "rising" if cur > d.medians[0] else "holding"
     return Finding(
@@ -1005,7 +937,7 @@ def divergence_finding(d: Divergence, th: SanityThresholds = DEFAULT_THRESHOLDS)
     )
 
 
-def grad_explosion_finding(g: Excursion, th: SanityThresholds = DEFAULT_THRESHOLDS) -> Finding:
+def grad_explosion_finding(g: Excursion, th: Thresholds = DEFAULT_THRESHOLDS) -> Finding:
     ratio = g.peak / g.baseline if g.baseline > 0 else math.inf
     if g.recovered_step is not None:
         state = f"back in range at step {g.recovered_step}"
@@ -1061,7 +993,7 @@ def nonfinite_finding(nf: NonFinite, tracer: TracerReport | None) -> Finding:
 
 
 def loss_scale_finding(
-    halvings: list[ScaleHalving], scale: float | None, now: float, th: SanityThresholds = DEFAULT_THRESHOLDS
+    halvings: list[ScaleHalving], scale: float | None, now: float, th: Thresholds = DEFAULT_THRESHOLDS
 ) -> Finding | None:
     """Info while a halving is recent: the scaler skipped an overflowing step, as designed. A
     warning only when the scale fell below the floor: every scale overflows, the numerics broke."""
@@ -1102,7 +1034,7 @@ def _others(n: int) -> str:
 
 
 def rank_outlier_findings(
-    ranks: Mapping[int, _RankState], th: SanityThresholds = DEFAULT_THRESHOLDS
+    ranks: Mapping[int, _RankState], th: Thresholds = DEFAULT_THRESHOLDS
 ) -> list[Finding]:
     out: list[Finding] = []
     latest = {r: s.loss for r, s in ranks.items() if s.loss is not None and math.isfinite(s.loss)}

@@ -17,7 +17,7 @@ Wiring (the keeper, one Watchdog per run, all on the event-loop thread except th
     sweep = probes.sweep.ProbeSweep(lock_paths=cfg.lock_files)          # once
     sample = sweep.sample(targets_of(run))                                # worker thread, ~1 s
     keeper.emit(sample, journal=False)                                   # -> run.probe
-    ctx = context_from_probe(run.probe, thresholds=Thresholds.from_config(cfg.thresholds),
+    ctx = context_from_probe(run.probe, thresholds=cfg.thresholds,
                              alive=<child not yet reaped>, attempt=run.attempt.n)
     verdict = watchdog.evaluate(run, ctx, now)                           # every tick (0.1-0.25 s)
 """
@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import AttemptView, RankView, RunState, StepRow
 from trainroom.core.samples import (
@@ -51,60 +52,6 @@ from trainroom.core.samples import (
 GIB = 1 << 30
 
 STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "exited")
-# Phases that are not a stall for as long as their bound (the Phase message's own, else these).
-DEFAULT_PHASE_BOUNDS_S: dict[str, float] = {
-    "checkpoint-save": 900.0,
-    "checkpoint-load": 900.0,
-    "eval": 1800.0,
-    "data": 600.0,
-}
-
-
-class Thresholds(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """The watchdog's bounds. Names shared with `config.Thresholds` mean the same thing."""
-
-    # STALLED / HUNG: no step (or no heartbeat) for max(stall_floor_s, stall_factor x median).
-    stall_floor_s: float = 10.0
-    stall_factor: float = 3.0
-    # The median needs this many intervals; before that the start grace bounds the wait.
-    min_intervals: int = 2
-    # No first step within this long after the attempt started (or its last phase ended).
-    start_grace_s: float = 120.0
-    phase_bounds_s: dict[str, float] = msgspec.field(default_factory=lambda: dict(DEFAULT_PHASE_BOUNDS_S))
-    # SLOW: the last slow_steps intervals each over slow_factor x the median of the ones before.
-    slow_factor: float = 3.0
-    slow_steps: int = 5
-    slow_baseline_min: int = 10
-    # GHOST_MEMORY: driver-attributed bytes over ghost_factor x allocator-reserved, for
-    # ghost_cycles probe cycles, and by at least ghost_min_excess_bytes (a CUDA context alone
-    # costs a few hundred MiB the allocator never sees).
-    ghost_factor: float = 1.5
-    ghost_cycles: int = 2
-    ghost_min_excess_bytes: int = GIB
-    # ORPHAN_CONTEXT: a device this busy with no live compute process of ours, this many cycles.
-    orphan_util_percent: float = 90.0
-    orphan_cycles: int = 2
-    # HOST_RAM_LOW: available host RAM under this (the seed: torch.load fails under 3 GB free).
-    host_ram_low_bytes: int = 3 * GIB
-    # REPEAT_DEATH: two attempts that die within this many steps of each other.
-    repeat_death_window_steps: int = 50
-    # D state (uninterruptible I/O) this long is a hang; None: the progress bound.
-    d_state_bound_s: float | None = None
-    # How late the heartbeat's frame sampler and the activity probe may see a park begin (one
-    # heartbeat plus one probe cycle, with margin): a main thread on one line and not running
-    # since within this of its last step has been parked for the whole step gap.
-    park_slack_s: float = 3.0
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> Thresholds:
-        """From `config.Thresholds` (or anything with some of these attribute names)."""
-        values: dict[str, Any] = {}
-        for name in cls.__struct_fields__:
-            if hasattr(cfg, name):
-                values[name] = getattr(cfg, name)
-        if hasattr(cfg, "host_ram_low_bytes"):
-            values["host_ram_low_bytes"] = int(cfg.host_ram_low_bytes)
-        return cls(**values)
 
 
 class WatchContext(msgspec.Struct, kw_only=True):

@@ -348,8 +348,7 @@ class CheckpointPipeline:
                 self.mount,
                 list(self.saves),
                 now,
-                warn=th.disk_warn,
-                critical=th.disk_critical,
+                th=th,
                 prunable_bytes=self.prunable,
                 writing=self.writing(),
             )

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainroom.core import protocol as p
-from trainroom.core.config import Config
 from trainroom.core.findings import Finding
-from trainroom.core.health.sanity import SanityThresholds, SanityTracker
-from trainroom.core.health.watchdog import Thresholds, Watchdog, context_from_probe, crash_from_log
+from trainroom.core.health.sanity import SanityTracker
+from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
@@ -40,28 +39,14 @@ def targets_of(run: RunState) -> ProbeTargets:
     )
 
 
-def sanity_thresholds(cfg: Config) -> SanityThresholds:
-    th = cfg.thresholds
-    return SanityThresholds(
-        lr_low_ratio=1.0 / th.lr_too_low_ratio,
-        lr_high_ratio=th.lr_too_high_ratio,
-        white_band=th.white_band,
-        white_steps=th.white_steps,
-        exploded_factor=th.exploded_start_factor,
-    )
-
-
 class Supervision:
     def __init__(self, keeper: Keeper) -> None:
         cfg = keeper.config
         self.keeper = keeper
-        self.thresholds = Thresholds.from_config(cfg.thresholds)
+        self.thresholds = cfg.thresholds
         self.sweep = ProbeSweep(lock_paths=keeper.lock_files(), host_process_names=cfg.host_processes)
         self.watchdog = Watchdog()
-        try:
-            self.sanity = SanityTracker(sanity_thresholds(cfg))
-        except TypeError:  # thresholds named differently: the tracker's defaults hold
-            self.sanity = SanityTracker()
+        self.sanity = SanityTracker(cfg.thresholds)
         self.series = Series()
         self._targets = ProbeTargets()
         self._series_pushed = 0.0
