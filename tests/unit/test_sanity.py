@@ -12,14 +12,11 @@ import pytest
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
-from trainroom.core.health.sanity import (
-    CODES,
-    SanityTracker,
-    headline_loss,
-    lr_out_of_band,
-    rank_deviations,
-)
+from trainroom.core.health.ranks import rank_deviations
+from trainroom.core.health.sanity import CODES, SanityTracker
+from trainroom.core.health.sanity_rules import lr_out_of_band
 from trainroom.core.protocol import RequestedConfig
+from trainroom.core.run.figures import headline_loss
 
 V = 50257
 LNV = math.log(V)

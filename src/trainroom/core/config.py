@@ -291,7 +291,8 @@ class Config(_Section):
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
 
 
 def default_state_dir() -> Path:

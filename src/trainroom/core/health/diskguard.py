@@ -14,7 +14,7 @@ import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -32,7 +32,23 @@ RESERVE_FRACTION = 0.02
 # rename/fsync give weaker guarantees than a native disk.
 REMOTE_FSTYPES = frozenset({"9p", "v9fs", "drvfs", "cifs", "smb3", "smbfs", "nfs", "nfs4", "fuse.sshfs"})
 
-StatvfsFn = Callable[[str], Any]
+
+class Statvfs(Protocol):
+    """What `os.statvfs` returns, as far as the guard reads it (a test hands in its own)."""
+
+    @property
+    def f_frsize(self) -> int: ...
+    @property
+    def f_bsize(self) -> int: ...
+    @property
+    def f_blocks(self) -> int: ...
+    @property
+    def f_bfree(self) -> int: ...
+    @property
+    def f_bavail(self) -> int: ...
+
+
+StatvfsFn = Callable[[str], Statvfs]
 
 
 class CheckpointWontFit(OSError):

@@ -36,9 +36,10 @@ from trainroom.core.ckpt.layout import (
     latest_checkpoint,
     settle,
 )
-from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report, host_ram_low
+from trainroom.core.ckpt.verify import WarmVerifier, findings_for_report
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
+from trainroom.core.health.host import host_ram_low
 from trainroom.core.samples import DiskSample
 
 if TYPE_CHECKING:

@@ -76,7 +76,9 @@ def _driver_bytes(keeper: Keeper, pids: list[int]) -> int | None:
 
 def _plan_sync(keeper: Keeper) -> dict[str, Any]:
     from trainroom.core.ckpt.layout import latest_checkpoint
-    from trainroom.core.ckpt.verify import host_ram_low, load_need_bytes, read_meminfo
+    from trainroom.core.ckpt.verify import load_need_bytes
+    from trainroom.core.health.host import host_ram_low
+    from trainroom.core.probes.host import read_meminfo
 
     st = keeper.state
     a = st.attempt

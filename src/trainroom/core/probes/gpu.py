@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Protocol, TypeVar
 
 from trainroom.core.probes.procs import PROC, read_stat
 from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespace
@@ -34,20 +34,52 @@ PROCESS_FUNCTIONS = (
 PER_PROCESS_NA = (
     "per-process GPU memory is N/A from this driver (WSL2/WDDM or MIG): device totals stand in for it"
 )
+A = TypeVar("A")
+T = TypeVar("T")
 FOREIGN_NAMESPACE = (
     "not in the host PID namespace: the driver's PIDs may not exist here, so they are not called orphans"
 )
 
 
-def load_nvml() -> Any:
+class NvmlMemory(Protocol):
+    used: int
+    total: int
+
+
+class NvmlUtilization(Protocol):
+    gpu: int
+
+
+class NvmlProcess(Protocol):
+    pid: int  # usedGpuMemory is read with getattr: v1 structs of old bindings may lack it
+
+
+class Nvml(Protocol):
+    """What the probe calls of `pynvml` (the module, or `fake_nvml` standing where it stands)."""
+
+    NVMLError: type[Exception]
+    NVMLError_FunctionNotFound: type[Exception]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> NvmlMemory: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: object, /) -> NvmlUtilization: ...
+    def nvmlDeviceGetPowerUsage(self, handle: object, /) -> int: ...
+
+
+def load_nvml() -> Nvml:
     """The fake at the pynvml boundary when $TRAINROOM_FAKE_NVML names a scenario, else pynvml."""
     from trainroom.core.probes import fake_nvml
 
     if os.environ.get(fake_nvml.ENV):
-        return fake_nvml
+        return fake_nvml.DEFAULT  # the fake driver the module's functions belong to
     import pynvml
 
-    return pynvml
+    nvml: Nvml = pynvml
+    return nvml
 
 
 def pid_namespace(proc_root: str = PROC) -> PidNamespace:
@@ -58,7 +90,7 @@ def pid_namespace(proc_root: str = PROC) -> PidNamespace:
         return "unknown"
 
 
-def _text(v: Any) -> str:
+def _text(v: str | bytes) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
@@ -68,7 +100,7 @@ class GpuProbe:
 
     def __init__(
         self,
-        nvml: Any = None,
+        nvml: Nvml | None = None,
         *,
         clock: Callable[[], float] = time.time,
         proc_root: str = PROC,
@@ -198,16 +230,16 @@ class GpuProbe:
             )
         return out
 
-    def _field(self, notes: list[str], index: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _field(self, notes: list[str], index: int, what: str, fn: Callable[[A], T], arg: A) -> T | None:
         try:
-            return fn(*args)
+            return fn(arg)
         except self.nvml.NVMLError as exc:
             notes.append(f"device {index}: {what} unavailable: {exc}")
         except Exception as exc:
             notes.append(f"device {index}: {what} unavailable: {type(exc).__name__}: {exc}")
         return None
 
-    def _compute_processes(self, notes: list[str], index: int, handle: Any) -> list[Any]:
+    def _compute_processes(self, notes: list[str], index: int, handle: object) -> list[NvmlProcess]:
         names = (self._process_fn,) if self._process_fn else PROCESS_FUNCTIONS
         last: str | None = None
         for name in names:
@@ -215,7 +247,7 @@ class GpuProbe:
             if fn is None:
                 continue
             try:
-                procs = list(fn(handle))
+                procs: list[NvmlProcess] = list(fn(handle))
             except self.nvml.NVMLError_FunctionNotFound:
                 continue  # an older driver: try the older struct
             except self.nvml.NVMLError as exc:

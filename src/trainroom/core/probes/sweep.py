@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.probes.gpu import GpuProbe, Nvml
 from trainroom.core.probes.host import HostProbe
 from trainroom.core.probes.locks import lock_holders
 from trainroom.core.probes.procs import (
@@ -50,7 +49,7 @@ class ProbeSweep:
         *,
         lock_paths: Iterable[str] = (),
         host_process_names: Iterable[str] = (),
-        nvml: Any = None,
+        nvml: Nvml | None = None,
         gpu: GpuProbe | None = None,
         host: HostProbe | None = None,
         proc_root: str = PROC,
