@@ -62,17 +62,17 @@ def healthy_records(
         ),
         p.RunStatus(t=t0, state="starting"),
     ]
-    for r in range(ranks):
-        recs.append(
-            rx(
-                1,
-                r,
-                t0 + 0.1,
-                p.Hello(
-                    pid=4242 + r, rank=r, world_size=ranks, config=p.RequestedConfig(lr=lr, vocab_size=vocab)
-                ),
-            )
+    recs += [
+        rx(
+            1,
+            r,
+            t0 + 0.1,
+            p.Hello(
+                pid=4242 + r, rank=r, world_size=ranks, config=p.RequestedConfig(lr=lr, vocab_size=vocab)
+            ),
         )
+        for r in range(ranks)
+    ]
     for i in range(steps):
         t = t0 + 1 + i * 0.5
         for r in range(ranks):

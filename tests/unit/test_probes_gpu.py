@@ -235,12 +235,15 @@ def test_ghost_memory_after_two_probe_cycles_with_both_figures(tmp_path: Path) -
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(reserved, me)
     wd = Watchdog()
-    ctx = lambda: WatchContext(
-        alive=True,
-        attempt_pids=[me],
-        gpu=probe.sample(our_pids=[me]),
-        host=HostSample(t=0.0, available=True, wsl=False, effective_available_bytes=20 * GIB),
-    )
+
+    def ctx() -> WatchContext:
+        return WatchContext(
+            alive=True,
+            attempt_pids=[me],
+            gpu=probe.sample(our_pids=[me]),
+            host=HostSample(t=0.0, available=True, wsl=False, effective_available_bytes=20 * GIB),
+        )
+
     first = wd.evaluate(b.run, ctx(), b.now)
     assert all(f.code != "GHOST_MEMORY" for f in first.findings)
     v = wd.evaluate(b.run, ctx(), b.now)

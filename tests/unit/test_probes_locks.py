@@ -67,7 +67,8 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
     assert trainer.stdout is not None
     inheritor_pid = int(trainer.stdout.readline())
     try:
-        _wait(lambda: open(f"/proc/{trainer.pid}/stat").read().split(")")[-1].split()[0] == "Z")
+        stat = Path(f"/proc/{trainer.pid}/stat")
+        _wait(lambda: stat.read_text().split(")")[-1].split()[0] == "Z")
         # The trainer is dead but not reaped: /proc/locks names it, a zombie.
         [entry] = lock_holders([str(lock)])
         assert entry.held and entry.key == lock_key(str(lock))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
@@ -26,6 +27,7 @@ from trainroom.core.probes.procs import (
     trainer_duplicates,
     wait_exit,
 )
+from trainroom.core.protocol import ProbeSample
 from trainroom.core.samples import Duplicate
 
 SLEEPER = "import time; time.sleep(60)"
@@ -210,6 +212,9 @@ def test_a_sweep_of_a_real_sigstopped_trainer_reads_as_hung(spawn, tmp_path: Pat
     assert sample.procs is not None and sample.gpu is not None and sample.host is not None
     assert sample.procs.states[trainer.pid] != "T" and trainer.pid in sample.procs.activity
     assert sample.procs.duplicates == [] and sample.gpu.available is True and sample.host.available
+    # Typed samples travel as they are: the wire and a JSON round trip give back the same sample.
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(sample), type=ProbeSample) == sample
+    assert msgspec.json.decode(msgspec.json.encode(sample), type=ProbeSample) == sample
     b.apply(sample)
     v = wd.evaluate(b.run, context_from_probe(b.run.probe, alive=True), b.now)
     # (HOST_RAM_LOW would be this machine's truth, not the sweep's doing.)

@@ -20,6 +20,8 @@ import pytest
 from tests.support.run_builder import RunBuilder
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
+from trainroom.core.health.crash import masked_error
+from trainroom.core.health.host import host_ram_low
 from trainroom.core.health.watchdog import (
     Verdict,
     WatchContext,
@@ -597,6 +599,48 @@ def test_masked_error_from_the_reporters_crash() -> None:
     b.end(exit_code=1)
     f = finding(Watchdog().evaluate(b.run, WatchContext(), b.now), "MASKED_ERROR")
     assert f.evidence["errno_name"] == "ENOMEM" and f.key == "attempt-1"
+
+
+def test_masked_error_is_critical_once_it_ended_the_attempt() -> None:
+    # One rule for the watchdog and the verifier: critical when it killed the attempt (or blocks a
+    # resume), a warning while the attempt that reported it still runs.
+    b = RunBuilder()
+    b.start()
+    b.steps(10)
+    chain = [
+        p.ErrorLink(type="SystemError", message="readinto"),
+        p.ErrorLink(type="OSError", message="[Errno 12] Cannot allocate memory", errno=12),
+    ]
+    b.rx(p.Crash(t=b.now, chain=chain))
+    live = finding(Watchdog().evaluate(b.run, WatchContext(alive=True), b.now), "MASKED_ERROR")
+    assert live.severity == "warning" and live.evidence["source"] == "reporter"
+    b.end(exit_code=1)
+    dead = finding(Watchdog().evaluate(b.run, WatchContext(), b.now), "MASKED_ERROR")
+    assert dead.severity == "critical" and dead.message == live.message
+    # The verifier's use: a load that fails with it blocks the resume, keyed by the checkpoint.
+    load = masked_error(chain, during="torch.load step-000300.pt", key="/ck/step-000300.pt")
+    assert load is not None and load.severity == "critical" and load.key == "/ck/step-000300.pt"
+    assert load.message == f"torch.load step-000300.pt: {dead.message}"
+    # A re-raise of the same kind (type and errno) with more words is not a mask.
+    same = [p.ErrorLink(type="RuntimeError", message="a"), p.ErrorLink(type="RuntimeError", message="b")]
+    assert masked_error(same) is None
+
+
+def test_host_ram_low_is_one_rule_for_the_watchdog_and_a_load() -> None:
+    host = HostSample(t=1.0, available=True, effective_available_bytes=2 * GIB, page_cache_bytes=6 * GIB)
+    b = RunBuilder()
+    b.start()
+    now = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now), "HOST_RAM_LOW")
+    assert now.severity == "warning" and now.key == "" and now.evidence["threshold_bytes"] == 3 * GIB
+    # Before a load of 4 GiB: the resume is blocked, so critical, and keyed by what is loaded.
+    load = host_ram_low(2 * GIB, 4 * GIB, "step-000300.pt", floor_bytes=3 * GIB, host=host)
+    assert load is not None and load.severity == "critical" and load.key == "step-000300.pt"
+    assert "2.0 GiB available, loading step-000300.pt needs 4.0 GiB" in load.message
+    assert host_ram_low(5 * GIB, 4 * GIB, "x", floor_bytes=3 * GIB) is None
+    # The attempt died of ENOMEM: the same low RAM is critical.
+    b.rx(p.Crash(t=b.now, chain=[p.ErrorLink(type="OSError", message="[Errno 12] oom", errno=12)]))
+    v = Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now)
+    assert finding(v, "HOST_RAM_LOW").severity == "critical"
 
 
 def test_a_single_error_is_not_masked() -> None:

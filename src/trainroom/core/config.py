@@ -43,9 +43,9 @@ from typing import Annotated, Any
 
 import msgspec
 
+from trainroom.core.units import GIB, MIB
+
 CONFIG_NAME = "trainroom.toml"
-GIB = 1 << 30
-MIB = 1 << 20
 
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Positive = Annotated[float, msgspec.Meta(gt=0)]

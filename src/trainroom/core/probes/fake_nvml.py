@@ -215,7 +215,7 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetPowerUsage", dev)
-        return int(round(float(dev.get("power_w", 0.0)) * 1000))  # NVML says milliwatts
+        return round(float(dev.get("power_w", 0.0)) * 1000)  # NVML says milliwatts
 
     def _processes(self, handle: object, fn: str, version: str) -> list[_ProcessInfo]:
         sc, dev, index = self._device(handle)
@@ -271,7 +271,8 @@ nvmlDeviceGetComputeRunningProcesses_v2 = DEFAULT.nvmlDeviceGetComputeRunningPro
 nvmlDeviceGetComputeRunningProcesses_v3 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v3
 nvmlDeviceGetGraphicsRunningProcesses = DEFAULT.nvmlDeviceGetGraphicsRunningProcesses
 
-__all__ = _REAL_NAMES + [
+__all__ = [  # the real error names first: the fake raises pynvml's own classes
+    *_REAL_NAMES,
     "DEFAULT",
     "ENV",
     "FakeNvml",
