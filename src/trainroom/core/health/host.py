@@ -20,14 +20,9 @@ from trainroom.core.units import errno_name, fmt_bytes
 
 
 def _where(host: HostSample | None, available: int) -> str:
-    """ "cgroup (limit ...)" when the cgroup, not the host, is what runs out."""
+    """What runs out: our cgroup (with its limit) when its figure is the smaller one, else the host."""
     cg = host.cgroup if host is not None else None
-    if (
-        cg is not None
-        and cg.available_bytes is not None
-        and cg.available_bytes == available
-        and cg.limit_bytes
-    ):
+    if cg is not None and cg.limit_bytes and cg.available_bytes == available:
         return f"cgroup (limit {fmt_bytes(cg.limit_bytes)})"
     return "host"
 

@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.robust import robust_level
-from trainroom.core.health.sanity_rules import fmt_value
+from trainroom.core.health.sanity_rules import DEFAULT_THRESHOLDS, fmt_value
 
 # Up to this many ranks each is held against the others without it; beyond, against all of them.
 LEAVE_ONE_OUT_MAX = 8
-DEFAULT_THRESHOLDS = Thresholds()
 
 
 class RankObservations:
@@ -67,8 +66,9 @@ def rank_deviations(
     """(rank, value, reference, threshold) for each rank that lies outside the others.
 
     Each rank is held against the median of the *other* ranks (leave one out; above
-    LEAVE_ONE_OUT_MAX ranks, of all of them), so with two ranks each is compared with the other. With two ranks only the high side
-    counts (which of two is wrong is unknowable; the higher loss or slower step is the suspect)."""
+    LEAVE_ONE_OUT_MAX ranks, of all of them), so with two ranks each is compared with the other.
+    With two ranks only the high side counts (which of two is wrong is unknowable; the higher
+    loss or slower step is the suspect)."""
     out: list[tuple[int, float, float, float]] = []
     if len(values) < 2:
         return out

@@ -29,6 +29,7 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.ranks import RankObservations, rank_outlier_findings
 from trainroom.core.health.robust import Rolling, finite
 from trainroom.core.health.sanity_rules import (
+    DEFAULT_THRESHOLDS,
     Divergence,
     Excursion,
     FirstLoss,
@@ -66,7 +67,6 @@ CODES = (
     "RANK_OUTLIER",
     "LOSS_SCALE",
 )
-DEFAULT_THRESHOLDS = Thresholds()
 LrPhase = Literal["pending", "open", "done"]
 
 
