@@ -25,6 +25,7 @@ from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.view import RunView
+from trainroom.core.samples import DiskSample, GpuDevice, GpuProcess, GpuSample, HostSample
 
 T0 = 1_700_000_000.0  # the frozen clock's epoch
 GiB = 1 << 30
@@ -62,17 +63,17 @@ def healthy_records(
         ),
         p.RunStatus(t=t0, state="starting"),
     ]
-    for r in range(ranks):
-        recs.append(
-            rx(
-                1,
-                r,
-                t0 + 0.1,
-                p.Hello(
-                    pid=4242 + r, rank=r, world_size=ranks, config=p.RequestedConfig(lr=lr, vocab_size=vocab)
-                ),
-            )
+    recs += [
+        rx(
+            1,
+            r,
+            t0 + 0.1,
+            p.Hello(
+                pid=4242 + r, rank=r, world_size=ranks, config=p.RequestedConfig(lr=lr, vocab_size=vocab)
+            ),
         )
+        for r in range(ranks)
+    ]
     for i in range(steps):
         t = t0 + 1 + i * 0.5
         for r in range(ranks):
@@ -99,28 +100,30 @@ def healthy_records(
     recs.append(
         p.ProbeSample(
             t=t0 + steps * 0.5,
-            gpu={
-                "available": True,
-                "reason": "",
-                "per_process": True,
-                "devices": [
-                    {
-                        "index": 0,
-                        "name": "RTX 3060",
-                        "used_bytes": 11 * GiB + 200 * MiB,
-                        "total_bytes": 12 * GiB,
-                        "util_percent": 97.0,
-                        "power_w": 151.0,
-                    }
+            gpu=GpuSample(
+                t=t0 + steps * 0.5,
+                available=True,
+                per_process=True,
+                devices=[
+                    GpuDevice(
+                        index=0,
+                        name="RTX 3060",
+                        used_bytes=11 * GiB + 200 * MiB,
+                        total_bytes=12 * GiB,
+                        util_percent=97,
+                        power_w=151.0,
+                    )
                 ],
-                "processes": [{"pid": 4242, "used_bytes": 11 * GiB, "exists": True, "ours": True}],
-            },
-            host={
-                "mem_available_bytes": 2 * GiB + 100 * MiB,
-                "mem_total_bytes": 31 * GiB,
-                "page_cache_bytes": 6 * GiB,
-            },
-            disk={"path": "/ckpt", "used_fraction": 0.94, "total_bytes": 1000 * GiB, "free_bytes": 60 * GiB},
+                processes=[GpuProcess(pid=4242, used_bytes=11 * GiB, exists=True, ours=True)],
+            ),
+            host=HostSample(
+                t=t0 + steps * 0.5,
+                available=True,
+                mem_available_bytes=2 * GiB + 100 * MiB,
+                mem_total_bytes=31 * GiB,
+                page_cache_bytes=6 * GiB,
+            ),
+            disk=DiskSample(path="/ckpt", used_fraction=0.94, total_bytes=1000 * GiB, free_bytes=60 * GiB),
         )
     )
     return recs

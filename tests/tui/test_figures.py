@@ -16,6 +16,7 @@ from trainroom.core.findings import Finding
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import to_snapshot
 from trainroom.core.run.view import RunView
+from trainroom.core.samples import CgroupMemory, GpuDevice, GpuProcess, GpuSample, HostSample
 from trainroom.tui import figures, fmt
 from trainroom.tui.evidence import before_after_lines, plan_lines
 from trainroom.tui.logtail import TrainerLogTail
@@ -52,20 +53,22 @@ def test_vram_without_per_process_figures_uses_the_device_total() -> None:
     recs.append(
         p.ProbeSample(
             t=T0 + 30,
-            gpu={
-                "available": True,
-                "per_process": False,
-                "devices": [
-                    {
-                        "index": 0,
-                        "name": "RTX 3060",
-                        "used_bytes": 12 * GiB,
-                        "total_bytes": 12 * GiB,
-                        "util_percent": 37100.0,
-                    }
-                ],  # a zombie context's junk sample: dropped
-                "processes": [{"pid": 4242, "used_bytes": None, "exists": True, "ours": True}],
-            },
+            gpu=GpuSample(
+                t=T0 + 30,
+                available=True,
+                per_process=False,
+                devices=[
+                    # A zombie context's junk utilisation sample: dropped.
+                    GpuDevice(
+                        index=0,
+                        name="RTX 3060",
+                        used_bytes=12 * GiB,
+                        total_bytes=12 * GiB,
+                        util_percent=37100,
+                    )
+                ],
+                processes=[GpuProcess(pid=4242, used_bytes=None, exists=True, ours=True)],
+            ),
         )
     )
     v = figures.vram_view(build_state(recs))
@@ -78,7 +81,9 @@ def test_vram_driver_unavailable_keeps_the_reason() -> None:
     recs.append(
         p.ProbeSample(
             t=T0 + 30,
-            gpu={"available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"},
+            gpu=GpuSample(
+                t=T0 + 30, available=False, reason="driver view unavailable: NVML Shared Library Not Found"
+            ),
         )
     )
     v = figures.vram_view(build_state(recs))
@@ -417,21 +422,23 @@ def test_host_view_reads_the_host_probe_and_says_when_it_failed() -> None:
     recs.append(
         p.ProbeSample(
             t=T0 + 9,
-            host={
-                "available": True,
-                "reason": "",
-                "mem_total_bytes": 32 * GiB,
-                "mem_available_bytes": 20 * GiB,
-                "page_cache_bytes": 6 * GiB,
-                "effective_available_bytes": 2 * GiB,
-                "wsl": True,
-                "cgroup": {
-                    "version": 2,
-                    "limit_bytes": 16 * GiB,
-                    "usage_bytes": 15 * GiB,
-                    "available_bytes": 2 * GiB,
-                },
-            },
+            host=HostSample(
+                t=T0 + 9,
+                available=True,
+                mem_total_bytes=32 * GiB,
+                mem_available_bytes=20 * GiB,
+                page_cache_bytes=6 * GiB,
+                effective_available_bytes=2 * GiB,
+                wsl=True,
+                cgroup=CgroupMemory(
+                    version=2,
+                    path="/",
+                    dir="/sys/fs/cgroup",
+                    limit_bytes=16 * GiB,
+                    usage_bytes=15 * GiB,
+                    available_bytes=2 * GiB,
+                ),
+            ),
         )
     )
     v = figures.host_view(build_state(recs))
@@ -442,6 +449,9 @@ def test_host_view_reads_the_host_probe_and_says_when_it_failed() -> None:
         15 * GiB,
     )
     assert v.effective_available == 2 * GiB and v.wsl and v.reason == ""
-    recs.append(p.ProbeSample(t=T0 + 10, host={"error": "PermissionError: /proc/meminfo"}))
+    failed = HostSample(
+        t=T0 + 10, available=False, reason="host probe failed: PermissionError: /proc/meminfo"
+    )
+    recs.append(p.ProbeSample(t=T0 + 10, host=failed))
     v = figures.host_view(build_state(recs))
     assert v.reason == "host probe failed: PermissionError: /proc/meminfo" and v.level == "dim"

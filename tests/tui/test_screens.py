@@ -24,6 +24,7 @@ from tests.support.tui_fakes import (
 )
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.samples import GpuSample, HostSample
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.messages import RunChanged
 from trainroom.tui.screens.picker import RunPicker
@@ -36,8 +37,16 @@ def sick_run_records() -> list:
     recs.append(
         p.ProbeSample(
             t=T0 + 11,
-            gpu={"available": False, "reason": "driver view unavailable: NVML Shared Library Not Found"},
-            host={"mem_available_bytes": 20 << 30, "mem_total_bytes": 31 << 30, "page_cache_bytes": 1 << 30},
+            gpu=GpuSample(
+                t=T0 + 11, available=False, reason="driver view unavailable: NVML Shared Library Not Found"
+            ),
+            host=HostSample(
+                t=T0 + 11,
+                available=True,
+                mem_available_bytes=20 << 30,
+                mem_total_bytes=31 << 30,
+                page_cache_bytes=1 << 30,
+            ),
         )
     )
     recs.append(

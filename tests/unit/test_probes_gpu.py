@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pynvml
 import pytest
 
@@ -17,6 +18,7 @@ from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import FOREIGN_NAMESPACE, PER_PROCESS_NA, GpuProbe, load_nvml
+from trainroom.core.samples import GpuDevice, HostSample
 
 GIB = 1 << 30
 
@@ -61,16 +63,16 @@ class Clock:
 )
 def test_real_pynvml_without_a_driver_says_unavailable() -> None:
     s = GpuProbe(pynvml).sample(our_pids=[os.getpid()])
-    assert s["available"] is False
-    assert s["reason"] == "driver view unavailable: NVML Shared Library Not Found"
-    assert s["devices"] == [] and s["processes"] == []
+    assert s.available is False
+    assert s.reason == "driver view unavailable: NVML Shared Library Not Found"
+    assert s.devices == [] and s.processes == []
 
 
 def test_load_nvml_uses_the_fake_only_when_the_env_names_a_scenario(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv(fake_nvml.ENV, raising=False)
     assert load_nvml() is pynvml
     monkeypatch.setenv(fake_nvml.ENV, str(tmp_path / "gpu.json"))
-    assert load_nvml() is fake_nvml
+    assert load_nvml() is fake_nvml.DEFAULT  # what the module-level functions are bound to
 
 
 def test_the_fake_raises_the_real_error_classes(tmp_path: Path) -> None:
@@ -97,20 +99,20 @@ def test_a_healthy_sample_per_process(tmp_path: Path) -> None:
     nv = FakeNvml(path)
     probe = GpuProbe(nv, clock=Clock())
     s = probe.sample(our_pids=[os.getpid()])
-    assert s["available"] and s["reason"] == "" and s["per_process"] is True and s["t"] == 101.0
-    assert s["devices"] == [
-        {
-            "index": 0,
-            "name": "NVIDIA GeForce RTX 3060",
-            "used_bytes": 4 * GIB,
-            "total_bytes": 12 * GIB,
-            "util_percent": 80,
-            "power_w": 150.0,
-        }
+    assert s.available and s.reason == "" and s.per_process is True and s.t == 101.0
+    assert s.devices == [
+        GpuDevice(
+            index=0,
+            name="NVIDIA GeForce RTX 3060",
+            used_bytes=4 * GIB,
+            total_bytes=12 * GIB,
+            util_percent=80,
+            power_w=150.0,
+        )
     ]
-    mine, gone = s["processes"]
-    assert mine["pid"] == os.getpid() and mine["ours"] and mine["exists"] and mine["used_bytes"] == 3 * GIB
-    assert gone["pid"] == other and not gone["ours"] and not gone["exists"] and gone["state"] is None
+    mine, gone = s.processes
+    assert mine.pid == os.getpid() and mine.ours and mine.exists and mine.used_bytes == 3 * GIB
+    assert gone.pid == other and not gone.ours and not gone.exists and gone.state is None
     probe.sample()
     probe.sample()
     assert nv.init_calls == 1  # initialised once, however many samples
@@ -129,10 +131,10 @@ def test_per_process_na_is_a_normal_value(tmp_path: Path) -> None:
         },
     )
     s = GpuProbe(FakeNvml(path)).sample(our_pids=[os.getpid()])
-    assert s["available"] and s["per_process"] is False
-    assert [x["used_bytes"] for x in s["processes"]] == [None, None]
-    assert PER_PROCESS_NA in s["notes"]
-    assert s["devices"][0]["used_bytes"] == 4 * GIB
+    assert s.available and s.per_process is False
+    assert [x.used_bytes for x in s.processes] == [None, None]
+    assert PER_PROCESS_NA in s.notes
+    assert s.devices[0].used_bytes == 4 * GIB
 
 
 def test_older_drivers_fall_back_to_v2_then_v1(tmp_path: Path) -> None:
@@ -144,7 +146,7 @@ def test_older_drivers_fall_back_to_v2_then_v1(tmp_path: Path) -> None:
         )
         probe = GpuProbe(FakeNvml(path))
         s = probe.sample(our_pids=[os.getpid()])
-        assert [x["pid"] for x in s["processes"]] == [os.getpid()] and not s["notes"]
+        assert [x.pid for x in s.processes] == [os.getpid()] and not s.notes
         expected = {
             "v2": "nvmlDeviceGetComputeRunningProcesses_v2",
             "v1": "nvmlDeviceGetComputeRunningProcesses",
@@ -156,42 +158,40 @@ def test_one_failing_field_never_breaks_a_sample(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     write_scenario(path, {"devices": [_device(util_percent=37100, errors={"nvmlDeviceGetPowerUsage": 3})]})
     s = GpuProbe(FakeNvml(path)).sample()
-    d = s["devices"][0]
-    assert (
-        s["available"] and d["power_w"] is None and d["util_percent"] is None and d["used_bytes"] == 4 * GIB
-    )
-    assert "device 0: power unavailable: Not Supported" in s["notes"]
-    assert any("37100 % dropped" in n for n in s["notes"])
+    d = s.devices[0]
+    assert s.available and d.power_w is None and d.util_percent is None and d.used_bytes == 4 * GIB
+    assert "device 0: power unavailable: Not Supported" in s.notes
+    assert any("37100 % dropped" in n for n in s.notes)
 
 
 def test_driver_not_loaded_then_a_lost_gpu(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     write_scenario(path, {"init_error": pynvml.NVML_ERROR_DRIVER_NOT_LOADED})
     probe = GpuProbe(FakeNvml(path), retry_init_s=0.0)
-    assert probe.sample()["reason"] == "driver view unavailable: Driver Not Loaded"
+    assert probe.sample().reason == "driver view unavailable: Driver Not Loaded"
     write_scenario(
         path, {"devices": [_device()], "errors": {"nvmlDeviceGetCount": pynvml.NVML_ERROR_GPU_IS_LOST}}
     )
-    assert probe.sample()["reason"] == "driver view unavailable: GPU is lost"
+    assert probe.sample().reason == "driver view unavailable: GPU is lost"
     write_scenario(path, {"devices": [_device()]})
-    assert probe.sample()["available"] is True  # re-initialised after the loss
+    assert probe.sample().available is True  # re-initialised after the loss
 
 
 def test_another_process_drives_the_scenario(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "gpu.json"
     monkeypatch.setenv(fake_nvml.ENV, str(path))
     probe = GpuProbe(load_nvml())
-    assert probe.sample()["devices"] == []  # no file yet: a driver with no devices
+    assert probe.sample().devices == []  # no file yet: a driver with no devices
     code = (
         "import sys; from trainroom.core.probes.fake_nvml import write_scenario; "
         "write_scenario(sys.argv[1], {'devices': [{'name': 'other', 'used_bytes': 7, 'total_bytes': 9, "
         "'util_percent': 100, 'power_w': 60.0}]})"
     )
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
-    d = probe.sample()["devices"][0]
-    assert (d["name"], d["used_bytes"], d["util_percent"], d["power_w"]) == ("other", 7, 100, 60.0)
+    d = probe.sample().devices[0]
+    assert (d.name, d.used_bytes, d.util_percent, d.power_w) == ("other", 7, 100, 60.0)
     path.write_text("{ torn")  # a writer that does not replace atomically, caught mid-write
-    assert probe.sample()["devices"][0]["name"] == "other"
+    assert probe.sample().devices[0].name == "other"
 
 
 def test_not_in_the_host_pid_namespace_says_so(tmp_path: Path) -> None:
@@ -201,13 +201,13 @@ def test_not_in_the_host_pid_namespace_says_so(tmp_path: Path) -> None:
     path = tmp_path / "gpu.json"
     write_scenario(path, {"devices": [_device()], "processes": [{"pid": 31337, "used_bytes": GIB}]})
     s = GpuProbe(FakeNvml(path), proc_root=str(proc)).sample()
-    assert s["pid_namespace"] == "container" and FOREIGN_NAMESPACE in s["notes"]
+    assert s.pid_namespace == "container" and FOREIGN_NAMESPACE in s.notes
     b = RunBuilder()
     b.start()
     wd = Watchdog()
     for _ in range(3):
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=s), b.now)
-        s = {**s, "t": s["t"] + 1}
+        s = msgspec.structs.replace(s, t=s.t + 1)
     assert all(f.code != "ORPHAN_CONTEXT" for f in v.findings)
 
 
@@ -235,12 +235,15 @@ def test_ghost_memory_after_two_probe_cycles_with_both_figures(tmp_path: Path) -
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(reserved, me)
     wd = Watchdog()
-    ctx = lambda: WatchContext(
-        alive=True,
-        attempt_pids=[me],
-        gpu=probe.sample(our_pids=[me]),
-        host={"available": True, "wsl": False, "effective_available_bytes": 20 * GIB},
-    )
+
+    def ctx() -> WatchContext:
+        return WatchContext(
+            alive=True,
+            attempt_pids=[me],
+            gpu=probe.sample(our_pids=[me]),
+            host=HostSample(t=0.0, available=True, wsl=False, effective_available_bytes=20 * GIB),
+        )
+
     first = wd.evaluate(b.run, ctx(), b.now)
     assert all(f.code != "GHOST_MEMORY" for f in first.findings)
     v = wd.evaluate(b.run, ctx(), b.now)
@@ -260,7 +263,7 @@ def test_ghost_memory_under_wsl_falls_back_to_device_totals_and_advises_a_vm_res
     probe = GpuProbe(FakeNvml(path), clock=Clock())
     b = _run_with_reserved(4 * GIB, me)
     wd = Watchdog()
-    host = {"available": True, "wsl": True, "effective_available_bytes": 20 * GIB}
+    host = HostSample(t=0.0, available=True, wsl=True, effective_available_bytes=20 * GIB)
     for _ in range(2):
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me]), host=host), b.now)
     f = next(f for f in v.findings if f.code == "GHOST_MEMORY")
@@ -364,8 +367,8 @@ def test_the_demo_scenario_format_is_read(tmp_path: Path) -> None:
         },
     )
     s = GpuProbe(FakeNvml(path)).sample(our_pids=[pid])
-    assert s["devices"][0]["used_bytes"] == used and s["processes"][0]["used_bytes"] == used
-    assert s["devices"][0]["power_w"] == 160.0 and s["per_process"] is True
+    assert s.devices[0].used_bytes == used and s.processes[0].used_bytes == used
+    assert s.devices[0].power_w == 160.0 and s.per_process is True
 
 
 def test_a_busy_device_without_a_process_list_while_our_trainer_warms_up_is_not_an_orphan(

@@ -36,10 +36,10 @@ def _tree(tmp_path: Path, cgroup_line: str, meminfo: str) -> tuple[Path, Path]:
 def test_meminfo_figures_and_page_cache(tmp_path: Path) -> None:
     proc, cg = _tree(tmp_path, "0::/", _meminfo(32 * GIB, 10 * GIB, 6 * GIB, GIB // 2))
     s = HostProbe(proc_root=str(proc), cgroup_root=str(cg), clock=lambda: 5.0).sample()
-    assert s["available"] and s["t"] == 5.0
-    assert s["mem_total_bytes"] == 32 * GIB and s["mem_available_bytes"] == 10 * GIB
-    assert s["page_cache_bytes"] == 6 * GIB + GIB // 2  # Cached + Buffers
-    assert s["cgroup"] is None and s["effective_available_bytes"] == 10 * GIB and s["wsl"] is False
+    assert s.available and s.t == 5.0
+    assert s.mem_total_bytes == 32 * GIB and s.mem_available_bytes == 10 * GIB
+    assert s.page_cache_bytes == 6 * GIB + GIB // 2  # Cached + Buffers
+    assert s.cgroup is None and s.effective_available_bytes == 10 * GIB and s.wsl is False
     assert read_meminfo(str(proc / "meminfo"))["HugePages_Total"] == 0  # no unit: not scaled
 
 
@@ -53,13 +53,13 @@ def test_cgroup_v2_limit_usage_and_reclaim_file(tmp_path: Path) -> None:
     (d / "memory.stat").write_text(f"anon {3 * GIB}\nfile {GIB // 2}\ninactive_file {GIB // 4}\n")
     (d / "memory.reclaim").write_text("")
     s = HostProbe(proc_root=str(proc), cgroup_root=str(cg)).sample()
-    c = s["cgroup"]
-    assert c["version"] == 2 and c["path"] == "/user.slice/train.scope"
-    assert c["limit_bytes"] == 4 * GIB and c["usage_bytes"] == int(3.5 * GIB) and c["file_bytes"] == GIB // 2
-    assert c["available_bytes"] == GIB // 2 + GIB // 4
-    assert c["reclaim_file"] == str(d / "memory.reclaim")
+    c = s.cgroup
+    assert c.version == 2 and c.path == "/user.slice/train.scope"
+    assert c.limit_bytes == 4 * GIB and c.usage_bytes == int(3.5 * GIB) and c.file_bytes == GIB // 2
+    assert c.available_bytes == GIB // 2 + GIB // 4
+    assert c.reclaim_file == str(d / "memory.reclaim")
     # The cgroup is what runs out first: the effective figure is its own.
-    assert s["effective_available_bytes"] == GIB // 2 + GIB // 4
+    assert s.effective_available_bytes == GIB // 2 + GIB // 4
     b = RunBuilder()
     b.start()
     f = next(
@@ -77,12 +77,7 @@ def test_cgroup_v2_unlimited_and_namespaced_root(tmp_path: Path) -> None:
     (cg / "memory.max").write_text("max\n")
     (cg / "memory.current").write_text(f"{2 * GIB}\n")
     c = cgroup_memory(str(proc), str(cg), 16 * GIB)
-    assert (
-        c is not None
-        and c["limit_bytes"] is None
-        and c["available_bytes"] is None
-        and c["usage_bytes"] == 2 * GIB
-    )
+    assert c is not None and c.limit_bytes is None and c.available_bytes is None and c.usage_bytes == 2 * GIB
 
 
 def test_cgroup_v1_memory_controller(tmp_path: Path) -> None:
@@ -95,12 +90,12 @@ def test_cgroup_v1_memory_controller(tmp_path: Path) -> None:
     (d / "memory.usage_in_bytes").write_text(f"{6 * GIB}\n")
     (d / "memory.stat").write_text(f"cache {GIB}\ntotal_cache {GIB}\ntotal_inactive_file {GIB // 2}\n")
     c = cgroup_memory(str(proc), str(cg), 24 * GIB)
-    assert c is not None and c["version"] == 1 and c["limit_bytes"] == 8 * GIB
-    assert c["available_bytes"] == 2 * GIB + GIB // 2 and c["file_bytes"] == GIB and c["reclaim_file"] is None
+    assert c is not None and c.version == 1 and c.limit_bytes == 8 * GIB
+    assert c.available_bytes == 2 * GIB + GIB // 2 and c.file_bytes == GIB and c.reclaim_file is None
     # v1's "no limit" is a page-rounded LONG_MAX.
     (d / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     c = cgroup_memory(str(proc), str(cg), 24 * GIB)
-    assert c is not None and c["limit_bytes"] is None and c["available_bytes"] is None
+    assert c is not None and c.limit_bytes is None and c.available_bytes is None
 
 
 def test_wsl_is_detected_from_the_kernel_release(tmp_path: Path, monkeypatch) -> None:
@@ -113,7 +108,7 @@ def test_wsl_is_detected_from_the_kernel_release(tmp_path: Path, monkeypatch) ->
 
 def test_missing_meminfo_is_unavailable_not_an_exception(tmp_path: Path) -> None:
     s = HostProbe(proc_root=str(tmp_path / "nowhere")).sample()
-    assert s["available"] is False and s["reason"].startswith("host memory view unavailable")
+    assert s.available is False and s.reason.startswith("host memory view unavailable")
     b = RunBuilder()
     b.start()
     assert Watchdog().evaluate(b.run, WatchContext(alive=True, host=s), b.now).findings == []
@@ -121,9 +116,9 @@ def test_missing_meminfo_is_unavailable_not_an_exception(tmp_path: Path) -> None
 
 def test_this_machine() -> None:
     s = HostProbe().sample()
-    assert s["available"] is True
-    assert 0 < s["mem_available_bytes"] <= s["mem_total_bytes"]
-    assert 0 < s["effective_available_bytes"] <= s["mem_available_bytes"]
-    assert s["page_cache_bytes"] >= 0
-    if s["cgroup"] is not None:
-        assert s["cgroup"]["version"] in (1, 2) and s["cgroup"]["usage_bytes"] is not None
+    assert s.available is True
+    assert 0 < s.mem_available_bytes <= s.mem_total_bytes
+    assert 0 < s.effective_available_bytes <= s.mem_available_bytes
+    assert s.page_cache_bytes >= 0
+    if s.cgroup is not None:
+        assert s.cgroup.version in (1, 2) and s.cgroup.usage_bytes is not None

@@ -47,13 +47,13 @@ def test_parse_proc_locks_lines() -> None:
         "3: POSIX  ADVISORY  WRITE 88 103:02:5 0 EOF\n"
     )
     rows = parse_locks(text)
-    assert [(r["kind"], r["pid"], r["key"], r["waiter"]) for r in rows] == [
+    assert [(r.kind, r.pid, r.key, r.waiter) for r in rows] == [
         ("FLOCK", 7124, "fe:00:2146735", False),
         ("FLOCK", 7200, "fe:00:2146735", True),
         ("OFDLCK", -1, "00:2a:99", False),
         ("POSIX", 88, "103:02:5", False),
     ]
-    assert parse_locks("lock:\t1: FLOCK  ADVISORY  WRITE 5 08:01:7 0 EOF")[0]["key"] == "08:01:7"
+    assert parse_locks("lock:\t1: FLOCK  ADVISORY  WRITE 5 08:01:7 0 EOF")[0].key == "08:01:7"
 
 
 def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Path) -> None:
@@ -67,13 +67,14 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
     assert trainer.stdout is not None
     inheritor_pid = int(trainer.stdout.readline())
     try:
-        _wait(lambda: open(f"/proc/{trainer.pid}/stat").read().split(")")[-1].split()[0] == "Z")
+        stat = Path(f"/proc/{trainer.pid}/stat")
+        _wait(lambda: stat.read_text().split(")")[-1].split()[0] == "Z")
         # The trainer is dead but not reaped: /proc/locks names it, a zombie.
         [entry] = lock_holders([str(lock)])
-        assert entry["held"] and entry["key"] == lock_key(str(lock))
-        [holder] = entry["holders"]
-        assert holder["pid"] == trainer.pid and holder["state"] == "Z" and holder["kind"] == "FLOCK"
-        assert [k["pid"] for k in entry["inheritors"]] == [inheritor_pid]
+        assert entry.held and entry.key == lock_key(str(lock))
+        [holder] = entry.holders
+        assert holder.pid == trainer.pid and holder.state == "Z" and holder.kind == "FLOCK"
+        assert [k.pid for k in entry.inheritors] == [inheritor_pid]
 
         b = RunBuilder()
         b.start(pid=trainer.pid)
@@ -90,8 +91,8 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
         trainer.wait()
         # Reaped: the lock still names the dead pid, and the child still keeps it.
         [entry] = lock_holders([str(lock)])
-        assert entry["holders"][0]["pid"] == trainer.pid and entry["holders"][0]["exists"] is False
-        assert [k["pid"] for k in entry["inheritors"]] == [inheritor_pid]
+        assert entry.holders[0].pid == trainer.pid and entry.holders[0].exists is False
+        assert [k.pid for k in entry.inheritors] == [inheritor_pid]
         f = next(
             f
             for f in Watchdog().evaluate(b.run, WatchContext(alive=False, locks=[entry]), b.now).findings
@@ -115,7 +116,7 @@ def test_a_lock_held_by_a_child_that_outlives_the_trainer_is_stale(tmp_path: Pat
             pass
         trainer.stdout.close()
         trainer.wait()
-    _wait(lambda: not lock_holders([str(lock)])[0]["held"])
+    _wait(lambda: not lock_holders([str(lock)])[0].held)
 
 
 def test_a_lock_held_by_the_current_attempt_is_fine_and_by_another_is_stale(tmp_path: Path) -> None:
@@ -133,8 +134,8 @@ def test_a_lock_held_by_the_current_attempt_is_fine_and_by_another_is_stale(tmp_
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
         [entry] = lock_holders([str(lock)])
-        assert entry["holders"][0]["pid"] == holder.pid and entry["holders"][0]["state"] in ("S", "R")
-        assert entry["inheritors"] == []  # the named holder is alive: no descriptor scan
+        assert entry.holders[0].pid == holder.pid and entry.holders[0].state in ("S", "R")
+        assert entry.inheritors == []  # the named holder is alive: no descriptor scan
         b = RunBuilder()
         b.start(pid=holder.pid)
         b.steps(3)
@@ -156,7 +157,7 @@ def test_a_missing_or_free_lock_file_is_no_finding(tmp_path: Path) -> None:
     free = tmp_path / "free.lock"
     free.write_text("")
     entries = lock_holders([str(tmp_path / "missing.lock"), str(free)])
-    assert [(e["exists"], e["held"]) for e in entries] == [(False, False), (True, False)]
+    assert [(e.exists, e.held) for e in entries] == [(False, False), (True, False)]
     b = RunBuilder()
     b.start()
     assert Watchdog().evaluate(b.run, WatchContext(alive=True, locks=entries), b.now).findings == []

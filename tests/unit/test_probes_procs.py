@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
@@ -26,6 +27,8 @@ from trainroom.core.probes.procs import (
     trainer_duplicates,
     wait_exit,
 )
+from trainroom.core.protocol import ProbeSample
+from trainroom.core.samples import Duplicate
 
 SLEEPER = "import time; time.sleep(60)"
 
@@ -147,10 +150,10 @@ def test_duplicates_same_command_same_cwd_but_not_our_own_workers(spawn, tmp_pat
         wait_for(lambda proc=proc: psutil.Process(proc.pid).cmdline() == argv, what="the exec")
     dup = trainer_duplicates(argv, str(here), trainer_pid=ours.pid, own_pgid=ours.pid)
     assert dup is not None
-    assert dup["ours"] == ours.pid and dup["others"] == [theirs.pid] and dup["pids"] == [ours.pid, theirs.pid]
+    assert dup.ours == ours.pid and dup.others == [theirs.pid] and dup.pids == [ours.pid, theirs.pid]
     # With our attempt gone, the other one is still a duplicate of the command.
     dup = trainer_duplicates(argv, str(here), trainer_pid=None, own_pgid=ours.pid)
-    assert dup is not None and dup["ours"] is None and dup["others"] == [theirs.pid]
+    assert dup is not None and dup.ours is None and dup.others == [theirs.pid]
 
 
 def test_forked_workers_of_our_trainer_are_not_duplicates(spawn, tmp_path: Path) -> None:
@@ -170,13 +173,9 @@ def test_two_instances_of_a_configured_host_process(spawn, tmp_path: Path) -> No
     second = spawn([str(exe), "60"])
     found = wait_for(lambda: host_process_duplicates([name]), what="two instances")
     assert found == [
-        {
-            "kind": "host",
-            "name": name,
-            "pids": sorted([first.pid, second.pid]),
-            "others": [max(first.pid, second.pid)],
-            "ours": None,
-        }
+        Duplicate(
+            kind="host", name=name, pids=sorted([first.pid, second.pid]), others=[max(first.pid, second.pid)]
+        )
     ]
 
 
@@ -210,8 +209,12 @@ def test_a_sweep_of_a_real_sigstopped_trainer_reads_as_hung(spawn, tmp_path: Pat
     sweep = ProbeSweep(lock_paths=[str(tmp_path / "train.lock")])
     wd = Watchdog()
     sample = sweep.sample(targets_of(b.run))
-    assert sample.procs["states"][trainer.pid] != "T" and trainer.pid in sample.procs["activity"]
-    assert sample.procs["duplicates"] == [] and sample.gpu["available"] is True and sample.host["available"]
+    assert sample.procs is not None and sample.gpu is not None and sample.host is not None
+    assert sample.procs.states[trainer.pid] != "T" and trainer.pid in sample.procs.activity
+    assert sample.procs.duplicates == [] and sample.gpu.available is True and sample.host.available
+    # Typed samples travel as they are: the wire and a JSON round trip give back the same sample.
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(sample), type=ProbeSample) == sample
+    assert msgspec.json.decode(msgspec.json.encode(sample), type=ProbeSample) == sample
     b.apply(sample)
     v = wd.evaluate(b.run, context_from_probe(b.run.probe, alive=True), b.now)
     # (HOST_RAM_LOW would be this machine's truth, not the sweep's doing.)

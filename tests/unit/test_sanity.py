@@ -10,16 +10,13 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
+from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
-from trainroom.core.health.sanity import (
-    CODES,
-    SanityThresholds,
-    SanityTracker,
-    headline_loss,
-    lr_out_of_band,
-    rank_deviations,
-)
+from trainroom.core.health.ranks import rank_deviations
+from trainroom.core.health.sanity import CODES, SanityTracker
+from trainroom.core.health.sanity_rules import lr_out_of_band
 from trainroom.core.protocol import RequestedConfig
+from trainroom.core.run.figures import headline_loss
 
 V = 50257
 LNV = math.log(V)
@@ -31,7 +28,7 @@ def tracker(
     vocab: int | None = V,
     warmup: int | None = None,
     resumed: bool = False,
-    th: SanityThresholds | None = None,
+    th: Thresholds | None = None,
 ) -> SanityTracker:
     tr = SanityTracker(th)
     tr.start_attempt(RequestedConfig(lr=lr, vocab_size=vocab, warmup_steps=warmup), resumed=resumed, t=0.0)
@@ -532,16 +529,16 @@ def test_findings_are_msgpack_serialisable_and_bounded_state() -> None:
     assert len(tr._chunk_medians) <= tr.th.divergence_chunks
 
 
-def test_thresholds_are_a_struct_with_the_documented_defaults() -> None:
-    th = SanityThresholds()
-    assert (th.lr_low_ratio, th.lr_high_ratio, th.exploded_factor, th.white_band, th.white_steps) == (
-        1 / 50,
-        2.0,
-        2.0,
-        0.02,
-        50,
-    )
-    tight = SanityThresholds(white_steps=10)
+def test_thresholds_are_the_configs_with_the_documented_defaults() -> None:
+    th = Thresholds()
+    assert (
+        th.lr_too_low_ratio,
+        th.lr_too_high_ratio,
+        th.exploded_start_factor,
+        th.white_band,
+        th.white_steps,
+    ) == (50.0, 2.0, 2.0, 0.02, 50)
+    tight = Thresholds(white_steps=10)
     tr = tracker(th=tight)
     for s in range(10):
         tr.observe_step(0, s, s, loss=LNV)

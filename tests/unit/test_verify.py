@@ -20,6 +20,8 @@ from trainroom.core.ckpt.formats import translate_load_error
 from trainroom.core.ckpt.report import Expected, NonFinite, Previous, VerifyReport
 from trainroom.core.ckpt.rules import findings_for_report, rejected_finding
 from trainroom.core.ckpt.verifier import WarmVerifier, verify_in_subprocess
+from trainroom.core.health.crash import masked_error
+from trainroom.core.health.host import host_ram_low
 from trainroom.core.protocol import error_chain
 
 
@@ -227,22 +229,22 @@ def test_masked_error_unwraps_to_the_innermost_errno() -> None:
     with pytest.raises(SystemError) as ei:
         readinto()
     chain = error_chain(ei.value)
-    f = v.masked_error(chain)
+    f = masked_error(chain)
     assert f is not None and f.code == "MASKED_ERROR" and f.action == "reclaim"
-    assert f.evidence["innermost"]["errno_name"] == "ENOMEM"
-    assert "hides the real error OSError [Errno 12 ENOMEM]" in f.message
+    assert f.evidence["inner"]["errno_name"] == "ENOMEM"
+    assert "hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f.message
     assert translate_load_error(chain, 10).startswith("out of memory while loading")
-    assert v.masked_error(chain[:1]) is None
+    assert masked_error(chain[:1]) is None
 
 
 def test_host_ram_low_before_a_load() -> None:
     need = v.load_need_bytes(3_900_000_000)
-    f = v.host_ram_low(2_000_000_000, need, "step-000300.pt")
+    f = host_ram_low(2_000_000_000, need, "step-000300.pt")
     assert f is not None and f.code == "HOST_RAM_LOW" and f.severity == "critical" and f.action == "reclaim"
-    assert "2.0 GB available" in f.message and "4.4 GB" in f.message
-    assert v.host_ram_low(8_000_000_000, need, "x") is None
-    assert v.host_ram_low(3_500_000_000, 1_000_000_000, "x", floor_bytes=3 << 30) is None
-    assert v.host_ram_low(2_500_000_000, 1_000_000_000, "x", floor_bytes=3 << 30) is not None
+    assert "1.9 GiB available" in f.message and "4.1 GiB" in f.message  # 2.0 GB and 4.4 GB
+    assert host_ram_low(8_000_000_000, need, "x") is None
+    assert host_ram_low(3_500_000_000, 1_000_000_000, "x", floor_bytes=3 << 30) is None
+    assert host_ram_low(2_500_000_000, 1_000_000_000, "x", floor_bytes=3 << 30) is not None
     assert v.read_meminfo()["MemAvailable"] > 0
 
 

@@ -19,14 +19,26 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from trainroom.core import protocol as p
+from trainroom.core.config import Thresholds
+from trainroom.core.health.crash import masked_error
+from trainroom.core.health.host import host_ram_low
 from trainroom.core.health.watchdog import (
-    Thresholds,
     Verdict,
     WatchContext,
     Watchdog,
     context_from_probe,
     crash_from_log,
     median_interval,
+)
+from trainroom.core.samples import (
+    Duplicate,
+    GpuDevice,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    LockHolder,
+    LockInfo,
+    ProcsSample,
 )
 
 GIB = 1 << 30
@@ -103,33 +115,28 @@ def test_healthy_gpu_and_host_raise_nothing() -> None:
     b.start()
     b.steps(30, reserved=4 * GIB)
     wd = Watchdog()
-    host = {"t": 1.0, "available": True, "effective_available_bytes": 20 * GIB, "page_cache_bytes": GIB}
+    host = HostSample(t=1.0, available=True, effective_available_bytes=20 * GIB, page_cache_bytes=GIB)
     for i in range(4):
-        gpu = {
-            "t": float(i),
-            "available": True,
-            "pid_namespace": "host",
-            "per_process": True,
-            "devices": [
-                {
-                    "index": 0,
-                    "used_bytes": 4 * GIB + (300 << 20),
-                    "total_bytes": 12 * GIB,
-                    "util_percent": 97,
-                    "power_w": 160.0,
-                }
+        gpu = GpuSample(
+            t=float(i),
+            available=True,
+            pid_namespace="host",
+            per_process=True,
+            devices=[
+                GpuDevice(
+                    index=0,
+                    used_bytes=4 * GIB + (300 << 20),
+                    total_bytes=12 * GIB,
+                    util_percent=97,
+                    power_w=160.0,
+                )
             ],
-            "processes": [
-                {
-                    "pid": 4242,
-                    "used_bytes": 4 * GIB + (300 << 20),
-                    "exists": True,
-                    "ours": True,
-                    "device": 0,
-                    "state": "R",
-                }
+            processes=[
+                GpuProcess(
+                    pid=4242, used_bytes=4 * GIB + (300 << 20), exists=True, ours=True, device=0, state="R"
+                )
             ],
-        }
+        )
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=gpu, host=host), b.now + 0.05)
         assert v.findings == [] and v.state == "running"
 
@@ -246,7 +253,7 @@ def test_stall_is_stalled_only_past_the_bound() -> None:
     v = wd.evaluate(b.run, ctx, b.now)
     assert v.state == "stalled"
     f = finding(v, "STALLED")
-    assert "alive, heartbeats flowing, no step for 10.2 s" in f.message
+    assert "alive, heartbeats flowing, no step for 10 s" in f.message  # core/units: 10.2 s is "10 s"
     assert f.evidence["last_step"] == 50 and f.action == "dump"
     # While it lasts, the message (and the status reason) keep still: the keeper journals
     # changes, not ticks. The evidence carries the live figure.
@@ -396,7 +403,7 @@ def test_no_heartbeat_is_hung() -> None:
     v = wd.evaluate(b.run, WatchContext(alive=True), b.now)
     assert v.state == "hung"
     f = finding(v, "HUNG")
-    assert f.severity == "critical" and "no heartbeat (nor step) for 10.5 s" in f.message
+    assert f.severity == "critical" and "no heartbeat (nor step) for 10 s (bound 10 s)" in f.message
 
 
 def test_sigstopped_process_is_hung_at_once() -> None:
@@ -487,7 +494,7 @@ def test_a_phase_past_its_own_bound_is_a_stall() -> None:
     b.beat(phase="eval", main_frame_age=61.0)
     v = wd.evaluate(b.run, WatchContext(alive=True, activity={4242: 99}), b.now)
     assert v.state == "stalled"
-    assert "eval phase for 61.0 s, over its bound 60.0 s" in finding(v, "STALLED").message
+    assert "eval phase for 1m01s, over its bound 1m00s" in finding(v, "STALLED").message
 
 
 def test_uninstrumented_stall_and_hang_from_log_steps() -> None:
@@ -594,6 +601,48 @@ def test_masked_error_from_the_reporters_crash() -> None:
     assert f.evidence["errno_name"] == "ENOMEM" and f.key == "attempt-1"
 
 
+def test_masked_error_is_critical_once_it_ended_the_attempt() -> None:
+    # One rule for the watchdog and the verifier: critical when it killed the attempt (or blocks a
+    # resume), a warning while the attempt that reported it still runs.
+    b = RunBuilder()
+    b.start()
+    b.steps(10)
+    chain = [
+        p.ErrorLink(type="SystemError", message="readinto"),
+        p.ErrorLink(type="OSError", message="[Errno 12] Cannot allocate memory", errno=12),
+    ]
+    b.rx(p.Crash(t=b.now, chain=chain))
+    live = finding(Watchdog().evaluate(b.run, WatchContext(alive=True), b.now), "MASKED_ERROR")
+    assert live.severity == "warning" and live.evidence["source"] == "reporter"
+    b.end(exit_code=1)
+    dead = finding(Watchdog().evaluate(b.run, WatchContext(), b.now), "MASKED_ERROR")
+    assert dead.severity == "critical" and dead.message == live.message
+    # The verifier's use: a load that fails with it blocks the resume, keyed by the checkpoint.
+    load = masked_error(chain, during="torch.load step-000300.pt", key="/ck/step-000300.pt")
+    assert load is not None and load.severity == "critical" and load.key == "/ck/step-000300.pt"
+    assert load.message == f"torch.load step-000300.pt: {dead.message}"
+    # A re-raise of the same kind (type and errno) with more words is not a mask.
+    same = [p.ErrorLink(type="RuntimeError", message="a"), p.ErrorLink(type="RuntimeError", message="b")]
+    assert masked_error(same) is None
+
+
+def test_host_ram_low_is_one_rule_for_the_watchdog_and_a_load() -> None:
+    host = HostSample(t=1.0, available=True, effective_available_bytes=2 * GIB, page_cache_bytes=6 * GIB)
+    b = RunBuilder()
+    b.start()
+    now = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now), "HOST_RAM_LOW")
+    assert now.severity == "warning" and now.key == "" and now.evidence["threshold_bytes"] == 3 * GIB
+    # Before a load of 4 GiB: the resume is blocked, so critical, and keyed by what is loaded.
+    load = host_ram_low(2 * GIB, 4 * GIB, "step-000300.pt", floor_bytes=3 * GIB, host=host)
+    assert load is not None and load.severity == "critical" and load.key == "step-000300.pt"
+    assert "2.0 GiB available, loading step-000300.pt needs 4.0 GiB" in load.message
+    assert host_ram_low(5 * GIB, 4 * GIB, "x", floor_bytes=3 * GIB) is None
+    # The attempt died of ENOMEM: the same low RAM is critical.
+    b.rx(p.Crash(t=b.now, chain=[p.ErrorLink(type="OSError", message="[Errno 12] oom", errno=12)]))
+    v = Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now)
+    assert finding(v, "HOST_RAM_LOW").severity == "critical"
+
+
 def test_a_single_error_is_not_masked() -> None:
     b = RunBuilder()
     b.start()
@@ -627,42 +676,39 @@ def test_crash_from_log_takes_the_last_traceback_and_follows_context_chains() ->
 def test_host_ram_low_gives_the_figures_and_reclaim() -> None:
     b = RunBuilder()
     b.start()
-    host = {
-        "available": True,
-        "effective_available_bytes": int(2.1 * GIB),
-        "page_cache_bytes": 6 * GIB,
-        "mem_total_bytes": 32 * GIB,
-        "cgroup": None,
-    }
+    host = HostSample(
+        t=b.now,
+        available=True,
+        effective_available_bytes=int(2.1 * GIB),
+        page_cache_bytes=6 * GIB,
+        mem_total_bytes=32 * GIB,
+    )
     f = finding(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now), "HOST_RAM_LOW")
     assert f.action == "reclaim" and "2.1 GiB available (< 3.0 GiB)" in f.message and "6.0 GiB" in f.message
-    host["effective_available_bytes"] = 3 * GIB
+    host = msgspec.structs.replace(host, effective_available_bytes=3 * GIB)
     assert "HOST_RAM_LOW" not in codes(Watchdog().evaluate(b.run, WatchContext(alive=True, host=host), b.now))
 
 
 def test_stale_lock_rules() -> None:
     b = RunBuilder()
     b.start(pid=500)
-    lock = {
-        "path": "/p/train.lock",
-        "key": "fe:00:1",
-        "exists": True,
-        "held": True,
-        "waiters": [],
-        "holders": [{"pid": 400, "exists": False, "state": None, "kind": "FLOCK", "mode": "WRITE"}],
-        "inheritors": [{"pid": 401, "exists": True, "state": "S", "pgid": 400, "comm": "python"}],
-    }
+    lock = LockInfo(
+        path="/p/train.lock",
+        key="fe:00:1",
+        exists=True,
+        held=True,
+        holders=[LockHolder(pid=400, exists=False, kind="FLOCK", mode="WRITE")],
+        inheritors=[LockHolder(pid=401, exists=True, state="S", pgid=400, comm="python")],
+    )
     f = finding(
         Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[lock]), b.now),
         "STALE_LOCK",
     )
     assert "held by pid 400: pid 400 no longer exists" in f.message and "pid 401" in f.message
     assert f.evidence["kill_pids"] == [401] and f.evidence["kill_pgids"] == [400] and f.action == "kill"
-    ours = {
-        **lock,
-        "holders": [{"pid": 500, "exists": True, "state": "S", "kind": "FLOCK"}],
-        "inheritors": [],
-    }
+    ours = msgspec.structs.replace(
+        lock, holders=[LockHolder(pid=500, exists=True, state="S", kind="FLOCK")], inheritors=[]
+    )
     assert "STALE_LOCK" not in codes(
         Watchdog().evaluate(b.run, WatchContext(alive=True, attempt_pids=[500], locks=[ours]), b.now)
     )
@@ -680,14 +726,9 @@ def test_stale_lock_rules() -> None:
 def test_duplicate_trainer_names_both_pids() -> None:
     b = RunBuilder()
     b.start(pid=500)
-    dup = {
-        "kind": "trainer",
-        "ours": 500,
-        "others": [777],
-        "pids": [500, 777],
-        "cmdline": ["python", "train.py"],
-        "cwd": "/p",
-    }
+    dup = Duplicate(
+        kind="trainer", ours=500, others=[777], pids=[500, 777], cmdline=["python", "train.py"], cwd="/p"
+    )
     f = finding(
         Watchdog().evaluate(b.run, WatchContext(alive=True, duplicates=[dup]), b.now), "DUPLICATE_TRAINER"
     )
@@ -697,21 +738,39 @@ def test_duplicate_trainer_names_both_pids() -> None:
 # --------------------------------------------------------------------------- wiring
 
 
-def test_thresholds_from_the_config_section() -> None:
-    from trainroom.core.config import Thresholds as ConfigThresholds
+def test_the_watchdog_judges_by_the_configs_thresholds() -> None:
+    from trainroom.core.config import ConfigError, decode_config
 
-    th = Thresholds.from_config(ConfigThresholds(stall_floor_s=20.0, slow_steps=7, host_ram_low_gib=4.0))
+    th = decode_config(
+        "[thresholds]\nstall_floor_s = 20.0\nslow_steps = 7\nhost_ram_low_gib = 4.0\npark_slack_s = 1.5\n"
+    ).thresholds
     assert th.stall_floor_s == 20.0 and th.slow_steps == 7 and th.host_ram_low_bytes == 4 * GIB
+    assert th.park_slack_s == 1.5 and th.orphan_cycles == 2  # the watchdog's own knobs live there too
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"stall_floor": 3}, Thresholds)
+    with pytest.raises(ConfigError, match=r"thresholds\.orphan_cycles"):
+        decode_config("[thresholds]\norphan_cycles = 0\n")
+    # A configured floor moves the bound the STALLED finding judges by.
+    b = RunBuilder()
+    b.start()
+    b.steps(50)
+    last = b.now
+    b.now = last + 15.0
+    b.beat()
+    ctx = WatchContext(alive=True, thresholds=th)
+    assert Watchdog().evaluate(b.run, ctx, b.now).state == "running"
+    b.now = last + 20.5
+    b.beat()
+    v = Watchdog().evaluate(b.run, ctx, b.now)
+    assert v.state == "stalled" and finding(v, "STALLED").evidence["bound_s"] == 20.0
 
 
 def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:
     sample = p.ProbeSample(
         t=1.0,
-        gpu={"t": 1.0, "available": False},
-        host={"available": True},
-        procs={"states": {4242: "T"}, "activity": {4242: 3}, "locks": [], "duplicates": []},
+        gpu=GpuSample(t=1.0, available=False),
+        host=HostSample(t=1.0, available=True),
+        procs=ProcsSample(states={4242: "T"}, activity={4242: 3}),
     )
     back = msgspec.json.decode(msgspec.json.encode(sample), type=p.ProbeSample)
     ctx = context_from_probe(back, alive=True)
@@ -721,14 +780,14 @@ def test_context_from_a_probe_sample_after_a_json_round_trip() -> None:
     b.steps(3)
     assert Watchdog().evaluate(b.run, ctx, b.now).state == "hung"
     # States sampled for attempt 1 say nothing about attempt 2.
-    sample.procs["attempt"] = 1
+    sample.procs = ProcsSample(attempt=1, states={4242: "T"}, activity={4242: 3})
     assert context_from_probe(sample, alive=True, attempt=2).proc_states == {}
     assert context_from_probe(sample, alive=True, attempt=1).proc_states == {4242: "T"}
 
 
 def test_core_watchdog_and_probes_import_without_torch_or_textual() -> None:
     code = (
-        "import sys, trainroom.core.watchdog, trainroom.core.probes.sweep, trainroom.core.probes.fake_nvml; "
+        "import sys, trainroom.core.health.watchdog, trainroom.core.probes.sweep, trainroom.core.probes.fake_nvml; "
         "bad = [m for m in ('torch', 'textual', 'rich') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -43,9 +43,9 @@ from typing import Annotated, Any
 
 import msgspec
 
+from trainroom.core.units import GIB, MIB
+
 CONFIG_NAME = "trainroom.toml"
-GIB = 1 << 30
-MIB = 1 << 20
 
 # Every number is finite and in range: TOML can say nan and inf, and neither is a setting (an upper
 # bound makes msgspec refuse both, with the key in its message).
@@ -55,6 +55,8 @@ Positive = Annotated[float, msgspec.Meta(gt=0, le=FINITE)]
 Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
 AtLeastOne = Annotated[float, msgspec.Meta(ge=1, le=FINITE)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 
 # nanoGPT's training line: `iter 100: loss 2.3456, time 123.45ms, mfu 12.34%`.
 DEFAULT_LOG_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf))"
@@ -80,37 +82,130 @@ class Checkpoints(_Section):
     watch: list[str] = []
 
 
+# Phases that are not a stall for as long as their bound (a Phase message's own bound wins).
+DEFAULT_PHASE_BOUNDS_S: dict[str, float] = {
+    "checkpoint-save": 900.0,
+    "checkpoint-load": 900.0,
+    "eval": 1800.0,
+    "data": 600.0,
+}
+
+
 class Thresholds(_Section):
-    # STALLED / HUNG: no step for max(stall_floor_s, stall_factor x median step interval).
+    """Every number a rule judges by, once: the watchdog, the sanity rules and the disk guard take
+    this Struct (the keeper journals it in KeeperStarted, so a reader computes the same bounds)."""
+
+    # ---- STALLED / HUNG: no step (nor heartbeat) for max(stall_floor_s, stall_factor x median
+    # step interval); the median needs min_intervals intervals, before that start_grace_s bounds
+    # the wait for the first step (or the end of a phase).
     stall_floor_s: NonNegative = 10.0
     stall_factor: AtLeastOne = 3.0
-    # SLOW: slow_steps consecutive steps each over slow_factor x the median step interval.
+    min_intervals: Count = 2
+    start_grace_s: NonNegative = 120.0
+    # Phases that are not a stall for this long (checkpoint-save, checkpoint-load, eval, data).
+    phase_bounds_s: dict[str, NonNegative] = msgspec.field(
+        default_factory=lambda: dict(DEFAULT_PHASE_BOUNDS_S)
+    )
+    # A pid in D (uninterruptible I/O) this long is a hang; None: the progress bound.
+    d_state_bound_s: NonNegative | None = None
+    # How late the heartbeat's frame sampler and the activity probe may see a park begin (one
+    # heartbeat plus one probe cycle, with margin): a main thread on one line and not running
+    # since within this of its last step has been parked for the whole step gap.
+    park_slack_s: NonNegative = 3.0
+    # ---- SLOW: slow_steps consecutive steps each over slow_factor x the median step interval of
+    # at least slow_baseline_min intervals before them.
     slow_factor: AtLeastOne = 3.0
     slow_steps: Count = 5
-    # GHOST_MEMORY: driver-attributed VRAM over ghost_factor x what the allocator reserves.
+    slow_baseline_min: Count = 10
+    # ---- GHOST_MEMORY: driver-attributed VRAM over ghost_factor x what the allocator reserves, for
+    # ghost_cycles probe cycles, and by at least ghost_min_excess_gib (a CUDA context alone costs a
+    # few hundred MiB the allocator never sees).
     ghost_factor: AtLeastOne = 1.5
-    # HOST_RAM_LOW: MemAvailable under this (the seed: torch.load fails under 3 GB free).
+    ghost_cycles: Count = 2
+    ghost_min_excess_gib: NonNegative = 1.0
+    # ---- ORPHAN_CONTEXT: a device this busy with no live compute process of ours, or a driver pid
+    # that is gone, for orphan_cycles probe cycles.
+    orphan_util_percent: Percent = 90.0
+    orphan_cycles: Count = 2
+    # ---- HOST_RAM_LOW: MemAvailable under this (the seed: torch.load fails under 3 GB free).
     host_ram_low_gib: NonNegative = 3.0
-    # DISK_HIGH at warn, critical at critical (the seed's disk filled to 94% overnight).
+    # ---- REPEAT_DEATH: two attempts that die within this many steps of each other.
+    repeat_death_window_steps: Count = 50
+    # ---- DISK_HIGH at disk_warn, critical at disk_critical (the seed's disk filled to 94%
+    # overnight); DISK_FULL_SOON when the projection says full within disk_full_soon_s, critical
+    # within disk_full_critical_s.
     disk_warn: Fraction = 0.85
     disk_critical: Fraction = 0.94
-    # LR_MISMATCH: requested/effective over lr_too_low_ratio (warm-up and decay legitimately
+    disk_full_soon_s: NonNegative = 12 * 3600.0
+    disk_full_critical_s: NonNegative = 3600.0
+    # ---- LR_MISMATCH: requested/effective over lr_too_low_ratio (warm-up and decay legitimately
     # run below the requested LR, so this bound is wide), or effective/requested over
-    # lr_too_high_ratio (nothing legitimate runs far above it).
+    # lr_too_high_ratio (nothing legitimate runs far above it). A fresh start whose first step
+    # index is at most fresh_start_max_step began from scratch: a low LR still rising there is an
+    # undeclared warm-up, so the check waits until it stops rising.
     lr_too_low_ratio: AtLeastOne = 50.0
     lr_too_high_ratio: AtLeastOne = 2.0
-    # WHITE_MODEL: |loss - ln V| <= white_band x ln V for white_steps steps (relative, because
-    # a bf16 loss near 10.8 moves in steps of 0.0625).
+    fresh_start_max_step: NonNegativeInt = 10
+    # ---- EXPLODED_START: the first loss of an attempt over this factor x ln V (the seed: 96 vs 10.83).
+    exploded_start_factor: AtLeastOne = 2.0
+    # ---- WHITE_MODEL: |loss - ln V| <= white_band x ln V for white_steps steps and at least
+    # white_min_observations reports (relative, because a bf16 loss near 10.8 moves in 0.0625 steps).
     white_band: Fraction = 0.02
     white_steps: Count = 50
-    # EXPLODED_START: the first loss of an attempt over this factor x ln V (the seed: 96 vs 10.83).
-    exploded_start_factor: AtLeastOne = 2.0
-    # REPEAT_DEATH: two attempts that die within this many steps of each other.
-    repeat_death_window_steps: Count = 50
+    white_min_observations: Count = 3
+    # Window sizes below count observations (one per reported step), not steps, so a trainer that
+    # logs every 10th step still fills them. Baselines are re-sorted every refresh_every of them.
+    refresh_every: Count = 8
+    # ---- LOSS_SPIKE: loss above the median of the latest spike_baseline_window observations by
+    # max(spike_sigmas x sigma, spike_min_rel x median, spike_min_nats), sigma from successive
+    # differences over loss_window (at least min_window). One past the band is a candidate; a spike
+    # once confirm_steps in a row are past it, or at once past spike_immediate x the band.
+    loss_window: Count = 100
+    min_window: Count = 20
+    spike_baseline_window: Count = 20
+    spike_sigmas: Positive = 6.0
+    spike_min_rel: NonNegative = 0.10
+    spike_min_nats: NonNegative = 0.05
+    confirm_steps: Count = 2
+    spike_immediate: AtLeastOne = 2.0
+    # ---- DIVERGENCE: divergence_chunks consecutive medians of divergence_chunk observations above
+    # the attempt's best chunk median by max(divergence_rel x best, divergence_min_nats).
+    divergence_chunk: Count = 10
+    divergence_chunks: Count = 4
+    divergence_rel: NonNegative = 0.10
+    divergence_min_nats: NonNegative = 0.05
+    # ---- GRAD_EXPLOSION: grad norm above max(grad_ratio x median, median + grad_sigmas x sigma)
+    # over grad_window observations, or above grad_abs_max; grad_immediate x the band at once.
+    grad_window: Count = 100
+    grad_sigmas: Positive = 6.0
+    grad_ratio: AtLeastOne = 10.0
+    grad_abs_max: Positive = 1e8
+    grad_immediate: AtLeastOne = 10.0
+    # ---- RANK_OUTLIER: a rank against the median of the others by max(rank_sigmas x sigma,
+    # rel x reference, floor); its loss is the median of its last rank_loss_window (its latest
+    # alone counts at rank_immediate x the band); its step time needs rank_time_min_samples of the
+    # last rank_time_window intervals.
+    rank_sigmas: Positive = 5.0
+    rank_loss_rel: NonNegative = 0.25
+    rank_loss_min_nats: NonNegative = 0.5
+    rank_loss_window: Count = 3
+    rank_immediate: AtLeastOne = 2.0
+    rank_time_rel: NonNegative = 1.0
+    rank_time_min_s: NonNegative = 0.1
+    rank_time_window: Count = 16
+    rank_time_min_samples: Count = 4
+    # ---- LOSS_SCALE: a scale below this has collapsed (every scale overflows): a warning.
+    loss_scale_floor: NonNegative = 1.0
+    # How long a recovered event (spike, explosion, non-finite, halving) stays listed.
+    hold_s: NonNegative = 120.0
 
     @property
     def host_ram_low_bytes(self) -> int:
         return int(self.host_ram_low_gib * GIB)
+
+    @property
+    def ghost_min_excess_bytes(self) -> int:
+        return int(self.ghost_min_excess_gib * GIB)
 
 
 class Kill(_Section):
@@ -199,7 +294,8 @@ class Config(_Section):
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
 
 
 def default_state_dir() -> Path:

@@ -19,6 +19,7 @@ import msgspec
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
+from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
@@ -298,10 +299,10 @@ class ProbeSample(msgspec.Struct, tag="probe", kw_only=True, omit_defaults=True)
     """The latest driver, host and disk readings. Sent live, kept in the snapshot, not journaled."""
 
     t: float
-    gpu: dict[str, Any] = {}
-    host: dict[str, Any] = {}
-    disk: dict[str, Any] = {}
-    procs: dict[str, Any] = {}
+    gpu: GpuSample | None = None
+    host: HostSample | None = None
+    disk: DiskSample | None = None
+    procs: ProcsSample | None = None
 
 
 class RunStatus(msgspec.Struct, tag="status", kw_only=True, omit_defaults=True):

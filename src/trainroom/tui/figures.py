@@ -5,35 +5,30 @@ under the reader's lock ten times a second at most, then hands each to its widge
 renders its view. Nothing here decides a verdict: the watchdog's state and its findings are the
 judgement, and a view only picks the level (ok / warn / crit) a figure is drawn at from them.
 
-The probe dicts (`ProbeSample.gpu/host/disk`) come from the probes; the keys read here are listed
-beside each reader, with the alternatives tolerated until the formats settle. The loss plot reads
-the run's `core.series` snapshot (the whole run, downsampled) and falls back to the recent raw
-steps while that is empty.
+The figures come from core, computed once (`core.run.figures`: the stall bound the watchdog
+judges by, the step age, steps/s, the VRAM the run owns, the headline loss, ln V) and read from
+the typed probe samples (`core.samples`); a view only arranges them. The loss plot's points are
+`lossplot`'s.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from trainroom.core.findings import ACTION_KEYS, SEVERITY_RANK, Finding
+from trainroom.core.run.figures import ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
 
 from . import fmt
+from .lossplot import Mark, plot_points
 
 Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 
-# Display-only copies of the watchdog's default stall bound (max(3 x median interval, 10 s)):
-# the cadence panel draws the age of the last step against it; the verdict is the watchdog's.
-STALL_FLOOR_S = 10.0
-STALL_FACTOR = 3.0
 SPARK_POINTS = 64
-LOSS_POINTS = 2000  # what the plot keeps at most, whatever the source holds
 
 _SEVERITY_LEVEL = {"critical": "crit", "warning": "warn", "info": "info"}
 _STATE_LEVEL = {
@@ -62,18 +57,7 @@ def _findings(state: RunState, *codes: str) -> list[Finding]:
     return [f for f in state.findings.values() if f.code in codes]
 
 
-def _first(d: Mapping[str, Any] | None, *keys: str) -> Any:
-    """The first key present with a value: probe formats differ by a name or two."""
-    if not d:
-        return None
-    for k in keys:
-        v = d.get(k)
-        if v is not None:
-            return v
-    return None
-
-
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
@@ -193,86 +177,22 @@ class VramView:
 
 
 def vram_view(state: RunState) -> VramView:
-    # gpu: {available, reason, per_process, devices: [{index, name, used_bytes, total_bytes,
-    #       util_percent, power_w}], processes: [{pid, used_bytes, exists, ours}]}
-    gpu: Mapping[str, Any] = state.probe.gpu if state.probe is not None else {}
-    ranks = list(state.ranks.values())
-    reserved = [r.alloc_reserved for r in ranks if r.alloc_reserved is not None]
-    allocated = [r.alloc_allocated for r in ranks if r.alloc_allocated is not None]
-    peak = [r.alloc_peak for r in ranks if r.alloc_peak is not None]
-    alloc_reserved = float(sum(reserved)) if reserved else None
-    level = _worst_level(_findings(state, "GHOST_MEMORY", "ORPHAN_CONTEXT"))
-    common = dict(
-        alloc_allocated=float(sum(allocated)) if allocated else None,
-        alloc_reserved=alloc_reserved,
-        alloc_peak=float(sum(peak)) if peak else None,
-    )
-    if not gpu:
-        return VramView(
-            False,
-            "no probe yet",
-            "",
-            None,
-            None,
-            None,
-            False,
-            ratio=None,
-            util_percent=None,
-            power_w=None,
-            level=level,
-            **common,
-        )
-    if not gpu.get("available", True):
-        reason = str(gpu.get("reason") or "unknown reason")
-        prefix = "driver view unavailable: "
-        return VramView(
-            False,
-            reason.removeprefix(prefix),
-            "",
-            None,
-            None,
-            None,
-            False,
-            ratio=None,
-            util_percent=None,
-            power_w=None,
-            level=level,
-            **common,
-        )
-    devices = [d for d in gpu.get("devices") or [] if isinstance(d, Mapping)]
-    used = [u for d in devices if (u := _num(_first(d, "used_bytes", "used"))) is not None]
-    total = [t for d in devices if (t := _num(_first(d, "total_bytes", "total"))) is not None]
-    utils = [u for d in devices if (u := _num(d.get("util_percent"))) is not None and u <= 100]
-    powers = [p for d in devices if (p := _num(d.get("power_w"))) is not None]
-    name = str(devices[0].get("name", "")) if devices else ""
-    if len(devices) > 1:
-        name += f" (+{len(devices) - 1})"
-    per_process = bool(gpu.get("per_process", False))
-    run_bytes = None
-    if per_process:
-        ours = [
-            _num(p.get("used_bytes"))
-            for p in gpu.get("processes") or []
-            if isinstance(p, Mapping) and p.get("ours")
-        ]
-        known = [b for b in ours if b is not None]
-        run_bytes = float(sum(known)) if known else None
-    driver_used = float(sum(used)) if used else None
-    attributed = run_bytes if per_process else driver_used
-    ratio = attributed / alloc_reserved if attributed is not None and alloc_reserved else None
+    v = vram(state)
     return VramView(
-        driver_ok=True,
-        driver_reason="",
-        device=name,
-        driver_used=driver_used,
-        driver_total=float(sum(total)) if total else None,
-        run_bytes=run_bytes,
-        per_process=per_process,
-        ratio=ratio,
-        util_percent=max(utils) if utils else None,
-        power_w=sum(powers) if powers else None,
-        level=level,
-        **common,
+        driver_ok=v.available,
+        driver_reason=v.reason.removeprefix("driver view unavailable: "),
+        device=v.device,
+        driver_used=v.used_bytes,
+        driver_total=v.total_bytes,
+        run_bytes=v.run_bytes,
+        per_process=v.per_process,
+        alloc_allocated=v.allocated_bytes,
+        alloc_reserved=v.reserved_bytes,
+        alloc_peak=v.peak_bytes,
+        ratio=v.ratio,
+        util_percent=v.util_percent,
+        power_w=v.power_w,
+        level=_worst_level(_findings(state, "GHOST_MEMORY", "ORPHAN_CONTEXT")),
     )
 
 
@@ -285,33 +205,22 @@ class CadenceView:
     interval_s: float | None  # median step interval of the slowest rank
     tokens_per_s: float | None
     last_step_age_s: float | None
-    bound_s: float  # the stall bound the age is drawn against (or the current phase's own)
+    bound_s: float  # the watchdog's stall bound the age is drawn against (or the current phase's own)
     phase: str
     stopped: bool  # the attempt ended: the age no longer grows
     intervals: tuple[float, ...]
     level: Level
 
 
-def stall_bound(interval_s: float | None) -> float:
-    return max(STALL_FACTOR * interval_s, STALL_FLOOR_S) if interval_s else STALL_FLOOR_S
-
-
 def cadence_view(state: RunState, now: float) -> CadenceView:
-    interval = state.step_interval()
-    last = state.last_step_t()
     a = state.attempt
     stopped = a is None or not a.alive
-    ref = (a.ended_at if a is not None and a.ended_at is not None else now) if stopped else now
-    age = round(ref - last, 1) if last is not None else None  # tenths: what the panel shows
+    age = step_age(state, now)
+    age = round(age, 1) if age is not None else None  # tenths: what the panel shows
     ranks = list(state.ranks.values())
     pacing = max(ranks, key=lambda r: r.median_interval or 0.0, default=None)
     intervals = tuple(pacing.intervals[-SPARK_POINTS:]) if pacing is not None else ()
-    phase, bound = "train", stall_bound(interval)
-    for r in ranks:
-        if r.phase != "train":
-            phase = r.phase
-            if r.phase_bound_s:
-                bound = max(bound, r.phase_bound_s)
+    bound, phase = stall_bound(state)
     tps = [r.tokens_per_s for r in ranks if r.tokens_per_s is not None]
     if state.status in ("stalled", "hung", "dead"):
         level = "crit"
@@ -322,8 +231,8 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
     else:
         level = "ok"
     return CadenceView(
-        steps_per_s=1.0 / interval if interval else None,
-        interval_s=interval,
+        steps_per_s=steps_per_s(state),
+        interval_s=state.step_interval(),
         tokens_per_s=sum(tps) if tps else None,
         last_step_age_s=age,
         bound_s=bound,
@@ -373,12 +282,6 @@ def lr_view(state: RunState) -> LrView:
 
 
 @dataclass(frozen=True)
-class Mark:
-    x: float
-    kind: str  # checkpoint | restart | lr-change | loss-scale | nonfinite
-
-
-@dataclass(frozen=True)
 class LossView:
     points: tuple[tuple[float, float], ...]  # (tokens or step, loss), finite losses only
     x_label: str  # "tokens" or "step"
@@ -406,87 +309,23 @@ _LOSS_CODES = (
 def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView:
     a = state.attempt
     vocab = a.requested.vocab_size if a is not None else None
-    ln_v = math.log(vocab) if vocab and vocab > 1 else None
-    points: list[tuple[float, float]] = []
-    marks: list[Mark] = []
-    x_label = "tokens"
-    if series is not None:
-        points, marks, x_label = _series_points(series)
-        if ln_v is None:
-            ln_v = series.loss_baseline
-    if len(points) < 2:
-        points, marks, x_label = _recent_points(state)
-    median, worst_rank, worst = state.headline_loss()
+    baseline = ln_v(vocab)
+    if baseline is None and series is not None:
+        baseline = series.loss_baseline
+    plot = plot_points(state, series)
+    median, worst_rank, worst = run_loss(state)
     return LossView(
-        points=tuple(points[-LOSS_POINTS:]),
-        x_label=x_label,
-        ln_v=ln_v,
+        points=plot.points,
+        x_label=plot.x_label,
+        ln_v=baseline,
         vocab_size=vocab,
-        marks=tuple(marks),
+        marks=plot.marks,
         median=median,
         worst_rank=worst_rank,
         worst=worst,
         ranks=len(state.ranks),
         level=_worst_level(_findings(state, *_LOSS_CODES)),
     )
-
-
-def _series_points(series: SeriesSnapshot) -> tuple[list[tuple[float, float]], list[Mark], str]:
-    """The min/max buckets of `core.series` (the whole run, downsampled): each bucket is drawn
-    from its min to its max at its centre, so a spike inside a bucket stays visible."""
-    points: list[tuple[float, float]] = []
-    col = series.loss
-    marks = [Mark(m.x, m.kind) for m in series.marks]
-    for k, x in enumerate(series.centres()):
-        lo = col.lo[k] if k < len(col.lo) else None
-        hi = col.hi[k] if k < len(col.hi) else None
-        for y in (lo, hi) if lo != hi else (lo,):
-            if y is not None and math.isfinite(y):
-                points.append((x, y))
-        if col.nonfinite and k < len(col.nonfinite) and col.nonfinite[k]:
-            marks.append(Mark(x, "nonfinite"))
-    return points, marks, "step" if series.x_unit == "steps" else "tokens"
-
-
-def _recent_points(state: RunState) -> tuple[list[tuple[float, float]], list[Mark], str]:
-    """The recent raw steps: the median loss over ranks per (attempt, step), against tokens
-    when every step carries them, else against the step number."""
-    by_step: dict[tuple[int, int], list[float]] = {}
-    x_of: dict[tuple[int, int], float] = {}
-    use_tokens = bool(state.recent_steps) and all(r.tokens is not None for r in state.recent_steps)
-    nonfinite: list[tuple[int, int]] = []
-    for r in state.recent_steps:
-        key = (r.attempt, r.step)
-        x_of[key] = max(
-            x_of.get(key, 0.0), float(r.tokens if use_tokens and r.tokens is not None else r.step)
-        )
-        if r.loss is None:
-            continue
-        if math.isfinite(r.loss):
-            by_step.setdefault(key, []).append(r.loss)
-        else:
-            nonfinite.append(key)
-    keys = sorted(x_of, key=lambda k: (k[0], k[1]))
-    points = [(x_of[k], statistics.median(by_step[k])) for k in keys if k in by_step]
-    marks: list[Mark] = []
-    step_x = {k[1]: x_of[k] for k in keys}
-    seen_attempts: set[int] = set()
-    for k in keys:
-        if k[0] not in seen_attempts:
-            if seen_attempts:
-                marks.append(Mark(x_of[k], "restart"))
-            seen_attempts.add(k[0])
-    for c in state.checkpoints:
-        if c.step is not None and c.step in step_x:
-            marks.append(Mark(step_x[c.step], "checkpoint"))
-    for n in state.notes:
-        step = n.get("step")
-        kind = str(n.get("kind", ""))
-        if isinstance(step, int) and step in step_x and kind.startswith(("lr", "loss-scale")):
-            marks.append(Mark(step_x[step], "lr-change" if kind.startswith("lr") else "loss-scale"))
-    for k in nonfinite:
-        marks.append(Mark(x_of[k], "nonfinite"))
-    return points, marks, "tokens" if use_tokens else "step"
 
 
 # --------------------------------------------------------------------------- ranks
@@ -541,7 +380,7 @@ def ranks_view(state: RunState) -> RanksView:
             key=lambda row: (not row.outlier, row.rank),
         )
     )
-    median, worst_rank, worst = state.headline_loss()
+    median, worst_rank, worst = run_loss(state)
     meds = {r.rank: m for r in state.ranks.values() if (m := r.median_interval) is not None}
     slowest = max(meds, key=lambda k: meds[k]) if meds else None
     return RanksView(
@@ -574,30 +413,23 @@ class HostView:
 
 
 def host_view(state: RunState) -> HostView:
-    # host (core/probes/host.py): {available: bool, reason, mem_total_bytes, mem_available_bytes,
-    #   page_cache_bytes, cgroup: {limit_bytes, usage_bytes, available_bytes, ...} | None,
-    #   effective_available_bytes, wsl}; the keeper sends {error} when the probe itself failed.
-    host: Mapping[str, Any] = state.probe.host if state.probe is not None else {}
-    cg = host.get("cgroup") if isinstance(host.get("cgroup"), Mapping) else {}
+    host = state.probe.host if state.probe is not None else None
+    cg = host.cgroup if host is not None else None
     low = _findings(state, "HOST_RAM_LOW")
-    reason = ""
-    if host.get("error"):
-        reason = f"host probe failed: {host['error']}"
-    elif host.get("available") is False:
-        reason = str(host.get("reason") or "host memory view unavailable")
-    available = _num(_first(host, "mem_available_bytes", "available_bytes"))
-    effective = _num(host.get("effective_available_bytes"))
+    reason = "" if host is None or host.available else (host.reason or "host memory view unavailable")
+    available = host.mem_available_bytes if host is not None else None
+    effective = host.effective_available_bytes if host is not None else None
     return HostView(
-        known=bool(host),
+        known=host is not None,
         reason=reason,
         available=available,
-        total=_num(_first(host, "mem_total_bytes", "total_bytes")),
-        page_cache=_num(_first(host, "page_cache_bytes", "cached_bytes")),
-        cgroup_limit=_num(_first(host, "cgroup_limit_bytes") or _first(cg, "limit_bytes")),
-        cgroup_usage=_num(_first(host, "cgroup_usage_bytes") or _first(cg, "usage_bytes")),
+        total=host.mem_total_bytes if host is not None else None,
+        page_cache=host.page_cache_bytes if host is not None else None,
+        cgroup_limit=cg.limit_bytes if cg is not None else None,
+        cgroup_usage=cg.usage_bytes if cg is not None else None,
         effective_available=effective if effective is not None and effective != available else None,
-        wsl=bool(host.get("wsl")),
-        level=_worst_level(low) if low else ("ok" if host and not reason else "dim"),
+        wsl=host is not None and host.wsl,
+        level=_worst_level(low) if low else ("ok" if host is not None and not reason else "dim"),
         finding=low[0].message if low else None,
     )
 
@@ -630,16 +462,15 @@ class DiskView:
 
 
 def disk_view(state: RunState) -> DiskView:
-    # disk: {path, used_fraction, total_bytes, free_bytes, used_bytes, time_to_full_s, fstype}
-    disk: Mapping[str, Any] = state.probe.disk if state.probe is not None else {}
+    disk = state.probe.disk if state.probe is not None else None
     codes = _findings(state, "DISK_HIGH", "DISK_FULL_SOON", "DRVFS_CHECKPOINTS", "CKPT_REJECTED")
-    ttf = _num(_first(disk, "time_to_full_s", "ttf_s"))
+    ttf = disk.time_to_full_s if disk is not None else None
     if ttf is None:
         for f in _findings(state, "DISK_FULL_SOON"):
-            ttf = _num(_first(f.evidence, "time_to_full_s", "ttf_s", "seconds"))
-    total = _num(_first(disk, "total_bytes", "total"))
-    free = _num(_first(disk, "free_bytes", "available_bytes", "free"))
-    used_fraction = _num(disk.get("used_fraction"))
+            ttf = _num(f.evidence.get("time_to_full_s"))
+    total = disk.total_bytes if disk is not None else None
+    free = disk.free_bytes if disk is not None else None
+    used_fraction = disk.used_fraction if disk is not None else None
     if used_fraction is None and total and free is not None:
         used_fraction = 1.0 - free / total
     latest = state.last_verified()
@@ -652,13 +483,13 @@ def disk_view(state: RunState) -> DiskView:
     )
     ordered = sorted(codes, key=lambda f: -SEVERITY_RANK.get(f.severity, 0))
     return DiskView(
-        known=bool(disk),
-        path=str(disk.get("path", "")),
+        known=disk is not None,
+        path=disk.path if disk is not None else "",
         used_fraction=used_fraction,
         total=total,
         free=free,
         time_to_full_s=ttf,
-        level=_worst_level(codes) if codes else ("ok" if disk else "dim"),
+        level=_worst_level(codes) if codes else ("ok" if disk is not None else "dim"),
         finding=ordered[0].message if ordered else None,
         checkpoints=rows,
         pruned=sum(1 for c in state.checkpoints if c.state == "pruned"),

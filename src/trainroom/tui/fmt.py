@@ -1,47 +1,30 @@
 """How the control room writes figures: bytes, durations, rates, learning rates.
 
-Pure functions, no Textual: the panels and the tests share them, so a figure reads the same
-everywhere. Unknown values are shown as an em dash, never invented.
+Pure functions, no Textual: the panels and the tests share them. Bytes, durations and signal
+names are `core.units`' (so a panel reads the same as a finding or `status`); the rest are the
+control room's own. Unknown values are shown as an em dash, never invented.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 import time
 
-UNKNOWN = "—"
+from trainroom.core import units
+
+UNKNOWN = units.UNKNOWN
 
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
 def nbytes(n: float | None) -> str:
     """1.5 GiB, 400 MiB, 12 KiB (binary units: what nvidia-smi and free show)."""
-    if n is None:
-        return UNKNOWN
-    n = float(n)
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{n:.0f} B"
+    return units.fmt_bytes(n)
 
 
 def duration(s: float | None) -> str:
-    """0.4 s, 12.3 s, 3m07s, 2h05m, 3d04h."""
-    if s is None or not math.isfinite(s):
-        return UNKNOWN
-    s = max(s, 0.0)
-    if s < 60:
-        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
-    m, sec = divmod(int(s), 60)
-    if m < 60:
-        return f"{m}m{sec:02d}s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
+    """0.4 s, 12 s, 3m07s, 2h05m, 3d04h."""
+    return units.fmt_duration(s)
 
 
 def step_time(s: float | None) -> str:
@@ -104,10 +87,7 @@ def clock(t: float | None) -> str:
 
 
 def signal_name(n: int) -> str:
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
+    return units.signal_name(n)
 
 
 def bar(fraction: float | None, width: int) -> str:

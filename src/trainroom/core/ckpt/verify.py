@@ -26,18 +26,11 @@ from trainroom.core.ckpt import inventory as inventory
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.ckpt.report import Arch, ArchMismatch, Expected, Format, Outlier, RamNeed, VerifyReport
-from trainroom.core.ckpt.rules import host_ram_low, load_need_bytes, masked_error, read_meminfo
+from trainroom.core.ckpt.rules import load_need_bytes
+from trainroom.core.probes.host import read_meminfo
 from trainroom.core.units import fmt_bytes
 
-# The health layer's rules in the making, importable from here by their names until they move.
-__all__ = [
-    "discover_expected",
-    "host_ram_low",
-    "load_need_bytes",
-    "masked_error",
-    "read_meminfo",
-    "verify",
-]
+__all__ = ["discover_expected", "load_need_bytes", "verify"]
 
 # An mmap load reads pages through the page cache; statistics copy at most a few chunks.
 MMAP_VERIFY_NEED = 256 << 20

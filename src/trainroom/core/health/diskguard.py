@@ -9,21 +9,21 @@ The seed: a checkpoint every step, 43 x 3.9 GB, filled the disk to 94 % overnigh
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from trainroom.core.findings import Finding
+from trainroom.core.config import Thresholds
+from trainroom.core.findings import Finding, Severity
+from trainroom.core.samples import DiskSample
+from trainroom.core.units import fmt_bytes, fmt_duration
 
-DISK_WARN = 0.85
-DISK_CRITICAL = 0.94
-# DISK_FULL_SOON: warn when a save will fail within this horizon, critical within the short one.
-FULL_SOON_HORIZON_S = 12 * 3600.0
-FULL_SOON_CRITICAL_S = 3600.0
+DEFAULTS = Thresholds()
 # What a save must leave free: a disk filled to the last byte breaks more than the checkpoint.
 # 256 MiB, or 2 % of a small filesystem.
 DEFAULT_RESERVE_BYTES = 256 << 20
@@ -32,7 +32,23 @@ RESERVE_FRACTION = 0.02
 # rename/fsync give weaker guarantees than a native disk.
 REMOTE_FSTYPES = frozenset({"9p", "v9fs", "drvfs", "cifs", "smb3", "smbfs", "nfs", "nfs4", "fuse.sshfs"})
 
-StatvfsFn = Callable[[str], Any]
+
+class Statvfs(Protocol):
+    """What `os.statvfs` returns, as far as the guard reads it (a test hands in its own)."""
+
+    @property
+    def f_frsize(self) -> int: ...
+    @property
+    def f_bsize(self) -> int: ...
+    @property
+    def f_blocks(self) -> int: ...
+    @property
+    def f_bfree(self) -> int: ...
+    @property
+    def f_bavail(self) -> int: ...
+
+
+StatvfsFn = Callable[[str], Statvfs]
 
 
 class CheckpointWontFit(OSError):
@@ -56,15 +72,19 @@ class DiskUsage(msgspec.Struct, kw_only=True, frozen=True):
         denom = self.used_bytes + self.free_bytes
         return self.used_bytes / denom if denom > 0 else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "total_bytes": self.total_bytes,
-            "used_bytes": self.used_bytes,
-            "free_bytes": self.free_bytes,
-            "used_fraction": round(self.used_fraction, 4),
-            "budget": self.budget,
-        }
+    def sample(self, mount: MountEntry | None = None) -> DiskSample:
+        """This reading as `ProbeSample.disk`, with the filesystem of the root when known."""
+        return DiskSample(
+            path=self.path,
+            total_bytes=self.total_bytes,
+            used_bytes=self.used_bytes,
+            free_bytes=self.free_bytes,
+            used_fraction=round(self.used_fraction, 4),
+            budget=self.budget,
+            fstype=mount.fstype if mount is not None else None,
+            mountpoint=mount.mountpoint if mount is not None else None,
+            remote=mount.remote if mount is not None else None,
+        )
 
 
 class MountEntry(msgspec.Struct, kw_only=True, frozen=True):
@@ -170,9 +190,9 @@ def mount_of(path: str | os.PathLike[str], mounts: Iterable[MountEntry]) -> Moun
     best: MountEntry | None = None
     for m in mounts:
         mp = m.mountpoint.rstrip("/") or "/"
-        if real == mp or real.startswith(mp + "/") or mp == "/":
-            if best is None or len(mp) >= len(best.mountpoint.rstrip("/") or "/"):
-                best = m
+        holds = real == mp or real.startswith(mp + "/") or mp == "/"
+        if holds and (best is None or len(mp) >= len(best.mountpoint.rstrip("/") or "/")):
+            best = m
     return best
 
 
@@ -180,49 +200,40 @@ def observe(
     root: str | os.PathLike[str],
     statvfs: StatvfsFn = os.statvfs,
     mounts_path: str | os.PathLike[str] = "/proc/mounts",
-) -> dict[str, Any]:
+) -> DiskSample:
     """One disk reading for `ProbeSample.disk`: usage plus the filesystem type of the root."""
-    usage = disk_usage(root, statvfs)
-    mount = mount_of(root, read_mounts(mounts_path))
-    out = usage.as_dict()
-    if mount is not None:
-        out.update(fstype=mount.fstype, mountpoint=mount.mountpoint, remote=mount.remote)
-    return out
+    return disk_usage(root, statvfs).sample(mount_of(root, read_mounts(mounts_path)))
 
 
 # --------------------------------------------------------------------------- rules
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e9 else f"{n / 1e6:.1f} MB"
-
-
-def _duration(s: float) -> str:
-    s = max(0.0, s)
-    if s < 10:
-        return f"{s:.1f} s"  # the disk-fill demo checkpoints every step, a few per second
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 5400:
-        return f"{s / 60:.0f} min"
-    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
-
-
-def disk_high(usage: DiskUsage, warn: float = DISK_WARN, critical: float = DISK_CRITICAL) -> Finding | None:
+def disk_high(usage: DiskUsage, th: Thresholds = DEFAULTS) -> Finding | None:
+    """DISK_HIGH at th.disk_warn used, critical at th.disk_critical."""
+    warn, critical = th.disk_warn, th.disk_critical
     frac = usage.used_fraction
     if frac < warn:
         return None
-    severity = "critical" if frac >= critical else "warning"
+    severity: Severity = "critical" if frac >= critical else "warning"
     return Finding(
         code="DISK_HIGH",
         severity=severity,
         action="prune",
         key=usage.path,
         message=(
-            f"{usage.what} {frac * 100:.1f}% used at {usage.path}: {_gb(usage.free_bytes)} free "
-            f"of {_gb(usage.total_bytes)} (thresholds {warn * 100:.0f}% / {critical * 100:.0f}%)"
+            f"{usage.what} {frac * 100:.1f}% used at {usage.path}: {fmt_bytes(usage.free_bytes)} free "
+            f"of {fmt_bytes(usage.total_bytes)} (thresholds {warn * 100:.0f}% / {critical * 100:.0f}%)"
         ),
-        evidence={**usage.as_dict(), "warn": warn, "critical": critical},
+        evidence={
+            "path": usage.path,
+            "total_bytes": usage.total_bytes,
+            "used_bytes": usage.used_bytes,
+            "free_bytes": usage.free_bytes,
+            "used_fraction": round(frac, 4),
+            "budget": usage.budget,
+            "warn": warn,
+            "critical": critical,
+        },
     )
 
 
@@ -242,7 +253,7 @@ def project(
     recent = sorted(saves)[-11:]
     if len(recent) < 2:
         return None
-    intervals = [b[0] - a[0] for a, b in zip(recent, recent[1:], strict=False) if b[0] > a[0]]
+    intervals = [b[0] - a[0] for a, b in itertools.pairwise(recent) if b[0] > a[0]]
     if not intervals:
         return None
     cadence = statistics.median(intervals)
@@ -267,31 +278,32 @@ def disk_full_soon(
     saves: Sequence[tuple[float, int]],
     now: float,
     *,
-    horizon_s: float = FULL_SOON_HORIZON_S,
-    critical_s: float = FULL_SOON_CRITICAL_S,
+    th: Thresholds = DEFAULTS,
     reserve_bytes: int | None = None,
     prunable_bytes: int | None = None,
     writing: bool = True,
 ) -> Finding | None:
     """DISK_FULL_SOON while checkpoints are being written (`writing`: the trainer is alive) and
-    the projection falls within `horizon_s`; with no writer only when the next checkpoint of the
-    same size would not fit at all (a rate means nothing once nobody writes)."""
+    the projection falls within th.disk_full_soon_s (critical within th.disk_full_critical_s);
+    with no writer only when the next checkpoint of the same size would not fit at all (a rate
+    means nothing once nobody writes)."""
     proj = project(usage, saves, now, reserve_bytes)
-    if proj is None or proj.time_to_full_s > horizon_s or (not writing and proj.saves_left > 0):
+    if proj is None or proj.time_to_full_s > th.disk_full_soon_s or (not writing and proj.saves_left > 0):
         return None
-    severity = "critical" if proj.saves_left == 0 or proj.time_to_full_s <= critical_s else "warning"
+    full_now = proj.saves_left == 0 or proj.time_to_full_s <= th.disk_full_critical_s
+    severity: Severity = "critical" if full_now else "warning"
     when = (
         "the next checkpoint will not fit"
         if proj.saves_left == 0
-        else f"{proj.saves_left} more fit; full in {_duration(proj.time_to_full_s)}"
+        else f"{proj.saves_left} more fit; full in {fmt_duration(proj.time_to_full_s)}"
     )
     msg = (
-        f"checkpoints of {_gb(proj.checkpoint_bytes)} every {_duration(proj.cadence_s)} "
-        f"({_gb(proj.bytes_per_s * 3600)}/h) with {_gb(usage.free_bytes)} free"
+        f"checkpoints of {fmt_bytes(proj.checkpoint_bytes)} every {fmt_duration(proj.cadence_s)} "
+        f"({fmt_bytes(proj.bytes_per_s * 3600)}/h) with {fmt_bytes(usage.free_bytes)} free"
         f"{' in the budget' if usage.budget else ''}: {when}"
     )
     if prunable_bytes:
-        msg += f"; prune would free {_gb(prunable_bytes)}"
+        msg += f"; prune would free {fmt_bytes(prunable_bytes)}"
     evidence: dict[str, Any] = {
         **msgspec.structs.asdict(proj),
         "free_bytes": usage.free_bytes,
@@ -344,15 +356,14 @@ def disk_findings(
     saves: Sequence[tuple[float, int]],
     now: float,
     *,
-    warn: float = DISK_WARN,
-    critical: float = DISK_CRITICAL,
+    th: Thresholds = DEFAULTS,
     prunable_bytes: int | None = None,
     writing: bool = True,
 ) -> list[Finding]:
     """Every disk rule over one reading: what the keeper calls each probe cycle."""
     out = [
-        disk_high(usage, warn, critical),
-        disk_full_soon(usage, saves, now, prunable_bytes=prunable_bytes, writing=writing),
+        disk_high(usage, th),
+        disk_full_soon(usage, saves, now, th=th, prunable_bytes=prunable_bytes, writing=writing),
         drvfs_checkpoints(usage.path, mount),
     ]
     return [f for f in out if f is not None]
@@ -385,11 +396,11 @@ def check_fit(
     for u in checks:
         reserve = reserve_for(u, reserve_bytes)
         if not next_save_fits(u, next_bytes, reserve):
-            where = f"the {_gb(u.total_bytes)} budget of {u.path}" if u.budget else str(path)
+            where = f"the {fmt_bytes(u.total_bytes)} budget of {u.path}" if u.budget else str(path)
             raise CheckpointWontFit(
                 errno.ENOSPC,
-                f"checkpoint of ~{_gb(next_bytes)} will not fit in {where}: {_gb(u.free_bytes)} free, "
-                f"{_gb(reserve)} kept in reserve ({u.used_fraction * 100:.1f}% used); "
+                f"checkpoint of ~{fmt_bytes(next_bytes)} will not fit in {where}: {fmt_bytes(u.free_bytes)} free, "
+                f"{fmt_bytes(reserve)} kept in reserve ({u.used_fraction * 100:.1f}% used); "
                 "prune old checkpoints (`trainroom prune`) or free space",
             )
     return usage

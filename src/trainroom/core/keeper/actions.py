@@ -467,7 +467,7 @@ class Actions:
             )
         usage = await asyncio.to_thread(pipe.disk_sample)
         after = {
-            "disk_used_bytes": usage.get("used_bytes"),
+            "disk_used_bytes": usage.used_bytes,
             "bytes_freed": res.bytes_freed,
             "deleted": [{"step": d.step, "path": d.path, "bytes": d.bytes} for d in res.deleted],
             "failed": [{"step": f.step, "path": f.path, "why": f.why} for f in res.failed],

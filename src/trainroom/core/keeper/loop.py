@@ -40,6 +40,7 @@ from trainroom.core.run import store as runs
 from trainroom.core.run.journal import Journal
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
+from trainroom.core.samples import HostSample
 from trainroom.core.sdk.lr import requested_from_argv
 from trainroom.core.settings import RunSettings
 
@@ -356,7 +357,9 @@ class Keeper:
                 targets = self.supervision.targets()
                 sample = await loop.run_in_executor(None, self._probe, targets)
             except Exception as exc:  # a probe must never take the keeper down
-                sample = p.ProbeSample(t=time.time(), host={"error": f"{type(exc).__name__}: {exc}"})
+                now = time.time()
+                why = f"host probe failed: {type(exc).__name__}: {exc}"
+                sample = p.ProbeSample(t=now, host=HostSample(t=now, available=False, reason=why))
             self.emit(sample, journal=False)
             # Re-arm only after the previous probe ended, so probes never overlap.
             await asyncio.sleep(max(0.05, PROBE_S - (time.monotonic() - t0)))

@@ -31,11 +31,12 @@ from trainroom.core.ckpt.promote import expected_for, keep_verified_copy, settle
 from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
 from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.ckpt.verifier import WarmVerifier
-from trainroom.core.ckpt.verify import host_ram_low
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
+from trainroom.core.health.host import host_ram_low
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.prune import plan as prune_plan
+from trainroom.core.samples import DiskSample
 from trainroom.core.settings import RunSettings
 
 # A deferred verdict (verifier timed out or died, host RAM short) is tried again this much later,
@@ -314,7 +315,7 @@ class CheckpointPipeline:
 
     # ------------------------------------------------------------------ probes (worker thread)
 
-    def disk_sample(self) -> dict[str, Any]:
+    def disk_sample(self) -> DiskSample:
         self.verifier.close_if_idle()
         try:
             if self.budget:
@@ -324,20 +325,21 @@ class CheckpointPipeline:
             self.mount = diskguard.mount_of(self.root, diskguard.read_mounts(self.mounts_path))
             self.prunable = prune_plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
         except (OSError, ValueError) as exc:
-            return {"path": str(self.root), "error": str(exc)}
+            return DiskSample(path=str(self.root), error=str(exc))
         self.usage = usage
         if self.globs:
             self.sightings = watch.sight(self.globs, self.run.cwd)
-        out = usage.as_dict()
-        out["budget_bytes"] = self.budget
-        if self.mount is not None:
-            out.update(fstype=self.mount.fstype, mountpoint=self.mount.mountpoint)
         proj = diskguard.project(usage, list(self.saves), time.time())
-        out["time_to_full_s"] = proj.time_to_full_s if proj is not None and self.writing() else None
-        out["prunable_bytes"] = self.prunable
+        latest = None
         with contextlib.suppress(Exception):
-            out["latest"] = str(latest_checkpoint(self.root) or "") or None
-        return out
+            latest = str(latest_checkpoint(self.root) or "") or None
+        return msgspec.structs.replace(
+            usage.sample(self.mount),
+            budget_bytes=self.budget,
+            time_to_full_s=proj.time_to_full_s if proj is not None and self.writing() else None,
+            prunable_bytes=self.prunable,
+            latest=latest,
+        )
 
     # ------------------------------------------------------------------ findings (loop thread)
 
@@ -352,8 +354,7 @@ class CheckpointPipeline:
                 self.mount,
                 list(self.saves),
                 now,
-                warn=th.disk_warn,
-                critical=th.disk_critical,
+                th=th,
                 prunable_bytes=self.prunable,
                 writing=self.writing(),
             )

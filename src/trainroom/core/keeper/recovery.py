@@ -16,7 +16,8 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.report import Expected
-from trainroom.core.health.watchdog import Thresholds, repeat_death
+from trainroom.core.config import Thresholds
+from trainroom.core.health.crash import repeat_death
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.resume import ResumeInputs, ResumePlan, WatchedTarget, plan_resume

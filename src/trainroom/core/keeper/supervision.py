@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
-from trainroom.core.health.sanity import SanityThresholds, SanityTracker
-from trainroom.core.health.watchdog import Thresholds, Watchdog, context_from_probe, crash_from_log
+from trainroom.core.health.sanity import SanityTracker
+from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
 from trainroom.core.keeper.ports import RunContext
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
@@ -35,29 +35,18 @@ def targets_of(run: RunState) -> ProbeTargets:
     )
 
 
-def sanity_thresholds(settings: RunSettings) -> SanityThresholds:
-    th = settings.thresholds
-    return SanityThresholds(
-        lr_low_ratio=1.0 / th.lr_too_low_ratio,
-        lr_high_ratio=th.lr_too_high_ratio,
-        white_band=th.white_band,
-        white_steps=th.white_steps,
-        exploded_factor=th.exploded_start_factor,
-    )
-
-
 class Supervision:
     """The probe sweep (worker thread), the watchdog and the sanity tracker (loop thread)."""
 
     def __init__(self, settings: RunSettings, run: RunContext) -> None:
         self.run = run
-        self.thresholds = Thresholds.from_config(settings.thresholds)
+        self.thresholds = settings.thresholds
         self.sweep = ProbeSweep(
             lock_paths=settings.lock_files,
             host_process_names=settings.host_processes,
         )
         self.watchdog = Watchdog()
-        self.sanity = SanityTracker(sanity_thresholds(settings))
+        self.sanity = SanityTracker(settings.thresholds)
 
     @property
     def gpu(self) -> GpuProbe:

@@ -30,6 +30,7 @@ from trainroom.core.ops.host_checks import Check, Fact, absent
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
 from trainroom.core.probes.host import is_wsl
+from trainroom.core.samples import GpuSample
 from trainroom.core.settings import HostRoots, LaunchOptions, checkpoint_root
 from trainroom.core.units import fmt_bytes
 
@@ -139,21 +140,20 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
     mode; `nvml` is pynvml or the fake (default: what the keeper would load)."""
     probe = GpuProbe(nvml, proc_root=proc_root)
     lib = probe.nvml
-    fake = lib is fake_nvml or isinstance(lib, fake_nvml.FakeNvml)
+    fake = isinstance(lib, fake_nvml.FakeNvml)
     try:
         sample = probe.sample()
-        if not sample.get("available"):
-            reason = str(sample.get("reason", "")).removeprefix(_UNAVAILABLE)
-            return NvmlView(available=False, fake=fake, reason=reason)
+        if not sample.available:
+            return NvmlView(available=False, fake=fake, reason=sample.reason.removeprefix(_UNAVAILABLE))
         devices = [
             GpuDevice(
-                index=int(d["index"]),
-                name=d.get("name"),
-                total_bytes=d.get("total_bytes"),
-                used_bytes=d.get("used_bytes"),
-                persistence_mode=_persistence(lib, int(d["index"])),
+                index=d.index,
+                name=d.name,
+                total_bytes=d.total_bytes,
+                used_bytes=d.used_bytes,
+                persistence_mode=_persistence(lib, d.index),
             )
-            for d in sample.get("devices") or []
+            for d in sample.devices
         ]
         try:
             calls = process_call_ladder(lib, 0) if devices else []
@@ -165,9 +165,9 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
             fake=fake,
             driver_version=_driver_version(lib),
             devices=devices,
-            per_process=sample.get("per_process"),
-            processes=len(sample.get("processes") or []),
-            notes=list(sample.get("notes") or []),
+            per_process=sample.per_process,
+            processes=len(sample.processes),
+            notes=list(sample.notes),
             process_calls=calls,
             probe_cycle_ms=round(statistics.median(cycles), 3),
         )
@@ -201,10 +201,11 @@ def _call_processes(nvml: Any, name: str, handle: Any) -> ProcessCall:
     return ProcessCall(version=version, ok=True, said=f"ok: {len(rows)} process(es) in {ms:.2f} ms")
 
 
-def probe_cycles(probe: GpuProbe, cycles: int) -> tuple[list[float], dict[str, Any]]:
+def probe_cycles(probe: GpuProbe, cycles: int) -> tuple[list[float], GpuSample | None]:
     """The wall time in ms of each of `cycles` samples of an initialised probe (the NVML calls the
     keeper makes once a second), and the last sample."""
-    times, sample = [], {}
+    times: list[float] = []
+    sample: GpuSample | None = None
     for _ in range(cycles):
         t0 = time.perf_counter()
         sample = probe.sample(our_pids=[os.getpid()])

@@ -254,7 +254,7 @@ def check_disk(root: Path, thresholds: Thresholds, statvfs: diskguard.StatvfsFn 
             detail=f"{figures}: under the {fmt_bytes(reserve)} a save must leave free, so no checkpoint fits",
             fix="free space (`trainroom prune`) or point the checkpoint root at another disk",
         )
-    high = diskguard.disk_high(usage, thresholds.disk_warn, thresholds.disk_critical)
+    high = diskguard.disk_high(usage, thresholds)
     if high is not None:
         return Check(
             name="disk",
@@ -269,20 +269,20 @@ def check_disk(root: Path, thresholds: Thresholds, statvfs: diskguard.StatvfsFn 
 
 def check_host_ram(proc_root: str, cgroup_root: str, thresholds: Thresholds) -> Check:
     sample = HostProbe(proc_root=proc_root, cgroup_root=cgroup_root).sample()
-    avail = sample.get("effective_available_bytes")
-    if not sample.get("available") or not isinstance(avail, int):
-        return Check(name="host_ram", status="degraded", detail=str(sample.get("reason") or "no figures"))
-    cg = sample.get("cgroup") or {}
-    limit = cg.get("limit_bytes")
-    cache = sample.get("page_cache_bytes")
+    avail = sample.effective_available_bytes
+    if not sample.available or avail is None:
+        return Check(name="host_ram", status="degraded", detail=sample.reason or "no figures")
+    cg = sample.cgroup
+    limit = cg.limit_bytes if cg is not None else None
+    cache = sample.page_cache_bytes
     facts: dict[str, Fact] = {
-        "mem_total_bytes": sample.get("mem_total_bytes"),
+        "mem_total_bytes": sample.mem_total_bytes,
         "available_bytes": avail,
         "page_cache_bytes": cache,
-        "cgroup_version": cg.get("version"),
+        "cgroup_version": cg.version if cg is not None else None,
         "cgroup_limit_bytes": limit,
     }
-    figures = f"{fmt_bytes(avail)} available of {fmt_bytes(sample.get('mem_total_bytes'))}" + (
+    figures = f"{fmt_bytes(avail)} available of {fmt_bytes(sample.mem_total_bytes)}" + (
         f" (cgroup limit {fmt_bytes(limit)})" if limit else ""
     )
     figures += f", {fmt_bytes(cache)} in the page cache"

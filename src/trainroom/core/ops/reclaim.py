@@ -34,7 +34,7 @@ from typing import Any, Literal, TypedDict
 
 import msgspec
 
-from trainroom.core.probes.host import read_meminfo as _read_meminfo
+from trainroom.core.probes.host import read_meminfo
 from trainroom.core.units import fmt_bytes
 
 Method = Literal["cgroup2-memory.reclaim", "cgroup1-memory.force_empty", "drop_caches"]
@@ -85,17 +85,9 @@ class ReclaimResult(msgspec.Struct, kw_only=True):
 # --------------------------------------------------------------------------- observations
 
 
-def read_meminfo(proc_root: str | os.PathLike[str] = "/proc") -> dict[str, int]:
-    """/proc/meminfo in bytes; empty when it cannot be read (one parser: probes.host)."""
-    try:
-        return _read_meminfo(os.path.join(proc_root, "meminfo"))
-    except OSError:
-        return {}
-
-
 def memory_figures(proc_root: str | os.PathLike[str] = "/proc") -> dict[str, int | None]:
     """MemAvailable and the page cache (Cached + Buffers), in bytes."""
-    info = read_meminfo(proc_root)
+    info = read_meminfo(os.path.join(proc_root, "meminfo"))
     cache = info.get("Cached", 0) + info.get("Buffers", 0) if "Cached" in info else None
     return {"mem_available_bytes": info.get("MemAvailable"), "page_cache_bytes": cache}
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest
-from trainroom.core.ckpt.verify import host_ram_low, load_need_bytes, read_meminfo
+from trainroom.core.ckpt.verify import load_need_bytes
 from trainroom.core.config import resume_argv
+from trainroom.core.health.host import host_ram_low
 from trainroom.core.ops.members import Lifetime, live_members
+from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.locks import lock_holders
 from trainroom.core.run.state import AttemptView, RunState
 from trainroom.core.units import fmt_bytes
@@ -128,19 +130,16 @@ def held_locks(paths: Sequence[str]) -> list[str]:
     """A refusal for each lock file some process holds (a relaunch could not take it)."""
     out = []
     for lk in lock_holders(paths):
-        if not lk.get("held"):
+        if not lk.held:
             continue
-        holders = lk.get("holders") or []
-        live = [h for h in holders if h.get("exists") and h.get("state") not in ("Z", "X")]
-        gone = [h for h in holders if h not in live]
+        live = [h for h in lk.holders if not h.gone]
+        gone = [h for h in lk.holders if h.gone]
         # /proc/locks names the pid that took the lock; when that one is gone, the holder is
         # whoever inherited the descriptor (the seed's orphan child).
-        who = [f"pid {h.get('pid')} ({h.get('state') or '?'})" for h in live + (lk.get("inheritors") or [])]
-        text = f"lock {lk.get('path')} is held by {', '.join(who) if who else 'a process not visible here'}"
+        who = [f"pid {h.pid} ({h.state or '?'})" for h in live + lk.inheritors]
+        text = f"lock {lk.path} is held by {', '.join(who) if who else 'a process not visible here'}"
         if gone:
-            dead = ", ".join(
-                f"pid {h.get('pid')} ({'a zombie' if h.get('exists') else 'gone'})" for h in gone
-            )
+            dead = ", ".join(f"pid {h.pid} ({'a zombie' if h.exists else 'gone'})" for h in gone)
             text += f" through a descriptor taken by {dead}"
         out.append(text)
     return out

@@ -30,19 +30,18 @@ def run_vram_probe(
 
     def probe() -> int | None:
         sample = gpu_probe.sample(run_pids)
-        if not sample.get("available"):
+        if not sample.available:
             return None
-        if sample.get("per_process") and sample.get("pid_namespace") == "host":
+        if sample.per_process and sample.pid_namespace == "host":
             return sum(
-                p["used_bytes"] or 0
-                for p in sample.get("processes", [])
-                if (wanted is None or p.get("device") in wanted)
-                and (p["pid"] in run_pids or not p.get("exists"))
+                x.used_bytes or 0
+                for x in sample.processes
+                if (wanted is None or x.device in wanted) and (x.pid in run_pids or not x.exists)
             )
         used = [
-            d["used_bytes"]
-            for d in sample.get("devices", [])
-            if (wanted is None or d.get("index") in wanted) and d.get("used_bytes") is not None
+            d.used_bytes
+            for d in sample.devices
+            if (wanted is None or d.index in wanted) and d.used_bytes is not None
         ]
         return sum(used) if used else None
 

@@ -99,6 +99,11 @@ class FakeNvml:
     """One fake driver. `path=None` reads the scenario file named by $TRAINROOM_FAKE_NVML at each
     call (so a test can point the module-level functions elsewhere with monkeypatch.setenv)."""
 
+    # The real error classes, so an instance stands where the module does (all of them are set
+    # below; these two are what the probe catches).
+    NVMLError: type[Exception] = pynvml.NVMLError
+    NVMLError_FunctionNotFound: type[Exception] = pynvml.NVMLError_FunctionNotFound
+
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._path = os.fspath(path) if path is not None else None
         self._lock = threading.Lock()
@@ -150,7 +155,7 @@ class FakeNvml:
             raise NVMLError(int(code))
         return sc
 
-    def _device(self, handle: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+    def _device(self, handle: object) -> tuple[dict[str, Any], dict[str, Any], int]:
         sc = self.scenario()
         devices = sc.get("devices") or []
         index = getattr(handle, "index", None)
@@ -193,32 +198,32 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
 
-    def nvmlDeviceGetName(self, handle: Any) -> str:
+    def nvmlDeviceGetName(self, handle: object) -> str:
         _, dev, i = self._device(handle)
         self._enter("nvmlDeviceGetName", dev)
         return str(dev.get("name", f"Fake GPU {i}"))
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> _Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> _Memory:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetMemoryInfo", dev)
         return _Memory(int(dev.get("total_bytes", 0)), int(dev.get("used_bytes", 0)))
 
-    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> _Utilization:
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> _Utilization:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetUtilizationRates", dev)
         return _Utilization(int(dev.get("util_percent", 0)), int(dev.get("util_memory_percent", 0)))
 
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+    def nvmlDeviceGetPowerUsage(self, handle: object) -> int:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetPowerUsage", dev)
-        return int(round(float(dev.get("power_w", 0.0)) * 1000))  # NVML says milliwatts
+        return round(float(dev.get("power_w", 0.0)) * 1000)  # NVML says milliwatts
 
-    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+    def nvmlDeviceGetPersistenceMode(self, handle: object) -> int:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetPersistenceMode", dev)
         return int(dev.get("persistence_mode", 1))  # NVML_FEATURE_ENABLED
 
-    def _processes(self, handle: Any, fn: str, version: str) -> list[_ProcessInfo]:
+    def _processes(self, handle: object, fn: str, version: str) -> list[_ProcessInfo]:
         sc, dev, index = self._device(handle)
         self._enter(fn, dev)
         have = str(sc.get("process_api", "v3"))
@@ -228,17 +233,17 @@ class FakeNvml:
         rows += [p for p in sc.get("processes") or [] if int(p.get("device", 0)) == index]
         return [_ProcessInfo(int(p["pid"]), _used(p.get("used_bytes"))) for p in rows]
 
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[_ProcessInfo]:
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: object) -> list[_ProcessInfo]:
         return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses_v3", "v3")
 
-    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[_ProcessInfo]:
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: object) -> list[_ProcessInfo]:
         return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses_v2", "v2")
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[_ProcessInfo]:
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[_ProcessInfo]:
         return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses", "v1")
 
     # The display's processes; nothing in the scenario, as on a headless box.
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[_ProcessInfo]:
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> list[_ProcessInfo]:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetGraphicsRunningProcesses", dev)
         return []
@@ -253,26 +258,29 @@ def write_scenario(path: str | os.PathLike[str], scenario: dict[str, Any]) -> No
     os.replace(tmp, path)
 
 
-# Module-level functions, so this module stands where `pynvml` stands.
-_default = FakeNvml()
-nvmlInit = _default.nvmlInit
-nvmlInitWithFlags = _default.nvmlInitWithFlags
-nvmlShutdown = _default.nvmlShutdown
-nvmlErrorString = _default.nvmlErrorString
-nvmlSystemGetDriverVersion = _default.nvmlSystemGetDriverVersion
-nvmlDeviceGetCount = _default.nvmlDeviceGetCount
-nvmlDeviceGetHandleByIndex = _default.nvmlDeviceGetHandleByIndex
-nvmlDeviceGetName = _default.nvmlDeviceGetName
-nvmlDeviceGetMemoryInfo = _default.nvmlDeviceGetMemoryInfo
-nvmlDeviceGetUtilizationRates = _default.nvmlDeviceGetUtilizationRates
-nvmlDeviceGetPowerUsage = _default.nvmlDeviceGetPowerUsage
-nvmlDeviceGetPersistenceMode = _default.nvmlDeviceGetPersistenceMode
-nvmlDeviceGetComputeRunningProcesses = _default.nvmlDeviceGetComputeRunningProcesses
-nvmlDeviceGetComputeRunningProcesses_v2 = _default.nvmlDeviceGetComputeRunningProcesses_v2
-nvmlDeviceGetComputeRunningProcesses_v3 = _default.nvmlDeviceGetComputeRunningProcesses_v3
-nvmlDeviceGetGraphicsRunningProcesses = _default.nvmlDeviceGetGraphicsRunningProcesses
+# Module-level functions, so this module stands where `pynvml` stands: they are the methods of
+# DEFAULT, which reads the scenario $TRAINROOM_FAKE_NVML names at each call.
+DEFAULT = FakeNvml()
+nvmlInit = DEFAULT.nvmlInit
+nvmlInitWithFlags = DEFAULT.nvmlInitWithFlags
+nvmlShutdown = DEFAULT.nvmlShutdown
+nvmlErrorString = DEFAULT.nvmlErrorString
+nvmlSystemGetDriverVersion = DEFAULT.nvmlSystemGetDriverVersion
+nvmlDeviceGetCount = DEFAULT.nvmlDeviceGetCount
+nvmlDeviceGetHandleByIndex = DEFAULT.nvmlDeviceGetHandleByIndex
+nvmlDeviceGetName = DEFAULT.nvmlDeviceGetName
+nvmlDeviceGetMemoryInfo = DEFAULT.nvmlDeviceGetMemoryInfo
+nvmlDeviceGetUtilizationRates = DEFAULT.nvmlDeviceGetUtilizationRates
+nvmlDeviceGetPowerUsage = DEFAULT.nvmlDeviceGetPowerUsage
+nvmlDeviceGetPersistenceMode = DEFAULT.nvmlDeviceGetPersistenceMode
+nvmlDeviceGetComputeRunningProcesses = DEFAULT.nvmlDeviceGetComputeRunningProcesses
+nvmlDeviceGetComputeRunningProcesses_v2 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v2
+nvmlDeviceGetComputeRunningProcesses_v3 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v3
+nvmlDeviceGetGraphicsRunningProcesses = DEFAULT.nvmlDeviceGetGraphicsRunningProcesses
 
-__all__ = _REAL_NAMES + [
+__all__ = [  # the real error names first: the fake raises pynvml's own classes
+    *_REAL_NAMES,
+    "DEFAULT",
     "ENV",
     "FakeNvml",
     "write_scenario",

@@ -10,10 +10,7 @@ a sample; zombie contexts can report junk utilisation (nvtop saw 37100 %): over 
 Without a driver `nvmlInit` raises NVMLError_LibraryNotFound and the sample says
 "driver view unavailable: NVML Shared Library Not Found".
 
-A sample is a plain JSON-able dict (it travels in protocol.ProbeSample.gpu):
-    {t, available, reason, per_process, pid_namespace, notes,
-     devices: [{index, name, used_bytes, total_bytes, util_percent, power_w}],
-     processes: [{pid, used_bytes, exists, ours, device, state}]}
+A sample is a `samples.GpuSample` (it travels in protocol.ProbeSample.gpu).
 """
 
 from __future__ import annotations
@@ -21,9 +18,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Protocol, TypeVar
 
 from trainroom.core.probes.procs import PROC, read_stat
+from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespace
 
 # /proc/self/ns/pid of the initial PID namespace (PROC_PID_INIT_INO in the kernel).
 HOST_PID_NS_INODE = 0xEFFFFFFC
@@ -36,23 +34,55 @@ PROCESS_FUNCTIONS = (
 PER_PROCESS_NA = (
     "per-process GPU memory is N/A from this driver (WSL2/WDDM or MIG): device totals stand in for it"
 )
+A = TypeVar("A")
+T = TypeVar("T")
 FOREIGN_NAMESPACE = (
     "not in the host PID namespace: the driver's PIDs may not exist here, so they are not called orphans"
 )
 
 
-def load_nvml() -> Any:
+class NvmlMemory(Protocol):
+    used: int
+    total: int
+
+
+class NvmlUtilization(Protocol):
+    gpu: int
+
+
+class NvmlProcess(Protocol):
+    pid: int  # usedGpuMemory is read with getattr: v1 structs of old bindings may lack it
+
+
+class Nvml(Protocol):
+    """What the probe calls of `pynvml` (the module, or `fake_nvml` standing where it stands)."""
+
+    NVMLError: type[Exception]
+    NVMLError_FunctionNotFound: type[Exception]
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> NvmlMemory: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: object, /) -> NvmlUtilization: ...
+    def nvmlDeviceGetPowerUsage(self, handle: object, /) -> int: ...
+
+
+def load_nvml() -> Nvml:
     """The fake at the pynvml boundary when $TRAINROOM_FAKE_NVML names a scenario, else pynvml."""
     from trainroom.core.probes import fake_nvml
 
     if os.environ.get(fake_nvml.ENV):
-        return fake_nvml
+        return fake_nvml.DEFAULT  # the fake driver the module's functions belong to
     import pynvml
 
-    return pynvml
+    nvml: Nvml = pynvml
+    return nvml
 
 
-def pid_namespace(proc_root: str = PROC) -> str:
+def pid_namespace(proc_root: str = PROC) -> PidNamespace:
     """'host' in the initial PID namespace, 'container' in another, 'unknown' if /proc won't say."""
     try:
         return "host" if os.stat(f"{proc_root}/self/ns/pid").st_ino == HOST_PID_NS_INODE else "container"
@@ -60,7 +90,7 @@ def pid_namespace(proc_root: str = PROC) -> str:
         return "unknown"
 
 
-def _text(v: Any) -> str:
+def _text(v: str | bytes) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
@@ -70,7 +100,7 @@ class GpuProbe:
 
     def __init__(
         self,
-        nvml: Any = None,
+        nvml: Nvml | None = None,
         *,
         clock: Callable[[], float] = time.time,
         proc_root: str = PROC,
@@ -115,19 +145,12 @@ class GpuProbe:
 
     # ------------------------------------------------------------------ sample
 
-    def _unavailable(self, t: float, why: str) -> dict[str, Any]:
-        return {
-            "t": t,
-            "available": False,
-            "reason": f"driver view unavailable: {why}",
-            "per_process": None,
-            "pid_namespace": self._namespace,
-            "notes": [],
-            "devices": [],
-            "processes": [],
-        }
+    def _unavailable(self, t: float, why: str) -> GpuSample:
+        return GpuSample(
+            t=t, available=False, reason=f"driver view unavailable: {why}", pid_namespace=self._namespace
+        )
 
-    def sample(self, our_pids: Collection[int] = ()) -> dict[str, Any]:
+    def sample(self, our_pids: Collection[int] = ()) -> GpuSample:
         t = self.clock()
         if not self._ensure_init(t):
             return self._unavailable(t, self._init_error or "NVML not initialised")
@@ -141,83 +164,82 @@ class GpuProbe:
             self._init_error = str(exc) if isinstance(exc, nvml.NVMLError) else f"{type(exc).__name__}: {exc}"
             return self._unavailable(t, self._init_error)
         notes: list[str] = []
-        devices: list[dict[str, Any]] = []
-        processes: list[dict[str, Any]] = []
+        devices: list[GpuDevice] = []
+        processes: list[GpuProcess] = []
         ours = set(our_pids)
-        any_known = any_na = False
         for i in range(count):
-            dev: dict[str, Any] = {
-                "index": i,
-                "name": None,
-                "used_bytes": None,
-                "total_bytes": None,
-                "util_percent": None,
-                "power_w": None,
-            }
-            devices.append(dev)
             handle = self._field(notes, i, "handle", nvml.nvmlDeviceGetHandleByIndex, i)
             if handle is None:
+                devices.append(GpuDevice(index=i))
                 continue
-            name = self._field(notes, i, "name", nvml.nvmlDeviceGetName, handle)
-            dev["name"] = _text(name) if name is not None else None
-            mem = self._field(notes, i, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
-            if mem is not None:
-                dev["used_bytes"], dev["total_bytes"] = int(mem.used), int(mem.total)
-            util = self._field(notes, i, "utilisation", nvml.nvmlDeviceGetUtilizationRates, handle)
-            if util is not None:
-                gpu_util = int(util.gpu)
-                if 0 <= gpu_util <= 100:
-                    dev["util_percent"] = gpu_util
-                else:
-                    notes.append(
-                        f"device {i}: utilisation sample {gpu_util} % dropped (junk, as zombie contexts report)"
-                    )
-            power = self._field(notes, i, "power", nvml.nvmlDeviceGetPowerUsage, handle)
-            if power is not None:
-                dev["power_w"] = round(int(power) / 1000.0, 1)  # NVML reports milliwatts
-            for proc in self._compute_processes(notes, i, handle):
-                pid = int(proc.pid)
-                used = getattr(proc, "usedGpuMemory", None)
-                used = None if used is None or int(used) >= ULLONG_MAX else int(used)
-                any_known |= used is not None
-                any_na |= used is None
-                st = read_stat(pid, self.proc_root) if pid > 0 else None
-                processes.append(
-                    {
-                        "pid": pid,
-                        "used_bytes": used,
-                        "exists": st is not None,
-                        "ours": pid in ours,
-                        "device": i,
-                        "state": st.state if st is not None else None,
-                    }
-                )
-        per_process: bool | None = True if any_known else (False if any_na else None)
+            devices.append(self._device(notes, i, handle))
+            processes += self._processes(notes, i, handle, ours)
+        known = [x.used_bytes is not None for x in processes]
+        per_process: bool | None = True if any(known) else (False if known else None)
         if per_process is False:
             notes.append(PER_PROCESS_NA)
-        if processes and self._namespace != "host" and any(not p["exists"] for p in processes):
+        if processes and self._namespace != "host" and any(not x.exists for x in processes):
             notes.append(FOREIGN_NAMESPACE)
-        return {
-            "t": t,
-            "available": True,
-            "reason": "",
-            "per_process": per_process,
-            "pid_namespace": self._namespace,
-            "notes": notes,
-            "devices": devices,
-            "processes": processes,
-        }
+        return GpuSample(
+            t=t,
+            available=True,
+            per_process=per_process,
+            pid_namespace=self._namespace,
+            notes=notes,
+            devices=devices,
+            processes=processes,
+        )
 
-    def _field(self, notes: list[str], index: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _device(self, notes: list[str], i: int, handle: object) -> GpuDevice:
+        """One device's fields, each on its own: one that fails leaves a note and a None."""
+        nvml = self.nvml
+        name = self._field(notes, i, "name", nvml.nvmlDeviceGetName, handle)
+        mem = self._field(notes, i, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        util = self._field(notes, i, "utilisation", nvml.nvmlDeviceGetUtilizationRates, handle)
+        gpu_util: int | None = int(util.gpu) if util is not None else None
+        if gpu_util is not None and not 0 <= gpu_util <= 100:
+            notes.append(
+                f"device {i}: utilisation sample {gpu_util} % dropped (junk, as zombie contexts report)"
+            )
+            gpu_util = None
+        power = self._field(notes, i, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        return GpuDevice(
+            index=i,
+            name=_text(name) if name is not None else None,
+            used_bytes=int(mem.used) if mem is not None else None,
+            total_bytes=int(mem.total) if mem is not None else None,
+            util_percent=gpu_util,
+            power_w=round(int(power) / 1000.0, 1) if power is not None else None,  # NVML says milliwatts
+        )
+
+    def _processes(self, notes: list[str], i: int, handle: object, ours: set[int]) -> list[GpuProcess]:
+        out = []
+        for proc in self._compute_processes(notes, i, handle):
+            pid = int(proc.pid)
+            used = getattr(proc, "usedGpuMemory", None)
+            st = read_stat(pid, self.proc_root) if pid > 0 else None
+            out.append(
+                GpuProcess(
+                    pid=pid,
+                    device=i,
+                    used_bytes=None if used is None or int(used) >= ULLONG_MAX else int(used),
+                    exists=st is not None,
+                    ours=pid in ours,
+                    state=st.state if st is not None else None,
+                )
+            )
+        return out
+
+    def _field(self, notes: list[str], index: int, what: str, fn: Callable[[A], T], arg: A) -> T | None:
         try:
-            return fn(*args)
+            return fn(arg)
         except self.nvml.NVMLError as exc:
             notes.append(f"device {index}: {what} unavailable: {exc}")
         except Exception as exc:
             notes.append(f"device {index}: {what} unavailable: {type(exc).__name__}: {exc}")
         return None
 
-    def _compute_processes(self, notes: list[str], index: int, handle: Any) -> list[Any]:
+    def _compute_processes(self, notes: list[str], index: int, handle: object) -> list[NvmlProcess]:
         names = (self._process_fn,) if self._process_fn else PROCESS_FUNCTIONS
         last: str | None = None
         for name in names:
@@ -225,7 +247,7 @@ class GpuProbe:
             if fn is None:
                 continue
             try:
-                procs = list(fn(handle))
+                procs: list[NvmlProcess] = list(fn(handle))
             except self.nvml.NVMLError_FunctionNotFound:
                 continue  # an older driver: try the older struct
             except self.nvml.NVMLError as exc:

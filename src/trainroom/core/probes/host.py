@@ -12,28 +12,37 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Literal
+
+from trainroom.core.samples import CgroupMemory, HostSample
 
 PROC = "/proc"
+MEMINFO = f"{PROC}/meminfo"
 CGROUP = "/sys/fs/cgroup"
 # cgroup v1 says "no limit" with a page-rounded LONG_MAX; anything this big is no limit.
 _NO_LIMIT = 1 << 62
 
 
-def read_meminfo(path: str) -> dict[str, int]:
-    """/proc/meminfo as bytes per key (the file says kB, and means KiB)."""
+def read_meminfo(path: str | os.PathLike[str] = MEMINFO) -> dict[str, int]:
+    """/proc/meminfo as bytes per key (the file says kB, and means KiB); empty when it cannot be
+    read, so a caller takes a missing key as "unknown". The one parser: the host probe, the
+    verifier's RAM check, reclaim and resume all read it here."""
     out: dict[str, int] = {}
-    with open(path) as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            parts = rest.split()
-            if not parts:
-                continue
-            try:
-                value = int(parts[0])
-            except ValueError:
-                continue
-            out[name.strip()] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = int(parts[0])
+        except ValueError:
+            continue
+        out[name.strip()] = value * 1024 if len(parts) > 1 and parts[1] == "kB" else value
     return out
 
 
@@ -68,9 +77,8 @@ def _read_stat(path: str) -> dict[str, int]:
 
 def cgroup_memory(
     proc_root: str = PROC, cgroup_root: str = CGROUP, mem_total: int | None = None
-) -> dict[str, Any] | None:
-    """This process's memory cgroup: {version, path, limit_bytes, usage_bytes, file_bytes,
-    inactive_file_bytes, available_bytes, reclaim_file}; None when no cgroup memory view exists.
+) -> CgroupMemory | None:
+    """This process's memory cgroup; None when no cgroup memory view exists.
 
     v1 (or hybrid) names the memory controller on its own line of /proc/self/cgroup; pure v2 has
     one `0::/path` line. A path that does not exist under the root (a cgroup namespace shows "/")
@@ -97,6 +105,7 @@ def cgroup_memory(
                 return d
         return None
 
+    version: Literal[1, 2]
     if v1_path is not None:
         d = locate(os.path.join(cgroup_root, "memory"), v1_path, "memory.usage_in_bytes")
         if d is None:
@@ -133,17 +142,17 @@ def cgroup_memory(
     if limit is not None and usage is not None:
         # Usage counts page cache; the inactive part of it goes first under pressure.
         available = max(0, limit - usage + (inactive or 0))
-    return {
-        "version": version,
-        "path": path,
-        "dir": d,
-        "limit_bytes": limit,
-        "usage_bytes": usage,
-        "file_bytes": file_bytes,
-        "inactive_file_bytes": inactive,
-        "available_bytes": available,
-        "reclaim_file": reclaim,
-    }
+    return CgroupMemory(
+        version=version,
+        path=path,
+        dir=d,
+        limit_bytes=limit,
+        usage_bytes=usage,
+        file_bytes=file_bytes,
+        inactive_file_bytes=inactive,
+        available_bytes=available,
+        reclaim_file=reclaim,
+    )
 
 
 def is_wsl(proc_root: str = PROC) -> bool:
@@ -161,7 +170,7 @@ def is_wsl(proc_root: str = PROC) -> bool:
 
 
 class HostProbe:
-    """Host RAM, once a probe cycle. `sample()` never raises: a failure is `available: False`."""
+    """Host RAM, once a probe cycle. `sample()` never raises: a failure is `available=False`."""
 
     def __init__(
         self, *, proc_root: str = PROC, cgroup_root: str = CGROUP, clock: Callable[[], float] = time.time
@@ -171,40 +180,38 @@ class HostProbe:
         self.clock = clock
         self._wsl = is_wsl(proc_root)
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> HostSample:
         t = self.clock()
-        try:
-            mem = read_meminfo(f"{self.proc_root}/meminfo")
-        except OSError as exc:
-            return {
-                "t": t,
-                "available": False,
-                "reason": f"host memory view unavailable: {exc}",
-                "wsl": self._wsl,
-            }
+        path = f"{self.proc_root}/meminfo"
+        mem = read_meminfo(path)
+        if not mem:
+            return HostSample(
+                t=t,
+                available=False,
+                reason=f"host memory view unavailable: cannot read {path}",
+                wsl=self._wsl,
+            )
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
         if avail is None and total is not None:  # kernels before 3.14: a rough equivalent
             avail = mem.get("MemFree", 0) + mem.get("Cached", 0) + mem.get("Buffers", 0)
-        page_cache = mem.get("Cached", 0) + mem.get("Buffers", 0)
         try:
             cg = cgroup_memory(self.proc_root, self.cgroup_root, total)
         except OSError:
             cg = None
         effective = avail
-        if cg is not None and cg["available_bytes"] is not None and avail is not None:
-            effective = min(avail, cg["available_bytes"])
-        return {
-            "t": t,
-            "available": avail is not None,
-            "reason": "" if avail is not None else "host memory view unavailable: no MemAvailable",
-            "mem_total_bytes": total,
-            "mem_available_bytes": avail,
-            "page_cache_bytes": page_cache,
-            "swap_total_bytes": mem.get("SwapTotal"),
-            "swap_free_bytes": mem.get("SwapFree"),
-            "cgroup": cg,
-            # The smaller of what the host and our cgroup can still give: what a torch.load gets.
-            "effective_available_bytes": effective,
-            "wsl": self._wsl,
-        }
+        if cg is not None and cg.available_bytes is not None and avail is not None:
+            effective = min(avail, cg.available_bytes)
+        return HostSample(
+            t=t,
+            available=avail is not None,
+            reason="" if avail is not None else "host memory view unavailable: no MemAvailable",
+            mem_total_bytes=total,
+            mem_available_bytes=avail,
+            page_cache_bytes=mem.get("Cached", 0) + mem.get("Buffers", 0),
+            swap_total_bytes=mem.get("SwapTotal"),
+            swap_free_bytes=mem.get("SwapFree"),
+            cgroup=cg,
+            effective_available_bytes=effective,
+            wsl=self._wsl,
+        )

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+
+import msgspec
 
 from trainroom.core.probes.procs import PROC, read_stat, state_name
+from trainroom.core.samples import LockHolder, LockInfo
 
 
 def lock_key(path: str) -> str | None:
@@ -29,17 +31,26 @@ def lock_key(path: str) -> str | None:
     return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
 
 
-def parse_locks(text: str) -> list[dict[str, Any]]:
-    """Each line of /proc/locks (or an fdinfo `lock:` line without its prefix) as a dict:
-    {id, kind, advisory, mode, pid, key, waiter}."""
+class LockLine(msgspec.Struct, kw_only=True, frozen=True):
+    """One line of /proc/locks (or an fdinfo `lock:` line)."""
+
+    id: int
+    kind: str  # FLOCK, POSIX, OFDLCK, LEASE
+    advisory: str
+    mode: str  # READ, WRITE
+    pid: int  # the taker; 0 or -1 when it is in another PID namespace
+    key: str  # major:minor:inode
+    waiter: bool  # a blocked waiter (`->`), not a holder
+
+
+def parse_locks(text: str) -> list[LockLine]:
+    """Each line of /proc/locks (or an fdinfo `lock:` line without its prefix)."""
     out = []
     for line in text.splitlines():
-        if line.startswith("lock:"):
-            line = line[5:]
-        parts = line.split()
+        parts = line.removeprefix("lock:").split()
         if len(parts) < 5:
             continue
-        waiter = len(parts) > 1 and parts[1] == "->"
+        waiter = parts[1] == "->"
         if waiter:
             parts = [parts[0], *parts[2:]]
         try:
@@ -54,29 +65,23 @@ def parse_locks(text: str) -> list[dict[str, Any]]:
         except ValueError:
             continue
         out.append(
-            {
-                "id": lock_id,
-                "kind": kind,
-                "advisory": advisory,
-                "mode": mode,
-                "pid": pid,
-                "key": key,
-                "waiter": waiter,
-            }
+            LockLine(id=lock_id, kind=kind, advisory=advisory, mode=mode, pid=pid, key=key, waiter=waiter)
         )
     return out
 
 
-def _describe(pid: int, proc_root: str) -> dict[str, Any]:
+def _describe(pid: int, proc_root: str, kind: str | None = None, mode: str | None = None) -> LockHolder:
     st = read_stat(pid, proc_root) if pid > 0 else None
-    return {
-        "pid": pid,
-        "exists": st is not None,
-        "state": st.state if st is not None else None,
-        "state_name": state_name(st.state if st is not None else None),
-        "pgid": st.pgid if st is not None else None,
-        "comm": st.comm if st is not None else None,
-    }
+    return LockHolder(
+        pid=pid,
+        exists=st is not None,
+        state=st.state if st is not None else None,
+        state_name=state_name(st.state if st is not None else None),
+        pgid=st.pgid if st is not None else None,
+        comm=st.comm if st is not None else None,
+        kind=kind,
+        mode=mode,
+    )
 
 
 def fd_lock_holders(key: str, proc_root: str = PROC) -> list[int]:
@@ -103,52 +108,52 @@ def fd_lock_holders(key: str, proc_root: str = PROC) -> list[int]:
                     text = f.read()
             except OSError:
                 continue
-            if any(lk["key"] == key and not lk["waiter"] for lk in parse_locks(text)):
+            if any(lk.key == key and not lk.waiter for lk in parse_locks(text)):
                 holders.append(int(name))
                 break
     return sorted(holders)
 
 
-def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[dict[str, Any]]:
-    """For each configured lock file: {path, key, exists, held, holders, inheritors, waiters}.
+def lock_holders(paths: Iterable[str], *, proc_root: str = PROC) -> list[LockInfo]:
+    """For each configured lock file: who holds it, who inherited it, who waits.
 
-    holders: what /proc/locks names (pid, kind, mode, exists, state, pgid); inheritors: the live
-    processes that still hold it through an inherited descriptor, looked up only when a named
-    holder is gone, a zombie, or unknown (pid <= 0); waiters: pids blocked on it.
+    holders: what /proc/locks names; inheritors: the live processes that still hold it through an
+    inherited descriptor, looked up only when a named holder is gone, a zombie, or unknown
+    (pid <= 0); waiters: pids blocked on it.
     """
     try:
         with open(f"{proc_root}/locks") as f:
             table = parse_locks(f.read())
     except OSError:
         table = []
-    out = []
-    for path in paths:
-        key = lock_key(path)
-        entry: dict[str, Any] = {
-            "path": path,
-            "key": key,
-            "exists": key is not None,
-            "held": False,
-            "holders": [],
-            "inheritors": [],
-            "waiters": [],
-        }
-        if key is not None:
-            mine = [lk for lk in table if lk["key"] == key]
-            seen: set[int] = set()
-            for lk in mine:
-                if lk["waiter"]:
-                    entry["waiters"].append(lk["pid"])
-                elif lk["pid"] not in seen:
-                    seen.add(lk["pid"])
-                    entry["holders"].append(
-                        {**_describe(lk["pid"], proc_root), "kind": lk["kind"], "mode": lk["mode"]}
-                    )
-            entry["held"] = bool(entry["holders"])
-            if any(not h["exists"] or h["state"] in ("Z", "X") for h in entry["holders"]):
-                named = {h["pid"] for h in entry["holders"]}
-                entry["inheritors"] = [
-                    _describe(pid, proc_root) for pid in fd_lock_holders(key, proc_root) if pid not in named
-                ]
-        out.append(entry)
-    return out
+    return [_lock_info(path, table, proc_root) for path in paths]
+
+
+def _lock_info(path: str, table: list[LockLine], proc_root: str) -> LockInfo:
+    key = lock_key(path)
+    if key is None:
+        return LockInfo(path=path)
+    holders: list[LockHolder] = []
+    waiters: list[int] = []
+    for lk in table:
+        if lk.key != key:
+            continue
+        if lk.waiter:
+            waiters.append(lk.pid)
+        elif all(h.pid != lk.pid for h in holders):
+            holders.append(_describe(lk.pid, proc_root, lk.kind, lk.mode))
+    inheritors: list[LockHolder] = []
+    if any(h.gone for h in holders):
+        named = {h.pid for h in holders}
+        inheritors = [
+            _describe(pid, proc_root) for pid in fd_lock_holders(key, proc_root) if pid not in named
+        ]
+    return LockInfo(
+        path=path,
+        key=key,
+        exists=True,
+        held=bool(holders),
+        holders=holders,
+        inheritors=inheritors,
+        waiters=waiters,
+    )

@@ -13,9 +13,11 @@ import re
 import select
 import time
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import psutil
+
+from trainroom.core.samples import Duplicate
 
 PROC = "/proc"
 
@@ -216,13 +218,12 @@ def trainer_duplicates(
     trainer_pid: int | None = None,
     own_pgid: int | None = None,
     exclude: Collection[int] = (),
-) -> dict[str, Any] | None:
+) -> Duplicate | None:
     """Another process that runs the trainer's command in the trainer's working directory.
 
     The trainer's own process group and its descendants (data-loader workers, torchrun ranks carry
     the same command line) are ours, not duplicates. The live trainer's /proc cmdline wins over
     the recorded argv (it is what a duplicate started by hand would also show).
-    Returns {kind, ours, others, pids, cmdline, cwd} or None.
     """
     cmdline: list[str] = list(argv)
     ours: int | None = None
@@ -255,17 +256,17 @@ def trainer_duplicates(
     if not others:
         return None
     others.sort()
-    return {
-        "kind": "trainer",
-        "ours": ours,
-        "others": others,
-        "pids": ([ours] if ours is not None else []) + others,
-        "cmdline": cmdline,
-        "cwd": real_cwd,
-    }
+    return Duplicate(
+        kind="trainer",
+        ours=ours,
+        others=others,
+        pids=([ours] if ours is not None else []) + others,
+        cmdline=cmdline,
+        cwd=real_cwd,
+    )
 
 
-def host_process_duplicates(names: Iterable[str]) -> list[dict[str, Any]]:
+def host_process_duplicates(names: Iterable[str]) -> list[Duplicate]:
     """Two or more instances of a configured host process (e.g. the VM's): a session that was not
     released. Matched on the process name or the basename of argv[0]."""
     wanted = {n for n in names if n}
@@ -283,7 +284,7 @@ def host_process_duplicates(names: Iterable[str]) -> list[dict[str, Any]]:
         for name in wanted & candidates:
             found.setdefault(name, []).append(proc.pid)
     return [
-        {"kind": "host", "name": name, "pids": sorted(pids), "others": sorted(pids)[1:], "ours": None}
+        Duplicate(kind="host", name=name, pids=sorted(pids), others=sorted(pids)[1:])
         for name, pids in sorted(found.items())
         if len(pids) >= 2
     ]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.probes.gpu import GpuProbe, Nvml
 from trainroom.core.probes.host import HostProbe
 from trainroom.core.probes.locks import lock_holders
 from trainroom.core.probes.procs import (
@@ -25,6 +24,7 @@ from trainroom.core.probes.procs import (
     host_process_duplicates,
     trainer_duplicates,
 )
+from trainroom.core.samples import Duplicate, GpuSample, HostSample, ProcsSample
 
 
 class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
@@ -49,7 +49,7 @@ class ProbeSweep:
         *,
         lock_paths: Iterable[str] = (),
         host_process_names: Iterable[str] = (),
-        nvml: Any = None,
+        nvml: Nvml | None = None,
         gpu: GpuProbe | None = None,
         host: HostProbe | None = None,
         proc_root: str = PROC,
@@ -64,13 +64,13 @@ class ProbeSweep:
         self.host = host if host is not None else HostProbe(proc_root=proc_root, clock=clock)
         self.duplicate_every = max(1, duplicate_every)
         self._cycle = 0
-        self._duplicates: list[dict[str, Any]] = []
+        self._duplicates: list[Duplicate] = []
 
-    def procs(self, targets: ProbeTargets) -> dict[str, Any]:
+    def procs(self, targets: ProbeTargets) -> ProcsSample:
         states = group_states(targets.pgid, self.proc_root) if targets.alive and targets.pgid > 0 else {}
         watched = sorted({targets.pid, *targets.rank_pids} & set(states)) if states else []
         if self._cycle % self.duplicate_every == 0:
-            found = []
+            found: list[Duplicate] = []
             if targets.argv:
                 dup = trainer_duplicates(
                     targets.argv,
@@ -82,43 +82,37 @@ class ProbeSweep:
                     found.append(dup)
             found += host_process_duplicates(self.host_process_names)
             self._duplicates = found
-        return {
-            "attempt": targets.attempt,
-            "pgid": targets.pgid,
-            "states": states,
-            "activity": group_activity(watched, self.proc_root),
-            "locks": lock_holders(self.lock_paths, proc_root=self.proc_root),
-            "duplicates": self._duplicates,
-        }
+        return ProcsSample(
+            attempt=targets.attempt,
+            pgid=targets.pgid,
+            states=states,
+            activity=group_activity(watched, self.proc_root),
+            locks=lock_holders(self.lock_paths, proc_root=self.proc_root),
+            duplicates=self._duplicates,
+        )
 
     def sample(self, targets: ProbeTargets) -> p.ProbeSample:
-        """One cycle; never raises (each probe degrades to an `error` entry of its own)."""
+        """One cycle; never raises (each probe degrades to an unavailable reading of its own)."""
         t = self.clock()
         try:
             procs = self.procs(targets)
         except Exception as exc:
-            procs = {"error": f"{type(exc).__name__}: {exc}"}
-        ours = (
-            set((procs.get("states") or {}).keys())
-            | set(targets.rank_pids)
-            | ({targets.pid} if targets.alive else set())
-        )
+            procs = ProcsSample(
+                attempt=targets.attempt, pgid=targets.pgid, error=f"{type(exc).__name__}: {exc}"
+            )
+        ours = set(procs.states) | set(targets.rank_pids) | ({targets.pid} if targets.alive else set())
         try:
             gpu = self.gpu.sample(our_pids=ours)
         except Exception as exc:
-            gpu = {
-                "t": t,
-                "available": False,
-                "reason": f"driver view unavailable: {type(exc).__name__}: {exc}",
-            }
+            gpu = GpuSample(
+                t=t, available=False, reason=f"driver view unavailable: {type(exc).__name__}: {exc}"
+            )
         try:
             host = self.host.sample()
         except Exception as exc:
-            host = {
-                "t": t,
-                "available": False,
-                "reason": f"host memory view unavailable: {type(exc).__name__}: {exc}",
-            }
+            host = HostSample(
+                t=t, available=False, reason=f"host memory view unavailable: {type(exc).__name__}: {exc}"
+            )
         self._cycle += 1
         return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs)
 

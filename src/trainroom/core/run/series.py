@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.run.figures import ln_v
 
 METRICS = ("loss", "lr", "grad_norm", "step_time")
 MarkKind = Literal["checkpoint", "restart", "lr-change", "loss-scale"]
@@ -111,7 +112,7 @@ class Series:
     # ------------------------------------------------------------------ inputs
 
     def set_loss_baseline(self, vocab_size: int | None) -> None:
-        self.loss_baseline = math.log(vocab_size) if vocab_size and vocab_size >= 2 else None
+        self.loss_baseline = ln_v(vocab_size)
 
     def observe_step(
         self,

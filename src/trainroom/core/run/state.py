@@ -7,7 +7,6 @@ replays the journal. One fold, three readers: nothing a client shows can disagre
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -364,21 +363,6 @@ class RunState(msgspec.Struct, kw_only=True):
         del self.notes[:-NOTES]
 
     # ------------------------------------------------------------------ headline figures
-
-    def headline_loss(self) -> tuple[float | None, int | None, float | None]:
-        """Median loss across ranks, and the worst rank beside it (never only the mean)."""
-        losses = {r.rank: r.loss for r in self.ranks.values() if r.loss is not None and math.isfinite(r.loss)}
-        nonfinite = [r.rank for r in self.ranks.values() if r.loss is not None and not math.isfinite(r.loss)]
-        if nonfinite:
-            return (
-                statistics.median(losses.values()) if losses else float("nan"),
-                nonfinite[0],
-                float("nan"),
-            )
-        if not losses:
-            return None, None, None
-        worst = max(losses, key=lambda k: losses[k])
-        return statistics.median(losses.values()), worst, losses[worst]
 
     def step_interval(self) -> float | None:
         """The median step interval of the slowest rank (the one that paces the run)."""

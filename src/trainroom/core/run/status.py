@@ -4,11 +4,12 @@ added. A figure nobody measured is null, never invented."""
 from __future__ import annotations
 
 import math
-import signal
 import time
 from typing import Any
 
+from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState
+from trainroom.core.units import signal_name
 
 
 def _finite(x: float | None) -> float | str | None:
@@ -21,50 +22,17 @@ def _finite(x: float | None) -> float | str | None:
     return x
 
 
-def signal_name(sig: int | None) -> str | None:
-    if sig is None:
-        return None
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def driver_view(st: RunState) -> dict[str, Any]:
-    """The driver's figures for the run: per-process where the driver reports it, else the device."""
-    gpu = (st.probe.gpu if st.probe else {}) or {}
-    out: dict[str, Any] = {
-        "available": bool(gpu.get("available")),
-        "reason": gpu.get("reason"),
-        "used_bytes": None,
-        "total_bytes": None,
-        "run_bytes": None,
-        "per_process": bool(gpu.get("per_process")),
-    }
-    devices = gpu.get("devices") or []
-    if devices:
-        used = [d.get("used_bytes") for d in devices if d.get("used_bytes") is not None]
-        total = [d.get("total_bytes") for d in devices if d.get("total_bytes") is not None]
-        out["used_bytes"] = sum(used) if used else None
-        out["total_bytes"] = sum(total) if total else None
-    ours = [pr.get("used_bytes") for pr in gpu.get("processes") or [] if pr.get("ours")]
-    if out["per_process"] and ours and all(b is not None for b in ours):
-        out["run_bytes"] = sum(ours)
-    return out
-
-
 def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = True) -> dict[str, Any]:
     now = time.time() if now is None else now
     a = st.attempt
-    last_t = st.last_step_t()
-    interval = st.step_interval()
-    loss, worst_rank, worst_loss = st.headline_loss()
+    age = step_age(st, now)
+    rate = steps_per_s(st)
+    loss, worst_rank, worst_loss = run_loss(st)
     rank0 = st.ranks.get(0) or (next(iter(st.ranks.values())) if st.ranks else None)
     effective = rank0.lr if rank0 and rank0.lr else None
-    alloc = [r for r in st.ranks.values() if r.alloc_reserved is not None]
-    drv = driver_view(st)
-    host = (st.probe.host if st.probe else {}) or {}
-    disk = (st.probe.disk if st.probe else {}) or {}
+    v = vram(st)
+    host = st.probe.host if st.probe is not None else None
+    disk = st.probe.disk if st.probe is not None else None
     state = st.status
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
@@ -80,35 +48,40 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         "exit": {
             "code": a.exit_code if a else None,
             "signal": a.exit_signal if a else None,
-            "signal_name": signal_name(a.exit_signal) if a else None,
+            "signal_name": signal_name(a.exit_signal) if a and a.exit_signal is not None else None,
         },
         "instrumented": a.instrumented if a else None,
         "step": st.current_step(),
-        "step_age_s": round(now - last_t, 3) if last_t is not None else None,
-        "steps_per_s": round(1.0 / interval, 4) if interval else None,
+        "step_age_s": round(age, 3) if age is not None else None,
+        "steps_per_s": round(rate, 4) if rate else None,
         "loss": _finite(loss),
         "loss_worst": {"rank": worst_rank, "loss": _finite(worst_loss)} if worst_rank is not None else None,
         "lr": {"effective": effective, "requested": a.requested.lr if a else None},
         "vocab_size": a.requested.vocab_size if a else None,
         "vram": {
-            "driver_available": drv["available"],
-            "driver_reason": drv["reason"],
-            "driver_used_bytes": drv["used_bytes"],
-            "driver_total_bytes": drv["total_bytes"],
-            "driver_run_bytes": drv["run_bytes"],
-            "allocator_allocated_bytes": sum(r.alloc_allocated or 0 for r in alloc) if alloc else None,
-            "allocator_reserved_bytes": sum(r.alloc_reserved or 0 for r in alloc) if alloc else None,
+            "driver_available": v.available,
+            "driver_reason": v.reason if st.probe is not None and st.probe.gpu is not None else None,
+            "driver_used_bytes": v.used_bytes,
+            "driver_total_bytes": v.total_bytes,
+            "driver_run_bytes": v.run_bytes,
+            # Added: what the run owns by the driver's view (per-process, else the device less
+            # other live processes), over the allocator's reserve: GHOST_MEMORY's own figures.
+            "driver_owned_bytes": v.owned_bytes,
+            "driver_basis": v.basis,
+            "driver_over_allocator": v.ratio,
+            "allocator_allocated_bytes": v.allocated_bytes,
+            "allocator_reserved_bytes": v.reserved_bytes,
         },
         "host": {
-            "mem_available_bytes": host.get("mem_available_bytes"),
-            "page_cache_bytes": host.get("page_cache_bytes"),
-            "mem_total_bytes": host.get("mem_total_bytes"),
+            "mem_available_bytes": host.mem_available_bytes if host is not None else None,
+            "page_cache_bytes": host.page_cache_bytes if host is not None else None,
+            "mem_total_bytes": host.mem_total_bytes if host is not None else None,
         },
         "disk": {
-            "path": disk.get("path"),
-            "used_fraction": disk.get("used_fraction"),
-            "free_bytes": disk.get("free_bytes"),
-            "time_to_full_s": disk.get("time_to_full_s"),
+            "path": disk.path if disk is not None else None,
+            "used_fraction": disk.used_fraction if disk is not None else None,
+            "free_bytes": disk.free_bytes if disk is not None else None,
+            "time_to_full_s": disk.time_to_full_s if disk is not None else None,
         },
         "ranks": [
             {
@@ -134,7 +107,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             for c in st.checkpoints
         ],
         # The file a resume loads (`latest`, read by the keeper's disk probe; null without one).
-        "latest_checkpoint": disk.get("latest"),
+        "latest_checkpoint": disk.latest if disk is not None else None,
         "findings": [
             {
                 "code": f.code,

@@ -1,0 +1,202 @@
+"""Crash causes: the last traceback of a trainer's log as a Crash (for an uninstrumented trainer),
+MASKED_ERROR (an outer error hiding the innermost one: the seed's `SystemError: readinto` over
+`OSError: [Errno 12] Cannot allocate memory`) and REPEAT_DEATH (two deaths in one region of
+training). One MASKED_ERROR rule serves the watchdog (an attempt's crash) and the checkpoint
+verifier (a load that fails)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core.config import Thresholds
+from trainroom.core.findings import Finding
+from trainroom.core.health.life import death_cause
+from trainroom.core.run.state import RunState
+from trainroom.core.units import errno_name
+
+# --------------------------------------------------------------------------- MASKED_ERROR
+
+
+def _first_line(s: str, limit: int = 200) -> str:
+    line = s.strip().splitlines()[0] if s.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def masked_error(
+    chain: Sequence[p.ErrorLink | Mapping[str, object]],
+    during: str = "",
+    key: str = "",
+    *,
+    fatal: bool = True,
+    source: str | None = None,
+    attempt: int | None = None,
+) -> Finding | None:
+    """MASKED_ERROR: the outermost error of a chain (outermost first, as `protocol.error_chain`
+    and a journaled report give it) hides an innermost error of another kind, another type or
+    errno; a re-raise of the same kind with more words is not a mask. An innermost ENOMEM (or
+    MemoryError) suggests reclaiming host RAM.
+
+    Severity: critical when the error is fatal, that is what ended the attempt (the crash of an
+    attempt that has exited) or what blocks a resume (a checkpoint whose load fails with it): the
+    outer text would send whoever reads it after the wrong cause. A warning while the attempt that
+    reported it still runs, since a traceback a trainer caught and printed may not be what stops
+    it. `during` names the operation ("torch.load step-000300.pt") and prefixes the message.
+    """
+    links = [x if isinstance(x, p.ErrorLink) else msgspec.convert(x, p.ErrorLink) for x in chain]
+    if len(links) < 2:
+        return None
+    outer, inner = links[0], links[-1]
+    if (outer.type, outer.errno) == (inner.type, inner.errno):
+        return None
+    en = errno_name(inner.errno, inner.errno_name)
+    enomem = en == "ENOMEM" or inner.type == "MemoryError"
+    inner_txt = f"{inner.type}: {_first_line(inner.message)}" + (f" ({en})" if en else "")
+    outer_txt = f"{outer.type}: {_first_line(outer.message)}" if outer.message.strip() else outer.type
+    advice = "; host RAM ran out: reclaim the page cache before a resume" if enomem else ""
+    return Finding(
+        code="MASKED_ERROR",
+        severity="critical" if fatal else "warning",
+        action="reclaim" if enomem else None,
+        key=key or during,
+        message=(f"{during}: " if during else "") + f"`{outer_txt}` hides `{inner_txt}`{advice}",
+        evidence={
+            "outer": msgspec.to_builtins(outer),
+            "inner": msgspec.to_builtins(inner),
+            "chain": [f"{x.type}: {x.message}" for x in links],
+            "errno_name": en,
+            "during": during or None,
+            "source": source,
+            "attempt": attempt,
+        },
+    )
+
+
+def attempt_masked_error(run: RunState, log_crash: p.Crash | None) -> Finding | None:
+    """MASKED_ERROR of the current attempt's crash (the reporter's, else the log's traceback):
+    fatal once the attempt has ended."""
+    a = run.attempt
+    crash = (a.crash or log_crash) if a is not None else None
+    if a is None or crash is None:
+        return None
+    return masked_error(
+        crash.chain, key=f"attempt-{a.n}", fatal=a.ended_at is not None, source=crash.source, attempt=a.n
+    )
+
+
+# --------------------------------------------------------------------------- tracebacks in a log
+
+_TB_HEAD = re.compile(r"^Traceback \(most recent call last\):\s*$")
+_CHAIN = {
+    "The above exception was the direct cause of the following exception:": "cause",
+    "During handling of the above exception, another exception occurred:": "context",
+}
+_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank line prefix
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_ERRNO = re.compile(r"\[Errno (?P<n>-?\d+)\]")
+
+
+def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
+    """The exception line(s) after the frames of the traceback starting at `head`; and the index
+    just past the block."""
+    i = head + 1
+    n = len(lines)
+    while i < n and (lines[i].startswith(" ") or lines[i].startswith("\t")):
+        i += 1
+    if i >= n:
+        return None, i
+    m = _EXC_LINE.match(lines[i])
+    if m is None:
+        return None, i + 1
+    msg_lines = [m.group("msg") or ""]
+    j = i + 1
+    while j < n and lines[j].strip() and not _TB_HEAD.match(lines[j]) and lines[j].strip() not in _CHAIN:
+        msg_lines.append(lines[j])
+        j += 1
+    message = "\n".join(msg_lines).strip()
+    link = p.ErrorLink(type=m.group("type"), message=message)
+    em = _ERRNO.search(message)
+    if em is not None:
+        code = int(em.group("n"))
+        link = p.ErrorLink(type=link.type, message=message, errno=code, errno_name=errno_name(code))
+    return link, j
+
+
+def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
+    """The last Python traceback in a trainer log as a Crash (outermost link first), following the
+    "direct cause" and "During handling" chain back to its innermost error; None if there is none.
+    `t` stamps the Crash (default: now)."""
+    lines = [_PREFIX.sub("", ln.rstrip("\r")) for ln in text.splitlines()]
+    heads = [i for i, ln in enumerate(lines) if _TB_HEAD.match(ln)]
+    if not heads:
+        return None
+    last = heads[-1]
+    link, end = _parse_block(lines, last)
+    if link is None:
+        return None
+    chain = [link]
+    first = last
+    # Walk back: a chain sentence right above this traceback joins the one before it.
+    while True:
+        k = first - 1
+        while k >= 0 and not lines[k].strip():
+            k -= 1
+        if k < 0 or lines[k].strip() not in _CHAIN:
+            break
+        prev_heads = [h for h in heads if h < k]
+        if not prev_heads:
+            break
+        prev_link, _ = _parse_block(lines, prev_heads[-1])
+        if prev_link is None:
+            break
+        chain.append(prev_link)
+        first = prev_heads[-1]
+    return p.Crash(
+        t=time.time() if t is None else t, chain=chain, traceback="\n".join(lines[first:end]), source="log"
+    )
+
+
+# --------------------------------------------------------------------------- REPEAT_DEATH
+
+
+def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
+    """REPEAT_DEATH: the last two deaths within the window of the same step. Cleared once a later
+    attempt gets past that region."""
+    dead = [
+        a
+        for a in run.attempts
+        if a.ended_at is not None
+        and a.last_step is not None
+        and a.error is None
+        and not (a.exit_code == 0 and a.exit_signal is None)
+    ]
+    if len(dead) < 2:
+        return None
+    last, prev = dead[-1], dead[-2]
+    assert last.last_step is not None and prev.last_step is not None
+    if abs(last.last_step - prev.last_step) > th.repeat_death_window_steps:
+        return None
+    cur = run.attempt
+    region_end = max(last.last_step, prev.last_step) + th.repeat_death_window_steps
+    if cur is not None and cur.n > last.n and cur.last_step is not None and cur.last_step > region_end:
+        return None
+    return Finding(
+        code="REPEAT_DEATH",
+        severity="warning",
+        message=(
+            f"attempts {prev.n} and {last.n} both died near step {last.last_step} ({prev.last_step} and "
+            f"{last.last_step}, within {th.repeat_death_window_steps} steps): once is bad luck, twice in the "
+            "same place is a pattern in that region of training (a batch, a shard, the schedule)"
+        ),
+        key=f"step-{last.last_step}",
+        evidence={
+            "attempts": [prev.n, last.n],
+            "steps": [prev.last_step, last.last_step],
+            "window_steps": th.repeat_death_window_steps,
+            "causes": [death_cause(prev), death_cause(last)],
+        },
+    )

@@ -1,0 +1,177 @@
+"""What the probes read, as typed values: the driver's view of the GPU, host RAM, the attempt's
+processes, lock holders, duplicates and the checkpoint disk.
+
+One probe cycle's readings travel in `protocol.ProbeSample` (live, kept in the snapshot, never
+journaled); the rules, `status` and the control room read these fields, never a dict key guessed
+from a probe's format. A view the probe could not take is a normal value, not an exception:
+`available=False` with the reason (`driver view unavailable: ...`), or `error` for a disk reading.
+Every byte figure is in bytes; None is "not measured", never an invented zero.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+PidNamespace = Literal["host", "container", "unknown"]
+
+# Kernel state letters that say a process will never run again (proc(5)).
+GONE_STATES = frozenset("ZX")
+
+
+# --------------------------------------------------------------------------- GPU (probes.gpu)
+
+
+class GpuDevice(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One device as NVML reports it; a field NVML would not give is None."""
+
+    index: int
+    name: str | None = None
+    used_bytes: int | None = None
+    total_bytes: int | None = None
+    util_percent: int | None = None  # junk over 100 (zombie contexts) is dropped by the probe
+    power_w: float | None = None
+
+
+class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A compute process the driver lists, with what /proc says of its pid."""
+
+    pid: int
+    device: int = 0
+    # None: N/A from this driver (WSL2/WDDM, MIG): a normal value, not an error.
+    used_bytes: int | None = None
+    exists: bool = True  # the pid exists in our PID namespace
+    ours: bool = False  # one of the run's processes
+    state: str | None = None  # its kernel state letter; None when it does not exist
+
+    @property
+    def gone(self) -> bool:
+        """The pid is not there or will never run again: a context that outlived its process."""
+        return not self.exists or self.state in GONE_STATES
+
+
+class GpuSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    t: float
+    available: bool
+    reason: str = ""  # why not available: "driver view unavailable: ..."
+    # True: the driver gives per-process memory; False: N/A (device totals stand in); None: no
+    # process was listed, so nobody knows.
+    per_process: bool | None = None
+    pid_namespace: PidNamespace = "unknown"
+    notes: list[str] = []
+    devices: list[GpuDevice] = []
+    processes: list[GpuProcess] = []
+
+    @property
+    def ours(self) -> list[GpuProcess]:
+        return [x for x in self.processes if x.ours]
+
+
+# --------------------------------------------------------------------------- host (probes.host)
+
+
+class CgroupMemory(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """The memory cgroup this process lives in (v1 or v2)."""
+
+    version: Literal[1, 2]
+    path: str  # as /proc/self/cgroup names it
+    dir: str  # where its control files were found
+    limit_bytes: int | None = None  # None: no limit (or one above RAM)
+    usage_bytes: int | None = None
+    file_bytes: int | None = None
+    inactive_file_bytes: int | None = None
+    # limit - usage + inactive page cache: what the cgroup can still give.
+    available_bytes: int | None = None
+    reclaim_file: str | None = None  # memory.reclaim (v2, kernel >= 5.19)
+
+
+class HostSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    t: float
+    available: bool
+    reason: str = ""  # why not available: "host memory view unavailable: ..."
+    mem_total_bytes: int | None = None
+    mem_available_bytes: int | None = None
+    page_cache_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    swap_free_bytes: int | None = None
+    cgroup: CgroupMemory | None = None
+    # The smaller of what the host and our cgroup can still give: what a torch.load gets.
+    effective_available_bytes: int | None = None
+    wsl: bool = False
+
+
+# --------------------------------------------------------------------------- processes (probes.procs, probes.locks)
+
+
+class LockHolder(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A process that holds (or inherited) a lock, as /proc says it is now."""
+
+    pid: int
+    exists: bool
+    state: str | None = None
+    state_name: str = "gone"
+    pgid: int | None = None
+    comm: str | None = None
+    # What /proc/locks says of the lock (FLOCK/POSIX/OFDLCK, READ/WRITE); None for an inheritor.
+    kind: str | None = None
+    mode: str | None = None
+
+    @property
+    def gone(self) -> bool:
+        return not self.exists or self.state in GONE_STATES
+
+
+class LockInfo(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One configured lock file: who /proc/locks names, who keeps it through an inherited
+    descriptor when that one is gone, and who waits for it."""
+
+    path: str
+    key: str | None = None  # major:minor:inode as /proc/locks spells it; None: no such file
+    exists: bool = False
+    held: bool = False
+    holders: list[LockHolder] = []
+    inheritors: list[LockHolder] = []
+    waiters: list[int] = []
+
+
+class Duplicate(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """Another trainer on the same command and directory, or two instances of a host process."""
+
+    kind: Literal["trainer", "host"]
+    pids: list[int]  # ours first (when ours runs), then the others
+    others: list[int]
+    ours: int | None = None
+    name: str = ""  # the host process's name
+    cmdline: list[str] = []
+    cwd: str = ""
+
+
+class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    attempt: int = 0  # the attempt these states were read for
+    pgid: int = 0
+    states: dict[int, str] = {}  # pid -> kernel state letter, the attempt's process group
+    activity: dict[int, int] = {}  # pid -> main-thread activity counter
+    locks: list[LockInfo] = []
+    duplicates: list[Duplicate] = []
+    error: str | None = None  # the process probe itself failed
+
+
+# --------------------------------------------------------------------------- the checkpoint disk (keeper pipeline)
+
+
+class DiskSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    path: str
+    total_bytes: int | None = None
+    used_bytes: int | None = None
+    free_bytes: int | None = None  # what an unprivileged writer can still use, as df shows it
+    used_fraction: float | None = None
+    budget: bool = False  # the figures are a byte budget for the root, not a filesystem
+    budget_bytes: int | None = None
+    fstype: str | None = None
+    mountpoint: str | None = None
+    remote: bool | None = None
+    time_to_full_s: float | None = None  # None: no projection (no writer, or under 2 saves)
+    prunable_bytes: int | None = None
+    latest: str | None = None  # the file a resume loads
+    error: str | None = None  # the disk could not be read
