@@ -47,6 +47,7 @@ from trainroom.core.ops.doctor import TorchView, nvml_view, probe_cycles, proces
 from trainroom.core.probes.gpu import GpuProbe, load_nvml, pid_namespace
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.store import RunInfo
+from trainroom.core.samples import GpuProcess, GpuSample
 from trainroom.core.settings import LaunchOptions
 from trainroom.core.units import fmt_bytes
 
@@ -141,13 +142,13 @@ def check_process_calls(nvml: Any, index: int) -> Outcome:
     probe = GpuProbe(nvml)
     try:
         first = probe.sample()
-        if not first.get("available"):
+        if not first.available:
             return skipped("process_calls", f"NVML unavailable ({_reason(first)})")
         try:
             calls = process_call_ladder(probe.nvml, index)
         except Exception as exc:
             return passed("process_calls", False, f"device {index}: {exc}")
-        failing = [n for n in probe.sample().get("notes") or [] if "compute processes unavailable" in n]
+        failing = [n for n in probe.sample().notes if "compute processes unavailable" in n]
     finally:
         probe.close()
     uses = next((c.version for c in calls if c.ok), None)
@@ -162,27 +163,28 @@ def check_process_calls(nvml: Any, index: int) -> Outcome:
     return passed("process_calls", uses is not None and not failing, f"{said}; {verdict}", **figures)
 
 
-def _reason(sample: dict[str, Any]) -> str:
-    return str(sample.get("reason", "")).removeprefix("driver view unavailable: ")
+def _reason(sample: GpuSample) -> str:
+    return sample.reason.removeprefix("driver view unavailable: ")
 
 
 def check_probe_cycle(nvml: Any, cycles: int = 50) -> Outcome:
     probe = GpuProbe(nvml)
     try:
         first = probe.sample(our_pids=[os.getpid()])
-        if not first.get("available"):
+        if not first.available:
             return skipped("probe_cycle", f"NVML unavailable ({_reason(first)})")
         times, sample = probe_cycles(probe, cycles)
     finally:
         probe.close()
     times.sort()
     median, p95 = statistics.median(times), times[int(0.95 * (len(times) - 1))]
-    listed = len(sample.get("processes") or [])
+    listed = len(sample.processes) if sample is not None else 0
+    devices = len(sample.devices) if sample is not None else 0
     return passed(
         "probe_cycle",
         median <= PROBE_CYCLE_BOUND_MS,
         f"one probe cycle: median {median:.2f} ms, p95 {p95:.2f} ms, max {times[-1]:.2f} ms over {cycles} "
-        f"({len(sample.get('devices') or [])} device(s), {listed} compute process(es)); bound {PROBE_CYCLE_BOUND_MS:g} ms",
+        f"({devices} device(s), {listed} compute process(es)); bound {PROBE_CYCLE_BOUND_MS:g} ms",
         median_ms=round(median, 3),
         p95_ms=round(p95, 3),
         max_ms=round(times[-1], 3),
@@ -219,14 +221,14 @@ def _finding(code: str, **match: Any) -> Callable[[dict[str, Any]], Any]:
     return pred
 
 
-def _driver_row(nvml: Any, pid: int) -> dict[str, Any] | None:
+def _driver_row(nvml: Any, pid: int) -> GpuProcess | None:
     """The driver's compute-process row for `pid` (None: not listed)."""
     probe = GpuProbe(nvml)
     try:
         sample = probe.sample(our_pids=[pid])
     finally:
         probe.close()
-    return next((p for p in sample.get("processes") or [] if p["pid"] == pid), None)
+    return next((p for p in sample.processes if p.pid == pid), None)
 
 
 def trainer_phase(s: Session, nvml: Any, device: str, cpu: bool) -> list[Outcome]:
@@ -265,23 +267,23 @@ def judge_trainer(nvml: Any, pid: int, d: dict[str, Any]) -> list[Outcome]:
     figures: dict[str, Fact] = {
         "pid": pid,
         "listed": row is not None,
-        "listed_bytes": row["used_bytes"] if row else None,
+        "listed_bytes": row.used_bytes if row else None,
         "pid_namespace": pid_namespace(),
         "driver_run_bytes": run_bytes,
         "driver_used_bytes": vram["driver_used_bytes"],
     }
     if row is None:
         first = passed("trainer_vram", False, f"the driver does not list the trainer's pid {pid}", **figures)
-    elif row["used_bytes"] is None:
+    elif row.used_bytes is None:
         first = passed(
             "trainer_vram", True, f"pid {pid} listed; per-process memory N/A (WSL2/WDDM or MIG)", **figures
         )
     else:
-        agree = run_bytes is not None and abs(run_bytes - row["used_bytes"]) <= 64 * MIB
+        agree = run_bytes is not None and abs(run_bytes - row.used_bytes) <= 64 * MIB
         first = passed(
             "trainer_vram",
             agree,
-            f"the driver attributes {fmt_bytes(row['used_bytes'])} to pid {pid}; status says "
+            f"the driver attributes {fmt_bytes(row.used_bytes)} to pid {pid}; status says "
             f"{fmt_bytes(run_bytes)} for the run",
             **figures,
         )
@@ -396,7 +398,7 @@ def straggler_phase(s: Session, nvml: Any, device: str, cpu: bool) -> list[Outco
         return out
     row = _driver_row(nvml, spid)
     orphan, _ = s.wait(info, _finding("ORPHAN_CONTEXT", pid=spid), 15)
-    held = row["used_bytes"] if row else None
+    held = row.used_bytes if row else None
     for sig in (signal.SIGKILL, signal.SIGCONT):
         try:
             os.kill(spid, sig)
@@ -410,7 +412,7 @@ def straggler_phase(s: Session, nvml: Any, device: str, cpu: bool) -> list[Outco
             "orphan_context",
             orphan is not None,
             (orphan["message"] if orphan else f"no ORPHAN_CONTEXT for straggler pid {spid} within 15 s")
-            + f"; the driver listed it with {fmt_bytes(held)} (state {row.get('state') if row else None}); "
+            + f"; the driver listed it with {fmt_bytes(held)} (state {row.state if row else None}); "
             f"after SIGKILL: {'gone' if after is None else fmt_bytes(after['used_bytes'])}",
             straggler_pid=spid,
             listed=row is not None,

@@ -271,7 +271,7 @@ def test_every_binding_has_an_id_and_a_tooltip() -> None:
     from trainroom.tui.bindings import BINDINGS
 
     keys = {b.key: b for b in BINDINGS}
-    assert sorted(keys) == sorted(["k", "c", "p", "r", "d", "v", "b", "t", "question_mark", "q"])
+    assert sorted(keys) == sorted(["k", "c", "p", "r", "d", "g", "v", "b", "t", "question_mark", "q"])
     for b in BINDINGS:
         assert b.id and b.id.startswith("trainroom.") and b.tooltip
 

@@ -411,6 +411,8 @@ class ControlRoom(ActionFlow):
             return False
         if action in ("kill", "dump"):
             return figures.live_attempt(st)
+        if action == "continue":
+            return figures.live_attempt(st) and st.status == "hung"
         if action == "prune":
             return any(c.state != "pruned" for c in st.checkpoints)
         if action == "verify":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -38,6 +37,7 @@ from trainroom.core.ops.members import (
     process_of,
 )
 from trainroom.core.ops.vram import Progress, VramProbe, read_vram, wait_vram
+from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.procs import same_start, started_since
 from trainroom.core.probes.procs import start_ticks as _ticks_of
 from trainroom.core.units import fmt_bytes, fmt_clock
@@ -465,13 +465,7 @@ def _signal_all(
 
 
 def _mem_available(proc_root: str) -> int | None:
-    try:
-        for line in Path(proc_root, "meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return read_meminfo(os.path.join(proc_root, "meminfo")).get("MemAvailable")
 
 
 def _size(n: int | None) -> str:
