@@ -343,7 +343,7 @@ def ghost_step(s: Session, info: RunInfo, control: Path, cpu: bool, out: list[Ou
 
 def kill_step(info: RunInfo, pids: list[int], cpu: bool) -> Outcome:
     try:
-        reply = KeeperClient(info.sock).call("kill", {"grace_s": 5.0}, confirm=True, timeout_s=120)
+        reply = KeeperClient(info.sock).confirmed("kill", {"grace_s": 5.0}, timeout_s=120)
     except (KeeperGone, OSError) as exc:
         return passed("kill", False, f"the keeper did not answer the kill: {exc}")
     left = [p for p in pids if _alive(p)]
