@@ -239,7 +239,9 @@ def test_nan_raises_nonfinite_naming_the_module_with_the_tracer_on(trhome: Path)
     assert found[0].severity == "critical"
     j = status_json(info.run_id)
     assert "NONFINITE" in {f["code"] for f in j["findings"]}
-    assert j["loss"] == "nan" and j["loss_worst"] == {"rank": 0, "loss": "nan"}
+    # Strict JSON: a NaN loss is null, with the raw value beside it.
+    assert j["loss"] is None and j["loss_raw"] == "nan"
+    assert j["loss_worst"] == {"rank": 0, "loss": None, "loss_raw": "nan"}
 
 
 # ---------------------------------------------------------------------------- scenario 8: ranks

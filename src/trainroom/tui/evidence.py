@@ -75,10 +75,17 @@ def record_line(rec: Mapping[str, object]) -> str:
     return "  ".join(f"{k} {value_text(k, rec[k])}" for k in keys)
 
 
+# Plan fields a person does not need to confirm: the verdict (the dialog is the verdict), whether a
+# template shaped the command, and the note (the keeper's message says it).
+HIDDEN_PLAN_KEYS = frozenset({"ok", "templated", "note"})
+
+
 def plan_lines(plan: Mapping[str, object]) -> list[str]:
     """Every field of a plan: scalars as `key: value`, lists of records one indented line each."""
     out: list[str] = []
     for key, value in plan.items():
+        if key in HIDDEN_PLAN_KEYS or value is None or value == []:
+            continue  # bookkeeping, or nothing to say
         if isinstance(value, (list, tuple)) and value and all(isinstance(v, Mapping) for v in value):
             out.append(f"{key}: {len(value)}")
             out.extend("  " + record_line(v) for v in value)

@@ -39,10 +39,11 @@ class ConfirmAction(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box", classes="modal-box"):
             yield Label(QUESTIONS.get(self.action_name, f"{self.action_name}?"), id="confirm-question")
-            if self.message:
-                yield Static(self.message, id="confirm-message", markup=False)
+            # The target first, then the keeper's words, scrolling together; the buttons stay in view.
             with VerticalScroll(id="confirm-plan"):
                 yield Static("\n".join(plan_lines(self.plan)) or "(the keeper sent no details)", markup=False)
+                if self.message:
+                    yield Static(self.message, id="confirm-message", markup=False, classes="modal-hint")
             with Horizontal(classes="modal-buttons"):
                 yield Button(f"yes, {self.action_name} (y)", variant="error", id="confirm-yes")
                 yield Button("cancel (n)", variant="primary", id="confirm-no")
