@@ -286,6 +286,9 @@ class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=
     kind: str = "info"
 
 
+NotifyOutcome = Literal["delivered", "retrying", "failed", "held", "dropped", "unavailable"]
+
+
 class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=True):
     """One try to tell someone (core/notify): an alert, its resolved follow-up or a test, through
     one channel. `channel` is redacted (`webhook https://hooks.slack.com/…#1a2b`): a target's
@@ -295,7 +298,7 @@ class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=Tru
 
     t: float
     channel: str
-    outcome: Literal["delivered", "retrying", "failed", "held", "dropped", "unavailable"]
+    outcome: NotifyOutcome
     kind: Literal["alert", "resolved", "test", "digest"] = "alert"
     alert: str = ""  # the alert's identity: a finding's ident, or a state's name in capitals
     severity: str = ""

@@ -112,6 +112,10 @@ class Alerts:
         if SEVERITY_RANK.get(f.severity, 0) < self._threshold and f.ident not in self._finding_alert:
             return
         self._finding_alert[f.ident] = ident
+        source = f"finding {f.ident}"
+        if ident in self._sent:  # open and told: a refresh of its figures, or a second source
+            self._sources.setdefault(ident, set()).add(source)
+            return
         st = self._state()
         made = alerts.from_finding(
             f,
@@ -127,7 +131,7 @@ class Alerts:
             self._pending[ident] = msgspec.structs.replace(
                 pending, message=made.message, evidence=made.evidence, action=made.action or pending.action
             )
-        self._open(ident, f"finding {f.ident}", made)
+        self._open(ident, source, made)
 
     def _status(self, rec: p.RunStatus) -> None:
         ident = alerts.state_ident(rec.state)

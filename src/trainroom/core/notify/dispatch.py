@@ -24,7 +24,6 @@ from trainroom.core.notify.alert import Alert
 from trainroom.core.notify.channels import Channel, DeliveryError
 
 Report = Callable[[p.NotifyResult], None]
-Outcome = Callable[[p.NotifyResult], None]
 
 
 class TokenBucket:
@@ -154,12 +153,12 @@ class ChannelWorker:
         """The wait after failed try n: backoff_s, doubling, capped."""
         return min(self.policy.backoff_max_s, self.policy.backoff_s * 2.0 ** (n - 1))
 
-    def _result(self, d: Delivery, outcome: str, *, try_n: int = 0, detail: str = "") -> None:
+    def _result(self, d: Delivery, outcome: p.NotifyOutcome, *, try_n: int = 0, detail: str = "") -> None:
         now = time.time()
         r = p.NotifyResult(
             t=now,
             channel=self.channel.name,
-            outcome=outcome,  # type: ignore[arg-type]  # one of the Literal's, by construction
+            outcome=outcome,
             kind=d.alert.kind,
             alert=d.alert.ident,
             severity=d.alert.severity,
