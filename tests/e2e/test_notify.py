@@ -35,6 +35,7 @@ from trainroom.core import protocol as p
 from trainroom.core.run import journal
 from trainroom.core.run import store as runs
 from trainroom.core.settings import NotifyOptions
+from trainroom.core.units import redact_url
 
 START_S = 180.0  # torch's import on a loaded machine, then the demo's first steps
 SECRET = "s3cr3t-T0KEN-9731"
@@ -175,7 +176,7 @@ def test_silent_death_tells_every_channel_once_retries_a_failing_one_and_resolve
         assert shown["argv"][1:3] == ["--app-name=trainroom", "--urgency=critical"]
 
         # The failing receiver: three tries, each journaled, the last one failed.
-        fail_name = next(r.channel for r in _results(info) if r.detail.startswith("HTTP 500"))
+        fail_name = "webhook " + redact_url(failing_rx.url("/fail/" + SECRET))
 
         def tries() -> list[tuple[str, int]]:
             return [
@@ -184,6 +185,9 @@ def test_silent_death_tells_every_channel_once_retries_a_failing_one_and_resolve
 
         wait_for(lambda: len(tries()) == 3, timeout=60, what="three tries at the failing receiver")
         assert tries() == [("retrying", 1), ("retrying", 2), ("failed", 3)] and len(failing_rx.got()) == 3
+        assert all(
+            r.detail == "HTTP 500 Internal Server Error" for r in _results(info) if r.channel == fail_name
+        )
 
         # Resume: one resolved alert per channel; the run then finishes: one EXITED alert.
         wait_for(
