@@ -54,7 +54,7 @@ def _target(spec: str | None) -> tuple[RunInfo | None, cfg.Notify, str, str]:
             info = None
     if info is None:
         config, path = cfg.load_config(Path.cwd(), runs.state_dir())
-        where = str(path) if path else "no trainroom.toml"
+        where = str(path) if path else "the defaults (no trainroom.toml here)"
         return None, notify_settings(NotifyOptions(), config.notify), where, os.getcwd()
     rec = runs.read_record(Path(info.run_dir))
     config, path = cfg.load_config(rec.cwd, runs.state_dir())
