@@ -30,6 +30,11 @@ Example::
 
     [log]
     pattern = 'iter (?P<step>\\d+): loss (?P<loss>\\S+?),'
+
+    [notify]
+    min_severity = "warning"
+    webhook = "https://example.org/hooks/trainroom"
+    ntfy = ["https://ntfy.sh/my-secret-topic"]
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ import re
 import shlex
 import string
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -257,6 +263,53 @@ class Log(_Section):
     pattern: str = DEFAULT_LOG_PATTERN
 
 
+AlertSeverity = Literal["info", "warning", "critical"]
+AlertState = Literal["dead", "hung", "stalled", "exited"]
+ALERT_STATES: tuple[AlertState, ...] = ("dead", "hung", "stalled", "exited")
+# One target or a list of them: `webhook = "https://..."` and `webhook = ["https://...", ...]`.
+Targets = str | list[str]
+
+
+def as_list(targets: Targets) -> list[str]:
+    return [targets] if isinstance(targets, str) else list(targets)
+
+
+class Notify(_Section):
+    """Alerts from the keeper (core/notify): who is told, about what, how hard it tries.
+
+    Targets are secrets (a Slack webhook's path, an ntfy topic, a token in a command): the keeper
+    reads them from here or the run record and only ever journals, prints or sends a redacted name.
+    """
+
+    # Findings at or above this severity are alerted (state changes always are, see `states`).
+    min_severity: AlertSeverity = "warning"
+    states: list[AlertState] = msgspec.field(default_factory=lambda: list(ALERT_STATES))
+    # A command run with the alert in TRAINROOM_ALERT_* variables and as JSON on stdin (no shell).
+    command: Targets = []
+    # JSON POSTs: trainroom's own shape (`webhook`) or Slack's incoming-webhook shape (`slack`).
+    webhook: Targets = []
+    slack: Targets = []
+    # ntfy-style POSTs: the message as the body, title, priority and tags as headers.
+    ntfy: Targets = []
+    # notify-send, where a session bus exists (DBUS_SESSION_BUS_ADDRESS).
+    desktop: bool = False
+    # One delivery: each try may take timeout_s; a failed one is retried `retries` times, after
+    # backoff_s, doubling, at most backoff_max_s apart.
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=300)] = 5.0
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
+    backoff_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.0
+    backoff_max_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 60.0
+    # At most this many alerts a minute per channel; the rest wait and go out as one digest.
+    rate_per_min: Annotated[int, msgspec.Meta(ge=1, le=600)] = 10
+    # Alerts waiting per channel; past it new ones are dropped (and the drop journaled).
+    queue: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
+
+    def channel_count(self) -> int:
+        return sum(len(as_list(t)) for t in (self.command, self.webhook, self.slack, self.ntfy)) + int(
+            self.desktop
+        )
+
+
 class Config(_Section):
     # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
     # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
@@ -274,6 +327,7 @@ class Config(_Section):
     auto_resume: AutoResume = msgspec.field(default_factory=AutoResume)
     log: Log = msgspec.field(default_factory=Log)
     bench: Bench = msgspec.field(default_factory=Bench)
+    notify: Notify = msgspec.field(default_factory=Notify)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""
@@ -398,8 +452,45 @@ def _lower_first(s: str) -> str:
     return s[:1].lower() + s[1:]
 
 
+def check_url(url: str) -> str | None:
+    """Why an alert URL cannot be used (one phrase), or None. Never echoes the URL: it may hold a
+    secret."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return f"expected an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}"
+    if not parts.hostname:
+        return "expected a URL with a host"
+    return None
+
+
+def check_command(command: str) -> str | None:
+    """Why an alert command cannot be used, or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        return f"expected a shell-like command, got one that fails: {exc}"
+    return None if words else "expected a command, got an empty string"
+
+
+def _check_notify(n: Notify, path: str | os.PathLike[str]) -> None:
+    for key in ("webhook", "slack", "ntfy"):
+        for i, url in enumerate(as_list(getattr(n, key))):
+            why = check_url(url)
+            if why:
+                raise ConfigError(f"{path}: notify.{key}[{i}]: {why}")
+    for i, command in enumerate(as_list(n.command)):
+        why = check_command(command)
+        if why:
+            raise ConfigError(f"{path}: notify.command[{i}]: {why}")
+
+
 def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
     """What types alone cannot say: orderings, a compilable regex, known placeholders."""
+    _check_notify(config.notify, path)
     t = config.thresholds
     if t.disk_warn >= t.disk_critical:
         raise ConfigError(

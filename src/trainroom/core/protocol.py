@@ -339,6 +339,27 @@ class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=
     kind: str = "info"
 
 
+NotifyOutcome = Literal["delivered", "retrying", "failed", "held", "dropped", "unavailable"]
+
+
+class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=True):
+    """One try to tell someone (core/notify): an alert, its resolved follow-up or a test, through
+    one channel. `channel` is redacted (`webhook https://hooks.slack.com/…#1a2b`): a target's
+    secret never reaches the journal. Outcomes: delivered; retrying (this try failed, another
+    follows); failed (the last try failed); held (over the rate limit: it goes out in the next
+    digest); dropped (the channel's queue was full); unavailable (the channel cannot work here)."""
+
+    t: float
+    channel: str
+    outcome: NotifyOutcome
+    kind: Literal["alert", "resolved", "test", "digest"] = "alert"
+    alert: str = ""  # the alert's identity: a finding's ident, or a state's name in capitals
+    severity: str = ""
+    try_n: int = 0  # 1-based; 0: no try was made (held, dropped, unavailable)
+    detail: str = ""  # HTTP 500, timed out after 5 s, exit 3, ... (redacted too)
+    latency_s: float | None = None  # from the alert to this outcome
+
+
 Record = Union[
     AttemptStarted,
     AttemptEnded,
@@ -354,6 +375,7 @@ Record = Union[
     KeeperStarted,
     KeeperNote,
     JournalDamaged,
+    NotifyResult,
 ]
 
 # --------------------------------------------------------------------------- keeper -> client

@@ -18,6 +18,7 @@ from typing import Annotated
 import msgspec
 
 from trainroom.core import config as cfg
+from trainroom.core.units import redact_command, redact_url
 
 DEFAULT_LINGER_S = 3600.0
 ENV_CKPT_ROOT = "TRAINROOM_CKPT_ROOT"
@@ -27,6 +28,27 @@ ENV_PROC_ROOT = "TRAINROOM_PROC_ROOT"
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class NotifyOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """`launch --notify-*`: alert channels added to trainroom.toml's [notify], and its threshold.
+    The targets are secrets: RunState carries `redacted()` copies only."""
+
+    webhook: list[str] = []
+    slack: list[str] = []
+    ntfy: list[str] = []
+    command: list[str] = []
+    desktop: bool = False
+    min_severity: cfg.AlertSeverity | None = None
+
+    def redacted(self) -> NotifyOptions:
+        return msgspec.structs.replace(
+            self,
+            webhook=[redact_url(u) for u in self.webhook],
+            slack=[redact_url(u) for u in self.slack],
+            ntfy=[redact_url(u) for u in self.ntfy],
+            command=[redact_command(c) for c in self.command],
+        )
 
 
 class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -48,6 +70,11 @@ class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The demo's GPU scenarios on a machine without one: the keeper reads a fake NVML.
     fake_nvml: bool = False
     demo: bool = False
+    notify: NotifyOptions = msgspec.field(default_factory=NotifyOptions)
+
+    def shown(self) -> LaunchOptions:
+        """These options as every reader may see them (the run's state, snapshots): secrets redacted."""
+        return msgspec.structs.replace(self, notify=self.notify.redacted())
 
 
 class HostRoots(msgspec.Struct, kw_only=True, frozen=True):
@@ -82,6 +109,8 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     roots: HostRoots
     # Why the project's trainroom.toml was not used (the keeper journals it as a warning).
     config_note: str | None = None
+    # The alert channels: trainroom.toml's [notify] with the launch flags' targets added.
+    notify: cfg.Notify = msgspec.field(default_factory=cfg.Notify)
 
     def auto_resume_delay(self, n: int) -> float:
         """The wait before automatic resume number n (1-based)."""
@@ -127,6 +156,26 @@ def resolve(
             cgroup=env.get(ENV_SYS_ROOT, "/sys/fs/cgroup"),
         ),
         config_note=config_note,
+        notify=notify_settings(options.notify, config.notify),
+    )
+
+
+def notify_settings(options: NotifyOptions, config: cfg.Notify) -> cfg.Notify:
+    """trainroom.toml's [notify] with the flags' targets added (each once) and their threshold
+    over the file's."""
+
+    def merged(from_config: cfg.Targets, from_flags: list[str]) -> list[str]:
+        out = cfg.as_list(from_config)
+        return out + [t for t in from_flags if t not in out]
+
+    return msgspec.structs.replace(
+        config,
+        webhook=merged(config.webhook, options.webhook),
+        slack=merged(config.slack, options.slack),
+        ntfy=merged(config.ntfy, options.ntfy),
+        command=merged(config.command, options.command),
+        desktop=config.desktop or options.desktop,
+        min_severity=options.min_severity or config.min_severity,
     )
 
 

@@ -1,4 +1,5 @@
-"""How trainroom writes figures, once: bytes, durations, clocks, signal and errno names.
+"""How trainroom writes figures, once: bytes, durations, clocks, signal and errno names, and
+alert targets with their secrets left out.
 
 Every message a rule writes, every line `status` prints and every panel of the control room
 formats through these, so one figure reads the same everywhere (nvitop's `bytes2human` is the
@@ -9,9 +10,13 @@ model). Binary units throughout, as nvidia-smi, free and df -h show them. An unk
 from __future__ import annotations
 
 import errno as errno_mod
+import hashlib
 import math
+import os
+import shlex
 import signal
 import time
+from urllib.parse import urlsplit
 
 UNKNOWN = "—"
 KIB = 1 << 10
@@ -73,3 +78,33 @@ def errno_name(number: int | None, name: str | None = None) -> str | None:
     if number is not None:
         return errno_mod.errorcode.get(number)
     return None
+
+
+def _tag(secret: str) -> str:
+    """Four hex digits that tell two redacted targets apart without giving either away."""
+    return hashlib.sha256(secret.encode()).hexdigest()[:4]
+
+
+def redact_url(url: str) -> str:
+    """An alert URL as it may be shown: scheme, host and port only (a Slack webhook's path, an
+    ntfy topic, a token in the query or user part are secrets), tagged so two stay apart:
+    `https://hooks.slack.com/…#1a2b`."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return f"<url>#{_tag(url)}"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{port}/…#{_tag(url)}"
+
+
+def redact_command(command: str) -> str:
+    """An alert command as it may be shown: the program's name only (its arguments may carry a
+    token), tagged: `notify.sh …#1a2b`."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    name = os.path.basename(words[0]) if words else "?"
+    return f"{name} …#{_tag(command)}"

@@ -7,9 +7,11 @@ import os
 from typing import Any
 
 from trainroom.core import argtypes
+from trainroom.core.cli.errors import CliError
+from trainroom.core.config import check_command, check_url
 from trainroom.core.run.launch import launch
 from trainroom.core.run.launch import launch_options as launch_options_from
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.settings import LaunchOptions, NotifyOptions
 
 MAX_LINGER_S = 30 * 86400.0
 
@@ -28,7 +30,34 @@ def launch_options(args: argparse.Namespace) -> LaunchOptions:
         opts["keep_verified_copies"] = True
     if getattr(args, "disk_budget", None):
         opts["disk_budget_bytes"] = args.disk_budget
+    notify = notify_options(args)
+    if notify != NotifyOptions():
+        opts["notify"] = notify
     return launch_options_from(opts)
+
+
+def notify_options(args: argparse.Namespace) -> NotifyOptions:
+    """The --notify-* flags, each target checked here (a bad one is exit 2, and is never echoed:
+    a URL may hold a secret)."""
+    targets: dict[str, list[str]] = {}
+    for key in ("webhook", "slack", "ntfy"):
+        urls = list(getattr(args, f"notify_{key}", None) or [])
+        for url in urls:
+            why = check_url(url)
+            if why:
+                raise CliError(f"--notify-{key}: {why}")
+        targets[key] = urls
+    commands = list(getattr(args, "notify_command", None) or [])
+    for command in commands:
+        why = check_command(command)
+        if why:
+            raise CliError(f"--notify-command: {why}")
+    return NotifyOptions(
+        **targets,
+        command=commands,
+        desktop=bool(getattr(args, "notify_desktop", False)),
+        min_severity=getattr(args, "notify_min_severity", None),
+    )
 
 
 def add_launch_options(sp: argparse.ArgumentParser) -> None:
@@ -78,6 +107,31 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
         dest="disk_budget",
         type=argtypes.size,
         help="bytes the checkpoint root may use, e.g. 50G",
+    )
+    add_notify_options(sp)
+
+
+def add_notify_options(sp: argparse.ArgumentParser) -> None:
+    """Alert channels for this run, added to trainroom.toml's [notify] (README: Alerts and metrics)."""
+    g = sp.add_argument_group("alerts (added to trainroom.toml's [notify])")
+    g.add_argument("--notify-webhook", action="append", metavar="URL", help="POST each alert as JSON")
+    g.add_argument(
+        "--notify-slack", action="append", metavar="URL", help="a Slack-compatible incoming webhook"
+    )
+    g.add_argument(
+        "--notify-ntfy", action="append", metavar="URL", help="an ntfy topic URL (ntfy.sh or your own)"
+    )
+    g.add_argument(
+        "--notify-command",
+        action="append",
+        metavar="CMD",
+        help="run CMD per alert: TRAINROOM_ALERT_* variables, JSON on stdin",
+    )
+    g.add_argument("--notify-desktop", action="store_true", help="notify-send, where a session bus exists")
+    g.add_argument(
+        "--notify-min-severity",
+        choices=("info", "warning", "critical"),
+        help="findings at or above this are alerted (default: warning)",
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from trainroom.core import argtypes
-from trainroom.core.cli import act, ckpt, doctor, show
+from trainroom.core.cli import act, ckpt, doctor, events, export, notify, show
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
 from trainroom.core.config import ConfigError
@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_watch)
 
     add_demo_parser(sub, cmd_demo)
+    events.add_parser(sub)
+    notify.add_parser(sub)
+    export.add_parser(sub)
 
     for action, text in (
         ("kill", "kill the trainer's process group (SIGTERM, grace, SIGKILL)"),

@@ -35,6 +35,7 @@ from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
 from trainroom.core.keeper.server import Server, pid_alive
 from trainroom.core.keeper.supervision import Supervision
+from trainroom.core.notify.alerts import Alerts
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
 from trainroom.core.run.journal import Journal
@@ -73,7 +74,13 @@ class Keeper:
         )
         self.record.ckpt_root = self._settings.ckpt_root
         self.view = RunView(
-            RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options)
+            RunState(
+                run_id=rec.run_id,
+                argv=rec.argv,
+                cwd=rec.cwd,
+                created=rec.created,
+                options=rec.options.shown(),
+            )
         )
         self.journal = Journal(run_dir / runs.JOURNAL_NAME)
         self.sock_path = run_dir / runs.SOCKET_NAME
@@ -99,6 +106,10 @@ class Keeper:
             else None
         )
         self.server = Server(self, self.actions)
+        # Alerts observe what is emitted and deliver off the loop (core/notify); `notify --test`
+        # reaches them as an action.
+        self.alerts = Alerts.for_run(self._settings.notify, cwd=rec.cwd, sink=self, state=lambda: self.state)
+        self.actions.handlers["notify-test"] = self.alerts.test_action
 
     # ------------------------------------------------------------------ RunContext
 
@@ -146,6 +157,7 @@ class Keeper:
         self.view.apply(rec)
         self.supervision.observe(rec)
         self.pipeline.observe(rec)
+        self.alerts.observe(rec)
         if journal:
             self.journal.append(rec)
         self.server.queue(rec)
@@ -417,6 +429,7 @@ class Keeper:
             t.cancel()
         await self.server.close()
         self.supervision.close()
+        await self.alerts.close()
         self.journal.close()
         return 0
 

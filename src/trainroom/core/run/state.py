@@ -22,6 +22,7 @@ RECENT_STEPS = 512  # raw steps kept in memory and in the snapshot (the journal 
 INTERVALS = 64  # step intervals kept per rank for the cadence statistics
 NOTES = 200
 ACTIONS = 50
+NOTIFICATIONS = 50
 
 
 class StepRow(msgspec.Struct, array_like=True):
@@ -137,6 +138,9 @@ class RunState(msgspec.Struct, kw_only=True):
     keeper_pid: int | None = None
     # What a journal reader had to skip (JournalDamaged): shown, never silently dropped.
     journal_damage: JournalDamage = msgspec.field(default_factory=lambda: JournalDamage())
+    # The last alert deliveries (core/notify), newest last, and how many of each outcome so far.
+    notifications: list[p.NotifyResult] = []
+    notify_outcomes: dict[str, int] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -358,6 +362,11 @@ class RunState(msgspec.Struct, kw_only=True):
     def _keeper_note(self, r: p.KeeperNote) -> None:
         self._note({"t": r.t, "kind": r.kind, "message": r.message})
 
+    def _notify(self, r: p.NotifyResult) -> None:
+        self.notifications.append(r)
+        del self.notifications[:-NOTIFICATIONS]
+        self.notify_outcomes[r.outcome] = self.notify_outcomes.get(r.outcome, 0) + 1
+
     def _note(self, note: dict[str, Any]) -> None:
         self.notes.append(note)
         del self.notes[:-NOTES]
@@ -403,6 +412,7 @@ _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.KeeperStarted: RunState._keeper_started,
     p.KeeperNote: RunState._keeper_note,
     p.JournalDamaged: RunState._journal_damaged,
+    p.NotifyResult: RunState._notify,
 }
 
 

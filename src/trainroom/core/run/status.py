@@ -11,6 +11,8 @@ from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState
 from trainroom.core.units import signal_name
 
+NOTIFY_RECENT = 20
+
 
 def _finite(x: float | None) -> float | str | None:
     if x is None:
@@ -135,4 +137,23 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             for x in st.attempts
         ],
         "steps_total": st.steps_total,
+        # Alerts the keeper sent (core/notify): outcome counts, and the last deliveries, newest
+        # last. Channel names are redacted; a target's secret never appears here.
+        "notify": {
+            "outcomes": dict(st.notify_outcomes),
+            "recent": [
+                {
+                    "t": n.t,
+                    "channel": n.channel,
+                    "kind": n.kind,
+                    "alert": n.alert,
+                    "severity": n.severity or None,
+                    "outcome": n.outcome,
+                    "try": n.try_n,
+                    "detail": n.detail or None,
+                    "latency_s": n.latency_s,
+                }
+                for n in st.notifications[-NOTIFY_RECENT:]
+            ],
+        },
     }

@@ -221,7 +221,9 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
     """The journal replayed into the run's state (and its plot series, unless told not to)."""
     d = Path(run_dir)
     rec = read_record(d)
-    st = RunState(run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options)
+    st = RunState(
+        run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options.shown()
+    )
     view = RunView(st)
     fold = view.apply if series else st.apply
     for r in journal.read_journal(d / JOURNAL_NAME):

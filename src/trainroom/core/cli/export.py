@@ -1,0 +1,284 @@
+"""`trainroom export --port N [--bind 127.0.0.1]`: every live run under TRAINROOM_HOME in the
+Prometheus/OpenMetrics text format, for the dashboards people already run (the model:
+nvitop-exporter and dcgm-exporter for GPUs).
+
+prometheus_client writes the format (its own registry, one custom collector, content negotiated
+per scrape). On each scrape the collector asks each live keeper for a snapshot through
+KeeperClient (as `status` does) and reads the figures `status --json` reports; a figure nobody
+measured is left out, never exported as 0. Labels: run, job (the trainer's script or module
+name), host, and rank (per-rank figures). Binds to loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from trainroom.core.cli.errors import CliError
+from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient, KeeperGone
+from trainroom.core.run.state import RunState
+from trainroom.core.run.status import status_dict
+
+STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "exited")
+CHECKPOINT_STATES = ("candidate", "verifying", "verified", "rejected", "pruned")
+SNAPSHOT_TIMEOUT_S = 2.0  # one keeper that does not answer must not hold the whole scrape
+RUN_LABELS = ["run", "job", "host"]
+RANK_LABELS = ["run", "job", "host", "rank"]
+
+
+def add_parser(sub: Any) -> None:
+    sp = sub.add_parser("export", help="serve every live run's metrics for Prometheus (loopback by default)")
+    sp.add_argument("--port", type=int, required=True, help="TCP port (0: any free one, printed)")
+    sp.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sp.set_defaults(func=cmd_export)
+
+
+def job_of(run_id: str) -> str:
+    """`20261202-172724-train-1994` -> `train`: what the run's id says it runs."""
+    parts = run_id.split("-")
+    return "-".join(parts[2:-1]) or run_id
+
+
+class _Families:
+    """The metric families of one scrape, filled run by run."""
+
+    def __init__(self) -> None:
+        self.all: dict[str, Metric] = {}
+
+    def gauge(self, name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
+        m = self.all.get(name)
+        if m is None:
+            m = self.all[name] = GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+        assert isinstance(m, GaugeMetricFamily)
+        return m
+
+    def counter(self, name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+        m = self.all.get(name)
+        if m is None:
+            m = self.all[name] = CounterMetricFamily(name, doc, labels=labels)
+        assert isinstance(m, CounterMetricFamily)
+        return m
+
+    def put(self, name: str, doc: str, labels: dict[str, str], value: float | None, unit: str = "") -> None:
+        """A gauge sample; an unmeasured (None) or non-numeric figure is left out."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        self.gauge(name, doc, list(labels), unit).add_metric(list(labels.values()), float(value))
+
+
+class RunsCollector(Collector):
+    """Every live run under the state dir, read from its keeper at scrape time."""
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+
+    def collect(self) -> Iterator[Metric]:
+        f = _Families()
+        live = [r for r in runs.list_runs() if r.alive]
+        f.put("trainroom_runs_live", "Runs under TRAINROOM_HOME whose keeper is up", {}, len(live))
+        for info in live:
+            base = {"run": info.run_id, "job": job_of(info.run_id), "host": self.host}
+            t0 = time.monotonic()
+            try:
+                client = KeeperClient(info.sock, timeout_s=SNAPSHOT_TIMEOUT_S)
+                try:
+                    st = client.subscribe(client="export", live=False)
+                finally:
+                    client.close()
+            except (KeeperGone, OSError):
+                f.put("trainroom_keeper_up", "1 when the run's keeper answered this scrape", base, 0)
+                continue
+            f.put("trainroom_keeper_up", "1 when the run's keeper answered this scrape", base, 1)
+            f.put(
+                "trainroom_keeper_snapshot_seconds",
+                "How long the keeper took to answer this scrape's snapshot",
+                base,
+                time.monotonic() - t0,
+            )
+            _keeper_process(f, base, st)
+            _run_metrics(f, base, st)
+        yield from f.all.values()
+
+
+def _keeper_process(f: _Families, base: dict[str, str], st: RunState) -> None:
+    """The keeper's own health: its memory and CPU (read from /proc by psutil)."""
+    if st.keeper_pid is None:
+        return
+    try:
+        proc = psutil.Process(st.keeper_pid)
+        with proc.oneshot():
+            rss = proc.memory_info().rss
+            cpu = proc.cpu_times()
+            started = proc.create_time()
+    except psutil.Error:
+        return
+    f.put("trainroom_keeper_resident_memory_bytes", "The keeper's resident memory", base, rss)
+    f.put("trainroom_keeper_start_time_seconds", "When the keeper started (Unix time)", base, started)
+    f.counter("trainroom_keeper_cpu_seconds", "CPU time the keeper used", list(base)).add_metric(
+        list(base.values()), cpu.user + cpu.system
+    )
+
+
+def _run_metrics(f: _Families, base: dict[str, str], st: RunState) -> None:
+    d = status_dict(st)
+    for s in STATES:
+        f.put(
+            "trainroom_run_state",
+            "1 for the run's state, 0 for the others",
+            {**base, "state": s},
+            int(d["state"] == s),
+        )
+    f.put("trainroom_run_attempt", "The attempt running (or last run)", base, d["attempt"])
+    f.put("trainroom_step", "The run's step (the slowest rank's)", base, d["step"])
+    f.put("trainroom_step_age_seconds", "Seconds since the last step", base, d["step_age_s"])
+    f.put(
+        "trainroom_steps_per_second",
+        "Steps per second (median interval of the slowest rank)",
+        base,
+        d["steps_per_s"],
+    )
+    f.put("trainroom_loss", "The median loss across ranks", base, _num(d["loss"]))
+    f.put("trainroom_lr_requested", "The learning rate the session asked for", base, d["lr"]["requested"])
+    vram, host, disk = d["vram"], d["host"], d["disk"]
+    f.put(
+        "trainroom_vram_driver_available",
+        "1 when the driver (NVML) answers for the run's devices",
+        base,
+        int(bool(vram["driver_available"])),
+    )
+    f.put(
+        "trainroom_vram_driver_used_bytes",
+        "VRAM in use, the driver's view (the run's devices)",
+        base,
+        vram["driver_used_bytes"],
+    )
+    f.put(
+        "trainroom_vram_driver_total_bytes",
+        "VRAM on the run's devices, the driver's view",
+        base,
+        vram["driver_total_bytes"],
+    )
+    f.put(
+        "trainroom_vram_driver_run_bytes",
+        "VRAM the driver attributes to the run's processes",
+        base,
+        vram["driver_run_bytes"],
+    )
+    f.put(
+        "trainroom_host_memory_available_bytes",
+        "MemAvailable (cgroup-aware)",
+        base,
+        host["mem_available_bytes"],
+    )
+    f.put("trainroom_host_page_cache_bytes", "Host page cache", base, host["page_cache_bytes"])
+    f.put("trainroom_host_memory_total_bytes", "Host memory", base, host["mem_total_bytes"])
+    f.put(
+        "trainroom_disk_used_ratio",
+        "Used fraction of the checkpoint disk (or budget)",
+        base,
+        disk["used_fraction"],
+    )
+    f.put(
+        "trainroom_disk_free_bytes", "Free bytes on the checkpoint disk (or budget)", base, disk["free_bytes"]
+    )
+    f.put(
+        "trainroom_disk_time_to_full_seconds",
+        "Seconds until the checkpoint disk fills at the current rate",
+        base,
+        disk["time_to_full_s"],
+    )
+    for state in CHECKPOINT_STATES:
+        n = sum(c.state == state for c in st.checkpoints)
+        f.put("trainroom_checkpoints", "Checkpoints by state", {**base, "state": state}, n)
+    open_by: dict[tuple[str, str], int] = {}
+    for x in st.findings.values():
+        open_by[(x.code, x.severity)] = open_by.get((x.code, x.severity), 0) + 1
+    for (code, severity), n in sorted(open_by.items()):
+        f.put(
+            "trainroom_findings_open",
+            "Open findings by code and severity",
+            {**base, "code": code, "severity": severity},
+            n,
+        )
+    alerts = f.counter(
+        "trainroom_alerts", "Alert delivery outcomes since the keeper started", [*base, "outcome"]
+    )
+    for outcome, n in sorted(st.notify_outcomes.items()):
+        alerts.add_metric([*base.values(), outcome], n)
+    _rank_metrics(f, base, st)
+
+
+def _rank_metrics(f: _Families, base: dict[str, str], st: RunState) -> None:
+    for r in sorted(st.ranks.values(), key=lambda r: r.rank):
+        lab = {**base, "rank": str(r.rank)}
+        f.put("trainroom_rank_step", "The rank's last step", lab, r.step)
+        f.put("trainroom_rank_loss", "The rank's last loss", lab, _num(r.loss))
+        f.put("trainroom_rank_step_seconds", "The rank's median step interval", lab, r.median_interval)
+        f.put("trainroom_rank_tokens_per_second", "The rank's tokens per second", lab, r.tokens_per_s)
+        f.put(
+            "trainroom_vram_allocator_allocated_bytes",
+            "VRAM the rank's allocator holds in tensors",
+            lab,
+            r.alloc_allocated,
+        )
+        f.put(
+            "trainroom_vram_allocator_reserved_bytes",
+            "VRAM the rank's allocator reserved",
+            lab,
+            r.alloc_reserved,
+        )
+        for i, lr in enumerate(r.lr):
+            f.put(
+                "trainroom_lr_effective",
+                "The optimizer's effective LR per param group",
+                {**lab, "param_group": str(i)},
+                lr,
+            )
+
+
+def _num(x: Any) -> float | None:
+    """status' loss is a number, a string for a non-finite one ("nan"), or None."""
+    if isinstance(x, str):
+        return float(x)
+    return x if isinstance(x, (int, float)) else None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port {args.port}: expected 0..65535")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunsCollector())
+    try:
+        server, thread = start_http_server(args.port, addr=args.bind, registry=registry)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CliError(f"cannot listen on {args.bind}:{args.port}: {why}") from None
+    host, port = server.server_address[:2]
+    if args.bind not in ("127.0.0.1", "::1", "localhost"):
+        print(
+            f"trainroom: warning: serving beyond loopback on {args.bind}: anyone who reaches it reads every run",
+            file=sys.stderr,
+        )
+    print(f"serving http://{_url_host(str(host))}:{port}/metrics (runs under {runs.state_dir()})", flush=True)
+    stop = threading.Event()
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        thread.join(2.0)
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
