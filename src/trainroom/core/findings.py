@@ -80,11 +80,23 @@ ACTIONS: tuple[Action, ...] = (
 ACTION_KEYS: dict[str, str] = {a.name: a.key for a in ACTIONS}
 
 
+class Target(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What a finding's fix key acts on when that is not the run's own trainer: the processes a
+    targeted kill (`kill --finding IDENT`) signals, named in words for the key's label
+    ("[k] kill pid 4974, the second trainer"). The keeper checks each pid again when it plans."""
+
+    pids: list[int] = []
+    label: str = ""  # in words, without the verb: "pid 4974, the second trainer"
+
+
 class Finding(msgspec.Struct, kw_only=True, omit_defaults=True):
     code: str
     severity: Severity
     message: str
     action: str | None = None
+    # What `action` acts on when it is not the run's trainer (a kill of a duplicate, a lock
+    # holder, leftovers of earlier attempts). None: the action's usual target.
+    target: Target | None = None
     # What tells two open findings of one code apart (a rank, a lock path, a tensor name).
     key: str = ""
     evidence: dict[str, Any] = {}
