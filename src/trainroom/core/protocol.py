@@ -303,6 +303,8 @@ class ProbeSample(msgspec.Struct, tag="probe", kw_only=True, omit_defaults=True)
     host: HostSample | None = None
     disk: DiskSample | None = None
     procs: ProcsSample | None = None
+    # A probe that raised (a bug, not an unavailable reading): its name -> "Type: message\n<traceback>".
+    faults: dict[str, str] = {}
 
 
 class RunStatus(msgspec.Struct, tag="status", kw_only=True, omit_defaults=True):

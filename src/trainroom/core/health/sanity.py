@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -26,6 +26,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
+from trainroom.core.health.guard import Guard
 from trainroom.core.health.ranks import RankObservations, rank_outlier_findings
 from trainroom.core.health.robust import Rolling, finite
 from trainroom.core.health.sanity_rules import (
@@ -116,8 +117,11 @@ class SanityTracker:
     _loss: Rolling
     _grad: Rolling
 
-    def __init__(self, thresholds: Thresholds | None = None) -> None:
+    def __init__(self, thresholds: Thresholds | None = None, guard: Guard | None = None) -> None:
         self.th = thresholds or DEFAULT_THRESHOLDS
+        # Each rule runs through the guard: one that raises is an INTERNAL_ERROR, not the end of
+        # every other rule (a frozen param group at LR 0 once raised ZeroDivisionError here).
+        self.guard = guard if guard is not None else Guard()
         self.requested = RequestedConfig()
         self.resumed = False
         self.attempt_t: float | None = None
@@ -207,8 +211,17 @@ class SanityTracker:
             rs.grad_norm = grad_norm
         if self.primary is None or rank < self.primary:
             self.primary = rank
-        halved = self._observe_scale(rs, step, t, loss_scale, rank == self.primary)
-        self._observe_finiteness(rs, step, t, loss, grad_norm, loss_scale, halved)
+        g = self.guard
+        halved = g.call(
+            "sanity.loss_scale",
+            lambda: self._observe_scale(rs, step, t, loss_scale, rank == self.primary),
+            False,
+        )
+        g.call(
+            "sanity.nonfinite",
+            lambda: self._observe_finiteness(rs, step, t, loss, grad_norm, loss_scale, halved),
+            None,
+        )
         if rank != self.primary:
             return
         if self._first_step is None:
@@ -216,45 +229,75 @@ class SanityTracker:
         lr0 = lrs[0] if lrs else None
         rising = lr0 is not None and self._prev_lr is not None and lr0 > self._prev_lr * (1 + 1e-6)
         if lrs and self.requested.lr:
-            self._observe_lr(step, t, lrs, rising)
-        if finite(loss):
-            assert loss is not None
-            self._observe_loss(step, t, loss, rising)
-        if finite(grad_norm):
-            assert grad_norm is not None
-            self._observe_grad(step, t, grad_norm)
+            g.call("sanity.lr", lambda: self._observe_lr(step, t, lrs, rising), None)
+        if loss is not None and finite(loss):
+            g.call("sanity.loss", lambda: self._observe_loss(step, t, loss, rising), None)
+        if grad_norm is not None and finite(grad_norm):
+            g.call("sanity.grad", lambda: self._observe_grad(step, t, grad_norm), None)
         if lr0 is not None:
             self._prev_lr = lr0
 
     # ------------------------------------------------------------------ outputs
 
     def findings(self, now: float) -> list[Finding]:
-        """The sanity findings open at `now`. Pure over the held state and `now`."""
+        """The sanity findings open at `now`. Pure over the held state and `now`; each rule
+        through the guard."""
         th = self.th
+        g = self.guard
         out: list[Finding] = []
-        req = self.requested
-        if self.lr_mismatch is not None:
-            out.append(lr_mismatch_finding(self.lr_mismatch, th))
-        lnv = ln_v(req.vocab_size)
-        if lnv is not None and self.first_loss is not None and exploded(self.first_loss.loss, lnv, th):
-            out.append(exploded_start_finding(self.first_loss, req.vocab_size or 0, th))
-        if lnv is not None and self.white is not None and white_model_open(self.white, th):
-            out.append(white_model_finding(self.white, req.vocab_size or 0, th))
-        if self.spike is not None and excursion_open(self.spike, now, th):
-            out.append(
-                loss_spike_finding(self.spike, self._loss.values[-1] if self._loss.values else None, th)
-            )
-        if self.divergence is not None:
-            out.append(divergence_finding(self.divergence, th))
-        if self.grad is not None and excursion_open(self.grad, now, th):
-            out.append(grad_explosion_finding(self.grad, th))
-        if self.nonfinite is not None and (self.nonfinite.open or now - self.nonfinite.last_t < th.hold_s):
-            out.append(nonfinite_finding(self.nonfinite, self.tracer))
-        f = loss_scale_finding(list(self.halvings), self._primary_scale(), now, th)
-        if f is not None:
-            out.append(f)
-        out.extend(rank_outlier_findings(self._ranks, th))
+        rules: tuple[tuple[str, Callable[[], Finding | None]], ...] = (
+            ("sanity.lr", self._lr_finding),
+            ("sanity.exploded_start", self._exploded_finding),
+            ("sanity.white_model", self._white_finding),
+            ("sanity.loss_spike", lambda: self._spike_finding(now)),
+            (
+                "sanity.divergence",
+                lambda: divergence_finding(self.divergence, th) if self.divergence else None,
+            ),
+            ("sanity.grad", lambda: self._grad_finding(now)),
+            ("sanity.nonfinite", lambda: self._nonfinite_finding(now)),
+            (
+                "sanity.loss_scale",
+                lambda: loss_scale_finding(list(self.halvings), self._primary_scale(), now, th),
+            ),
+        )
+        for name, rule in rules:
+            f = g.call(name, rule, None)
+            if f is not None:
+                out.append(f)
+        out.extend(g.call("sanity.rank_outlier", lambda: rank_outlier_findings(self._ranks, th), []))
         return out
+
+    def _lr_finding(self) -> Finding | None:
+        return lr_mismatch_finding(self.lr_mismatch, self.th) if self.lr_mismatch is not None else None
+
+    def _exploded_finding(self) -> Finding | None:
+        req, lnv = self.requested, ln_v(self.requested.vocab_size)
+        if lnv is None or self.first_loss is None or not exploded(self.first_loss.loss, lnv, self.th):
+            return None
+        return exploded_start_finding(self.first_loss, req.vocab_size or 0, self.th)
+
+    def _white_finding(self) -> Finding | None:
+        lnv = ln_v(self.requested.vocab_size)
+        if lnv is None or self.white is None or not white_model_open(self.white, self.th):
+            return None
+        return white_model_finding(self.white, self.requested.vocab_size or 0, self.th)
+
+    def _spike_finding(self, now: float) -> Finding | None:
+        if self.spike is None or not excursion_open(self.spike, now, self.th):
+            return None
+        return loss_spike_finding(self.spike, self._loss.values[-1] if self._loss.values else None, self.th)
+
+    def _grad_finding(self, now: float) -> Finding | None:
+        if self.grad is None or not excursion_open(self.grad, now, self.th):
+            return None
+        return grad_explosion_finding(self.grad, self.th)
+
+    def _nonfinite_finding(self, now: float) -> Finding | None:
+        nf = self.nonfinite
+        if nf is None or not (nf.open or now - nf.last_t < self.th.hold_s):
+            return None
+        return nonfinite_finding(nf, self.tracer)
 
     def rank_table(self) -> list[RankRow]:
         return [

@@ -26,8 +26,11 @@ def lr_out_of_band(
     """(group, effective, ratio) for each param group whose effective LR lies outside
     [requested / lr_too_low_ratio, requested x lr_too_high_ratio]."""
     out: list[tuple[int, float, float]] = []
+    # A group at exactly 0 beside groups that train is frozen on purpose (a backbone kept
+    # fixed), not a mismatch; every group at 0 is one.
+    frozen_ok = any(finite(e) and e != 0 for e in effective)
     for i, eff in enumerate(effective):
-        if not finite(eff):
+        if not finite(eff) or (eff == 0 and frozen_ok):
             continue
         ratio = eff / requested
         if ratio < 1 / th.lr_too_low_ratio or ratio > th.lr_too_high_ratio:
@@ -235,7 +238,12 @@ def lr_mismatch_finding(m: LrMismatch, th: Thresholds = DEFAULT_THRESHOLDS) -> F
     worst = max(m.groups, key=lambda g: abs(math.log(g[2])) if g[2] > 0 else math.inf)
     group, eff, ratio = worst
     low = ratio < 1
-    factor = (1 / ratio) if low else ratio
+    factor = (1 / ratio) if low and ratio > 0 else ratio
+    how = (
+        "the LR is zero in every group"
+        if ratio == 0
+        else f"{factor:.3g}x {'below' if low else 'above'} (ratio {fmt_value(ratio)})"
+    )
     where = "the first step after the resume" if m.resumed else "the first step of this attempt"
     if m.fresh:
         cause = (
@@ -250,8 +258,8 @@ def lr_mismatch_finding(m: LrMismatch, th: Thresholds = DEFAULT_THRESHOLDS) -> F
         )
     groups = ", ".join(f"group {g} {fmt_value(e)} (x{fmt_value(r)})" for g, e, r in m.groups)
     msg = (
-        f"effective LR {fmt_value(eff)} vs requested {fmt_value(m.requested)}: {factor:.3g}x "
-        f"{'below' if low else 'above'} (ratio {fmt_value(ratio)}) on {where} (step {m.step}); "
+        f"effective LR {fmt_value(eff)} vs requested {fmt_value(m.requested)}: {how} "
+        f"on {where} (step {m.step}); "
         f"likely cause: {cause}"
     )
     if len(m.groups) > 1:

@@ -19,7 +19,7 @@ Wiring (the keeper, one Watchdog per run, all on the event-loop thread except th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -36,6 +36,7 @@ from trainroom.core.health.gpu import (
     orphan_candidates,
     orphan_findings,
 )
+from trainroom.core.health.guard import Guard
 from trainroom.core.health.host import duplicate_findings, host_ram_low_now, stale_locks
 from trainroom.core.health.life import dead_finding, ended_verdict
 from trainroom.core.health.progress import progress
@@ -64,7 +65,9 @@ class Verdict(msgspec.Struct, kw_only=True):
 class Watchdog:
     """Runs every rule; keeps the little that must persist between calls (see Memory)."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self.guard = guard if guard is not None else Guard()
+        self._last: tuple[str, str] = ("starting", "no attempt yet")
         self.memory = Memory()
         self._pinned: dict[str, tuple[str, str, str]] = {}  # ident -> (severity, cause, message)
 
@@ -109,32 +112,71 @@ class Watchdog:
             m.orphan_streak = {pid: m.orphan_streak.get(pid, 0) + 1 for pid in gone}
 
     def evaluate(self, run: RunState, ctx: WatchContext, now: float) -> Verdict:
-        self.observe(run, ctx, now)
+        """Every rule, each through the guard: one that raises is an INTERNAL_ERROR finding and
+        the others still judge (the life rules above all: a dead trainer is DEAD regardless)."""
+        g = self.guard
+        g.call("watchdog.memory", lambda: self.observe(run, ctx, now), None)
         m = self.memory
         a = run.attempt
-        findings: list[Finding] = []
-        if a is None:
-            state, reason = "starting", "no attempt yet"
-        elif a.ended_at is not None:
-            state, reason, found = ended_verdict(run, a, ctx)
-            findings += found
-        elif ctx.alive is False:
-            state, reason = "dead", f"attempt {a.n}: process gone, exit status not yet known"
-            findings.append(dead_finding(run, a, ctx))
+        judged = g.call("watchdog.state", lambda: self._state(run, ctx, now), None)
+        if judged is not None:
+            state, reason, findings = judged
+            self._last = (state, reason)
         else:
-            state, reason, found = progress(run, ctx, now, m)
-            findings += found
-        if a is not None:
-            findings += [
-                f for f in (repeat_death(run, ctx.thresholds), attempt_masked_error(run, ctx.log_crash)) if f
-            ]
-        findings += [f for f in (ghost_finding(ghost_measure(run, ctx), m.ghost_streak, run, ctx),) if f]
-        findings += orphan_findings(run, ctx, m)
-        findings += [f for f in (host_ram_low_now(run, ctx),) if f]
-        findings += stale_locks(run, ctx)
-        findings += duplicate_findings(ctx)
+            state, reason, findings = self._fallback_state(run, ctx)
+        rules: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
+            ("watchdog.repeat_death", lambda: _present(repeat_death(run, ctx.thresholds)) if a else []),
+            (
+                "watchdog.masked_error",
+                lambda: _present(attempt_masked_error(run, ctx.log_crash)) if a else [],
+            ),
+            (
+                "watchdog.ghost",
+                lambda: _present(ghost_finding(ghost_measure(run, ctx), m.ghost_streak, run, ctx)),
+            ),
+            ("watchdog.orphan", lambda: orphan_findings(run, ctx, m)),
+            ("watchdog.host_ram", lambda: _present(host_ram_low_now(run, ctx))),
+            ("watchdog.locks", lambda: stale_locks(run, ctx)),
+            ("watchdog.duplicates", lambda: duplicate_findings(ctx)),
+        )
+        for name, rule in rules:
+            findings += g.call(name, rule, [])
         self._pin(findings)
         return Verdict(state=state, reason=reason, findings=findings)
+
+    def _state(self, run: RunState, ctx: WatchContext, now: float) -> tuple[str, str, list[Finding]]:
+        a = run.attempt
+        if a is None:
+            return "starting", "no attempt yet", []
+        if a.ended_at is not None:
+            return ended_verdict(run, a, ctx)
+        if ctx.alive is False:
+            return (
+                "dead",
+                f"attempt {a.n}: process gone, exit status not yet known",
+                [dead_finding(run, a, ctx)],
+            )
+        return progress(run, ctx, now, self.memory)
+
+    def _fallback_state(self, run: RunState, ctx: WatchContext) -> tuple[str, str, list[Finding]]:
+        """The state when its own rule raised: life from the bare facts (an ended attempt, a
+        process gone), else the last state known, said to be stale."""
+        a = run.attempt
+        if a is not None and (a.ended_at is not None or ctx.alive is False):
+            clean = a.ended_at is not None and a.exit_code == 0 and a.exit_signal is None
+            state = "exited" if clean else "dead"
+            how = (
+                "exited 0"
+                if clean
+                else (f"killed by signal {a.exit_signal}" if a.exit_signal else f"exit code {a.exit_code}")
+            )
+            reason = (
+                f"attempt {a.n} {how if a.ended_at is not None else 'process gone'} (the state rule failed)"
+            )
+            found = [] if clean else [Finding(code="DEAD", severity="critical", key="", message=reason)]
+            return state, reason, found
+        state, reason = self._last
+        return state, f"{reason} (the state rule failed: last known)", []
 
 
 def context_from_probe(

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -28,9 +29,10 @@ from trainroom.core import protocol as p
 from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, ConfigError, load_config
 from trainroom.core.findings import Finding
+from trainroom.core.health.guard import Fault
 from trainroom.core.health.keeper import journal_write_failed, rank_claimed, resume_from_scratch
 from trainroom.core.keeper.actions import Actions
-from trainroom.core.keeper.logtail import LogTail
+from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
 from trainroom.core.keeper.server import Server, pid_alive
@@ -96,7 +98,7 @@ class Keeper:
             # The demo's GPU faults on a machine without one: the trainer writes the scenario the
             # keeper's fake NVML reads (see probes/fake_nvml.py); both inherit this variable.
             os.environ["TRAINROOM_FAKE_NVML"] = str(run_dir / "fake-nvml.json")
-        self.supervision = Supervision(self._settings, run=self)
+        self.supervision = Supervision(self._settings, run=self, on_fault=self._journal_fault)
         self.pipeline = CheckpointPipeline(self._settings, recorder=self, run=self)
         self.resumer = Resumer(self, self.pipeline, self.supervision.gpu)
         self.actions = Actions(self, self, self.pipeline, self.resumer, self.supervision.gpu)
@@ -154,10 +156,11 @@ class Keeper:
 
     def emit(self, rec: p.Record, *, journal: bool = True) -> None:
         """Fold a record into the run, journal it, and queue it for every live client."""
-        self.view.apply(rec)
+        g = self.supervision.guard
+        g.call("run.fold", lambda: self.view.apply(rec), None)
         self.supervision.observe(rec)
-        self.pipeline.observe(rec)
-        self.alerts.observe(rec)
+        g.call("checkpoints.observe", lambda: self.pipeline.observe(rec), None)
+        g.call("alerts.observe", lambda: self.alerts.observe(rec), None)
         if journal:
             self.journal.append(rec)
         self.server.queue(rec)
@@ -216,23 +219,38 @@ class Keeper:
             self.emit(p.RunStatus(t=now, state=state, reason=reason))
 
     def evaluate(self, now: float) -> None:
+        """Every rule through the supervision's guard: one that raises is an INTERNAL_ERROR
+        finding, and the state and every other finding still come out."""
+        g = self.supervision.guard
         state, reason, found = self.supervision.evaluate(now)
-        found += self.pipeline.findings(now)
-        journal = journal_write_failed(self.journal.health, str(self._run_dir), self.journal.backlog_bytes)
-        if journal is not None:
-            found.append(journal)
-        claims = [
+        a = self.state.attempt
+        parts: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
+            ("checkpoints.findings", lambda: self.pipeline.findings(now)),
+            ("keeper.journal", self._journal_findings),
+            ("keeper.rank_claims", lambda: rank_claimed(self._live_claims(), a.n if a else None)),
+            ("keeper.resume_from_scratch", lambda: [f for f in [resume_from_scratch(a)] if f] if a else []),
+        )
+        for name, part in parts:
+            found += g.call(name, part, [])
+        found += self.supervision.findings(now)
+        self.set_status(state, reason, now)
+        self.set_findings(found, now)
+
+    def _journal_findings(self) -> list[Finding]:
+        f = journal_write_failed(self.journal.health, str(self._run_dir), self.journal.backlog_bytes)
+        return [f] if f is not None else []
+
+    def _live_claims(self) -> list[tuple[int, int, int, int]]:
+        return [
             (c.attempt, c.rank, c.owner_pid, c.claimant_pid)
             for c in self.server.rank_claims
             if pid_alive(c.claimant_pid)
         ]
-        a = self.state.attempt
-        found += rank_claimed(claims, a.n if a else None)
-        scratch = resume_from_scratch(a) if a is not None else None
-        if scratch is not None:
-            found.append(scratch)
-        self.set_status(state, reason, now)
-        self.set_findings(found, now)
+
+    def _journal_fault(self, f: Fault) -> None:
+        """A guarded part raised: its traceback goes to the journal (first time, then at 10, 100...)."""
+        text = f"{f.name} raised {f.error} (fault {f.count})\n{f.traceback}"
+        self.emit(p.KeeperNote(t=f.last_t, message=text[-8000:], kind="internal-error"))
 
     # ------------------------------------------------------------------ attempts
 
@@ -319,22 +337,25 @@ class Keeper:
     async def _wait_attempt(self, n: int, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
         now = time.time()
+        g = self.supervision.guard
         # Read what the trainer wrote last before calling it: a traceback there is the cause.
-        self._read_log(now)
+        g.call("keeper.read_log", lambda: self._read_log(now), None)
         ended = p.AttemptEnded(
             n=n, t=now, exit_code=rc if rc >= 0 else None, exit_signal=-rc if rc < 0 else None
         )
         self.emit(ended)
         a = self.state.attempt
         if a is not None and a.n == n and rc != 0 and a.crash is None:
-            crash = self.supervision.crash_from_log("\n".join(self.tail.lines))
+            crash = g.call(
+                "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(self.tail.lines)), None
+            )
             if crash is not None:
                 self.emit(p.Received(attempt=n, rank=0, t=now, msg=crash))
         self.flush(fsync=True)
         if self.proc is proc:
             self.proc = None
-        self.evaluate(now)
-        self.server.flush()
+        g.call("keeper.evaluate", lambda: self.evaluate(now), None)
+        g.call("server.flush", self.server.flush, None)
         if self.auto_resume is not None:
             await self.auto_resume.attempt_ended(ended)
 
@@ -342,7 +363,8 @@ class Keeper:
 
     def _read_log(self, now: float) -> None:
         a = self.state.attempt
-        for s in self.tail.read():
+        read: list[LogStep] = self.supervision.guard.call("log reader", self.tail.read, [])
+        for s in read:
             if a is None or a.instrumented:
                 continue  # the reporter's frames are exact; log lines would double them
             step = p.Step(
@@ -352,14 +374,18 @@ class Keeper:
 
     async def tick_loop(self) -> None:
         while not self.stop_event.is_set():
-            now = time.time()
-            self._read_log(now)
-            self.evaluate(now)
-            self.server.tick(now)
-            self.server.flush()
-            self.flush()
-            self._check_linger(now)
+            self._tick(time.time())
             await asyncio.sleep(TICK_S)
+
+    def _tick(self, now: float) -> None:
+        """Each step guarded on its own: nothing that raises may end the loop that sees deaths."""
+        g = self.supervision.guard
+        g.call("keeper.read_log", lambda: self._read_log(now), None)
+        g.call("keeper.evaluate", lambda: self.evaluate(now), None)
+        g.call("server.tick", lambda: self.server.tick(now), None)
+        g.call("server.flush", self.server.flush, None)
+        g.call("journal.flush", self.flush, None)
+        g.call("keeper.linger", lambda: self._check_linger(now), None)
 
     async def probe_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.health.guard import FaultSink, Guard
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
 from trainroom.core.keeper.ports import RunContext
@@ -38,22 +39,26 @@ def targets_of(run: RunState) -> ProbeTargets:
 class Supervision:
     """The probe sweep (worker thread), the watchdog and the sanity tracker (loop thread)."""
 
-    def __init__(self, settings: RunSettings, run: RunContext) -> None:
+    def __init__(self, settings: RunSettings, run: RunContext, on_fault: FaultSink | None = None) -> None:
         self.run = run
         self.thresholds = settings.thresholds
         self.sweep = ProbeSweep(
             lock_paths=settings.lock_files,
             host_process_names=settings.host_processes,
         )
-        self.watchdog = Watchdog()
-        self.sanity = SanityTracker(settings.thresholds)
+        # One guard for every rule, observer, probe and the log reader: what raises is an
+        # INTERNAL_ERROR finding (`findings`), the rest goes on.
+        self.guard = Guard(on_fault)
+        self.watchdog = Watchdog(self.guard)
+        self.sanity = SanityTracker(settings.thresholds, self.guard)
+        self._probe_faults_t: float | None = None
 
     @property
     def gpu(self) -> GpuProbe:
         return self.sweep.gpu
 
     def observe(self, rec: p.Record) -> None:
-        self.sanity.observe_record(rec)
+        self.guard.call("sanity.observe", lambda: self.sanity.observe_record(rec), None)
 
     def crash_from_log(self, text: str) -> p.Crash | None:
         return crash_from_log(text)
@@ -72,6 +77,7 @@ class Supervision:
     def evaluate(self, now: float) -> tuple[str, str, list[Finding]]:
         st = self.run.state
         a = st.attempt
+        self._probe_faults(st.probe)
         ctx = context_from_probe(
             st.probe,
             thresholds=self.thresholds,
@@ -80,6 +86,19 @@ class Supervision:
         )
         verdict = self.watchdog.evaluate(st, ctx, now)
         return verdict.state, verdict.reason, [*verdict.findings, *self.sanity.findings(now)]
+
+    def _probe_faults(self, sample: p.ProbeSample | None) -> None:
+        """A probe that raised in the worker thread is a fault like a rule's (once per sample)."""
+        if sample is None or sample.t == self._probe_faults_t:
+            return
+        self._probe_faults_t = sample.t
+        for name, text in sample.faults.items():
+            line, _, rest = text.partition("\n")
+            self.guard.record(name, line, rest)
+
+    def findings(self, now: float) -> list[Finding]:
+        """INTERNAL_ERROR findings: the parts that raised lately."""
+        return self.guard.findings(now)
 
     def close(self) -> None:
         self.sweep.close()

@@ -9,10 +9,12 @@ the sample (not journaled), and builds the watchdog's context from `run.probe` w
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Iterable
 
 import msgspec
 
+from trainroom.core import failpoints
 from trainroom.core import protocol as p
 from trainroom.core.probes.gpu import GpuProbe, Nvml
 from trainroom.core.probes.host import HostProbe
@@ -92,29 +94,43 @@ class ProbeSweep:
         )
 
     def sample(self, targets: ProbeTargets) -> p.ProbeSample:
-        """One cycle; never raises (each probe degrades to an unavailable reading of its own)."""
+        """One cycle; never raises (each probe degrades to an unavailable reading of its own,
+        and what it raised is kept in `faults`: a bug the keeper turns into INTERNAL_ERROR)."""
         t = self.clock()
+        faults: dict[str, str] = {}
         try:
+            failpoints.check("probe.procs")
             procs = self.procs(targets)
         except Exception as exc:
+            faults["probe.procs"] = _fault_text(exc)
             procs = ProcsSample(
                 attempt=targets.attempt, pgid=targets.pgid, error=f"{type(exc).__name__}: {exc}"
             )
         ours = set(procs.states) | set(targets.rank_pids) | ({targets.pid} if targets.alive else set())
         try:
+            failpoints.check("probe.gpu")
             gpu = self.gpu.sample(our_pids=ours)
         except Exception as exc:
+            faults["probe.gpu"] = _fault_text(exc)
             gpu = GpuSample(
                 t=t, available=False, reason=f"driver view unavailable: {type(exc).__name__}: {exc}"
             )
         try:
+            failpoints.check("probe.host")
             host = self.host.sample()
         except Exception as exc:
+            faults["probe.host"] = _fault_text(exc)
             host = HostSample(
                 t=t, available=False, reason=f"host memory view unavailable: {type(exc).__name__}: {exc}"
             )
         self._cycle += 1
-        return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs)
+        return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs, faults=faults)
 
     def close(self) -> None:
         self.gpu.close()
+
+
+def _fault_text(exc: BaseException) -> str:
+    """ "Type: message" then the traceback's tail, as ProbeSample.faults carries it."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{type(exc).__name__}: {exc}\n{tb[-4000:]}"

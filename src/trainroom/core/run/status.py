@@ -7,6 +7,8 @@ import math
 import time
 from typing import Any
 
+import msgspec
+
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState
 from trainroom.core.units import signal_name
@@ -113,9 +115,12 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         "findings": [
             {
                 "code": f.code,
+                "key": f.key,
+                "ident": f.ident,
                 "severity": f.severity,
                 "message": f.message,
                 "action": f.action,
+                "target": msgspec.to_builtins(f.target) if f.target is not None else None,
                 "first_seen": f.first_seen,
                 "last_seen": f.last_seen,
                 "evidence": f.evidence,
