@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -25,6 +26,7 @@ from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
+from trainroom.core.probes.leftovers import run_leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -245,15 +247,15 @@ def test_cleanup_ends_a_stopped_process_outside_any_run_that_carries_the_home() 
 # --------------------------------------------------------------------------- what orphan_context will meet
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the ORPHAN_CONTEXT rule calls a compute pid an orphan only when it does not exist or is a "
-    "zombie; a live stopped straggler of a dead attempt holding a context is not flagged (gpu_check's "
-    "orphan_context will fail the same way on a real GPU until the rule knows the run's processes)",
-)
 def test_a_stopped_straggler_that_holds_a_context_after_its_attempt_died_is_an_orphan(tmp_path: Path) -> None:
+    """What gpu_check's orphan_context meets on a real GPU: a live, stopped process of the dead
+    attempt (found by the run id in its environment) still listed by the driver. It is an
+    ORPHAN_CONTEXT whose kill targets exactly that process."""
+    b = RunBuilder()
+    b.run.run_id = f"r-straggler-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "TRAINROOM_RUN": b.run.run_id, "TRAINROOM_ATTEMPT": "1"}
     straggler = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+        [sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True
     )
     try:
         os.kill(straggler.pid, signal.SIGSTOP)
@@ -267,15 +269,18 @@ def test_a_stopped_straggler_that_holds_a_context_after_its_attempt_died_is_an_o
             },
         )
         probe = GpuProbe(FakeNvml(path))
-        b = RunBuilder()
         b.start(pid=_pid_that_cannot_exist())
         b.steps(10, reserved=GIB)
         b.end(exit_signal=9)
+        leftovers = wait_for(lambda: run_leftovers(b.run.run_id, b.run.created, None), timeout=30)
         wd = Watchdog()
         for _ in range(3):
             b.now += 1.0
-            v = wd.evaluate(b.run, WatchContext(alive=False, gpu=probe.sample()), b.now)
-        assert any(f.code == "ORPHAN_CONTEXT" and f.evidence.get("pid") == straggler.pid for f in v.findings)
+            v = wd.evaluate(b.run, WatchContext(alive=False, gpu=probe.sample(), leftovers=leftovers), b.now)
+        (f,) = [f for f in v.findings if f.code == "ORPHAN_CONTEXT"]
+        assert f.evidence["pid"] == straggler.pid and f.evidence["leftover"] is True
+        assert f.action == "kill" and f.target is not None and f.target.pids == [straggler.pid]
+        assert "attempt 1" in f.message and "attempt 1" in f.target.label
     finally:
         straggler.kill()
         straggler.wait()

@@ -18,7 +18,7 @@ from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import FOREIGN_NAMESPACE, PER_PROCESS_NA, GpuProbe, load_nvml
-from trainroom.core.samples import GpuDevice, HostSample
+from trainroom.core.samples import GpuDevice, HostSample, Leftover
 
 GIB = 1 << 30
 
@@ -317,8 +317,17 @@ def test_orphan_context_a_driver_pid_that_does_not_exist(tmp_path: Path) -> None
     assert all(f.code != "ORPHAN_CONTEXT" for f in v1.findings)
     v2 = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me])), b.now)
     [f] = [f for f in v2.findings if f.code == "ORPHAN_CONTEXT"]
-    assert f.key == f"pid-{ghost}" and f.action == "kill" and f.severity == "critical"
+    assert f.key == f"pid-{ghost}" and f.severity == "critical"
     assert f"compute pid {ghost} holding 8.0 GiB" in f.message and "100 %, 60.0 W" in f.message
+    # Nothing of the run is left alive to kill: no key it cannot honour, the remedy in words.
+    assert f.action is None and f.target is None and "nvidia-smi --gpu-reset -i 0" in f.message
+    # A leftover of an earlier attempt alive (it may hold the context): the key kills exactly it.
+    left = [Leftover(pid=4242, start_ticks=77, attempt=1, state="stopped")]
+    v3 = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me]), leftovers=left), b.now)
+    [f] = [f for f in v3.findings if f.code == "ORPHAN_CONTEXT"]
+    assert f.action == "kill" and f.target is not None
+    assert (f.target.pids, f.target.start_ticks) == ([4242], [77])
+    assert f.target.label == "pid 4242, left from attempt 1" and f.target.label in f.message
 
 
 def test_orphan_context_a_busy_device_with_nothing_of_ours(tmp_path: Path) -> None:

@@ -86,7 +86,14 @@ class Target(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     ("[k] kill pid 4974, the second trainer"). The keeper checks each pid again when it plans."""
 
     pids: list[int] = []
+    # Each pid's start (/proc/PID/stat field 22) when the finding saw it, in the order of `pids`
+    # (None: unknown): a pid that names another process by the time of the kill is refused.
+    start_ticks: list[int | None] = []
     label: str = ""  # in words, without the verb: "pid 4974, the second trainer"
+
+    def processes(self) -> list[tuple[int, int | None]]:
+        ticks = list(self.start_ticks) + [None] * (len(self.pids) - len(self.start_ticks))
+        return list(zip(self.pids, ticks, strict=False))
 
 
 class Finding(msgspec.Struct, kw_only=True, omit_defaults=True):

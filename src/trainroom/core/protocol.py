@@ -216,6 +216,18 @@ class AttemptEnded(msgspec.Struct, tag="attempt-ended", kw_only=True, omit_defau
     error: str | None = None  # the command could not be started at all
 
 
+class AttemptStopping(msgspec.Struct, tag="attempt-stopping", kw_only=True, omit_defaults=True):
+    """A user's kill is about to signal the attempt (journaled before the first signal): an end
+    by `until` is "stopped", not a death, and no automatic resume follows it. An end after
+    `until` (the kill failed, and something else ended it later) is judged as usual."""
+
+    n: int
+    t: float
+    by: str  # who asked: the client ("tui pid 123", "cli pid 456")
+    until: float  # the kill's deadline: grace + the confirmation's time, with a margin
+    action: str = "kill"
+
+
 class Received(msgspec.Struct, tag="rx", kw_only=True, omit_defaults=True):
     """A trainer message as the keeper took it in, stamped with attempt, rank and arrival time."""
 
@@ -365,6 +377,7 @@ class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=Tru
 Record = Union[
     AttemptStarted,
     AttemptEnded,
+    AttemptStopping,
     Received,
     FindingRaised,
     FindingCleared,

@@ -147,6 +147,16 @@ class Duplicate(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     cwd: str = ""
 
 
+class Leftover(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A live process of this run that no live attempt owns (probes.leftovers)."""
+
+    pid: int
+    start_ticks: int | None = None
+    attempt: int | None = None  # the attempt that started it (TRAINROOM_ATTEMPT)
+    state: str = ""  # psutil's status: "stopped", "sleeping", ...
+    cmdline: list[str] = []
+
+
 class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     attempt: int = 0  # the attempt these states were read for
     pgid: int = 0
@@ -154,6 +164,7 @@ class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     activity: dict[int, int] = {}  # pid -> main-thread activity counter
     locks: list[LockInfo] = []
     duplicates: list[Duplicate] = []
+    leftovers: list[Leftover] = []  # live processes of this run of no live attempt
     error: str | None = None  # the process probe itself failed
 
 

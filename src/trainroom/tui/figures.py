@@ -38,6 +38,7 @@ _STATE_LEVEL = {
     "stalled": "crit",
     "hung": "crit",
     "dead": "crit",
+    "stopped": "dim",
     "exited": "dim",
 }
 

@@ -31,12 +31,16 @@ def cmd_action(args: argparse.Namespace) -> int:
     """kill / reclaim / resume / dump / prune / verify-latest through the keeper, with a confirmation."""
     info = runs.resolve_run(args.run)
     if not info.alive:
+        if args.action == "kill" and getattr(args, "finding", None):
+            raise CliError(
+                f"the keeper of {info.run_id} is gone: a finding's kill needs the keeper that raised it"
+            )
         if args.action == "kill":
             return kill_without_keeper(info, args)
         raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
     client = KeeperClient(info.sock)
     req_args: dict[str, Any] = {}
-    for key in ("keep", "dry_run", "grace_s", "device", "seconds"):
+    for key in ("keep", "dry_run", "grace_s", "device", "seconds", "finding"):
         if getattr(args, key, None) is not None:
             req_args[key] = getattr(args, key)
     plan = client.call(args.action, req_args, confirm=False)
@@ -44,8 +48,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         return _print_reply(args, plan)
     if not args.json:
         print(plan.message)
-        for k, v in plan.plan.items():
-            print(f"  {k}: {v}")
+        print("\n".join(plan_lines(args.action, plan.plan)))
     # Only what changes the run asks first; a bench or a stack dump does not.
     if not (args.action in ("bench", "dump") or _confirm(args)):
         print("cancelled")
@@ -58,6 +61,23 @@ def cmd_action(args: argparse.Namespace) -> int:
             print(f"  … {r.message}")
     assert last is not None
     return _print_reply(args, last)
+
+
+def plan_lines(action: str, plan: dict[str, Any]) -> list[str]:
+    """A plan as a person reads it: a kill's processes one per line (pid, state, command), what
+    is left alone and why; other plans key by key, internal bookkeeping left out."""
+    if action != "kill":
+        return [f"  {k}: {v}" for k, v in plan.items() if k not in PLAN_BOOKKEEPING]
+    out = [
+        f"  pid {m.get('pid')}  {m.get('state', '')}  {' '.join(m.get('cmdline') or [])[:100]}"
+        for m in plan.get("members") or []
+    ]
+    out += [f"  left alone: pid {x.get('pid')} ({x.get('why')})" for x in plan.get("strangers") or []]
+    out += [f"  refused: {why}" for why in plan.get("refusals") or []]
+    return out
+
+
+PLAN_BOOKKEEPING = frozenset({"ok", "nothing_left", "empty"})
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                 type=argtypes.seconds(0, 3600),
                 help="seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
             )
+            sp.add_argument(
+                "--finding",
+                metavar="IDENT",
+                help="kill what this open finding targets (its ident in `status --json`, e.g. "
+                "DUPLICATE_TRAINER:trainer), not the trainer",
+            )
         if action == "bench":
             add_device_options(sp)
             sp.set_defaults(func=act.cmd_bench, action=action)

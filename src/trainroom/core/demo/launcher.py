@@ -121,7 +121,7 @@ def run_demo(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], 
                 st, alive = runs.load_state(info.run_dir), False
             d = status_dict(st, keeper_alive=alive)
             print("\n".join(status_lines(d)), flush=True)
-            if d["state"] in ("exited", "dead") or not alive:
+            if d["state"] in ("exited", "dead", "stopped") or not alive:
                 return 0 if d["state"] == "exited" else 1
             time.sleep(1.0)
     except KeyboardInterrupt:

@@ -9,7 +9,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
-from trainroom.core.samples import Duplicate, GpuSample, HostSample, LockInfo
+from trainroom.core.samples import Duplicate, GpuSample, HostSample, Leftover, LockInfo
 
 
 class WatchContext(msgspec.Struct, kw_only=True):
@@ -26,6 +26,7 @@ class WatchContext(msgspec.Struct, kw_only=True):
     activity: dict[int, int] = {}  # pid -> main-thread activity counter (probes.procs.group_activity)
     locks: list[LockInfo] = []  # probes.locks.lock_holders()
     duplicates: list[Duplicate] = []  # probes.procs.trainer_duplicates / host_process_duplicates
+    leftovers: list[Leftover] = []  # probes.leftovers: live processes of this run of no live attempt
     # The last traceback of trainer.log (crash_from_log) when the reporter sent no Crash.
     log_crash: p.Crash | None = None
     # When the probe cycle behind proc_states/activity ran; None: unknown (taken as fresh).

@@ -6,7 +6,7 @@ cycles (`Memory` counts them), so one odd sample is not a finding."""
 
 from __future__ import annotations
 
-from trainroom.core.findings import Finding
+from trainroom.core.findings import Finding, Target
 from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.run.figures import VramFigures, vram_figures
 from trainroom.core.run.state import RunState
@@ -44,20 +44,25 @@ def ghost_finding(v: VramFigures | None, streak: int, run: RunState, ctx: WatchC
         if v.basis == "per-process"
         else "the device shows (per-process memory is N/A here, device totals stand in)"
     )
+    target = None if wsl else leftover_target(ctx)
     if wsl:
         advice = (
             "under WSL2 the driver keeps dead contexts' memory until the VM restarts: "
             "stop the run, `wsl --shutdown` from Windows, resume"
         )
-        action = None
+    elif target is not None:
+        advice = f"memory left by earlier attempts: kill what is left of them ({target.label}), then resume"
     else:
-        advice = "memory left by earlier crashed contexts: kill leftover processes of earlier attempts, then resume"
-        action = "kill"
+        advice = (
+            "no process of an earlier attempt is alive, so nothing of ours holds it: contexts the driver "
+            "has not released (stop the run; `nvidia-smi --gpu-reset` or a reboot frees them)"
+        )
     previous = [x.pgid for x in run.attempts[:-1] if x.pgid > 0]
     return Finding(
         code="GHOST_MEMORY",
         severity="warning",
-        action=action,
+        action="kill" if target is not None else None,
+        target=target,
         message=(
             f"{basis} {fmt_bytes(v.owned_bytes)} but the allocator reserves {fmt_bytes(v.reserved_bytes)} "
             f"({v.ratio:.2f}x > {th.ghost_factor}x for {streak} probe cycles): {advice}"
@@ -105,12 +110,31 @@ def busy_devices(run: RunState, ctx: WatchContext) -> list[GpuDevice]:
 
 
 def orphan_candidates(ctx: WatchContext) -> list[GpuProcess]:
-    """Compute processes the driver lists whose pid does not exist here or is a zombie. Only in the
-    host PID namespace: elsewhere the driver's (host) PIDs need not exist here at all."""
+    """Compute processes the driver lists whose pid does not exist here or is a zombie, or is a
+    leftover of this run (alive, but of no live attempt: a straggler keeping its context). Only
+    in the host PID namespace: elsewhere the driver's (host) PIDs need not exist here at all."""
     gpu = ctx.gpu
     if gpu is None or not gpu.available or gpu.pid_namespace != "host":
         return []
-    return [x for x in gpu.processes if x.gone]
+    left = {x.pid for x in ctx.leftovers}
+    return [x for x in gpu.processes if x.gone or x.pid in left]
+
+
+def leftover_target(ctx: WatchContext, pids: set[int] | None = None) -> Target | None:
+    """This run's leftovers (all, or those among `pids`) as a kill target, named; None: none."""
+    xs = [x for x in ctx.leftovers if pids is None or x.pid in pids]
+    if not xs:
+        return None
+    what = ", ".join(f"pid {x.pid}" for x in xs[:4]) + (f" and {len(xs) - 4} more" if len(xs) > 4 else "")
+    attempts = sorted({x.attempt for x in xs if x.attempt is not None})
+    whence = (
+        f"left from attempt{'s' if len(attempts) > 1 else ''} {', '.join(map(str, attempts))}"
+        if attempts
+        else "left from an earlier attempt"
+    )
+    return Target(
+        pids=[x.pid for x in xs], start_ticks=[x.start_ticks for x in xs], label=f"{what}, {whence}"
+    )
 
 
 def _device(gpu: GpuSample, index: int) -> GpuDevice:
@@ -123,40 +147,11 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
         return []
     found: list[Finding] = []
     previous = [x.pgid for x in run.attempts if x.pgid > 0 and x.ended_at is not None]
+    anyone = leftover_target(ctx)
     for x in orphan_candidates(ctx):
         if mem.orphan_streak.get(x.pid, 0) < ctx.thresholds.orphan_cycles:
             continue  # a context being torn down right after its process exited
-        what = "does not exist" if not x.exists else "is a zombie"
-        dev = _device(gpu, x.device)
-        found.append(
-            Finding(
-                code="ORPHAN_CONTEXT",
-                severity="critical",
-                action="kill",
-                key=f"pid-{x.pid}",
-                message=(
-                    f"the driver lists compute pid {x.pid} holding {fmt_bytes(x.used_bytes)} on "
-                    f"device {x.device}, and that pid {what}: a context that outlived its process"
-                    + (
-                        f" (device at {dev.util_percent} %, {dev.power_w} W)"
-                        if dev.util_percent is not None
-                        else ""
-                    )
-                    + "; kill the old process group and confirm the VRAM falls"
-                ),
-                evidence={
-                    "pid": x.pid,
-                    "used_bytes": x.used_bytes,
-                    "device": x.device,
-                    "exists": x.exists,
-                    "state": x.state,
-                    "device_used_bytes": dev.used_bytes,
-                    "util_percent": dev.util_percent,
-                    "power_w": dev.power_w,
-                    "previous_pgids": previous,
-                },
-            )
-        )
+        found.append(_orphan_pid_finding(x, _device(gpu, x.device), ctx, previous, anyone))
     for d in busy_devices(run, ctx):
         streak = mem.busy_streak.get(d.index, 0)
         if streak < ctx.thresholds.orphan_cycles:
@@ -165,12 +160,13 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
             Finding(
                 code="ORPHAN_CONTEXT",
                 severity="critical",
-                action="kill",
+                action="kill" if anyone is not None else None,
+                target=anyone,
                 key=f"device-{d.index}",
                 message=(
                     f"device {d.index} is {d.util_percent} % busy at {d.power_w} W with "
                     f"{fmt_bytes(d.used_bytes)} used, and no live compute process of ours: a zombie "
-                    "context holds the GPU; kill the old process group and confirm the VRAM falls"
+                    f"context holds the GPU; {_remedy(anyone, d.index)}"
                 ),
                 evidence={
                     "device": d.index,
@@ -185,3 +181,58 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
             )
         )
     return found
+
+
+def _remedy(target: Target | None, device: int) -> str:
+    if target is not None:
+        return f"kill {target.label} and confirm the VRAM falls"
+    return (
+        "nothing of this run is alive to kill: the driver keeps a dead context "
+        f"(`nvidia-smi --gpu-reset -i {device}` with the device idle, or a reboot)"
+    )
+
+
+def _orphan_pid_finding(
+    x: GpuProcess, dev: GpuDevice, ctx: WatchContext, previous: list[int], anyone: Target | None
+) -> Finding:
+    """ORPHAN_CONTEXT for one driver-listed pid: gone or a zombie (its memory is the driver's to
+    release; leftovers of the run may hold it), or a live leftover of an ended attempt (kill it)."""
+    busy = f" (device at {dev.util_percent} %, {dev.power_w} W)" if dev.util_percent is not None else ""
+    held = f"the driver lists compute pid {x.pid} holding {fmt_bytes(x.used_bytes)} on device {x.device}"
+    if x.gone:
+        what = "does not exist" if not x.exists else "is a zombie"
+        target = anyone
+        message = f"{held}, and that pid {what}: a context that outlived its process{busy}; {_remedy(target, x.device)}"
+    else:
+        target = leftover_target(ctx, {x.pid})
+        left = next((y for y in ctx.leftovers if y.pid == x.pid), None)
+        whence = (
+            f"attempt {left.attempt}"
+            if left is not None and left.attempt is not None
+            else "an earlier attempt"
+        )
+        state = f", {left.state}" if left is not None and left.state else ""
+        message = (
+            f"{held}: pid {x.pid}{state} is a process of {whence}, which ended, keeping its context{busy}; "
+            f"{_remedy(target, x.device)}"
+        )
+    return Finding(
+        code="ORPHAN_CONTEXT",
+        severity="critical",
+        action="kill" if target is not None else None,
+        target=target,
+        key=f"pid-{x.pid}",
+        message=message,
+        evidence={
+            "pid": x.pid,
+            "used_bytes": x.used_bytes,
+            "device": x.device,
+            "exists": x.exists,
+            "state": x.state,
+            "leftover": not x.gone,
+            "device_used_bytes": dev.used_bytes,
+            "util_percent": dev.util_percent,
+            "power_w": dev.power_w,
+            "previous_pgids": previous,
+        },
+    )

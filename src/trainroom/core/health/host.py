@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from trainroom.core.findings import Finding
+from trainroom.core.findings import Finding, Target
 from trainroom.core.health.context import WatchContext
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import HostSample, LockHolder, LockInfo
@@ -140,11 +140,16 @@ def _stale_lock_finding(lk: LockInfo, h: LockHolder, why: str) -> Finding:
         inherit_txt = "; still held through an inherited descriptor by " + ", ".join(
             f"pid {k.pid} ({k.comm}, state {k.state}, pgid {k.pgid})" for k in inheritors
         )
-    kill_pids = [k.pid for k in inheritors] or ([h.pid] if h.exists and h.pid else [])
+    kill_pids = [k.pid for k in inheritors if not k.gone] or (
+        [h.pid] if h.exists and not h.gone and h.pid else []
+    )
+    holders = ", ".join(f"pid {pid}" for pid in kill_pids)
+    target = Target(pids=kill_pids, label=f"{holders}, holding {lk.path}") if kill_pids else None
     return Finding(
         code="STALE_LOCK",
         severity="critical",
-        action="kill",
+        action="kill" if target is not None else None,
+        target=target,
         key=lk.path,
         message=f"{h.kind or 'lock'} on {lk.path} held by pid {h.pid}: {why}{inherit_txt}; "
         "a relaunch cannot take it",
@@ -168,11 +173,11 @@ def duplicate_findings(ctx: WatchContext) -> list[Finding]:
     out = []
     for d in ctx.duplicates:
         if d.kind == "host":
+            # Which of two host processes is the stale one is the user's call: no key.
             out.append(
                 Finding(
                     code="DUPLICATE_TRAINER",
                     severity="warning",
-                    action="kill",
                     key=f"host:{d.name}",
                     message=(
                         f"{len(d.pids)} instances of {d.name} (pids {', '.join(map(str, d.pids))}): "
@@ -185,11 +190,13 @@ def duplicate_findings(ctx: WatchContext) -> list[Finding]:
         if not d.others:
             continue
         mine = f"ours is pid {d.ours}" if d.ours else "our attempt is not running"
+        others = ", ".join(f"pid {pid}" for pid in d.others)
         out.append(
             Finding(
                 code="DUPLICATE_TRAINER",
                 severity="warning",
                 action="kill",
+                target=Target(pids=list(d.others), label=f"{others}, the other trainer"),
                 key="trainer",
                 message=(
                     f"another process runs the same command in {d.cwd}: pid {', '.join(map(str, d.others))} "

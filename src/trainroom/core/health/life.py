@@ -14,9 +14,12 @@ from trainroom.core.units import fmt_bytes, signal_name
 
 
 def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[str, str, list[Finding]]:
+    at = f" at step {a.last_step}" if a.last_step is not None else ""
     if a.exit_code == 0 and a.exit_signal is None and a.error is None:
-        at = f" at step {a.last_step}" if a.last_step is not None else ""
         return "exited", f"attempt {a.n} exited 0{at}", []
+    if a.stopped:
+        # The user's own kill: said as such, no DEAD, nothing to resume automatically.
+        return "stopped", f"attempt {a.n} stopped by {a.stop_by}{at} ({death_cause(a)})", []
     return "dead", death_cause(a), [dead_finding(run, a, ctx)]
 
 

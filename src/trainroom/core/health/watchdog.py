@@ -44,7 +44,7 @@ from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import ProcsSample
 
-STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "exited")
+STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "stopped", "exited")
 
 # Findings whose figures move while the condition lasts (a growing gap, a ratio per sample). The
 # keeper journals a finding again whenever its message changes, so their message keeps the
@@ -69,17 +69,19 @@ class Watchdog:
         self.guard = guard if guard is not None else Guard()
         self._last: tuple[str, str] = ("starting", "no attempt yet")
         self.memory = Memory()
-        self._pinned: dict[str, tuple[str, str, str]] = {}  # ident -> (severity, cause, message)
+        self._pinned: dict[str, tuple[str, str, str, str]] = {}  # ident -> (severity, cause, fix, message)
 
     def _pin(self, findings: list[Finding]) -> None:
-        pinned: dict[str, tuple[str, str, str]] = {}
+        pinned: dict[str, tuple[str, str, str, str]] = {}
         for f in findings:
             if f.code not in VOLATILE:
                 continue
-            sig = (f.severity, str(f.evidence.get("cause", "")))
+            # What the words say must stay true: a new cause, severity or fix (its target) re-words.
+            target = f.target.label if f.target is not None else ""
+            sig = (f.severity, str(f.evidence.get("cause", "")), f"{f.action}:{target}")
             old = self._pinned.get(f.ident)
-            if old is not None and old[:2] == sig:
-                f.message = old[2]
+            if old is not None and old[:3] == sig:
+                f.message = old[3]
             pinned[f.ident] = (*sig, f.message)
         self._pinned = pinned
 
@@ -162,6 +164,8 @@ class Watchdog:
         """The state when its own rule raised: life from the bare facts (an ended attempt, a
         process gone), else the last state known, said to be stale."""
         a = run.attempt
+        if a is not None and a.stopped:
+            return "stopped", f"attempt {a.n} stopped by {a.stop_by} (the state rule failed)", []
         if a is not None and (a.ended_at is not None or ctx.alive is False):
             clean = a.ended_at is not None and a.exit_code == 0 and a.exit_signal is None
             state = "exited" if clean else "dead"
@@ -206,6 +210,7 @@ def context_from_probe(
         activity={} if stale else dict(procs.activity),
         locks=list(procs.locks),
         duplicates=list(procs.duplicates),
+        leftovers=list(procs.leftovers),
         log_crash=log_crash,
         probe_t=sample.t,
     )

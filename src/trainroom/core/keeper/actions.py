@@ -10,7 +10,6 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -23,87 +22,36 @@ from trainroom.core.findings import ACTIONS
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.keeper.recovery import Resumer
+from trainroom.core.keeper.replies import (
+    Handler,
+    Reply,
+    as_builtins,
+    done_reply,
+    plan_reply,
+    progress_to,
+    target_of,
+    what_changed,
+)
 from trainroom.core.ops import prune as pruning
 from trainroom.core.ops.bench import describe, run_bench
-from trainroom.core.ops.kill import execute_kill, plan_kill
+from trainroom.core.ops.kill import KILL_CONFIRM_S, KillPlan, execute_kill, plan_kill
 from trainroom.core.ops.members import Lifetime
 from trainroom.core.ops.reclaim import execute_reclaim, plan_reclaim
 from trainroom.core.ops.stacks import dump_stacks
+from trainroom.core.ops.target_kill import plan_target_kill
 from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.ops.wake import execute_wake, plan_wake
 from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.run.state import AttemptView
 from trainroom.core.units import fmt_bytes
 
-Reply = Callable[[p.Reply], None]
 RESUME_WAIT_S = 120.0
-CANCELLABLE = (
-    "bench",
-    "verify",
-    "dump",
-    "resume",
-)  # long, and safe to stop midway  # how long a resume waits for a checkpoint still in the verifier
-Handler = Callable[[p.Request, Reply], Awaitable[None]]
+# After a kill's grace and confirmation, how long its target's end still counts as "stopped".
+STOP_MARGIN_S = 10.0
+# Long, and safe to stop midway (a kill or a prune is never cut off half-way).
+CANCELLABLE = ("bench", "verify", "dump", "resume")
 
 KNOWN = tuple(a.name for a in ACTIONS)
-
-
-def _progress(reply: Reply, req: p.Request) -> Callable[[str], None]:
-    loop = asyncio.get_running_loop()
-
-    def say(line: str) -> None:
-        loop.call_soon_threadsafe(
-            reply, p.Reply(id=req.id, action=req.action, stage="progress", message=line)
-        )
-
-    return say
-
-
-def _done(req: p.Request, ok: bool, message: str, **kw: Any) -> p.Reply:
-    return p.Reply(id=req.id, action=req.action, stage="done", ok=ok, message=message, **kw)
-
-
-def _plan(req: p.Request, message: str, plan: dict[str, Any]) -> p.Reply:
-    return p.Reply(id=req.id, action=req.action, stage="plan", message=message, plan=plan)
-
-
-def _builtins(x: msgspec.Struct) -> dict[str, Any]:
-    out = msgspec.to_builtins(x)
-    assert isinstance(out, dict)
-    return out
-
-
-def target_of(action: str, plan: dict[str, Any]) -> object:
-    """What a confirmation is a confirmation of: the exact targets of a plan (pids with their
-    start ticks, the paths a prune deletes, the checkpoint and command of a resume), compared
-    between the plan a client confirmed and the one the keeper is about to carry out."""
-    if action == "kill":
-        return (
-            plan.get("pgid"),
-            sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or []),
-        )
-    if action == "prune":
-        return sorted((d.get("path"), d.get("bytes")) for d in plan.get("delete") or [])
-    if action == "resume":
-        return (plan.get("checkpoint"), plan.get("step"), plan.get("digest"), plan.get("argv"))
-    if action == "reclaim":
-        return (plan.get("method"), plan.get("target"))
-    if action == "dump":
-        return plan.get("pid")
-    if action == "continue":
-        return sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or [])
-    if action == "verify":
-        return plan.get("path")
-    return None  # bench: nothing to change under it
-
-
-def what_changed(action: str, confirmed: object, now: object) -> str:
-    if action == "kill" and isinstance(confirmed, tuple) and isinstance(now, tuple):
-        was = [pid for pid, _ in confirmed[1]]
-        is_ = [pid for pid, _ in now[1]]
-        return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
-    if action == "prune" and isinstance(confirmed, list) and isinstance(now, list):
-        return f"confirmed {len(confirmed)} checkpoint(s) to delete, now {len(now)}"
-    return f"confirmed {confirmed!r}, now {now!r}"
 
 
 class Actions:
@@ -137,6 +85,7 @@ class Actions:
             "resume": self.resume,
         }
         self._busy: set[str] = set()
+        self._clients: dict[int, str] = {}  # request id -> the client that sent it (journaled)
         self._running: dict[str, asyncio.Task[None]] = {}  # action -> the task carrying it out
 
     def confirmed(self, req: p.Request, reply: Reply, plan: dict[str, Any]) -> bool:
@@ -144,7 +93,7 @@ class Actions:
         expect = req.args.get("expect")
         if not isinstance(expect, dict):
             reply(
-                _done(
+                done_reply(
                     req, False, f"{req.action}: confirm with the plan you confirmed (args.expect)", plan=plan
                 )
             )
@@ -152,7 +101,7 @@ class Actions:
         was, now = target_of(req.action, expect), target_of(req.action, plan)
         if was != now:
             reply(
-                _done(
+                done_reply(
                     req,
                     False,
                     f"{req.action} refused: the target changed since it was confirmed "
@@ -170,22 +119,24 @@ class Actions:
         handler = self.handlers.get(req.action)
         if handler is None:
             msg = f"unknown action {req.action!r} (known: {', '.join(KNOWN)})"
-            reply(_done(req, False, msg))
+            reply(done_reply(req, False, msg))
             return
         if req.confirm and req.action in self._busy:
-            reply(_done(req, False, f"{req.action} is already running"))
+            reply(done_reply(req, False, f"{req.action} is already running"))
             return
         if req.confirm:
             self._busy.add(req.action)
         send = self._journaling(req, reply, client)
+        self._clients[id(req)] = client
         task = asyncio.current_task()
         if req.confirm and task is not None and req.action in CANCELLABLE:
             self._running[req.action] = task
         try:
             await handler(req, send)
         except asyncio.CancelledError:
-            send(_done(req, False, f"{req.action} cancelled by a client before it finished"))
+            send(done_reply(req, False, f"{req.action} cancelled by a client before it finished"))
         finally:
+            self._clients.pop(id(req), None)
             self._running.pop(req.action, None)
             if req.confirm:
                 self._busy.discard(req.action)
@@ -197,17 +148,17 @@ class Actions:
         task = self._running.get(name)
         if name not in CANCELLABLE:
             reply(
-                _done(
+                done_reply(
                     req,
                     False,
                     f"cancel: {name or 'nothing'} cannot be cancelled (only {', '.join(CANCELLABLE)})",
                 )
             )
         elif task is None or task.done():
-            reply(_done(req, False, f"cancel: no {name} is running"))
+            reply(done_reply(req, False, f"cancel: no {name} is running"))
         else:
             task.cancel()
-            reply(_done(req, True, f"cancel: {name} is being cancelled"))
+            reply(done_reply(req, True, f"cancel: {name} is being cancelled"))
 
     def _journaling(self, req: p.Request, reply: Reply, client: str) -> Reply:
         """Journal every `done` of a confirmed request (or a refusal of any) as it is sent."""
@@ -234,9 +185,18 @@ class Actions:
     # ------------------------------------------------------------------ kill
 
     async def kill(self, req: p.Request, reply: Reply) -> None:
+        """The trainer's kill (its process group), or, with args {"finding": IDENT}, the kill of
+        what that finding targets (a duplicate trainer, a lock holder, leftovers)."""
+        ident = req.args.get("finding")
+        if ident is not None:
+            await self._kill_target(req, reply, ident)
+        else:
+            await self._kill_trainer(req, reply)
+
+    async def _kill_trainer(self, req: p.Request, reply: Reply) -> None:
         a = self.run.state.attempt
         if a is None or a.pid <= 0:
-            reply(_done(req, False, "kill: this run has no attempt with a process group to kill"))
+            reply(done_reply(req, False, "kill: this run has no attempt with a process group to kill"))
             return
         plan = await asyncio.to_thread(
             plan_kill,
@@ -248,10 +208,6 @@ class Actions:
             run_id=self.run.run_id,
             attempt_ended_at=a.ended_at,
         )
-        target = plan.as_dict()
-        if not plan.ok and not plan.nothing_left:
-            reply(_done(req, False, "kill refused: " + "; ".join(plan.refusals), plan=target))
-            return
         pids = [m.pid for m in plan.members]
         if plan.nothing_left:
             # The attempt died whole (the seed's SIGKILL): nothing to signal, but a kill still
@@ -262,8 +218,68 @@ class Actions:
             )
         else:
             summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
+        await self._carry_out_kill(req, reply, plan, summary, sorted({a.pid, *pids}), stopping=a)
+
+    async def _kill_target(self, req: p.Request, reply: Reply, ident: object) -> None:
+        f = self.run.state.findings.get(ident) if isinstance(ident, str) else None
+        if f is None:
+            reply(done_reply(req, False, f"kill: finding {ident!r} is not open (it cleared, or never was)"))
+            return
+        if f.action != "kill":
+            reply(
+                done_reply(
+                    req, False, f"kill: finding {f.ident} offers no kill (its action: {f.action or 'none'})"
+                )
+            )
+            return
+        if f.target is None:
+            await self._kill_trainer(req, reply)  # the finding's kill is the trainer's own
+            return
+        plan = await asyncio.to_thread(
+            plan_target_kill,
+            f.target,
+            keeper_pid=os.getpid(),
+            run_id=self.run.run_id,
+            live_trainer=self._live_trainer(),
+        )
+        pids = [m.pid for m in plan.members]
+        if plan.nothing_left:
+            summary = (
+                f"nothing left to kill of {plan.subject} ({f.ident}); confirm the driver released its memory"
+            )
+        else:
+            summary = f"kill {plan.subject} ({f.ident}): {len(pids)} process(es) {pids}"
+        await self._carry_out_kill(
+            req, reply, plan, summary, sorted(set(pids) | set(f.target.pids)), finding=f.ident
+        )
+
+    def _live_trainer(self) -> set[int]:
+        """The live attempt's processes (never a targeted kill's target)."""
+        st = self.run.state
+        a = st.attempt
+        if a is None or not a.alive:
+            return set()
+        procs = st.probe.procs if st.probe is not None else None
+        return {a.pid, *(procs.states if procs is not None else {})}
+
+    async def _carry_out_kill(
+        self,
+        req: p.Request,
+        reply: Reply,
+        plan: KillPlan,
+        summary: str,
+        vram_pids: list[int],
+        *,
+        stopping: AttemptView | None = None,
+        finding: str | None = None,
+    ) -> None:
+        """Plan -> confirm -> execute, the same for the trainer's kill and a targeted one."""
+        target = plan.as_dict() | ({"finding": finding} if finding else {})
+        if not plan.ok and not plan.nothing_left:
+            reply(done_reply(req, False, "kill refused: " + "; ".join(plan.refusals), plan=target))
+            return
         if not req.confirm:
-            reply(_plan(req, summary, target))
+            reply(plan_reply(req, summary, target))
             return
         if not self.confirmed(req, reply, target):
             return
@@ -271,25 +287,32 @@ class Actions:
         grace = argtypes.checked(req.args.get("grace_s", cfg.grace_s), 0, 3600)
         if grace is None:
             reply(
-                _done(
+                done_reply(
                     req, False, f"kill: grace_s must be seconds in [0, 3600], got {req.args.get('grace_s')!r}"
                 )
             )
             return
-        probe = run_vram_probe(self.gpu, sorted({a.pid, *pids}))
+        if stopping is not None and stopping.alive and plan.members:
+            # Journaled before the first signal: the end this causes is "stopped", not a death.
+            now = time.time()
+            until = now + float(grace) + KILL_CONFIRM_S + STOP_MARGIN_S
+            self.recorder.emit(
+                p.AttemptStopping(n=stopping.n, t=now, by=self._clients.get(id(req), "a client"), until=until)
+            )
+            self.recorder.flush(fsync=True)
         result = await asyncio.to_thread(
             execute_kill,
             plan,
             grace_s=float(grace),
-            vram_probe=probe,
+            vram_probe=run_vram_probe(self.gpu, vram_pids),
             tolerance_bytes=cfg.vram_tolerance_bytes,
             vram_timeout_s=cfg.vram_timeout_s,
-            progress=_progress(reply, req),
+            progress=progress_to(reply, req),
             vram_poll_s=cfg.vram_poll_s,
         )
         r = result.as_dict()
         reply(
-            _done(
+            done_reply(
                 req,
                 result.ok,
                 result.message,
@@ -310,16 +333,20 @@ class Actions:
             msg = f"reclaim page cache via {plan.method} ({plan.target})" + (
                 f": {fmt_bytes(cache)} cached now" if isinstance(cache, int) else ""
             )
-            reply(_plan(req, msg, target))
+            reply(plan_reply(req, msg, target))
             return
         if not self.confirmed(req, reply, target):
             return
         result = await asyncio.to_thread(
-            execute_reclaim, plan, sys_root=roots.cgroup, proc_root=roots.proc, progress=_progress(reply, req)
+            execute_reclaim,
+            plan,
+            sys_root=roots.cgroup,
+            proc_root=roots.proc,
+            progress=progress_to(reply, req),
         )
         r = result.as_dict()
         reply(
-            _done(
+            done_reply(
                 req,
                 result.ok,
                 result.message,
@@ -334,7 +361,7 @@ class Actions:
     async def dump(self, req: p.Request, reply: Reply) -> None:
         a = self.run.state.attempt
         if a is None or a.ended_at is not None or a.pid <= 0:
-            reply(_done(req, False, "dump: no live trainer to dump"))
+            reply(done_reply(req, False, "dump: no live trainer to dump"))
             return
         if not req.confirm:
             stopped = self.run.state.status == "hung" and "stopped" in self.run.state.status_reason
@@ -343,13 +370,13 @@ class Actions:
                 if stopped or not a.instrumented
                 else "SIGUSR1 (faulthandler)"
             )
-            reply(_plan(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
+            reply(plan_reply(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
             return
         if not self.confirmed(req, reply, {"pid": a.pid}):
             return
         out = await asyncio.to_thread(dump_stacks, a.pid, str(self.run.log_path), a.instrumented)
         reply(
-            _done(
+            done_reply(
                 req,
                 out.ok,
                 out.message,
@@ -363,22 +390,24 @@ class Actions:
     async def wake(self, req: p.Request, reply: Reply) -> None:
         a = self.run.state.attempt
         if a is None or a.ended_at is not None or a.pid <= 0:
-            reply(_done(req, False, "continue: no live trainer to continue"))
+            reply(done_reply(req, False, "continue: no live trainer to continue"))
             return
         life = Lifetime(run_id=self.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks)
         plan = await asyncio.to_thread(plan_wake, a.pgid, life)
-        target = {"pgid": plan.pgid, "members": [_builtins(m) for m in plan.stopped]}
+        target = {"pgid": plan.pgid, "members": [as_builtins(m) for m in plan.stopped]}
         if not plan.ok:
-            reply(_done(req, False, "continue: " + "; ".join(plan.refusals), plan=target))
+            reply(done_reply(req, False, "continue: " + "; ".join(plan.refusals), plan=target))
             return
         pids = [m.pid for m in plan.stopped]
         if not req.confirm:
-            reply(_plan(req, f"SIGCONT {len(pids)} stopped process(es) of attempt {a.n}: {pids}", target))
+            reply(
+                plan_reply(req, f"SIGCONT {len(pids)} stopped process(es) of attempt {a.n}: {pids}", target)
+            )
             return
         if not self.confirmed(req, reply, target):
             return
         result = await asyncio.to_thread(execute_wake, plan)
-        reply(_done(req, result.ok, result.message, plan=target, after=_builtins(result)))
+        reply(done_reply(req, result.ok, result.message, plan=target, after=as_builtins(result)))
 
     # ------------------------------------------------------------------ bench
 
@@ -386,7 +415,7 @@ class Actions:
         device = str(req.args.get("device", "auto"))
         python = self.run.trainer_python()
         if not req.confirm:
-            reply(_plan(req, f"matmul bench on {device} (~1 s)", {"device": device, "python": python}))
+            reply(plan_reply(req, f"matmul bench on {device} (~1 s)", {"device": device, "python": python}))
             return
         reply(
             p.Reply(
@@ -399,7 +428,9 @@ class Actions:
         cfg = self.run.settings.bench
         seconds = argtypes.checked(req.args.get("seconds") or cfg.seconds, 0.01, 60)
         if seconds is None:
-            reply(_done(req, False, f"bench: seconds must be in (0, 60], got {req.args.get('seconds')!r}"))
+            reply(
+                done_reply(req, False, f"bench: seconds must be in (0, 60], got {req.args.get('seconds')!r}")
+            )
             return
         cancel = threading.Event()
         try:
@@ -414,7 +445,7 @@ class Actions:
         except asyncio.CancelledError:
             cancel.set()  # the bench's child is killed, not left to run out its time
             raise
-        reply(_done(req, out.ok, describe(out), plan={"device": device}, after=out.as_dict()))
+        reply(done_reply(req, out.ok, describe(out), plan={"device": device}, after=out.as_dict()))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -426,7 +457,11 @@ class Actions:
         pipe = self.pipeline
         keep = argtypes.checked(req.args.get("keep", pipe.keep), 0, 1_000_000, whole=True)
         if keep is None:
-            reply(_done(req, False, f"prune: keep must be a whole number >= 0, got {req.args.get('keep')!r}"))
+            reply(
+                done_reply(
+                    req, False, f"prune: keep must be a whole number >= 0, got {req.args.get('keep')!r}"
+                )
+            )
             return
         keep = int(keep)
         include_rejected = bool(req.args.get("include_rejected"))
@@ -450,7 +485,9 @@ class Actions:
                 f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
                 f"{fmt_bytes(plan.bytes_to_free)} to free"
             )
-            reply(_plan(req, msg, target) if not req.confirm else _done(req, True, msg, plan=target))
+            reply(
+                plan_reply(req, msg, target) if not req.confirm else done_reply(req, True, msg, plan=target)
+            )
             return
         if not self.confirmed(req, reply, target):
             return
@@ -476,16 +513,16 @@ class Actions:
             f"pruned {len(res.deleted)} checkpoint(s), freed {fmt_bytes(res.bytes_freed)}, kept {len(res.kept)}"
             + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else "")
         )
-        reply(_done(req, not res.failed, msg, plan=target, before=before, after=after))
+        reply(done_reply(req, not res.failed, msg, plan=target, before=before, after=after))
 
     async def verify(self, req: p.Request, reply: Reply) -> None:
         pipe = self.pipeline
         path = req.args.get("path") or str(latest_checkpoint(pipe.root) or "")
         if not path:
-            reply(_done(req, False, "verify: no verified checkpoint yet (`latest` points nowhere)"))
+            reply(done_reply(req, False, "verify: no verified checkpoint yet (`latest` points nowhere)"))
             return
         if not req.confirm:
-            reply(_plan(req, f"verify {path}", {"path": path}))
+            reply(plan_reply(req, f"verify {path}", {"path": path}))
             return
         if not self.confirmed(req, reply, {"path": path}):
             return
@@ -494,7 +531,7 @@ class Actions:
         try:
             expected = decode_expected(raw) if isinstance(raw, dict) else None
         except ValueError as exc:
-            reply(_done(req, False, f"verify: expected {exc}"))
+            reply(done_reply(req, False, f"verify: expected {exc}"))
             return
         rep = await asyncio.to_thread(pipe.verify_now, path, expected)
         summary = (
@@ -502,8 +539,8 @@ class Actions:
             f"{rep.tensors} tensors, {rep.params} params, "
             f"non-finite {len(rep.nonfinite)}, outliers {len(rep.outliers)}"
         )
-        small = _builtins(msgspec.structs.replace(rep, stds={}))
-        reply(_done(req, rep.ok, summary, plan={"path": path}, after=small))
+        small = as_builtins(msgspec.structs.replace(rep, stds={}))
+        reply(done_reply(req, rep.ok, summary, plan={"path": path}, after=small))
 
     # ------------------------------------------------------------------ resume
 
@@ -536,14 +573,14 @@ class Actions:
             waiting = ", ".join(f"{path} (for {time.time() - since:.0f} s)" for path, since in still)
             plan.refusals.append(f"still verifying {waiting}: resume again once it has a verdict")
             plan.ok = False
-        target = _builtins(plan)
+        target = as_builtins(plan)
         if not plan.ok:
-            reply(_done(req, False, "resume refused: " + "; ".join(plan.refusals), plan=target))
+            reply(done_reply(req, False, "resume refused: " + "; ".join(plan.refusals), plan=target))
             return
         if not req.confirm:
             note = f"; {plan.note}" if plan.note else ""
             reply(
-                _plan(
+                plan_reply(
                     req,
                     f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){note}",
                     target,
@@ -552,5 +589,7 @@ class Actions:
             return
         if not self.confirmed(req, reply, target):
             return
-        result = await self.resumer.start(plan, progress=_progress(reply, req))
-        reply(_done(req, result.ok, result.message, plan=target, before=result.before, after=result.after))
+        result = await self.resumer.start(plan, progress=progress_to(reply, req))
+        reply(
+            done_reply(req, result.ok, result.message, plan=target, before=result.before, after=result.after)
+        )

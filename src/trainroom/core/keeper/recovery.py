@@ -130,6 +130,12 @@ class AutoResume:
     async def attempt_ended(self, ended: p.AttemptEnded) -> None:
         if (ended.exit_code == 0 and ended.exit_signal is None) or self.stopped:
             return
+        a = self.run.state.attempt
+        if a is not None and a.n == ended.n and a.stopped:
+            self.recorder.note(
+                f"auto-resume: attempt {a.n} was stopped by {a.stop_by}, not resumed", kind="auto-resume"
+            )
+            return
         if ended.error is not None:
             self._stop(f"the command could not start: {ended.error}")
             return

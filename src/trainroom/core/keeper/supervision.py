@@ -33,6 +33,8 @@ def targets_of(run: RunState) -> ProbeTargets:
         argv=list(a.argv),
         cwd=a.cwd,
         rank_pids=sorted({r.pid for r in list(run.ranks.values()) if r.pid}),
+        run_id=run.run_id,
+        run_created=run.created,
     )
 
 

@@ -20,11 +20,18 @@ SCHEMA = 1  # the `trainroom` field of the JSON shape: bumped if a field changes
 
 # A watched state's severity, and the finding whose identity it shares: DEAD raised with the
 # `dead` state is one alert, not two.
-STATE_SEVERITY = {"dead": "critical", "hung": "critical", "stalled": "warning", "exited": "info"}
+STATE_SEVERITY = {
+    "dead": "critical",
+    "hung": "critical",
+    "stalled": "warning",
+    "stopped": "info",
+    "exited": "info",
+}
 STATE_TITLE = {
     "dead": "the trainer died",
     "hung": "the trainer hung",
     "stalled": "the trainer stalled",
+    "stopped": "the trainer was stopped by a kill",
     "exited": "the run finished",
 }
 

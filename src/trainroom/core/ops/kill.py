@@ -63,6 +63,14 @@ class KillPlan(msgspec.Struct, kw_only=True):
     # The group has no live member left (the attempt died whole, e.g. SIGKILLed): a refusal to
     # signal, but not an error for a caller whose aim is "nothing of that attempt is left".
     empty: bool = False
+    # A targeted kill (a finding's Target: a duplicate trainer, a lock holder, leftovers of
+    # earlier attempts) has no group (pgid 0): its members are signalled one by one, and this
+    # names them in words.
+    label: str = ""
+
+    @property
+    def subject(self) -> str:
+        return self.label or f"pgid {self.pgid}"
 
     @property
     def ok(self) -> bool:
@@ -268,7 +276,7 @@ def execute_kill(
     alive = _alive(targets)
     if alive:
         _signal_all(plan, targets, signal.SIGTERM, signals)
-        say(f"SIGTERM sent to pgid {plan.pgid} ({len(alive)} live)")
+        say(f"SIGTERM sent to {plan.subject} ({len(alive)} live)")
         alive = _wait_gone(targets, plan, grace_s)
     if alive:
         say(f"{len(alive)} still alive after the {grace_s:g} s grace: SIGKILL")
@@ -291,7 +299,7 @@ def execute_kill(
             before=before,
             after=after,
         )
-    say(f"all {len(targets)} processes of pgid {plan.pgid} are gone")
+    say(f"all {len(targets)} processes of {plan.subject} are gone")
 
     released, vram_after, waited = wait_vram(
         vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
@@ -301,7 +309,7 @@ def execute_kill(
         "mem_available_bytes": _mem_available(proc_root),
         "vram_wait_s": round(waited, 1),
     }
-    gone = f"{len(targets)} processes of pgid {plan.pgid} gone"
+    gone = f"{len(targets)} processes of {plan.subject} gone"
     if released is None:
         message = f"{gone}; driver view unavailable, VRAM release not confirmed"
     elif released:
@@ -340,7 +348,7 @@ def _confirm_nothing_left(
         "vram_bytes": vram_before,
         "mem_available_bytes": _mem_available(proc_root),
     }
-    say(f"nothing left to signal: pgid {plan.pgid} has no live members")
+    say(f"nothing left to signal: {plan.subject} has no live members")
     released, vram_after, waited = wait_vram(
         vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
     )
@@ -351,7 +359,7 @@ def _confirm_nothing_left(
         "mem_available_bytes": _mem_available(proc_root),
         "vram_wait_s": round(waited, 1),
     }
-    gone = f"nothing left to kill: pgid {plan.pgid} has no live members"
+    gone = f"nothing left to kill: {plan.subject} has no live members"
     if released is None:
         message = f"{gone}; driver view unavailable, VRAM release not confirmed"
     elif released:
@@ -404,6 +412,8 @@ def _group_is_ours(plan: KillPlan) -> bool:
     """Whether one killpg may reach the group: only while its leader lives and is the attempt's.
     A leaderless group can hold anyone by now (a daemon that double-forked into it, a stranger
     that reused the number), so then each proven member is signalled on its own."""
+    if plan.pgid <= 1:
+        return False  # a targeted kill: no group, each member on its own
     try:
         return same_start(plan.pgid, plan.leader_start_time, plan.leader_start_ticks) is True
     except psutil.Error:
@@ -412,7 +422,9 @@ def _group_is_ours(plan: KillPlan) -> bool:
 
 def _livegroup_members(plan: KillPlan) -> list[psutil.Process]:
     """Members of the group now (one forked during the grace), each proven the run's."""
-    found = []
+    found: list[psutil.Process] = []
+    if plan.pgid <= 1:
+        return found
     for m in group_members(plan.pgid):
         if not_ours(m, plan.life) is None:
             proc = process_of(m.pid)

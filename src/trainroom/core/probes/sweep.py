@@ -18,6 +18,7 @@ from trainroom.core import failpoints
 from trainroom.core import protocol as p
 from trainroom.core.probes.gpu import GpuProbe, Nvml
 from trainroom.core.probes.host import HostProbe
+from trainroom.core.probes.leftovers import run_leftovers
 from trainroom.core.probes.locks import lock_holders
 from trainroom.core.probes.procs import (
     PROC,
@@ -26,7 +27,7 @@ from trainroom.core.probes.procs import (
     host_process_duplicates,
     trainer_duplicates,
 )
-from trainroom.core.samples import Duplicate, GpuSample, HostSample, ProcsSample
+from trainroom.core.samples import Duplicate, GpuSample, HostSample, Leftover, ProcsSample
 
 
 class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
@@ -39,6 +40,8 @@ class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
     argv: list[str] = []
     cwd: str = ""
     rank_pids: list[int] = []
+    run_id: str = ""
+    run_created: float = 0.0
 
 
 class ProbeSweep:
@@ -67,6 +70,7 @@ class ProbeSweep:
         self.duplicate_every = max(1, duplicate_every)
         self._cycle = 0
         self._duplicates: list[Duplicate] = []
+        self._leftovers: list[Leftover] = []
 
     def procs(self, targets: ProbeTargets) -> ProcsSample:
         states = group_states(targets.pgid, self.proc_root) if targets.alive and targets.pgid > 0 else {}
@@ -84,6 +88,9 @@ class ProbeSweep:
                     found.append(dup)
             found += host_process_duplicates(self.host_process_names)
             self._duplicates = found
+            # The same scan's cadence: reading every process's environment is not free.
+            live = targets.attempt if targets.alive else None
+            self._leftovers = run_leftovers(targets.run_id, targets.run_created, live)
         return ProcsSample(
             attempt=targets.attempt,
             pgid=targets.pgid,
@@ -91,6 +98,7 @@ class ProbeSweep:
             activity=group_activity(watched, self.proc_root),
             locks=lock_holders(self.lock_paths, proc_root=self.proc_root),
             duplicates=self._duplicates,
+            leftovers=self._leftovers,
         )
 
     def sample(self, targets: ProbeTargets) -> p.ProbeSample:

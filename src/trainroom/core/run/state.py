@@ -56,10 +56,17 @@ class AttemptView(msgspec.Struct, kw_only=True):
     last_step_t: float | None = None
     crash: p.Crash | None = None
     bye: str | None = None
+    stop_by: str | None = None  # a user's kill is under way (AttemptStopping): who asked
+    stop_until: float | None = None
 
     @property
     def alive(self) -> bool:
         return self.ended_at is None
+
+    @property
+    def stopped(self) -> bool:
+        """Ended by a user's kill (within its deadline): "stopped", not a death."""
+        return self.ended_at is not None and self.stop_until is not None and self.ended_at <= self.stop_until
 
 
 class RankView(msgspec.Struct, kw_only=True):
@@ -193,6 +200,11 @@ class RunState(msgspec.Struct, kw_only=True):
         a.ended_at, a.exit_code, a.exit_signal, a.error = r.t, r.exit_code, r.exit_signal, r.error
         for rank in self.ranks.values():
             rank.connected = False
+
+    def _attempt_stopping(self, r: p.AttemptStopping) -> None:
+        a = self._attempt_n(r.n)
+        if a is not None and a.ended_at is None:
+            a.stop_by, a.stop_until = r.by, r.until
 
     def _attempt_n(self, n: int) -> AttemptView | None:
         for a in reversed(self.attempts):
@@ -400,6 +412,7 @@ def _merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.Reque
 _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.AttemptStarted: RunState._attempt_started,
     p.AttemptEnded: RunState._attempt_ended,
+    p.AttemptStopping: RunState._attempt_stopping,
     p.Received: RunState._received,
     p.CheckpointState: RunState._checkpoint,
     p.FindingRaised: RunState._finding,
