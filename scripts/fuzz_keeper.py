@@ -1,0 +1,213 @@
+"""Fuzz a real keeper's socket while a real trainer steps under it, and report what it cost.
+
+    python scripts/fuzz_keeper.py [--seconds 30] [--seed 1] [--json]
+
+A keeper (under a throwaway TRAINROOM_HOME) runs an instrumented stepper; meanwhile this script,
+as a hostile same-uid peer, opens connection after connection and sends: random bytes, frames
+with absurd length headers, half frames left hanging, valid msgpack of the wrong shape, trainer
+messages with mutated fields (negative steps, NaN times, huge strings, wrong types), Hellos that
+lie about their pid or claim rank 0, and client requests for unknown actions or with bad
+arguments. At the end it reports frames and connections sent, whether the keeper is alive and
+still answers `status`, whether the trainer kept stepping, the keeper's RSS and open fds before
+and after, and what the journal grew by.
+
+What a healthy keeper shows: alive, status answers, steps advanced, RSS and fds back near where
+they began (the per-connection caps hold), the journal grown by counted refusals, not a record
+per frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+
+STEPPER = """
+    import time
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=1e-3)
+    step = 0
+    while True:
+        step += 1
+        rep.step(step, loss=2.0, tokens=step * 64)
+        time.sleep(0.02)
+"""
+
+HEADER = struct.Struct(">I")
+
+
+def _frame(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+def _mutated_trainer_msg(rng: random.Random) -> bytes:
+    absurd: list[Any] = [-1, -(2**63), 2**64 - 1, float("nan"), float("inf"), "x" * 70000, None, [], {}, True]
+    shapes: list[dict[str, Any]] = [
+        {"type": "step", "step": rng.choice([*absurd, 5]), "t": rng.choice([*absurd, time.time()])},
+        {
+            "type": "hello",
+            "pid": rng.choice([1, os.getpid(), -5, 2**40]),
+            "rank": rng.choice([0, 1, -1, 2**40]),
+        },
+        {"type": "heartbeat", "t": rng.choice(absurd)},
+        {"type": "note", "kind": "x" * rng.randint(0, 600), "data": {"k": "v" * rng.randint(0, 20000)}},
+        {
+            "type": "checkpoint",
+            "path": rng.choice(["/etc/passwd", "../../x", "a" * 5000]),
+            "step": rng.choice(absurd),
+        },
+        {"type": "crash", "chain": rng.choice(absurd)},
+        {"type": rng.choice(["nope", "", "step" * 50]), "step": 1},
+        {
+            "type": "request",
+            "id": 1,
+            "action": rng.choice(["kill", "rm -rf", "x" * 300]),
+            "args": {"grace_s": "nan"},
+        },
+    ]
+    return msgspec.msgpack.encode(rng.choice(shapes))
+
+
+def _payload(rng: random.Random) -> tuple[bytes, int, bool]:
+    """(bytes to send, frames in it, leave the connection hanging open)."""
+    kind = rng.randrange(6)
+    if kind == 0:  # random bytes
+        return bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 4096))), 1, False
+    if kind == 1:  # an absurd length header
+        return HEADER.pack(rng.choice([2**31, 2**32 - 1, 64 << 20])) + b"\x00" * 64, 1, False
+    if kind == 2:  # a half frame, left hanging (slow loris)
+        return HEADER.pack(1 << 20) + b"\x00" * rng.randint(0, 1000), 1, True
+    if kind == 3:  # valid msgpack of the wrong shape
+        return _frame(msgspec.msgpack.encode(rng.choice([1, "x", [1, 2], {"a": 1}, None]))), 1, False
+    n = rng.randint(1, 50)  # a burst of mutated messages
+    return b"".join(_frame(_mutated_trainer_msg(rng)) for _ in range(n)), n, False
+
+
+def _usage(pid: int) -> dict[str, int]:
+    proc = psutil.Process(pid)
+    return {"rss_bytes": proc.memory_info().rss, "fds": proc.num_fds()}
+
+
+def _status(run_id: str) -> dict[str, Any]:
+    from trainroom.core.run import store as runs
+    from trainroom.core.run.client import current_state
+    from trainroom.core.run.status import status_dict
+
+    info = runs.resolve_run(run_id)
+    st, alive = current_state(info)
+    return status_dict(st, keeper_alive=alive)
+
+
+def fuzz(seconds: float, seed: int) -> dict[str, Any]:
+    from trainroom.core.run import store as runs
+    from trainroom.core.run.launch import launch
+    from trainroom.core.settings import LaunchOptions
+
+    rng = random.Random(seed)
+    work = Path(tempfile.mkdtemp(prefix="trfuzz"))
+    os.environ["TRAINROOM_HOME"] = str(work / "home")
+    script = work / "stepper.py"
+    script.write_text(textwrap.dedent(STEPPER))
+    info = launch([sys.executable, str(script)], LaunchOptions(linger_s=30), cwd=str(work))
+    try:
+        deadline = time.monotonic() + 60
+        while not (_status(info.run_id)["step"] or 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        record = runs.read_record(Path(info.run_dir))
+        keeper = record.keeper_pid
+        assert keeper is not None, "the keeper did not name itself"
+        journal = Path(info.run_dir) / runs.JOURNAL_NAME
+        before = _usage(keeper) | {
+            "journal_bytes": journal.stat().st_size,
+            "step": _status(info.run_id)["step"],
+        }
+        frames = conns = refused_connects = 0
+        hanging: list[socket.socket] = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            data, n, hang = _payload(rng)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(1.0)
+            try:
+                s.connect(info.sock)
+                s.sendall(data)
+                conns += 1
+                frames += n
+            except OSError:
+                refused_connects += 1
+                s.close()
+                continue
+            if hang and len(hanging) < 400:
+                hanging.append(s)
+            else:
+                s.close()
+        for s in hanging:
+            s.close()
+        time.sleep(2.0)  # let the keeper close what we left
+        alive = psutil.pid_exists(keeper)
+        after_status = _status(info.run_id) if alive else {}
+        after = (_usage(keeper) if alive else {}) | {
+            "journal_bytes": journal.stat().st_size,
+            "step": after_status.get("step"),
+        }
+        return {
+            "seconds": seconds,
+            "seed": seed,
+            "connections": conns,
+            "frames_sent": frames,
+            "connects_refused": refused_connects,
+            "keeper_alive": alive,
+            "status_answers": bool(after_status),
+            "state": after_status.get("state"),
+            "steps_advanced": (after["step"] or 0) - (before["step"] or 0),
+            "before": before,
+            "after": after,
+        }
+    finally:
+        from trainroom.core.run.store import stop_run
+
+        stop_run(info.run_dir)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = fuzz(args.seconds, args.seed)
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        mib = 1 << 20
+        b, a = r["before"], r["after"]
+        print(
+            f"{r['connections']} connections, {r['frames_sent']} frames in {r['seconds']:.0f} s (seed {r['seed']})"
+        )
+        print(f"keeper alive: {r['keeper_alive']}; status answers: {r['status_answers']} ({r['state']})")
+        print(f"trainer steps during the fuzz: {r['steps_advanced']}")
+        if a.get("rss_bytes"):
+            print(
+                f"keeper RSS {b['rss_bytes'] / mib:.1f} -> {a['rss_bytes'] / mib:.1f} MiB; fds {b['fds']} -> {a['fds']}"
+            )
+        print(f"journal {b['journal_bytes'] / mib:.2f} -> {a['journal_bytes'] / mib:.2f} MiB")
+    ok = r["keeper_alive"] and r["status_answers"] and r["steps_advanced"] > 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
