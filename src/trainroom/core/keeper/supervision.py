@@ -12,7 +12,8 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
-from trainroom.core.keeper.ports import RunContext
+from trainroom.core.keeper.ports import Recorder, RunContext
+from trainroom.core.keeper.workers import WorkerWatch
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.state import RunState
@@ -38,8 +39,10 @@ def targets_of(run: RunState) -> ProbeTargets:
 class Supervision:
     """The probe sweep (worker thread), the watchdog and the sanity tracker (loop thread)."""
 
-    def __init__(self, settings: RunSettings, run: RunContext) -> None:
+    def __init__(self, settings: RunSettings, run: RunContext, recorder: Recorder | None = None) -> None:
         self.run = run
+        # The rank processes (torchrun workers) and how each ended: journaled through `recorder`.
+        self.workers = WorkerWatch(recorder, run) if recorder is not None else None
         self.thresholds = settings.thresholds
         self.sweep = ProbeSweep(
             lock_paths=settings.lock_files,
@@ -70,6 +73,8 @@ class Supervision:
     # ------------------------------------------------------------------ verdicts (loop thread)
 
     def evaluate(self, now: float) -> tuple[str, str, list[Finding]]:
+        if self.workers is not None:
+            self.workers.sync()
         st = self.run.state
         a = st.attempt
         ctx = context_from_probe(
@@ -82,4 +87,6 @@ class Supervision:
         return verdict.state, verdict.reason, [*verdict.findings, *self.sanity.findings(now)]
 
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
         self.sweep.close()
