@@ -154,6 +154,9 @@ def context_from_probe(
     procs = sample.procs or ProcsSample()
     stale = attempt is not None and procs.attempt not in (0, attempt)
     states = {} if stale else dict(procs.states)
+    workers = [] if stale else list(procs.workers)
+    # A worker in a session of its own (torchrun's) is the attempt's as much as its group is.
+    states.update({w.pid: w.state for w in workers})
     return WatchContext(
         thresholds=th,
         alive=alive,
@@ -161,6 +164,7 @@ def context_from_probe(
         gpu=sample.gpu,
         host=sample.host,
         proc_states=states,
+        workers=workers,
         activity={} if stale else dict(procs.activity),
         locks=list(procs.locks),
         duplicates=list(procs.duplicates),
