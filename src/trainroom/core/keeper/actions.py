@@ -247,6 +247,7 @@ class Actions:
             keeper_pid=os.getpid(),
             run_id=self.run.run_id,
             attempt_ended_at=a.ended_at,
+            workers=self.run.state.attempt_workers(),
         )
         target = plan.as_dict()
         if not plan.ok and not plan.nothing_left:
@@ -366,7 +367,7 @@ class Actions:
             reply(_done(req, False, "continue: no live trainer to continue"))
             return
         life = Lifetime(run_id=self.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks)
-        plan = await asyncio.to_thread(plan_wake, a.pgid, life)
+        plan = await asyncio.to_thread(plan_wake, a.pgid, life, self.run.state.attempt_workers())
         target = {"pgid": plan.pgid, "members": [_builtins(m) for m in plan.stopped]}
         if not plan.ok:
             reply(_done(req, False, "continue: " + "; ".join(plan.refusals), plan=target))
