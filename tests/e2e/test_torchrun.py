@@ -26,6 +26,7 @@ import pytest
 from tests.support.helpers import run_cli, status, status_json
 from tests.support.waiting import wait_for
 from trainroom.core.probes.workers import rank_env
+from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
 from trainroom.core.run.store import RunInfo
 from trainroom.core.settings import LaunchOptions
@@ -160,6 +161,13 @@ def test_sdk_torchrun_stopped_worker_is_hung_and_kill_stops_every_worker(
     f = _finding(d, "HUNG")
     assert f is not None and f["evidence"]["pid"] == pids[1]
     assert d["state_reason"] == f"rank 1 (pid {pids[1]}) stopped (state T)"
+    # HUNG's key (dump stacks) is for the stopped rank, not torchrun.
+    c = KeeperClient(info.sock)
+    try:
+        plan = c.call("dump", {}, confirm=False)
+    finally:
+        c.close()
+    assert plan.plan["pid"] == pids[1], plan
 
     # The kill action reaches the workers in their own sessions, the stopped one included.
     out = run_cli("kill", info.run_id, "--yes", "--grace", "2", "--json", timeout=120)

@@ -337,6 +337,8 @@ class Actions:
         if a is None or a.ended_at is not None or a.pid <= 0:
             reply(_done(req, False, "dump: no live trainer to dump"))
             return
+        # The rank a HUNG names (a torchrun worker), else the attempt's own process.
+        pid = self.run.state.hung_worker() or a.pid
         if not req.confirm:
             stopped = self.run.state.status == "hung" and "stopped" in self.run.state.status_reason
             how = (
@@ -344,17 +346,17 @@ class Actions:
                 if stopped or not a.instrumented
                 else "SIGUSR1 (faulthandler)"
             )
-            reply(_plan(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
+            reply(_plan(req, f"dump stacks of pid {pid} via {how}", {"pid": pid, "method": how}))
             return
-        if not self.confirmed(req, reply, {"pid": a.pid}):
+        if not self.confirmed(req, reply, {"pid": pid}):
             return
-        out = await asyncio.to_thread(dump_stacks, a.pid, str(self.run.log_path), a.instrumented)
+        out = await asyncio.to_thread(dump_stacks, pid, str(self.run.log_path), a.instrumented)
         reply(
             _done(
                 req,
                 out.ok,
                 out.message,
-                plan={"pid": a.pid},
+                plan={"pid": pid},
                 after={"method": out.method, "stacks": out.text},
             )
         )

@@ -391,6 +391,16 @@ class RunState(msgspec.Struct, kw_only=True):
             if a is not None and w.attempt == a.n and w.alive and w.start_ticks > 0
         )
 
+    def hung_worker(self) -> int | None:
+        """The live worker an open HUNG finding names (its pid), if any: what a stack dump is for."""
+        a = self.attempt
+        for f in self.findings.values():
+            pid = f.evidence.get("pid") if f.code == "HUNG" else None
+            w = self.workers.get(pid) if isinstance(pid, int) else None
+            if a is not None and w is not None and w.alive and w.attempt == a.n:
+                return w.pid
+        return None
+
     def worker_death(self, a: AttemptView) -> WorkerView | None:
         """The rank process whose end took the attempt down: the one torchrun names its root
         cause, else the first to fail before the leader ended. None when no worker failed first."""
