@@ -25,10 +25,12 @@ import pytest
 
 from tests.support.helpers import run_cli, status, status_json
 from tests.support.waiting import wait_for
+from trainroom.core import protocol as p
 from trainroom.core.probes.workers import rank_env
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
-from trainroom.core.run.store import RunInfo
+from trainroom.core.run.store import JOURNAL_NAME, RunInfo
 from trainroom.core.settings import LaunchOptions
 
 TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
@@ -123,13 +125,25 @@ def test_uninstrumented_torchrun_ranks_hang_and_death_name_the_rank(trhome: Path
     os.kill(pids[0], signal.SIGCONT)
     wait_for(lambda: status(info)["state"] == "running", timeout=WATCH_S, what="running again after SIGCONT")
 
-    # A worker killed by SIGKILL: DEAD, the rank and its signal first, torchrun's exit second.
+    # A worker killed by SIGKILL: DEAD at once (torchrun has no restart left), the rank and its
+    # signal first; torchrun's own exit code 1 second, once it has stopped rank 0.
     os.kill(pids[1], signal.SIGKILL)
     d = wait_for(
         lambda: (x := status(info))["state"] == "dead" and x, timeout=WATCH_S, what="the attempt dead"
     )
+    assert d["state_reason"].startswith(f"rank 1 killed by SIGKILL (pid {pids[1]}); ")
+    d = wait_for(
+        lambda: (x := status(info))["exit"]["code"] is not None and x, timeout=WATCH_S, what="torchrun's exit"
+    )
     assert d["exit"] == {"code": 1, "signal": None, "signal_name": None}  # torchrun's own
-    assert d["state_reason"].startswith(f"rank 1 killed by SIGKILL (pid {pids[1]})")
+    assert d["state_reason"] == f"rank 1 killed by SIGKILL (pid {pids[1]}); then torchrun exit code 1"
+    # Recorded when it happened, from the kernel, before torchrun's exit; DEAD said before it too.
+    records = list(read_journal(Path(info.run_dir) / JOURNAL_NAME))
+    (ended,) = [r for r in records if isinstance(r, p.AttemptEnded)]
+    gone = [r for r in records if isinstance(r, p.WorkerEnded) and r.pid == pids[1]]
+    assert gone[0].exit_signal == signal.SIGKILL and gone[0].source == "wait-status" and gone[0].t < ended.t
+    dead_at = [r.t for r in records if isinstance(r, p.RunStatus) and r.state == "dead"]
+    assert dead_at and dead_at[0] <= ended.t
     dead = _finding(d, "DEAD")
     assert dead is not None
     assert dead["message"].startswith(f"attempt 1: rank 1 killed by SIGKILL (pid {pids[1]}) at step ")

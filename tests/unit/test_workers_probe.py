@@ -45,7 +45,8 @@ LAUNCHER = textwrap.dedent(
     )
     ranks, children = {}, {}
     for r in (0, 1):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2")
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                   TORCHELASTIC_MAX_RESTARTS="3", TORCHELASTIC_RESTART_COUNT=str(r))
         path = out + f".child{r}"
         p = subprocess.Popen([sys.executable, "-c", rank_code, path], env=env, start_new_session=True)
         ranks[r] = p.pid
@@ -108,6 +109,7 @@ def test_workers_are_found_through_the_tree_whatever_their_session(
         assert w.local_rank == w.rank and w.world_size == 2 and w.ppid == leader
         assert w.sid == w.pid and w.pgid == w.pid != leader  # torch elastic's start_new_session
         assert w.state in ("S", "R") and w.wait_status is None
+        assert w.restarts_left == 3 - w.rank  # torch elastic's budget: max restarts less the count
         assert w.start_ticks == read_stat(w.pid).start_ticks  # type: ignore[union-attr]
     # The rank's own child inherits RANK but is part of its rank, and the helper has no rank.
     listed = {w.pid for w in found}
@@ -115,6 +117,7 @@ def test_workers_are_found_through_the_tree_whatever_their_session(
     env = rank_env(info["children"][1])
     assert env is not None and env.rank == 1 and env.run == "run-workers-test"
     assert rank_env(info["helper"]) is None
+    assert rank_env(leader) is None  # the launcher carries no rank of its own
 
 
 def test_a_steady_cycle_reads_no_environment_again(

@@ -29,14 +29,21 @@ LEADER = 4242
 W0, W1 = 5000, 5001
 
 
-def _torchrun_run(instrumented: bool = False) -> RunBuilder:
+def _torchrun_run(instrumented: bool = False, restarts_left: int | None = 0) -> RunBuilder:
     b = RunBuilder()
     b.start(pid=LEADER, instrumented=False)
     b.run.attempts[-1].argv = TORCHRUN
     for rank, pid in ((0, W0), (1, W1)):
         b.apply(
             p.WorkerSeen(
-                attempt=1, t=b.now, pid=pid, rank=rank, start_ticks=100 + rank, local_rank=rank, world_size=2
+                attempt=1,
+                t=b.now,
+                pid=pid,
+                rank=rank,
+                start_ticks=100 + rank,
+                local_rank=rank,
+                world_size=2,
+                restarts_left=restarts_left,
             )
         )
         if instrumented:
@@ -204,6 +211,37 @@ def test_a_killed_worker_is_the_headline_and_torchruns_exit_comes_second() -> No
         "source": "wait-status",
         "ended_at": b.now - 0.49,
     }
+
+
+def test_a_failed_worker_with_no_restart_left_is_dead_before_torchrun_exits() -> None:
+    b = _torchrun_run()
+    b.steps(12)
+    b.apply(p.WorkerEnded(attempt=1, t=b.now + 0.01, pid=W1, rank=1, exit_signal=9, source="wait-status"))
+    v = Watchdog().evaluate(b.run, _ctx({W0: "S"}), b.now + 0.1)
+    assert v.state == "dead"
+    assert v.reason == f"rank 1 killed by SIGKILL (pid {W1}); torchrun is stopping the other ranks"
+    f = _finding(v, "DEAD")
+    assert f.message.startswith(f"attempt 1: rank 1 killed by SIGKILL (pid {W1}) at step 12")
+    assert f.message.endswith("; torchrun is stopping the other ranks (no restart left)")
+    assert f.evidence["exit_code"] is None and f.evidence["worker"]["signal"] == "SIGKILL"
+
+
+@pytest.mark.parametrize(
+    ("restarts_left", "end"),
+    [
+        (2, {"exit_signal": 9}),  # torch elastic restarts the group: not the end of the attempt
+        (None, {"exit_signal": 9}),  # not torch elastic: the launcher decides
+        (0, {}),  # gone, how unknown (a clean exit reaped before it was read): not a failure
+        (0, {"exit_code": 0}),  # rank 1 finished first
+    ],
+)
+def test_a_worker_end_that_does_not_end_the_attempt(restarts_left: int | None, end: dict[str, int]) -> None:
+    b = _torchrun_run(restarts_left=restarts_left)
+    b.steps(12)
+    src = "gone" if not end else "wait-status"
+    b.apply(p.WorkerEnded(attempt=1, t=b.now + 0.01, pid=W1, rank=1, source=src, **end))  # type: ignore[arg-type]
+    v = Watchdog().evaluate(b.run, _ctx({W0: "S"}), b.now + 0.1)
+    assert v.state == "running" and not v.findings
 
 
 def test_a_worker_that_raised_keeps_its_traceback_and_a_plain_launcher_is_named_by_pid() -> None:

@@ -229,6 +229,7 @@ class WorkerSeen(msgspec.Struct, tag="worker-seen", kw_only=True, omit_defaults=
     world_size: int | None = None
     pgid: int = 0
     sid: int = 0
+    restarts_left: int | None = None  # torch elastic's: 0 means a failed worker ends the attempt
 
 
 WorkerEndSource = Literal["wait-status", "launcher", "gone"]

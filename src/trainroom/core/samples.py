@@ -161,6 +161,9 @@ class Worker(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     ppid: int = 0
     pgid: int = 0
     sid: int = 0
+    # torch elastic's restarts left for this worker group (TORCHELASTIC_MAX_RESTARTS less
+    # TORCHELASTIC_RESTART_COUNT): 0 means a failed worker ends the attempt. None: not torch elastic.
+    restarts_left: int | None = None
     # The wait status a zombie left (/proc/<pid>/stat field 52): how it ended, read before its
     # parent (torchrun, not us) reaps it. None while it runs, or where the kernel hides it.
     wait_status: int | None = None

@@ -23,6 +23,20 @@ def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[str
     return "dead", reason, [dead_finding(run, a, ctx)]
 
 
+def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
+    """While the launcher still lives: a rank that failed with no restart left. torch elastic now
+    stops the other ranks and exits (about 2 s here): the attempt is over, said at once."""
+    w = run.worker_death(a)
+    return w if w is not None and w.restarts_left == 0 else None
+
+
+def dying_verdict(
+    run: RunState, a: AttemptView, w: WorkerView, ctx: WatchContext
+) -> tuple[str, str, list[Finding]]:
+    reason = f"{worker_cause(w)}; {launcher_name(a)} is stopping the other ranks"
+    return "dead", reason, [dead_finding(run, a, ctx)]
+
+
 def worker_cause(w: WorkerView) -> str:
     """ "rank 1 killed by SIGKILL (pid 767)": a rank's process's end, the headline of a death
     under a launcher (torchrun's own exit code 1 comes second)."""
@@ -77,7 +91,7 @@ def _lost(run: RunState, a: AttemptView) -> tuple[str, int | None]:
 def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
     """DEAD: the cause, the last step, and what was lost since the last verified checkpoint.
     Under a launcher, a rank's death is the cause and the launcher's exit comes second."""
-    w = run.worker_death(a) if a.ended_at is not None else None
+    w = run.worker_death(a) if a.ended_at is not None else fatal_worker(run, a)
     cause = death_cause(a) if w is None else worker_cause(w)
     signalled = a.exit_signal if w is None else w.exit_signal
     crash = a.crash or ctx.log_crash
@@ -98,7 +112,13 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
     avail = ctx.host.effective_available_bytes if ctx.host is not None else None
     if signalled == signal.SIGKILL and avail is not None and avail < ctx.thresholds.host_ram_low_bytes:
         oom_hint = f"; host RAM was low ({fmt_bytes(avail)} available): the OOM killer is a suspect"
-    then = f"; then {launcher_name(a)} {death_cause(a)}" if w is not None else ""
+    then = ""
+    if w is not None:
+        then = (
+            f"; then {launcher_name(a)} {death_cause(a)}"
+            if a.ended_at is not None
+            else f"; {launcher_name(a)} is stopping the other ranks (no restart left)"
+        )
     left = [x for x in run.workers.values() if x.attempt == a.n and x.alive] if a.ended_at is not None else []
     if left:
         # torchrun died without stopping them (SIGKILL): they still hold their memory and ports.

@@ -37,7 +37,7 @@ from trainroom.core.health.gpu import (
     orphan_findings,
 )
 from trainroom.core.health.host import duplicate_findings, host_ram_low_now, stale_locks
-from trainroom.core.health.life import dead_finding, ended_verdict
+from trainroom.core.health.life import dead_finding, dying_verdict, ended_verdict, fatal_worker
 from trainroom.core.health.progress import progress
 from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import RunState
@@ -121,6 +121,9 @@ class Watchdog:
         elif ctx.alive is False:
             state, reason = "dead", f"attempt {a.n}: process gone, exit status not yet known"
             findings.append(dead_finding(run, a, ctx))
+        elif (fatal := fatal_worker(run, a)) is not None:
+            state, reason, found = dying_verdict(run, a, fatal, ctx)
+            findings += found
         else:
             state, reason, found = progress(run, ctx, now, m)
             findings += found

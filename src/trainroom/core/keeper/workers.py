@@ -78,6 +78,7 @@ class WorkerWatch:
                         world_size=w.world_size,
                         pgid=w.pgid,
                         sid=w.sid,
+                        restarts_left=w.restarts_left,
                     )
                 )
                 self._arm(w.pid, w.start_ticks)

@@ -25,7 +25,14 @@ from trainroom.core.probes.procs import PROC, ProcStat, read_stat
 from trainroom.core.samples import GONE_STATES, Worker
 
 # Read from a worker's environment: its rank, and the run it belongs to.
-_KEYS = (b"RANK", b"LOCAL_RANK", b"WORLD_SIZE", b"TRAINROOM_RUN")
+_KEYS = (
+    b"RANK",
+    b"LOCAL_RANK",
+    b"WORLD_SIZE",
+    b"TRAINROOM_RUN",
+    b"TORCHELASTIC_RESTART_COUNT",
+    b"TORCHELASTIC_MAX_RESTARTS",
+)
 
 
 class RankEnv(NamedTuple):
@@ -35,6 +42,7 @@ class RankEnv(NamedTuple):
     local_rank: int | None
     world_size: int | None
     run: str | None
+    restarts_left: int | None = None  # torch elastic's max restarts less this one's count
 
 
 def _int(v: bytes | None) -> int | None:
@@ -47,7 +55,7 @@ def _int(v: bytes | None) -> int | None:
 
 
 def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
-    """RANK, LOCAL_RANK, WORLD_SIZE and TRAINROOM_RUN from /proc/<pid>/environ (the environment
+    """RANK, LOCAL_RANK, WORLD_SIZE, TRAINROOM_RUN and torch elastic's restart budget from /proc/<pid>/environ (the environment
     the process was started with; readable for our own uid), or None when it carries no rank or
     cannot be read."""
     try:
@@ -64,11 +72,13 @@ def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
     if rank is None or rank < 0:
         return None
     run = found.get(b"TRAINROOM_RUN")
+    most, done = _int(found.get(b"TORCHELASTIC_MAX_RESTARTS")), _int(found.get(b"TORCHELASTIC_RESTART_COUNT"))
     return RankEnv(
         rank=rank,
         local_rank=_int(found.get(b"LOCAL_RANK")),
         world_size=_int(found.get(b"WORLD_SIZE")),
         run=run.decode("utf-8", "replace") if run is not None else None,
+        restarts_left=max(0, most - done) if most is not None and done is not None else None,
     )
 
 
@@ -128,6 +138,7 @@ class WorkerFinder:
                     ppid=st.ppid,
                     pgid=st.pgid,
                     sid=st.sid,
+                    restarts_left=env.restarts_left,
                     wait_status=st.wait_status if st.state in GONE_STATES else None,
                 )
             )

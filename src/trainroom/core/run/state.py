@@ -107,6 +107,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     world_size: int | None = None
     pgid: int = 0
     sid: int = 0
+    restarts_left: int | None = None  # torch elastic's restart budget (p.WorkerSeen)
     ended_at: float | None = None
     exit_code: int | None = None
     exit_signal: int | None = None
@@ -119,8 +120,8 @@ class WorkerView(msgspec.Struct, kw_only=True):
 
     @property
     def failed(self) -> bool:
-        """It ended by a signal or a non-zero exit (or how is unknown): not a clean exit."""
-        return self.ended_at is not None and not (self.exit_code == 0 and self.exit_signal is None)
+        """It ended by a signal or a non-zero exit (an end of unknown kind is not called one)."""
+        return self.ended_at is not None and (self.exit_signal is not None or self.exit_code not in (None, 0))
 
 
 class CheckpointView(msgspec.Struct, kw_only=True):
@@ -367,6 +368,7 @@ class RunState(msgspec.Struct, kw_only=True):
             world_size=r.world_size,
             pgid=r.pgid,
             sid=r.sid,
+            restarts_left=r.restarts_left,
         )
 
     def _worker_ended(self, r: p.WorkerEnded) -> None:

@@ -27,11 +27,14 @@ def _finite(x: float | None) -> float | str | None:
 
 def _worker_state(w: WorkerView | None, letters: dict[int, str], keeper_alive: bool) -> str | None:
     """A rank process's state: the kernel's (running, sleeping, stopped, disk-sleep, ...) while
-    it lives, `exited` (0) or `dead` once it ended; null when nothing was read of it."""
+    it lives; once it ended `dead` (a signal, a non-zero exit), `exited` (0) or `gone` (how is not
+    known); null when nothing was read of it."""
     if w is None:
         return None
     if w.ended_at is not None:
-        return "dead" if w.failed else "exited"
+        if w.failed:
+            return "dead"
+        return "exited" if w.exit_code == 0 else "gone"
     letter = letters.get(w.pid)
     if letter is None or not keeper_alive:
         return None
