@@ -228,6 +228,40 @@ class AttemptStopping(msgspec.Struct, tag="attempt-stopping", kw_only=True, omit
     action: str = "kill"
 
 
+class WorkerSeen(msgspec.Struct, tag="worker-seen", kw_only=True, omit_defaults=True):
+    """A rank's process of an attempt, first seen under its leader in the process tree (a
+    torchrun worker: its own session; rank from the environment it started with)."""
+
+    attempt: int
+    t: float
+    pid: int
+    rank: int
+    start_ticks: int  # with the pid, the process's identity (kill proves it before signalling)
+    local_rank: int | None = None
+    world_size: int | None = None
+    pgid: int = 0
+    sid: int = 0
+    restarts_left: int | None = None  # torch elastic's: 0 means a failed worker ends the attempt
+
+
+WorkerEndSource = Literal["wait-status", "launcher", "gone"]
+
+
+class WorkerEnded(msgspec.Struct, tag="worker-ended", kw_only=True, omit_defaults=True):
+    """A rank's process ended. How, by `source`: its zombie's wait status, read before its parent
+    reaped it ("wait-status"); torchrun's own report of it ("launcher"); or not known ("gone").
+    A later record for the same pid may add what an earlier one could not say."""
+
+    attempt: int
+    t: float
+    pid: int
+    rank: int
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    source: WorkerEndSource = "gone"
+    root_cause: bool = False  # torchrun named it the first observed failure
+
+
 class Received(msgspec.Struct, tag="rx", kw_only=True, omit_defaults=True):
     """A trainer message as the keeper took it in, stamped with attempt, rank and arrival time."""
 
@@ -391,6 +425,8 @@ Record = Union[
     KeeperNote,
     JournalDamaged,
     NotifyResult,
+    WorkerSeen,
+    WorkerEnded,
 ]
 
 # --------------------------------------------------------------------------- keeper -> client

@@ -157,11 +157,35 @@ class Leftover(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     cmdline: list[str] = []
 
 
+class Worker(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A descendant of the attempt's leader that carries a rank in the environment it was
+    started with (`RANK`, as torchrun sets it): one rank's process, whatever its session or
+    group (torch elastic starts each worker in a new session)."""
+
+    pid: int
+    rank: int
+    state: str  # the kernel's letter
+    start_ticks: int  # /proc/<pid>/stat field 22: with the pid, the process's identity
+    local_rank: int | None = None
+    world_size: int | None = None
+    ppid: int = 0
+    pgid: int = 0
+    sid: int = 0
+    # torch elastic's restarts left for this worker group (TORCHELASTIC_MAX_RESTARTS less
+    # TORCHELASTIC_RESTART_COUNT): 0 means a failed worker ends the attempt. None: not torch elastic.
+    restarts_left: int | None = None
+    # The wait status a zombie left (/proc/<pid>/stat field 52): how it ended, read before its
+    # parent (torchrun, not us) reaps it. None while it runs, or where the kernel hides it.
+    wait_status: int | None = None
+
+
 class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     attempt: int = 0  # the attempt these states were read for
     pgid: int = 0
     states: dict[int, str] = {}  # pid -> kernel state letter, the attempt's process group
-    activity: dict[int, int] = {}  # pid -> main-thread activity counter
+    activity: dict[int, int] = {}  # pid -> main-thread activity counter (leader, ranks, workers)
+    # The attempt's rank processes found through the process tree (probes.workers), by rank.
+    workers: list[Worker] = []
     locks: list[LockInfo] = []
     duplicates: list[Duplicate] = []
     leftovers: list[Leftover] = []  # live processes of this run of no live attempt

@@ -164,6 +164,7 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
         attempt_start_ticks=a.start_ticks,
         run_id=st.run_id,
         attempt_ended_at=a.ended_at,
+        workers=st.attempt_workers(),
     )
     pids = [m.pid for m in plan.members]
     if not plan.ok:

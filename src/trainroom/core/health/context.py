@@ -9,7 +9,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
-from trainroom.core.samples import Duplicate, GpuSample, HostSample, Leftover, LockInfo
+from trainroom.core.samples import Duplicate, GpuSample, HostSample, Leftover, LockInfo, Worker
 
 
 class WatchContext(msgspec.Struct, kw_only=True):
@@ -22,8 +22,19 @@ class WatchContext(msgspec.Struct, kw_only=True):
     attempt_pids: list[int] = []
     gpu: GpuSample | None = None  # probes.gpu.GpuProbe.sample()
     host: HostSample | None = None  # probes.host.HostProbe.sample()
-    proc_states: dict[int, str] = {}  # pid -> state letter (probes.procs.group_states)
+    # pid -> state letter: the attempt's group (probes.procs.group_states) and its workers.
+    proc_states: dict[int, str] = {}
+    # The attempt's rank processes found through the process tree (probes.workers), any session.
+    workers: list[Worker] = []
     activity: dict[int, int] = {}  # pid -> main-thread activity counter (probes.procs.group_activity)
+
+    def worker_rank(self, pid: int) -> int | None:
+        """The rank whose process `pid` is, when it is a worker the probes found."""
+        for w in self.workers:
+            if w.pid == pid:
+                return w.rank
+        return None
+
     locks: list[LockInfo] = []  # probes.locks.lock_holders()
     duplicates: list[Duplicate] = []  # probes.procs.trainer_duplicates / host_process_duplicates
     leftovers: list[Leftover] = []  # probes.leftovers: live processes of this run of no live attempt

@@ -98,6 +98,8 @@ _CHAIN = {
 _PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank line prefix
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
 _ERRNO = re.compile(r"\[Errno (?P<n>-?\d+)\]")
+# torch elastic's own exception once a worker failed: what the launcher says, not the cause.
+_LAUNCHER_ERROR = "ChildFailedError"
 
 
 def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
@@ -129,15 +131,21 @@ def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
 def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
     """The last Python traceback in a trainer log as a Crash (outermost link first), following the
     "direct cause" and "During handling" chain back to its innermost error; None if there is none.
-    `t` stamps the Crash (default: now)."""
+    torchrun's ChildFailedError (its report of a failed worker) is passed over for the worker's
+    own traceback before it. `t` stamps the Crash (default: now)."""
     lines = [_PREFIX.sub("", ln.rstrip("\r")) for ln in text.splitlines()]
     heads = [i for i, ln in enumerate(lines) if _TB_HEAD.match(ln)]
-    if not heads:
-        return None
-    last = heads[-1]
-    link, end = _parse_block(lines, last)
+    link: p.ErrorLink | None = None
+    last = end = -1
+    while heads:
+        last = heads.pop()
+        link, end = _parse_block(lines, last)
+        if link is None or not link.type.endswith(_LAUNCHER_ERROR):
+            break
+        link = None  # torchrun's report that a worker failed: the worker's own is the cause
     if link is None:
         return None
+    heads.append(last)
     chain = [link]
     first = last
     # Walk back: a chain sentence right above this traceback joins the one before it.

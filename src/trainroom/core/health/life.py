@@ -5,11 +5,12 @@ slowness, absence detects death)."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
-from trainroom.core.run.state import AttemptView, RunState
+from trainroom.core.run.state import AttemptView, RunState, WorkerView
 from trainroom.core.units import fmt_bytes, signal_name
 
 
@@ -20,7 +21,43 @@ def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[str
     if a.stopped:
         # The user's own kill: said as such, no DEAD, nothing to resume automatically.
         return "stopped", f"attempt {a.n} stopped by {a.stop_by}{at} ({death_cause(a)})", []
-    return "dead", death_cause(a), [dead_finding(run, a, ctx)]
+    w = run.worker_death(a)
+    reason = death_cause(a) if w is None else f"{worker_cause(w)}; then {launcher_name(a)} {death_cause(a)}"
+    return "dead", reason, [dead_finding(run, a, ctx)]
+
+
+def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
+    """While the launcher still lives: a rank that failed with no restart left. torch elastic now
+    stops the other ranks and exits (about 2 s here): the attempt is over, said at once."""
+    w = run.worker_death(a)
+    return w if w is not None and w.restarts_left == 0 else None
+
+
+def dying_verdict(
+    run: RunState, a: AttemptView, w: WorkerView, ctx: WatchContext
+) -> tuple[str, str, list[Finding]]:
+    reason = f"{worker_cause(w)}; {launcher_name(a)} is stopping the other ranks"
+    return "dead", reason, [dead_finding(run, a, ctx)]
+
+
+def worker_cause(w: WorkerView) -> str:
+    """ "rank 1 killed by SIGKILL (pid 767)": a rank's process's end, the headline of a death
+    under a launcher (torchrun's own exit code 1 comes second)."""
+    if w.exit_signal is not None:
+        how = f"killed by {signal_name(w.exit_signal)}"
+    elif w.exit_code is not None:
+        how = f"exit code {w.exit_code}"
+    else:
+        how = "ended (how is not known)"
+    return f"rank {w.rank} {how} (pid {w.pid})"
+
+
+def launcher_name(a: AttemptView) -> str:
+    """What started the ranks, as the user would call it: torchrun, or the leader by pid."""
+    argv = a.argv
+    if argv and (os.path.basename(argv[0]) == "torchrun" or "torch.distributed.run" in argv[:3]):
+        return "torchrun"
+    return f"the launcher (pid {a.pid})"
 
 
 def death_cause(a: AttemptView) -> str:
@@ -55,23 +92,43 @@ def _lost(run: RunState, a: AttemptView) -> tuple[str, int | None]:
 
 
 def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
-    """DEAD: the cause, the last step, and what was lost since the last verified checkpoint."""
-    cause = death_cause(a)
+    """DEAD: the cause, the last step, and what was lost since the last verified checkpoint.
+    Under a launcher, a rank's death is the cause and the launcher's exit comes second."""
+    w = run.worker_death(a) if a.ended_at is not None else fatal_worker(run, a)
+    cause = death_cause(a) if w is None else worker_cause(w)
+    signalled = a.exit_signal if w is None else w.exit_signal
     crash = a.crash or ctx.log_crash
     verified = run.last_verified()
     lost_txt, lost = _lost(run, a)
-    if crash is not None and crash.chain:
+    if w is not None and w.exit_signal is not None:
+        # A rank killed by a signal leaves no traceback; the other ranks' (a peer closed the
+        # connection) are what followed from it, not its cause.
+        why = "no traceback"
+    elif crash is not None and crash.chain:
         inner = crash.chain[-1]
         why = f"{inner.type}: {inner.message}"
-    elif a.exit_signal is not None:
+    elif signalled is not None:
         why = "no traceback"
     else:
         why = ""
     oom_hint = ""
     avail = ctx.host.effective_available_bytes if ctx.host is not None else None
-    if a.exit_signal == signal.SIGKILL and avail is not None and avail < ctx.thresholds.host_ram_low_bytes:
+    if signalled == signal.SIGKILL and avail is not None and avail < ctx.thresholds.host_ram_low_bytes:
         oom_hint = f"; host RAM was low ({fmt_bytes(avail)} available): the OOM killer is a suspect"
-    message = f"attempt {a.n} {cause} {lost_txt}" + (f" ({why})" if why else "") + oom_hint
+    then = ""
+    if w is not None:
+        then = (
+            f"; then {launcher_name(a)} {death_cause(a)}"
+            if a.ended_at is not None
+            else f"; {launcher_name(a)} is stopping the other ranks (no restart left)"
+        )
+    left = [x for x in run.workers.values() if x.attempt == a.n and x.alive] if a.ended_at is not None else []
+    if left:
+        # torchrun died without stopping them (SIGKILL): they still hold their memory and ports.
+        who = ", ".join(f"rank {x.rank} (pid {x.pid})" for x in sorted(left, key=lambda x: x.rank))
+        then += f"; still running: {who}: kill them before a resume"
+    head = f"attempt {a.n} {cause}" if w is None else f"attempt {a.n}: {cause}"
+    message = f"{head} {lost_txt}" + (f" ({why})" if why else "") + oom_hint + then
     last_ckpt = max((c.step for c in run.checkpoints if c.step is not None), default=None)
     return Finding(
         code="DEAD",
@@ -91,5 +148,20 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
             "last_verified_path": verified.path if verified is not None else None,
             "last_checkpoint_step": last_ckpt,
             "ended_at": a.ended_at,
+            # The rank whose end took the attempt down (None: no worker failed first).
+            "rank": w.rank if w is not None else None,
+            "worker": _worker_evidence(w) if w is not None else None,
         },
     )
+
+
+def _worker_evidence(w: WorkerView) -> dict[str, object]:
+    return {
+        "rank": w.rank,
+        "pid": w.pid,
+        "exit_code": w.exit_code,
+        "exit_signal": w.exit_signal,
+        "signal": signal_name(w.exit_signal) if w.exit_signal is not None else None,
+        "source": w.end_source,
+        "ended_at": w.ended_at,
+    }

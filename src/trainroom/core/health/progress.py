@@ -21,6 +21,7 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.run.figures import median_interval, phase_bound, progress_bound, warmup_bound
 from trainroom.core.run.state import AttemptView, RankView, RunState
+from trainroom.core.samples import GONE_STATES, Worker
 from trainroom.core.units import fmt_duration
 
 # A state, its reason, and the findings that go with it.
@@ -63,9 +64,25 @@ def _stalled(a: AttemptView, reason: str, message: str, evidence: Evidence, ctx:
     return "stalled", reason, [finding]
 
 
-def _watched_pids(a: AttemptView, run: RunState) -> list[int]:
-    pids = {a.pid} | {r.pid for r in run.ranks.values() if r.pid}
+def _watched_pids(a: AttemptView, run: RunState, ctx: WatchContext) -> list[int]:
+    """The leader, every rank the reporter named, and every worker the process tree gave."""
+    pids = {a.pid} | {r.pid for r in run.ranks.values() if r.pid} | {w.pid for w in ctx.workers}
     return sorted(x for x in pids if x and x > 0)
+
+
+def _rank_of(pid: int, run: RunState, ctx: WatchContext) -> int | None:
+    rank = ctx.worker_rank(pid)
+    if rank is None:
+        rank = next((r.rank for r in run.ranks.values() if r.pid == pid), None)
+    return rank
+
+
+def _who(pid: int, rank: int | None) -> str:
+    return f"rank {rank} (pid {pid})" if rank is not None else f"pid {pid}"
+
+
+def _live_workers(ctx: WatchContext) -> list[Worker]:
+    return [w for w in ctx.workers if w.state not in GONE_STATES]
 
 
 # --------------------------------------------------------------------------- stopped, stuck, silent
@@ -78,22 +95,31 @@ def _stopped_or_stuck(
     the telemetry says."""
     th = ctx.thresholds
     d_bound = th.d_state_bound_s if th.d_state_bound_s is not None else (bound or th.stall_floor_s)
-    for pid in _watched_pids(a, run):
+    for pid in _watched_pids(a, run, ctx):
         st = ctx.proc_states.get(pid)
+        rank = _rank_of(pid, run, ctx)
+        who = _who(pid, rank)
         if st in ("T", "t"):
             why = "SIGSTOP or a debugger" if st == "T" else "being traced"
-            message = f"pid {pid} is stopped (state {st}: {why}); it makes no progress until SIGCONT"
-            evidence: Evidence = {"cause": "stopped", "pid": pid, "state": st, "last_step": a.last_step}
-            return "hung", f"pid {pid} stopped (state {st})", [hung_finding(message, evidence)]
+            message = f"{who} is stopped (state {st}: {why}); it makes no progress until SIGCONT"
+            evidence: Evidence = {
+                "cause": "stopped",
+                "pid": pid,
+                "rank": rank,
+                "state": st,
+                "last_step": a.last_step,
+            }
+            return "hung", f"{who} stopped (state {st})", [hung_finding(message, evidence)]
         if st == "D" and pid in mem.d_since and now - mem.d_since[pid] > d_bound:
             held = now - mem.d_since[pid]
             message = (
-                f"pid {pid} has sat in uninterruptible I/O (state D) for {fmt_duration(held)} "
+                f"{who} has sat in uninterruptible I/O (state D) for {fmt_duration(held)} "
                 f"(bound {fmt_duration(d_bound)}): a stuck filesystem or driver call"
             )
             evidence = {
                 "cause": "d-state",
                 "pid": pid,
+                "rank": rank,
                 "state": "D",
                 "for_s": round(held, 1),
                 "bound_s": d_bound,
@@ -101,7 +127,7 @@ def _stopped_or_stuck(
             }
             return (
                 "hung",
-                f"pid {pid} stuck in uninterruptible I/O (state D)",
+                f"{who} stuck in uninterruptible I/O (state D)",
                 [hung_finding(message, evidence)],
             )
     return None
@@ -379,6 +405,10 @@ def _judge_gap(
             [hung_finding(message, evidence)],
         )
     # Without heartbeats, a main thread that has not run for the whole bound is parked: a hang.
+    # Under a launcher (torchrun) the ranks' main threads tell, not the launcher's own loop.
+    workers = _live_workers(ctx)
+    if not a.instrumented and workers:
+        return _judge_workers(a, worst, workers, step_bound, ctx, mem, now)
     if not a.instrumented and mem.main_thread_parked(a.pid, now, step_bound, th):
         message = (
             f"{worst.message}; the main thread of pid {a.pid} has not run for over {fmt_duration(step_bound)}: "
@@ -388,6 +418,36 @@ def _judge_gap(
         reason = f"no step within {fmt_duration(step_bound)} and the main thread is parked"
         return "hung", reason, [hung_finding(message, evidence)]
     return _stalled(a, worst.reason, worst.message, worst.evidence, ctx)
+
+
+def _judge_workers(
+    a: AttemptView,
+    worst: Overrun,
+    workers: list[Worker],
+    step_bound: float,
+    ctx: WatchContext,
+    mem: Memory,
+    now: float,
+) -> Judgement:
+    """An uninstrumented run under a launcher, past its step bound: hung when no rank's main
+    thread has run for the whole bound (a collective waiting on a peer, a lock), else a stall
+    (one rank still works: an evaluation, a slow save, a loop that never steps)."""
+    th = ctx.thresholds
+    if not all(mem.main_thread_parked(w.pid, now, step_bound, th) for w in workers):
+        return _stalled(a, worst.reason, worst.message, worst.evidence, ctx)
+    names = ", ".join(_who(w.pid, w.rank) for w in workers)
+    message = (
+        f"{worst.message}; the main threads of {names} have not run for over {fmt_duration(step_bound)}: "
+        "blocked (a collective waiting on a peer, a lock)"
+    )
+    evidence = {
+        **worst.evidence,
+        "cause": "parked",
+        "ranks": [w.rank for w in workers],
+        "pids": [w.pid for w in workers],
+    }
+    reason = f"no step within {fmt_duration(step_bound)} and every rank's main thread is parked"
+    return "hung", reason, [hung_finding(message, evidence)]
 
 
 # --------------------------------------------------------------------------- SLOW

@@ -114,6 +114,7 @@ class SanityTracker:
     halvings: deque[ScaleHalving]
     tracer: TracerReport | None
     _lr_phase: LrPhase  # pending -> done, or pending -> open -> done
+    _lr_expected: list[float]  # what reimpose_lr set per group (its note), the reference then
     _loss: Rolling
     _grad: Rolling
 
@@ -178,8 +179,10 @@ class SanityTracker:
         if kind == "nonfinite-module" and isinstance(module, str):
             self.tracer = TracerReport(rank=rank, step=step, t=t, module=module)
         elif kind == "lr-reimposed":
-            # The trainer fixed its LR: check the next step afresh.
+            # The trainer fixed its LR: check the next step afresh, against what reimpose_lr set
+            # (the session's schedule at the restored position), not the base LR.
             self._lr_phase = "pending"
+            self._lr_expected = _reimposed_lrs(data.get("groups"))
 
     def observe_step(
         self,
@@ -326,6 +329,7 @@ class SanityTracker:
         self._first_step = None
         self._prev_lr = None
         self._lr_phase = "pending"
+        self._lr_expected = []
         self.lr_mismatch = None
         self.first_loss = None
         self.white = None
@@ -363,16 +367,17 @@ class SanityTracker:
         assert req
         if self._lr_phase == "done":
             return
-        if self._lr_phase == "pending" and self._in_declared_warmup(step):
+        expected = self._lr_expected
+        if self._lr_phase == "pending" and not expected and self._in_declared_warmup(step):
             return
-        bad = lr_out_of_band(req, lrs, self.th)
+        bad = lr_out_of_band(req, lrs, self.th, expected)
         if not bad:
             self.lr_mismatch, self._lr_phase = None, "done"
             return
         if self._lr_phase == "open" and self.lr_mismatch is not None:
             self.lr_mismatch.groups, self.lr_mismatch.last_step, self.lr_mismatch.last_t = bad, step, t
             return
-        fresh = not self.resumed and (self._first_step or 0) <= self.th.fresh_start_max_step
+        fresh = not expected and not self.resumed and (self._first_step or 0) <= self.th.fresh_start_max_step
         all_low = all(ratio < 1 for _, _, ratio in bad)
         if fresh and all_low and (self._prev_lr is None or rising):
             # Maybe an undeclared warmup on a start from scratch: wait while the LR still rises.
@@ -386,6 +391,7 @@ class SanityTracker:
             fresh=fresh,
             last_step=step,
             last_t=t,
+            expected=list(expected),
         )
         self._lr_phase = "open"
 
@@ -525,3 +531,17 @@ class SanityTracker:
         nf.count += 1
         if rank not in nf.bad_ranks:
             nf.bad_ranks.append(rank)
+
+
+def _reimposed_lrs(groups: object) -> list[float]:
+    """The per-group LRs an "lr-reimposed" note says reimpose_lr set (`groups[i].new`); empty
+    when the note does not carry them all as positive finite numbers (an older SDK)."""
+    if not isinstance(groups, list) or not groups:
+        return []
+    out = []
+    for g in groups:
+        new = g.get("new") if isinstance(g, dict) else None
+        if isinstance(new, bool) or not isinstance(new, (int, float)) or not finite(new) or new <= 0:
+            return []
+        out.append(float(new))
+    return out

@@ -21,10 +21,15 @@ DEFAULT_THRESHOLDS = Thresholds()
 
 
 def lr_out_of_band(
-    requested: float, effective: Sequence[float], th: Thresholds = DEFAULT_THRESHOLDS
+    requested: float,
+    effective: Sequence[float],
+    th: Thresholds = DEFAULT_THRESHOLDS,
+    expected: Sequence[float] = (),
 ) -> list[tuple[int, float, float]]:
     """(group, effective, ratio) for each param group whose effective LR lies outside
-    [requested / lr_too_low_ratio, requested x lr_too_high_ratio]."""
+    [reference / lr_too_low_ratio, reference x lr_too_high_ratio]. The reference is `requested`,
+    or per group `expected` when given: what the session's schedule gives at this position, as
+    reimpose_lr set it (a StepLR resumed past two milestones is legitimately 100x below its base)."""
     out: list[tuple[int, float, float]] = []
     # A group at exactly 0 beside groups that train is frozen on purpose (a backbone kept
     # fixed), not a mismatch; every group at 0 is one.
@@ -32,7 +37,7 @@ def lr_out_of_band(
     for i, eff in enumerate(effective):
         if not finite(eff) or (eff == 0 and frozen_ok):
             continue
-        ratio = eff / requested
+        ratio = eff / (expected[min(i, len(expected) - 1)] if expected else requested)
         if ratio < 1 / th.lr_too_low_ratio or ratio > th.lr_too_high_ratio:
             out.append((i, eff, ratio))
     return out
@@ -65,6 +70,9 @@ class LrMismatch(msgspec.Struct, kw_only=True):
     fresh: bool  # the attempt began from scratch (step index small, not a resume)
     last_step: int
     last_t: float
+    # What reimpose_lr set per group (the session's schedule at the restored position), when the
+    # check was against it rather than the requested base LR.
+    expected: list[float] = []
 
 
 class FirstLoss(msgspec.Struct, kw_only=True):
@@ -245,7 +253,14 @@ def lr_mismatch_finding(m: LrMismatch, th: Thresholds = DEFAULT_THRESHOLDS) -> F
         else f"{factor:.3g}x {'below' if low else 'above'} (ratio {fmt_value(ratio)})"
     )
     where = "the first step after the resume" if m.resumed else "the first step of this attempt"
-    if m.fresh:
+    ref = m.expected[min(group, len(m.expected) - 1)] if m.expected else m.requested
+    if m.expected:
+        where = "the first step after reimpose_lr"
+        cause = (
+            "the LR changed after reimpose_lr set it: call it after the last load_state_dict of the "
+            "optimizer and the scheduler, and do not rebuild either after it"
+        )
+    elif m.fresh:
         cause = (
             "the optimizer was built with another lr than requested, or a scheduler scales it "
             "(an undeclared warmup? declare warmup_steps in reporter.connect)"
@@ -257,10 +272,13 @@ def lr_mismatch_finding(m: LrMismatch, th: Thresholds = DEFAULT_THRESHOLDS) -> F
             f"that saved it; {REIMPOSE_HINT}"
         )
     groups = ", ".join(f"group {g} {fmt_value(e)} (x{fmt_value(r)})" for g, e, r in m.groups)
+    against = (
+        f"{fmt_value(ref)}, what the session's schedule gives here (requested base {fmt_value(m.requested)})"
+        if m.expected
+        else f"requested {fmt_value(m.requested)}"
+    )
     msg = (
-        f"effective LR {fmt_value(eff)} vs requested {fmt_value(m.requested)}: {how} "
-        f"on {where} (step {m.step}); "
-        f"likely cause: {cause}"
+        f"effective LR {fmt_value(eff)} vs {against}: {how} on {where} (step {m.step}); likely cause: {cause}"
     )
     if len(m.groups) > 1:
         msg += f" [{groups}]"
@@ -270,6 +288,7 @@ def lr_mismatch_finding(m: LrMismatch, th: Thresholds = DEFAULT_THRESHOLDS) -> F
         message=msg,
         evidence={
             "requested": m.requested,
+            "expected": ref if m.expected else None,
             "effective": eff,
             "ratio": ratio,
             "group": group,

@@ -38,7 +38,7 @@ from trainroom.core.health.gpu import (
 )
 from trainroom.core.health.guard import Guard
 from trainroom.core.health.host import duplicate_findings, host_ram_low_now, stale_locks
-from trainroom.core.health.life import dead_finding, ended_verdict
+from trainroom.core.health.life import dead_finding, dying_verdict, ended_verdict, fatal_worker
 from trainroom.core.health.progress import progress
 from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import RunState
@@ -158,6 +158,8 @@ class Watchdog:
                 f"attempt {a.n}: process gone, exit status not yet known",
                 [dead_finding(run, a, ctx)],
             )
+        if (fatal := fatal_worker(run, a)) is not None:
+            return dying_verdict(run, a, fatal, ctx)
         return progress(run, ctx, now, self.memory)
 
     def _fallback_state(self, run: RunState, ctx: WatchContext) -> tuple[str, str, list[Finding]]:
@@ -200,6 +202,9 @@ def context_from_probe(
     procs = sample.procs or ProcsSample()
     stale = attempt is not None and procs.attempt not in (0, attempt)
     states = {} if stale else dict(procs.states)
+    workers = [] if stale else list(procs.workers)
+    # A worker in a session of its own (torchrun's) is the attempt's as much as its group is.
+    states.update({w.pid: w.state for w in workers})
     return WatchContext(
         thresholds=th,
         alive=alive,
@@ -207,6 +212,7 @@ def context_from_probe(
         gpu=sample.gpu,
         host=sample.host,
         proc_states=states,
+        workers=workers,
         activity={} if stale else dict(procs.activity),
         locks=list(procs.locks),
         duplicates=list(procs.duplicates),

@@ -207,6 +207,7 @@ class Actions:
             keeper_pid=os.getpid(),
             run_id=self.run.run_id,
             attempt_ended_at=a.ended_at,
+            workers=self.run.state.attempt_workers(),
         )
         pids = [m.pid for m in plan.members]
         if plan.nothing_left:
@@ -363,6 +364,8 @@ class Actions:
         if a is None or a.ended_at is not None or a.pid <= 0:
             reply(done_reply(req, False, "dump: no live trainer to dump"))
             return
+        # The rank a HUNG names (a torchrun worker), else the attempt's own process.
+        pid = self.run.state.hung_worker() or a.pid
         if not req.confirm:
             stopped = self.run.state.status == "hung" and "stopped" in self.run.state.status_reason
             how = (
@@ -370,17 +373,17 @@ class Actions:
                 if stopped or not a.instrumented
                 else "SIGUSR1 (faulthandler)"
             )
-            reply(plan_reply(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
+            reply(plan_reply(req, f"dump stacks of pid {pid} via {how}", {"pid": pid, "method": how}))
             return
-        if not self.confirmed(req, reply, {"pid": a.pid}):
+        if not self.confirmed(req, reply, {"pid": pid}):
             return
-        out = await asyncio.to_thread(dump_stacks, a.pid, str(self.run.log_path), a.instrumented)
+        out = await asyncio.to_thread(dump_stacks, pid, str(self.run.log_path), a.instrumented)
         reply(
             done_reply(
                 req,
                 out.ok,
                 out.message,
-                plan={"pid": a.pid},
+                plan={"pid": pid},
                 after={"method": out.method, "stacks": out.text},
             )
         )
@@ -393,7 +396,7 @@ class Actions:
             reply(done_reply(req, False, "continue: no live trainer to continue"))
             return
         life = Lifetime(run_id=self.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks)
-        plan = await asyncio.to_thread(plan_wake, a.pgid, life)
+        plan = await asyncio.to_thread(plan_wake, a.pgid, life, self.run.state.attempt_workers())
         target = {"pgid": plan.pgid, "members": [as_builtins(m) for m in plan.stopped]}
         if not plan.ok:
             reply(done_reply(req, False, "continue: " + "; ".join(plan.refusals), plan=target))

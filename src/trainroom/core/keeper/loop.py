@@ -98,7 +98,7 @@ class Keeper:
             # The demo's GPU faults on a machine without one: the trainer writes the scenario the
             # keeper's fake NVML reads (see probes/fake_nvml.py); both inherit this variable.
             os.environ["TRAINROOM_FAKE_NVML"] = str(run_dir / "fake-nvml.json")
-        self.supervision = Supervision(self._settings, run=self, on_fault=self._journal_fault)
+        self.supervision = Supervision(self._settings, run=self, recorder=self, on_fault=self._journal_fault)
         self.pipeline = CheckpointPipeline(self._settings, recorder=self, run=self)
         self.resumer = Resumer(self, self.pipeline, self.supervision.gpu)
         self.actions = Actions(self, self, self.pipeline, self.resumer, self.supervision.gpu)

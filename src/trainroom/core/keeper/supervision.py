@@ -13,7 +13,8 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.guard import FaultSink, Guard
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
-from trainroom.core.keeper.ports import RunContext
+from trainroom.core.keeper.ports import Recorder, RunContext
+from trainroom.core.keeper.workers import WorkerWatch
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.state import RunState
@@ -41,8 +42,16 @@ def targets_of(run: RunState) -> ProbeTargets:
 class Supervision:
     """The probe sweep (worker thread), the watchdog and the sanity tracker (loop thread)."""
 
-    def __init__(self, settings: RunSettings, run: RunContext, on_fault: FaultSink | None = None) -> None:
+    def __init__(
+        self,
+        settings: RunSettings,
+        run: RunContext,
+        recorder: Recorder | None = None,
+        on_fault: FaultSink | None = None,
+    ) -> None:
         self.run = run
+        # The rank processes (torchrun workers) and how each ended: journaled through `recorder`.
+        self.workers = WorkerWatch(recorder, run) if recorder is not None else None
         self.thresholds = settings.thresholds
         self.sweep = ProbeSweep(
             lock_paths=settings.lock_files,
@@ -77,6 +86,8 @@ class Supervision:
     # ------------------------------------------------------------------ verdicts (loop thread)
 
     def evaluate(self, now: float) -> tuple[str, str, list[Finding]]:
+        if self.workers is not None:
+            self.workers.sync()
         st = self.run.state
         a = st.attempt
         self._probe_faults(st.probe)
@@ -103,4 +114,6 @@ class Supervision:
         return self.guard.findings(now)
 
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
         self.sweep.close()

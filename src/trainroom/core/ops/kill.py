@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -35,6 +36,7 @@ from trainroom.core.ops.members import (
     not_ours,
     pgid_of,
     process_of,
+    recorded_workers,
 )
 from trainroom.core.ops.vram import Progress, VramProbe, read_vram, wait_vram
 from trainroom.core.probes.host import read_meminfo
@@ -127,10 +129,13 @@ def plan_kill(
     keeper_pid: int | None = None,
     run_id: str,
     attempt_ended_at: float | None = None,
+    workers: Sequence[tuple[int, int]] = (),
 ) -> KillPlan:
     """The exact target of a kill of this attempt, or the reasons to refuse it. A process is a
     target only when proven the run's: started within the attempt's lifetime and carrying the
-    run's id in its environment (the keeper puts TRAINROOM_RUN there; children inherit it)."""
+    run's id in its environment (the keeper puts TRAINROOM_RUN there; children inherit it).
+    `workers` are the (pid, start tick) of the rank processes the keeper recorded: torchrun's
+    workers live in sessions of their own, and outlive a torchrun killed by SIGKILL."""
     plan = KillPlan(
         pgid=attempt_pgid,
         leader_pid=attempt_pid,
@@ -161,7 +166,9 @@ def plan_kill(
         )
     # Descendants of the leader and of every member, wherever their group is now.
     roots = ([leader] if leader is not None else []) + [p for p in (process_of(m.pid) for m in members) if p]
-    members += _strayed_descendants(roots, {m.pid for m in members}, attempt_start_time, attempt_start_ticks)
+    seen = {m.pid for m in members}
+    members += _strayed_descendants(roots, seen, attempt_start_time, attempt_start_ticks)
+    members += recorded_workers(workers, seen)
     proven = []
     for m in members:
         why = not_ours(m, plan.life)

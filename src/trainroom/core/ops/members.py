@@ -7,6 +7,7 @@ puts TRAINROOM_RUN in each attempt's environment; children inherit it)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import msgspec
 import psutil
@@ -58,12 +59,29 @@ def not_ours(m: Member, life: Lifetime) -> str | None:
     return None
 
 
-def live_members(pgid: int, life: Lifetime) -> list[int]:
-    """The pids alive in an attempt's process group (zombies excluded) proven the run's: a
-    stranger that reused the group number is not the old attempt."""
-    if pgid <= 1:
-        return []
-    return sorted(m.pid for m in group_members(pgid) if not_ours(m, life) is None)
+def live_members(pgid: int, life: Lifetime, workers: Iterable[tuple[int, int]] = ()) -> list[int]:
+    """The pids alive in an attempt's process group (zombies excluded) and among its recorded
+    rank processes (`workers`: pid and start tick; torchrun's have sessions of their own), proven
+    the run's: a stranger that reused the group number is not the old attempt."""
+    found = group_members(pgid) if pgid > 1 else []
+    found += recorded_workers(workers, {m.pid for m in found})
+    return sorted(m.pid for m in found if not_ours(m, life) is None)
+
+
+def recorded_workers(workers: Iterable[tuple[int, int]], seen: set[int]) -> list[Member]:
+    """The recorded rank processes (pid, start tick) still alive as that same process, wherever
+    they are in the tree now (an orphan's parent is init), less the pids in `seen` (which it
+    extends). Not yet proven the run's: `not_ours` decides, as for any member."""
+    out: list[Member] = []
+    for pid, ticks in workers:
+        if pid in seen or ticks <= 0 or _ticks_of(pid) != ticks:
+            continue
+        proc = process_of(pid)
+        member = describe(proc, in_group=False) if proc is not None else None
+        if member is not None:
+            seen.add(pid)
+            out.append(member)
+    return out
 
 
 def process_of(pid: int) -> psutil.Process | None:

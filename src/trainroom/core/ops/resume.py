@@ -79,7 +79,7 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
     if a is None:
         plan.refusals.append("this run has no attempt yet")
         return plan
-    plan.refusals += _life_refusals(a, state.run_id)
+    plan.refusals += _life_refusals(a, state.run_id, state.attempt_workers())
     plan.refusals += held_locks(inputs.lock_files)
     plan.driver_bytes = driver_bytes([a.pid]) if driver_bytes is not None else None
     tolerance = inputs.vram_tolerance_bytes
@@ -112,13 +112,13 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
     return plan
 
 
-def _life_refusals(a: AttemptView, run_id: str) -> list[str]:
+def _life_refusals(a: AttemptView, run_id: str, workers: Sequence[tuple[int, int]] = ()) -> list[str]:
     out = []
     if a.ended_at is None:
         out.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
     # By start time too: a stranger that reused the group number is not the old attempt.
     life = Lifetime(run_id=run_id, start_time=a.start_time, start_ticks=a.start_ticks, ended_at=a.ended_at)
-    live = live_members(a.pgid, life)
+    live = live_members(a.pgid, life, workers)
     if live:
         out.append(
             f"{len(live)} process(es) of attempt {a.n} still live in group {a.pgid}: {live} (kill clears them)"

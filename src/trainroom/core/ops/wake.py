@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Sequence
 
 import msgspec
 import psutil
 
-from trainroom.core.ops.members import Lifetime, Member, group_members, not_ours, process_of
+from trainroom.core.ops.members import Lifetime, Member, group_members, not_ours, process_of, recorded_workers
 
 STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 CONFIRM_S = 5.0
@@ -33,12 +34,16 @@ class WakeResult(msgspec.Struct, kw_only=True):
     still_stopped: list[int] = []
 
 
-def plan_wake(pgid: int, life: Lifetime) -> WakePlan:
+def plan_wake(pgid: int, life: Lifetime, workers: Sequence[tuple[int, int]] = ()) -> WakePlan:
+    """The stopped processes of the attempt's group, and of its recorded rank processes
+    (`workers`: pid and start tick; torchrun's live in sessions of their own)."""
     plan = WakePlan(pgid=pgid)
     if pgid <= 1:
         plan.refusals.append(f"refusing pgid {pgid}: a group <= 1 is the whole system or init")
         return plan
-    plan.stopped = [m for m in group_members(pgid) if m.state in STOPPED and not_ours(m, life) is None]
+    found = group_members(pgid)
+    found += recorded_workers(workers, {m.pid for m in found})
+    plan.stopped = [m for m in found if m.state in STOPPED and not_ours(m, life) is None]
     if not plan.stopped:
         plan.refusals.append(f"nothing is stopped in process group {pgid}")
     return plan

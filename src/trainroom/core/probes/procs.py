@@ -49,6 +49,9 @@ class ProcStat(NamedTuple):
     pgid: int
     sid: int
     start_ticks: int  # field 22: start time in clock ticks since boot (tells a reused pid apart)
+    # field 52 (Linux >= 3.5): the wait status a zombie left for its parent; 0 while it runs, and
+    # 0 where the kernel hides it from us (another user's process).
+    wait_status: int | None = None
 
 
 def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
@@ -72,6 +75,7 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
             pgid=int(fields[2]),
             sid=int(fields[3]),
             start_ticks=int(fields[19]),
+            wait_status=int(fields[49]) if len(fields) > 49 else None,
         )
     except (IndexError, ValueError):
         return None
@@ -130,21 +134,31 @@ def _pids(proc_root: str) -> Iterable[int]:
     return (int(n) for n in names if n.isdigit())
 
 
-def group_members(pgid: int, proc_root: str = PROC) -> list[ProcStat]:
-    """Every process whose process group is `pgid` (the attempt's group: trainer, ranks, workers)."""
-    if pgid <= 0:
-        return []
+def scan(proc_root: str = PROC) -> list[ProcStat]:
+    """Every process's /proc/<pid>/stat, read once: one walk serves a probe cycle's group
+    members and the process tree (probes.workers) alike."""
     out = []
     for pid in _pids(proc_root):
         st = read_stat(pid, proc_root)
-        if st is not None and st.pgid == pgid:
+        if st is not None:
             out.append(st)
-    return sorted(out, key=lambda s: s.pid)
+    return out
 
 
-def group_states(pgid: int, proc_root: str = PROC) -> dict[int, str]:
+def group_members(
+    pgid: int, proc_root: str = PROC, table: Iterable[ProcStat] | None = None
+) -> list[ProcStat]:
+    """Every process whose process group is `pgid` (the attempt's group: trainer, ranks, workers);
+    from `table` (a `scan`) when given, else from a fresh walk."""
+    if pgid <= 0:
+        return []
+    found = table if table is not None else scan(proc_root)
+    return sorted((st for st in found if st.pgid == pgid), key=lambda s: s.pid)
+
+
+def group_states(pgid: int, proc_root: str = PROC, table: Iterable[ProcStat] | None = None) -> dict[int, str]:
     """pid -> state letter for the members of a process group: what WatchContext.proc_states takes."""
-    return {st.pid: st.state for st in group_members(pgid, proc_root)}
+    return {st.pid: st.state for st in group_members(pgid, proc_root, table)}
 
 
 def thread_activity(pid: int, tid: int | None = None, proc_root: str = PROC) -> int | None:

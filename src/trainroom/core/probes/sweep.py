@@ -25,9 +25,19 @@ from trainroom.core.probes.procs import (
     group_activity,
     group_states,
     host_process_duplicates,
+    scan,
     trainer_duplicates,
 )
-from trainroom.core.samples import Duplicate, GpuSample, HostSample, Leftover, ProcsSample
+from trainroom.core.probes.workers import WorkerFinder
+from trainroom.core.samples import (
+    GONE_STATES,
+    Duplicate,
+    GpuSample,
+    HostSample,
+    Leftover,
+    ProcsSample,
+    Worker,
+)
 
 
 class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
@@ -45,8 +55,8 @@ class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class ProbeSweep:
-    """GPU, host RAM, the attempt's process states and main-thread activity, lock holders and
-    duplicates. Duplicates scan every process's command line, so they run every
+    """GPU, host RAM, the attempt's process states and main-thread activity (its group, and
+    its rank processes wherever their session: probes.workers), lock holders and duplicates. Duplicates scan every process's command line, so they run every
     `duplicate_every` cycles and the last answer is repeated in between."""
 
     def __init__(
@@ -71,10 +81,17 @@ class ProbeSweep:
         self._cycle = 0
         self._duplicates: list[Duplicate] = []
         self._leftovers: list[Leftover] = []
+        self.workers = WorkerFinder(proc_root)
 
     def procs(self, targets: ProbeTargets) -> ProcsSample:
-        states = group_states(targets.pgid, self.proc_root) if targets.alive and targets.pgid > 0 else {}
-        watched = sorted({targets.pid, *targets.rank_pids} & set(states)) if states else []
+        states: dict[int, str] = {}
+        workers: list[Worker] = []
+        if targets.alive and targets.pgid > 0:
+            table = scan(self.proc_root)  # one walk: the group, and the tree below the leader
+            states = group_states(targets.pgid, self.proc_root, table)
+            workers = self.workers.find(table, targets.pid)
+        running = {w.pid for w in workers if w.state not in GONE_STATES}
+        watched = sorted(({targets.pid, *targets.rank_pids} & set(states)) | running)
         if self._cycle % self.duplicate_every == 0:
             found: list[Duplicate] = []
             if targets.argv:
@@ -96,6 +113,7 @@ class ProbeSweep:
             pgid=targets.pgid,
             states=states,
             activity=group_activity(watched, self.proc_root),
+            workers=workers,
             locks=lock_holders(self.lock_paths, proc_root=self.proc_root),
             duplicates=self._duplicates,
             leftovers=self._leftovers,
@@ -114,7 +132,12 @@ class ProbeSweep:
             procs = ProcsSample(
                 attempt=targets.attempt, pgid=targets.pgid, error=f"{type(exc).__name__}: {exc}"
             )
-        ours = set(procs.states) | set(targets.rank_pids) | ({targets.pid} if targets.alive else set())
+        ours = (
+            set(procs.states)
+            | {w.pid for w in procs.workers}
+            | set(targets.rank_pids)
+            | ({targets.pid} if targets.alive else set())
+        )
         try:
             failpoints.check("probe.gpu")
             gpu = self.gpu.sample(our_pids=ours)

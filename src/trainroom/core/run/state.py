@@ -102,6 +102,35 @@ class RankView(msgspec.Struct, kw_only=True):
         return statistics.median(self.intervals) if self.intervals else None
 
 
+class WorkerView(msgspec.Struct, kw_only=True):
+    """A rank's process of the current attempt (probes.workers): its pid and how it ended."""
+
+    pid: int
+    rank: int
+    attempt: int
+    start_ticks: int
+    seen_at: float
+    local_rank: int | None = None
+    world_size: int | None = None
+    pgid: int = 0
+    sid: int = 0
+    restarts_left: int | None = None  # torch elastic's restart budget (p.WorkerSeen)
+    ended_at: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    end_source: str | None = None  # p.WorkerEnded.source
+    root_cause: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.ended_at is None
+
+    @property
+    def failed(self) -> bool:
+        """It ended by a signal or a non-zero exit (an end of unknown kind is not called one)."""
+        return self.ended_at is not None and (self.exit_signal is not None or self.exit_code not in (None, 0))
+
+
 class CheckpointView(msgspec.Struct, kw_only=True):
     path: str
     step: int | None
@@ -132,6 +161,8 @@ class RunState(msgspec.Struct, kw_only=True):
     status_since: float = 0.0
     attempts: list[AttemptView] = []
     ranks: dict[int, RankView] = {}
+    # The current attempt's rank processes by pid (torchrun workers), live or ended.
+    workers: dict[int, WorkerView] = {}
     recent_steps: list[StepRow] = []
     checkpoints: list[CheckpointView] = []
     findings: dict[str, Finding] = {}
@@ -192,6 +223,7 @@ class RunState(msgspec.Struct, kw_only=True):
             )
         )
         self.ranks = {}
+        self.workers = {}
 
     def _attempt_ended(self, r: p.AttemptEnded) -> None:
         a = self._attempt_n(r.n)
@@ -334,6 +366,65 @@ class RunState(msgspec.Struct, kw_only=True):
         if r.report is not None:
             c.report = r.report
 
+    def _worker_seen(self, r: p.WorkerSeen) -> None:
+        a = self.attempt
+        if a is None or a.n != r.attempt:
+            return
+        self.workers[r.pid] = WorkerView(
+            pid=r.pid,
+            rank=r.rank,
+            attempt=r.attempt,
+            start_ticks=r.start_ticks,
+            seen_at=r.t,
+            local_rank=r.local_rank,
+            world_size=r.world_size,
+            pgid=r.pgid,
+            sid=r.sid,
+            restarts_left=r.restarts_left,
+        )
+
+    def _worker_ended(self, r: p.WorkerEnded) -> None:
+        w = self.workers.get(r.pid)
+        if w is None or w.attempt != r.attempt:
+            return
+        if w.ended_at is None:
+            w.ended_at = r.t
+        told = r.exit_code is not None or r.exit_signal is not None
+        # What the kernel said (the wait status) stands; torchrun's report fills in an unknown.
+        if w.end_source is None or (told and w.end_source == "gone"):
+            w.exit_code, w.exit_signal, w.end_source = r.exit_code, r.exit_signal, r.source
+        w.root_cause = w.root_cause or r.root_cause
+
+    def attempt_workers(self) -> list[tuple[int, int]]:
+        """(pid, start tick) of the current attempt's rank processes not known to have ended:
+        what a kill must reach beside the attempt's group."""
+        a = self.attempt
+        return sorted(
+            (w.pid, w.start_ticks)
+            for w in self.workers.values()
+            if a is not None and w.attempt == a.n and w.alive and w.start_ticks > 0
+        )
+
+    def hung_worker(self) -> int | None:
+        """The live worker an open HUNG finding names (its pid), if any: what a stack dump is for."""
+        a = self.attempt
+        for f in self.findings.values():
+            pid = f.evidence.get("pid") if f.code == "HUNG" else None
+            w = self.workers.get(pid) if isinstance(pid, int) else None
+            if a is not None and w is not None and w.alive and w.attempt == a.n:
+                return w.pid
+        return None
+
+    def worker_death(self, a: AttemptView) -> WorkerView | None:
+        """The rank process whose end took the attempt down: the one torchrun names its root
+        cause, else the first to fail before the leader ended. None when no worker failed first."""
+        failed = [w for w in self.workers.values() if w.attempt == a.n and w.failed]
+        if a.ended_at is not None:
+            failed = [w for w in failed if w.root_cause or (w.ended_at or 0.0) <= a.ended_at]
+        if not failed:
+            return None
+        return min(failed, key=lambda w: (not w.root_cause, w.ended_at or 0.0, w.rank))
+
     def _finding(self, r: p.FindingRaised) -> None:
         self.findings[r.finding.ident] = r.finding
 
@@ -426,6 +517,8 @@ _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.KeeperNote: RunState._keeper_note,
     p.JournalDamaged: RunState._journal_damaged,
     p.NotifyResult: RunState._notify,
+    p.WorkerSeen: RunState._worker_seen,
+    p.WorkerEnded: RunState._worker_ended,
 }
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import msgspec
 
+from trainroom.core.probes.procs import state_name
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
-from trainroom.core.run.state import RunState
+from trainroom.core.run.state import RunState, WorkerView
 from trainroom.core.units import signal_name
 
 NOTIFY_RECENT = 20
@@ -24,6 +25,69 @@ def _finite(x: float | None) -> float | str | None:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return x
+
+
+def _worker_state(w: WorkerView | None, letters: dict[int, str], keeper_alive: bool) -> str | None:
+    """A rank process's state: the kernel's (running, sleeping, stopped, disk-sleep, ...) while
+    it lives; once it ended `dead` (a signal, a non-zero exit), `exited` (0) or `gone` (how is not
+    known); null when nothing was read of it."""
+    if w is None:
+        return None
+    if w.ended_at is not None:
+        if w.failed:
+            return "dead"
+        return "exited" if w.exit_code == 0 else "gone"
+    letter = letters.get(w.pid)
+    if letter is None or not keeper_alive:
+        return None
+    return state_name(letter)
+
+
+def rank_rows(st: RunState, keeper_alive: bool = True) -> list[dict[str, Any]]:
+    """One row per rank: what its reporter (or the log) says, and its process (a torchrun
+    worker, found through the process tree, or the pid its reporter gave): `rank, local_rank,
+    pid, state, step, loss, step_time_s, tokens_per_s, connected, world_size, exit`."""
+    a = st.attempt
+    procs = st.probe.procs if st.probe is not None else None
+    fresh = procs is not None and a is not None and procs.attempt == a.n and a.ended_at is None
+    letters = dict(procs.states) if procs is not None and fresh else {}
+    if procs is not None and fresh:
+        letters.update({w.pid: w.state for w in procs.workers})
+    by_rank: dict[int, WorkerView] = {}
+    for seen in sorted(st.workers.values(), key=lambda x: (x.ended_at is None, x.seen_at)):
+        by_rank[seen.rank] = seen  # a live process over an ended one, the newest over an older one
+    rows = []
+    for rank in sorted(set(st.ranks) | set(by_rank)):
+        r, w = st.ranks.get(rank), by_rank.get(rank)
+        pid = w.pid if w is not None else (r.pid if r is not None else None)
+        state = _worker_state(w, letters, keeper_alive)
+        if w is None and pid is not None and keeper_alive and pid in letters:
+            state = state_name(letters[pid])
+        rows.append(
+            {
+                "rank": rank,
+                "local_rank": w.local_rank if w is not None else None,
+                "pid": pid,
+                "state": state,
+                "step": r.step if r is not None else None,
+                "loss": _finite(r.loss) if r is not None else None,
+                "step_time_s": r.median_interval if r is not None else None,
+                "tokens_per_s": r.tokens_per_s if r is not None else None,
+                "connected": r.connected if r is not None else False,
+                "world_size": (w.world_size if w is not None else None)
+                or (r.world_size if r is not None else None),
+                "exit": (
+                    {
+                        "code": w.exit_code,
+                        "signal": w.exit_signal,
+                        "signal_name": signal_name(w.exit_signal) if w.exit_signal is not None else None,
+                    }
+                    if w is not None and w.ended_at is not None
+                    else None
+                ),
+            }
+        )
+    return rows
 
 
 def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = True) -> dict[str, Any]:
@@ -87,17 +151,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             "free_bytes": disk.free_bytes if disk is not None else None,
             "time_to_full_s": disk.time_to_full_s if disk is not None else None,
         },
-        "ranks": [
-            {
-                "rank": r.rank,
-                "step": r.step,
-                "loss": _finite(r.loss),
-                "step_time_s": r.median_interval,
-                "tokens_per_s": r.tokens_per_s,
-                "connected": r.connected,
-            }
-            for r in sorted(st.ranks.values(), key=lambda r: r.rank)
-        ],
+        "ranks": rank_rows(st, keeper_alive),
         "checkpoints": [
             {
                 "step": c.step,

@@ -1,0 +1,258 @@
+"""The attempt's rank processes, found through the process tree whatever their session.
+
+torch elastic (torchrun) starts each worker with `start_new_session=True`: a worker is in neither
+the attempt's process group nor its session, only under its leader in the tree. So a probe cycle
+walks /proc once (`procs.scan`, which the group view needs anyway), follows ppid links down from
+the attempt's leader, and takes as a worker each descendant whose environment carries `RANK` (set
+by torchrun at exec) and whose parent is not a worker of that same rank (a DataLoader worker
+inherits its rank's environment: it is part of that rank, not a rank of its own).
+
+Cost: the walk is the one the group view already made; an environment is read once per new
+process (cached by pid and start tick), so a steady cycle reads nothing more than stat files.
+A zombie's wait status (stat field 52) says how a worker ended, if read before torchrun reaps it:
+`exit_handle` gives a pidfd that becomes readable the moment the worker exits, for a reader that
+wakes within a millisecond, well inside torchrun's 0.1 s monitor interval.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from trainroom.core.probes.procs import PROC, ProcStat, read_stat
+from trainroom.core.samples import GONE_STATES, Worker
+
+# Read from a worker's environment: its rank, and the run it belongs to.
+_KEYS = (
+    b"RANK",
+    b"LOCAL_RANK",
+    b"WORLD_SIZE",
+    b"TRAINROOM_RUN",
+    b"TORCHELASTIC_RESTART_COUNT",
+    b"TORCHELASTIC_MAX_RESTARTS",
+)
+
+
+class RankEnv(NamedTuple):
+    """What a process's starting environment says of its rank (None: not a rank's process)."""
+
+    rank: int
+    local_rank: int | None
+    world_size: int | None
+    run: str | None
+    restarts_left: int | None = None  # torch elastic's max restarts less this one's count
+
+
+def _int(v: bytes | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
+    """RANK, LOCAL_RANK, WORLD_SIZE, TRAINROOM_RUN and torch elastic's restart budget from /proc/<pid>/environ (the environment
+    the process was started with; readable for our own uid), or None when it carries no rank or
+    cannot be read."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    found: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq and key in _KEYS:
+            found[key] = value
+    rank = _int(found.get(b"RANK"))
+    if rank is None or rank < 0:
+        return None
+    run = found.get(b"TRAINROOM_RUN")
+    most, done = _int(found.get(b"TORCHELASTIC_MAX_RESTARTS")), _int(found.get(b"TORCHELASTIC_RESTART_COUNT"))
+    return RankEnv(
+        rank=rank,
+        local_rank=_int(found.get(b"LOCAL_RANK")),
+        world_size=_int(found.get(b"WORLD_SIZE")),
+        run=run.decode("utf-8", "replace") if run is not None else None,
+        restarts_left=max(0, most - done) if most is not None and done is not None else None,
+    )
+
+
+def descendants(table: Iterable[ProcStat], roots: Iterable[int]) -> list[ProcStat]:
+    """Every process below `roots` in the tree (by ppid), parents before children."""
+    children: dict[int, list[ProcStat]] = {}
+    for st in table:
+        children.setdefault(st.ppid, []).append(st)
+    out: list[ProcStat] = []
+    seen = set(roots)
+    todo = list(seen)
+    while todo:
+        for st in children.get(todo.pop(), ()):
+            if st.pid not in seen:
+                seen.add(st.pid)
+                out.append(st)
+                todo.append(st.pid)
+    return out
+
+
+class WorkerFinder:
+    """Finds the attempt's workers each probe cycle; keeps each process's rank environment so a
+    steady run costs no environ read (keyed by pid and start tick: a reused pid is read anew)."""
+
+    def __init__(self, proc_root: str = PROC) -> None:
+        self.proc_root = proc_root
+        self._env: dict[tuple[int, int], RankEnv | None] = {}
+
+    def find(self, table: Sequence[ProcStat], leader: int) -> list[Worker]:
+        """The workers under `leader` (the attempt's pid), by rank then pid."""
+        if leader <= 0:
+            return []
+        below = descendants(table, [leader])
+        live = {(st.pid, st.start_ticks) for st in below}
+        self._env = {k: v for k, v in self._env.items() if k in live}
+        rank_of: dict[int, int] = {}  # pid -> rank, for the ones found to be workers
+        out: list[Worker] = []
+        for st in below:  # parents first: a child sees whether its parent is a worker
+            key = (st.pid, st.start_ticks)
+            if key not in self._env:
+                self._env[key] = rank_env(st.pid, self.proc_root)
+            env = self._env[key]
+            if env is None:
+                continue
+            if rank_of.get(st.ppid) == env.rank:
+                rank_of[st.pid] = env.rank  # a DataLoader worker of that rank: its rank's, not one
+                continue
+            rank_of[st.pid] = env.rank
+            out.append(
+                Worker(
+                    pid=st.pid,
+                    rank=env.rank,
+                    state=st.state,
+                    start_ticks=st.start_ticks,
+                    local_rank=env.local_rank,
+                    world_size=env.world_size,
+                    ppid=st.ppid,
+                    pgid=st.pgid,
+                    sid=st.sid,
+                    restarts_left=env.restarts_left,
+                    wait_status=st.wait_status if st.state in GONE_STATES else None,
+                )
+            )
+        return sorted(out, key=lambda w: (w.rank, w.pid))
+
+
+# --------------------------------------------------------------------------- how a worker ended
+
+
+class ExitStatus(NamedTuple):
+    """How a process ended, decoded from its wait status: an exit code or a signal."""
+
+    code: int | None
+    signal: int | None
+
+
+def decode_wait_status(status: int) -> ExitStatus:
+    """waitpid(2)'s status word as (exit code, None) or (None, signal)."""
+    if os.WIFSIGNALED(status):
+        return ExitStatus(None, os.WTERMSIG(status))
+    if os.WIFEXITED(status):
+        return ExitStatus(os.WEXITSTATUS(status), None)
+    return ExitStatus(None, None)
+
+
+def zombie_exit(pid: int, start_ticks: int, proc_root: str = PROC) -> ExitStatus | None:
+    """How `pid` ended, while it is still an unreaped zombie of that start tick; None once it is
+    reaped (or reused), while it runs, or when the kernel hides the status (another uid)."""
+    st = read_stat(pid, proc_root)
+    if st is None or st.start_ticks != start_ticks or st.state not in GONE_STATES:
+        return None
+    if not st.wait_status:
+        # 0 is also a clean exit; but the kernel shows 0 where it hides the field: say so only
+        # when the state says the process really is a zombie we may read (our own uid).
+        return ExitStatus(0, None) if _readable(pid, proc_root) else None
+    return decode_wait_status(st.wait_status)
+
+
+def _readable(pid: int, proc_root: str) -> bool:
+    try:
+        return os.stat(f"{proc_root}/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def exit_handle(pid: int, start_ticks: int, proc_root: str = PROC) -> int | None:
+    """A pidfd on `pid` (readable once it exits), if it is still the process of that start tick;
+    None without pidfd_open (Linux < 5.3) or when the process is gone already. The caller closes it."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(pid)
+    except OSError:
+        return None
+    st = read_stat(pid, proc_root)
+    if st is None or st.start_ticks != start_ticks:
+        os.close(fd)  # the pid names another process by now: not our worker's handle
+        return None
+    return fd
+
+
+# --------------------------------------------------------------------------- torchrun's own account
+
+# torchrun's summary when a worker fails (torch/distributed/elastic/multiprocessing/errors):
+#   rank      : 1 (local_rank: 1)
+#   exitcode  : -9 (pid: 767)  (SIGKILL)
+# under "Failures:" (the others it then stopped) and "Root Cause (first observed failure):", and
+# the agent's line as it happens: "failed (exitcode: -9) local_rank: 1 (pid: 767) of binary: ...".
+_RANK_LINE = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)")
+_EXIT_LINE = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
+_AGENT_LINE = re.compile(
+    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
+)
+_ROOT = "Root Cause (first observed failure):"
+
+
+class LauncherReport(NamedTuple):
+    """One worker's end as torchrun reported it: exit code (negative: killed by that signal)."""
+
+    pid: int
+    exitcode: int
+    local_rank: int
+    rank: int | None  # None: from the agent's one-line report, which names the local rank only
+    root_cause: bool
+
+    @property
+    def status(self) -> ExitStatus:
+        return ExitStatus(None, -self.exitcode) if self.exitcode < 0 else ExitStatus(self.exitcode, None)
+
+
+def launcher_reports(text: str) -> list[LauncherReport]:
+    """What torchrun's failure summary (and its agent's "failed (exitcode: ...)" lines) say of
+    each worker that ended, in the order written; the root cause is marked."""
+    out: list[LauncherReport] = []
+    root = False
+    rank: tuple[int, int] | None = None
+    for line in text.splitlines():
+        line = line.rstrip("\r")
+        if _ROOT in line:
+            root = True
+            continue
+        if line.startswith("Failures:"):
+            root = False
+        m = _RANK_LINE.match(line)
+        if m is not None:
+            rank = (int(m["rank"]), int(m["local"]))
+            continue
+        m = _EXIT_LINE.match(line)
+        if m is not None and rank is not None:
+            out.append(LauncherReport(int(m["pid"]), int(m["code"]), rank[1], rank[0], root))
+            rank = None
+            continue
+        m = _AGENT_LINE.search(line)
+        if m is not None:
+            out.append(LauncherReport(int(m["pid"]), int(m["code"]), int(m["local"]), None, False))
+    return out
