@@ -312,14 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         nice = int(args[2]) if len(args) >= 3 and args[1] == "--nice" else 0
         return serve(nice)
     ap = argparse.ArgumentParser(prog=f"python -m {CHILD_MODULE}", description=main.__doc__)
-    ap.add_argument("path", metavar="FILE")
+    ap.add_argument("path", metavar="CHECKPOINT", help="a file, or a checkpoint directory")
     ap.add_argument("--expect-json", metavar="JSON", default=None)
     ap.add_argument("--no-discover", action="store_true")
     ap.add_argument("--nice", type=int, default=0)
     ns = ap.parse_args(args)
     path = Path(ns.path)
     try:
-        if not path.is_file():
+        if not (path.is_file() or path.is_dir()):
             raise ValueError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
         try:
             expected = decode_expected(ns.expect_json)
