@@ -402,4 +402,4 @@ def test_verify_verb_on_a_file_a_step_dir_and_a_root(
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "plain").mkdir()
     assert verb(str(tmp_path / "plain")) == 2
-    assert "neither a step directory nor a checkpoint root" in capsys.readouterr().err
+    assert "neither a checkpoint (a step directory" in capsys.readouterr().err

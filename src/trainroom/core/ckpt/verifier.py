@@ -220,6 +220,26 @@ class WarmVerifier:
         self.served += 1
         return reply.report
 
+    def warm(self) -> bool:
+        """Start the child now if it is not running, without waiting for it: it imports torch
+        while the trainer starts, so the first verdict after a save does not pay for it. Never
+        blocks on a verification in flight (the child is running then). True if it started one."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                return False
+            self._stop()
+            try:
+                self._start()
+            except OSError:
+                return False
+            self._last_used = time.monotonic()
+            return True
+        finally:
+            self._lock.release()
+
     def verify(
         self, path: str | os.PathLike[str], expected: Expected | None = None, timeout: float = 600.0
     ) -> VerifyReport:
