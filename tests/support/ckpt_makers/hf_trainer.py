@@ -59,7 +59,7 @@ class DieAt(TrainerCallback):
         self.step = step
 
     def on_step_end(self, args: Any, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
-        if state.global_step == self.step and not (self.step % args.save_steps == 0):
+        if state.global_step == self.step and self.step % args.save_steps != 0:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_save(self, args: Any, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
@@ -101,7 +101,9 @@ def training_args(output_dir: str, max_steps: int, save_steps: int, **kw: Any) -
 
 def make_trainer(output_dir: str, max_steps: int = 4, save_steps: int = 2, **kw: Any) -> Trainer:
     return Trainer(
-        model=tiny_model(), args=training_args(output_dir, max_steps, save_steps, **kw), train_dataset=RandomTokens()
+        model=tiny_model(),
+        args=training_args(output_dir, max_steps, save_steps, **kw),
+        train_dataset=RandomTokens(),
     )
 
 

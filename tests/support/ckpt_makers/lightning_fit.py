@@ -40,7 +40,10 @@ class TinyLM(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=0.9)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 100, 0.1)}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 100, 0.1)},
+        }
 
 
 def loader(n: int = 4096, seed: int = 0) -> torch.utils.data.DataLoader[torch.Tensor]:

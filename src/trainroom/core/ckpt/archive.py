@@ -116,7 +116,7 @@ def check_archive(path: Path) -> ArchiveCheck:
             pkl = next((i for i in infos if i.filename.endswith("/data.pkl")), None)
             if pkl is None:
                 problems.append("corrupt: no data.pkl record (not a torch.save archive)")
-            else:
+            elif pkl.filename != bad:
                 names = pickle_globals(z.read(pkl))
     except zipfile.BadZipFile as exc:
         return ArchiveCheck(problems=[f"corrupt: not a readable zip archive ({exc})"])

@@ -87,7 +87,9 @@ class _Totals:
         self.nonfinite: dict[str, NonFinite] = {}
         self.nonfinite_metadata: dict[str, NonFinite] = {}
         self.deferred = False
-        self.model: FileCheck | None = None  # the first weights file: arch, stds, outliers
+        # The weights of every model file (shards included), judged as one model.
+        self.weights: FileCheck | None = None
+        self.model_files: list[str] = []
         self.json: dict[str, object] = {}
         self.present: set[str] = set()
 
@@ -104,8 +106,13 @@ class _Totals:
         self.notes += [f"{rel}: {x}" for x in rep.notes]
         self.deferred = self.deferred or rep.deferred
         self.present.add(rel)
-        if check.role == "model" and self.model is None and check.inv is not None:
-            self.model = check
+        if check.role == "model" and check.inv is not None:
+            self.model_files.append(rel)
+            if self.weights is None:
+                self.weights = FileCheck(self.root, Expected(), "model")
+                self.weights.inv = inventory.Inventory("", {})
+            assert self.weights.inv is not None
+            self.weights.inv.merge(check.inv)
         if check.parsed is not None:
             self.json[rel] = check.parsed
         self.files.append(
@@ -142,34 +149,44 @@ def verify_hf(path: Path, exp: Expected, meminfo_path: str) -> VerifyReport:
     for f in files:
         rel = str(f.relative_to(path))
         role = hf_role(f.name)
-        sub = Expected(previous=exp.previous, arch=exp.arch) if role == "model" else Expected()
         if role == "other":
             check = FileCheck(f, Expected(), "other")
             check.digest_only()  # a tokenizer file, say: a resume may read it, nothing to load
         else:
-            check = check_file(f, sub, meminfo_path, role)
+            check = check_file(f, Expected(), meminfo_path, role, whole=False)
         totals.add(rel, check)
     _check_index(path, totals)
-    if not any(hf_role(f.name) == "model" for f in files):
+    if not totals.model_files:
         totals.problems.append("no weights: none of model.safetensors, its shards or pytorch_model.bin")
     if not (path / targets.HF_STATE).is_file():
         totals.problems.append(
             f"incomplete: no {targets.HF_STATE} (the Trainer writes it last: the save did not finish)"
         )
+    if totals.weights is not None:
+        config = totals.json.get("config.json")
+        _judge_weights(totals, totals.weights, exp, config if isinstance(config, Mapping) else None)
     step = targets.hf_global_step(path)
     source = targets.HF_STATE if step is not None else None
     if step is None and (hint := targets.step_hint(path)) is not None:
         step, source = hint.step, hint.source
-    config = totals.json.get("config.json")
-    if totals.model is not None and isinstance(config, Mapping) and totals.model.inv is not None:
-        mismatch = inventory.compare_arch(totals.model.arch, config, "config.json")
-        if mismatch:
-            totals.model.mismatch += mismatch
-            parts = ", ".join(f"{m.field} {m.expected} -> {m.found}" for m in mismatch[:4])
-            totals.problems.append(f"architecture changed: {parts} (config.json)")
     return _report(
         path, exp, totals, t0, fmt="hf-checkpoint", framework="hugging-face", step=step, source=source
     )
+
+
+def _judge_weights(
+    totals: _Totals, weights: FileCheck, exp: Expected, config: Mapping[str, object] | None
+) -> None:
+    """Every weights file as one model: exploded tensors, the fingerprint against the declared
+    config, config.json and the previous verified checkpoint."""
+    assert weights.inv is not None
+    merged = inventory.Inventory("", exp.previous.stds if exp.previous else {})
+    merged.merge(weights.inv)
+    weights.exp = Expected(arch=exp.arch, previous=exp.previous)
+    weights.judge_weights(merged, config)
+    weights.inv = merged
+    where = ", ".join(totals.model_files[:2]) + (" …" if len(totals.model_files) > 2 else "")
+    totals.problems += [f"{where}: {x}" for x in weights.problems]
 
 
 def _report(
@@ -196,7 +213,7 @@ def _report(
             )
     if exp.step is not None:
         step, source = exp.step, "save record"
-    m = totals.model
+    m = totals.weights
     inv = m.inv if m is not None else None
     deferred = totals.deferred and all("not verified yet" in x for x in problems)
     return VerifyReport(
@@ -210,7 +227,9 @@ def _report(
         expected_digest=exp.digest,
         digest_ok=digest_ok,
         step=step,
-        model_key=model_key if model_key is not None else (str(m.path.relative_to(path)) if m else None),
+        model_key=model_key
+        if model_key is not None
+        else (totals.model_files[0] if totals.model_files else None),
         tensors=totals.tensors,
         params=totals.params,
         dtypes=totals.dtypes,
@@ -419,7 +438,7 @@ def _scan_dcp(
     for name, t in _dcp_tensors(state):
         inv.add(name, t)
     check._judge(inv, state)
-    totals.model = check
+    totals.weights = check
     totals.tensors, totals.params, totals.dtypes = inv.tensors, inv.params, inv.dtypes
     totals.nonfinite, totals.nonfinite_metadata = inv.nonfinite, inv.nonfinite_metadata
     totals.problems += check.problems

@@ -72,11 +72,14 @@ def _nonfinite_json(obj: object, where: str = "", depth: int = 0) -> list[str]:
 class FileCheck:
     """One verification under way: the problems found so far, and what the file turned out to be."""
 
-    def __init__(self, path: Path, exp: Expected, role: Role = "auto") -> None:
+    def __init__(self, path: Path, exp: Expected, role: Role = "auto", *, whole: bool = True) -> None:
         self.t0 = time.perf_counter()
         self.path = path
         self.exp = exp
         self.role = role
+        # False: one file of a directory checkpoint, whose weights are judged together (a shard
+        # holds some layers: its own fingerprint would not be the model's).
+        self.whole = whole
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.size: int | None = None
@@ -222,9 +225,10 @@ class FileCheck:
         found = archive.check_archive(self.path)
         self.problems += found.problems
         if not found.problems:
-            shown = ", ".join(found.globals[:2]) + (" …" if len(found.globals) > 2 else "")
+            packages = sorted({g.split(".", 1)[0] for g in found.globals})
             self.notes.append(
-                f"not unpickled (it would import {len(found.globals)} class(es): {shown}); "
+                f"not unpickled (it would import {len(found.globals)} class(es) from "
+                f"{', '.join(packages) or 'nowhere'}, which may run code on load); "
                 f"{found.records} archive records match their CRC-32"
             )
 
@@ -252,6 +256,12 @@ class FileCheck:
                 f"non-finite values in {len(inv.nonfinite_metadata)} metadata tensor(s), not weights or "
                 f"optimizer state: {_listed(inv.nonfinite_metadata)}"
             )
+        if self.whole:
+            self.judge_weights(inv, inventory.in_file_config(obj))
+
+    def judge_weights(self, inv: inventory.Inventory, in_file: Mapping[str, object] | None) -> None:
+        """Exploded tensors, and the fingerprint against the declared config, the checkpoint's
+        own config and the previous verified checkpoint."""
         self.outliers = inv.outliers()
         exploded = [o for o in self.outliers if o.kind == "exploded"]
         if exploded:
@@ -266,7 +276,6 @@ class FileCheck:
         arch = self.arch = inv.arch()
         if self.exp.arch:
             self.mismatch += inventory.compare_arch(arch, self.exp.arch, "declared")
-        in_file = inventory.in_file_config(obj)
         if in_file:
             self.mismatch += inventory.compare_arch(arch, in_file, "in-file config")
         if self.exp.previous is not None:
@@ -309,9 +318,11 @@ class FileCheck:
         )
 
 
-def check_file(path: Path, exp: Expected, meminfo_path: str, role: Role = "auto") -> FileCheck:
+def check_file(
+    path: Path, exp: Expected, meminfo_path: str, role: Role = "auto", *, whole: bool = True
+) -> FileCheck:
     """Verify one file (imports torch when it loads one); the check, for its report and parts."""
-    check = FileCheck(path, exp, role)
+    check = FileCheck(path, exp, role, whole=whole)
     if check.read_file(meminfo_path):
         check.scan()
     return check

@@ -287,6 +287,13 @@ class Inventory:
             self._storages.add(ident)
             self.params += t.numel()
 
+    def merge(self, other: Inventory) -> None:
+        """Another file's weights into these (a sharded model: the architecture is the union)."""
+        self.shapes.update(other.shapes)
+        self.ndims.update(other.ndims)
+        self.stds.update(other.stds)
+        self.params += other.params
+
     def outliers(self) -> list[Outlier]:
         """Exploded and unusual weight tensors, the widest first."""
         mats = [s for n, s in self.stds.items() if self.ndims.get(n, 0) >= 2]
