@@ -67,6 +67,13 @@ class DieAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SayStart(TrainerCallback):
+    """One line with the step training begins at (after a resume: the checkpoint's)."""
+
+    def on_train_begin(self, args: Any, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        print(f"train begins at step {state.global_step}", flush=True)
+
+
 class WaitVerified(TrainerCallback):
     """After each save, wait until the keeper's verdict on it is in the journal (tests only)."""
 
@@ -117,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume_from_checkpoint", default=None)
     a = ap.parse_args(argv)
     trainer = make_trainer(a.output_dir, a.max_steps, a.save_steps)
+    trainer.add_callback(SayStart())
     if a.wait_verified:
         trainer.add_callback(WaitVerified(a.wait_verified))
     if a.die_at is not None and a.resume_from_checkpoint is None:

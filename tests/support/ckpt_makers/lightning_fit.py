@@ -62,6 +62,13 @@ class DieAt(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SayStart(Callback):
+    """One line with the step training begins at (after a resume: the checkpoint's)."""
+
+    def on_train_start(self, trainer: L.Trainer, *a: Any) -> None:
+        print(f"train begins at step {trainer.global_step}", flush=True)
+
+
 class WaitVerified(Callback):
     """After each save, wait until the test marked the keeper's verdict on it (tests only)."""
 
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt_path", default=None)
     a = ap.parse_args(argv)
     torch.manual_seed(0)
-    extra: list[Callback] = []
+    extra: list[Callback] = [SayStart()]
     if a.wait_verified:
         extra.append(WaitVerified(a.wait_verified, a.every))
     if a.die_at is not None and a.ckpt_path is None:
