@@ -277,3 +277,23 @@ def test_a_verified_copy_of_a_directory_is_promoted_and_resumable(hf_out: Path, 
     stale = root / layout.QUARANTINE / ".checkpoint-2.999999.tmp"
     shutil.copytree(hf_out / "checkpoint-2", stale)
     assert layout.Quarantine(root).sweep() == [f"removed {stale}"]
+
+
+def test_prune_deletes_old_verified_copies_never_the_trainers_own(hf_out: Path, tmp_path: Path) -> None:
+    from trainroom.core.ops import prune
+
+    root = tmp_path / "root"
+    for step in (2, 4):
+        src = hf_out / f"checkpoint-{step}"
+        assert keep_verified_copy(src, verify(src), root) is not None
+    res = prune.execute(prune.plan(root, keep=1))
+    assert [(t.step, Path(t.path).name) for t in res.deleted] == [(2, "step-000002")]
+    assert (
+        not (root / "step-000002").exists()
+        and layout.latest_checkpoint(root) == root / "step-000004" / "checkpoint-4"
+    )
+    # Pointed at the trainer's output dir, prune lists its checkpoints and deletes none of them.
+    plan = prune.plan(hf_out, keep=0)
+    assert plan.delete == []
+    assert [(Path(k.path).name, k.step) for k in plan.skipped] == [("checkpoint-2", 2), ("checkpoint-4", 4)]
+    assert all(k.why.startswith("a trainer's own checkpoint") for k in plan.skipped)

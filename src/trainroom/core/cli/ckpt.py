@@ -207,6 +207,10 @@ def _verify_run(spec: str | None, expected: Expected | None, args: argparse.Name
             return rep
     latest = layout.latest_checkpoint(root) if root.is_dir() else None
     if latest is None:
+        # A watched trainer's own checkpoint, verified by the keeper and still there (the journal).
+        last = runs.load_state(info.run_dir).last_verified()
+        latest = Path(last.path) if last is not None and Path(last.path).exists() else None
+    if latest is None:
         raise _BadInput(f"run {info.run_id}: no verified checkpoint under {root} (`latest` points nowhere)")
     return verify(latest, expected, discover=not args.no_discover)
 

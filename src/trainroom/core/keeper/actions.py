@@ -22,7 +22,7 @@ from trainroom.core.ckpt.report import decode_expected
 from trainroom.core.findings import ACTIONS
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
-from trainroom.core.keeper.recovery import Resumer
+from trainroom.core.keeper.recovery import Resumer, watched_target
 from trainroom.core.ops import prune as pruning
 from trainroom.core.ops.bench import describe, run_bench
 from trainroom.core.ops.kill import execute_kill, plan_kill
@@ -480,7 +480,13 @@ class Actions:
 
     async def verify(self, req: p.Request, reply: Reply) -> None:
         pipe = self.pipeline
-        path = req.args.get("path") or str(latest_checkpoint(pipe.root) or "")
+        # `latest` under the root, else the newest verified checkpoint the watch has seen.
+        watched = watched_target(pipe)
+        path = (
+            req.args.get("path")
+            or str(latest_checkpoint(pipe.root) or "")
+            or (watched.path if watched else "")
+        )
         if not path:
             reply(_done(req, False, "verify: no verified checkpoint yet (`latest` points nowhere)"))
             return
