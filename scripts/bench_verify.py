@@ -1,6 +1,7 @@
 """Verify a ~400 MB checkpoint against `sha256sum` of the same file, in one run.
 
     python scripts/bench_verify.py [--mb 400] [--repeat 3] [--keep PATH]
+    python scripts/bench_verify.py --first-verdict [--trials 3] [--save-after 30] [--mb 40] [--busy 2]
 
 Writes a GPT-shaped float32 checkpoint with the SDK (so the save-time digest is recorded), warms
 the page cache with one read, then times, best of --repeat:
@@ -12,6 +13,10 @@ the page cache with one read, then times, best of --repeat:
   verify_in_subprocess         the one-shot path: starting Python and importing torch each time
 Prints GB/s and the ratio to sha256sum for each. The goal is >= 3x sha256sum for the verifier,
 in-process and on the keeper's path.
+
+--first-verdict measures instead, through real keepers, how long after a save its first verdict
+comes: the verifier warm from launch against the cold start it replaces, on this machine idle
+and with --busy CPU loops running (scripts/bench_first_verdict.py).
 """
 
 from __future__ import annotations
@@ -40,7 +45,22 @@ def main() -> int:
     ap.add_argument("--mb", type=float, default=400.0, help="checkpoint size in MB (default 400)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", type=Path, default=None, help="write the checkpoint root here and keep it")
+    ap.add_argument(
+        "--first-verdict", action="store_true", help="the first verdict after a save, cold vs warm"
+    )
+    ap.add_argument("--trials", type=int, default=3, help="--first-verdict: trials per case")
+    ap.add_argument("--save-after", type=float, default=30.0, help="--first-verdict: seconds before the save")
+    ap.add_argument("--busy", type=int, default=2, help="--first-verdict: busy CPU loops for the loaded case")
+    ap.add_argument(
+        "--timeout", type=float, default=300.0, help="--first-verdict: seconds to wait per verdict"
+    )
     args = ap.parse_args()
+    if args.first_verdict:
+        sys.path.insert(0, str(Path(__file__).parent))
+        import bench_first_verdict
+
+        mb = args.mb if "--mb" in sys.argv else 40.0
+        return bench_first_verdict.run(args.trials, args.save_after, mb, args.busy, args.timeout)
     if args.mb <= 0 or args.repeat < 1:
         print("bench_verify: --mb and --repeat must be positive", file=sys.stderr)
         return 2

@@ -157,7 +157,7 @@ def test_architecture_change_is_caught(tmp_path: Path) -> None:
     assert [m.against for m in rep.arch_mismatch] == ["in-file config"]
 
 
-def test_one_flipped_byte_loads_but_the_digest_catches_it(nanogpt: tuple[Path, GPT]) -> None:
+def test_one_flipped_byte_loads_but_the_digest_and_the_crc_catch_it(nanogpt: tuple[Path, GPT]) -> None:
     path, model = nanogpt
     recorded = digest_file(path)
     weight = model.state_dict()["transformer.h.1.mlp.c_fc.weight"]
@@ -165,8 +165,14 @@ def test_one_flipped_byte_loads_but_the_digest_catches_it(nanogpt: tuple[Path, G
     torch.load(path, weights_only=True)  # loads without any error
     rep = v.verify(path, Expected(digest=recorded))
     assert not rep.ok and rep.digest_ok is False
-    assert rep.reason.startswith("digest mismatch")
+    # The archive's CRC-32 of each storage names the tensor; the digest says the file changed.
+    name = "model.transformer.h.1.mlp.c_fc.weight"
+    assert rep.reason.startswith(f"corrupt: {name}: the tensor's bytes do not match"), rep.reason
+    assert any(x.startswith("digest mismatch") for x in rep.problems[1:])
     assert rep.tensors > 0  # still inventoried: the bytes load, they are just not the saved ones
+    # Without a recorded digest (a watched file) the CRC alone rejects it, naming the tensor.
+    rep = v.verify(path, discover=False)
+    assert not rep.ok and rep.digest_ok is None and name in str(rep.reason)
 
 
 def test_allowed_plain_types_and_a_refused_type_named(tmp_path: Path) -> None:
@@ -396,4 +402,4 @@ def test_verify_verb_on_a_file_a_step_dir_and_a_root(
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "plain").mkdir()
     assert verb(str(tmp_path / "plain")) == 2
-    assert "neither a step directory nor a checkpoint root" in capsys.readouterr().err
+    assert "neither a checkpoint (a step directory" in capsys.readouterr().err

@@ -296,6 +296,7 @@ class CheckpointReport(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=
     seconds: float = 0.0
     refused_types: list[str] = []
     error_chain: list[ErrorLink] = []
+    notes: list[str] = []  # found and reported, not a rejection (non-finite metadata, files not loaded)
     promoted_dir: str | None = None  # the step directory it was promoted to
     promoted_file: str | None = None  # the checkpoint file in it (what a resume loads)
     source: str | None = None  # the watched file a verified copy was taken from

@@ -56,6 +56,8 @@ def sniff_format(path: str | os.PathLike[str]) -> Format:
         head = f.read(16)
     if not head:
         return "empty"
+    if os.fspath(path).endswith(".json") and head.lstrip()[:1] in (b"{", b"["):
+        return "json"
     if head[:2] == b"PK":
         return "torch-zip"
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < (100 << 20):
@@ -88,10 +90,12 @@ def safe_globals() -> list[SafeGlobal]:
     except ImportError:
         return out
     core = getattr(np, "_core", None) or getattr(np, "core", None)
-    scalar = getattr(getattr(core, "multiarray", None), "scalar", None)
-    if scalar is not None:
-        out.append(scalar)
-    out.append(np.dtype)
+    multiarray = getattr(core, "multiarray", None)
+    # numpy scalars and arrays (HF's rng_state.pth holds numpy's RNG state): `_reconstruct` makes
+    # an empty array of an allowed type, and the array's state is plain data read by the same
+    # restricted unpickler; the same list transformers passes for its own RNG files.
+    out.extend(getattr(multiarray, fn) for fn in ("scalar", "_reconstruct") if hasattr(multiarray, fn))
+    out += [np.ndarray, np.dtype]
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
         names = (
@@ -103,6 +107,9 @@ def safe_globals() -> list[SafeGlobal]:
             "Int16DType",
             "Int8DType",
             "UInt8DType",
+            "UInt16DType",
+            "UInt32DType",
+            "UInt64DType",
             "BoolDType",
         )
         out.extend(getattr(dtypes, n) for n in names if hasattr(dtypes, n))

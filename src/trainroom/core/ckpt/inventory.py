@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trainroom.core.ckpt.report import Arch, ArchMismatch, NonFinite, Outlier
+from trainroom.core.ckpt.report import Arch, ArchMismatch, NonFinite, Outlier, Role
 
 if TYPE_CHECKING:
     import torch
@@ -126,6 +126,11 @@ def _is_model_tensor(name: str, prefix: str | None) -> bool:
     return prefix == "" or name == prefix or name.startswith(prefix + ".")
 
 
+def _is_optimizer_tensor(name: str) -> bool:
+    # nanoGPT's "optimizer", Lightning's "optimizer_states", DCP's "optim": by the top-level key.
+    return "optim" in name.split(".", 1)[0].lower()
+
+
 def _short_name(name: str, prefix: str | None) -> str:
     if prefix:
         name = name[len(prefix) + 1 :] if name.startswith(prefix + ".") else name
@@ -135,8 +140,9 @@ def _short_name(name: str, prefix: str | None) -> str:
     return name
 
 
-def top_level_step(obj: object) -> int | None:
-    """The step a training state records about itself (nanoGPT's iter_num, Lightning's global_step)."""
+def step_in_state(obj: object) -> tuple[int, str] | None:
+    """(the step a training state records about itself, the key it is under): nanoGPT's
+    iter_num, Lightning's global_step, a DCP state's step."""
     import torch
 
     if not isinstance(obj, Mapping):
@@ -146,10 +152,15 @@ def top_level_step(obj: object) -> int | None:
         if isinstance(v, bool):
             continue
         if isinstance(v, int):
-            return v
+            return v, k
         if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point():
-            return int(v.item())
+            return int(v.item()), k
     return None
+
+
+def top_level_step(obj: object) -> int | None:
+    found = step_in_state(obj)
+    return found[0] if found else None
 
 
 def in_file_config(obj: object) -> Mapping[str, object] | None:
@@ -224,26 +235,42 @@ def tensor_stats(t: torch.Tensor, want_std: bool = True) -> tuple[int, int, floa
 class Inventory:
     """What the scan gathers, tensor by tensor."""
 
-    def __init__(self, model_prefix: str | None, previous_stds: Mapping[str, float]) -> None:
+    def __init__(
+        self, model_prefix: str | None, previous_stds: Mapping[str, float], role: Role = "auto"
+    ) -> None:
         self.model_prefix = model_prefix
         self.previous_stds = previous_stds
+        self.role = role
         self.tensors = 0
         self.dtypes: dict[str, int] = {}
+        # Non-finite values in weights or optimizer state (a rejection), and in anything else
+        # (Lightning's ModelCheckpoint keeps kth_value = inf; reported only).
         self.nonfinite: dict[str, NonFinite] = {}
+        self.nonfinite_metadata: dict[str, NonFinite] = {}
         self.stds: dict[str, float] = {}
         self.ndims: dict[str, int] = {}
         self.shapes: dict[str, list[int]] = {}
         self.params = 0
         self._storages: set[tuple[int, int, tuple[int, ...]]] = set()
 
+    def kind(self, name: str) -> Role:
+        """model, optimizer or metadata: what a non-finite value in this tensor means."""
+        if self.role != "auto":
+            return self.role
+        if _is_model_tensor(name, self.model_prefix):
+            return "model"
+        return "optimizer" if _is_optimizer_tensor(name) else "metadata"
+
     def add(self, name: str, t: torch.Tensor) -> None:
         self.tensors += 1
         dt = str(t.dtype).removeprefix("torch.")
         self.dtypes[dt] = self.dtypes.get(dt, 0) + 1
-        model = _is_model_tensor(name, self.model_prefix)
+        kind = self.kind(name)
+        model = kind == "model"
         nan, inf, std = tensor_stats(t, want_std=model)
         if nan or inf:
-            self.nonfinite[name] = NonFinite(nan=nan, inf=inf)
+            into = self.nonfinite if kind in ("model", "optimizer") else self.nonfinite_metadata
+            into[name] = NonFinite(nan=nan, inf=inf)
         if not model:
             return
         short = _short_name(name, self.model_prefix)
@@ -259,6 +286,13 @@ class Inventory:
         if ident not in self._storages:
             self._storages.add(ident)
             self.params += t.numel()
+
+    def merge(self, other: Inventory) -> None:
+        """Another file's weights into these (a sharded model: the architecture is the union)."""
+        self.shapes.update(other.shapes)
+        self.ndims.update(other.ndims)
+        self.stds.update(other.stds)
+        self.params += other.params
 
     def outliers(self) -> list[Outlier]:
         """Exploded and unusual weight tensors, the widest first."""

@@ -239,17 +239,21 @@ class Quarantine:
             with contextlib.suppress(FileNotFoundError):
                 for x in d.iterdir():
                     m = re.match(pattern, x.name)
-                    if m and x.is_file() and not x.is_symlink() and not _pid_alive(int(m.group(1))):
-                        with contextlib.suppress(OSError):
+                    if not m or x.is_symlink() or _pid_alive(int(m.group(1))):
+                        continue
+                    with contextlib.suppress(OSError):
+                        if x.is_dir():  # a directory checkpoint's copy cut short
+                            shutil.rmtree(x)
+                        elif x.is_file():
                             x.unlink()
-                            done.append(f"removed {x}")
+                        done.append(f"removed {x}")
         with contextlib.suppress(FileNotFoundError):
             for stage in self.root.iterdir():
                 m = re.match(r"^\.promote-(step-\d+(?:-\d+)?)\.(\d+)$", stage.name)
                 if not m or stage.is_symlink() or not stage.is_dir() or _pid_alive(int(m.group(2))):
                     continue
                 manifest = read_manifest(stage)
-                if manifest and manifest.ok and manifest.file and (stage / manifest.file).is_file():
+                if manifest and manifest.ok and manifest.file and (stage / manifest.file).exists():
                     target = unique_path(self.root / m.group(1))
                     os.rename(stage, target)
                     fsync_dir(self.root)
@@ -258,7 +262,8 @@ class Quarantine:
                     continue
                 self.dir.mkdir(exist_ok=True)
                 for f in stage.iterdir():
-                    if f.is_file() and not f.name.startswith(".") and f.name != MANIFEST:
+                    real = f.is_file() or f.is_dir()
+                    if real and not f.is_symlink() and not f.name.startswith(".") and f.name != MANIFEST:
                         os.rename(f, unique_path(self.dir / f.name))
                 shutil.rmtree(stage, ignore_errors=True)
                 done.append(f"undid promotion {stage.name}")
@@ -307,14 +312,15 @@ def previous_verified(root: str | os.PathLike[str]) -> Previous | None:
 
 
 def latest_checkpoint(root: str | os.PathLike[str] | None = None) -> Path | None:
-    """The file a resume should load: the newest verified checkpoint, or None."""
+    """What a resume should load: the newest verified checkpoint (a file, or a directory
+    checkpoint kept as a verified copy), or None."""
     r = checkpoint_root(root)
     d = latest_dir(r)
     if d is None:
         return None
     manifest = read_manifest(d)
     f = d / manifest.file if manifest and manifest.file else None
-    return f if f is not None and f.is_file() else None
+    return f if f is not None and not f.is_symlink() and (f.is_file() or f.is_dir()) else None
 
 
 def replace_latest(root: Path, name: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,8 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import digest as digest
 from trainroom.core.ckpt import layout as layout
+from trainroom.core.ckpt import targets as targets
+from trainroom.core.ckpt.dirs import dir_digest
 from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
 
 
@@ -82,8 +85,9 @@ def promote(
         raise layout.CheckpointError(f"{cand.name} did not verify ({report.reason}): not promoting it")
     side = layout.read_saved(cand)
     st = cand.stat()
-    if report.size_bytes not in (None, st.st_size):
-        raise layout.CheckpointError(f"{cand.name} changed since it was verified ({st.st_size} bytes now)")
+    size = layout.tree_bytes(cand) if cand.is_dir() else st.st_size
+    if report.size_bytes not in (None, size):
+        raise layout.CheckpointError(f"{cand.name} changed since it was verified ({size} bytes now)")
     step = step if step is not None else _step_of(cand, report, side)
     target = layout.unique_path(r / layout.step_dir_name(step))
     stage = r / f".promote-{target.name}.{os.getpid()}"
@@ -95,7 +99,7 @@ def promote(
         file=fname,
         path=str(target / fname),
         step=step,
-        size_bytes=st.st_size,
+        size_bytes=size,
         digest=report.digest or (side.digest if side else None),
         digest_algo=report.digest_algo,
         saved_at=side.saved_at if side and side.saved_at is not None else st.st_mtime,
@@ -160,25 +164,20 @@ def keep_verified_copy(
     *,
     step: int | None = None,
 ) -> Path | None:
-    """For a trainer that overwrites one file (nanoGPT's out/ckpt.pt): copy the version that just
-    verified into the root and promote it. The copy's own digest must equal the verified one,
-    else the trainer overwrote the file meanwhile and the copy is dropped (None)."""
+    """For a trainer that overwrites one file (nanoGPT's out/ckpt.pt), or deletes its old
+    checkpoints (HF's save_total_limit): copy the version that just verified into the root and
+    promote it. The copy's own digest must equal the verified one, else the trainer changed it
+    meanwhile and the copy is dropped (None). A directory checkpoint is copied file by file."""
     r = layout.checkpoint_root(root)
     q = layout.Quarantine(r)
     q.dir.mkdir(parents=True, exist_ok=True)
     src = Path(src)
     tmp = q.dir / f".{src.name}.{os.getpid()}.tmp"
-    h = digest.new_hasher()
     s = step if step is not None else report.step
     try:
-        with open(src, "rb") as fi, open(tmp, "xb") as fo:
-            while chunk := fi.read(digest.READ_CHUNK):
-                h.update(chunk)
-                fo.write(chunk)
-            fo.flush()
-            os.fsync(fo.fileno())
-        if digest.digest_hex(h) != report.digest:
-            tmp.unlink()
+        got = _copy_dir(src, tmp) if src.is_dir() else _copy_file(src, tmp)
+        if got != report.digest:
+            _remove(tmp)
             return None
         cand = layout.unique_path(
             q.dir / (f"{layout.step_dir_name(s)}-{src.name}" if s is not None else src.name)
@@ -186,10 +185,9 @@ def keep_verified_copy(
         os.rename(tmp, cand)
         layout.fsync_dir(q.dir)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        _remove(tmp)
         raise
-    size = cand.stat().st_size
+    size = layout.tree_bytes(cand) if cand.is_dir() else cand.stat().st_size
     layout.write_json_atomic(
         Path(str(cand) + layout.SAVED_SUFFIX),
         layout.SaveRecord(
@@ -197,3 +195,37 @@ def keep_verified_copy(
         ),
     )
     return promote(cand, msgspec.structs.replace(report, size_bytes=size), r, file_name=src.name, step=s)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _copy_file(src: Path, dst: Path) -> str:
+    """Copy, fsync, and return the digest of the bytes copied."""
+    h = digest.new_hasher()
+    with open(src, "rb") as fi, open(dst, "xb") as fo:
+        while chunk := fi.read(digest.READ_CHUNK):
+            h.update(chunk)
+            fo.write(chunk)
+        fo.flush()
+        os.fsync(fo.fileno())
+    return digest.digest_hex(h)
+
+
+def _copy_dir(src: Path, dst: Path) -> str:
+    """A directory checkpoint copied file by file (symlinks are not followed); the digest of the
+    copy the way the verifier takes it (`dirs.dir_digest`)."""
+    dst.mkdir()
+    entries: list[tuple[str, str | None]] = []
+    for f in targets.files_of(src):
+        rel = f.relative_to(src)
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        entries.append((str(rel), _copy_file(f, dst / rel)))
+    for d in sorted({x.parent for x in dst.rglob("*")} | {dst}):
+        layout.fsync_dir(d)
+    return dir_digest(entries)

@@ -17,8 +17,22 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.digest import DIGEST_ALGO
 
-# What a checkpoint file is, from its first bytes (formats.sniff_format).
-Format = Literal["torch-zip", "torch-legacy", "pickle", "safetensors", "empty", "unknown"]
+# What a checkpoint is: a file's format from its first bytes (formats.sniff_format), or a
+# directory checkpoint (a Hugging Face `checkpoint-N/`, a torch.distributed.checkpoint directory).
+Format = Literal[
+    "torch-zip",
+    "torch-legacy",
+    "pickle",
+    "safetensors",
+    "json",
+    "empty",
+    "unknown",
+    "hf-checkpoint",
+    "dcp-checkpoint",
+]
+# What a file inside a checkpoint holds, which decides what a non-finite value in it means:
+# weights and optimizer state reject; metadata (callbacks, schedulers, RNG, loggers) is reported.
+Role = Literal["auto", "model", "optimizer", "metadata", "config", "not-loaded", "other"]
 
 
 class NonFinite(msgspec.Struct, kw_only=True, frozen=True):
@@ -94,6 +108,19 @@ class Expected(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
         )
 
 
+class FileVerdict(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One file of a directory checkpoint: how it was read and what it said."""
+
+    name: str
+    role: Role = "other"
+    format: Format | None = None
+    size_bytes: int = 0
+    digest: str | None = None
+    tensors: int = 0
+    ok: bool = True
+    reason: str | None = None
+
+
 class VerifyReport(msgspec.Struct, kw_only=True, frozen=True):
     """One checkpoint file's verification. `ok` with no `reason` when it passed; otherwise `reason`
     is the first of `problems`. `deferred`: no verdict yet (host RAM short, the verifier timed out
@@ -114,7 +141,10 @@ class VerifyReport(msgspec.Struct, kw_only=True, frozen=True):
     tensors: int = 0
     params: int = 0
     dtypes: dict[str, int] = {}
-    nonfinite: dict[str, NonFinite] = {}  # per tensor name, those with any
+    nonfinite: dict[str, NonFinite] = {}  # per tensor name, those with any (weights, optimizer state)
+    # Non-finite values in metadata (Lightning's ModelCheckpoint kth_value, a scheduler, RNG state):
+    # reported, never a rejection.
+    nonfinite_metadata: dict[str, NonFinite] = {}
     outliers: list[Outlier] = []  # the widest first
     arch: Arch = msgspec.field(default_factory=Arch)
     arch_mismatch: list[ArchMismatch] = []
@@ -124,6 +154,10 @@ class VerifyReport(msgspec.Struct, kw_only=True, frozen=True):
     ram: RamNeed | None = None
     deferred: bool = False
     seconds: float = 0.0
+    framework: str | None = None  # hugging-face | lightning | dcp | nanogpt, when the layout says
+    step_source: str | None = None  # where `step` was read: trainer_state.json, global_step, the name...
+    files: list[FileVerdict] = []  # a directory checkpoint's files, each checked
+    notes: list[str] = []  # what was found and reported, not rejected
 
 
 def failure_report(path: str | os.PathLike[str], reason: str, *, deferred: bool = False) -> VerifyReport:
@@ -166,6 +200,7 @@ def journal_report(
         seconds=report.seconds,
         refused_types=list(report.refused_types),
         error_chain=list(report.error_chain),
+        notes=list(report.notes),
         promoted_dir=promoted_dir,
         promoted_file=promoted_file,
     )

@@ -220,6 +220,26 @@ class WarmVerifier:
         self.served += 1
         return reply.report
 
+    def warm(self) -> bool:
+        """Start the child now if it is not running, without waiting for it: it imports torch
+        while the trainer starts, so the first verdict after a save does not pay for it. Never
+        blocks on a verification in flight (the child is running then). True if it started one."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                return False
+            self._stop()
+            try:
+                self._start()
+            except OSError:
+                return False
+            self._last_used = time.monotonic()
+            return True
+        finally:
+            self._lock.release()
+
     def verify(
         self, path: str | os.PathLike[str], expected: Expected | None = None, timeout: float = 600.0
     ) -> VerifyReport:
@@ -312,14 +332,14 @@ def main(argv: list[str] | None = None) -> int:
         nice = int(args[2]) if len(args) >= 3 and args[1] == "--nice" else 0
         return serve(nice)
     ap = argparse.ArgumentParser(prog=f"python -m {CHILD_MODULE}", description=main.__doc__)
-    ap.add_argument("path", metavar="FILE")
+    ap.add_argument("path", metavar="CHECKPOINT", help="a file, or a checkpoint directory")
     ap.add_argument("--expect-json", metavar="JSON", default=None)
     ap.add_argument("--no-discover", action="store_true")
     ap.add_argument("--nice", type=int, default=0)
     ns = ap.parse_args(args)
     path = Path(ns.path)
     try:
-        if not path.is_file():
+        if not (path.is_file() or path.is_dir()):
             raise ValueError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
         try:
             expected = decode_expected(ns.expect_json)

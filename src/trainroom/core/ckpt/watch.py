@@ -1,9 +1,12 @@
-"""The watch on an uninstrumented trainer's checkpoints (nanoGPT overwrites `out/ckpt.pt`).
+"""The watch on an uninstrumented trainer's checkpoints (nanoGPT overwrites `out/ckpt.pt`; the
+Hugging Face Trainer writes `out/checkpoint-N/`, Lightning's ModelCheckpoint `step=N.ckpt`).
 
 No reporter tells the keeper a checkpoint was written, so the keeper stats the configured globs
-each second (`sight`), and `poll`, a pure function of those sightings and `now`, decides: a new
-version of a file (size, mtime or inode changed) is verified once its size and mtime have held
-still for `settle_s`. The keeper runs the verification (its warm `verifier.WarmVerifier`, from a
+each second (`sight`): a matched file is a checkpoint, a matched Hugging Face or DCP directory
+is one checkpoint (its files' bytes and newest mtime are its version), and a matched directory
+of checkpoints (an HF `output_dir`, Lightning's `dirpath`) contributes each checkpoint in it.
+`poll`, a pure function of those sightings and `now`, decides: a new version (size, mtime or
+inode changed) is verified once it has held still for `settle_s`. The keeper runs the verification (its warm `verifier.WarmVerifier`, from a
 worker thread), stats the file again, and hands both to `record_verdict`, which drops a verdict
 about a version that has been overwritten meanwhile. Each call returns `CheckpointState` records
 to journal; `watch_findings` gives CKPT_REJECTED for files whose current version failed.
@@ -14,10 +17,12 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.report import Expected, Previous, VerifyReport, journal_report
 from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.findings import Finding
@@ -71,26 +76,38 @@ class VerifyRequest(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def sight(patterns: Iterable[str], cwd: str | os.PathLike[str] = ".") -> list[Sighting]:
-    """The I/O half: stat every regular file the globs match (relative to the trainer's cwd)."""
+    """The I/O half: stat every checkpoint the globs match (relative to the trainer's cwd):
+    files, checkpoint directories, and the checkpoints inside a matched framework root."""
     out: dict[str, Sighting] = {}
     for pat in patterns:
         full = pat if os.path.isabs(pat) else os.path.join(cwd, pat)
         for path in glob.glob(full, recursive=True):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if not os.path.isfile(path) or path.endswith((".tmp", ".saved.json", ".reason", ".verify.json")):
-                continue
-            ap = os.path.abspath(path)
-            out[ap] = Sighting(path=ap, size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+            for unit in _units(Path(path)):
+                seen = stat_one(os.path.abspath(unit))
+                if seen is not None:
+                    out[seen.path] = seen
     return sorted(out.values(), key=lambda s: s.path)
 
 
+def _units(path: Path) -> list[Path]:
+    if path.is_file():
+        return [] if path.name.endswith(targets.SIDE_SUFFIXES) else [path]
+    kind = targets.kind_of(path)
+    if kind in ("hf-checkpoint", "dcp-checkpoint"):
+        return [path]
+    return targets.units_in(path) if kind == "root" else []
+
+
 def stat_one(path: str) -> Sighting | None:
+    """A file's (size, mtime, inode), or a directory checkpoint's (bytes, newest mtime, inode)."""
+    if os.path.isdir(path):
+        v = targets.dir_version(Path(path))
+        return None if v is None else Sighting(path=path, size=v[0], mtime_ns=v[1], ino=v[2])
     try:
         st = os.stat(path)
     except OSError:
+        return None
+    if not os.path.isfile(path):
         return None
     return Sighting(path=path, size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import msgspec
 
 from trainroom.core.ckpt import layout as layout
+from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.report import Expected, VerifyReport, decode_expected
 from trainroom.core.ckpt.verify import verify
 from trainroom.core.ops import prune as pruning
@@ -44,9 +45,19 @@ def _human(rep: VerifyReport) -> str:
     head = "OK      " if rep.ok else "REJECTED"
     size = fmt_bytes(rep.size_bytes, unknown="?")
     lines = [f"{head} {rep.path}  {size}  {rep.digest or ''}  ({rep.seconds:.2f} s)".rstrip()]
+    what = [x for x in (rep.format, rep.framework) if x]
+    if rep.step is not None:
+        what.append(f"step {rep.step}" + (f" (from {rep.step_source})" if rep.step_source else ""))
+    if what:
+        lines.append("  " + ", ".join(what))
     if not rep.ok:
         lines.append(f"  reason: {rep.reason}")
         lines += [f"  also: {x}" for x in rep.problems[1:]]
+    for f in rep.files:
+        mark = "ok" if f.ok else "REJECTED"
+        tensors = f", tensors {f.tensors}" if f.tensors else ""
+        lines.append(f"  {mark:8} {f.name}  {f.role}, {fmt_bytes(f.size_bytes)}{tensors}")
+    lines += [f"  note: {x}" for x in rep.notes]
     if rep.tensors:
         dtypes = ", ".join(f"{k} {v}" for k, v in sorted(rep.dtypes.items(), key=lambda kv: -kv[1]))
         nan = sum(v.nan for v in rep.nonfinite.values())
@@ -74,8 +85,10 @@ def _add_verify(subparsers: Subcommands) -> None:
         metavar="TARGET",
         nargs="?",
         default=None,
-        help="a checkpoint file (.pt, .pth, .bin, .safetensors), a step directory, a checkpoint "
-        "root (its `latest`), or a run (its `latest`; default: the newest run)",
+        help="a checkpoint file (.pt, .pth, .bin, .ckpt, .safetensors), a step directory, a Hugging "
+        "Face checkpoint-N/ or torch.distributed.checkpoint directory, a checkpoint root (its `latest`; "
+        "a directory of checkpoint-N/ or step=N.ckpt: its highest step), or a run (its `latest`; "
+        "default: the newest run)",
     )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument(
@@ -95,12 +108,13 @@ _CKPT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
 
 
 def _file_in(path: Path) -> Path:
-    """The checkpoint a directory stands for: a step directory's file, a root's `latest`."""
+    """The checkpoint a directory stands for: a step directory's file, a root's `latest`, a
+    Hugging Face or DCP checkpoint directory itself, a framework root's highest step."""
     if (path / layout.MANIFEST).is_file():
         manifest = layout.read_manifest(path)
         if manifest is None:
             raise _BadInput(f"{path / layout.MANIFEST}: unreadable manifest")
-        if manifest.file and (path / manifest.file).is_file():
+        if manifest.file and (path / manifest.file).exists():
             return path / manifest.file
         raise _BadInput(f"{path}: the manifest names no file that is there")
     if (path / layout.LATEST).exists() or (path / layout.QUARANTINE).is_dir():
@@ -108,7 +122,16 @@ def _file_in(path: Path) -> Path:
         if latest is None:
             raise _BadInput(f"{path}: no verified checkpoint (`latest` points nowhere)")
         return latest
-    raise _BadInput(f"{path}: a directory that is neither a step directory nor a checkpoint root")
+    kind = targets.kind_of(path)
+    if kind in ("hf-checkpoint", "dcp-checkpoint"):
+        return path
+    newest = targets.newest_unit(path) if kind == "root" else None
+    if newest is not None:
+        return newest
+    raise _BadInput(
+        f"{path}: a directory that is neither a checkpoint (a step directory, a Hugging Face "
+        "checkpoint-N/, a torch.distributed.checkpoint directory) nor a checkpoint root"
+    )
 
 
 def _run_root(info: runs.RunInfo) -> tuple[Path, int | None]:
@@ -183,6 +206,10 @@ def _verify_run(spec: str | None, expected: Expected | None, args: argparse.Name
         if rep is not None:
             return rep
     latest = layout.latest_checkpoint(root) if root.is_dir() else None
+    if latest is None:
+        # A watched trainer's own checkpoint, verified by the keeper and still there (the journal).
+        last = runs.load_state(info.run_dir).last_verified()
+        latest = Path(last.path) if last is not None and Path(last.path).exists() else None
     if latest is None:
         raise _BadInput(f"run {info.run_id}: no verified checkpoint under {root} (`latest` points nowhere)")
     return verify(latest, expected, discover=not args.no_discover)

@@ -21,7 +21,7 @@ from trainroom.core.ckpt.report import decode_expected
 from trainroom.core.findings import ACTIONS
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
-from trainroom.core.keeper.recovery import Resumer
+from trainroom.core.keeper.recovery import Resumer, watched_target
 from trainroom.core.keeper.replies import (
     Handler,
     Reply,
@@ -29,6 +29,7 @@ from trainroom.core.keeper.replies import (
     done_reply,
     plan_reply,
     progress_to,
+    prune_target,
     target_of,
     what_changed,
 )
@@ -472,17 +473,7 @@ class Actions:
         plan = await asyncio.to_thread(
             pruning.plan, pipe.root, keep, protect=protect, include_rejected=include_rejected
         )
-        # Records, not strings: the CLI prints them as `prune --root` does, the control room one a line.
-        target = {
-            "root": plan.root,
-            "keep": keep,
-            "bytes_to_free": plan.bytes_to_free,
-            "delete": [
-                {"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete
-            ],
-            "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
-            "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped],
-        }
+        target = prune_target(plan, keep)
         if not req.confirm or req.args.get("dry_run"):
             msg = (
                 f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
@@ -520,7 +511,13 @@ class Actions:
 
     async def verify(self, req: p.Request, reply: Reply) -> None:
         pipe = self.pipeline
-        path = req.args.get("path") or str(latest_checkpoint(pipe.root) or "")
+        # `latest` under the root, else the newest verified checkpoint the watch has seen.
+        watched = watched_target(pipe)
+        path = (
+            req.args.get("path")
+            or str(latest_checkpoint(pipe.root) or "")
+            or (watched.path if watched else "")
+        )
         if not path:
             reply(done_reply(req, False, "verify: no verified checkpoint yet (`latest` points nowhere)"))
             return

@@ -7,7 +7,11 @@ their verdicts into records and findings.
 Verification runs in one warm child process (`verifier.WarmVerifier`: torch imported once, reused
 for every checkpoint, restarted if it dies, closed when idle), fed by one queue in arrival order:
 a trainer that checkpoints every step gets each checkpoint verified in about the time it takes
-to read it, and never more than one verification competes with it for the CPU.
+to read it, and never more than one verification competes with it for the CPU. When checkpoints
+are expected (`expecting`: watched globs, a configured root or resume template, a recognised
+framework, or a first checkpoint seen) the child is started with the keeper and kept while the
+trainer lives: on a loaded host its cold start at nice 10 took most of a minute, and a death
+soon after a save then found "no verified checkpoint".
 
 Thread model: `observe`, `findings` and the queue worker run on the keeper's loop thread (the
 worker hands the blocking parts to a thread); `disk_sample` runs in the probe worker thread.
@@ -43,8 +47,27 @@ from trainroom.core.settings import RunSettings
 # at most MAX_TRIES times in all; a leftover is tried again at the next keeper start.
 RETRY_S = 30.0
 MAX_TRIES = 3
-# Seconds the warm verifier may sit idle before it is closed (its torch holds ~150 MB).
+# Seconds the warm verifier may sit idle before it is closed (its torch holds ~150 MB), unless
+# checkpoints are expected while the trainer lives.
 VERIFIER_IDLE_S = 300.0
+# Warm starts per keeper: a child that cannot start (no torch where the keeper runs) is not
+# restarted each second; a checkpoint still starts it on demand.
+WARM_STARTS = 3
+
+
+def expecting_checkpoints(settings: RunSettings, run_dir: Path) -> str | None:
+    """Why this run is expected to write checkpoints (None: nothing says so yet)."""
+    if settings.watch_globs:
+        return "checkpoints are watched (" + ", ".join(settings.watch_globs) + ")"
+    if Path(settings.ckpt_root) != run_dir / "checkpoints":
+        return f"a checkpoint root is configured ({settings.ckpt_root})"
+    if settings.resume_template:
+        return "a resume template is set"
+    # The framework `launch` recognised from the command (core/frameworks), where it is known.
+    recognised = getattr(settings, "recognised", None)
+    if recognised is not None:
+        return f"the command was recognised ({getattr(recognised, 'framework', 'a framework')})"
+    return None
 
 
 def _placement(path: str, root: Path) -> tuple[Path | None, str | None]:
@@ -98,6 +121,9 @@ class CheckpointPipeline:
         self.globs = list(settings.watch_globs)
         self.keep_copies = settings.keep_verified_copies
         self.verifier = WarmVerifier(idle_s=VERIFIER_IDLE_S)
+        self.expecting = expecting_checkpoints(settings, run.run_dir)
+        self._warm_starts = 0
+        self._warm_note: str | None = None
         # /proc/mounts (DRVFS_CHECKPOINTS), under the keeper's proc root so a test can stage one.
         self.mounts_path = os.path.join(settings.roots.proc, "mounts")
         self.reports: dict[str, VerifyReport] = {}  # path -> the verdict of a rejected candidate
@@ -138,6 +164,7 @@ class CheckpointPipeline:
         if isinstance(msg, p.Hello) and msg.config.arch:
             self.declared_arch = dict(msg.config.arch)
         elif isinstance(msg, p.Checkpoint):
+            self.expecting = self.expecting or "the trainer saved a checkpoint"
             if msg.size_bytes:
                 self._saved(rec.t, int(msg.size_bytes))
             self._schedule(msg.path)
@@ -315,8 +342,19 @@ class CheckpointPipeline:
 
     # ------------------------------------------------------------------ probes (worker thread)
 
+    def _keep_warm(self) -> None:
+        """Probe thread: the verifier started (and restarted) while checkpoints are expected and
+        the trainer lives; closed after VERIFIER_IDLE_S idle otherwise."""
+        if not (self.expecting and self.writing()):
+            self.verifier.close_if_idle()
+            return
+        if self._warm_starts < WARM_STARTS and self.verifier.warm():
+            self._warm_starts += 1
+            # Journaled from the loop thread (`findings`): the recorder is not this thread's.
+            self._warm_note = f"checkpoint verifier started warm: {self.expecting}"
+
     def disk_sample(self) -> DiskSample:
-        self.verifier.close_if_idle()
+        self._keep_warm()
         try:
             if self.budget:
                 usage = diskguard.budget_usage(self.root, int(self.budget))
@@ -329,6 +367,8 @@ class CheckpointPipeline:
         self.usage = usage
         if self.globs:
             self.sightings = watch.sight(self.globs, self.run.cwd)
+            if self.sightings:
+                self.expecting = self.expecting or "the trainer saved a checkpoint"
         proj = diskguard.project(usage, list(self.saves), time.time())
         latest = None
         with contextlib.suppress(Exception):
@@ -346,6 +386,9 @@ class CheckpointPipeline:
     def findings(self, now: float) -> list[Finding]:
         if not self._started:
             self.start()
+        note, self._warm_note = self._warm_note, None
+        if note:
+            self.recorder.note(note)
         out: list[Finding] = []
         th = self.settings.thresholds
         if self.usage is not None:

@@ -35,13 +35,16 @@ class ResumeResult(msgspec.Struct, kw_only=True):
 
 
 def watched_target(pipe: CheckpointPipeline) -> WatchedTarget | None:
-    """The newest watched file whose current version verified and still exists."""
+    """The watched checkpoint (a file or a checkpoint directory) with the highest step whose
+    current version verified and still exists; among equal (or unknown) steps, the newest."""
     best: WatchedTarget | None = None
+    best_key: tuple[int, int] | None = None
     for f in pipe.watch_state.files.values():
-        if f.state != "verified" or not Path(f.path).is_file():
+        if f.state != "verified" or not Path(f.path).exists():
             continue
-        if best is None or (f.step or -1) > (best.step or -1):
-            best = WatchedTarget(path=f.path, step=f.step, digest=f.digest)
+        key = (f.step if f.step is not None else -1, f.mtime_ns)
+        if best_key is None or key > best_key:
+            best, best_key = WatchedTarget(path=f.path, step=f.step, digest=f.digest), key
     return best
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.ops import prune as pruning
 
 Reply = Callable[[p.Reply], None]
 Handler = Callable[[p.Request, Reply], Awaitable[None]]
@@ -76,3 +77,16 @@ def what_changed(action: str, confirmed: object, now: object) -> str:
     if action == "prune" and isinstance(confirmed, list) and isinstance(now, list):
         return f"confirmed {len(confirmed)} checkpoint(s) to delete, now {len(now)}"
     return f"confirmed {confirmed!r}, now {now!r}"
+
+
+def prune_target(plan: pruning.PrunePlan, keep: int) -> dict[str, Any]:
+    """A prune plan as records, not strings: the CLI prints them as `prune --root` does, the
+    control room one a line."""
+    return {
+        "root": plan.root,
+        "keep": keep,
+        "bytes_to_free": plan.bytes_to_free,
+        "delete": [{"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete],
+        "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
+        "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped],
+    }

@@ -20,8 +20,15 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core.ckpt import layout as layout
+from trainroom.core.ckpt import targets as targets
 
 DEFAULT_KEEP = 2
+# A framework's own checkpoint in a root prune is pointed at (HF's checkpoint-N/, Lightning's
+# step=N.ckpt): the trainer rotates those itself; deleting them behind its back is not ours to do.
+_FOREIGN = (
+    "a trainer's own checkpoint: prune deletes only verified checkpoints trainroom promoted "
+    "(--keep-verified-copies); the trainer's rotation (save_total_limit, save_top_k) deletes these"
+)
 
 
 class PruneTarget(msgspec.Struct, kw_only=True):
@@ -73,13 +80,14 @@ def _resolved(protect: Iterable[str | os.PathLike[str]]) -> set[str]:
 
 
 def _unlisted(root: Path, listed: set[str]) -> list[Kept]:
-    """What prune will not touch at the top of the root, with why: a symlink, or a step-named
-    directory without a verified manifest."""
+    """What prune will not touch at the top of the root, with why: a symlink, a step-named
+    directory without a verified manifest, a framework's own checkpoint."""
     out: list[Kept] = []
     try:
         entries = sorted(root.iterdir())
     except FileNotFoundError:
         return out
+    units = set(targets.units_in(root))
     for e in entries:
         if e.name in listed or e.name in (layout.LATEST, layout.QUARANTINE) or e.name.startswith("."):
             continue
@@ -87,6 +95,9 @@ def _unlisted(root: Path, listed: set[str]) -> list[Kept]:
             out.append(Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed"))
         elif layout.STEP_DIR_RE.match(e.name):
             out.append(Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint"))
+        elif e in units:
+            hint = targets.step_hint(e)
+            out.append(Kept(path=str(e), step=hint.step if hint else None, why=_FOREIGN))
     return out
 
 

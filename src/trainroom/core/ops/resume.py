@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest
+from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest, tree_bytes
 from trainroom.core.ckpt.verify import load_need_bytes
 from trainroom.core.config import resume_argv
 from trainroom.core.health.host import host_ram_low
@@ -173,7 +173,8 @@ def _choose_checkpoint(plan: ResumePlan, state: RunState, inputs: ResumeInputs) 
 
 def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:
     assert plan.checkpoint is not None
-    size = Path(plan.checkpoint).stat().st_size
+    ckpt = Path(plan.checkpoint)
+    size = tree_bytes(ckpt) if ckpt.is_dir() else ckpt.stat().st_size
     mem = read_meminfo().get("MemAvailable")
     low = host_ram_low(mem, load_need_bytes(size), plan.checkpoint, floor_bytes=floor_bytes)
     if low is not None:
