@@ -141,6 +141,11 @@ class RunState(msgspec.Struct, kw_only=True):
     # The last alert deliveries (core/notify), newest last, and how many of each outcome so far.
     notifications: list[p.NotifyResult] = []
     notify_outcomes: dict[str, int] = {}
+    # Which log recogniser read an uninstrumented attempt's steps (LogRecognised), and the resume
+    # template with where it came from (KeeperStarted).
+    log_recogniser: str | None = None
+    resume_template: str | None = None
+    resume_template_from: str | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -268,7 +273,10 @@ class RunState(msgspec.Struct, kw_only=True):
                 rank.tokens_per_s = (
                     rate if rank.tokens_per_s is None else 0.8 * rank.tokens_per_s + 0.2 * rate
                 )
-        rank.step, rank.loss, rank.grad_norm, rank.last_step_t = s.step, s.loss, s.grad_norm, r.t
+        rank.step, rank.last_step_t = s.step, r.t
+        # A progress bar's step between two logged losses (logformats) keeps the last loss shown.
+        if s.loss is not None or s.source == "reporter":
+            rank.loss, rank.grad_norm = s.loss, s.grad_norm
         rank.steps_seen += 1
         if s.lr:
             rank.lr = s.lr
@@ -349,6 +357,10 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _keeper_started(self, r: p.KeeperStarted) -> None:
         self.thresholds, self.keeper_pid = r.thresholds, r.pid
+        self.resume_template, self.resume_template_from = r.resume_template, r.resume_template_from
+
+    def _log_recognised(self, r: p.LogRecognised) -> None:
+        self.log_recogniser = r.name
 
     def _journal_damaged(self, r: p.JournalDamaged) -> None:
         d = self.journal_damage
@@ -413,6 +425,7 @@ _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.KeeperNote: RunState._keeper_note,
     p.JournalDamaged: RunState._journal_damaged,
     p.NotifyResult: RunState._notify,
+    p.LogRecognised: RunState._log_recognised,
 }
 
 
