@@ -26,8 +26,8 @@ import msgspec
 MAX_SOURCE_BYTES = 512 << 10
 _PYTHON = re.compile(r"^python[\d.]*$")
 _LAUNCHERS = ("torchrun",)
-# Options of python / torchrun / accelerate that take a value as the next word.
-_VALUE_OPTS = frozenset({"-W", "-X", "-c", "--config_file", "--num_processes", "--main_process_port"})
+# Short options of python that take a value as the next word.
+_VALUE_OPTS = frozenset({"-W", "-X"})
 
 
 class Recognised(msgspec.Struct, kw_only=True, frozen=True):
@@ -67,9 +67,20 @@ def script_of(argv: list[str]) -> str | None:
 
 
 def _skip_options(words: list[str]) -> list[str]:
+    """Past the options: `--opt=value`, a known `-W value`, and `--opt value` where the value is
+    not itself an option or a script (`--standalone train.py` keeps the script)."""
     i = 0
     while i < len(words) and words[i].startswith("-") and words[i] != "-m":
-        i += 2 if words[i] in _VALUE_OPTS else 1
+        w = words[i]
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        takes_value = w in _VALUE_OPTS or (
+            w.startswith("--")
+            and "=" not in w
+            and nxt
+            and not nxt.startswith("-")
+            and not nxt.endswith(".py")
+        )
+        i += 2 if takes_value else 1
     return words[i:]
 
 

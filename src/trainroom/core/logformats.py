@@ -226,6 +226,7 @@ class LightningBar(Recogniser):
         self.batches = 0  # the largest per-epoch total seen: an epoch's length
         self.pending: LogStep | None = None
         self.emitted = 0
+        self.attach = False  # the last bar drawn is the held step's: a wrapped metric line is its
 
     def _parse(self, line: str) -> tuple[int, int, int, dict[str, float]] | None:
         m = _TQDM.match(line)
@@ -247,6 +248,7 @@ class LightningBar(Recogniser):
             return None
         epoch, n, total, values = parsed
         self.batches = max(self.batches, total)
+        self.attach = n > 0
         if n == 0:
             return None  # a bar reset at an epoch's start: nothing new has stepped
         loss = pick(values, LOSS_KEYS, suffix="loss")
@@ -268,7 +270,7 @@ class LightningBar(Recogniser):
 
     def _continuation(self, line: str) -> list[LogStep]:
         """Rich wraps the metrics onto a line of their own under the bar."""
-        if self.pending is None or not line[:1].isspace():
+        if self.pending is None or not self.attach or not line[:1].isspace():
             return []
         values = metrics(line)
         loss = pick(values, LOSS_KEYS, suffix="loss")

@@ -274,9 +274,10 @@ class RunState(msgspec.Struct, kw_only=True):
                     rate if rank.tokens_per_s is None else 0.8 * rank.tokens_per_s + 0.2 * rate
                 )
         rank.step, rank.last_step_t = s.step, r.t
-        # A progress bar's step between two logged losses (logformats) keeps the last loss shown.
-        if s.loss is not None or s.source == "reporter":
-            rank.loss, rank.grad_norm = s.loss, s.grad_norm
+        # A step without a loss (an HF Trainer step between two logs, a progress bar's step) keeps
+        # the last loss shown, as the sanity rules do.
+        rank.loss = s.loss if s.loss is not None else rank.loss
+        rank.grad_norm = s.grad_norm if s.grad_norm is not None else rank.grad_norm
         rank.steps_seen += 1
         if s.lr:
             rank.lr = s.lr
