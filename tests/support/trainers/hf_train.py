@@ -8,10 +8,20 @@ downloaded, `report_to=[]`. `--adapter` adds trainroom's one line (the callback)
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import sys
+import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    HfArgumentParser,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 
 @dataclasses.dataclass
@@ -20,7 +30,8 @@ class Extra:
     samples: int = 256
     seq_len: int = 16
     vocab: int = 64
-    step_delay: float = 0.0  # seconds slept after each step (a test's time to act mid-run)
+    step_delay: float = 0.0  # seconds slept after each step
+    stop_at: int = 0  # SIGSTOP itself once this global step is done (and drawn): a test then kills it
 
 
 class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -35,6 +46,19 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class Pace(TrainerCallback):  # type: ignore[misc]
+    """After the Trainer's own callbacks (the bar is drawn) and trainroom's: sleep, or stop."""
+
+    def __init__(self, delay: float, stop_at: int) -> None:
+        self.delay, self.stop_at = delay, stop_at
+
+    def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        if getattr(state, "global_step", -1) == self.stop_at:
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(self.delay)
+
+
 def main() -> int:
     parser = HfArgumentParser((TrainingArguments, Extra))
     args, extra = parser.parse_args_into_dataclasses()
@@ -47,16 +71,8 @@ def main() -> int:
         from trainroom.integrations.hf import TrainroomCallback
 
         callbacks.append(TrainroomCallback())
-    if extra.step_delay > 0:
-        from transformers import TrainerCallback
-
-        class Slow(TrainerCallback):  # type: ignore[misc]
-            def on_step_end(self, *a: object, **k: object) -> None:
-                import time
-
-                time.sleep(extra.step_delay)
-
-        callbacks.append(Slow())
+    if extra.step_delay > 0 or extra.stop_at > 0:
+        callbacks.append(Pace(extra.step_delay, extra.stop_at))
     trainer = Trainer(
         model=model,
         args=args,

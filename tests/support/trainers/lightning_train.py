@@ -8,6 +8,8 @@ logged metrics), the progress bar Lightning picks (Rich; `--tqdm` for TQDM). `--
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 
@@ -18,8 +20,22 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 
+class Pace(L.Callback):
+    """After the bar (drawn) and trainroom's callback: sleep, or stop at a global step."""
+
+    def __init__(self, delay: float, stop_at: int) -> None:
+        self.delay, self.stop_at = delay, stop_at
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == self.stop_at:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(self.delay)
+
+
 class TinyLM(L.LightningModule):
-    def __init__(self, vocab: int = 64, dim: int = 32, lr: float = 3e-3, step_delay: float = 0.0) -> None:
+    def __init__(self, vocab: int = 64, dim: int = 32, lr: float = 3e-3) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.emb = torch.nn.Embedding(vocab, dim)
@@ -30,8 +46,6 @@ class TinyLM(L.LightningModule):
         logits = self.head(torch.tanh(self.emb(x)))
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         self.log("train_loss", loss, prog_bar=True)
-        if self.hparams.step_delay > 0:
-            time.sleep(self.hparams.step_delay)
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -49,6 +63,7 @@ def main() -> int:
     ap.add_argument("--adapter", action="store_true")
     ap.add_argument("--tqdm", action="store_true")
     ap.add_argument("--step-delay", type=float, default=0.0)
+    ap.add_argument("--stop-at", type=int, default=0, help="SIGSTOP itself after this global step")
     ap.add_argument("--ckpt-path", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -69,6 +84,8 @@ def main() -> int:
         from trainroom.integrations.lightning import TrainroomCallback
 
         callbacks.append(TrainroomCallback())
+    if args.step_delay > 0 or args.stop_at > 0:
+        callbacks.append(Pace(args.step_delay, args.stop_at))
     trainer = L.Trainer(
         max_steps=args.max_steps,
         accelerator="cpu",
@@ -78,7 +95,7 @@ def main() -> int:
         callbacks=callbacks,
         enable_model_summary=False,
     )
-    trainer.fit(TinyLM(step_delay=args.step_delay), loader, ckpt_path=args.ckpt_path)
+    trainer.fit(TinyLM(), loader, ckpt_path=args.ckpt_path)
     return 0
 
 
