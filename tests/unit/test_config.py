@@ -24,7 +24,7 @@ def test_no_file_gives_the_defaults(tmp_path: Path) -> None:
     assert config.thresholds.host_ram_low_bytes == 3 << 30
     assert config.kill.vram_tolerance_bytes == 512 << 20
     assert config.kill.vram_timeout_s == 50.0
-    assert config.log.pattern == DEFAULT_LOG_PATTERN
+    assert config.log.pattern is None  # the built-in recognisers (core/logformats)
 
 
 def test_project_dir_wins_over_state_dir(tmp_path: Path) -> None:
@@ -149,13 +149,17 @@ def test_disk_warn_must_be_below_critical(tmp_path: Path) -> None:
         load_config(tmp_path, tmp_path / "nostate")
 
 
-def test_log_pattern_must_compile_and_name_the_step(tmp_path: Path) -> None:
+def test_log_pattern_must_compile_and_not_match_an_empty_line(tmp_path: Path) -> None:
     write(tmp_path, "[log]\npattern = 'iter ('\n")
     with pytest.raises(ConfigError, match=r"log\.pattern: expected a regular expression"):
         load_config(tmp_path, tmp_path / "nostate")
-    write(tmp_path, "[log]\npattern = 'iter (\\d+)'\n")
-    with pytest.raises(ConfigError, match=r"log\.pattern: expected a named group \(\?P<step>"):
+    write(tmp_path, "[log]\npattern = '(?P<loss>\\d*)'\n")
+    with pytest.raises(ConfigError, match=r"log\.pattern: expected a pattern an empty line does not match"):
         load_config(tmp_path, tmp_path / "nostate")
+    # Without a step group each matching line is a step (logformats.PatternLog counts them).
+    write(tmp_path, "[log]\npattern = 'train loss (?P<loss>\\S+)'\n")
+    config, _path = load_config(tmp_path, tmp_path / "nostate")
+    assert config.log.pattern == "train loss (?P<loss>\\S+)"
 
 
 def test_resume_template_placeholders_are_checked(tmp_path: Path) -> None:

@@ -30,6 +30,9 @@ PUBLIC_NAMES = [
     ("trainroom.core.protocol", "Step"),
     ("trainroom.core.protocol", "frame"),
     ("trainroom.cli", "main"),
+    # The one-line adapters (README: Real trainers), with the `integrations` extra installed.
+    ("trainroom.integrations.hf", "TrainroomCallback"),
+    ("trainroom.integrations.lightning", "TrainroomCallback"),
 ]
 
 

@@ -53,14 +53,23 @@ def size(text: str) -> int:
 
 
 def log_pattern(text: str) -> str:
-    """A regular expression with a named group `step` (and optionally loss, lr)."""
+    """A regular expression with named groups `step`, `loss`, `lr`, `grad_norm` (each optional:
+    without `step` each matching line is a step); one that matches an empty line is refused."""
+    why = log_pattern_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+def log_pattern_problem(text: str) -> str | None:
+    """Why `text` cannot be a log pattern, or None."""
     try:
         compiled = re.compile(text)
     except re.error as exc:
-        raise argparse.ArgumentTypeError(f"not a regular expression: {exc}") from None
-    if "step" not in compiled.groupindex:
-        raise argparse.ArgumentTypeError("expected a named group (?P<step>...)")
-    return text
+        return f"not a regular expression: {exc}"
+    if compiled.search("") is not None:
+        return "the pattern matches an empty line, so every line would be a step"
+    return None
 
 
 def positive(high: float) -> Callable[[str], float]:

@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from trainroom.core.logformats import NANOGPT_PATTERN
 from trainroom.core.units import GIB, MIB
 
 CONFIG_NAME = "trainroom.toml"
@@ -64,8 +65,9 @@ Count = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 
-# nanoGPT's training line: `iter 100: loss 2.3456, time 123.45ms, mfu 12.34%`.
-DEFAULT_LOG_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf))"
+# nanoGPT's training line: `iter 100: loss 2.3456, time 123.45ms, mfu 12.34%` (one of the built-in
+# log recognisers, core/logformats).
+DEFAULT_LOG_PATTERN = NANOGPT_PATTERN
 # Placeholders a resume command template may use.
 RESUME_PLACEHOLDERS = ("ckpt", "ckpt_dir", "step", "run_id")
 
@@ -258,9 +260,10 @@ class Bench(_Section):
 
 
 class Log(_Section):
-    # Log-line telemetry for uninstrumented trainers: a regex with a named group `step` and
-    # optionally `loss`, `lr`, `tokens`, `grad_norm`.
-    pattern: str = DEFAULT_LOG_PATTERN
+    # Log-line telemetry for uninstrumented trainers: a regex with named groups `step`, `loss`,
+    # `lr`, `grad_norm` (without `step`, each matching line is a step). Unset: the built-in
+    # recognisers (Hugging Face Trainer, Lightning, nanoGPT; core/logformats).
+    pattern: str | None = None
 
 
 AlertSeverity = Literal["info", "warning", "critical"]
@@ -498,13 +501,12 @@ def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
             f"({t.disk_critical}), got {t.disk_warn}"
         )
     try:
-        pattern = re.compile(config.log.pattern)
+        if config.log.pattern is not None and re.compile(config.log.pattern).search("") is not None:
+            raise ConfigError(f"{path}: log.pattern: expected a pattern an empty line does not match")
     except re.error as exc:
         raise ConfigError(
             f"{path}: log.pattern: expected a regular expression, got one that fails: {exc}"
         ) from None
-    if "step" not in pattern.groupindex:
-        raise ConfigError(f"{path}: log.pattern: expected a named group (?P<step>...), got none")
     if config.resume.command is not None:
         try:
             words = shlex.split(config.resume.command)

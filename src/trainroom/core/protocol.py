@@ -370,6 +370,18 @@ class KeeperStarted(msgspec.Struct, tag="keeper-started", kw_only=True, omit_def
     pid: int
     start_ticks: int | None = None
     thresholds: Thresholds = msgspec.field(default_factory=Thresholds)
+    # The resume template the keeper will use and where it came from (RunSettings).
+    resume_template: str | None = None
+    resume_template_from: str | None = None
+
+
+class LogRecognised(msgspec.Struct, tag="log-recognised", kw_only=True, omit_defaults=True):
+    """Which log recogniser (core/logformats) read an uninstrumented attempt's steps: `hf`,
+    `lightning`, `nanogpt`, or `pattern` (the run's own)."""
+
+    t: float
+    attempt: int
+    name: Name
 
 
 class JournalDamaged(msgspec.Struct, tag="journal-damaged", kw_only=True, omit_defaults=True):
@@ -428,6 +440,7 @@ Record = Union[
     NotifyResult,
     WorkerSeen,
     WorkerEnded,
+    LogRecognised,
 ]
 
 # --------------------------------------------------------------------------- keeper -> client

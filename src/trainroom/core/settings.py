@@ -18,6 +18,7 @@ from typing import Annotated
 import msgspec
 
 from trainroom.core import config as cfg
+from trainroom.core.frameworks import Recognised, recognise
 from trainroom.core.units import redact_command, redact_url
 
 DEFAULT_LINGER_S = 3600.0
@@ -94,12 +95,16 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     disk_budget_bytes: int | None
     watch_globs: tuple[str, ...]
     keep_verified_copies: bool
-    log_pattern: str
+    # The run's own log pattern; None: the built-in recognisers (core/logformats).
+    log_pattern: str | None
     linger_s: float
     auto_resume: int
     auto_resume_delay_s: float | None
     auto_resume_policy: cfg.AutoResume
     resume_template: str | None
+    # Where the template came from: "--resume-template", "trainroom.toml", or "recognised: ..."
+    # (core/frameworks, from the command's script); None without a template.
+    resume_template_from: str | None
     lock_files: tuple[str, ...]
     host_processes: tuple[str, ...]
     fake_nvml: bool
@@ -111,6 +116,8 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     config_note: str | None = None
     # The alert channels: trainroom.toml's [notify] with the launch flags' targets added.
     notify: cfg.Notify = msgspec.field(default_factory=cfg.Notify)
+    # The framework the command's script is built on (core/frameworks), when recognised.
+    recognised: Recognised | None = None
 
     def auto_resume_delay(self, n: int) -> float:
         """The wait before automatic resume number n (1-based)."""
@@ -127,12 +134,16 @@ def resolve(
     run_dir: str | os.PathLike[str],
     env: Mapping[str, str],
     config_note: str | None = None,
+    argv: list[str] | None = None,
 ) -> RunSettings:
     """Merge the launch flags over the project's config (already `resolved(cwd)`: its relative
-    paths made absolute) into the settings a keeper runs by."""
+    paths made absolute) into the settings a keeper runs by. `argv`: the trainer's command, whose
+    script may offer a resume template (core/frameworks) when neither names one."""
     lock_files = list(options.lock_files)
     lock_files += [f for f in config.lock_files if f not in lock_files]
     linger = options.linger_s if options.linger_s is not None else DEFAULT_LINGER_S
+    recognised = recognise(list(argv), cwd) if argv else None
+    template, template_from = resume_template(options, config, recognised)
     return RunSettings(
         ckpt_root=str(checkpoint_root(options, config, cwd=cwd, run_dir=run_dir, env=env)),
         keep=options.keep if options.keep is not None else config.checkpoints.keep,
@@ -144,7 +155,8 @@ def resolve(
         auto_resume=options.auto_resume if options.auto_resume is not None else config.auto_resume.max,
         auto_resume_delay_s=options.auto_resume_delay_s,
         auto_resume_policy=config.auto_resume,
-        resume_template=options.resume_template or config.resume.command,
+        resume_template=template,
+        resume_template_from=template_from,
         lock_files=tuple(lock_files),
         host_processes=tuple(config.host_processes),
         fake_nvml=options.fake_nvml,
@@ -157,7 +169,22 @@ def resolve(
         ),
         config_note=config_note,
         notify=notify_settings(options.notify, config.notify),
+        recognised=recognised,
     )
+
+
+def resume_template(
+    options: LaunchOptions, config: cfg.Config, recognised: Recognised | None
+) -> tuple[str | None, str | None]:
+    """The resume template and where it came from: the flag, then trainroom.toml, then the one
+    the recognised framework offers."""
+    if options.resume_template:
+        return options.resume_template, "--resume-template"
+    if config.resume.command:
+        return config.resume.command, "trainroom.toml"
+    if recognised is not None and recognised.resume_template:
+        return recognised.resume_template, f"recognised: {recognised.evidence} ({recognised.script})"
+    return None, None
 
 
 def notify_settings(options: NotifyOptions, config: cfg.Notify) -> cfg.Notify:

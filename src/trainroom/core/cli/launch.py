@@ -66,7 +66,8 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
         "--log-pattern",
         dest="log_pattern",
         type=argtypes.log_pattern,
-        help="regex with named groups step, loss and optional lr for log-line telemetry",
+        help="regex with named groups step, loss, lr, grad_norm for log-line telemetry (no step "
+        "group: each match is a step); default: the built-in recognisers (HF Trainer, Lightning, nanoGPT)",
     )
     sp.add_argument(
         "--linger",
@@ -84,7 +85,8 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--resume-template",
         dest="resume_template",
-        help="the command for a resume; {ckpt} and {ckpt_dir} are replaced",
+        help="the command for a resume; {ckpt}, {ckpt_dir}, {step}, {run_id} are replaced "
+        "(default: trainroom.toml's, else the one a recognised HF, nanoGPT or LightningCLI script fits)",
     )
     sp.add_argument("--lock-file", dest="lock_file", action="append", help="a lock file the trainer holds")
     sp.add_argument(

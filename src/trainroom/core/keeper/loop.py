@@ -72,7 +72,7 @@ class Keeper:
         rec = self.record
         config, note = _load_config(rec)
         self._settings = settings_mod.resolve(
-            rec.options, config, cwd=rec.cwd, run_dir=run_dir, env=os.environ, config_note=note
+            rec.options, config, cwd=rec.cwd, run_dir=run_dir, env=os.environ, config_note=note, argv=rec.argv
         )
         self.record.ckpt_root = self._settings.ckpt_root
         self.view = RunView(
@@ -339,7 +339,7 @@ class Keeper:
         now = time.time()
         g = self.supervision.guard
         # Read what the trainer wrote last before calling it: a traceback there is the cause.
-        g.call("keeper.read_log", lambda: self._read_log(now), None)
+        g.call("keeper.read_log", lambda: self._read_log(now, final=True), None)
         ended = p.AttemptEnded(
             n=n, t=now, exit_code=rc if rc >= 0 else None, exit_signal=-rc if rc < 0 else None
         )
@@ -361,16 +361,14 @@ class Keeper:
 
     # ------------------------------------------------------------------ loops
 
-    def _read_log(self, now: float) -> None:
+    def _read_log(self, now: float, final: bool = False) -> None:
         a = self.state.attempt
-        read: list[LogStep] = self.supervision.guard.call("log reader", self.tail.read, [])
-        for s in read:
-            if a is None or a.instrumented:
-                continue  # the reporter's frames are exact; log lines would double them
-            step = p.Step(
-                step=s.step, t=now, loss=s.loss, lr=[s.lr] if s.lr is not None else [], source="log"
-            )
-            self.emit(p.Received(attempt=a.n, rank=0, t=now, msg=step))
+        none: list[LogStep] = []
+        steps = self.supervision.guard.call("log reader", lambda: self.tail.read(final=final), none)
+        if a is None or a.instrumented:
+            return  # the reporter's frames are exact; log lines would double them
+        for rec in self.tail.records(a.n, now, steps):
+            self.emit(rec)
 
     async def tick_loop(self) -> None:
         while not self.stop_event.is_set():
@@ -444,6 +442,8 @@ class Keeper:
                 pid=os.getpid(),
                 start_ticks=self.record.keeper_start_ticks,
                 thresholds=self._settings.thresholds,
+                resume_template=self._settings.resume_template,
+                resume_template_from=self._settings.resume_template_from,
             )
         )
         if self._settings.config_note:

@@ -68,6 +68,8 @@ class Resumer:
             run_id=self.run.run_id,
             argv=list(self.run.argv),
             template=s.resume_template,
+            template_from=s.resume_template_from,
+            template_hint=s.recognised.note if s.recognised is not None else None,
             lock_files=s.lock_files,
             ckpt_root=str(self.pipeline.root),
             watched=watched_target(self.pipeline),

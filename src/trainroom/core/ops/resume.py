@@ -49,6 +49,9 @@ class ResumePlan(msgspec.Struct, kw_only=True):
     # Whether a resume template shaped argv (else: the original command, the checkpoint in
     # TRAINROOM_RESUME, and the trainer decides where it starts).
     templated: bool = False
+    # Where the template came from: --resume-template, trainroom.toml, or "recognised: ..." (the
+    # command's script, core/frameworks).
+    template_from: str | None = None
     note: str = ""  # what the user should know before saying yes (shown with the plan)
     died_at_step: int | None = None
     steps_lost: int | None = None
@@ -64,6 +67,9 @@ class ResumeInputs(msgspec.Struct, kw_only=True, frozen=True):
     argv: list[str]
     template: str | None
     lock_files: tuple[str, ...]
+    template_from: str | None = None
+    # Without a template: how the recognised framework takes the checkpoint instead.
+    template_hint: str | None = None
     ckpt_root: str | None
     watched: WatchedTarget | None = None
     vram_tolerance_bytes: int
@@ -94,12 +100,15 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
     else:
         _check_host_ram(plan, inputs.host_ram_floor_bytes)
         plan.templated = bool(inputs.template)
+        plan.template_from = inputs.template_from if plan.templated else None
         if not plan.templated:
             plan.note = (
                 "no resume template: the command is unchanged and the checkpoint is only named in "
                 "TRAINROOM_RESUME; the trainer decides where it starts (one that ignores it starts from "
                 "scratch and may overwrite the checkpoint: set --resume-template)"
             )
+            if inputs.template_hint:
+                plan.note += f"; {inputs.template_hint}"
         plan.argv = (
             resume_argv(inputs.template, ckpt=plan.checkpoint, step=plan.step, run_id=inputs.run_id)
             if inputs.template

@@ -5,7 +5,6 @@ stream away from the caller), and return once the keeper's socket is up."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from trainroom.core.argtypes import log_pattern_problem
 from trainroom.core.config import ConfigError, load_config
 from trainroom.core.run import store as runs
 from trainroom.core.run.store import RunError, RunInfo
@@ -59,13 +59,9 @@ def launch_options(options: LaunchOptions | Mapping[str, object]) -> LaunchOptio
 
 def check_options(opts: LaunchOptions) -> None:
     """What the keeper would refuse at start, refused here before a run exists."""
-    if opts.log_pattern is not None:
-        try:
-            compiled = re.compile(opts.log_pattern)
-        except re.error as exc:
-            raise RunError(f"--log-pattern: not a regular expression: {exc}") from None
-        if "step" not in compiled.groupindex:
-            raise RunError("--log-pattern: expected a named group (?P<step>...)")
+    why = log_pattern_problem(opts.log_pattern) if opts.log_pattern is not None else None
+    if why:
+        raise RunError(f"--log-pattern: {why}")
 
 
 def _mark_failed(run_dir: Path, why: str) -> None:

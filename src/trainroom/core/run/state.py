@@ -179,6 +179,11 @@ class RunState(msgspec.Struct, kw_only=True):
     # The last alert deliveries (core/notify), newest last, and how many of each outcome so far.
     notifications: list[p.NotifyResult] = []
     notify_outcomes: dict[str, int] = {}
+    # Which log recogniser read an uninstrumented attempt's steps (LogRecognised), and the resume
+    # template with where it came from (KeeperStarted).
+    log_recogniser: str | None = None
+    resume_template: str | None = None
+    resume_template_from: str | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -312,7 +317,11 @@ class RunState(msgspec.Struct, kw_only=True):
                 rank.tokens_per_s = (
                     rate if rank.tokens_per_s is None else 0.8 * rank.tokens_per_s + 0.2 * rate
                 )
-        rank.step, rank.loss, rank.grad_norm, rank.last_step_t = s.step, s.loss, s.grad_norm, r.t
+        rank.step, rank.last_step_t = s.step, r.t
+        # A step without a loss (an HF Trainer step between two logs, a progress bar's step) keeps
+        # the last loss shown, as the sanity rules do.
+        rank.loss = s.loss if s.loss is not None else rank.loss
+        rank.grad_norm = s.grad_norm if s.grad_norm is not None else rank.grad_norm
         rank.steps_seen += 1
         if s.lr:
             rank.lr = s.lr
@@ -452,6 +461,10 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _keeper_started(self, r: p.KeeperStarted) -> None:
         self.thresholds, self.keeper_pid = r.thresholds, r.pid
+        self.resume_template, self.resume_template_from = r.resume_template, r.resume_template_from
+
+    def _log_recognised(self, r: p.LogRecognised) -> None:
+        self.log_recogniser = r.name
 
     def _journal_damaged(self, r: p.JournalDamaged) -> None:
         d = self.journal_damage
@@ -519,6 +532,7 @@ _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     p.NotifyResult: RunState._notify,
     p.WorkerSeen: RunState._worker_seen,
     p.WorkerEnded: RunState._worker_ended,
+    p.LogRecognised: RunState._log_recognised,
 }
 
 

@@ -196,6 +196,9 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             for x in st.attempts
         ],
         "steps_total": st.steps_total,
+        # Log-line telemetry: the recogniser that read the steps (hf, lightning, nanogpt, pattern).
+        "log": {"recogniser": st.log_recogniser},
+        "resume": {"template": st.resume_template, "from": st.resume_template_from},
         # Alerts the keeper sent (core/notify): outcome counts, and the last deliveries, newest
         # last. Channel names are redacted; a target's secret never appears here.
         "notify": {

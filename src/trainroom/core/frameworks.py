@@ -1,0 +1,164 @@
+"""Which framework a trainer command is built on, and the resume template that fits it.
+
+`launch` runs `recognise(argv, cwd)` when neither `--resume-template` nor trainroom.toml's
+`[resume] command` names one: it finds the script the command runs (through `python`, `torchrun`,
+`python -m torch.distributed.run` or `accelerate launch`), reads its source, and offers
+
+- Hugging Face, a script that parses `TrainingArguments` with `HfArgumentParser`: the command
+  with `--resume_from_checkpoint {ckpt_dir}` (the `checkpoint-N/` directory);
+- nanoGPT's train.py (its `configurator.py` and `init_from`): `--init_from=resume --out_dir={ckpt_dir}`;
+- a `LightningCLI` script run with `fit`: `--ckpt_path {ckpt}`. A plain Lightning script takes
+  `ckpt_path` in code (`trainer.fit(model, ckpt_path=os.environ.get("TRAINROOM_RESUME"))`), so no
+  template is offered: the checkpoint reaches it in TRAINROOM_RESUME.
+
+Only the first MAX_SOURCE_BYTES of the script are read; a script that cannot be read is not
+recognised (the run goes on without a template, as before).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+import msgspec
+
+MAX_SOURCE_BYTES = 512 << 10
+_PYTHON = re.compile(r"^python[\d.]*$")
+_LAUNCHERS = ("torchrun",)
+# Short options of python that take a value as the next word.
+_VALUE_OPTS = frozenset({"-W", "-X"})
+
+
+class Recognised(msgspec.Struct, kw_only=True, frozen=True):
+    framework: str  # hf, lightning, nanogpt
+    script: str  # the script as the command names it
+    evidence: str  # what in the source said so, in words
+    resume_template: str | None = None
+    # Why there is no template, or how the trainer must take the checkpoint.
+    note: str | None = None
+
+
+def script_of(argv: list[str]) -> str | None:
+    """The Python script a command runs, past the interpreter and launchers and their options."""
+    words = list(argv)
+    while words:
+        head = os.path.basename(words[0])
+        if _PYTHON.match(head) or head in _LAUNCHERS:
+            words = _skip_options(words[1:])
+            if words[:2] == ["-m", "torch.distributed.run"] or words[:2] == [
+                "-m",
+                "torch.distributed.launch",
+            ]:
+                words = _skip_options(words[2:])
+            elif words[:1] == ["-m"]:
+                return None  # a module: no script path to read
+            continue
+        if head == "accelerate" and words[1:2] == ["launch"]:
+            words = _skip_options(words[2:])
+            continue
+        if head == "env":
+            words = words[1:]
+            while words and ("=" in words[0] or words[0].startswith("-")):
+                words = words[1:]
+            continue
+        return words[0] if words[0].endswith(".py") else None
+    return None
+
+
+def _skip_options(words: list[str]) -> list[str]:
+    """Past the options: `--opt=value`, a known `-W value`, and `--opt value` where the value is
+    not itself an option or a script (`--standalone train.py` keeps the script)."""
+    i = 0
+    while i < len(words) and words[i].startswith("-") and words[i] != "-m":
+        w = words[i]
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        takes_value = w in _VALUE_OPTS or (
+            w.startswith("--")
+            and "=" not in w
+            and nxt
+            and not nxt.startswith("-")
+            and not nxt.endswith(".py")
+        )
+        i += 2 if takes_value else 1
+    return words[i:]
+
+
+def _source(script: str, cwd: str) -> str | None:
+    path = script if os.path.isabs(script) else os.path.join(cwd, script)
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_SOURCE_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _template(argv: list[str], drop: tuple[str, ...], extra: list[str]) -> str:
+    """The command as given, less the options `drop` names (with their values), plus `extra`;
+    braces in the given words are escaped, so only trainroom's placeholders are filled."""
+    kept: list[str] = []
+    skip = False
+    for w in argv:
+        if skip:
+            skip = False
+            continue
+        name = w.split("=", 1)[0]
+        if name in drop:
+            skip = "=" not in w
+            continue
+        kept.append(w.replace("{", "{{").replace("}", "}}"))
+    return shlex.join(kept) + " " + " ".join(extra)
+
+
+def recognise(argv: list[str], cwd: str) -> Recognised | None:
+    script = script_of(argv)
+    if script is None:
+        return None
+    src = _source(script, cwd)
+    if src is None:
+        return None
+    if "HfArgumentParser" in src and "TrainingArguments" in src:
+        return Recognised(
+            framework="hf",
+            script=script,
+            evidence="parses TrainingArguments with HfArgumentParser",
+            resume_template=_template(
+                argv, ("--resume_from_checkpoint",), ["--resume_from_checkpoint {ckpt_dir}"]
+            ),
+        )
+    if "init_from" in src and "configurator.py" in src:
+        return Recognised(
+            framework="nanogpt",
+            script=script,
+            evidence="nanoGPT's train.py (configurator.py, init_from)",
+            resume_template=_template(
+                argv, ("--init_from", "--out_dir"), ["--init_from=resume", "--out_dir={ckpt_dir}"]
+            ),
+        )
+    if "LightningCLI" in src:
+        if "fit" not in argv:
+            return Recognised(
+                framework="lightning",
+                script=script,
+                evidence="a LightningCLI script",
+                note="no template: the command has no `fit` subcommand to take --ckpt_path",
+            )
+        return Recognised(
+            framework="lightning",
+            script=script,
+            evidence="a LightningCLI script run with `fit`",
+            resume_template=_template(argv, ("--ckpt_path",), ["--ckpt_path {ckpt}"]),
+        )
+    if re.search(
+        r"^\s*(?:import lightning|from lightning|import pytorch_lightning|from pytorch_lightning)", src, re.M
+    ):
+        return Recognised(
+            framework="lightning",
+            script=script,
+            evidence="imports lightning",
+            note=(
+                "no template: a Lightning script takes ckpt_path in code, e.g. "
+                "trainer.fit(model, ckpt_path=os.environ.get('TRAINROOM_RESUME'))"
+            ),
+        )
+    return None

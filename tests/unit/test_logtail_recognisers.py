@@ -1,0 +1,203 @@
+"""The built-in log recognisers (core/logformats) on what real trainers wrote (captured in
+tests/support/trainers/captured/, see its README), checked against each framework's own record:
+HF's trainer_state.json log history, Lightning's CSVLogger metrics."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from trainroom.core.keeper.logtail import LogTail
+from trainroom.core.logformats import (
+    HfTrainerLog,
+    LightningBar,
+    LogStep,
+    PatternLog,
+    Recogniser,
+    Recognition,
+    recognition,
+)
+
+CAPTURED = Path(__file__).resolve().parents[1] / "support" / "trainers" / "captured"
+
+
+def read_all(
+    path: Path, pattern: str | None = None, chunk: int | None = None
+) -> tuple[LogTail, list[LogStep]]:
+    """The whole file through the keeper's reader, in chunks as a live trainer would append it."""
+    data = path.read_bytes()
+    live = path.parent / "live.log"
+    tail = LogTail(live, pattern)  # created before the file: reads from its start
+    steps: list[LogStep] = []
+    step = chunk or len(data)
+    with open(live, "wb") as f:
+        for i in range(0, len(data), step):
+            f.write(data[i : i + step])
+            f.flush()
+            steps += tail.read()
+    steps += tail.read(final=True)
+    return tail, steps
+
+
+@pytest.fixture
+def captured(tmp_path: Path) -> Path:
+    for f in CAPTURED.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    return tmp_path
+
+
+@pytest.mark.parametrize("chunk", [None, 7, 160])
+def test_hf_trainer_steps_and_losses_match_its_log_history(captured: Path, chunk: int | None) -> None:
+    tail, steps = read_all(captured / "hf_trainer.log", chunk=chunk)
+    state = json.loads((captured / "hf_trainer_state.json").read_text())
+    history = [
+        (h["step"], h["loss"], h["grad_norm"], h["learning_rate"])
+        for h in state["log_history"]
+        if "loss" in h
+    ]
+    logged = [(s.step, s.loss, s.grad_norm, s.lr) for s in steps if s.loss is not None]
+    assert tail.recogniser == "hf"
+    # Each logged dict at the exact step the Trainer recorded (the bar drawn before a dict can be
+    # several steps behind: 45/60 is on screen when step 50's dict is written).
+    assert [x[0] for x in logged] == [h[0] for h in history]
+    for (_, loss, gn, lr), (_, h_loss, h_gn, h_lr) in zip(logged, history, strict=True):
+        assert loss == pytest.approx(h_loss, rel=1e-3)  # transformers 5 prints 4 significant digits
+        assert gn == pytest.approx(h_gn, rel=1e-3)
+        assert lr == pytest.approx(h_lr, rel=1e-3)
+    assert steps[-1].step == state["global_step"]
+    assert [s.step for s in steps] == sorted(s.step for s in steps)
+
+
+@pytest.mark.parametrize("name", ["lightning_tqdm.log", "lightning_rich_tty.log"])
+def test_lightning_bars_give_the_global_step_and_the_logged_loss(captured: Path, name: str) -> None:
+    tail, steps = read_all(captured / name, chunk=97)
+    with open(captured / "lightning_metrics.csv") as f:
+        # CSVLogger's row `step` s is the loss of batch s (0-based): after it, global_step is s + 1.
+        metrics = {int(r["step"]) + 1: float(r["train_loss"]) for r in csv.DictReader(f)}
+    assert tail.recogniser == "lightning"
+    got = [s.step for s in steps]
+    assert got == sorted(set(got)), "each step once, in order, across the epoch boundaries"
+    assert got[-1] == max(metrics) == 100
+    if name == "lightning_tqdm.log":
+        assert got == list(range(1, 101))  # TQDM draws every batch
+    if name == "lightning_tqdm.log":
+        for s in steps:  # the bar's postfix shows 3 significant digits (4.160 for 4.1635)
+            assert s.loss == pytest.approx(metrics[s.step], abs=5.1e-3), s
+    else:
+        # Rich redraws from its own thread: a frame may show the count before the batch's metric.
+        for s in steps:
+            near = [metrics[k] for k in (s.step, s.step - 1) if k in metrics]
+            assert any(s.loss == pytest.approx(m, abs=6e-4) for m in near), s
+
+
+def test_without_a_bar_hf_dicts_are_counted(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    log.write_text(
+        "".join(f"{{'loss': {3 - i / 10}, 'learning_rate': 5e-05, 'epoch': {i / 4}}}\n" for i in range(3))
+    )
+    tail, steps = read_all(log)
+    assert tail.recogniser == "hf"
+    assert [(s.step, s.loss) for s in steps] == [(1, 3.0), (2, 2.9), (3, 2.8)]
+
+
+def test_hf_eval_and_summary_dicts_are_not_steps_and_an_eval_bar_is_not_the_training_bar() -> None:
+    r = HfTrainerLog()
+    out = r.feed(" 10%|█         | 10/100 [00:01<00:09, 9.9it/s]")
+    out += r.feed("{'loss': '2.5', 'grad_norm': '1.0', 'learning_rate': '1e-4', 'epoch': '0.1'}")
+    out += r.feed(" 10%|█         | 10/100 [00:01<00:09, 9.9it/s]")
+    out += r.feed(" 50%|█████     | 4/8 [00:00<00:00, 99it/s]")  # the eval bar: another total
+    out += r.feed("{'eval_loss': 2.4, 'eval_runtime': 0.1, 'epoch': 0.1}")
+    out += r.feed("{'train_runtime': 1.0, 'train_loss': 2.5, 'epoch': 1.0}")
+    # The bar moves the step (no loss yet); the dict gives step 10 its loss; nothing else is a step.
+    assert [(s.step, s.loss) for s in out] == [(10, None), (10, 2.5)]
+
+
+def test_the_bar_after_a_dict_is_read_before_its_line_ends() -> None:
+    """tqdm.write redraws the bar right after the dict, with no line end until the next redraw:
+    a trainer killed then still has its step read (peek), and only once."""
+    r = Recognition([HfTrainerLog()])
+    r.feed(" 19%|█▉        | 19/100 [00:01<00:09, 9.9it/s]")
+    assert r.feed("{'loss': 2.5, 'learning_rate': 0.0001, 'epoch': 0.2}") == []
+    assert [s.step for s in r.peek(" 20%|██        | 20/100 [00:02<")] == [20]
+    assert r.feed(" 20%|██        | 20/100 [00:02<00:08, 9.9it/s]") == []
+    assert r.end() == []
+
+
+def test_a_dict_with_no_bar_after_it_is_given_out_at_the_end_at_the_last_bar() -> None:
+    r = HfTrainerLog()
+    r.feed(" 37%|███▋      | 37/100 [00:03<00:06, 9.9it/s]")
+    r.feed("{'loss': 2.5}")
+    assert [(s.step, s.loss) for s in r.end()] == [(37, 2.5)]
+
+
+def test_nanogpt_lines_are_recognised_after_the_others_decline(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    log.write_text(
+        "number of parameters: 0.01M\niter 0: loss 4.1712, time 120.00ms, mfu -100.00%\n"
+        "iter 1: loss 4.0221, time 30.00ms, mfu 1.00%\n"
+    )
+    tail, steps = read_all(log)
+    assert tail.recogniser == "nanogpt"
+    assert [(s.step, s.loss) for s in steps] == [(0, 4.1712), (1, 4.0221)]
+
+
+def test_a_pattern_without_a_step_group_counts_steps_and_replaces_the_builtins(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    log.write_text("iter 5: loss 9.0\ntrain loss 2.5 lr 0.1\nnoise\ntrain loss 2.25 lr 0.1\n")
+    tail, steps = read_all(log, pattern=r"train loss (?P<loss>\S+) lr (?P<lr>\S+)")
+    assert tail.recogniser == "pattern"
+    assert [(s.step, s.loss, s.lr) for s in steps] == [(1, 2.5, 0.1), (2, 2.25, 0.1)]
+
+
+def test_a_pattern_with_a_step_group_reads_it() -> None:
+    r = PatternLog(r"step=(?P<step>\d+) loss=(?P<loss>\S+) gn=(?P<grad_norm>\S+)")
+    assert r.feed("step=7 loss=nan gn=1.5")[0].step == 7
+    assert r.feed("step=x loss=1") == []
+
+
+def test_once_one_recogniser_read_a_step_it_is_kept() -> None:
+    r = recognition(None)
+    assert [s.step for s in r.feed("iter 3: loss 2.0")] == [3]
+    assert r.name == "nanogpt"
+    assert r.feed("{'loss': 2.0}") == []  # an HF dict later is not read: nanogpt was kept
+    assert r.feed("Epoch 0:  50%|█████     | 5/10 [00:00<00:00, 9.9it/s, loss=2.1]") == []
+
+
+class Explodes(Recogniser):
+    name = "explodes"
+
+    def feed(self, line: str) -> list[LogStep]:
+        if "boom" in line:
+            raise ValueError("boom")
+        return [LogStep(int(line.split()[1]))] if line.startswith("step ") else []
+
+
+def test_a_recogniser_that_raises_costs_that_line_only(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    log.write_text("step 1\nboom\nstep 2\nboom\nstep 3\n")
+    tail = LogTail(log, None)
+    tail.offset = 0
+    tail.recognition = Recognition([Explodes()])
+    assert [s.step for s in tail.read()] == [1, 2, 3]
+    assert tail.recognition.errors == 2
+    recs = tail.records(1, 0.0, [LogStep(3)])
+    notes = [r for r in recs if type(r).__name__ == "KeeperNote"]
+    assert len(notes) == 1 and "ValueError: boom" in notes[0].message  # type: ignore[attr-defined]
+
+
+def test_lightning_rich_metrics_wrapped_onto_the_next_line_are_read() -> None:
+    r = LightningBar()
+    r.feed("Epoch 0/-2 ━━━━━━━━━━━━━━━━━ 3/40 0:00:00 • 0:00:01 47.91it/s v_num: 0.000")
+    r.feed("                                          train_loss: 4.194")
+    out = r.feed("Epoch 0/-2 ━━━━━━━━━━━━━━━━━ 4/40 0:00:00 • 0:00:02 27.58it/s v_num: 0.000")
+    assert [(s.step, s.loss) for s in out] == [(3, 4.194)]
+
+
+def test_lightning_validation_and_sanity_bars_are_not_training_steps() -> None:
+    r = LightningBar()
+    assert r.feed("Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 99it/s]") == []
+    assert r.feed("Validation DataLoader 0:  50%|█████     | 5/10 [00:00<00:00, 99it/s]") == []
+    assert r.pending is None
