@@ -7,6 +7,8 @@ import math
 import time
 from typing import Any
 
+import msgspec
+
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState
 from trainroom.core.units import signal_name
@@ -38,8 +40,11 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     state = st.status
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
+    job = st.options.job
     return {
         "run": st.run_id,
+        # The job this run is a node of (launch --job / torchrun's rendezvous id), or null.
+        "job": msgspec.to_builtins(job) if job is not None else None,
         "state": state,
         "state_reason": st.status_reason or None,
         "keeper": "alive" if keeper_alive else "gone",
@@ -93,6 +98,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 "step_time_s": r.median_interval,
                 "tokens_per_s": r.tokens_per_s,
                 "connected": r.connected,
+                "disconnected_at": r.disconnected_at,
             }
             for r in sorted(st.ranks.values(), key=lambda r: r.rank)
         ],
