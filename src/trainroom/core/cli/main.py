@@ -118,7 +118,7 @@ def _add_module_verbs(sub: Any) -> None:
     """Verbs whose code lives in a module of its own (verify, prune, doctor)."""
     ckpt.add_parser(sub)
     doctor.add_parser(sub)
-    job.add_parser(sub)
+    job.add_parser(sub, open_tui)
     bridge.add_parser(sub)
 
 

@@ -23,6 +23,7 @@ from trainroom.core.findings import ACTIONS
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.keeper.recovery import Resumer
+from trainroom.core.ops import flight
 from trainroom.core.ops import prune as pruning
 from trainroom.core.ops.bench import describe, run_bench
 from trainroom.core.ops.kill import execute_kill, plan_kill
@@ -336,27 +337,32 @@ class Actions:
         if a is None or a.ended_at is not None or a.pid <= 0:
             reply(_done(req, False, "dump: no live trainer to dump"))
             return
+        # One rank's process (a job's hung-collective report): the pid its reporter proved by
+        # SO_PEERCRED when it said hello, while it is still connected.
+        pid, instrumented, who = a.pid, a.instrumented, f"pid {a.pid}"
+        rank = req.args.get("rank")
+        if rank is not None:
+            r = self.run.state.ranks.get(rank) if isinstance(rank, int) else None
+            if r is None or r.attempt != a.n or r.pid is None or not r.connected:
+                reply(_done(req, False, f"dump: rank {rank} has no connected reporter in attempt {a.n}"))
+                return
+            pid, instrumented, who = r.pid, True, f"rank {rank} (pid {r.pid})"
         if not req.confirm:
             stopped = self.run.state.status == "hung" and "stopped" in self.run.state.status_reason
             how = (
                 "py-spy (stopped: read without pausing)"
-                if stopped or not a.instrumented
+                if stopped or not instrumented
                 else "SIGUSR1 (faulthandler)"
             )
-            reply(_plan(req, f"dump stacks of pid {a.pid} via {how}", {"pid": a.pid, "method": how}))
+            reply(_plan(req, f"dump stacks of {who} via {how}", {"pid": pid, "method": how}))
             return
-        if not self.confirmed(req, reply, {"pid": a.pid}):
+        if not self.confirmed(req, reply, {"pid": pid}):
             return
-        out = await asyncio.to_thread(dump_stacks, a.pid, str(self.run.log_path), a.instrumented)
-        reply(
-            _done(
-                req,
-                out.ok,
-                out.message,
-                plan={"pid": a.pid},
-                after={"method": out.method, "stacks": out.text},
-            )
-        )
+        out = await asyncio.to_thread(dump_stacks, pid, str(self.run.log_path), instrumented)
+        after: dict[str, Any] = {"method": out.method, "stacks": out.text}
+        if isinstance(rank, int):
+            after["flight_recorder"] = _builtins(await asyncio.to_thread(flight.trigger, pid, rank))
+        reply(_done(req, out.ok, out.message, plan={"pid": pid}, after=after))
 
     # ------------------------------------------------------------------ continue
 

@@ -191,9 +191,10 @@ def hello(target: SshTarget, *, job: str | None = None) -> BridgeHello:
     return said
 
 
-def fetch_snapshot(target: SshTarget) -> p.Snapshot:
-    """The run's snapshot through the bridge: its keeper's, or (keeper gone) its journal's."""
-    sock, _said = dial(target)
+def fetch_snapshot(target: SshTarget, *, job: str | None = None) -> tuple[BridgeHello, p.Snapshot]:
+    """The bridge's hello and the run's snapshot through it: its keeper's, or (keeper gone) its
+    journal's. One ssh round trip."""
+    sock, said = dial(target, job=job)
     try:
         sock.sendall(p.frame(p.Subscribe(client="status", live=False)))
         reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
@@ -203,7 +204,7 @@ def fetch_snapshot(target: SshTarget) -> p.Snapshot:
                 raise Unreachable(f"{target}: the link closed before the run's state came")
             for msg in reader.feed(data):
                 if isinstance(msg, p.Snapshot):
-                    return msg
+                    return said, msg
     except (OSError, p.ProtocolError) as exc:
         raise Unreachable(f"{target}: {exc}") from None
     finally:

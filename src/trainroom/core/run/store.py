@@ -277,7 +277,7 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
 
 def _remote_view(address: str) -> RunView:
     try:
-        return RunView.from_snapshot(ssh.fetch_snapshot(resolve_target(address)))
+        return RunView.from_snapshot(ssh.fetch_snapshot(resolve_target(address))[1])
     except ssh.Unreachable as exc:
         raise RunUnreachable(str(exc)) from None
     except (TargetError, ssh.RemoteRefused) as exc:
