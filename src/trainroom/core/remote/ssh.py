@@ -136,6 +136,7 @@ def dial(
         sock.settimeout(timeout_s)
         hello = _read_hello(sock)
     except (OSError, ValueError) as exc:
+        sock.ssh = None  # _why reaps it, after reading its last words
         sock.close()
         raise _why(target, proc, exc) from None
     if not hello.ok:
@@ -173,7 +174,10 @@ def _why(target: SshTarget, proc: subprocess.Popen[bytes], exc: BaseException) -
     except subprocess.TimeoutExpired:
         proc.kill()
         rc = proc.wait()
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr is not None else ""
+    err = ""
+    if proc.stderr is not None:
+        err = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
     lines = [line.strip() for line in err.splitlines() if line.strip()]
     last = lines[-1] if lines else (str(exc) or type(exc).__name__)
     if rc == EXIT_SSH_FAILED or rc < 0 or isinstance(exc, TimeoutError):
