@@ -171,32 +171,38 @@ def main_thread_frames(stacks: str) -> list[str]:
                 m = _PYSPY_FRAME.match(f)
                 if not m:
                     break
-                out.append(f"{m['func']} ({m['file'].rsplit('/', 1)[-1]}:{m['line']})")
+                out.append(f"{m['func']} ({m['file']}:{m['line']})")
             return out
     blocks: list[list[str]] = []
     for line in lines:
         if _FH_HEAD.match(line):
             blocks.append([])
         elif blocks and (m := _FH_FRAME.match(line)):
-            blocks[-1].append(f"{m['func']} ({m['file'].rsplit('/', 1)[-1]}:{m['line']})")
+            blocks[-1].append(f"{m['func']} ({m['file']}:{m['line']})")
     candidates = [b for b in blocks if b and not any("reporter" in f or "_heartbeat" in f for f in b)]
     return candidates[-1] if candidates else (blocks[-1] if blocks else [])
 
 
+def _short(frame: str) -> str:
+    """`func (/a/b/file.py:12)` as `func (file.py:12)`."""
+    func, _, where = frame.partition(" (")
+    return f"{func} ({where.rsplit('/', 1)[-1]}" if where else frame
+
+
 def parked_at(frames: list[str]) -> str | None:
-    """Where a main thread waits: its innermost frame in the trainer's own code (not in torch or
-    the standard library), with the collective it called from there."""
+    """Where a main thread waits: its innermost frame in the trainer's own code (not in an
+    installed package or the standard library), with the innermost call it is parked in."""
     for i, f in enumerate(frames):
         if "site-packages" not in f and "/lib/python" not in f and not f.startswith("<"):
-            callee = frames[i - 1].split(" (", 1)[0] if i > 0 else None
-            return f"{f} in {callee}" if callee else f
-    return frames[0] if frames else None
+            inner = frames[0].split(" (", 1)[0] if i > 0 else None
+            return f"{_short(f)} → {inner}" if inner else _short(f)
+    return _short(frames[0]) if frames else None
 
 
 def compare_stacks(dumps: list[dict[str, Any]]) -> dict[str, Any]:
     """Where each rank's main thread is, and which ranks are not where most wait."""
     for d in dumps:
-        d["frames"] = main_thread_frames(d.get("stacks") or "")[:12]
+        d["frames"] = main_thread_frames(d.get("stacks") or "")[:16]
         d["parked_at"] = parked_at(d["frames"])
     known = [d["parked_at"] for d in dumps if d["parked_at"]]
     common = Counter(known).most_common(1)[0][0] if known else None
