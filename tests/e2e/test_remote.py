@@ -46,7 +46,14 @@ def remote(trhome: Path, sshd: Sshd) -> Iterator[Remote]:
     home1 = Path(tempfile.mkdtemp(prefix="tr1", dir="/tmp"))
     try:
         out = run_cli(
-            "launch", "--job", "solo", "--", sys.executable, "-c", SLEEPER, env=dict(os.environ, TRAINROOM_HOME=str(home1))
+            "launch",
+            "--job",
+            "solo",
+            "--",
+            sys.executable,
+            "-c",
+            SLEEPER,
+            env=dict(os.environ, TRAINROOM_HOME=str(home1)),
         )
         assert out.returncode == 0, out.stderr
         env = dict(
@@ -68,7 +75,11 @@ def status(r: Remote, spec: str) -> dict:
 
 
 def test_status_and_kill_of_a_remote_run_through_its_keeper(remote: Remote) -> None:
-    d = wait_for(lambda: (s := status(remote, remote.target))["step"] is not None and s, timeout=60, what="steps over ssh")
+    d = wait_for(
+        lambda: (s := status(remote, remote.target))["step"] is not None and s,
+        timeout=60,
+        what="steps over ssh",
+    )
     assert (d["run"], d["keeper"], d["job"]["name"]) == (remote.run, "alive", "solo")
     # The host's newest run when the target names none: the same run.
     assert status(remote, remote.sshd.target())["run"] == remote.run

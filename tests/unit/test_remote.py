@@ -49,7 +49,13 @@ def test_bad_targets_say_why_in_one_line(spec: str, why: str) -> None:
 def test_a_hosts_alias_brings_its_user_port_and_remote_command_and_the_target_wins() -> None:
     hosts = {"node1": cfg.Host(target="ssh://me@10.0.0.5:2222", remote_command="~/venv/bin/trainroom")}
     t = parse_target("ssh://node1/abc", hosts)
-    assert (t.host, t.user, t.port, t.run, t.remote_command) == ("10.0.0.5", "me", 2222, "abc", "~/venv/bin/trainroom")
+    assert (t.host, t.user, t.port, t.run, t.remote_command) == (
+        "10.0.0.5",
+        "me",
+        2222,
+        "abc",
+        "~/venv/bin/trainroom",
+    )
     assert str(t) == "ssh://me@node1:2222/abc" and parse_target(str(t), hosts) == t
     assert parse_target("ssh://you@node1:22", hosts).user == "you"
     assert check_host("x", cfg.Host(target="ssh://h/run")) is not None
@@ -64,7 +70,9 @@ def test_config_hosts_are_checked_naming_the_key() -> None:
         cfg.decode_config('[hosts.node1]\ntarget = "ssh://h"\nbogus = 1\n')
 
 
-def test_ssh_argv_batch_mode_user_options_first_and_remote_words_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ssh_argv_batch_mode_user_options_first_and_remote_words_quoted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(ssh.ENV_SSH_COMMAND, "ssh -i '/k ey' -o BatchMode=no")
     monkeypatch.setenv(ssh.ENV_REMOTE_COMMAND, "env TRAINROOM_HOME=/x trainroom")
     argv = ssh.ssh_argv(SshTarget(host="h", user="u", port=2200, run="r"), ["bridge", "a b;c"])
@@ -82,14 +90,21 @@ def test_an_ssh_that_is_not_there_is_refused_in_one_line(monkeypatch: pytest.Mon
 
 def test_a_failing_ssh_is_unreachable_with_its_own_words(monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in ssh that fails the way ssh does (exit 255, its reason on stderr).
-    monkeypatch.setenv(ssh.ENV_SSH_COMMAND, "sh -c 'echo \"ssh: connect to host h port 22: Connection refused\" >&2; exit 255' --")
-    with pytest.raises(ssh.Unreachable, match="ssh://h unreachable: ssh: connect to host h port 22: Connection refused"):
+    monkeypatch.setenv(
+        ssh.ENV_SSH_COMMAND,
+        "sh -c 'echo \"ssh: connect to host h port 22: Connection refused\" >&2; exit 255' --",
+    )
+    with pytest.raises(
+        ssh.Unreachable, match="ssh://h unreachable: ssh: connect to host h port 22: Connection refused"
+    ):
         ssh.dial(SshTarget(host="h"))
 
 
 def test_a_remote_without_trainroom_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ssh.ENV_SSH_COMMAND, "sh -c 'echo \"bash: trainroom: command not found\" >&2; exit 127' --")
-    with pytest.raises(ssh.RemoteRefused, match="command not found.*TRAINROOM_REMOTE_COMMAND"):
+    monkeypatch.setenv(
+        ssh.ENV_SSH_COMMAND, "sh -c 'echo \"bash: trainroom: command not found\" >&2; exit 127' --"
+    )
+    with pytest.raises(ssh.RemoteRefused, match=r"command not found.*TRAINROOM_REMOTE_COMMAND"):
         ssh.dial(SshTarget(host="h"))
 
 
@@ -97,17 +112,53 @@ def test_a_remote_without_trainroom_is_refused_naming_the_setting(monkeypatch: p
     ("given", "argv", "env", "name", "source", "node_rank", "nnodes"),
     [
         ("j", ["python", "train.py"], {}, "j", "--job", None, None),
-        (None, ["torchrun", "--nnodes=2", "--node-rank", "1", "--rdzv-id", "exp7", "train.py", "--rdzv-id", "x"], {}, "exp7", "--rdzv-id", 1, "2"),
-        (None, ["python", "-m", "torch.distributed.run", "--node_rank=0", "--rdzv_id=e", "-m", "pkg.train"], {}, "e", "--rdzv-id", 0, None),
-        (None, ["torchrun", "--nnodes=2", "train.py"], {"TORCHELASTIC_RUN_ID": "r9"}, "r9", "TORCHELASTIC_RUN_ID", None, "2"),
+        (
+            None,
+            ["torchrun", "--nnodes=2", "--node-rank", "1", "--rdzv-id", "exp7", "train.py", "--rdzv-id", "x"],
+            {},
+            "exp7",
+            "--rdzv-id",
+            1,
+            "2",
+        ),
+        (
+            None,
+            ["python", "-m", "torch.distributed.run", "--node_rank=0", "--rdzv_id=e", "-m", "pkg.train"],
+            {},
+            "e",
+            "--rdzv-id",
+            0,
+            None,
+        ),
+        (
+            None,
+            ["torchrun", "--nnodes=2", "train.py"],
+            {"TORCHELASTIC_RUN_ID": "r9"},
+            "r9",
+            "TORCHELASTIC_RUN_ID",
+            None,
+            "2",
+        ),
     ],
 )
 def test_the_job_name_and_node_rank_come_from_torchruns_flags(
-    given: str | None, argv: list[str], env: dict[str, str], name: str, source: str, node_rank: int | None, nnodes: str | None
+    given: str | None,
+    argv: list[str],
+    env: dict[str, str],
+    name: str,
+    source: str,
+    node_rank: int | None,
+    nnodes: str | None,
 ) -> None:
     job = job_options(given, argv, env, "host-a")
     assert job is not None
-    assert (job.name, job.source, job.node_rank, job.nnodes, job.host) == (name, source, node_rank, nnodes, "host-a")
+    assert (job.name, job.source, job.node_rank, job.nnodes, job.host) == (
+        name,
+        source,
+        node_rank,
+        nnodes,
+        "host-a",
+    )
 
 
 def test_no_job_without_a_name_and_torchruns_default_id_names_none() -> None:

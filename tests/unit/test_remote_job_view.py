@@ -19,9 +19,15 @@ def node(node_rank: int, rank: int, *, pid: int) -> RunState:
         argv=["torchrun"],
         cwd="/",
         created=T0,
-        options=LaunchOptions(job=JobOptions(name="j", source="--job", host=f"h{node_rank}", node_rank=node_rank)),
+        options=LaunchOptions(
+            job=JobOptions(name="j", source="--job", host=f"h{node_rank}", node_rank=node_rank)
+        ),
     )
-    st.apply(p.AttemptStarted(n=1, t=T0, pid=100 + node_rank, pgid=100 + node_rank, start_time=T0, argv=["torchrun"], cwd="/"))
+    st.apply(
+        p.AttemptStarted(
+            n=1, t=T0, pid=100 + node_rank, pgid=100 + node_rank, start_time=T0, argv=["torchrun"], cwd="/"
+        )
+    )
     st.apply(p.Received(attempt=1, rank=rank, t=T0 + 1, msg=p.Hello(pid=pid, rank=rank, world_size=2)))
     for s in range(1, 6):
         st.apply(p.Received(attempt=1, rank=rank, t=T0 + 1 + s, msg=p.Step(step=s, t=T0 + 1 + s, loss=1.0)))
@@ -44,8 +50,17 @@ def test_a_kill_on_node_1_is_the_root_cause_though_node_0_ended_too() -> None:
     d = job_dict("j", [reading(n0, "local", "h0"), reading(n1, "ssh://h1/run1", "h1")], T0 + 11)
     assert d["state"] == "dead"
     rc = d["root_cause"]
-    assert (rc["rank"], rc["node_rank"], rc["host"], rc["node"], rc["t"]) == (1, 1, "h1", "ssh://h1/run1", T0 + 10.0)
-    assert [(r["rank"], r["node_rank"], r["pid"], r["state"]) for r in d["ranks"]] == [(0, 0, 10, "dead"), (1, 1, 11, "dead")]
+    assert (rc["rank"], rc["node_rank"], rc["host"], rc["node"], rc["t"]) == (
+        1,
+        1,
+        "h1",
+        "ssh://h1/run1",
+        T0 + 10.0,
+    )
+    assert [(r["rank"], r["node_rank"], r["pid"], r["state"]) for r in d["ranks"]] == [
+        (0, 0, 10, "dead"),
+        (1, 1, 11, "dead"),
+    ]
 
 
 def test_an_unreachable_node_is_never_dead_and_the_job_is_as_bad_as_its_worst_node() -> None:
@@ -56,14 +71,23 @@ def test_an_unreachable_node_is_never_dead_and_the_job_is_as_bad_as_its_worst_no
     d = job_dict("j", [reading(n0, "local", "h0"), r1], T0 + 9)
     assert [n["state"] for n in d["nodes"]] == ["running", "unreachable"]
     assert d["state"] == "unreachable" and d["root_cause"] is None
-    assert d["nodes"][1]["unreachable_since"] == T0 + 8 and d["nodes"][1]["link"].startswith("unreachable since")
+    assert d["nodes"][1]["unreachable_since"] == T0 + 8 and d["nodes"][1]["link"].startswith(
+        "unreachable since"
+    )
     assert worst(["running", "hung", "unreachable", "exited"]) == "hung"
     assert worst(["exited", "running"]) == "running"
 
 
 def test_a_stopped_rank_is_named_as_not_arrived_where_the_others_wait() -> None:
     n0, n1 = node(0, 0, pid=10), node(1, 1, pid=11)
-    n0.apply(p.Received(attempt=1, rank=0, t=T0 + 20, msg=p.Heartbeat(t=T0 + 20, main_frame="train.py:40 in main", main_frame_age_s=12.0)))
+    n0.apply(
+        p.Received(
+            attempt=1,
+            rank=0,
+            t=T0 + 20,
+            msg=p.Heartbeat(t=T0 + 20, main_frame="train.py:40 in main", main_frame_age_s=12.0),
+        )
+    )
     n0.apply(p.RunStatus(t=T0 + 20, state="hung", reason="main thread parked"))
     n1.apply(p.RunStatus(t=T0 + 20, state="stalled"))  # its rank stopped: no heartbeat since T0+6
     d = job_dict("j", [reading(n0, "local", "h0"), reading(n1, "ssh://h1", "h1")], T0 + 20.5)
@@ -104,9 +128,15 @@ def test_stacks_from_py_spy_and_faulthandler_give_the_main_threads_frames() -> N
 
 def test_compared_stacks_name_the_rank_that_is_elsewhere() -> None:
     base = {"node_rank": 0, "host": "h", "message": "ok"}
-    elsewhere = PYSPY.replace("step (/work/train.py:40)", "load (/work/data.py:7)").replace("allreduce", "read")
+    elsewhere = PYSPY.replace("step (/work/train.py:40)", "load (/work/data.py:7)").replace(
+        "allreduce", "read"
+    )
     report = compare_stacks(
-        [{**base, "rank": 0, "stacks": PYSPY}, {**base, "rank": 2, "stacks": PYSPY}, {**base, "rank": 1, "node_rank": 1, "stacks": elsewhere}]
+        [
+            {**base, "rank": 0, "stacks": PYSPY},
+            {**base, "rank": 2, "stacks": PYSPY},
+            {**base, "rank": 1, "node_rank": 1, "stacks": elsewhere},
+        ]
     )
     assert report["waiting_at"] == "step (train.py:40) → allreduce"
     assert [m["rank"] for m in report["not_arrived"]] == [1]
