@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.helpers import run_cli
 from tests.support.job_nodes import sshd
+from tests.support.tui_fakes import in_loop
 from tests.support.sshd import Sshd, remote_command
 from tests.support.waiting import kill_runs_under, wait_for
 
@@ -113,3 +114,20 @@ def test_an_unreachable_host_and_an_unknown_run_are_one_line_and_exit_2(remote: 
     assert out.returncode == 2 and "unknown run 'nosuchrun'" in out.stderr and "Traceback" not in out.stderr
     out = remote.cli("status", "ssh://-oProxyCommand=x/r")
     assert out.returncode == 2 and "expected ssh://" in out.stderr
+
+
+@in_loop
+async def test_the_job_screen_shows_a_remote_node(remote: Remote, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainroom.tui.job import JobRoom
+
+    for k in ("TRAINROOM_SSH_COMMAND", "TRAINROOM_REMOTE_COMMAND"):
+        monkeypatch.setenv(k, remote.env[k])
+    app = JobRoom([remote.target], None)
+    async with app.run_test(size=(120, 30)) as pilot:
+        for _ in range(600):  # up to 60 s: the node read over ssh, then followed live
+            await pilot.pause(0.1)
+            if app.view and app.view["nodes"][0]["state"] == "running":
+                break
+        assert app.view is not None and app.view["nodes"][0]["state"] == "running", app.view
+        assert app.view["job"] == "solo" and app.view["nodes"][0]["run"] == remote.run
+        assert "RUNNING" in str(app.query_one("#head").render())
