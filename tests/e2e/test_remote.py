@@ -18,8 +18,8 @@ import pytest
 
 from tests.support.helpers import run_cli
 from tests.support.job_nodes import sshd
-from tests.support.tui_fakes import in_loop
 from tests.support.sshd import Sshd, remote_command
+from tests.support.tui_fakes import in_loop
 from tests.support.waiting import kill_runs_under, wait_for
 
 __all__ = ["sshd"]
