@@ -14,6 +14,10 @@ from trainroom.core.cli import main as cli
 
 def open_control_room(args: argparse.Namespace) -> int:
     # Imported here, not above: `trainroom status` and friends never pay for loading Textual.
+    if getattr(args, "cmd", None) == "job":
+        from trainroom.tui.job import run_job_app
+
+        return run_job_app(args)
     from trainroom.tui.app import run_app
 
     return run_app(args)

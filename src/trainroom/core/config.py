@@ -35,6 +35,9 @@ Example::
     min_severity = "warning"
     webhook = "https://example.org/hooks/trainroom"
     ntfy = ["https://ntfy.sh/my-secret-topic"]
+
+    [hosts.node1]
+    target = "ssh://me@10.0.0.5:2222"
 """
 
 from __future__ import annotations
@@ -313,6 +316,15 @@ class Notify(_Section):
         )
 
 
+class Host(_Section):
+    """`[hosts.NAME]`: a machine a job's keepers run on, reached over SSH (`ssh://NAME/RUN`, or
+    `NAME` as a `trainroom job` target)."""
+
+    target: str  # ssh://[user@]host[:port]
+    # The trainroom command on that host (default: TRAINROOM_REMOTE_COMMAND, else `trainroom`).
+    remote_command: str | None = None
+
+
 class Config(_Section):
     # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
     # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
@@ -331,6 +343,7 @@ class Config(_Section):
     log: Log = msgspec.field(default_factory=Log)
     bench: Bench = msgspec.field(default_factory=Bench)
     notify: Notify = msgspec.field(default_factory=Notify)
+    hosts: dict[str, Host] = {}
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""
@@ -491,9 +504,24 @@ def _check_notify(n: Notify, path: str | os.PathLike[str]) -> None:
             raise ConfigError(f"{path}: notify.command[{i}]: {why}")
 
 
+def _check_hosts(hosts: dict[str, Host], path: str | os.PathLike[str]) -> None:
+    for name, host in hosts.items():
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name):
+            raise ConfigError(f"{path}: hosts.{name}: expected a host name (letters, digits, . _ -)")
+        if not host.target.startswith("ssh://") or any(c.isspace() for c in host.target):
+            raise ConfigError(
+                f"{path}: hosts.{name}.target: expected ssh://[user@]host[:port], got {host.target!r}"
+            )
+        if host.remote_command is not None:
+            why = check_command(host.remote_command)
+            if why:
+                raise ConfigError(f"{path}: hosts.{name}.remote_command: {why}")
+
+
 def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
     """What types alone cannot say: orderings, a compilable regex, known placeholders."""
     _check_notify(config.notify, path)
+    _check_hosts(config.hosts, path)
     t = config.thresholds
     if t.disk_warn >= t.disk_critical:
         raise ConfigError(

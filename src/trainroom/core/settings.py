@@ -52,6 +52,76 @@ class NotifyOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
         )
 
 
+# torchrun's --rdzv-id when none is given: it names no job.
+TORCHRUN_DEFAULT_ID = "none"
+JobName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")]
+
+
+class JobOptions(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """The run as one node of a multi-node job (`launch --job`, or torchrun's rendezvous id):
+    what `trainroom job` merges the nodes' keepers by."""
+
+    name: JobName
+    source: str  # where the name came from: --job, --rdzv-id, TORCHELASTIC_RUN_ID
+    host: str  # this node's host name, as the launching machine said it
+    node_rank: NonNegativeInt | None = None  # torchrun's --node-rank (None: not given, as with c10d)
+    nnodes: str | None = None  # torchrun's --nnodes as given ("2", or "1:4" when elastic)
+
+
+def _flag(argv: list[str], *names: str) -> str | None:
+    """The value of the last `--name V` or `--name=V` in argv (torchrun spells its flags both
+    with dashes and with underscores)."""
+    found: str | None = None
+    for i, word in enumerate(argv):
+        for name in names:
+            if word == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif word.startswith(name + "="):
+                found = word[len(name) + 1 :]
+    return found
+
+
+def torchrun_args(argv: list[str]) -> list[str]:
+    """torchrun's own arguments in a command: those before the training script (a `.py` word or
+    `-m MODULE`), when the command is torchrun (the script, `python -m torch.distributed.run`)."""
+    head = [os.path.basename(a) for a in argv[:4]]
+    launcher = "torchrun" in head or any(
+        a in ("torch.distributed.run", "torch.distributed.launch") for a in argv[:4]
+    )
+    if not launcher:
+        return []
+    start = next(
+        (i for i, a in enumerate(argv) if "torch.distributed." in a or os.path.basename(a) == "torchrun"), 0
+    )
+    out: list[str] = []
+    for word in argv[start + 1 :]:
+        if word == "-m" or word.endswith(".py") or word == "--":
+            break
+        out.append(word)
+    return out
+
+
+def job_options(name: str | None, argv: list[str], env: Mapping[str, str], host: str) -> JobOptions | None:
+    """The job this run is a node of: `--job NAME`, else torchrun's `--rdzv-id` (or
+    `--rdzv_id`), else TORCHELASTIC_RUN_ID; None when nothing names one. The node rank and node
+    count come from torchrun's flags when the command is torchrun."""
+    targs = torchrun_args(argv)
+    source = "--job"
+    if name is None:
+        name, source = _flag(targs, "--rdzv-id", "--rdzv_id"), "--rdzv-id"
+    if name is None or name == TORCHRUN_DEFAULT_ID:
+        name, source = env.get("TORCHELASTIC_RUN_ID") or None, "TORCHELASTIC_RUN_ID"
+    if name is None or name == TORCHRUN_DEFAULT_ID:
+        return None
+    rank_text = _flag(targs, "--node-rank", "--node_rank")
+    node_rank = int(rank_text) if rank_text is not None and rank_text.isdigit() else None
+    nnodes = _flag(targs, "--nnodes")
+    return msgspec.convert(
+        {"name": name, "source": source, "host": host, "node_rank": node_rank, "nnodes": nnodes},
+        JobOptions,
+    )
+
+
 class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The flags `launch` (or `demo`) was given, as given: the run record keeps them so a later
     reader knows what was asked. Unset is None (or empty): the config or the default decides."""
@@ -72,6 +142,7 @@ class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     fake_nvml: bool = False
     demo: bool = False
     notify: NotifyOptions = msgspec.field(default_factory=NotifyOptions)
+    job: JobOptions | None = None
 
     def shown(self) -> LaunchOptions:
         """These options as every reader may see them (the run's state, snapshots): secrets redacted."""

@@ -245,7 +245,7 @@ class ControlRoom(ActionFlow):
     def _open_run(self, info: RunInfo) -> None:
         """Watch `info`: its keeper when alive, else the journal's last state."""
         self.run_info = info
-        self.run_id = info.run_id
+        self.run_id = info.sock if info.remote else info.run_id  # a remote run is found again by its address
         self.sub_title = info.run_id
         self.run_watch.tail_log(Path(info.run_dir) / LOG_NAME)
         if not info.alive:

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from typing import Any
+
+import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core.cli.errors import CliError
 from trainroom.core.config import check_command, check_url
 from trainroom.core.run.launch import launch
 from trainroom.core.run.launch import launch_options as launch_options_from
-from trainroom.core.settings import LaunchOptions, NotifyOptions
+from trainroom.core.settings import JobOptions, LaunchOptions, NotifyOptions, job_options
 
 MAX_LINGER_S = 30 * 86400.0
 
 
-def launch_options(args: argparse.Namespace) -> LaunchOptions:
+def launch_options(args: argparse.Namespace, argv: list[str] | None = None) -> LaunchOptions:
     opts: dict[str, Any] = {}
+    job = job_of(args, argv or [])
+    if job is not None:
+        opts["job"] = job
     for key in ("ckpt_root", "log_pattern", "linger_s", "auto_resume", "resume_template", "keep"):
         val = getattr(args, key, None)
         if val is not None:
@@ -34,6 +40,17 @@ def launch_options(args: argparse.Namespace) -> LaunchOptions:
     if notify != NotifyOptions():
         opts["notify"] = notify
     return launch_options_from(opts)
+
+
+def job_of(args: argparse.Namespace, argv: list[str]) -> JobOptions | None:
+    """`--job NAME`, else torchrun's rendezvous id in the command, else TORCHELASTIC_RUN_ID."""
+    try:
+        return job_options(getattr(args, "job", None), argv, os.environ, socket.gethostname())
+    except msgspec.ValidationError:
+        given = "--job" if getattr(args, "job", None) else "the job name (torchrun's --rdzv-id)"
+        raise CliError(
+            f"{given}: expected letters, digits, '.', '_' and '-' (at most 128 characters)"
+        ) from None
 
 
 def notify_options(args: argparse.Namespace) -> NotifyOptions:
@@ -61,6 +78,11 @@ def notify_options(args: argparse.Namespace) -> NotifyOptions:
 
 
 def add_launch_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--job",
+        metavar="NAME",
+        help="this run is one node of job NAME (`trainroom job`); default: torchrun's --rdzv-id",
+    )
     sp.add_argument("--ckpt-root", dest="ckpt_root", help="checkpoint root (default: <run dir>/checkpoints)")
     sp.add_argument(
         "--log-pattern",
@@ -141,6 +163,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    info = launch(argv, launch_options(args))
+    info = launch(argv, launch_options(args, argv))
     print(info.run_id)
     return 0

@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from trainroom.core import argtypes
-from trainroom.core.cli import act, ckpt, doctor, events, export, notify, show
+from trainroom.core.cli import act, bridge, ckpt, doctor, events, export, job, notify, remote, show
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
 from trainroom.core.config import ConfigError
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 from trainroom.core.ops.bench import add_device_options
+from trainroom.core.remote.ssh import RemoteRefused, Unreachable
 from trainroom.core.run.client import KeeperGone
 from trainroom.core.run.store import RunError
 
@@ -123,6 +124,8 @@ def _add_module_verbs(sub: Any) -> None:
     """Verbs whose code lives in a module of its own (verify, prune, doctor)."""
     ckpt.add_parser(sub)
     doctor.add_parser(sub)
+    job.add_parser(sub, open_tui)
+    bridge.add_parser(sub)
 
 
 def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
@@ -130,14 +133,18 @@ def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
     if open_tui is not None:
         _open_tui = open_tui
     ap = build_parser()
+    argv = remote.as_watch(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
     try:
+        forwarded = remote.route(args, argv)
+        if forwarded is not None:
+            return forwarded
         if args.cmd is None:
             args.run = None
             args.watch_theme = None
             return cmd_watch(args)
         return int(args.func(args) or 0)
-    except (CliError, RunError, KeeperGone, ConfigError) as exc:
+    except (CliError, RunError, KeeperGone, ConfigError, Unreachable, RemoteRefused) as exc:
         print(f"trainroom: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:

@@ -33,6 +33,7 @@ from trainroom.core.keeper.replies import (
     target_of,
     what_changed,
 )
+from trainroom.core.ops import flight
 from trainroom.core.ops import prune as pruning
 from trainroom.core.ops.bench import describe, run_bench
 from trainroom.core.ops.kill import KILL_CONFIRM_S, KillPlan, execute_kill, plan_kill
@@ -365,29 +366,35 @@ class Actions:
         if a is None or a.ended_at is not None or a.pid <= 0:
             reply(done_reply(req, False, "dump: no live trainer to dump"))
             return
-        # The rank a HUNG names (a torchrun worker), else the attempt's own process.
-        pid = self.run.state.hung_worker() or a.pid
+        # One rank's process: the rank asked for (a job's hung-collective report: the pid its
+        # reporter proved by SO_PEERCRED at hello, while connected), else the rank a HUNG names (a
+        # torchrun worker), else the attempt's own process.
+        pid, instrumented, who = a.pid, a.instrumented, f"pid {a.pid}"
+        if (hung := self.run.state.hung_worker()) is not None:
+            pid, who = hung, f"pid {hung}"
+        rank = req.args.get("rank")
+        if rank is not None:
+            r = self.run.state.ranks.get(rank) if isinstance(rank, int) else None
+            if r is None or r.attempt != a.n or r.pid is None or not r.connected:
+                reply(done_reply(req, False, f"dump: rank {rank} has no connected reporter in attempt {a.n}"))
+                return
+            pid, instrumented, who = r.pid, True, f"rank {rank} (pid {r.pid})"
         if not req.confirm:
             stopped = self.run.state.status == "hung" and "stopped" in self.run.state.status_reason
             how = (
                 "py-spy (stopped: read without pausing)"
-                if stopped or not a.instrumented
+                if stopped or not instrumented
                 else "SIGUSR1 (faulthandler)"
             )
-            reply(plan_reply(req, f"dump stacks of pid {pid} via {how}", {"pid": pid, "method": how}))
+            reply(plan_reply(req, f"dump stacks of {who} via {how}", {"pid": pid, "method": how}))
             return
         if not self.confirmed(req, reply, {"pid": pid}):
             return
-        out = await asyncio.to_thread(dump_stacks, pid, str(self.run.log_path), a.instrumented)
-        reply(
-            done_reply(
-                req,
-                out.ok,
-                out.message,
-                plan={"pid": pid},
-                after={"method": out.method, "stacks": out.text},
-            )
-        )
+        out = await asyncio.to_thread(dump_stacks, pid, str(self.run.log_path), instrumented)
+        after: dict[str, Any] = {"method": out.method, "stacks": out.text}
+        if isinstance(rank, int):
+            after["flight_recorder"] = as_builtins(await asyncio.to_thread(flight.trigger, pid, rank))
+        reply(done_reply(req, out.ok, out.message, plan={"pid": pid}, after=after))
 
     # ------------------------------------------------------------------ continue
 
@@ -544,29 +551,8 @@ class Actions:
 
     # ------------------------------------------------------------------ resume
 
-    async def _wait_for_verification(self, req: p.Request, reply: Reply) -> list[tuple[str, float]]:
-        """A checkpoint saved just before a death may still be in the verifier: wait for it
-        (bounded, saying so) rather than resume from an older one or refuse. What is still in
-        flight at the bound is returned."""
-        deadline = time.monotonic() + RESUME_WAIT_S
-        said: set[str] = set()
-        while (flight := self.pipeline.in_flight()) and time.monotonic() < deadline:
-            new = [path for path, _ in flight if path not in said]
-            if new:
-                said.update(new)
-                reply(
-                    p.Reply(
-                        id=req.id,
-                        action=req.action,
-                        stage="progress",
-                        message=f"waiting for the verification of {', '.join(new)} (up to {RESUME_WAIT_S:.0f} s)",
-                    )
-                )
-            await asyncio.sleep(0.2)
-        return self.pipeline.in_flight()
-
     async def resume(self, req: p.Request, reply: Reply) -> None:
-        still = await self._wait_for_verification(req, reply)
+        still = await self.pipeline.wait_in_flight(RESUME_WAIT_S, progress_to(reply, req))
         plan = await self.resumer.plan()
         if still:
             # Refused with what is still being verified: the newest resume point may be among them.

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,20 @@ class CheckpointPipeline:
     def in_flight(self) -> list[tuple[str, float]]:
         """(path, since when) of every checkpoint queued or being verified, oldest first."""
         return sorted(((j.path, j.queued_at) for j in self._jobs.values()), key=lambda x: x[1])
+
+    async def wait_in_flight(self, bound_s: float, say: Callable[[str], None]) -> list[tuple[str, float]]:
+        """A checkpoint saved just before a death may still be in the verifier: a resume waits for
+        it (bounded, saying so) rather than resume from an older one or refuse. What is still in
+        flight at the bound is returned."""
+        deadline = time.monotonic() + bound_s
+        said: set[str] = set()
+        while (flight := self.in_flight()) and time.monotonic() < deadline:
+            new = [path for path, _ in flight if path not in said]
+            if new:
+                said.update(new)
+                say(f"waiting for the verification of {', '.join(new)} (up to {bound_s:.0f} s)")
+            await asyncio.sleep(0.2)
+        return self.in_flight()
 
     def writing(self) -> bool:
         """Whether a trainer is alive to write checkpoints (the disk projection needs one)."""

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainroom.core import protocol as p
+from trainroom.core.remote import ssh
+from trainroom.core.remote.target import TargetError, is_remote, resolve_target
+from trainroom.core.remote.wire import BridgeHello
 from trainroom.core.run import store
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
@@ -25,6 +28,11 @@ class KeeperBusy(KeeperGone):
     listen backlog is full, or it is stopped): not gone."""
 
 
+class KeeperUnreachable(KeeperGone):
+    """A remote keeper's host did not answer, or the ssh link dropped: unreachable since then,
+    never a verdict on the run."""
+
+
 KeeperStatus = Literal["alive", "busy", "gone"]
 
 
@@ -37,8 +45,12 @@ class KeeperClient:
         self._sock: socket.socket | None = None
         self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
         self._ready: list[Any] = []
+        # What the remote bridge said when this client last dialed it (remote keepers only).
+        self.hello: BridgeHello | None = None
 
     def _connect(self) -> socket.socket:
+        if is_remote(self.sock_path):
+            return self._dial()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout_s)
         try:
@@ -58,6 +70,17 @@ class KeeperClient:
             raise KeeperGone(f"keeper not reachable at {self.sock_path}: {exc.strerror or exc}") from None
         return s
 
+    def _dial(self) -> socket.socket:
+        """A keeper on another host: `ssh HOST trainroom bridge RUN`, whose stdio is our socket."""
+        try:
+            sock, self.hello = ssh.dial(resolve_target(self.sock_path))
+        except ssh.Unreachable as exc:
+            raise KeeperUnreachable(str(exc)) from None
+        except (ssh.RemoteRefused, TargetError) as exc:
+            raise KeeperGone(str(exc)) from None
+        sock.settimeout(self.timeout_s)
+        return sock
+
     def _recv(self, sock: socket.socket) -> Any:
         while not self._ready:
             try:
@@ -65,14 +88,21 @@ class KeeperClient:
             except TimeoutError:
                 raise
             except OSError as exc:
-                raise KeeperGone(f"keeper connection lost: {exc}") from None
+                raise self._lost(sock, f"keeper connection lost: {exc}") from None
             if not data:
-                raise KeeperGone("keeper closed the connection")
+                raise self._lost(sock, "keeper closed the connection")
             try:
                 self._ready.extend(self._reader.feed(data))
             except p.ProtocolError as exc:
                 raise KeeperGone(f"keeper sent what this client cannot read: {exc}") from None
         return self._ready.pop(0)
+
+    def _lost(self, sock: socket.socket, why: str) -> KeeperGone:
+        """A remote link that drops is unreachable, not gone: the keeper may live on behind it
+        (ssh's exit says which: the bridge ends cleanly when the keeper closed)."""
+        if isinstance(sock, ssh.BridgeSocket) and sock.link_dropped():
+            return KeeperUnreachable(f"{self.sock_path}: link lost ({why})")
+        return KeeperGone(why)
 
     def subscribe(self, client: str = "client", live: bool = True) -> RunState:
         return self.subscribe_view(client, live).state
@@ -121,7 +151,7 @@ class KeeperClient:
             while True:
                 data = sock.recv(1 << 20)
                 if not data:
-                    raise KeeperGone("keeper closed the connection before answering")
+                    raise self._lost(sock, "keeper closed the connection before answering")
                 for msg in reader.feed(data):
                     if isinstance(msg, p.Reply) and msg.id == rid:
                         yield msg
@@ -181,7 +211,14 @@ BUSY_TRIES = (1.0, 2.0, 4.0)  # connect timeouts for a keeper that lives but doe
 def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
     """The run from its keeper; from its journal when the keeper is gone ("gone": its process is
     gone, by pid and start time) or keeps not answering ("busy": it lives; retried with backoff
-    first, never called gone)."""
+    first, never called gone). A remote run's bridge does the same on its host."""
+    if info.remote is not None:
+        c = KeeperClient(info.sock, timeout_s=None)
+        try:
+            state = c.subscribe(client="status", live=False)
+        finally:
+            c.close()
+        return state, c.hello.keeper if c.hello is not None else "gone"
     if info.alive:
         for timeout in BUSY_TRIES:
             try:

@@ -96,6 +96,9 @@ class RankView(msgspec.Struct, kw_only=True):
     alloc_peak: int | None = None
     dropped: int = 0
     steps_seen: int = 0
+    # When its reporter's connection closed (TrainerDisconnected): a job's first failure is the
+    # earliest of these across its nodes.
+    disconnected_at: float | None = None
 
     @property
     def median_interval(self) -> float | None:
@@ -268,6 +271,7 @@ class RunState(msgspec.Struct, kw_only=True):
         elif isinstance(msg, p.Hello):
             a.instrumented = True
             rank.pid, rank.world_size, rank.connected = msg.pid, msg.world_size, True
+            rank.disconnected_at = None
             rank.last_heartbeat_t = r.t
             if r.rank == 0 or a.requested == p.RequestedConfig():
                 a.requested = _merge_requested(a.requested, msg.config)
@@ -448,6 +452,7 @@ class RunState(msgspec.Struct, kw_only=True):
         rank = self.ranks.get(r.rank)
         if rank is not None and rank.attempt == r.attempt:
             rank.connected = False
+            rank.disconnected_at = r.t
 
     def _conn_closed(self, r: p.ConnectionClosed) -> None:
         self.closed_connections += 1

@@ -74,6 +74,7 @@ def rank_rows(st: RunState, keeper_alive: bool = True) -> list[dict[str, Any]]:
                 "step_time_s": r.median_interval if r is not None else None,
                 "tokens_per_s": r.tokens_per_s if r is not None else None,
                 "connected": r.connected if r is not None else False,
+                "disconnected_at": r.disconnected_at if r is not None else None,
                 "world_size": (w.world_size if w is not None else None)
                 or (r.world_size if r is not None else None),
                 "exit": (
@@ -104,8 +105,11 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     state = st.status
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
+    job = st.options.job
     return {
         "run": st.run_id,
+        # The job this run is a node of (launch --job / torchrun's rendezvous id), or null.
+        "job": msgspec.to_builtins(job) if job is not None else None,
         "state": state,
         "state_reason": st.status_reason or None,
         "keeper": "alive" if keeper_alive else "gone",

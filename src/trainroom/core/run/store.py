@@ -13,6 +13,8 @@ import psutil
 
 from trainroom.core import protocol as p
 from trainroom.core.probes.procs import same_start
+from trainroom.core.remote import ssh
+from trainroom.core.remote.target import TargetError, is_remote, resolve_target
 from trainroom.core.run import journal as journal
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
@@ -59,6 +61,15 @@ class RunInfo(msgspec.Struct, kw_only=True):
     created: float
     argv: list[str]
     alive: bool  # the keeper is running and its socket exists
+    # A run on another host: its node's address (ssh://user@host:port). Then `sock` and
+    # `run_dir` are both the run's address (ssh://.../RUN): the client dials it through the
+    # remote bridge, and `load_view` reads the journal there.
+    remote: str | None = None
+    host: str | None = None  # the host name its keeper's machine gives (remote runs)
+
+
+class RunUnreachable(RunError):
+    """A remote run's host did not answer (or the link dropped): not a verdict on the run."""
 
 
 def state_dir() -> Path:
@@ -180,8 +191,36 @@ def list_runs() -> list[RunInfo]:
     return out
 
 
+def remote_run(spec: str, *, job: str | None = None) -> RunInfo:
+    """The run an `ssh://[user@]host[:port][/RUN]` target names, as its host resolves it (RUN
+    omitted: that host's newest run, or its newest run of `job`)."""
+    try:
+        target = resolve_target(spec)
+        said = ssh.hello(target, job=job)
+    except ssh.Unreachable as exc:
+        raise RunUnreachable(str(exc)) from None
+    except (TargetError, ssh.RemoteRefused) as exc:
+        raise RunError(str(exc)) from None
+    if said.run_id is None:
+        raise RunError(f"{target.node}: the bridge named no run")
+    address = str(target.with_run(said.run_id))
+    return RunInfo(
+        run_id=said.run_id,
+        run_dir=address,
+        sock=address,
+        created=said.created or 0.0,
+        argv=said.argv,
+        alive=said.keeper != "gone",
+        remote=target.node,
+        host=said.host,
+    )
+
+
 def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
-    """RUN may be omitted (the newest), a full id, a unique prefix or suffix, or a run dir path."""
+    """RUN may be omitted (the newest), a full id, a unique prefix or suffix, a run dir path, or
+    `ssh://[user@]host[:port][/RUN]` (a run on another host, resolved there)."""
+    if spec and is_remote(spec):
+        return remote_run(spec)
     runs = list_runs()
     if spec and os.sep in spec and Path(spec, RECORD_NAME).is_file():
         rec = read_record(Path(spec))
@@ -218,7 +257,10 @@ def load_state(run_dir: str | Path) -> RunState:
 
 
 def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
-    """The journal replayed into the run's state (and its plot series, unless told not to)."""
+    """The journal replayed into the run's state (and its plot series, unless told not to); for
+    a remote run (`ssh://.../RUN`), replayed there by the bridge (or its keeper's snapshot)."""
+    if is_remote(str(run_dir)):
+        return _remote_view(str(run_dir))
     d = Path(run_dir)
     rec = read_record(d)
     st = RunState(
@@ -231,6 +273,15 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
     if rec.start_error is not None:
         fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))
     return view
+
+
+def _remote_view(address: str) -> RunView:
+    try:
+        return RunView.from_snapshot(ssh.fetch_snapshot(resolve_target(address))[1])
+    except ssh.Unreachable as exc:
+        raise RunUnreachable(str(exc)) from None
+    except (TargetError, ssh.RemoteRefused) as exc:
+        raise RunError(str(exc)) from None
 
 
 def stop_run(run_dir: str | Path) -> None:

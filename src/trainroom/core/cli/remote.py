@@ -1,0 +1,54 @@
+"""Commands on a run of another host (`ssh://[user@]host[:port][/RUN]`), decided in one place.
+
+While the remote keeper lives, the keeper's verbs (status, watch, kill, reclaim, resume, dump,
+continue, cancel, bench) run here as for a local run, their `KeeperClient` dialing the keeper
+through `ssh HOST trainroom bridge RUN`. Whatever works on that host's files (verify, prune,
+events, notify, and every verb once the keeper is gone: an orphan's kill, a journal's status) is
+run there: `ssh HOST trainroom VERB RUN ...`, with this terminal's stdio (a tty when this is one,
+so a confirmation prompt works).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainroom.core.cli.errors import CliError
+from trainroom.core.remote import ssh
+from trainroom.core.remote.target import SCHEME, TargetError, is_remote, resolve_target
+from trainroom.core.run import store
+
+THROUGH_BRIDGE = frozenset(
+    {"status", "watch", "kill", "reclaim", "resume", "dump", "continue", "cancel", "bench"}
+)
+
+
+def as_watch(argv: list[str]) -> list[str]:
+    """`trainroom ssh://host/RUN` opens the control room on that run, as `trainroom RUN` would."""
+    return ["watch", *argv] if argv and argv[0].startswith(SCHEME) else argv
+
+
+def route(args: argparse.Namespace, argv: list[str]) -> int | None:
+    """None: run the command here (a local run, or a remote one whose keeper the bridge reaches);
+    else the exit code of the command run on the run's host."""
+    spec = getattr(args, "run", None)
+    if not is_remote(spec) or args.cmd == "bridge":
+        return None
+    assert spec is not None
+    run: str | None = None
+    if args.cmd in THROUGH_BRIDGE:
+        info = store.remote_run(spec)
+        if info.alive or args.cmd == "watch":
+            return None  # the control room shows a gone keeper's journal itself
+        run = info.run_id
+    try:
+        target = resolve_target(spec)
+    except TargetError as exc:
+        raise CliError(str(exc)) from None
+    run = run or target.run
+    remote_argv = [a for w in argv for a in ((run,) if w == spec else (w,)) if a is not None]
+    tty = sys.stdin.isatty() and sys.stdout.isatty()
+    rc = ssh.run_remote(target, remote_argv, tty=tty)
+    if rc == ssh.EXIT_SSH_FAILED:
+        raise CliError(f"{target.node} unreachable (ssh exit {rc}; its words are above)")
+    return rc
