@@ -35,20 +35,51 @@ def bench(fn, steps: int) -> tuple[float, float]:
     return _percentiles(out)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20000)
     args = ap.parse_args()
+    if "TRAINROOM_RUN" not in os.environ:
+        return outer(args.steps)
+    return inner(args.steps)
+
+
+def outer(steps: int) -> int:
+    """Run this script as a keeper's trainer (the keeper takes a reporter only from a process of
+    its run) and print what it printed."""
     home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
-    from trainroom.core import protocol
     from trainroom.core.run import store as runs
     from trainroom.core.run.launch import launch
+    from trainroom.core.settings import LaunchOptions
+
+    info = launch(
+        [sys.executable, os.path.abspath(__file__), "--steps", str(steps)], LaunchOptions(linger_s=5)
+    )
+    log = Path(info.run_dir) / "trainer.log"
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    while keeper and _alive(keeper) and "cores" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    print(log.read_text(), end="")
+    runs.stop_run(info.run_dir)
+    return 0
+
+
+def inner(steps: int) -> int:
+    home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
+    from trainroom.core import protocol
     from trainroom.core.sdk import reporter as reporter
 
-    info = launch(["sleep", "3600"], {"linger_s": 5})
-    rec = runs.read_record(Path(info.run_dir))
-    rep = reporter.Reporter(info.sock, protocol.Hello(pid=os.getpid()), heartbeat_s=1.0)
+    keeper_pid = os.getppid()  # the keeper started this attempt
+    rep = reporter.Reporter(os.environ["TRAINROOM_SOCKET"], protocol.Hello(pid=os.getpid()), heartbeat_s=1.0)
 
     def rstep(i: int) -> None:
         rep.step(
@@ -62,13 +93,13 @@ def main() -> int:
         )
 
     results: list[tuple[str, float, float]] = []
-    results.append(("reporter.step, keeper reading", *bench(rstep, args.steps)))
-    os.kill(rec.keeper_pid, signal.SIGSTOP)
+    results.append(("reporter.step, keeper reading", *bench(rstep, steps)))
+    os.kill(keeper_pid, signal.SIGSTOP)
     try:
-        results.append(("reporter.step, keeper SIGSTOPped", *bench(rstep, args.steps)))
+        results.append(("reporter.step, keeper SIGSTOPped", *bench(rstep, steps)))
         dropped = rep.dropped
     finally:
-        os.kill(rec.keeper_pid, signal.SIGCONT)
+        os.kill(keeper_pid, signal.SIGCONT)
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -79,16 +110,15 @@ def main() -> int:
         for n in names:
             tb.add_scalar(n, 1.0, i)
 
-    results.append(("SummaryWriter.add_scalar x 8", *bench(tstep, args.steps)))
+    results.append(("SummaryWriter.add_scalar x 8", *bench(tstep, steps)))
     tb.close()
     with open(os.path.join(home, "log.txt"), "w") as f:
 
         def pstep(i: int) -> None:
             print(f"step {i} loss 2.5 tokens {i * 512} gn 0.9 lr 1e-4 ls 65536 a 1 r 2 p 3", file=f)
 
-        results.append(("print to a file", *bench(pstep, args.steps)))
+        results.append(("print to a file", *bench(pstep, steps)))
     rep.close()
-    runs.stop_run(info.run_dir)
 
     base = results[0][1]
     print(f"{'what':36} {'median us':>10} {'p99 us':>10} {'median vs reporter':>20}")
@@ -99,7 +129,7 @@ def main() -> int:
         f"\nTensorBoard / reporter (keeper reading): {tb_med / base:.1f}x; "
         f"p99 with the keeper stopped: {results[1][2]:.1f} us; frames dropped while stopped: {dropped}"
     )
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores", flush=True)
     return 0
 
 

@@ -2,18 +2,19 @@
 
     python scripts/fuzz_keeper.py [--seconds 30] [--seed 1] [--json]
 
-A keeper (under a throwaway TRAINROOM_HOME) runs an instrumented stepper; meanwhile this script,
-as a hostile same-uid peer, opens connection after connection and sends: random bytes, frames
-with absurd length headers, half frames left hanging, valid msgpack of the wrong shape, trainer
-messages with mutated fields (negative steps, NaN times, huge strings, wrong types), Hellos that
-lie about their pid or claim rank 0, and client requests for unknown actions or with bad
-arguments. At the end it reports frames and connections sent, whether the keeper is alive and
-still answers `status`, whether the trainer kept stepping, the keeper's RSS and open fds before
-and after, and what the journal grew by.
+A keeper (under a throwaway TRAINROOM_HOME) runs an instrumented stepper; meanwhile this script, as
+a hostile same-uid peer, opens connection after connection and sends: random bytes, frames with
+absurd length headers, half frames left hanging, valid msgpack of the wrong shape, trainer messages
+with mutated fields (negative steps, NaN times, huge strings, wrong types), Hellos that lie about
+their pid or claim a rank (refused: the fuzzer is no process of the run), and client requests for
+unknown actions or with bad arguments. At the end it reports frames and connections sent, whether
+the keeper is alive and still answers `status`, whether the trainer kept stepping, the keeper's RSS
+and open fds before and after, and what the journal grew by.
 
-What a healthy keeper shows: alive, status answers, steps advanced, RSS and fds back near where
-they began (the per-connection caps hold), the journal grown by counted refusals, not a record
-per frame.
+What a healthy keeper shows: alive, status answers, steps advanced at the stepper's pace (50 a
+second; a Hello taken from the fuzzer would hold the run's step, the slowest rank's, back), RSS and
+fds back near where they began (the per-connection caps hold), the journal grown by counted
+refusals, not a record per frame.
 """
 
 from __future__ import annotations

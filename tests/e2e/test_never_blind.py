@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.support.helpers import run_cli, status
+from tests.support.member_peer import MemberPeer
 from tests.support.waiting import kill_runs_under, wait_for
 from trainroom.core import protocol as p
 from trainroom.core.run import store as runs
@@ -230,10 +231,19 @@ def test_a_lying_hello_and_a_taken_rank_are_refused(trhome: Path, tmp_path: Path
     wait_for(
         lambda: any("hello claims pid" in r for r in _closes(info)), timeout=30, what="refusal journaled"
     )
-    # An honest Hello for a rank a live reporter holds is refused too, and said.
-    claimant = _peer(info)
-    claimant.sendall(p.frame(p.Hello(pid=os.getpid(), rank=0)))
-    assert _closed_by_keeper(claimant)
+    # A process of another run (this test) may not report for this one, whatever it claims.
+    outsider = _peer(info)
+    outsider.sendall(p.frame(p.Hello(pid=os.getpid(), rank=1)))
+    assert _closed_by_keeper(outsider)
+    wait_for(
+        lambda: any(f"not a process of run {info.run_id}" in r for r in _closes(info)),
+        timeout=30,
+        what="the outsider's refusal journaled",
+    )
+    # An honest Hello of the run for a rank a live reporter holds is refused too, and said.
+    claimant = MemberPeer(info)
+    claimant.send(p.frame(p.Hello(pid=claimant.pid, rank=0)))
+    assert claimant.closed_by_keeper()
     d = wait_for(
         lambda: (s := status(info)) and _finding(s, "RANK_CLAIMED") and s, timeout=30, what="RANK_CLAIMED"
     )
@@ -241,7 +251,7 @@ def test_a_lying_hello_and_a_taken_rank_are_refused(trhome: Path, tmp_path: Path
     assert (
         f is not None
         and f["evidence"]["owner_pid"] == trainer
-        and f["evidence"]["claimant_pid"] == os.getpid()
+        and f["evidence"]["claimant_pid"] == claimant.pid
     )
     assert [r["rank"] for r in d["ranks"]] == [0] and d["pid"] == trainer and d["state"] == "running"
 
@@ -249,12 +259,12 @@ def test_a_lying_hello_and_a_taken_rank_are_refused(trhome: Path, tmp_path: Path
 def test_valid_frames_in_the_same_read_as_a_bad_one_still_count(trhome: Path, tmp_path: Path) -> None:
     info = _launch_stepper(tmp_path)
     wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
-    s = _peer(info)
+    s = MemberPeer(info)
     now = time.time()
-    good = p.frame(p.Hello(pid=os.getpid(), rank=5)) + p.frame(p.Step(step=7, t=now, loss=1.5))
+    good = p.frame(p.Hello(pid=s.pid, rank=5)) + p.frame(p.Step(step=7, t=now, loss=1.5))
     bad = p.frame({"type": "step", "step": -1, "t": now})  # a negative step: refused at the boundary
-    s.sendall(good + bad)
-    assert _closed_by_keeper(s)
+    s.send(good + bad)
+    assert s.closed_by_keeper()
     d = wait_for(
         lambda: (x := status(info)) and any(r["rank"] == 5 for r in x["ranks"]) and x,
         timeout=30,
@@ -317,11 +327,11 @@ def _snapshot_bytes(info: runs.RunInfo) -> int:
 def test_a_note_flood_keeps_the_snapshot_small(trhome: Path, tmp_path: Path) -> None:
     info = _launch_stepper(tmp_path)
     wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
-    s = _peer(info)
-    s.sendall(p.frame(p.Hello(pid=os.getpid(), rank=7)))
+    s = MemberPeer(info)
+    s.send(p.frame(p.Hello(pid=s.pid, rank=7)))
     big = "x" * (900 << 10)
     for i in range(80):
-        s.sendall(p.frame(p.Note(kind="flood", t=time.time(), message="m", data={"blob": big, "i": i})))
+        s.send(p.frame(p.Note(kind="flood", t=time.time(), message="m", data={"blob": big, "i": i})))
     wait_for(
         lambda: sum(1 for n in snapshot(info.sock).notes if n.get("kind") == "flood") >= 80,
         timeout=60,

@@ -47,6 +47,9 @@ class Host(Recorder, Protocol):
     @property
     def attempt_n(self) -> int: ...
 
+    @property
+    def run_id(self) -> str: ...
+
     def snapshot(self) -> p.Snapshot: ...
 
 
@@ -68,6 +71,27 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def not_of_attempt(pid: int, run_id: str, attempt: int) -> str | None:
+    """Why `pid` may not report for this run's live attempt, or None when it may: a reporter is
+    a process the attempt started (its environment, inherited by every child and torchrun worker,
+    names the run and the attempt). Any other same-uid process that finds the socket, a
+    straggler of an older attempt included, would otherwise hold a rank's step back for all
+    to see (the run's step is the slowest rank's)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError as exc:
+        return f"hello from pid {pid}: its environment cannot be read ({exc.strerror or exc})"
+    env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+    run = env.get(b"TRAINROOM_RUN", b"").decode(errors="replace")
+    if run != run_id:
+        said = f"TRAINROOM_RUN={run}" if run else "no TRAINROOM_RUN"
+        return f"hello from pid {pid}, not a process of run {run_id} ({said})"
+    of = env.get(b"TRAINROOM_ATTEMPT", b"").decode(errors="replace")
+    if of != str(attempt):
+        return f"hello from pid {pid} of attempt {of or '?'}, the live attempt is {attempt}"
+    return None
 
 
 def _peer_cred(sock: socket.socket) -> tuple[int, int, int]:
@@ -306,6 +330,10 @@ class Server:
         if c.peer_pid is not None and msg.pid != c.peer_pid:
             raise p.ProtocolError(f"hello claims pid {msg.pid}, but the peer is pid {c.peer_pid}")
         attempt = self.host.attempt_n
+        if c.peer_pid is not None:
+            why = not_of_attempt(c.peer_pid, self.host.run_id, attempt)
+            if why:
+                raise p.ProtocolError(why)
         owner = self.rank_owners.get((attempt, msg.rank))
         if owner is not None and owner != msg.pid and pid_alive(owner):
             self.rank_claims.append(
