@@ -595,8 +595,12 @@ def test_dump_stacks_of_a_hung_demo_shows_the_main_thread(trhome: Path) -> None:
     rc, kill = _cli_json("kill", info.run_id, "--yes", "--grace", "2")
     assert rc == 0 and kill["ok"], kill
     assert kill["before"]["pids"] == [d["pid"]] and kill["after"]["members"] == 0
-    d = wait_for(lambda: (s := status(info))["state"] == "dead" and s, timeout=30, what="dead after the kill")
-    assert d["exit"]["signal_name"] in ("SIGTERM", "SIGKILL")
+    # The user's own kill: a stop, said as such (no DEAD finding), not a death.
+    d = wait_for(
+        lambda: (s := status(info))["state"] == "stopped" and s, timeout=30, what="stopped by the kill"
+    )
+    assert d["exit"]["signal_name"] in ("SIGTERM", "SIGKILL") and "stopped by" in d["state_reason"]
+    assert not [f for f in d["findings"] if f["code"] == "DEAD"]
 
 
 def test_bench_without_a_keeper_runs_here(trhome: Path) -> None:
