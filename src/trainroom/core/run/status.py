@@ -43,6 +43,34 @@ def _worker_state(w: WorkerView | None, letters: dict[int, str], keeper_alive: b
     return state_name(letter)
 
 
+def journal_damage(st: RunState) -> dict[str, Any] | None:
+    """What a read of the journal had to skip (a flipped byte, a torn tail), or None: the state
+    shown is then everything the journal holds."""
+    d = st.journal_damage
+    if not (d.regions or d.unknown_records or d.torn_tail):
+        return None
+    return {
+        "regions": d.regions,
+        "skipped_bytes": d.skipped_bytes,
+        "first_offset": d.first_offset,
+        "unknown_records": d.unknown_records,
+        "torn_tail": d.torn_tail,
+    }
+
+
+def damage_words(d: dict[str, Any]) -> str:
+    """ "journal damaged: 37 bytes skipped in 1 place (from offset 4120); ..." """
+    parts = []
+    if d["regions"]:
+        where = f" (from offset {d['first_offset']})" if d["first_offset"] is not None else ""
+        parts.append(f"{d['skipped_bytes']} bytes skipped in {d['regions']} place(s){where}")
+    if d["unknown_records"]:
+        parts.append(f"{d['unknown_records']} record(s) of a newer trainroom skipped")
+    if d["torn_tail"]:
+        parts.append("the last write was cut short")
+    return "journal damaged: " + "; ".join(parts) + "; every record around it was kept"
+
+
 def rank_rows(st: RunState, keeper_alive: bool = True) -> list[dict[str, Any]]:
     """One row per rank: what its reporter (or the log) says, and its process (a torchrun
     worker, found through the process tree, or the pid its reporter gave): `rank, local_rank,
@@ -113,6 +141,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         "state": state,
         "state_reason": st.status_reason or None,
         "keeper": "alive" if keeper_alive else "gone",
+        "journal_damage": journal_damage(st),
         "attempt": a.n if a else None,
         "pid": a.pid if a else None,
         "pgid": a.pgid if a else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes
 
 
@@ -38,6 +39,8 @@ def status_lines(d: dict[str, Any]) -> list[str]:
             f"  host available {fmt_bytes(h['mem_available_bytes'])}  page cache "
             f"{fmt_bytes(h['page_cache_bytes'])}  disk {d['disk']['used_fraction']}"
         )
+    if d.get("journal_damage"):
+        lines.append("  " + damage_words(d["journal_damage"]))
     for f in d["findings"]:
         key = f" [{f['action']}]" if f["action"] else ""
         lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
