@@ -14,7 +14,7 @@ from trainroom.core.cli import main as cli
 
 def open_control_room(args: argparse.Namespace) -> int:
     # Imported here, not above: `trainroom status` and friends never pay for loading Textual.
-    from trainroom.tui.app import run_app
+    from trainroom.tui.entry import run_app
 
     return run_app(args)
 

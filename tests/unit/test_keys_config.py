@@ -16,7 +16,10 @@ def test_keys_given_by_their_names_in_the_file() -> None:
 @pytest.mark.parametrize(
     "text,said",
     [
-        ('[keys]\nkil = "x"', "keys.kil: unknown key (known keys: kill, reclaim, prune, resume, dump, continue,"),
+        (
+            '[keys]\nkil = "x"',
+            "keys.kil: unknown key (known keys: kill, reclaim, prune, resume, dump, continue,",
+        ),
         ('[keys]\nkill = "ctrl k"', "keys.kill: expected key names such as"),
         ('[keys]\nkill = ""', "keys.kill: expected key names such as"),
         ('[keys]\nzoom = "z,,f11"', "keys.zoom: expected key names such as"),

@@ -538,7 +538,7 @@ def _check_keys(keys: Keys, path: str | os.PathLike[str]) -> None:
         bad = next((k for k in parts if not _KEY.match(k)), None)
         if bad is not None:
             raise ConfigError(
-                f"{path}: keys.{name}: expected key names such as \"ctrl+k\" or \"z,f11\", got {value!r}"
+                f'{path}: keys.{name}: expected key names such as "ctrl+k" or "z,f11", got {value!r}'
             )
 
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from rich.console import RenderableType
 from rich.text import Text
 
-from trainroom.core.findings import ACTION_KEYS
 from trainroom.tui import fmt
 
 from .base import Panel
@@ -21,7 +20,7 @@ class BannerView:
     state_reason: str
     last_step: int | None
     now: float
-    resume_key: str = ACTION_KEYS["resume"]
+    resume_key: str  # as the keymap has it now
 
 
 class DisconnectBanner(Panel[BannerView]):
