@@ -15,8 +15,6 @@ CKPT_EVERY = 10
 LAST_CKPT = 20  # the last checkpoint before the fault step
 
 
-
-
 def dead_with_checkpoint(info: runs.RunInfo) -> dict[str, Any]:
     """DEAD at the fault step, once the last checkpoint before it has verified (so the resume
     plan's checkpoint is the one the test expects)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import msgspec
+
 from tests.support.tui_fakes import (
     T0,
     FakeLink,
@@ -213,10 +215,13 @@ async def test_a_burst_of_changes_is_rendered_once(tmp_path) -> None:
 @in_loop
 async def test_keeper_gone_banner_shows_the_journal_and_the_resume_key(tmp_path) -> None:
     journal = build_state(dead_run_records())
-    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), journal=journal, reconnect_interval_s=30)
+    app, link, runs = make_app(
+        str(tmp_path), healthy_records(steps=5), journal=journal, reconnect_interval_s=30
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(app, pilot)
         assert app.connected and app.why_not("kill") is None
+        runs.runs = [msgspec.structs.replace(r, alive=False) for r in runs.runs]  # its process is gone
         link.go_away("keeper gone: connection reset by peer")
         await until(
             pilot,
@@ -349,3 +354,16 @@ async def test_an_unreadable_journal_is_said_and_the_keeper_still_looked_for(tmp
         runs.links["run-gone"] = FakeLink(st)
         runs.runs[0] = run_info("run-gone", str(tmp_path))  # its keeper is back
         await until(pilot, lambda: app.connected, "the keeper found again")
+
+
+@in_loop
+async def test_a_keeper_that_lives_but_does_not_answer_is_busy_not_gone(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), reconnect_interval_s=30)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        link.go_away("keeper at /x/keeper.sock sent no snapshot within 5.0 s")
+        await until(pilot, lambda: not app.connected and app.keeper_busy, "the keeper seen busy")
+        app.redraw()
+        await pilot.pause()
+        text = screen_text(app)
+    assert "KEEPER BUSY" in text.splitlines()[0] and "keeper not answering since" in text

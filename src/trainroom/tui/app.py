@@ -67,7 +67,6 @@ ROUTINE_INTERVAL_S = 1.0
 RENDER_INTERVAL_S = URGENT_INTERVAL_S  # (the name tests and callers pass)
 TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arrives
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
-OVERVIEW_INTERVAL_S = 3.0  # the runs overview's refresh
 STRIP_COMMANDS = ("next_panel", "zoom", "runs", "search")  # on the key strip when there is room
 # Tab's order: reading order, the panels the compact layout hides last.
 PANEL_ORDER = ("findings", "trainer", "vram", "cadence", "lr", "loss", "host", "disk", "ranks", "log")
@@ -165,12 +164,14 @@ class ControlRoom(Navigation):
         self.connected = False
         self.gone_since: float | None = None
         self.gone_reason = ""
+        self.keeper_busy = False  # not connected, but the keeper's process lives
         self.log_lines: tuple[str, ...] = ()
         self.renders = 0
         self._dirty = False  # routine telemetry came: drawn at the next routine frame
         self._urgent = False  # the verdict may have changed: drawn at the next tick
         self._panels: Panels | None = None
         self._drawn_at = -1e9  # when the panels were last drawn (monotonic)
+        self._aim: tuple[object, str | None] = (None, None)  # the focus and the findings' cursor
         self.findings_now: FindingsView | None = None
         self.theme_notice: str | None = None  # what was said about theme files, once
         self._said_no_runs = False
@@ -330,7 +331,7 @@ class ControlRoom(Navigation):
             return
         with self.lock:
             self.state, self.series = message.state, message.series
-        self.connected, self.gone_since, self.gone_reason = True, None, ""
+        self.connected, self.gone_since, self.gone_reason, self.keeper_busy = True, None, "", False
         self.query_one(DisconnectBanner).display = False
         self.redraw()
 
@@ -362,11 +363,16 @@ class ControlRoom(Navigation):
         if self.run_info is None:
             return
         view = self.source.load_view(self.run_info)
-        self.call_from_thread(self._journal_loaded, view.state, series_for(view))
+        try:
+            busy = self.source.resolve(self.run_info.run_id).alive  # its process, by pid and start
+        except (RunError, OSError):
+            busy = False
+        self.call_from_thread(self._journal_loaded, view.state, series_for(view), busy)
 
-    def _journal_loaded(self, state: RunState, series: Series) -> None:
+    def _journal_loaded(self, state: RunState, series: Series, busy: bool) -> None:
         if self.connected:
             return  # the keeper came back meanwhile: its snapshot is newer
+        self.keeper_busy = busy
         with self.lock:
             self.state, self.series = state, series
         self.redraw()
@@ -414,6 +420,11 @@ class ControlRoom(Navigation):
     def _render_if_dirty(self) -> None:
         if not self.is_running:
             return
+        # What a kill key acts on follows the focus and the findings' cursor: the key strip and
+        # the findings' keys are redrawn as soon as either moves.
+        aim = (self.focused, self.panels().findings.selected)
+        if aim != self._aim:
+            self._aim, self._urgent = aim, True
         if self._urgent or (self._dirty and time.monotonic() - self._drawn_at >= self.routine_interval_s):
             self.redraw()
 
@@ -432,7 +443,7 @@ class ControlRoom(Navigation):
         key = self.key_text
         # Views are computed under the lock (the reader folds records under it), set after it.
         with self.lock:
-            header = verdict.header_view(state, now, self.connected)
+            header = verdict.header_view(state, now, self.connected, self.keeper_busy)
             trainer = figures.trainer_view(state, now)
             vram = figures.vram_view(state)
             cadence = figures.cadence_view(state, now)
@@ -493,6 +504,7 @@ class ControlRoom(Navigation):
             last_step=a.last_step if a else None,
             now=now,
             resume_key=self.key_text("resume"),
+            busy=self.keeper_busy,
         )
 
     # ------------------------------------------------------------------ which actions apply
@@ -562,31 +574,6 @@ class ControlRoom(Navigation):
     def _finding_closed(self, row: FindingRow, act: bool | None) -> None:
         if act and row.action:
             self.start_action(row.action, row if row.targeted else None)
-
-    # ------------------------------------------------------------------ the runs overview
-
-    def action_runs(self) -> None:
-        current = self.run_id
-        screen = RunsScreen([], self.clock(), current)
-        self.push_screen(screen, self._overview_closed)
-        self._refresh_overview(screen)
-
-    @work(thread=True, exclusive=True, group="overview", exit_on_error=False)
-    def _refresh_overview(self, screen: RunsScreen) -> None:
-        with self.lock:
-            st = self.state
-            current = (st.run_id, st, self.connected) if st is not None else None
-            rows = self.overview.rows(current)
-        self.call_from_thread(self._overview_rows, screen, rows)
-
-    def _overview_rows(self, screen: RunsScreen, rows: list[RunRow]) -> None:
-        if screen.is_attached:
-            screen.update_rows(rows, self.clock())
-            self.set_timer(OVERVIEW_INTERVAL_S, partial(self._refresh_overview, screen))
-
-    def _overview_closed(self, run_id: str | None) -> None:
-        if run_id is not None:
-            self.switch_run(run_id)
 
     def farewell(self) -> str | None:
         """What to print once the control room has closed (see `verdict.farewell`)."""

@@ -87,14 +87,14 @@ class OverviewReader:
         self.source = source
         self._done: dict[str, tuple[tuple[int, int], RunRow]] = {}
 
-    def rows(self, current: tuple[str, RunState, bool] | None = None) -> list[RunRow]:
-        """Every run; `current` (id, state, keeper alive) is the one the control room already
-        follows, taken as it is."""
+    def rows(self, current: RunRow | None = None) -> list[RunRow]:
+        """Every run; `current` is the row of the one the control room already follows, taken as
+        it is (no second connection to its keeper)."""
         out = []
         for info in self.source.list_runs():
             try:
-                if current is not None and info.run_id == current[0]:
-                    out.append(row_of(info, current[1], current[2]))
+                if current is not None and info.run_id == current.run_id:
+                    out.append(current)
                 elif info.alive:
                     out.append(self._live(info))
                 else:

@@ -1,14 +1,24 @@
 """Moving through the control room: Tab between the panels (one the layout has no room for opens
-zoomed), the zoom key, the log search and the loss plot's scale. The control room's base class
-above `ActionFlow`; the app hands it its panels."""
+zoomed), the zoom key, the log search, the loss plot's scale, and the runs overview. The control
+room's base class above `ActionFlow`; the app hands it its panels and its run."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
+from textual import work
 from textual.widget import Widget
 
+from trainroom.core.run.state import RunState
+from trainroom.core.run.store import RunInfo
+
 from .action_flow import ActionFlow
+from .link import OverviewReader
+from .overview import RunRow, row_of
+from .screens.runs import RunsScreen
 from .screens.search import SearchPrompt
 from .widgets.base import Panel
 from .widgets.logtail import LogTailPanel
@@ -36,10 +46,24 @@ def laid_out(widget: Widget) -> bool:
     return True
 
 
+OVERVIEW_INTERVAL_S = 3.0  # the runs overview's refresh
+
+
 class Navigation(ActionFlow):
-    """Focus, zoom, search and plot scale: keys that move, never act on the run."""
+    """Focus, zoom, search, plot scale and the runs: keys that move, never act on a run."""
+
+    # The app's (see ControlRoom): the run followed, its state and the lock the reader folds under.
+    run_info: RunInfo | None
+    state: RunState | None
+    connected: bool
+    lock: threading.Lock
+    overview: OverviewReader
+    clock: Callable[[], float]
 
     def panels(self) -> PanelSet:
+        raise NotImplementedError
+
+    def switch_run(self, run_id: str) -> None:
         raise NotImplementedError
 
     def action_next_panel(self) -> None:
@@ -105,3 +129,28 @@ class Navigation(ActionFlow):
             "loss plot: the recent fifth of the run, fitted" if loss.recent else "loss plot: the whole run",
             timeout=2,
         )
+
+    # ------------------------------------------------------------------ the runs overview
+
+    def action_runs(self) -> None:
+        screen = RunsScreen([], self.clock(), self.run_info.run_id if self.run_info else None)
+        self.push_screen(screen, self._overview_closed)
+        self._refresh_overview(screen)
+
+    @work(thread=True, exclusive=True, group="overview", exit_on_error=False)
+    def _refresh_overview(self, screen: RunsScreen) -> None:
+        current = None
+        with self.lock:  # only the followed run's row: the reader folds into its state
+            if self.run_info is not None and self.state is not None:
+                current = row_of(self.run_info, self.state, self.connected)
+        rows = self.overview.rows(current)
+        self.call_from_thread(self._overview_rows, screen, rows)
+
+    def _overview_rows(self, screen: RunsScreen, rows: list[RunRow]) -> None:
+        if screen.is_attached:
+            screen.update_rows(rows, self.clock())
+            self.set_timer(OVERVIEW_INTERVAL_S, partial(self._refresh_overview, screen))
+
+    def _overview_closed(self, run_id: str | None) -> None:
+        if run_id is not None:
+            self.switch_run(run_id)

@@ -120,13 +120,14 @@ class HeaderView:
     state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
     step: int | None  # does not change does not re-render)
     connected: bool
+    keeper_busy: bool  # not connected, but its process lives: busy, not gone
     level: Level  # the worse of the state's and the worst open finding's: the badge's colour
     worst_code: str | None  # the worst open finding at warning or above, named beside the badge
     worst_level: Level
     more: int  # how many more findings are open besides it
 
 
-def header_view(state: RunState, now: float, connected: bool) -> HeaderView:
+def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
     a = state.attempt
     step = state.current_step()
     if step is None and a is not None:
@@ -148,6 +149,7 @@ def header_view(state: RunState, now: float, connected: bool) -> HeaderView:
         state_age_s=float(round(now - state.status_since)) if state.status_since else None,
         step=step,
         connected=connected,
+        keeper_busy=keeper_busy and not connected,
         level=level if connected else worse(level, "warn"),
         worst_code=worst.code if worst else None,
         worst_level=worst_level,

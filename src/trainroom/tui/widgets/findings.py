@@ -39,6 +39,12 @@ class FindingsPanel(Panel[FindingsView]):
     def watch_selected(self) -> None:
         self._to_cursor = True
 
+    def on_focus(self) -> None:
+        self.refresh()  # the cursor is drawn only while the list has the focus
+
+    def on_blur(self) -> None:
+        self.refresh()
+
     def selected_row(self) -> FindingRow | None:
         rows = self.view.open if self.view is not None else ()
         return next((r for r in rows if r.ident == self.selected), rows[0] if rows else None)

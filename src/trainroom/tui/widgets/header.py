@@ -54,9 +54,8 @@ class RunHeader(Panel[HeaderView], can_focus=False):
             extra = f" +{view.more}" if view.more else ""
             parts.append((1, [(" ", label), (view.worst_code, self.style(view.worst_level)), (extra, label)]))
         if not view.connected:
-            parts.append(
-                (1, [(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))])
-            )
+            said = " KEEPER BUSY " if view.keeper_busy else " KEEPER GONE "
+            parts.append((1, [(" ", label), (said, self.get_component_rich_style("header--offline"))]))
         if view.state_age_s is not None:
             parts.append((5, [(f" for {fmt.duration(view.state_age_s)}", label)]))
         if view.step is not None:
