@@ -442,12 +442,13 @@ def test_quitting_says_the_run_goes_on_and_how_to_come_back(tmp_path) -> None:
     live = asyncio.run(farewell(healthy_records(steps=5)))
     rid = "20250101-120000-train-ab12"
     assert live == (
-        f"trainroom: run {rid} goes on (attempt 1, running, pid 4242): reattach with "
-        f"`trainroom watch {rid}`, stop it with `trainroom kill {rid}`"
+        f"trainroom: run {rid} goes on (attempt 1, running, pid 4242)\n"
+        f"  reattach: trainroom watch {rid}\n"
+        f"  stop it:  trainroom kill {rid}"
     )
     dead = asyncio.run(farewell(dead_run_records()))
     assert dead is not None and dead.startswith(f"trainroom: run {rid} is dead (its keeper is still up)")
-    assert f"`trainroom resume {rid}`" in dead
+    assert f"  resume it:  trainroom resume {rid}" in dead.splitlines()
 
 
 @in_loop

@@ -249,16 +249,19 @@ class FindingsView:
 
 def farewell(run_id: str, state: RunState | None, connected: bool) -> str:
     """What quitting says: the run goes on without the control room, and how to come back to it
-    or stop it (or, for a run that is over, how to look again or resume it)."""
+    or stop it (or, for a run that is over, how to look again or resume it). One command a line,
+    so a narrow terminal never wraps one mid-word."""
     a = state.attempt if state is not None else None
     if state is not None and a is not None and a.alive:
         return (
-            f"trainroom: run {run_id} goes on (attempt {a.n}, {state.status}, pid {a.pid}): "
-            f"reattach with `trainroom watch {run_id}`, stop it with `trainroom kill {run_id}`"
+            f"trainroom: run {run_id} goes on (attempt {a.n}, {state.status}, pid {a.pid})\n"
+            f"  reattach: trainroom watch {run_id}\n"
+            f"  stop it:  trainroom kill {run_id}"
         )
     status = state.status if state is not None else "unknown"
     keeper = "its keeper is still up" if connected else "its keeper is gone"
     return (
-        f"trainroom: run {run_id} is {status} ({keeper}): look again with `trainroom watch {run_id}`, "
-        f"resume it with `trainroom resume {run_id}`"
+        f"trainroom: run {run_id} is {status} ({keeper})\n"
+        f"  look again: trainroom watch {run_id}\n"
+        f"  resume it:  trainroom resume {run_id}"
     )
