@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from tests.support.tui_fakes import T0, FakeLink, GiB, MiB, build_state, dead_run_records, healthy_records, rx
 from trainroom.core import protocol as p
@@ -24,6 +25,7 @@ from trainroom.tui.logtail import TrainerLogTail
 from trainroom.tui.lossplot import recent, thin
 from trainroom.tui.plot import chart
 from trainroom.tui.reader import KeeperReader, series_for
+from trainroom.tui.screens.finding import evidence_table
 
 
 def test_dead_run_views_carry_the_figures() -> None:
@@ -528,3 +530,16 @@ def test_host_view_reads_the_host_probe_and_says_when_it_failed() -> None:
     recs.append(p.ProbeSample(t=T0 + 10, host=failed))
     v = figures.host_view(build_state(recs))
     assert v.reason == "host probe failed: PermissionError: /proc/meminfo" and v.level == "dim"
+
+
+def test_a_deaths_signal_is_one_row_with_its_name_and_number() -> None:
+    console = Console(width=60, record=True, color_system=None)
+    console.print(
+        evidence_table((("attempt", 1), ("exit_signal", 9), ("signal", "SIGKILL"), ("last_step", 120)))
+    )
+    rows = [" ".join(line.split()) for line in console.export_text().splitlines() if line.strip()]
+    assert rows == ["attempt 1", "exit signal SIGKILL (9)", "last step 120"]
+    # Without the number, the name alone is still shown.
+    console = Console(width=60, record=True, color_system=None)
+    console.print(evidence_table((("signal", "SIGTERM"),)))
+    assert " ".join(console.export_text().split()) == "signal SIGTERM"

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import msgspec
 
 from trainroom.core.protocol import Reply
+from trainroom.core.units import signal_name
 
 from . import fmt
 
@@ -117,6 +118,8 @@ def value_text(key: str, value: object) -> str:
         return fmt.UNKNOWN
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if key in ("exit_signal", "signal_number") and isinstance(value, int):
+        return f"{signal_name(value)} ({value})"
     if isinstance(value, (int, float)) and _is_bytes(key):
         return fmt.nbytes(value)
     if isinstance(value, float) and key.endswith("_s"):

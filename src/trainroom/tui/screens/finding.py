@@ -23,8 +23,10 @@ def evidence_table(evidence: tuple[tuple[str, object], ...]) -> Table:
     table = Table(box=None, padding=(0, 2, 0, 0), show_header=False)
     table.add_column("what", no_wrap=True, style="bold")
     table.add_column("value")
+    keys = {key for key, _ in evidence}
     for key, value in evidence:
-        if not hidden(key):
+        # A death's evidence carries the signal twice (its number, and its name): one row says both.
+        if not hidden(key) and not (key == "signal" and "exit_signal" in keys):
             table.add_row(words(key), value_text(key, value))
     return table
 
