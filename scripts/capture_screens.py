@@ -2,7 +2,9 @@
 
 Starts `trainroom demo --fault silent-death` (scenario 1) detached, opens `trainroom watch RUN` in
 one tmux pane per size, waits until the run is DEAD with its last checkpoint verified, and writes
-what each pane shows (`tmux capture-pane -p`) to OUT/main-COLSxROWS.txt.
+what each pane shows (`tmux capture-pane -p`) to OUT/main-COLSxROWS.txt; then, at 80x24, the DEAD
+finding opened (Tab, Enter: finding-80x24.txt), the runs overview (o: runs-80x24.txt) and the
+trainer log reached with Tab where the layout has no room for it (log-80x24.txt).
 
     python scripts/capture_screens.py [--out docs/screenshots] [--fault-step 120]
 """
@@ -112,6 +114,22 @@ def main() -> int:
             path = Path(args.out) / f"main-{w}x{h}.txt"
             path.write_text(text)
             print(f"{path}: {len(text.splitlines())} lines")
+        for name, keys, back in (
+            ("finding", ["Tab", "Enter"], ["Escape"]),
+            ("runs", ["o"], ["Escape"]),
+            ("log", ["BTab"], ["Escape"]),
+        ):
+            target = "80x24:"
+            for key in keys:
+                _tmux(sock, "send-keys", "-t", target, key)
+                time.sleep(0.5)
+            time.sleep(args.settle)
+            path = Path(args.out) / f"{name}-80x24.txt"
+            path.write_text(_tmux(sock, "capture-pane", "-p", "-t", target))
+            print(f"{path}")
+            for key in back:
+                _tmux(sock, "send-keys", "-t", target, key)
+                time.sleep(0.5)
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True, timeout=30)
         runs.stop_run(info.run_dir)

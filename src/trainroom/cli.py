@@ -18,7 +18,7 @@ def open_control_room(args: argparse.Namespace) -> int:
         from trainroom.tui.job import run_job_app
 
         return run_job_app(args)
-    from trainroom.tui.app import run_app
+    from trainroom.tui.entry import run_app
 
     return run_app(args)
 

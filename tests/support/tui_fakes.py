@@ -295,6 +295,7 @@ class FakeRuns:
         self.links = links or {}
         self.journal = journal or {}
         self.connects: list[str] = []
+        self.peeks: list[str] = []
 
     def list_runs(self) -> list[RunInfo]:
         return list(self.runs)
@@ -313,6 +314,12 @@ class FakeRuns:
 
     def load_view(self, run: RunInfo) -> RunView:
         return RunView(self.journal[run.run_id])
+
+    def peek(self, run: RunInfo) -> RunState:
+        self.peeks.append(run.run_id)
+        if run.run_id not in self.links:
+            raise ConnectionRefusedError(f"no keeper on {run.sock}")
+        return self.links[run.run_id].subscribe_view().state
 
 
 def run_info(run_id: str, run_dir: str, alive: bool = True, created: float = T0) -> RunInfo:

@@ -5,6 +5,7 @@ fake link at the keeper boundary records what the keeper was asked."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 from typing import Any
@@ -25,6 +26,7 @@ from tests.support.tui_fakes import (
 )
 from trainroom.core import protocol as p
 from trainroom.tui.app import ControlRoom
+from trainroom.tui.bindings import COMMANDS
 from trainroom.tui.screens.confirm import ConfirmAction
 from trainroom.tui.screens.help import HelpScreen
 from trainroom.tui.screens.result import ActionResult
@@ -56,14 +58,14 @@ async def test_kill_shows_the_pgid_and_its_pids_then_the_evidence(tmp_path) -> N
     app, link, _ = make_app(str(tmp_path), live_records())
     async with app.run_test(size=(100, 40)) as pilot:
         await settle(app, pilot)
-        text = await confirm_screen(app, pilot, "k")
+        text = await confirm_screen(app, pilot, "ctrl+k")
         assert "Kill the trainer's process group?" in text
-        assert "pgid: 4242" in text and "pid 4242  state R  cmdline python train.py" in text
+        assert "process group: 4242" in text and "pid 4242  ·  state R  ·  python train.py" in text
         assert "pid 4250" in text
         await pilot.press("y")
         text = await result_screen(app, pilot)
-        assert "kill: done" in text and "vram_used_bytes: 12.0 GiB -> 400 MiB" in text
-        assert "members: 2 -> 0" in text
+        assert "kill: done" in text and re.search(r"VRAM used\s+12\.0 GiB\s+→\s+400 MiB", text), text
+        assert re.search(r"processes\s+2\s+→\s+0", text)
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ActionResult), "the result closing")
     plan = default_replier("kill", {}, False)[0].plan
@@ -75,12 +77,12 @@ async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
     app, link, _ = make_app(str(tmp_path), live_records())
     async with app.run_test(size=(100, 40)) as pilot:
         await settle(app, pilot)
-        await confirm_screen(app, pilot, "k")
-        assert app.check_action("kill", ()) is False  # nothing else starts while one is pending
+        await confirm_screen(app, pilot, "ctrl+k")
+        assert app.why_not("kill") == "kill is under way: one action at a time"
         await pilot.press("n")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmAction), "the confirmation closing")
         await app.workers.wait_for_complete()
-        assert app.check_action("kill", ()) is True
+        assert app.why_not("kill") is None
     assert link.requests == [("kill", {}, False)]
 
 
@@ -89,18 +91,18 @@ async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
     "key,action,shown",
     [
         (
-            "c",
+            "C",
             "reclaim",
-            ["Reclaim the host page cache?", "method: cgroup memory.reclaim", "page_cache_bytes: 6.0 GiB"],
+            ["Reclaim the host page cache?", "method: cgroup memory.reclaim", "page cache: 6.0 GiB"],
         ),
         (
-            "p",
+            "P",
             "prune",
             [
                 "Delete these checkpoints?",
-                "path /ckpt/step-000100",
-                "size_bytes 4.0 GiB",
-                "freed_bytes: 4.0 GiB",
+                "delete (1):",
+                "path /ckpt/step-000100  ·  size 4.0 GiB",
+                "freed: 4.0 GiB",
             ],
         ),
     ],
@@ -125,9 +127,16 @@ async def test_resume_after_a_death(tmp_path) -> None:
     app, link, _ = make_app(str(tmp_path), dead_run_records())
     async with app.run_test(size=(100, 40)) as pilot:
         await settle(app, pilot)
-        assert app.check_action("kill", ()) is False and app.check_action("dump", ()) is False
-        await pilot.press("k")  # disabled: no live attempt, so nothing is asked
-        text = await confirm_screen(app, pilot, "r")
+        # Keys that cannot act say why, and ask the keeper nothing.
+        said: list[str] = []
+        app.notify = lambda message, **kw: said.append(str(message))  # type: ignore[method-assign]
+        await pilot.press("ctrl+k", "d")
+        await pilot.pause()
+        assert said == [
+            "kill: not now, the trainer is not running (attempt 1 was killed by SIGKILL)",
+            "dump: not now, the trainer is not running (attempt 1 was killed by SIGKILL)",
+        ]
+        text = await confirm_screen(app, pilot, "R")
         assert "Resume the run as a new attempt?" in text and "checkpoint: /ckpt/step-000300" in text
         await pilot.press("y")
         await result_screen(app, pilot)
@@ -178,7 +187,7 @@ async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
         finally:
             release.set()
         text = await result_screen(app, pilot)
-        assert "12.1 TFLOPS: the hardware is fine" in text and "tflops: — -> 12.1" in text
+        assert "12.1 TFLOPS: the hardware is fine" in text and re.search(r"tflops\s+—\s+→\s+12\.1", text)
         assert not strip.display
 
 
@@ -198,7 +207,7 @@ async def test_an_action_not_available_yet_is_said_plainly(tmp_path) -> None:
     app, link, _ = make_app(str(tmp_path), dead_run_records(), replier=not_yet)
     async with app.run_test(size=(100, 40)) as pilot:
         await settle(app, pilot)
-        await pilot.press("r")
+        await pilot.press("R")
         text = await result_screen(app, pilot)
     assert "resume: not done" in text
     assert "resume is not available yet (the recovery issue has not landed)" in text
@@ -237,26 +246,35 @@ async def test_theme_help_quit_and_the_palette(tmp_path) -> None:
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), "the help screen")
         await pilot.pause()
         text = screen_text(app)
-        for b in app.BINDINGS:
-            assert b.tooltip in text, b.tooltip  # type: ignore[union-attr]
-        assert "not now" in text  # resume: the attempt is alive
+        await pilot.press("G")  # the rest, scrolled to
+        await pilot.pause()
+        text += screen_text(app)
+        for c in COMMANDS:
+            assert c.tooltip[:20] in text, c.tooltip
+        assert "not now: attempt 1 is still running: kill it" in text  # resume
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen), "the help screen closing")
 
-        titles = {c.title: c for c in app.get_system_commands(app.screen)}
+        commands = list(app.get_system_commands(app.screen))
+        titles = [c.title for c in commands]
+        assert len(titles) == len(set(titles)), titles  # each command once
+        assert sum("theme" in t.lower() for t in titles) == 1, titles  # Textual's picker only
+        by_title = {c.title: c for c in commands}
         for title in (
-            "Kill (k)",
-            "Reclaim (c)",
-            "Prune (p)",
+            "Kill (^k)",
+            "Reclaim (C)",
+            "Prune (P)",
+            "Resume (R)",
             "Dump (d)",
             "Verify (v)",
             "Bench (b)",
-            "Theme (t)",
             "Help (?)",
+            "Runs (o)",
+            "Zoom (z)",
         ):
-            assert title in titles, title
-        assert "Resume (r)" not in titles  # it cannot apply to a live attempt
-        await titles["Kill (k)"].callback()
+            assert title in by_title, title
+        assert "not now: attempt 1 is still running" in by_title["Resume (R)"].help
+        await by_title["Kill (^k)"].callback()
         await until(pilot, lambda: isinstance(app.screen, ConfirmAction), "the palette's kill")
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmAction), "the confirmation closing")
@@ -267,21 +285,69 @@ async def test_theme_help_quit_and_the_palette(tmp_path) -> None:
     assert link.requests == [("kill", {}, False)]
 
 
-def test_every_binding_has_an_id_and_a_tooltip() -> None:
-    from trainroom.tui.bindings import BINDINGS
+def test_every_binding_has_an_id_and_a_tooltip_and_nothing_destructive_is_a_movement_key() -> None:
+    from trainroom.tui.bindings import DESTRUCTIVE, bindings
 
-    keys = {b.key: b for b in BINDINGS}
-    assert sorted(keys) == sorted(["k", "c", "p", "r", "d", "g", "v", "b", "t", "question_mark", "q"])
-    for b in BINDINGS:
+    keys = {b.key: b for b in bindings()}
+    assert sorted(keys) == sorted(
+        [
+            "ctrl+k",
+            "C",
+            "P",
+            "R",
+            "d",
+            "U",
+            "v",
+            "b",
+            "o",
+            "tab",
+            "shift+tab",
+            "z",
+            "slash",
+            "l",
+            "f",
+            "t",
+            "question_mark",
+            "q",
+        ]
+    )
+    for b in bindings():
         assert b.id and b.id.startswith("trainroom.") and b.tooltip
+    # What a vim, k9s or lazygit user presses to move or search never changes the world.
+    movement = {
+        "h",
+        "j",
+        "k",
+        "l",
+        "g",
+        "G",
+        "w",
+        "b",
+        "e",
+        "n",
+        "N",
+        "d",
+        "x",
+        "p",
+        "c",
+        "r",
+        "u",
+        "y",
+        "slash",
+        "space",
+        "enter",
+    }
+    for b in bindings():
+        if b.action in DESTRUCTIVE:
+            assert b.key not in movement and (b.key.isupper() or b.key.startswith("ctrl+")), b
 
 
 def test_the_action_keys_come_from_the_one_table_in_core() -> None:
     from trainroom.core.findings import ACTION_KEYS, ACTIONS
     from trainroom.core.keeper import actions as keeper_actions
-    from trainroom.tui.bindings import BINDINGS, DESTRUCTIVE, KEEPER_ACTIONS
+    from trainroom.tui.bindings import DESTRUCTIVE, KEEPER_ACTIONS, bindings
 
-    by_action = {b.action: b for b in BINDINGS}
+    by_action = {b.action: b for b in bindings()}
     for a in ACTIONS:
         b = by_action[a.name]
         assert (b.key, b.description, b.tooltip, b.id) == (

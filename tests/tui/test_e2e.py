@@ -1,5 +1,5 @@
-"""The control room against a real keeper and a real demo trainer (CPU torch): in-process through
-Textual's Pilot, and as the real console script in a real tmux pane.
+"""The control room against a real keeper and a real demo trainer (CPU torch), in-process through
+Textual's Pilot (the real console script in a real tmux pane is tests/e2e/test_tmux.py).
 
 Nothing here is a fake: the keeper, the trainer, its SIGKILL, the resume and the kill are real.
 Every wait is a generous bound on something the keeper or the screen reports (torch starts slowly
@@ -9,21 +9,21 @@ on a loaded 2-core machine); no test asserts how fast anything happened.
 from __future__ import annotations
 
 import math
-import os
-import shlex
-import shutil
-import subprocess
-import sys
+import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.support.helpers import start_demo, status, status_json
+from tests.support.helpers import status
+from tests.support.room import (
+    FAULT_STEP,
+    LAST_CKPT,
+    START_S,
+    dead_with_checkpoint,
+    start_silent_death,
+)
 from tests.support.tui_fakes import in_loop, screen_text
-from tests.support.waiting import wait_for
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import snapshot
 from trainroom.tui import fmt
@@ -31,45 +31,6 @@ from trainroom.tui.app import ControlRoom
 from trainroom.tui.screens.confirm import ConfirmAction
 from trainroom.tui.screens.result import ActionResult
 from trainroom.tui.widgets.header import RunHeader
-
-START_S = 120.0  # torch's import on a loaded 2-core machine, then a few steps
-FAULT_STEP = 25
-CKPT_EVERY = 10
-LAST_CKPT = 20  # the last checkpoint before the fault step
-
-
-# ------------------------------------------------------------------------------------ helpers
-
-
-def _dead_with_checkpoint(info: runs.RunInfo) -> dict[str, Any]:
-    """DEAD at the fault step, once the last checkpoint before it has verified (so the resume
-    plan's checkpoint is the one the test expects)."""
-
-    def ready() -> dict[str, Any] | None:
-        s = status(info)
-        dead = next((f for f in s["findings"] if f["code"] == "DEAD"), None)
-        ckpt = next(
-            (c for c in s["checkpoints"] if c["state"] == "verified" and c["step"] == LAST_CKPT), None
-        )
-        # `latest` is read by the disk probe, a second behind the verification at most.
-        if (
-            s["state"] == "dead"
-            and dead
-            and dead["evidence"].get("last_verified_step") == LAST_CKPT
-            and ckpt
-            and s["latest_checkpoint"]
-            and s["latest_checkpoint"] == ckpt["promoted"]
-        ):
-            return s
-        return None
-
-    return wait_for(ready, timeout=START_S, what=f"DEAD at step {FAULT_STEP} with step {LAST_CKPT} verified")
-
-
-def _start_silent_death(**kw: Any) -> runs.RunInfo:
-    return start_demo(
-        fault="silent-death", fault_step=FAULT_STEP, ckpt_every=CKPT_EVERY, step_delay=0.02, **kw
-    )
 
 
 def _vram_figures(d: dict[str, Any]) -> list[str]:
@@ -101,7 +62,7 @@ def _run_figures(d: dict[str, Any]) -> list[str]:
         f"step {LAST_CKPT}",
         "verified",
         "← latest",  # disk guard
-        "CRIT DEAD [r] resume",  # findings
+        "CRIT DEAD [R] resume",  # findings
     ]
 
 
@@ -166,18 +127,18 @@ async def _status(
 @in_loop
 async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome: Path) -> None:
     """Scenario 1 on the real keeper: the panels show the run's figures, the badge turns DEAD,
-    `r` shows the exact checkpoint and starts attempt 2, `k` shows the exact PGID and PIDs and
+    R shows the exact checkpoint and starts attempt 2, ctrl+k shows the exact PGID and PIDs and
     kills it with before -> after evidence."""
-    info = _start_silent_death()
+    info = start_silent_death()
     app = ControlRoom(info.run_id)
     async with app.run_test(size=(160, 48)) as pilot:
         await _until(pilot, lambda: app.connected and app.state is not None, START_S, "the keeper's snapshot")
-        d = _dead_with_checkpoint(info)
+        d = dead_with_checkpoint(info)
         assert d["step"] == FAULT_STEP
         await _shows(app, pilot, _run_figures(d), what="the dead run's figures")
 
-        # r: the confirmation names the exact checkpoint the keeper will load.
-        await pilot.press("r")
+        # R: the confirmation names the exact checkpoint the keeper will load.
+        await pilot.press("R")
         confirm = await _until(
             pilot,
             lambda: isinstance(app.screen, ConfirmAction) and app.screen,
@@ -194,8 +155,8 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
             [
                 "Resume the run as a new attempt?",
                 f"checkpoint: {d['latest_checkpoint']}",
-                f"died_at_step: {FAULT_STEP}",
-                f"steps_lost: {FAULT_STEP - LAST_CKPT}",
+                f"died at step: {FAULT_STEP}",
+                f"steps lost: {FAULT_STEP - LAST_CKPT}",
             ],
         )
         await pilot.press("y")
@@ -208,7 +169,10 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
         )
         assert result.outcome.ok, result.outcome.message
         assert result.outcome.before["attempt"] == 1 and result.outcome.after["attempt"] == 2
-        await _shows(app, pilot, ["resume: done", "attempt: 1 -> 2", f"from_step: — -> {LAST_CKPT}"])
+        text = await _shows(app, pilot, ["resume: done", "before → after"])
+        assert re.search(r"attempt\s+1\s+→\s+2", text) and re.search(
+            rf"from step\s+—\s+→\s+{LAST_CKPT}", text
+        ), text
         await pilot.press("escape")
 
         d2 = await _status(
@@ -219,9 +183,9 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
         )
         await _shows(app, pilot, ["attempt 2/2", " RUNNING ", f"pgid {d2['pgid']}"], timeout=60)
 
-        # k: the confirmation names the exact process group and its members.
-        await _until(pilot, lambda: app.check_action("kill", ()), 30, "kill to apply")
-        await pilot.press("k")
+        # ctrl+k: the confirmation names the exact process group and its members.
+        await _until(pilot, lambda: app.why_not("kill") is None, 30, "kill to apply")
+        await pilot.press("ctrl+k")
         confirm = await _until(
             pilot,
             lambda: isinstance(app.screen, ConfirmAction) and app.screen,
@@ -238,8 +202,8 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
             pilot,
             [
                 "Kill the trainer's process group?",
-                f"pgid: {d2['pgid']}",
-                *(f"pid {pid}  pgid {d2['pgid']}" for pid in pids),
+                f"process group: {d2['pgid']}",
+                *(f"pid {pid}  ·  state " for pid in pids),
             ],
         )
         await pilot.press("y")
@@ -252,27 +216,21 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
         )
         assert result.outcome.ok, result.outcome.message
         assert result.outcome.before["members"] == len(pids) and result.outcome.after["members"] == 0
-        await _shows(
-            app,
-            pilot,
-            [
-                "kill: done",
-                "before -> after",
-                f"members: {len(pids)} -> 0",
-                f"pids: {', '.join(map(str, pids))} -> none",
-            ],
-        )
+        text = await _shows(app, pilot, ["kill: done", "before → after"])
+        assert re.search(rf"processes\s+{len(pids)}\s+→\s+0", text), text
+        assert re.search(rf"pids\s+{', '.join(map(str, pids))}\s+→\s+none", text), text
         await pilot.press("escape")
 
         d3 = await _status(
             pilot,
             info,
-            lambda s: s["state"] == "dead" and s["attempt"] == 2,
-            "attempt 2 dead after the kill",
+            # The user's own kill is a stop, not a death.
+            lambda s: s["state"] == "stopped" and s["attempt"] == 2,
+            "attempt 2 ended by the kill",
             timeout=30,
         )
         assert d3["attempts"][1]["exit_signal"] is not None
-        await _shows(app, pilot, ["attempt 2/2", " DEAD ", f"killed by {d3['exit']['signal_name']}"])
+        await _shows(app, pilot, ["attempt 2/2", " STOPPED ", f"killed by {d3['exit']['signal_name']}"])
 
 
 # ------------------------------------------------------------------------------------ snapshots
@@ -283,8 +241,8 @@ async def test_main_screen_text_at_80x24_and_160x48_with_a_frozen_clock(trhome: 
     """The main screen of a real dead run, rendered twice with one frozen clock: every panel's
     title and figures at 160x48, what matters at 80x24, and a header that loses whole parts (never
     half a word) when it is narrow."""
-    info = _start_silent_death()
-    d = _dead_with_checkpoint(info)
+    info = start_silent_death()
+    d = dead_with_checkpoint(info)
     frozen = snapshot(info.sock).status_since + 30
     titles = [
         "trainer",
@@ -322,197 +280,3 @@ async def test_main_screen_text_at_80x24_and_160x48_with_a_frozen_clock(trhome: 
     assert all(any(w == f for f in full) for w in words), (narrow_header, wide_header)
     assert words[:2] == ["trainroom", info.run_id] and "DEAD" in words and str(d["step"]) in words
     assert len(narrow_header) <= 80
-
-
-# ------------------------------------------------------------------------------------ tmux
-
-
-def _trainroom_script() -> str | None:
-    near = Path(sys.executable).with_name("trainroom")
-    return str(near) if near.exists() else shutil.which("trainroom")
-
-
-def _then_stay(command: str) -> str:
-    """The command, then its exit status printed, then a sleep: the pane stays to be read."""
-    return "sh -c " + shlex.quote(command + '; echo "[control room closed: $?]"; exec sleep 600')
-
-
-class Pane:
-    """A detached tmux session on a private socket, read with capture-pane."""
-
-    def __init__(self, home: Path, size: tuple[int, int]) -> None:
-        self.sock = str(home / "tmux.sock")
-        self.size = size
-        self.target = "room"
-
-    def tmux(self, *args: str) -> str:
-        out = subprocess.run(
-            ["tmux", "-S", self.sock, *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-        )
-        assert out.returncode == 0, f"tmux {args}: {out.stderr}"
-        return out.stdout
-
-    def start(self, command: str) -> None:
-        w, h = self.size
-        # The shell stays after the control room closes, so the pane (and its last words) remain.
-        self.tmux(
-            "new-session",
-            "-d",
-            "-s",
-            "room",
-            "-x",
-            str(w),
-            "-y",
-            str(h),
-            "-e",
-            f"TRAINROOM_HOME={os.environ['TRAINROOM_HOME']}",
-            _then_stay(command),
-        )
-        # Windows made later take this size too (a detached server's default is 80x24).
-        self.tmux("set-option", "-g", "default-size", f"{w}x{h}")
-        self.target = "room"
-
-    def new_window(self, command: str) -> None:
-        self.tmux(
-            "new-window",
-            "-t",
-            "room",
-            "-n",
-            "again",
-            "-e",
-            f"TRAINROOM_HOME={os.environ['TRAINROOM_HOME']}",
-            _then_stay(command),
-        )
-        self.target = "room:again"
-
-    def text(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", self.target)
-
-    def pane_size(self) -> tuple[int, int]:
-        w, h = self.tmux("display-message", "-p", "-t", self.target, "#{pane_width} #{pane_height}").split()
-        return int(w), int(h)
-
-    def keys(self, *keys: str) -> None:
-        self.tmux("send-keys", "-t", self.target, *keys)
-
-    def wait(self, *needles: str, timeout: float = START_S) -> str:
-        last = [""]
-
-        def there() -> str | None:
-            last[0] = self.text()
-            return last[0] if all(n in last[0] for n in needles) else None
-
-        try:
-            return wait_for(there, timeout=timeout, interval=0.25, what=f"{needles} in the pane")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- pane ---\n{last[0]}") from None
-
-    def wait_gone(self, needle: str, timeout: float = 30.0) -> str:
-        """Until `needle` has left the pane: a modal closed. (Keys sent while it closes could
-        reach the app glued to an Escape, which a terminal reads as Alt+key.)"""
-        last = [""]
-
-        def gone() -> str | None:
-            last[0] = self.text()
-            return last[0] if needle not in last[0] else None
-
-        try:
-            return wait_for(gone, timeout=timeout, interval=0.25, what=f"{needle!r} to leave the pane")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- pane ---\n{last[0]}") from None
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-S", self.sock, "kill-server"], capture_output=True, timeout=30)
-
-
-@pytest.fixture
-def pane_factory(trhome: Path) -> Iterator[Callable[[tuple[int, int]], Pane]]:
-    panes: list[Pane] = []
-
-    def make(size: tuple[int, int]) -> Pane:
-        panes.append(Pane(trhome, size))
-        return panes[-1]
-
-    try:
-        yield make
-    finally:
-        for p in panes:
-            p.close()
-
-
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed: no real terminal to drive")
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_tmux_demo_dead_resume_quit_reopen_kill(
-    trhome: Path, pane_factory: Callable[[tuple[int, int]], Pane], size: tuple[int, int]
-) -> None:
-    """`trainroom demo --fault silent-death` in a real terminal: DEAD appears, `r` + `y` starts
-    attempt 2, `q` leaves the run going (the CLI sees steps still coming), `trainroom watch`
-    reopens it, `k` + `y` kills attempt 2 and shows the evidence."""
-    script = _trainroom_script()
-    if script is None:
-        pytest.skip("the trainroom console script is not installed (pip install -e .)")
-    pane = pane_factory(size)
-    pane.start(
-        f"{shlex.quote(script)} demo --fault silent-death --fault-step {FAULT_STEP} "
-        f"--ckpt-every {CKPT_EVERY} --step-delay 0.02"
-    )
-    pane.wait(" DEAD ")
-    assert pane.pane_size() == size
-    (info,) = runs.list_runs()
-    d = _dead_with_checkpoint(info)
-
-    pane.keys("r")
-    # (at 24 rows the plan scrolls: its first fields and the buttons are what shows)
-    pane.wait("Resume the run as a new attempt?", f"step: {LAST_CKPT}", "yes, resume (y)", timeout=60)
-    pane.keys("y")
-    pane.wait("resume: done", "attempt: 1 -> 2", "esc / enter: close")
-    pane.keys("Escape")
-    pane.wait_gone("resume: done")
-    text = pane.wait("attempt 2/2", " RUNNING ", timeout=60)
-    assert text.splitlines()[0].startswith(" trainroom ")
-    assert all(len(line) <= size[0] for line in text.splitlines())
-
-    pane.keys("q")
-    pane.wait("[control room closed: 0]", timeout=30)
-    # The run lives on without its control room: the CLI sees attempt 2 still stepping.
-    first = status_json(info.run_id)
-    assert first["keeper"] == "alive" and first["attempt"] == 2 and first["state"] == "running", first
-    wait_for(
-        lambda: (status_json(info.run_id)["step"] or 0) > (first["step"] or 0),
-        timeout=60,
-        what="steps after the control room closed",
-    )
-    assert first["attempts"][1]["resume_from"] == d["latest_checkpoint"]
-
-    pane.new_window(f"{shlex.quote(script)} watch {info.run_id}")
-    assert pane.pane_size() == size
-    pane.wait("attempt 2/2", " RUNNING ", timeout=60)
-    pane.keys("k")
-    pane.wait(
-        "Kill the trainer's process group?",
-        f"pgid: {first['pgid']}",
-        f"pid {first['pid']}",
-        "yes, kill (y)",
-        timeout=60,
-    )
-    pane.keys("y")
-    pane.wait(
-        "kill: done",
-        "before -> after",
-        "members: 1 -> 0",
-        f"pids: {first['pid']} -> none",
-        "esc / enter: close",
-        timeout=60,
-    )
-    pane.keys("Escape")
-    pane.wait_gone("kill: done")
-    pane.wait(" DEAD ", "attempt 2/2", timeout=30)
-    pane.keys("q")
-    pane.wait("[control room closed: 0]", timeout=30)
-    after = status_json(info.run_id)
-    assert after["keeper"] == "alive" and after["state"] == "dead" and after["attempt"] == 2
-    assert after["attempts"][1]["exit_signal"] is not None

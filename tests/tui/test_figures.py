@@ -7,8 +7,10 @@ import math
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from tests.support.tui_fakes import T0, FakeLink, GiB, MiB, build_state, dead_run_records, healthy_records, rx
 from trainroom.core import protocol as p
@@ -17,26 +19,35 @@ from trainroom.core.run.series import Series
 from trainroom.core.run.state import to_snapshot
 from trainroom.core.run.view import RunView
 from trainroom.core.samples import CgroupMemory, GpuDevice, GpuProcess, GpuSample, HostSample
-from trainroom.tui import figures, fmt
-from trainroom.tui.evidence import before_after_lines, plan_lines
+from trainroom.tui import figures, fmt, verdict
+from trainroom.tui.evidence import before_after_lines, before_after_rows, plan_lines, soft_wrap
 from trainroom.tui.logtail import TrainerLogTail
+from trainroom.tui.lossplot import recent, thin
 from trainroom.tui.plot import chart
 from trainroom.tui.reader import KeeperReader, series_for
+from trainroom.tui.screens.finding import evidence_table
 
 
 def test_dead_run_views_carry_the_figures() -> None:
     st = build_state(dead_run_records())
-    v = figures.compute(st, T0 + 215, connected=True)
-    assert v.header.state == "dead" and v.header.step == 322
-    assert v.trainer.exit_text == "killed by SIGKILL (9)" and v.trainer.exit_level == "crit"
-    assert v.cadence.stopped
-    assert [f.code for f in v.findings] == ["DEAD", "HOST_RAM_LOW"]  # most severe first
-    assert v.findings[0].key == "r" and v.findings[1].key == "c"
-    assert [c.state for c in v.disk.checkpoints] == ["rejected", "verified"]
-    assert v.disk.checkpoints[1].latest and not v.disk.checkpoints[0].latest
-    assert v.disk.used_fraction == pytest.approx(0.94)
-    assert v.host.level == "warn" and v.host.page_cache == 6 * GiB
-    assert not figures.live_attempt(st)
+    now = T0 + 215
+    header = verdict.header_view(st, now, connected=True)
+    assert header.state == "dead" and header.step == 322 and header.level == "crit"
+    # DEAD is the state itself: the header names the next finding.
+    assert header.worst_code == "HOST_RAM_LOW" and header.worst_level == "warn" and header.more == 0
+    trainer = figures.trainer_view(st, now)
+    assert trainer.exit_text == "killed by SIGKILL (9)" and trainer.exit_level == "crit"
+    assert figures.cadence_view(st, now).stopped
+    rows = verdict.findings_view(st, lambda a: a.upper(), verdict.Situation(connected=True))
+    assert [f.code for f in rows] == ["DEAD", "HOST_RAM_LOW"]  # most severe first
+    assert (rows[0].key, rows[0].fix) == ("RESUME", "resume") and rows[1].key == "RECLAIM"
+    disk = figures.disk_view(st)
+    assert [c.state for c in disk.checkpoints] == ["rejected", "verified"]
+    assert disk.checkpoints[1].latest and not disk.checkpoints[0].latest
+    assert disk.used_fraction == pytest.approx(0.94)
+    host = figures.host_view(st)
+    assert host.level == "warn" and host.page_cache == 6 * GiB
+    assert not verdict.live_attempt(st)
 
 
 def test_vram_ratio_is_driver_over_allocator_reserved() -> None:
@@ -200,7 +211,7 @@ def test_cadence_age_against_the_stall_bound() -> None:
 
 
 def test_chart_draws_the_curve_the_guide_and_the_marks() -> None:
-    pts = [(float(i), 10.0 - i) for i in range(10)]
+    pts = [(float(i), 11.0 - i) for i in range(10)]
     c = chart(pts, cols=20, rows=5, guides={"lnv": 10.83}, marks=[(0.0, "restart"), (9.0, "checkpoint")])
     kinds = {k for row in c.rows for _, k in row}
     assert {"curve", "lnv"} <= kinds
@@ -208,6 +219,39 @@ def test_chart_draws_the_curve_the_guide_and_the_marks() -> None:
     assert c.marks[0] == ("R", "restart") and c.marks[-1] == ("c", "checkpoint")
     assert any(label == "10.8" for _, label in c.y_labels)
     assert c.y_max > 10.83 > c.y_min
+
+
+def test_the_y_range_is_the_curves_own_and_a_log_scale_spreads_late_training() -> None:
+    """Late training far below ln V: the guide does not stretch the range (it is left out),
+    and a log scale gives the low values rows of their own."""
+    pts = [(float(i), 2.0 + 0.001 * (i % 7)) for i in range(50)]
+    c = chart(pts, cols=20, rows=6, guides={"lnv": 10.83})
+    assert c.y_max < 2.1 and all(k != "lnv" for row in c.rows for _, k in row)
+    assert not any(label == "10.8" for _, label in c.y_labels)
+    decay = [(float(i), 10.0 * 0.9**i) for i in range(60)]  # 10 down to ~0.02
+    lin, log = chart(decay, cols=30, rows=8), chart(decay, cols=30, rows=8, log_y=True)
+
+    def rows_hit(ch: Any, xs: range) -> set[int]:
+        return {
+            r for r, row in enumerate(ch.rows) for c, (_, k) in enumerate(row) if k == "curve" and c in xs
+        }
+
+    late = range(15, 30)  # the second half of the run
+    assert len(rows_hit(log, late)) > len(rows_hit(lin, late))
+    # Labels are values, not logs: the log scale's bottom is above zero, the linear one's below.
+    assert float(log.y_labels[-1][1]) > 0 > float(lin.y_labels[-1][1])
+    assert float(log.y_labels[0][1]) > 10.0
+
+
+def test_the_plot_thins_the_whole_run_evenly_and_keeps_spikes() -> None:
+    pts = [(float(i), 3.0) for i in range(10_000)]
+    pts[123] = (123.0, 50.0)  # a spike early in the run
+    kept = thin(pts, 400)
+    assert len(kept) <= 402 and kept[0][0] == 0.0 and kept[-1][0] == 9_999.0  # start and end stay
+    assert (123.0, 50.0) in kept
+    assert [x for x, _ in kept] == sorted(x for x, _ in kept)
+    tail = recent(tuple(pts), 0.2)
+    assert tail[0][0] >= 7_999 and tail[-1][0] == 9_999.0
 
 
 def test_chart_of_a_flat_line_and_of_nothing() -> None:
@@ -234,14 +278,45 @@ def test_evidence_lines_show_the_exact_target_and_before_after() -> None:
         }
     )
     assert lines == [
-        "pgid: 4242",
-        "members: 1",
-        "  pid 4242  state R  cmdline python t.py",
-        "freed_bytes: 4.0 GiB",
+        "process group: 4242",
+        "processes (1):",
+        "  pid 4242  ·  state R  ·  python t.py",
+        "freed: 4.0 GiB",
     ]
     assert before_after_lines({"vram_used_bytes": 12 * GiB}, {"vram_used_bytes": 400 * MiB}) == [
-        "vram_used_bytes: 12.0 GiB -> 400 MiB"
+        "VRAM used: 12.0 GiB -> 400 MiB"
     ]
+
+
+def test_plans_read_in_words_the_target_first_without_bookkeeping() -> None:
+    """What issue 16 saw: `leader_start_ticks: 509068`, `bytes_freed: — -> 23941779`, `ok: — ->
+    yes`, the resume argv below the fold."""
+    plan = {
+        "ok": True,
+        "attempt": 2,
+        "died_at_step": 25,
+        "steps_lost": 5,
+        "checkpoint_bytes": 3 * GiB,
+        "templated": True,
+        "argv": ["python", "train.py", "--init_from=resume"],
+        "checkpoint": "/ckpt/step-000020",
+        "leader_start_ticks": 509068,
+        "leader_start_time": T0,
+    }
+    lines = plan_lines(plan)
+    assert lines[:2] == ["command: python train.py --init_from=resume", "checkpoint: /ckpt/step-000020"]
+    assert "died at step: 25" in lines and "steps lost: 5" in lines and "checkpoint size: 3.0 GiB" in lines
+    assert not any("ticks" in x or "ok" in x.split(":")[0] or "templated" in x for x in lines)
+    rows = before_after_rows({"ok": False, "bytes_freed": None}, {"ok": True, "bytes_freed": 23941779})
+    assert rows == [("freed", "—", "22.8 MiB")]
+
+
+def test_a_long_path_wraps_after_a_slash_never_mid_name() -> None:
+    path = "checkpoint: /home/someone/projects/nanogpt/out/runs/20261203-121511/step-000300"
+    lines = soft_wrap(path, 40)
+    assert all(len(x) <= 40 for x in lines) and len(lines) > 1
+    assert "".join(x.removeprefix("  ") for x in lines) == path
+    assert all(x.rstrip().endswith(("/", ":")) for x in lines[:-1]), lines
 
 
 def test_log_tail_follows_appends_partial_lines_and_truncation(tmp_path) -> None:
@@ -297,7 +372,7 @@ def test_reader_folds_deltas_under_the_lock_and_reports_the_keeper_gone() -> Non
         link,
         lock,
         on_snapshot=lambda st, se: (states.append(st), series.append(se)),
-        on_change=lambda: changes.append(1),
+        on_change=lambda urgent: changes.append(urgent),
         on_gone=lambda reason, t: (gone.append((reason, t)), done.set()),
         clock=lambda: T0 + 99,
     )
@@ -309,7 +384,7 @@ def test_reader_folds_deltas_under_the_lock_and_reports_the_keeper_gone() -> Non
     reader.join(5)
     assert states[0] is not st  # a decoded copy, as from the wire
     assert states[0].current_step() == 14 and states[0].steps_total == 15
-    assert len(changes) == 10 and reader.records == 10
+    assert changes == [False] * 10 and reader.records == 10  # steps: routine, not urgent
     assert series[0].snapshot().total_points == 15  # 5 seeded from the snapshot, 10 folded live
     assert gone == [("keeper gone: connection reset by peer", T0 + 99)]
 
@@ -321,7 +396,7 @@ def test_reader_stop_is_quiet() -> None:
         link,
         threading.Lock(),
         on_snapshot=lambda st, se: None,
-        on_change=lambda: None,
+        on_change=lambda urgent: None,
         on_gone=lambda *a: gone.append(a),
     )
     reader.start()
@@ -379,7 +454,7 @@ def test_reader_over_a_real_socket_with_the_real_client_stops_when_asked(tmp_pat
     got: list = []
     folded = threading.Event()
 
-    def on_change() -> None:
+    def on_change(urgent: bool) -> None:
         with lock:
             if got and got[0].current_step() == 7:
                 folded.set()
@@ -455,3 +530,16 @@ def test_host_view_reads_the_host_probe_and_says_when_it_failed() -> None:
     recs.append(p.ProbeSample(t=T0 + 10, host=failed))
     v = figures.host_view(build_state(recs))
     assert v.reason == "host probe failed: PermissionError: /proc/meminfo" and v.level == "dim"
+
+
+def test_a_deaths_signal_is_one_row_with_its_name_and_number() -> None:
+    console = Console(width=60, record=True, color_system=None)
+    console.print(
+        evidence_table((("attempt", 1), ("exit_signal", 9), ("signal", "SIGKILL"), ("last_step", 120)))
+    )
+    rows = [" ".join(line.split()) for line in console.export_text().splitlines() if line.strip()]
+    assert rows == ["attempt 1", "exit signal SIGKILL (9)", "last step 120"]
+    # Without the number, the name alone is still shown.
+    console = Console(width=60, record=True, color_system=None)
+    console.print(evidence_table((("signal", "SIGTERM"),)))
+    assert " ".join(console.export_text().split()) == "signal SIGTERM"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import msgspec
+
 from tests.support.tui_fakes import (
     T0,
     FakeLink,
@@ -27,7 +29,7 @@ from trainroom.core.findings import Finding
 from trainroom.core.samples import GpuSample, HostSample
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.messages import RunChanged
-from trainroom.tui.screens.picker import RunPicker
+from trainroom.tui.screens.runs import RunsScreen
 
 
 def sick_run_records() -> list:
@@ -100,8 +102,8 @@ async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
         "loss vs tokens",
         "ln V 10.82 (V=50257)",
         "c checkpoint",  # loss
-        "CRIT DEAD [r] resume  trainer killed by SIGKILL at step 322; 22 steps lost since step 300",
-        "WARN HOST_RAM_LOW [c] reclaim",  # findings
+        "CRIT DEAD [R] resume  trainer killed by SIGKILL at step 322; 22 steps lost since step 300",
+        "WARN HOST_RAM_LOW [C] reclaim",  # findings
         "available 2.1 GiB of 31.0 GiB",
         "page cache 6.0 GiB",  # host
         "used 94%",
@@ -117,9 +119,13 @@ async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
         "last line of the log",  # log tail
     ):
         assert figure in text, figure
-    # the dead run's footer offers resume and reclaim, not kill
+    # the dead run's key strip offers resume and reclaim first (the findings' fixes), not kill
     footer = text.splitlines()[-1]
-    assert "r resume" in footer and "c reclaim" in footer and "k kill" not in footer
+    assert (
+        footer.startswith(" R resume  C reclaim")
+        and "kill" not in footer
+        and footer.rstrip().endswith("? help  q quit")
+    )
 
 
 @in_loop
@@ -136,15 +142,15 @@ async def test_main_screen_80x24_keeps_what_matters(tmp_path) -> None:
         "pid 4242  pgid 4242",
         "killed by SIGKILL (9)",
         "ratio 1.83x",
-        "CRIT DEAD [r] resume",
-        "HOST_RAM_LOW [c] reclaim",
+        "CRIT DEAD [R] resume",
+        "HOST_RAM_LOW [C] reclaim",
         "used 94%",
         "ln V 10.82",
         "available 2.1 GiB",
     ):
         assert figure in text, figure
     assert "trainer.log" not in text and "reserved" not in text  # log tail and ranks collapse
-    assert "r resume" in lines[-1] and "? help" in lines[-1] and "q quit" in lines[-1]
+    assert "R resume" in lines[-1] and "? help" in lines[-1] and "q quit" in lines[-1]
 
 
 @in_loop
@@ -209,10 +215,13 @@ async def test_a_burst_of_changes_is_rendered_once(tmp_path) -> None:
 @in_loop
 async def test_keeper_gone_banner_shows_the_journal_and_the_resume_key(tmp_path) -> None:
     journal = build_state(dead_run_records())
-    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), journal=journal, reconnect_interval_s=30)
+    app, link, runs = make_app(
+        str(tmp_path), healthy_records(steps=5), journal=journal, reconnect_interval_s=30
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(app, pilot)
-        assert app.connected and app.check_action("kill", ()) is True
+        assert app.connected and app.why_not("kill") is None
+        runs.runs = [msgspec.structs.replace(r, alive=False) for r in runs.runs]  # its process is gone
         link.go_away("keeper gone: connection reset by peer")
         await until(
             pilot,
@@ -222,12 +231,16 @@ async def test_keeper_gone_banner_shows_the_journal_and_the_resume_key(tmp_path)
         app.redraw()
         await pilot.pause()
         text = screen_text(app)
-        assert app.check_action("resume", ()) is True and app.check_action("kill", ()) is False
+        assert app.why_not("resume") is None
+        assert (
+            app.why_not("kill")
+            == "the keeper is gone: resume works without it, or use `trainroom kill RUN` in a shell"
+        )
         banner = app.query_one("#banner")
         assert banner.display and banner.view.reason == "keeper gone: connection reset by peer"
     assert "keeper gone since" in text
     assert "journal's last state: DEAD" in text and "last step 322" in text
-    assert "press r to resume" in text and "KEEPER GONE" in text
+    assert "press R to resume" in text and "KEEPER GONE" in text
     assert link.closed
 
 
@@ -260,7 +273,7 @@ async def test_a_run_without_a_keeper_opens_on_its_journal(tmp_path) -> None:
 
 
 @in_loop
-async def test_several_live_runs_open_a_picker(tmp_path) -> None:
+async def test_several_live_runs_open_the_runs_overview_to_pick_from(tmp_path) -> None:
     older, newer = tmp_path / "a", tmp_path / "b"
     older.mkdir()
     newer.mkdir()
@@ -273,10 +286,10 @@ async def test_several_live_runs_open_a_picker(tmp_path) -> None:
         None, source=FakeRuns(infos, links), clock=lambda: T0 + 100, theme_dirs=shipped_themes()
     )
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RunPicker), "the picker")
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen), "the runs overview")
         await pilot.pause()
         text = screen_text(app)
-        assert "2 live runs" in text and "run-newer" in text and "run-older" in text
+        assert "2 live runs (of 2): pick one" in text and "run-newer" in text and "run-older" in text
         await pilot.press("enter")  # the newest is highlighted first
         await until(pilot, lambda: app.state is not None, "the picked run's snapshot")
     assert app.run_id == "run-newer"
@@ -341,3 +354,16 @@ async def test_an_unreadable_journal_is_said_and_the_keeper_still_looked_for(tmp
         runs.links["run-gone"] = FakeLink(st)
         runs.runs[0] = run_info("run-gone", str(tmp_path))  # its keeper is back
         await until(pilot, lambda: app.connected, "the keeper found again")
+
+
+@in_loop
+async def test_a_keeper_that_lives_but_does_not_answer_is_busy_not_gone(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), reconnect_interval_s=30)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        link.go_away("keeper at /x/keeper.sock sent no snapshot within 5.0 s")
+        await until(pilot, lambda: not app.connected and app.keeper_busy, "the keeper seen busy")
+        app.redraw()
+        await pilot.pause()
+        text = screen_text(app)
+    assert "KEEPER BUSY" in text.splitlines()[0] and "keeper not answering since" in text

@@ -10,7 +10,8 @@ import pytest
 
 from tests.support.tui_fakes import dead_run_records, in_loop, make_app, settle, shipped_themes
 from trainroom.tui import theming
-from trainroom.tui.app import ControlRoom, run_app
+from trainroom.tui.app import ControlRoom
+from trainroom.tui.entry import run_app
 
 GOOD = b'name = "mine"\nprimary = "#336699"\n[variables]\ntrainroom-crit = "#ff00ff"\n'
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainroom.core.config import DEFAULT_LOG_PATTERN, Config, ConfigError, load_config, resume_argv
+from trainroom.core.config import DEFAULT_LOG_PATTERN, Config, ConfigError, load_config
+from trainroom.core.ops.resume import resume_argv
 
 
 def write(d: Path, text: str) -> Path:

@@ -38,6 +38,10 @@ Example::
 
     [hosts.node1]
     target = "ssh://me@10.0.0.5:2222"
+
+    [keys]
+    kill = "ctrl+k"
+    zoom = "z,f11"
 """
 
 from __future__ import annotations
@@ -325,6 +329,45 @@ class Host(_Section):
     remote_command: str | None = None
 
 
+# A key as the control room names it: `k`, `K`, `ctrl+k`, `f5`, `slash`, `/` (one printable
+# character is taken as is); several for one command are comma-separated ("z,f11").
+_KEY = re.compile(r"^(?:[A-Za-z0-9_+-]+|[^\s,])$")
+
+
+class Keys(_Section):
+    """The control room's keys, by command (its `--help` and `?` list them with their defaults);
+    an unset one keeps its default. Two commands on one key is refused when the control room
+    opens, naming both."""
+
+    kill: str | None = None
+    reclaim: str | None = None
+    prune: str | None = None
+    resume: str | None = None
+    dump: str | None = None
+    continue_: str | None = msgspec.field(default=None, name="continue")
+    verify: str | None = None
+    bench: str | None = None
+    help: str | None = None
+    quit: str | None = None
+    theme: str | None = None
+    runs: str | None = None
+    zoom: str | None = None
+    next_panel: str | None = None
+    previous_panel: str | None = None
+    search: str | None = None
+    log_scale: str | None = None
+    recent_window: str | None = None
+
+    def given(self) -> dict[str, str]:
+        """The commands this file remaps, by their name in the file."""
+        out: dict[str, str] = {}
+        for f in msgspec.structs.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.encode_name] = value
+        return out
+
+
 class Config(_Section):
     # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
     # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
@@ -344,6 +387,7 @@ class Config(_Section):
     bench: Bench = msgspec.field(default_factory=Bench)
     notify: Notify = msgspec.field(default_factory=Notify)
     hosts: dict[str, Host] = {}
+    keys: Keys = msgspec.field(default_factory=Keys)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""
@@ -414,22 +458,6 @@ def decode_config(data: bytes | str, path: str | os.PathLike[str] = CONFIG_NAME)
     return config
 
 
-def resume_argv(template: str, *, ckpt: str, step: int | None = None, run_id: str = "") -> list[str]:
-    """The argv of a resumed attempt from the command template, split like a shell would.
-
-    Each placeholder is filled inside its own argv word, so a checkpoint path with spaces stays
-    one argument.
-    """
-    values = {
-        "ckpt": ckpt,
-        # A promoted checkpoint is a directory (step-000300/); a bare file's directory is its parent.
-        "ckpt_dir": ckpt if Path(ckpt).is_dir() else str(Path(ckpt).parent),
-        "step": "" if step is None else str(step),
-        "run_id": run_id,
-    }
-    return [word.format(**values) for word in shlex.split(template)]
-
-
 # --------------------------------------------------------------------------- error wording
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<where>[^`]*)`)?$", re.S)
@@ -461,7 +489,7 @@ def _fields_at(key: str) -> list[str]:
         cls = hints.get(part)
         if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
             return []
-    return [f.name for f in msgspec.structs.fields(cls)]
+    return [f.encode_name for f in msgspec.structs.fields(cls)]
 
 
 def _lower_first(s: str) -> str:
@@ -518,10 +546,21 @@ def _check_hosts(hosts: dict[str, Host], path: str | os.PathLike[str]) -> None:
                 raise ConfigError(f"{path}: hosts.{name}.remote_command: {why}")
 
 
+def _check_keys(keys: Keys, path: str | os.PathLike[str]) -> None:
+    for name, value in keys.given().items():
+        parts = [k.strip() for k in value.split(",")]
+        bad = next((k for k in parts if not _KEY.match(k)), None)
+        if bad is not None:
+            raise ConfigError(
+                f'{path}: keys.{name}: expected key names such as "ctrl+k" or "z,f11", got {value!r}'
+            )
+
+
 def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
-    """What types alone cannot say: orderings, a compilable regex, known placeholders."""
+    """What types alone cannot say: orderings, a compilable regex, known placeholders, key names."""
     _check_notify(config.notify, path)
     _check_hosts(config.hosts, path)
+    _check_keys(config.keys, path)
     t = config.thresholds
     if t.disk_warn >= t.disk_critical:
         raise ConfigError(

@@ -19,7 +19,10 @@ class Action(msgspec.Struct, frozen=True, kw_only=True):
     """An action a client asks the keeper for: its name on the wire, its key, what it does."""
 
     name: str  # the protocol's `Request.action`, and what a finding's `action` names
-    key: str  # the control room's key for it (findings show it: `[r] resume`)
+    # The control room's default key for it, in Textual's names (`trainroom.toml` [keys] remaps
+    # it). What changes the world takes a capital or a ctrl chord (k9s kills with ctrl+k), never
+    # a letter a vim, k9s or lazygit user presses to move: j/k/g/G scroll, / searches.
+    key: str
     description: str  # what it does, in one line (the help screen, the palette, tooltips)
     destructive: bool  # changes the world: clients show the keeper's plan and ask first
 
@@ -28,25 +31,25 @@ class Action(msgspec.Struct, frozen=True, kw_only=True):
 ACTIONS: tuple[Action, ...] = (
     Action(
         name="kill",
-        key="k",
+        key="ctrl+k",
         description="Kill the trainer's process group (SIGTERM, then SIGKILL) and confirm VRAM fell",
         destructive=True,
     ),
     Action(
         name="reclaim",
-        key="c",
+        key="C",
         description="Reclaim the host page cache (cgroup memory.reclaim or drop_caches)",
         destructive=True,
     ),
     Action(
         name="prune",
-        key="p",
+        key="P",
         description="Prune checkpoints, keeping the last verified ones, pinned and latest",
         destructive=True,
     ),
     Action(
         name="resume",
-        key="r",
+        key="R",
         description="Resume from the last verified checkpoint as a new attempt",
         destructive=True,
     ),
@@ -58,7 +61,7 @@ ACTIONS: tuple[Action, ...] = (
     ),
     Action(
         name="continue",
-        key="g",
+        key="U",
         description="Continue the trainer's stopped processes (SIGCONT), proven the run's",
         destructive=True,
     ),

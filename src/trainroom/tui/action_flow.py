@@ -5,8 +5,9 @@ destructive one is shown for confirmation, and the execution carries the confirm
 `expect`, so the keeper refuses if the target changed meanwhile. Requests are blocking socket
 calls: they run in thread workers, whose results reach the UI through `call_from_thread`.
 
-`ActionFlow` is the control room's base class: the app says which actions apply now
-(`can_act`) and how to reach the keeper (`keeper_link`).
+`ActionFlow` is the control room's base class: the app says why an action cannot act now
+(`why_not`: a key that cannot act says so), what a kill key acts on (`kill_target`: the run's
+trainer, or a finding's own target) and how to reach the keeper (`keeper_link`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .evidence import ActionOutcome
 from .link import KeeperLink
 from .screens.confirm import ConfirmAction
 from .screens.result import ActionResult
+from .verdict import FindingRow
 from .widgets.actionstrip import ActionStrip
 
 ACTION_GROUP = "action"  # the workers of the action under way (one at a time: exclusive)
@@ -80,9 +82,13 @@ class ActionFlow(App[int]):
     current_action: str | None = None
     """The action under way: being planned, awaiting confirmation, or running."""
 
-    def can_act(self, action: str) -> bool:
-        """Whether `action` applies now (the app knows the run)."""
+    def why_not(self, action: str, targeted: bool = False) -> str | None:
+        """Why `action` cannot act now (None: it can); the app knows the run."""
         raise NotImplementedError
+
+    def kill_target(self) -> FindingRow | None:
+        """The finding whose own target a kill key acts on now (None: the run's trainer)."""
+        return None
 
     def keeper_link(self) -> KeeperLink:
         """The keeper to ask (called in a worker thread: it may connect)."""
@@ -90,7 +96,7 @@ class ActionFlow(App[int]):
 
     # One action method a key: the bindings name them.
     def action_kill(self) -> None:
-        self.start_action("kill")
+        self.start_action("kill", self.kill_target())
 
     def action_reclaim(self) -> None:
         self.start_action("reclaim")
@@ -104,51 +110,69 @@ class ActionFlow(App[int]):
     def action_dump(self) -> None:
         self.start_action("dump")
 
+    def action_continue(self) -> None:
+        self.start_action("continue")
+
     def action_verify(self) -> None:
         self.start_action("verify")
 
     def action_bench(self) -> None:
         self.start_action("bench")
 
-    def start_action(self, action: str) -> None:
-        if not self.can_act(action):
-            self.notify(f"{action} does not apply now", severity="warning", timeout=3)
+    def start_action(self, action: str, finding: FindingRow | None = None) -> None:
+        """Ask the keeper for the plan of `action` (on `finding`'s own target when it names one),
+        or say why it cannot act now."""
+        targeted = finding is not None and finding.targeted
+        why = self.why_not(action, targeted)
+        if why is not None:
+            self.notify(f"{action}: not now, {why}", severity="warning", timeout=4)
             return
+        args: dict[str, object] = {"finding": finding.ident} if finding is not None and targeted else {}
+        question = (
+            f"{action.capitalize()} {finding.fix.removeprefix(action).strip()}?"
+            if targeted and finding and finding.fix
+            else None
+        )
         self.current_action = action
         self._progress(f"{action}: asking the keeper for the plan…")
         self.refresh_bindings()
-        self._request_plan(action)
+        self._request_plan(action, args, question)
 
     @work(thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False)
-    def _request_plan(self, action: str) -> None:
-        replies = list(keeper_replies(self.keeper_link(), action, {}, False))
+    def _request_plan(self, action: str, args: dict[str, object], question: str | None) -> None:
+        replies = list(keeper_replies(self.keeper_link(), action, args, False))
         if not get_current_worker().is_cancelled:
-            self.call_from_thread(self._plan_arrived, action, plan_or_refusal(action, replies))
+            self.call_from_thread(
+                self._plan_arrived, action, args, question, plan_or_refusal(action, replies)
+            )
 
-    def _plan_arrived(self, action: str, plan: Reply | ActionOutcome) -> None:
+    def _plan_arrived(
+        self, action: str, args: dict[str, object], question: str | None, plan: Reply | ActionOutcome
+    ) -> None:
         if isinstance(plan, ActionOutcome):
             self._finish(plan)
         elif action in DESTRUCTIVE:
             self._progress(f"{action}: waiting for your confirmation")
             self.push_screen(
-                ConfirmAction(action, plan.plan, plan.message), partial(self._confirmed, action, plan)
+                ConfirmAction(action, plan.plan, plan.message, question),
+                partial(self._confirmed, action, args, plan),
             )
         else:
-            self._execute(action, plan.plan)
+            self._execute(action, args, plan.plan)
 
-    def _confirmed(self, action: str, plan: Reply, yes: bool | None) -> None:
+    def _confirmed(self, action: str, args: dict[str, object], plan: Reply, yes: bool | None) -> None:
         if yes:
-            self._execute(action, plan.plan)
+            self._execute(action, args, plan.plan)
         else:
             self._release()
             self.notify(f"{action}: cancelled, nothing done", timeout=3)
 
     @work(thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False)
-    def _execute(self, action: str, plan: dict[str, object]) -> None:
+    def _execute(self, action: str, args: dict[str, object], plan: dict[str, object]) -> None:
         self.call_from_thread(self._progress, f"{action}: running…")
         final: Reply | None = None
         # `expect` is the target the user confirmed: the keeper refuses if it changed meanwhile.
-        for reply in keeper_replies(self.keeper_link(), action, {"expect": plan}, True):
+        for reply in keeper_replies(self.keeper_link(), action, {**args, "expect": plan}, True):
             if reply.stage == "done":
                 final = reply
             else:

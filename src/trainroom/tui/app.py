@@ -10,12 +10,10 @@ ten times a second (a timer checks a dirty flag), and once a second anyway so ag
 
 from __future__ import annotations
 
-import argparse
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from importlib.abc import Traversable
 from pathlib import Path
@@ -26,21 +24,24 @@ from textual.app import ComposeResult, SystemCommand
 from textual.binding import BindingType
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
-from . import figures, theming
-from .action_flow import ActionFlow
-from .bindings import BINDINGS, KEEPER_ACTIONS
-from .link import KeeperLink, LocalRuns, RunSource
+from . import figures, theming, verdict
+from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
+from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
+from .navigation import Navigation
+from .overview import RunRow
 from .reader import series_for
+from .screens.finding import FindingDetail
 from .screens.help import HelpScreen
-from .screens.picker import RunPicker
+from .screens.runs import RunsScreen
+from .verdict import FindingRow, FindingsView, Situation
 from .watch import RunWatch
 from .widgets.actionstrip import ActionStrip
 from .widgets.banner import BannerView, DisconnectBanner
@@ -49,6 +50,7 @@ from .widgets.disk import DiskPanel
 from .widgets.findings import FindingsPanel
 from .widgets.header import RunHeader
 from .widgets.host import HostPanel
+from .widgets.keystrip import KeyStrip, KeyStripView
 from .widgets.logtail import LogTailPanel
 from .widgets.loss import LossPanel
 from .widgets.lr import LrPanel
@@ -56,10 +58,18 @@ from .widgets.ranks import RanksPanel
 from .widgets.trainer import TrainerPanel
 from .widgets.vram import VramPanel
 
-RENDER_INTERVAL_S = 0.1  # at most ~10 renders a second, however fast records come
-SLOW_RENDER_INTERVAL_S = 0.5  # the loss curve and the ranks table: at most twice a second
+# What changes the verdict (a state, a finding, an attempt, a checkpoint) is drawn within
+# URGENT_INTERVAL_S; routine telemetry (steps, heartbeats, probes) at most every ROUTINE_INTERVAL_S,
+# like btop's and nvitop's refresh: a person reads a figure a second, and every frame Textual
+# composes costs CPU (a frame per step took 13 % of a core at 10 steps/s).
+URGENT_INTERVAL_S = 0.25
+ROUTINE_INTERVAL_S = 1.0
+RENDER_INTERVAL_S = URGENT_INTERVAL_S  # (the name tests and callers pass)
 TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arrives
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
+STRIP_COMMANDS = ("next_panel", "zoom", "runs", "search")  # on the key strip when there is room
+# Tab's order: reading order, the panels the compact layout hides last.
+PANEL_ORDER = ("findings", "trainer", "vram", "cadence", "lr", "loss", "host", "disk", "ranks", "log")
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class Panels:
     ranks: RanksPanel
     log: LogTailPanel
     banner: DisconnectBanner
+    keys: KeyStrip
 
     @classmethod
     def of(cls, app: ControlRoom) -> Panels:
@@ -95,16 +106,26 @@ class Panels:
             ranks=q(RanksPanel),
             log=q(LogTailPanel),
             banner=q(DisconnectBanner),
+            keys=q(KeyStrip),
         )
 
+    def in_order(self) -> list[Widget]:
+        """The focusable panels in Tab's order."""
+        return [getattr(self, name) for name in PANEL_ORDER]
 
-class ControlRoom(ActionFlow):
+
+class ControlRoom(Navigation):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
-    run the newest live one (a picker when several)."""
+    run the newest live one (the runs overview when several)."""
 
     CSS_PATH = "control_room.tcss"
     TITLE = "trainroom"
-    BINDINGS: ClassVar[list[BindingType]] = list(BINDINGS)
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings())
+    # Nothing has the focus at first: a kill key then acts on what the findings name (see
+    # `kill_target`), and Tab starts at the findings.
+    AUTO_FOCUS = None
+    # A zoomed panel keeps the header (the verdict) and the key strip in sight.
+    ALLOW_IN_MAXIMIZED_VIEW = "#header, #bottom-bar"
     # Not ClassVars: Textual declares them `ClassVar[...] | None`, which type-checks as an
     # instance variable that a ClassVar may not override. Never mutated.
     HORIZONTAL_BREAKPOINTS: list[tuple[int, str]] | None = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012
@@ -119,7 +140,9 @@ class ControlRoom(ActionFlow):
         clock: Callable[[], float] = time.time,
         theme_dirs: Iterable[Path | Traversable] | None = None,
         render_interval_s: float = RENDER_INTERVAL_S,
+        routine_interval_s: float = ROUTINE_INTERVAL_S,
         reconnect_interval_s: float = RECONNECT_INTERVAL_S,
+        keymap: dict[str, str] | None = None,
     ) -> None:
         self.loaded_themes = theming.load_themes(
             theme_dirs if theme_dirs is not None else theming.default_dirs()
@@ -127,9 +150,12 @@ class ControlRoom(ActionFlow):
         super().__init__()
         self.run_id = run_id
         self.source: RunSource = source if source is not None else LocalRuns()
+        self.overview = OverviewReader(self.source)
         self.clock = clock
         self.render_interval_s = render_interval_s
+        self.routine_interval_s = routine_interval_s
         self.reconnect_interval_s = reconnect_interval_s
+        self.keys_in_use: dict[str, str] = dict(keymap or {})
         self.run_info: RunInfo | None = None
         self.state: RunState | None = None
         self.series: Series | None = None  # the loss plot's store, folded by the reader
@@ -138,12 +164,15 @@ class ControlRoom(ActionFlow):
         self.connected = False
         self.gone_since: float | None = None
         self.gone_reason = ""
+        self.keeper_busy = False  # not connected, but the keeper's process lives
         self.log_lines: tuple[str, ...] = ()
         self.renders = 0
-        self._dirty = False
+        self._dirty = False  # routine telemetry came: drawn at the next routine frame
+        self._urgent = False  # the verdict may have changed: drawn at the next tick
         self._panels: Panels | None = None
-        self._slow_at = -1e9  # when the curve and the ranks table were last drawn (monotonic)
-        self._availability: tuple[bool, ...] = ()
+        self._drawn_at = -1e9  # when the panels were last drawn (monotonic)
+        self._aim: tuple[object, str | None] = (None, None)  # the focus and the findings' cursor
+        self.findings_now: FindingsView | None = None
         self.theme_notice: str | None = None  # what was said about theme files, once
         self._said_no_runs = False
         for t in self.loaded_themes.themes:
@@ -182,10 +211,13 @@ class ControlRoom(ActionFlow):
         with Horizontal(id="bottom"):
             yield RanksPanel(id="ranks", classes="panel")
             yield LogTailPanel(id="log", classes="panel")
-        yield ActionStrip(id="action-strip")
-        yield Footer(compact=True)
+        with Vertical(id="bottom-bar"):
+            yield ActionStrip(id="action-strip")
+            yield KeyStrip(id="key-strip")
 
     def on_mount(self) -> None:
+        if self.keys_in_use:
+            self.set_keymap(self.keys_in_use)
         notes = list(self.loaded_themes.errors)
         if self._theme_note:
             notes.append(self._theme_note)
@@ -202,6 +234,11 @@ class ControlRoom(ActionFlow):
     def on_unmount(self) -> None:
         self.run_watch.stop()
 
+    def panels(self) -> Panels:
+        if self._panels is None:
+            self._panels = Panels.of(self)
+        return self._panels
+
     # ------------------------------------------------------------------ finding the run
 
     @work(thread=True, exclusive=True, group="attach", exit_on_error=False)
@@ -215,20 +252,23 @@ class ControlRoom(ActionFlow):
         if len(live) == 1:
             self.call_from_thread(self._open_run, live[0])
         elif len(live) > 1:
-            self.call_from_thread(self._pick_run, live)
+            rows = self.overview.rows()
+            self.call_from_thread(self._pick_run, rows)
         elif runs:
             self.call_from_thread(self._open_run, max(runs, key=lambda r: r.created))
         else:
             self.call_from_thread(self._no_runs)
 
-    def _pick_run(self, live: list[RunInfo]) -> None:
-        self.push_screen(RunPicker(live), self._picked)
+    def _pick_run(self, rows: list[RunRow]) -> None:
+        live = sum(1 for r in rows if r.keeper)
+        title = f"{live} live runs (of {len(rows)}): pick one"
+        self.push_screen(RunsScreen(rows, self.clock(), None, title), self._picked)
 
-    def _picked(self, info: RunInfo | None) -> None:
-        if info is None:
+    def _picked(self, run_id: str | None) -> None:
+        if run_id is None:
             self.exit(0)
         else:
-            self._open_run(info)
+            self.switch_run(run_id)
 
     def _no_runs(self) -> None:
         self.query_one(RunHeader).view = None
@@ -258,17 +298,48 @@ class ControlRoom(ActionFlow):
             return
         self.run_watch.follow(link)
 
+    def switch_run(self, run_id: str) -> None:
+        """Watch another run in this same control room (the runs overview's Enter)."""
+        if run_id == self.run_id and self.state is not None:
+            return
+        self.run_watch.stop()
+        with self.lock:
+            self.state, self.series = None, None
+        self.connected, self.gone_since, self.gone_reason = False, None, ""
+        self.log_lines, self.findings_now = (), None
+        p = self.panels()
+        for panel in (
+            p.header,
+            p.trainer,
+            p.vram,
+            p.cadence,
+            p.lr,
+            p.host,
+            p.disk,
+            p.findings,
+            p.loss,
+            p.ranks,
+            p.log,
+        ):
+            panel.view = None
+        p.banner.display = False
+        self.run_id = run_id
+        self._find_run()
+
     def on_attached(self, message: Attached) -> None:
         if not self.run_watch.hears(message.reader):
             return
         with self.lock:
             self.state, self.series = message.state, message.series
-        self.connected, self.gone_since, self.gone_reason = True, None, ""
+        self.connected, self.gone_since, self.gone_reason, self.keeper_busy = True, None, "", False
         self.query_one(DisconnectBanner).display = False
         self.redraw()
 
     def on_run_changed(self, message: RunChanged) -> None:
-        self._dirty = True
+        if message.urgent:
+            self._urgent = True
+        else:
+            self._dirty = True
 
     def on_log_tail_changed(self, message: LogTailChanged) -> None:
         self.log_lines = message.lines
@@ -292,11 +363,16 @@ class ControlRoom(ActionFlow):
         if self.run_info is None:
             return
         view = self.source.load_view(self.run_info)
-        self.call_from_thread(self._journal_loaded, view.state, series_for(view))
+        try:
+            busy = self.source.resolve(self.run_info.run_id).alive  # its process, by pid and start
+        except (RunError, OSError):
+            busy = False
+        self.call_from_thread(self._journal_loaded, view.state, series_for(view), busy)
 
-    def _journal_loaded(self, state: RunState, series: Series) -> None:
+    def _journal_loaded(self, state: RunState, series: Series, busy: bool) -> None:
         if self.connected:
             return  # the keeper came back meanwhile: its snapshot is newer
+        self.keeper_busy = busy
         with self.lock:
             self.state, self.series = state, series
         self.redraw()
@@ -333,6 +409,8 @@ class ControlRoom(ActionFlow):
                 self.set_timer(self.reconnect_interval_s, self._look_for_keeper)
         elif group == "reconnect":
             self.set_timer(self.reconnect_interval_s, self._look_for_keeper)
+        elif group == "overview":
+            self.notify(f"runs overview: {text}", severity="error", timeout=10)
 
     # ------------------------------------------------------------------ rendering
 
@@ -340,50 +418,79 @@ class ControlRoom(ActionFlow):
         self._dirty = True
 
     def _render_if_dirty(self) -> None:
-        if self._dirty and self.is_running:
-            self.redraw(full=False)
+        if not self.is_running:
+            return
+        # What a kill key acts on follows the focus and the findings' cursor: the key strip and
+        # the findings' keys are redrawn as soon as either moves.
+        aim = (self.focused, self.panels().findings.selected)
+        if aim != self._aim:
+            self._aim, self._urgent = aim, True
+        if self._urgent or (self._dirty and time.monotonic() - self._drawn_at >= self.routine_interval_s):
+            self.redraw()
 
-    def redraw(self, full: bool = True) -> None:
-        """Render the panels from the state now (the timers call it; so do tests). The curve and
-        the ranks table, the two big panels, follow at most every SLOW_RENDER_INTERVAL_S unless
-        `full`: at 1000 records a second they were most of the control room's CPU, and a loss
-        curve gains nothing from ten frames a second."""
-        self._dirty = False
+    def redraw(self) -> None:
+        """Render the panels from the state now (the timers call it; so do tests). Each panel
+        gets a frozen view and repaints only when it differs from the one it shows."""
+        self._dirty = self._urgent = False
         now = self.clock()
         state = self.state
         if state is None or not self.is_running:
             return  # (a timer may still fire while the app shuts down and its widgets go)
-        mono = time.monotonic()  # not `clock`: tests freeze that one
-        slow = full or mono - self._slow_at >= SLOW_RENDER_INTERVAL_S
-        if self._panels is None:
-            self._panels = Panels.of(self)
-        p = self._panels
+        self._drawn_at = time.monotonic()  # not `clock`: tests freeze that one
+        p = self.panels()
         self.renders += 1
+        where = self.situation()
+        key = self.key_text
         # Views are computed under the lock (the reader folds records under it), set after it.
         with self.lock:
-            header = figures.header_view(state, now, self.connected)
+            header = verdict.header_view(state, now, self.connected, self.keeper_busy)
             trainer = figures.trainer_view(state, now)
             vram = figures.vram_view(state)
             cadence = figures.cadence_view(state, now)
             lr = figures.lr_view(state)
             host = figures.host_view(state)
             disk = figures.disk_view(state)
-            findings = figures.findings_view(state)
-            if slow:
-                snapshot = self.series.snapshot() if self.series is not None else None
-                loss, ranks = figures.loss_view(state, snapshot), figures.ranks_view(state)
+            rows = verdict.findings_view(state, key, where)
+            resolved = verdict.resolved_view(state)
+            snapshot = self.series.snapshot() if self.series is not None else None
+            loss, ranks = figures.loss_view(state, snapshot), figures.ranks_view(state)
             banner = self._banner_view(state, now)
-            availability = tuple(self.can_act(a) for a in KEEPER_ACTIONS)
+            refusals = {a: verdict.refusal(state, a, where) for a in KEEPER_ACTIONS}
+        self.findings_now = FindingsView(open=self._kill_keys(rows), resolved=resolved)
         p.header.view, p.trainer.view, p.vram.view, p.cadence.view = header, trainer, vram, cadence
-        p.lr.view, p.host.view, p.disk.view, p.findings.view = lr, host, disk, findings
-        if slow:
-            self._slow_at = mono
-            p.loss.view, p.ranks.view = loss, ranks
+        p.lr.view, p.host.view, p.disk.view, p.findings.view = lr, host, disk, self.findings_now
+        p.loss.view, p.ranks.view = loss, ranks
         p.log.view = self.log_lines or None
         p.banner.view = banner
-        if availability != self._availability:
-            self._availability = availability
-            self.refresh_bindings()
+        p.keys.view = self._key_strip(refusals)
+
+    def _kill_keys(self, rows: tuple[FindingRow, ...]) -> tuple[FindingRow, ...]:
+        """A targeted kill shows the kill key only on the finding the key acts on now; another
+        says how to reach it (Enter on it)."""
+        target = self._kill_target_of(rows)
+        out = []
+        for r in rows:
+            if r.targeted and r.action == "kill" and r.key and (target is None or r.ident != target.ident):
+                r = replace(r, key=None, why_not="select it in the findings (tab, j/k), or Enter: its detail")
+            out.append(r)
+        return tuple(out)
+
+    def _key_strip(self, refusals: dict[str, str | None]) -> KeyStripView:
+        rows = self.findings_now.open if self.findings_now is not None else ()
+        keys: list[tuple[str, str]] = []
+        # The fixes the findings offer first, then every other action that can act, then the
+        # control room's own.
+        for r in rows:
+            if r.key and r.fix and (r.key, r.fix) not in keys:
+                keys.append((r.key, r.fix))
+        offered = {r.action for r in rows if r.key}
+        keys += [
+            (self.key_text(a), a) for a in KEEPER_ACTIONS if refusals.get(a) is None and a not in offered
+        ]
+        keys += [(self.key_text(c.action), c.label) for c in COMMANDS if c.action in STRIP_COMMANDS]
+        return KeyStripView(
+            keys=tuple(keys), tail=((self.key_text("help"), "help"), (self.key_text("quit"), "quit"))
+        )
 
     def _banner_view(self, state: RunState, now: float) -> BannerView | None:
         if self.connected or self.gone_since is None:
@@ -396,28 +503,39 @@ class ControlRoom(ActionFlow):
             state_reason=state.status_reason,
             last_step=a.last_step if a else None,
             now=now,
+            resume_key=self.key_text("resume"),
+            busy=self.keeper_busy,
         )
 
     # ------------------------------------------------------------------ which actions apply
 
-    def can_act(self, action: str) -> bool:
-        if self.current_action is not None or self.run_info is None:
-            return False
-        st = self.state
-        if action == "resume":
-            # the one key that still makes sense with the keeper gone (the banner names it)
-            return st is not None and not figures.live_attempt(st)
-        if not self.connected or st is None:
-            return False
-        if action in ("kill", "dump"):
-            return figures.live_attempt(st)
-        if action == "continue":
-            return figures.live_attempt(st) and st.status == "hung"
-        if action == "prune":
-            return any(c.state != "pruned" for c in st.checkpoints)
-        if action == "verify":
-            return figures.has_checkpoints(st)
-        return True
+    def key_text(self, action: str) -> str:
+        """The key `action` is on now, as the screen writes it (`^k`, `R`)."""
+        return key_label(key_of(action, self.keys_in_use))
+
+    def situation(self) -> Situation:
+        return Situation(
+            connected=self.connected, busy=self.current_action, has_run=self.run_info is not None
+        )
+
+    def why_not(self, action: str, targeted: bool = False) -> str | None:
+        return verdict.refusal(self.state, action, self.situation(), targeted)
+
+    def kill_target(self) -> FindingRow | None:
+        return self._kill_target_of(self.findings_now.open if self.findings_now is not None else ())
+
+    def _kill_target_of(self, rows: tuple[FindingRow, ...]) -> FindingRow | None:
+        """What a kill key acts on: the finding under the cursor when the findings have the focus
+        (its target when it names one, else the trainer); the trainer when the trainer panel has
+        it; otherwise the first finding that names a target to kill, else the trainer."""
+        targeted = [r for r in rows if r.action == "kill" and r.targeted]
+        focused = self.focused
+        if isinstance(focused, FindingsPanel):
+            row = focused.selected_row()
+            return next((r for r in targeted if row is not None and r.ident == row.ident), None)
+        if isinstance(focused, TrainerPanel):
+            return None
+        return targeted[0] if targeted else None
 
     def keeper_link(self) -> KeeperLink:
         if self.run_watch.link is not None:
@@ -426,53 +544,39 @@ class ControlRoom(ActionFlow):
             raise RunError("no run to act on")
         return self.source.connect(self.run_info)  # the keeper may be back; if not, this says so
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in KEEPER_ACTIONS:
-            # Hidden when it cannot apply: at 80 columns the footer has room only for what does.
-            return self.can_act(action)
-        return True
-
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for b in BINDINGS:
-            if b.action in KEEPER_ACTIONS and not self.can_act(b.action):
-                continue
-            if b.action == "quit":
-                continue  # the built-in Quit command is already there
-            key = b.key_display or b.key
+        """Each command once: Textual's own, less those the control room has its own key for."""
+        ours = {"Quit", "Maximize", "Minimize", "Keys"}
+        for command in super().get_system_commands(screen):
+            if command.title not in ours:
+                yield command
+        for c in COMMANDS:
+            if c.action == "next_theme":
+                continue  # Textual's "Theme" picks one, with a preview
+            why = self.why_not(c.action) if c.action in KEEPER_ACTIONS else None
+            help_text = c.tooltip + (f" (not now: {why})" if why else "")
             yield SystemCommand(
-                f"{b.description.capitalize()} ({key})", b.tooltip, partial(self.run_action, b.action)
+                f"{c.label.capitalize()} ({self.key_text(c.action)})",
+                help_text,
+                partial(self.run_action, c.action),
             )
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen({a: self.can_act(a) for a in KEEPER_ACTIONS}))
+        self.push_screen(HelpScreen({a: self.why_not(a) for a in KEEPER_ACTIONS}, self.keys_in_use))
 
+    # ------------------------------------------------------------------ the findings
 
-def run_app(args: argparse.Namespace) -> int:
-    """`trainroom [--theme NAME]`, `trainroom watch [RUN] [--theme NAME]` and `trainroom demo`
-    (args: `run`, and `watch_theme` or `theme`): bad input is one line on stderr and exit 2."""
-    run_id: str | None = getattr(args, "run", None)
-    theme: str | None = getattr(args, "watch_theme", None) or getattr(args, "theme", None)
-    if theme:
-        loaded = theming.load_themes(theming.default_dirs())
-        if loaded.find(theme) is None:
-            print(
-                f"trainroom: unknown theme {theme!r} (available: {', '.join(loaded.names())})",
-                file=sys.stderr,
-            )
-            return 2
-    if run_id:
-        try:
-            LocalRuns().resolve(run_id)
-        except RunError as exc:
-            print(f"trainroom: {exc}", file=sys.stderr)
-            return 2
-    if not sys.stdout.isatty():
-        print(
-            "trainroom: the control room needs a terminal (try `trainroom status`, or `--no-tui`)",
-            file=sys.stderr,
-        )
-        return 2
-    app = ControlRoom(run_id, theme)
-    app.run()
-    return app.return_code or 0
+    @on(FindingsPanel.Open)
+    def _open_finding(self, event: FindingsPanel.Open) -> None:
+        row = event.row
+        self.push_screen(FindingDetail(row, self.clock()), partial(self._finding_closed, row))
+
+    def _finding_closed(self, row: FindingRow, act: bool | None) -> None:
+        if act and row.action:
+            self.start_action(row.action, row if row.targeted else None)
+
+    def farewell(self) -> str | None:
+        """What to print once the control room has closed (see `verdict.farewell`)."""
+        if self.run_info is None:
+            return None
+        return verdict.farewell(self.run_info.run_id, self.state, self.connected)

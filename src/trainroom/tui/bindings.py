@@ -1,42 +1,131 @@
-"""Every key of the control room: one `Binding` each, with an id (remappable through
-`App.set_keymap`) and a tooltip (the help screen and the command palette show it).
+"""Every key of the control room: one `Binding` each, with an id (remappable from `trainroom.toml`
+`[keys]` through `App.set_keymap`) and a tooltip (the help screen and the command palette show it).
 
-The keeper's actions come from core's one table (`trainroom.core.findings.ACTIONS`), so a key, a
-description or whether an action asks first is written once, for every client.
+The keeper's actions come from core's one table (`trainroom.core.findings.ACTIONS`), so a default
+key, a description or whether an action asks first is written once, for every client. What
+changes the world takes a capital or a ctrl chord (k9s kills with ctrl+k): a vim, k9s or lazygit
+user moves with j/k/g/G, searches with / and never hits one by accident.
 """
 
 from __future__ import annotations
 
-from textual.binding import Binding
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+from textual.binding import Binding
+from textual.keys import _character_to_key, format_key
+
+from trainroom.core.config import Keys
 from trainroom.core.findings import ACTIONS
 
 # Actions the keeper carries out, by name (the protocol's `Request.action`), in key order.
 KEEPER_ACTIONS: tuple[str, ...] = tuple(a.name for a in ACTIONS)
 # These change the world: the plan is shown in a confirmation first.
 DESTRUCTIVE: frozenset[str] = frozenset(a.name for a in ACTIONS if a.destructive)
+ID_PREFIX = "trainroom."
 
-KEEPER_BINDINGS: list[Binding] = [
-    Binding(a.key, a.name, a.name, id=f"trainroom.{a.name}", tooltip=a.description) for a in ACTIONS
-]
 
-BINDINGS: list[Binding] = [
-    *KEEPER_BINDINGS,
-    # Off the footer (80 columns hold the rest); still in the help screen and the palette.
-    Binding("t", "next_theme", "theme", show=False, id="trainroom.theme", tooltip="Switch to the next theme"),
-    Binding(
-        "question_mark",
-        "help",
-        "help",
-        key_display="?",
-        id="trainroom.help",
-        tooltip="Show every key, what it does and whether it applies now",
+@dataclass(frozen=True)
+class Command:
+    """A control-room command: its `[keys]` name, the app action it runs, its default key."""
+
+    name: str
+    action: str
+    key: str
+    label: str  # a word or two for the key strip
+    tooltip: str
+
+
+# The keeper's actions first, then the control room's own commands.
+COMMANDS: tuple[Command, ...] = (
+    *(Command(a.name, a.name, a.key, a.name, a.description) for a in ACTIONS),
+    Command("runs", "runs", "o", "runs", "The runs overview: every run, sortable; Enter opens one"),
+    Command(
+        "next_panel",
+        "next_panel",
+        "tab",
+        "panels",
+        "Focus the next panel; one the layout has no room for opens zoomed",
     ),
-    Binding(
-        "q",
-        "quit",
-        "quit",
-        id="trainroom.quit",
-        tooltip="Close the control room (the run and its keeper go on)",
+    Command("previous_panel", "previous_panel", "shift+tab", "back", "Focus the previous panel"),
+    Command("zoom", "zoom", "z", "zoom", "Maximise the focused panel, or put it back"),
+    Command("search", "search", "slash", "search", "Search the trainer log (n / N: next / previous match)"),
+    Command("log_scale", "log_scale", "l", "log y", "Loss plot: a log scale, or back to linear"),
+    Command(
+        "recent_window",
+        "recent_window",
+        "f",
+        "recent",
+        "Loss plot: fit the recent fifth of the run, or back to the whole run",
     ),
-]
+    Command("theme", "next_theme", "t", "theme", "Switch to the next theme"),
+    Command("help", "help", "question_mark", "help", "Every key, what it does and whether it applies now"),
+    Command("quit", "quit", "q", "quit", "Close the control room (the run and its keeper go on)"),
+)
+BY_ACTION: dict[str, Command] = {c.action: c for c in COMMANDS}
+
+
+def binding_id(command: Command) -> str:
+    return ID_PREFIX + command.name
+
+
+def bindings() -> list[Binding]:
+    """The app's bindings, off the footer: the key strip shows what applies (see `key_strip`)."""
+    return [
+        # Tab moves between the panels, not through Textual's focus chain (which skips a panel
+        # the layout hid): a priority binding, as the screen's own tab binding would win.
+        Binding(
+            c.key,
+            c.action,
+            c.label,
+            show=False,
+            id=binding_id(c),
+            tooltip=c.tooltip,
+            priority=c.name in ("next_panel", "previous_panel"),
+        )
+        for c in COMMANDS
+    ]
+
+
+class KeymapError(Exception):
+    """A `[keys]` table that cannot be used (one line: file, the command, the key)."""
+
+
+def keymap_of(keys: Keys, source: str = "trainroom.toml") -> dict[str, str]:
+    """`[keys]` as Textual's keymap (binding id -> keys); one printable character is taken as
+    the key it types (`/` is `slash`). Two commands on one key is refused, naming both."""
+    given = keys.given()
+    keymap = {
+        ID_PREFIX + name: ",".join(_key_name(k.strip()) for k in value.split(","))
+        for name, value in given.items()
+    }
+    taken: dict[str, str] = {}
+    for c in COMMANDS:
+        for k in keymap.get(binding_id(c), c.key).split(","):
+            other = taken.get(k)
+            if other is not None:
+                raise KeymapError(
+                    f"{source}: keys: {other} and {c.name} are both on {key_label(k)!r}: give one another key"
+                )
+            taken[k] = c.name
+    return keymap
+
+
+def _key_name(key: str) -> str:
+    return _character_to_key(key) if len(key) == 1 else key
+
+
+def key_of(action: str, keymap: Mapping[str, str]) -> str:
+    """The first key an app action is on now (the keymap's, else the default)."""
+    c = BY_ACTION[action]
+    return keymap.get(binding_id(c), c.key).split(",")[0]
+
+
+def key_label(key: str) -> str:
+    """How a key is written on screen: `^k`, `R`, `?`, `/`, `tab`."""
+    *mods, base = key.split("+") if len(key) > 1 else [key]
+    text = format_key(base)
+    if "ctrl" in mods:
+        mods.remove("ctrl")
+        text = "^" + text
+    return "+".join([*mods, text])

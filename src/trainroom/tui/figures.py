@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from trainroom.core.findings import ACTION_KEYS, SEVERITY_RANK, Finding
+from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.figures import ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
@@ -29,22 +29,6 @@ from .lossplot import Mark, plot_points
 Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 
 SPARK_POINTS = 64
-
-_SEVERITY_LEVEL = {"critical": "crit", "warning": "warn", "info": "info"}
-_STATE_LEVEL = {
-    "running": "ok",
-    "starting": "info",
-    "slow": "warn",
-    "stalled": "crit",
-    "hung": "crit",
-    "dead": "crit",
-    "stopped": "dim",
-    "exited": "dim",
-}
-
-
-def level_of_state(state: str) -> Level:
-    return _STATE_LEVEL.get(state, "info")
 
 
 def _worst_level(findings: Iterable[Finding]) -> Level:
@@ -64,38 +48,6 @@ def _num(v: object) -> float | None:
     return float(v)
 
 
-# --------------------------------------------------------------------------- header
-
-
-@dataclass(frozen=True)
-class HeaderView:
-    run_id: str
-    attempt: int | None
-    attempts: int
-    state: str
-    reason: str
-    state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
-    step: int | None  # does not change does not re-render)
-    connected: bool
-
-
-def header_view(state: RunState, now: float, connected: bool) -> HeaderView:
-    a = state.attempt
-    step = state.current_step()
-    if step is None and a is not None:
-        step = a.last_step
-    return HeaderView(
-        run_id=state.run_id,
-        attempt=a.n if a else None,
-        attempts=len(state.attempts),
-        state=state.status,
-        reason=state.status_reason,
-        state_age_s=float(round(now - state.status_since)) if state.status_since else None,
-        step=step,
-        connected=connected,
-    )
-
-
 # --------------------------------------------------------------------------- trainer
 
 
@@ -107,7 +59,7 @@ class TrainerView:
     uptime_s: float | None
     exit_text: str
     exit_level: Level
-    instrumented: bool
+    telemetry: str  # "reporter" | "log lines" | "waiting" (nothing heard yet) | "none"
     command: str
     crash: str | None  # the innermost error of the attempt's crash chain
     resume_from: str | None
@@ -117,7 +69,7 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
     a = state.attempt
     if a is None:
         return TrainerView(
-            None, None, False, None, "no attempt yet", "dim", False, " ".join(state.argv), None, None
+            None, None, False, None, "no attempt yet", "dim", "none", " ".join(state.argv), None, None
         )
     if a.alive:
         exit_text, level, uptime = "running", "ok", now - a.started_at
@@ -149,11 +101,24 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
         uptime_s=float(round(uptime)),
         exit_text=exit_text,
         exit_level=level,
-        instrumented=a.instrumented,
+        telemetry=_telemetry(state),
         command=" ".join(argv),
         crash=crash,
         resume_from=a.resume_from,
     )
+
+
+def _telemetry(state: RunState) -> str:
+    """How the trainer is heard: before its reporter's Hello or a first log-line step it is
+    neither (a trainer that imports torch says nothing for seconds), not "uninstrumented"."""
+    a = state.attempt
+    if a is None:
+        return "none"
+    if a.instrumented:
+        return "reporter"
+    if a.last_step is not None:
+        return "log lines"
+    return "waiting" if a.alive else "none"
 
 
 # --------------------------------------------------------------------------- VRAM
@@ -495,74 +460,3 @@ def disk_view(state: RunState) -> DiskView:
         checkpoints=rows,
         pruned=sum(1 for c in state.checkpoints if c.state == "pruned"),
     )
-
-
-# --------------------------------------------------------------------------- findings
-
-
-@dataclass(frozen=True)
-class FindingRow:
-    code: str
-    severity: str
-    level: Level
-    message: str
-    action: str | None
-    key: str | None  # the control-room key of the suggested action
-    first_seen: float
-
-
-def findings_view(state: RunState) -> tuple[FindingRow, ...]:
-    """Most severe first, then newest (the order every client uses)."""
-    return tuple(
-        FindingRow(
-            f.code,
-            f.severity,
-            _SEVERITY_LEVEL.get(f.severity, "info"),
-            f.message,
-            f.action,
-            ACTION_KEYS.get(f.action) if f.action else None,
-            f.first_seen,
-        )
-        for f in state.open_findings()
-    )
-
-
-# --------------------------------------------------------------------------- all of it
-
-
-@dataclass(frozen=True)
-class Views:
-    header: HeaderView
-    trainer: TrainerView
-    vram: VramView
-    cadence: CadenceView
-    lr: LrView
-    loss: LossView
-    ranks: RanksView
-    host: HostView
-    disk: DiskView
-    findings: tuple[FindingRow, ...] = field(default=())
-
-
-def compute(state: RunState, now: float, connected: bool, series: SeriesSnapshot | None = None) -> Views:
-    return Views(
-        header=header_view(state, now, connected),
-        trainer=trainer_view(state, now),
-        vram=vram_view(state),
-        cadence=cadence_view(state, now),
-        lr=lr_view(state),
-        loss=loss_view(state, series),
-        ranks=ranks_view(state),
-        host=host_view(state),
-        disk=disk_view(state),
-        findings=findings_view(state),
-    )
-
-
-def live_attempt(state: RunState) -> bool:
-    a = state.attempt
-    return a is not None and a.alive
-
-
-def has_checkpoints(state: RunState, states: Sequence[str] = ("candidate", "verified")) -> bool:
-    return any(c.state in states for c in state.checkpoints)

@@ -8,13 +8,17 @@ No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 from trainroom.core.protocol import Record, Reply
 from trainroom.core.run import store as runs
-from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.client import KeeperClient, snapshot
+from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.view import RunView
+
+from .overview import RunRow, row_of, unreadable
 
 
 class KeeperLink(Protocol):
@@ -49,6 +53,10 @@ class RunSource(Protocol):
 
     def load_view(self, run: RunInfo) -> RunView: ...
 
+    def peek(self, run: RunInfo) -> RunState:
+        """A live run's state once, from its keeper (no live deltas)."""
+        ...
+
 
 class LocalRuns:
     """Runs under this machine's state dir (`TRAINROOM_HOME`), reached over their sockets."""
@@ -65,3 +73,52 @@ class LocalRuns:
     def load_view(self, run: RunInfo) -> RunView:
         """The journal replayed, into the state and its plot series at once (one read)."""
         return runs.load_view(run.run_dir)
+
+    def peek(self, run: RunInfo) -> RunState:
+        return snapshot(run.sock, timeout_s=2.0)
+
+
+class OverviewReader:
+    """The runs overview's rows for a `RunSource`: a live run from its keeper's snapshot, a
+    finished one from its journal once (kept while the journal's size and mtime stay: a finished
+    run's journal no longer grows, so it is not read again every refresh)."""
+
+    def __init__(self, source: RunSource) -> None:
+        self.source = source
+        self._done: dict[str, tuple[tuple[int, int], RunRow]] = {}
+
+    def rows(self, current: RunRow | None = None) -> list[RunRow]:
+        """Every run; `current` is the row of the one the control room already follows, taken as
+        it is (no second connection to its keeper)."""
+        out = []
+        for info in self.source.list_runs():
+            try:
+                if current is not None and info.run_id == current.run_id:
+                    out.append(current)
+                elif info.alive:
+                    out.append(self._live(info))
+                else:
+                    out.append(self._finished(info))
+            except Exception as exc:  # one unreadable run is a row that says so, not no overview
+                out.append(unreadable(info, str(exc) or type(exc).__name__))
+        return out
+
+    def _live(self, info: RunInfo) -> RunRow:
+        return row_of(info, self.source.peek(info), True)
+
+    def _finished(self, info: RunInfo) -> RunRow:
+        mark = _journal_mark(Path(info.run_dir))
+        cached = self._done.get(info.run_id)
+        if cached is not None and cached[0] == mark:
+            return cached[1]
+        row = row_of(info, self.source.load_view(info).state, False)
+        self._done[info.run_id] = (mark, row)
+        return row
+
+
+def _journal_mark(run_dir: Path) -> tuple[int, int]:
+    try:
+        st = (run_dir / runs.JOURNAL_NAME).stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_size, st.st_mtime_ns)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-TAIL_LINES = 200
+TAIL_LINES = 1000  # what the log panel can scroll back through
 FIRST_READ_BYTES = 64 * 1024
 MAX_READ_BYTES = 1 << 20  # per poll: a trainer spewing output cannot make one read unbounded
 

@@ -1,5 +1,6 @@
 """The loss plot's points and marks: the run's `core.series` snapshot (the whole run,
-downsampled) when it has enough, else the recent raw steps. Pure, no Textual."""
+downsampled) when it has enough, else the recent raw steps; then thinned evenly over the whole
+x range (never the last N: the start of the run stays on the plot). Pure, no Textual."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
 
 LOSS_POINTS = 2000  # what the plot keeps at most, whatever the source holds
+RECENT_SHARE = 0.2  # the recent window: the last fifth of the run's x range
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,42 @@ def plot_points(state: RunState, series: SeriesSnapshot | None = None) -> PlotPo
         points, marks, x_label = _series_points(series)
     if len(points) < 2:
         points, marks, x_label = _recent_points(state)
-    return PlotPoints(points=tuple(points[-LOSS_POINTS:]), marks=tuple(marks), x_label=x_label)
+    return PlotPoints(points=tuple(thin(points, LOSS_POINTS)), marks=tuple(marks), x_label=x_label)
+
+
+def thin(points: list[tuple[float, float]], most: int) -> list[tuple[float, float]]:
+    """At most `most` points spread evenly over the whole x range: equal-width bins, each kept
+    as its lowest and highest point in x order (a spike stays visible)."""
+    if len(points) <= most:
+        return points
+    bins = max(most // 2, 1)
+    x0, x1 = min(x for x, _ in points), max(x for x, _ in points)
+    width = (x1 - x0) / bins or 1.0
+    lo: dict[int, tuple[float, float]] = {}
+    hi: dict[int, tuple[float, float]] = {}
+    for x, y in points:
+        b = min(int((x - x0) / width), bins - 1)
+        if b not in lo or y < lo[b][1]:
+            lo[b] = (x, y)
+        if b not in hi or y > hi[b][1]:
+            hi[b] = (x, y)
+    ends = {min(points), max(points)}  # the run's first and last point stay whatever the bins kept
+    kept = set(ends)
+    for b in lo:
+        kept.update((lo[b], hi[b]))
+    return sorted(kept)
+
+
+def recent(
+    points: tuple[tuple[float, float], ...], share: float = RECENT_SHARE
+) -> tuple[tuple[float, float], ...]:
+    """The points in the last `share` of the x range (at least two when there are two)."""
+    if len(points) < 3:
+        return points
+    x0, x1 = min(x for x, _ in points), max(x for x, _ in points)
+    cut = x1 - (x1 - x0) * share
+    kept = tuple(pt for pt in points if pt[0] >= cut)
+    return kept if len(kept) >= 2 else points[-2:]
 
 
 def _series_points(series: SeriesSnapshot) -> tuple[list[tuple[float, float]], list[Mark], str]:

@@ -27,10 +27,14 @@ class Attached(Message):
 
 @dataclass
 class RunChanged(Message):
-    """Records were folded. Carries nothing: a burst collapses to one render."""
+    """Records were folded. `urgent`: something other than steps, heartbeats and probe samples
+    came (a verdict, a finding, an attempt, a checkpoint): drawn at once, where routine
+    telemetry waits for the next routine frame. A burst collapses to one render."""
+
+    urgent: bool = False
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, RunChanged)
+        return isinstance(message, RunChanged) and (self.urgent or not message.urgent)
 
 
 @dataclass

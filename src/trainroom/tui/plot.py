@@ -8,7 +8,7 @@ they show ("curve", a guide's name, "axis", "blank"), and the widget picks the t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Bit of the braille dot at (x, y) inside a cell, x in 0..1, y in 0..3 (top down).
@@ -73,7 +73,7 @@ class Chart:
     x_min: float
     x_max: float
     y_min: float
-    y_max: float
+    y_max: float  # in log10 units under a log scale
 
 
 def _label(v: float) -> str:
@@ -86,13 +86,19 @@ def chart(
     rows: int,
     guides: Mapping[str, float] | None = None,
     marks: Sequence[tuple[float, str]] = (),
+    log_y: bool = False,
 ) -> Chart:
     """Draw `points` (x ascending) into `cols` x `rows` cells, with horizontal `guides` (name ->
-    y) and `marks` ((x, kind)) placed on a row under the plot."""
+    y) and `marks` ((x, kind)) placed on a row under the plot. The y range is the curve's own:
+    a guide is drawn where it falls inside it, never stretching it (ln V above a late run's loss
+    would flatten the curve to the bottom row). `log_y`: a log10 scale (positive values only)."""
     cols, rows = max(cols, 1), max(rows, 1)
     guides = {k: v for k, v in (guides or {}).items() if v is not None and math.isfinite(v)}
     finite = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
-    ys = [y for _, y in finite] + list(guides.values())
+    if log_y:
+        finite = [(x, math.log10(y)) for x, y in finite if y > 0]
+        guides = {k: math.log10(v) for k, v in guides.items() if v > 0}
+    ys = [y for _, y in finite] or list(guides.values())
     xs = [x for x, _ in finite] + [x for x, _ in marks if math.isfinite(x)]
     y_min, y_max = (min(ys), max(ys)) if ys else (0.0, 1.0)
     x_min, x_max = (min(xs), max(xs)) if xs else (0.0, 1.0)
@@ -100,6 +106,7 @@ def chart(
         y_min, y_max = y_min - 0.5, y_max + 0.5
     pad = (y_max - y_min) * 0.04
     y_min, y_max = y_min - pad, y_max + pad
+    guides = {k: v for k, v in guides.items() if y_min <= v <= y_max}
     if x_max - x_min < 1e-12:
         x_max = x_min + 1.0
     canvas = BrailleCanvas(cols, rows)
@@ -141,8 +148,9 @@ def chart(
         if pri > best.get(c, -2):
             best[c] = pri
             mark_cells[c] = (MARK_SYMBOLS.get(kind, "*"), kind)
-    labels = [(0, _label(y_max)), (rows - 1, _label(y_min))]
-    labels.extend((py(v) // 4, _label(v)) for v in guides.values())
+    shown: Callable[[float], str] = (lambda v: _label(10**v)) if log_y else _label
+    labels = [(0, shown(y_max)), (rows - 1, shown(y_min))]
+    labels.extend((py(v) // 4, shown(v)) for v in guides.values())
     # One label a row; a guide's own value wins over the range ends it lands on.
     by_row = dict(labels)
     return Chart(tuple(grid), tuple(sorted(by_row.items())), tuple(mark_cells), x_min, x_max, y_min, y_max)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from trainroom.core import protocol as p
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
@@ -49,6 +50,13 @@ def series_for(view: RunView) -> Series:
     return series
 
 
+def routine(rec: object) -> bool:
+    """Telemetry that flows all the time: a step, a heartbeat, a probe sample."""
+    if isinstance(rec, p.Received):
+        return isinstance(rec.msg, (p.Step, p.Heartbeat))
+    return isinstance(rec, p.ProbeSample)
+
+
 class KeeperReader(threading.Thread):
     def __init__(
         self,
@@ -56,7 +64,7 @@ class KeeperReader(threading.Thread):
         lock: threading.Lock,
         *,
         on_snapshot: Callable[[RunState, Series], object],
-        on_change: Callable[[], object],
+        on_change: Callable[[bool], object],
         on_gone: Callable[[str, float], object],
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -80,13 +88,15 @@ class KeeperReader(threading.Thread):
             for batch in self.link.records():
                 if self._stopping.is_set():
                     return
+                urgent = False
                 with self.lock:
                     for rec in batch:
                         state.apply(rec)
                         series.observe_record(rec)
+                        urgent = urgent or not routine(rec)
                 self.batches += 1
                 self.records += len(batch)
-                self._on_change()
+                self._on_change(urgent)
         except Exception as exc:  # KeeperGone, a reset socket, a bad frame: all mean "gone"
             reason = str(exc) or type(exc).__name__
         if not self._stopping.is_set():

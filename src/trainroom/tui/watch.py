@@ -55,7 +55,7 @@ class RunWatch:
             link,
             self._lock,
             on_snapshot=on_snapshot,
-            on_change=lambda: self._post(RunChanged()),
+            on_change=lambda urgent: self._post(RunChanged(urgent)),
             on_gone=lambda reason, t: self._post(KeeperLost(reason, t, reader)),
             clock=self._clock,
         )

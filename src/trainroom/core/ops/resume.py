@@ -10,6 +10,7 @@ parsed from, so LR_MISMATCH compares against this session's policy.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,7 +18,6 @@ import msgspec
 
 from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest, tree_bytes
 from trainroom.core.ckpt.verify import load_need_bytes
-from trainroom.core.config import resume_argv
 from trainroom.core.health.host import host_ram_low
 from trainroom.core.ops.members import Lifetime, live_members
 from trainroom.core.probes.host import read_meminfo
@@ -190,3 +190,19 @@ def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:
         plan.refusals.append(f"{low.message} — reclaim the page cache first (c)")
     plan.mem_available_bytes = mem
     plan.checkpoint_bytes = size
+
+
+def resume_argv(template: str, *, ckpt: str, step: int | None = None, run_id: str = "") -> list[str]:
+    """The argv of a resumed attempt from the command template, split like a shell would.
+
+    Each placeholder is filled inside its own argv word, so a checkpoint path with spaces stays
+    one argument.
+    """
+    values = {
+        "ckpt": ckpt,
+        # A promoted checkpoint is a directory (step-000300/); a bare file's directory is its parent.
+        "ckpt_dir": ckpt if Path(ckpt).is_dir() else str(Path(ckpt).parent),
+        "step": "" if step is None else str(step),
+        "run_id": run_id,
+    }
+    return [word.format(**values) for word in shlex.split(template)]

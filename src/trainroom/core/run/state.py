@@ -23,6 +23,7 @@ INTERVALS = 64  # step intervals kept per rank for the cadence statistics
 NOTES = 200
 ACTIONS = 50
 NOTIFICATIONS = 50
+RESOLVED = 50  # cleared findings kept, newest last: the control room's history
 
 
 class StepRow(msgspec.Struct, array_like=True):
@@ -145,6 +146,13 @@ class CheckpointView(msgspec.Struct, kw_only=True):
     report: p.CheckpointReport | None = None
 
 
+class ResolvedFinding(msgspec.Struct, kw_only=True):
+    """A finding that was open and cleared: what it said, and when it cleared."""
+
+    finding: Finding
+    cleared_at: float
+
+
 class JournalDamage(msgspec.Struct, kw_only=True):
     regions: int = 0
     skipped_bytes: int = 0
@@ -169,6 +177,8 @@ class RunState(msgspec.Struct, kw_only=True):
     recent_steps: list[StepRow] = []
     checkpoints: list[CheckpointView] = []
     findings: dict[str, Finding] = {}
+    # Findings that cleared (a resume clears DEAD): the history a reader shows, bounded.
+    resolved: list[ResolvedFinding] = []
     probe: p.ProbeSample | None = None
     actions: list[p.ActionRecord] = []
     notes: list[dict[str, Any]] = []
@@ -442,7 +452,10 @@ class RunState(msgspec.Struct, kw_only=True):
         self.findings[r.finding.ident] = r.finding
 
     def _finding_cleared(self, r: p.FindingCleared) -> None:
-        self.findings.pop(r.ident, None)
+        f = self.findings.pop(r.ident, None)
+        if f is not None:
+            self.resolved.append(ResolvedFinding(finding=f, cleared_at=r.t))
+            del self.resolved[:-RESOLVED]
 
     def _action(self, r: p.ActionRecord) -> None:
         self.actions.append(r)

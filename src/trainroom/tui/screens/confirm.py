@@ -1,6 +1,8 @@
-"""The confirmation of a destructive action: the exact target from the keeper's plan, then yes/no.
+"""The confirmation of a destructive action: the question names the target, then the keeper's
+plan in words (the target first), then its own words; yes/no.
 
-Cancel has the focus: a stray Enter never kills a process group.
+Cancel has the focus: a stray Enter never kills a process group. The plan scrolls (j/k, the
+arrows, PgUp/PgDn) with the buttons always in view.
 """
 
 from __future__ import annotations
@@ -15,35 +17,49 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from trainroom.tui.evidence import plan_lines
+from trainroom.tui.screens.wrapped import WrappedLines
 
 QUESTIONS = {
     "kill": "Kill the trainer's process group?",
     "reclaim": "Reclaim the host page cache?",
     "prune": "Delete these checkpoints?",
     "resume": "Resume the run as a new attempt?",
+    "continue": "Continue the trainer's stopped processes?",
 }
+
+SCROLL_BINDINGS: list[BindingType] = [
+    Binding("j,down", "scroll_plan(1)", "down", show=False, id="trainroom.modal.down"),
+    Binding("k,up", "scroll_plan(-1)", "up", show=False, id="trainroom.modal.up"),
+    Binding("pagedown", "scroll_plan(10)", "page down", show=False, id="trainroom.modal.page_down"),
+    Binding("pageup", "scroll_plan(-10)", "page up", show=False, id="trainroom.modal.page_up"),
+]
 
 
 class ConfirmAction(ModalScreen[bool]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "confirm", "yes", id="trainroom.confirm.yes", tooltip="Carry out the action"),
         Binding("n,escape", "cancel", "no", id="trainroom.confirm.no", tooltip="Leave everything as it is"),
+        *SCROLL_BINDINGS,
     ]
 
-    def __init__(self, action: str, plan: Mapping[str, object], message: str = "") -> None:
+    def __init__(
+        self, action: str, plan: Mapping[str, object], message: str = "", question: str | None = None
+    ) -> None:
         super().__init__()
         self.action_name = action
         self.plan = plan
         self.message = message
+        self.question = question or QUESTIONS.get(action, f"{action}?")
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box", classes="modal-box"):
-            yield Label(QUESTIONS.get(self.action_name, f"{self.action_name}?"), id="confirm-question")
+            yield Label(self.question, id="confirm-question", markup=False)
             # The target first, then the keeper's words, scrolling together; the buttons stay in view.
             with VerticalScroll(id="confirm-plan"):
-                yield Static("\n".join(plan_lines(self.plan)) or "(the keeper sent no details)", markup=False)
+                lines = plan_lines(self.plan) or ["(the keeper sent no details)"]
+                yield Static(WrappedLines(lines), id="confirm-details")
                 if self.message:
-                    yield Static(self.message, id="confirm-message", markup=False, classes="modal-hint")
+                    yield Static(WrappedLines([self.message]), id="confirm-message", classes="modal-hint")
             with Horizontal(classes="modal-buttons"):
                 yield Button(f"yes, {self.action_name} (y)", variant="error", id="confirm-yes")
                 yield Button("cancel (n)", variant="primary", id="confirm-no")
@@ -59,3 +75,6 @@ class ConfirmAction(ModalScreen[bool]):
 
     def action_cancel(self) -> None:
         self.dismiss(False)
+
+    def action_scroll_plan(self, lines: int) -> None:
+        self.query_one("#confirm-plan", VerticalScroll).scroll_relative(y=lines, animate=False)

@@ -1,7 +1,9 @@
-"""The help screen: every key, what it does, and whether it applies right now."""
+"""The help screen: every key, what it does and whether it applies right now (and why not). It
+scrolls (j/k, the arrows, PgUp/PgDn): at 80x24 not every key fits."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from rich.table import Table
@@ -11,8 +13,26 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from trainroom.core.findings import ACTION_KEYS
-from trainroom.tui.bindings import BINDINGS
+from trainroom.tui.bindings import COMMANDS, DESTRUCTIVE, key_label, key_of
+
+# The panels' own keys (a focused panel takes them first).
+PANEL_KEYS = (
+    ("j/k ↓/↑", "Scroll the focused panel a line (findings: move the cursor)"),
+    ("PgDn/PgUp", "Scroll a page (space too)"),
+    ("g/G", "To the top / the end, Home/End too (the log follows the end again)"),
+    ("enter", "Findings: the finding whole, its evidence, its action and target"),
+    ("n/N", "Trainer log: the next older / newer match of the search"),
+    ("wheel", "Scroll the panel under the pointer; a click focuses it"),
+    ("shift+drag", "Select text (the terminal's own selection, past the app's mouse)"),
+    ("ctrl+p", "Command palette: every command above, searchable"),
+)
+
+NOTE = (
+    "Keys that change the world are capitals or a ctrl chord (^k kills, as in k9s), never a key a "
+    "vim, k9s or lazygit user moves with; each asks first, showing the exact target. A key that "
+    "cannot act says why. With the findings focused, a fix key acts on the finding under the cursor. "
+    'Remap any key in trainroom.toml under [keys] (e.g. kill = "ctrl+k").'
+)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -24,30 +44,45 @@ class HelpScreen(ModalScreen[None]):
             id="trainroom.help.close",
             tooltip="Back to the control room",
         ),
+        Binding("j,down", "scroll(1)", "down", show=False, id="trainroom.help.down"),
+        Binding("k,up", "scroll(-1)", "up", show=False, id="trainroom.help.up"),
+        Binding("pagedown,space", "scroll(10)", "page down", show=False, id="trainroom.help.page_down"),
+        Binding("pageup", "scroll(-10)", "page up", show=False, id="trainroom.help.page_up"),
+        Binding("G,end", "end", "end", show=False, id="trainroom.help.end"),
+        Binding("g,home", "home", "home", show=False, id="trainroom.help.home"),
     ]
 
-    def __init__(self, available: dict[str, bool]) -> None:
+    def __init__(self, why_not: Mapping[str, str | None], keymap: Mapping[str, str]) -> None:
         super().__init__()
-        self.available = available
+        self.why_not = why_not
+        self.keymap = keymap
 
     def compose(self) -> ComposeResult:
-        table = Table(box=None, padding=(0, 2), show_header=True, header_style="bold")
+        table = Table(box=None, padding=(0, 2, 0, 0), show_header=True, header_style="bold", expand=True)
         table.add_column("key", no_wrap=True)
-        table.add_column("does")
-        table.add_column("now", no_wrap=True)
-        for b in BINDINGS:
-            now = "" if self.available.get(b.action, True) else "not now"
-            table.add_row(b.key_display or b.key, b.tooltip, now)
-        table.add_row("ctrl+p", "Command palette: every action above, searchable", "")
+        table.add_column("does", ratio=1)
+        table.add_column("now", ratio=1)
+        for c in COMMANDS:
+            why = self.why_not.get(c.action)
+            does = c.tooltip + (" (asks first)" if c.action in DESTRUCTIVE else "")
+            table.add_row(key_label(key_of(c.action, self.keymap)), does, f"not now: {why}" if why else "")
+        for key, does in PANEL_KEYS:
+            table.add_row(key, does, "")
         with Vertical(id="help-box", classes="modal-box"):
             yield Label("trainroom keys", id="help-title")
             with VerticalScroll(id="help-scroll"):
                 yield Static(table, id="help-table")
-            yield Label(
-                f"Findings name the key of their suggested action, e.g. [{ACTION_KEYS['kill']}] kill.",
-                classes="modal-hint",
-                markup=False,
-            )
+                yield Static(NOTE, id="help-note", classes="modal-hint", markup=False)
+            yield Label("esc: close · j/k, PgUp/PgDn: scroll", classes="modal-hint")
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+    def action_scroll(self, lines: int) -> None:
+        self.query_one("#help-scroll", VerticalScroll).scroll_relative(y=lines, animate=False)
+
+    def action_end(self) -> None:
+        self.query_one("#help-scroll", VerticalScroll).scroll_end(animate=False)
+
+    def action_home(self) -> None:
+        self.query_one("#help-scroll", VerticalScroll).scroll_home(animate=False)

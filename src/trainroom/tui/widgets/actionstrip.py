@@ -8,7 +8,7 @@ from rich.text import Text
 from .base import Panel
 
 
-class ActionStrip(Panel[str]):
+class ActionStrip(Panel[str], can_focus=False):
     """Its view is the action's latest progress line, or None when none runs (then it hides)."""
 
     def watch_view(self, view: str | None) -> None:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from rich.console import RenderableType
 from rich.text import Text
 
-from trainroom.core.findings import ACTION_KEYS
 from trainroom.tui import fmt
 
 from .base import Panel
@@ -21,17 +20,19 @@ class BannerView:
     state_reason: str
     last_step: int | None
     now: float
-    resume_key: str = ACTION_KEYS["resume"]
+    resume_key: str  # as the keymap has it now
+    busy: bool = False  # its process lives but does not answer
 
 
-class DisconnectBanner(Panel[BannerView]):
+class DisconnectBanner(Panel[BannerView], can_focus=False):
     WAITING = ""
 
     def render_view(self, v: BannerView) -> RenderableType:
         # Line 1: since when, and the way back; line 2: what the journal says and why it ended.
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(
-            f"keeper gone since {fmt.clock(v.since)} ({fmt.duration(v.now - v.since)} ago)",
+            f"keeper {'not answering' if v.busy else 'gone'} since {fmt.clock(v.since)} "
+            f"({fmt.duration(v.now - v.since)} ago)",
             style=self.style("crit"),
         )
         t.append(f"  ·  press {v.resume_key} to resume", style=self.style("info"))

@@ -1,4 +1,12 @@
-"""The base of every panel: a widget that renders one view and draws in theme colours only."""
+"""The base of every panel: a widget that renders one view, draws in theme colours only, takes
+the focus and scrolls.
+
+Scrolling is a window over the panel's lines (`scroll_at`, the first one shown), not a Textual
+scroll container: a panel renders only what fits, so a 2,000-line log tail costs what its
+visible lines cost. j/k and the arrows move a line, PgUp/PgDn a page, g/G (Home/End) to the
+ends, the mouse wheel three lines. (No single letter here that the app uses for an action: a
+focused panel's keys come first.)
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,8 @@ from typing import ClassVar, Generic, TypeVar
 from rich.console import RenderableType
 from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -27,24 +37,38 @@ PANEL_STYLES = (
     "bar-driver",
     "bar-allocator",
     "bar-empty",
+    "cursor",
+    "match",
 )
 
+WHEEL_LINES = 3
 
 ViewT = TypeVar("ViewT")
 
 
-class Panel(Widget, Generic[ViewT]):
+class Panel(Widget, Generic[ViewT], can_focus=True):
     """One panel of the control room. Data flows down: the app sets `view`; the panel renders it.
     `ViewT` is the frozen view it draws (from `figures`, mostly)."""
 
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("j,down", "scroll_lines(1)", "down", show=False, id="trainroom.panel.down"),
+        Binding("k,up", "scroll_lines(-1)", "up", show=False, id="trainroom.panel.up"),
+        Binding("pagedown,space", "scroll_pages(1)", "page down", show=False, id="trainroom.panel.page_down"),
+        Binding("pageup", "scroll_pages(-1)", "page up", show=False, id="trainroom.panel.page_up"),
+        Binding("g,home", "scroll_home", "top", show=False, id="trainroom.panel.top"),
+        Binding("G,end", "scroll_end", "bottom", show=False, id="trainroom.panel.bottom"),
+    ]
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"panel--{name}" for name in PANEL_STYLES}
     TITLE: ClassVar[str] = ""
     WAITING: ClassVar[str] = "waiting for the keeper…"
 
     view: reactive[ViewT | None] = reactive(None)
     """The frozen view; None until the first snapshot arrives."""
+    scroll_at: reactive[int] = reactive(0)
+    """The first line shown: the panel's scroll position."""
 
     _styles: dict[str, Style]
+    _lines_total = 0  # how many lines the last render had (for the bounds and the subtitle)
 
     def on_mount(self) -> None:
         self._styles = {}
@@ -67,13 +91,60 @@ class Panel(Widget, Generic[ViewT]):
         return max(self.content_size.height, 1)
 
     def render(self) -> RenderableType:
-        self._styles: dict[str, Style] = {}
+        self._styles = {}
         if self.view is None:
             return Text(self.WAITING, style=self.style("dim"))
-        return self.render_view(self.view)
+        return self.window(self.render_view(self.view))
 
     def render_view(self, view: ViewT) -> RenderableType:
         raise NotImplementedError
+
+    def window(self, content: RenderableType) -> RenderableType:
+        """The lines from `scroll_at` that fit; a panel whose content fits is left as it is."""
+        if not isinstance(content, Text):
+            return content
+        lines = content.split("\n", allow_blank=True)
+        self._lines_total = n = len(lines)
+        height = self.inner_height
+        if n <= height:
+            self._set_subtitle("")
+            return content
+        start = min(self.scroll_at, n - height)
+        self._set_subtitle(f"{start + 1}–{start + height} of {n}")
+        return Text("\n").join(lines[start : start + height])
+
+    def _set_subtitle(self, text: str) -> None:
+        if self.border_subtitle != text:
+            self.border_subtitle = text
+
+    # ------------------------------------------------------------------ scrolling
+
+    @property
+    def max_scroll(self) -> int:
+        return max(self._lines_total - self.inner_height, 0)
+
+    def action_scroll_lines(self, n: int) -> None:
+        self.scroll_at = min(max(self.scroll_at + n, 0), self.max_scroll)
+
+    def action_scroll_pages(self, n: int) -> None:
+        self.action_scroll_lines(n * max(self.inner_height - 1, 1))
+
+    def action_scroll_home(self) -> None:
+        self.scroll_at = 0
+
+    def action_scroll_end(self) -> None:
+        self.scroll_at = self.max_scroll
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self.action_scroll_lines(WHEEL_LINES)
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self.action_scroll_lines(-WHEEL_LINES)
+
+    def on_click(self, event: events.Click) -> None:
+        self.focus()
 
     # Small builders the panels share.
     def pair(self, text: Text, label: str, value: str, level: str = "value") -> Text:

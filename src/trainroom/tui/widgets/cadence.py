@@ -15,7 +15,7 @@ from trainroom.tui.figures import CadenceView
 from .base import Panel
 
 
-class CadenceFigures(Panel[CadenceView]):
+class CadenceFigures(Panel[CadenceView], can_focus=False):
     def render_view(self, view: CadenceView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))
@@ -43,7 +43,7 @@ class CadenceFigures(Panel[CadenceView]):
         return t
 
 
-class CadencePanel(Vertical):
+class CadencePanel(Vertical, can_focus=True):
     """The figures above, the step intervals of the rank that paces the run below."""
 
     view: reactive[CadenceView | None] = reactive(None)

@@ -1,32 +1,129 @@
-"""Open findings, most severe first then newest, each with the key of its suggested action."""
+"""Findings: the open ones (most severe first, then newest), each with the key of its action and
+that action's target when it can act, then the resolved ones. A cursor picks one: it is shown
+whole (the others one line each), Enter opens its detail, and a targeted fix key acts on it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from rich.console import RenderableType
 from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.reactive import reactive
 
-from trainroom.tui.figures import FindingRow
+from trainroom.tui import fmt
+from trainroom.tui.verdict import SEVERITY_LEVEL, SEVERITY_WORD, FindingRow, FindingsView
 
 from .base import Panel
 
-_SEVERITY = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
-
-class FindingsPanel(Panel[tuple[FindingRow, ...]]):
+class FindingsPanel(Panel[FindingsView]):
     TITLE = "findings"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open", "detail", show=False, id="trainroom.findings.open"),
+    ]
 
-    def render_view(self, view: tuple[FindingRow, ...]) -> RenderableType:
-        self.border_title = f"findings ({len(view)})" if view else "findings"
+    @dataclass
+    class Open(Message):
+        """Enter on a finding: the app shows its detail."""
+
+        row: FindingRow
+
+    selected: reactive[str | None] = reactive(None)
+    """The ident of the finding under the cursor (None: the first, the most severe)."""
+
+    _to_cursor = False  # the cursor moved: the next render scrolls to it
+
+    def watch_selected(self) -> None:
+        self._to_cursor = True
+
+    def on_focus(self) -> None:
+        self.refresh()  # the cursor is drawn only while the list has the focus
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    def selected_row(self) -> FindingRow | None:
+        rows = self.view.open if self.view is not None else ()
+        return next((r for r in rows if r.ident == self.selected), rows[0] if rows else None)
+
+    def _cursor(self) -> int:
+        rows = self.view.open if self.view is not None else ()
+        return next((i for i, r in enumerate(rows) if r.ident == self.selected), 0)
+
+    def action_scroll_lines(self, n: int) -> None:
+        rows = self.view.open if self.view is not None else ()
+        if not rows:
+            super().action_scroll_lines(n)
+            return
+        i = min(max(self._cursor() + n, 0), len(rows) - 1)
+        if i == self._cursor() and n > 0:
+            super().action_scroll_lines(n)  # past the last open one: on into the history
+            return
+        self.selected = rows[i].ident
+
+    def action_scroll_home(self) -> None:
+        rows = self.view.open if self.view is not None else ()
+        self.selected = rows[0].ident if rows else None
+        super().action_scroll_home()
+
+    def action_open(self) -> None:
+        row = self.selected_row()
+        if row is None:
+            self.notify("no open finding to show", timeout=3)
+        else:
+            self.post_message(self.Open(row))
+
+    def render_view(self, view: FindingsView) -> RenderableType:
+        n = len(view.open)
+        self.border_title = f"findings ({n})" if n else "findings"
+        width = self.inner_width
+        lines: list[Text] = []
+        cursor = self._cursor()
+        first_line = cursor_lines = 0
+        if not view.open:
+            lines.append(Text("none open", style=self.style("dim")))
+        texts = [self._row_text(row, i == cursor and self.has_focus) for i, row in enumerate(view.open)]
+        wrapped = [t.wrap(self.app.console, width, overflow="fold") for t in texts]
+        # Every finding whole when they fit; else the cursor's whole and the rest one line each.
+        whole = sum(len(w) for w in wrapped) <= self.inner_height
+        for i, text in enumerate(texts):
+            if i == cursor:
+                first_line, cursor_lines = len(lines), len(wrapped[i])
+            if whole or i == cursor:
+                lines.extend(wrapped[i])
+            else:
+                text.truncate(width, overflow="ellipsis")
+                lines.append(text)
+        if view.resolved:
+            lines.append(Text(f"resolved ({len(view.resolved)})", style=self.style("label")))
+            for r in view.resolved:
+                t = Text(no_wrap=True, overflow="ellipsis")
+                t.append(f"✓ {fmt.clock(r.cleared_at)} ", style=self.style("dim"))
+                t.append(r.code, style=self.style(SEVERITY_LEVEL.get(r.severity, "info")))
+                t.append(f"  {r.message}", style=self.style("dim"))
+                t.truncate(width, overflow="ellipsis")
+                lines.append(t)
+        # Keep the cursor's finding in view when it moved.
+        height = self.inner_height
+        top = self.scroll_at
+        if self._to_cursor:
+            top = min(top, first_line)
+            top = max(top, first_line + min(cursor_lines, height) - height)
+        self._to_cursor = False
+        if top != self.scroll_at:
+            self.set_reactive(FindingsPanel.scroll_at, max(top, 0))
+        return Text("\n").join(lines)
+
+    def _row_text(self, row: FindingRow, focused: bool) -> Text:
         t = Text()
-        if not view:
-            t.append("none open", style=self.style("dim"))
-            return t
-        for i, f in enumerate(view):
-            if i:
-                t.append("\n")
-            t.append(_SEVERITY.get(f.severity, f.severity.upper()) + " ", style=self.style(f.level))
-            t.append(f.code, style=self.style(f.level))
-            if f.key:
-                t.append(f" [{f.key}] {f.action}", style=self.style("info"))
-            t.append("  " + f.message, style=self.style("value"))
+        t.append(SEVERITY_WORD.get(row.severity, row.severity.upper()) + " ", style=self.style(row.level))
+        t.append(row.code, style=self.style(row.level))
+        if row.key and row.fix:
+            t.append(f" [{row.key}] {row.fix}", style=self.style("info"))
+        t.append("  " + row.message, style=self.style("value"))
+        if focused:
+            t.stylize(self.style("cursor"))
         return t

@@ -1,4 +1,6 @@
-"""The header: which run, which attempt, and the watchdog's verdict as a badge."""
+"""The header: which run, which attempt, and the verdict as a badge: the state in words, coloured
+by the worse of the state and the worst open finding, which is named beside it. Green only when
+nothing is wrong."""
 
 from __future__ import annotations
 
@@ -10,17 +12,17 @@ from rich.style import Style
 from rich.text import Text
 
 from trainroom.tui import fmt
-from trainroom.tui.figures import HeaderView
+from trainroom.tui.verdict import HeaderView
 
 from .base import PANEL_STYLES, Panel
 
-STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "exited")
+LEVELS = ("ok", "info", "warn", "crit", "dim")
 
 
-class RunHeader(Panel[HeaderView]):
+class RunHeader(Panel[HeaderView], can_focus=False):
     COMPONENT_CLASSES: ClassVar[set[str]] = (
         {f"panel--{n}" for n in PANEL_STYLES}
-        | {f"header--state-{s}" for s in STATES}
+        | {f"header--level-{level}" for level in LEVELS}
         | {"header--brand", "header--offline"}
     )
     WAITING = "trainroom · looking for a run…"
@@ -29,7 +31,7 @@ class RunHeader(Panel[HeaderView]):
         """Parts chosen by importance, shown in reading order; one that does not fit is left out
         whole, so the header never ends in half a word. The reason, last, keeps whole words."""
         label, value = self.style("label"), self.style("value")
-        state = view.state if view.state in STATES else "starting"
+        badge = self.get_component_rich_style(f"header--level-{view.level}")
         Part = list[tuple[str, Style]]
         # (importance: 0 first, the part) in reading order
         parts: list[tuple[int, Part]] = [
@@ -44,14 +46,16 @@ class RunHeader(Panel[HeaderView]):
                 1,
                 [
                     ("  ", label),
-                    (f" {view.state.upper()} ", self.get_component_rich_style(f"header--state-{state}")),
+                    (f" {view.state.upper()} ", badge),
                 ],
             )
         )
+        if view.worst_code is not None:
+            extra = f" +{view.more}" if view.more else ""
+            parts.append((1, [(" ", label), (view.worst_code, self.style(view.worst_level)), (extra, label)]))
         if not view.connected:
-            parts.append(
-                (1, [(" ", label), (" KEEPER GONE ", self.get_component_rich_style("header--offline"))])
-            )
+            said = " KEEPER BUSY " if view.keeper_busy else " KEEPER GONE "
+            parts.append((1, [(" ", label), (said, self.get_component_rich_style("header--offline"))]))
         if view.state_age_s is not None:
             parts.append((5, [(f" for {fmt.duration(view.state_age_s)}", label)]))
         if view.step is not None:

@@ -26,7 +26,7 @@ class HostPanel(Panel[HostView]):
         t.append("\n")
         line = len(t.plain)
         self.pair(t, "page cache", fmt.nbytes(view.page_cache))
-        hint = "  reclaimable with c"
+        hint = "  reclaimable"
         if view.page_cache and len(t.plain) - line + len(hint) <= self.inner_width:
             t.append(hint, style=self.style("dim"))  # left out whole where it does not fit
         t.append("\n")

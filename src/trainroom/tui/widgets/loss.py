@@ -1,5 +1,9 @@
 """Loss against tokens, with the ln(V) line a model that learned nothing sits on, and marks for
-checkpoints (c), restarts (R), LR changes (L), loss-scale events (s) and non-finite steps (!)."""
+checkpoints (c), restarts (R), LR changes (L), loss-scale events (s) and non-finite steps (!).
+
+The whole run by default, its y range the curve's own; `log_y` draws a log scale and `recent`
+fits the last fifth of the run (late training is not a flat line at the bottom).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,11 @@ from collections.abc import Callable
 from rich.console import RenderableType
 from rich.style import Style
 from rich.text import Text
+from textual.reactive import reactive
 
 from trainroom.tui import fmt
 from trainroom.tui.figures import LossView
+from trainroom.tui.lossplot import recent as recent_points
 from trainroom.tui.plot import MARK_SYMBOLS, chart
 
 from .base import Panel
@@ -21,8 +27,16 @@ GUTTER = 7  # the y-axis labels
 class LossPanel(Panel[LossView]):
     TITLE = "loss"
 
+    log_y: reactive[bool] = reactive(False)
+    """A log scale on the y axis."""
+    recent: reactive[bool] = reactive(False)
+    """Only the recent fifth of the run, its y range fitted to it."""
+
     def render_view(self, view: LossView) -> RenderableType:
-        self.border_title = f"loss vs {view.x_label}"
+        modes = [m for m, on in (("log", self.log_y), ("recent fifth", self.recent)) if on]
+        title = f"loss vs {view.x_label}" + "".join(f" · {m}" for m in modes)
+        if self.border_title != title:
+            self.border_title = title
         t = Text(no_wrap=True, overflow="crop")
         self.pair(t, "median", fmt.loss(view.median), view.level if view.level != "ok" else "value")
         if view.ranks > 1 and view.worst_rank is not None:
@@ -38,12 +52,15 @@ class LossPanel(Panel[LossView]):
         if not view.points:
             t.append("no loss reported yet", style=self.style("dim"))
             return t
+        points = recent_points(view.points) if self.recent else view.points
+        x_lo = points[0][0] if self.recent and points else None
         c = chart(
-            view.points,
+            points,
             cols,
             rows,
             guides={"lnv": view.ln_v} if view.ln_v else None,
-            marks=[(m.x, m.kind) for m in view.marks],
+            marks=[(m.x, m.kind) for m in view.marks if x_lo is None or m.x >= x_lo],
+            log_y=self.log_y,
         )
         labels = dict(c.y_labels)
         styles = {k: self.style(k) for k in ("curve", "lnv", "axis", "mark")}
@@ -59,14 +76,14 @@ class LossPanel(Panel[LossView]):
         t.append(" " * GUTTER + "└", style=styles["axis"])
         _append_runs(t, c.marks, lambda kind: styles["mark" if kind != "blank" else "axis"])
         t.append("\n")
-        x_lo, x_hi = _x(c.x_min, view.x_label), _x(c.x_max, view.x_label)
+        lo_text, hi_text = _x(c.x_min, view.x_label), _x(c.x_max, view.x_label)
         kinds = sorted({m.kind for m in view.marks})
         legend = " ".join(f"{MARK_SYMBOLS.get(k, '*')} {k}" for k in kinds)
-        space = cols - len(x_lo) - len(x_hi)
+        space = cols - len(lo_text) - len(hi_text)
         middle = f" {legend} " if legend and len(legend) + 2 <= space else ""
-        t.append(" " * GUTTER + " " + x_lo, style=self.style("axis"))
+        t.append(" " * GUTTER + " " + lo_text, style=self.style("axis"))
         t.append(middle.center(max(space, 0)), style=self.style("label"))
-        t.append(x_hi, style=self.style("axis"))
+        t.append(hi_text, style=self.style("axis"))
         return t
 
 

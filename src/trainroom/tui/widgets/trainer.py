@@ -1,4 +1,4 @@
-"""The trainer: its pid and process group (what `k` kills), uptime, and how it ended."""
+"""The trainer: its pid and process group (what kill signals), uptime, and how it ended."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from trainroom.tui import fmt
 from trainroom.tui.figures import TrainerView
 
 from .base import Panel
+
+_TELEMETRY = {"waiting": "not heard yet", "none": "none"}
 
 
 class TrainerPanel(Panel[TrainerView]):
@@ -25,8 +27,8 @@ class TrainerPanel(Panel[TrainerView]):
             t.append(view.crash, style=self.style("crit"))
             t.append("\n")
         self.pair(t, "up" if view.alive else "ran", fmt.duration(view.uptime_s))
-        mode = "reporter" if view.instrumented else "log lines"
-        self.pair(t, "  telemetry", mode, "value" if view.instrumented else "dim")
+        mode = _TELEMETRY.get(view.telemetry, view.telemetry)
+        self.pair(t, "  telemetry", mode, "value" if view.telemetry == "reporter" else "dim")
         if view.resume_from:
             self.pair(t, "  from", view.resume_from.rstrip("/").rsplit("/", 1)[-1])
         t.append("\n")

@@ -1,0 +1,108 @@
+"""The runs overview's rows: one run in one line (state, step, loss, steps/s, worst finding, age),
+and their orders. Pure, no Textual."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainroom.core.findings import SEVERITY_RANK
+from trainroom.core.run.figures import run_loss, steps_per_s
+from trainroom.core.run.state import RunState
+from trainroom.core.run.store import RunInfo
+
+from .verdict import STATE_LEVEL, level_of_state
+
+_LEVEL_RANK = {"crit": 4, "warn": 3, "info": 2, "ok": 1, "dim": 0}
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    state: str
+    keeper: bool  # its keeper lives
+    attempt: int | None
+    step: int | None
+    loss: float | None
+    steps_per_s: float | None
+    worst_code: str | None
+    worst_severity: str | None
+    findings: int
+    created: float
+    command: str
+    error: str | None = None  # why the run could not be read
+
+    @property
+    def level(self) -> str:
+        return level_of_state(self.state)
+
+
+def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
+    a = state.attempt
+    found = state.open_findings()
+    worst = found[0] if found else None
+    status = state.status
+    if not keeper_alive and a is not None and a.ended_at is None:
+        status = "unknown"  # the keeper died before its trainer: nobody watched the end (as `status`)
+    loss = run_loss(state).median
+    rate = steps_per_s(state) if a is not None and a.alive else None
+    return RunRow(
+        run_id=info.run_id,
+        state=status,
+        keeper=keeper_alive,
+        attempt=a.n if a else None,
+        step=state.current_step() if state.ranks else (a.last_step if a else None),
+        loss=loss,
+        steps_per_s=rate,
+        worst_code=worst.code if worst else None,
+        worst_severity=worst.severity if worst else None,
+        findings=len(found),
+        created=info.created,
+        command=" ".join(info.argv),
+    )
+
+
+def unreadable(info: RunInfo, error: str) -> RunRow:
+    return RunRow(
+        run_id=info.run_id,
+        state="unknown",
+        keeper=info.alive,
+        attempt=None,
+        step=None,
+        loss=None,
+        steps_per_s=None,
+        worst_code=None,
+        worst_severity=None,
+        findings=0,
+        created=info.created,
+        command=" ".join(info.argv),
+        error=error,
+    )
+
+
+def _worst_rank(r: RunRow) -> tuple[int, int]:
+    sev = SEVERITY_RANK.get(r.worst_severity, -1) if r.worst_severity else -1
+    return (sev, r.findings)
+
+
+# Column -> (sort key, whether the natural order is descending): what a user wants on top.
+SORTS: dict[str, tuple[Callable[[RunRow], Any], bool]] = {
+    "age": (lambda r: r.created, True),  # newest first
+    "state": (
+        lambda r: (_LEVEL_RANK.get(STATE_LEVEL.get(r.state, "info"), 2), r.created),
+        True,
+    ),  # worst first
+    "worst": (lambda r: (_worst_rank(r), r.created), True),
+    "step": (lambda r: r.step if r.step is not None else -1, True),
+    "loss": (lambda r: r.loss if r.loss is not None and math.isfinite(r.loss) else math.inf, False),
+    "steps/s": (lambda r: r.steps_per_s or 0.0, True),
+    "run": (lambda r: r.run_id, False),
+}
+SORT_ORDER: tuple[str, ...] = ("age", "state", "worst", "step", "loss", "steps/s", "run")
+
+
+def ordered(rows: list[RunRow], by: str, reverse: bool = False) -> list[RunRow]:
+    key, descending = SORTS[by]
+    return sorted(rows, key=key, reverse=descending != reverse)

@@ -1,0 +1,267 @@
+"""What is wrong, and what can be done about it: the header's verdict, the findings list with
+each finding's fix key and target, the resolved history, and why an action cannot act now.
+Pure, no Textual: the app and the tests share it.
+
+One authority says whether an action can act (`refusal`): a key that cannot act says why (a
+notify line), a finding offers only a key that can act, and the key strip and the help screen
+show the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.run.state import RunState
+
+from . import fmt
+
+Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
+
+SEVERITY_LEVEL = {"critical": "crit", "warning": "warn", "info": "info"}
+SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
+# How bad each state is on its own; the header takes the worse of this and the worst finding.
+STATE_LEVEL: dict[str, Level] = {
+    "starting": "info",
+    "running": "ok",
+    "slow": "warn",
+    "stalled": "crit",
+    "hung": "crit",
+    "dead": "crit",
+    "failed": "crit",
+    "orphaned": "crit",  # the trainer lives, its keeper does not: nobody watches it
+    "unknown": "warn",  # the keeper died before its trainer: nobody saw the end
+    "busy": "warn",  # the keeper lives but does not answer
+    "exited": "dim",
+    "stopped": "dim",  # the user killed it: nothing is wrong
+}
+_RANK = {"dim": -1, "ok": 0, "info": 1, "warn": 2, "crit": 3}
+# The verbs of a fix key, when the action acts on a finding's own target.
+_VERB = {"kill": "kill"}
+
+
+def level_of_state(state: str) -> Level:
+    return STATE_LEVEL.get(state, "info")
+
+
+def worse(a: Level, b: Level) -> Level:
+    return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
+
+
+def live_attempt(state: RunState) -> bool:
+    a = state.attempt
+    return a is not None and a.alive
+
+
+# --------------------------------------------------------------------------- can it act?
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What decides whether an action can act, besides the run's state."""
+
+    connected: bool  # the keeper answers
+    busy: str | None = None  # the action under way, if any
+    has_run: bool = True
+
+
+def refusal(state: RunState | None, action: str, where: Situation, targeted: bool = False) -> str | None:
+    """Why `action` cannot act now, in words; None when it can. `targeted`: on a finding's own
+    target (a kill of pid 4974) rather than the run's trainer."""
+    if where.busy is not None:
+        return f"{where.busy} is under way: one action at a time"
+    if state is None or not where.has_run:
+        return "no run is open yet"
+    alive = live_attempt(state)
+    a = state.attempt
+    if action == "resume":
+        if alive and a is not None:
+            return f"attempt {a.n} is still running: kill it first"
+        return None
+    if not where.connected:
+        return "the keeper is gone: resume works without it, or use `trainroom kill RUN` in a shell"
+    if action in ("kill", "dump", "continue") and not targeted and not alive:
+        ended = f"attempt {a.n} {_ended(state)}" if a is not None else "no attempt has started"
+        return f"the trainer is not running ({ended})"
+    if action == "continue" and state.status != "hung":
+        return f"nothing is stopped: the run is {state.status}"
+    if action == "prune" and not any(c.state != "pruned" for c in state.checkpoints):
+        return "no checkpoints to prune"
+    if action == "verify" and not any(c.state in ("candidate", "verified") for c in state.checkpoints):
+        return "no checkpoint to verify yet"
+    return None
+
+
+def _ended(state: RunState) -> str:
+    a = state.attempt
+    if a is None:
+        return "never started"
+    if state.status == "stopped":
+        return "was stopped"
+    if a.exit_signal is not None:
+        return f"was killed by {fmt.signal_name(a.exit_signal)}"
+    if a.exit_code is not None:
+        return f"exited with code {a.exit_code}"
+    return "ended"
+
+
+# --------------------------------------------------------------------------- the header
+
+
+@dataclass(frozen=True)
+class HeaderView:
+    run_id: str
+    attempt: int | None
+    attempts: int
+    state: str
+    reason: str
+    state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
+    step: int | None  # does not change does not re-render)
+    connected: bool
+    keeper_busy: bool  # not connected, but its process lives: busy, not gone
+    level: Level  # the worse of the state's and the worst open finding's: the badge's colour
+    worst_code: str | None  # the worst open finding at warning or above, named beside the badge
+    worst_level: Level
+    more: int  # how many more findings are open besides it
+
+
+def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
+    a = state.attempt
+    step = state.current_step()
+    if step is None and a is not None:
+        step = a.last_step
+    found = [f for f in state.open_findings() if SEVERITY_RANK.get(f.severity, 0) >= 1]
+    # A finding that is the state itself (DEAD for `dead`) is said by the badge already.
+    named = [f for f in found if f.code.lower() != state.status]
+    worst = named[0] if named else None
+    worst_level = SEVERITY_LEVEL.get(worst.severity, "info") if worst else "ok"
+    level = level_of_state(state.status)
+    for f in found[:1]:
+        level = worse(level, SEVERITY_LEVEL.get(f.severity, "info"))
+    return HeaderView(
+        run_id=state.run_id,
+        attempt=a.n if a else None,
+        attempts=len(state.attempts),
+        state=state.status,
+        reason=state.status_reason,
+        state_age_s=float(round(now - state.status_since)) if state.status_since else None,
+        step=step,
+        connected=connected,
+        keeper_busy=keeper_busy and not connected,
+        level=level if connected else worse(level, "warn"),
+        worst_code=worst.code if worst else None,
+        worst_level=worst_level,
+        more=len(named) - 1 if named else 0,
+    )
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True)
+class FindingRow:
+    ident: str
+    code: str
+    severity: str
+    level: Level
+    message: str
+    action: str | None
+    fix: str | None  # what the key does, target first: "kill pid 4974, the second trainer"
+    key: str | None  # the key that does it now; None when it cannot act
+    why_not: str | None  # why the action cannot act now (the detail view says it)
+    targeted: bool  # the action acts on this finding's target, not the run's trainer
+    first_seen: float
+    last_seen: float
+    evidence: tuple[tuple[str, Any], ...]
+
+
+def fix_text(f: Finding) -> str | None:
+    if f.action is None:
+        return None
+    if f.target is not None and f.target.label:
+        return f"{_VERB.get(f.action, f.action)} {f.target.label}"
+    return f.action
+
+
+def findings_view(
+    state: RunState,
+    key_of: Callable[[str], str],
+    where: Situation,
+) -> tuple[FindingRow, ...]:
+    """Most severe first, then newest (the order every client uses); each with the key of its
+    action only when that can act now."""
+    rows = []
+    for f in state.open_findings():
+        targeted = f.target is not None and bool(f.target.pids)
+        why = refusal(state, f.action, where, targeted) if f.action else None
+        rows.append(
+            FindingRow(
+                ident=f.ident,
+                code=f.code,
+                severity=f.severity,
+                level=SEVERITY_LEVEL.get(f.severity, "info"),
+                message=f.message,
+                action=f.action,
+                fix=fix_text(f),
+                key=key_of(f.action) if f.action and why is None else None,
+                why_not=why,
+                targeted=targeted,
+                first_seen=f.first_seen,
+                last_seen=f.last_seen,
+                evidence=tuple(f.evidence.items()),
+            )
+        )
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class ResolvedRow:
+    code: str
+    severity: str
+    message: str
+    first_seen: float
+    cleared_at: float
+    evidence: tuple[tuple[str, Any], ...]
+
+
+def resolved_view(state: RunState) -> tuple[ResolvedRow, ...]:
+    """Cleared findings, newest first."""
+    return tuple(
+        ResolvedRow(
+            code=r.finding.code,
+            severity=r.finding.severity,
+            message=r.finding.message,
+            first_seen=r.finding.first_seen,
+            cleared_at=r.cleared_at,
+            evidence=tuple(r.finding.evidence.items()),
+        )
+        for r in reversed(state.resolved)
+    )
+
+
+@dataclass(frozen=True)
+class FindingsView:
+    open: tuple[FindingRow, ...]
+    resolved: tuple[ResolvedRow, ...]
+
+
+def farewell(run_id: str, state: RunState | None, connected: bool) -> str:
+    """What quitting says: the run goes on without the control room, and how to come back to it
+    or stop it (or, for a run that is over, how to look again or resume it). One command a line,
+    so a narrow terminal never wraps one mid-word."""
+    a = state.attempt if state is not None else None
+    if state is not None and a is not None and a.alive:
+        return (
+            f"trainroom: run {run_id} goes on (attempt {a.n}, {state.status}, pid {a.pid})\n"
+            f"  reattach: trainroom watch {run_id}\n"
+            f"  stop it:  trainroom kill {run_id}"
+        )
+    status = state.status if state is not None else "unknown"
+    keeper = "its keeper is still up" if connected else "its keeper is gone"
+    return (
+        f"trainroom: run {run_id} is {status} ({keeper})\n"
+        f"  look again: trainroom watch {run_id}\n"
+        f"  resume it:  trainroom resume {run_id}"
+    )
