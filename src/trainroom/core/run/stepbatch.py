@@ -1,0 +1,334 @@
+"""Step records as compressed columns: what the keeper journals instead of one record per step.
+
+A `StepBatch` holds the consecutive step and heartbeat records of one attempt, every rank
+interleaved, in the order they arrived. Each field of the steps becomes a column of 64-bit words
+holding the difference from the row before (floats by their bit patterns, so the round trip is
+exact to the bit, NaN payloads included: a time or a loss changes little from one row to the
+next, and the difference of two nearby doubles' bit patterns is a small integer). Each column's
+bytes are regrouped by significance (all first bytes, then all second bytes, ...), which turns
+the zero high bytes of small differences into long runs, and the whole body is deflated (zlib).
+Heartbeats, a few per second at most, ride along as records at their row positions.
+
+`decode` gives back the very `Received` records `encode` was given, in the same order: the fold
+of a journal with batches is the fold of one without them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import msgspec
+
+from trainroom.core import protocol as p
+
+CODEC = 1
+MASK = (1 << 64) - 1
+LEVEL = 6  # zlib: 1 costs ~15% more bytes, 9 is five times slower for under 1% fewer
+Source = Literal["reporter", "log"]
+SOURCE_CODES: dict[str, int] = {"reporter": 0, "log": 1}
+SOURCE_NAMES: dict[int, Source] = {0: "reporter", 1: "log"}
+
+
+class BatchError(ValueError):
+    """A batch that does not decode (a newer codec, or damage the CRC did not catch)."""
+
+
+class _Body(msgspec.Struct, kw_only=True, omit_defaults=True):
+    cols: dict[str, bytes] = {}
+    # Optional columns: a bitmap of the rows that lack the value (absent when every row has it;
+    # the column itself is absent when no row has it).
+    missing: dict[str, bytes] = {}
+    # (row position, rank, arrival time, the heartbeat): a heartbeat that arrived before step row
+    # `position`.
+    beats: list[tuple[int, int, float, p.Heartbeat]] = []
+
+
+_body_encoder = msgspec.msgpack.Encoder()
+_body_decoder = msgspec.msgpack.Decoder(_Body)
+
+
+def batchable(rec: p.Record) -> bool:
+    """A record a batch may hold: a trainer's step or heartbeat as the keeper took it in."""
+    return isinstance(rec, p.Received) and isinstance(rec.msg, (p.Step, p.Heartbeat))
+
+
+# --------------------------------------------------------------------------- words
+
+
+def _shuffle(words: array[int]) -> bytes:
+    raw = words.tobytes()
+    return b"".join(raw[k::8] for k in range(8))
+
+
+def _unshuffle(data: bytes, n: int) -> array[int]:
+    if len(data) != 8 * n:
+        raise BatchError(f"a column of {len(data)} bytes for {n} rows")
+    raw = bytearray(8 * n)
+    for k in range(8):
+        raw[k::8] = data[k * n : (k + 1) * n]
+    out = array("Q")
+    out.frombytes(bytes(raw))
+    return out
+
+
+def _deltas(values: Iterable[int]) -> array[int]:
+    """Each value's difference from the one before, modulo 2**64. A value outside [0, 2**64)
+    could not come back as itself: OverflowError (the caller writes those records unbatched)."""
+    out = array("Q")
+    prev = 0
+    for v in values:
+        if type(v) is not int or not 0 <= v <= MASK:
+            raise OverflowError(f"{v!r} is not a whole number in [0, 2**64)")
+        out.append((v - prev) & MASK)
+        prev = v
+    return out
+
+
+def _exact_floats(values: Iterable[float | None]) -> None:
+    # An int where a float belongs would come back as a float: not the record it was.
+    if any(v is not None and type(v) is not float for v in values):
+        raise TypeError("a value that is not a float in a float column")
+
+
+def _sums(deltas: array[int]) -> list[int]:
+    acc = 0
+    out = []
+    for d in deltas:
+        acc = (acc + d) & MASK
+        out.append(acc)
+    return out
+
+
+def _bits(values: Sequence[float]) -> array[int]:
+    out = array("Q")
+    out.frombytes(array("d", values).tobytes())
+    return out
+
+
+def _floats(words: Sequence[int]) -> list[float]:
+    return array("d", array("Q", words).tobytes()).tolist()
+
+
+def _bitmap(flags: Sequence[bool]) -> bytes:
+    out = bytearray((len(flags) + 7) // 8)
+    for i, f in enumerate(flags):
+        if f:
+            out[i >> 3] |= 1 << (i & 7)
+    return bytes(out)
+
+
+def _unbitmap(data: bytes, n: int) -> list[bool]:
+    if len(data) != (n + 7) // 8:
+        raise BatchError(f"a bitmap of {len(data)} bytes for {n} rows")
+    return [bool(data[i >> 3] >> (i & 7) & 1) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- encode
+
+
+class _Columns:
+    """The body being built: whole columns, and optional ones with their gaps."""
+
+    def __init__(self) -> None:
+        self.body = _Body()
+
+    def words(self, name: str, words: array[int]) -> None:
+        self.body.cols[name] = _shuffle(words)
+
+    def _gaps(self, name: str, values: Sequence[object]) -> bool:
+        """Note which rows lack the value; False when none has it (no column at all)."""
+        gaps = [v is None for v in values]
+        if all(gaps):
+            return False
+        if any(gaps):
+            self.body.missing[name] = _bitmap(gaps)
+        return True
+
+    def ints(self, name: str, values: Sequence[int | None]) -> None:
+        if self._gaps(name, values):
+            self.words(name, _deltas(0 if v is None else v for v in values))
+
+    def floats(self, name: str, values: Sequence[float | None]) -> None:
+        _exact_floats(values)
+        if self._gaps(name, values):
+            self.words(name, _deltas(_bits([0.0 if v is None else v for v in values])))
+
+
+def _lr_words(rows: list[p.Step]) -> tuple[array[int], array[int]]:
+    """Each row's LR count, and each LR as the difference from the same group's LR a row before."""
+    lens = array("Q", (len(s.lr) for s in rows))
+    flat = array("Q")
+    last: list[int] = []
+    for s in rows:
+        if not s.lr:
+            continue
+        _exact_floats(s.lr)
+        words = _bits(s.lr)
+        for j, w in enumerate(words):
+            flat.append((w - (last[j] if j < len(last) else 0)) & MASK)
+        last = list(words)
+    return lens, flat
+
+
+def encode(attempt: int, records: Sequence[p.Received]) -> p.StepBatch:
+    """The batch of `records` (steps and heartbeats of `attempt`, in arrival order). Raises
+    ValueError (OverflowError, TypeError) for a value the columns cannot hold exactly (a negative
+    step from a log pattern): the caller journals those records one by one instead."""
+    steps: list[p.Received] = []
+    beats: list[tuple[int, int, float, p.Heartbeat]] = []
+    for r in records:
+        if r.attempt != attempt:
+            raise ValueError(f"a record of attempt {r.attempt} in a batch of attempt {attempt}")
+        if isinstance(r.msg, p.Step):
+            steps.append(r)
+        elif isinstance(r.msg, p.Heartbeat):
+            beats.append((len(steps), r.rank, r.t, r.msg))
+        else:
+            raise ValueError(f"a {type(r.msg).__name__} message in a step batch")
+    msgs = [r.msg for r in steps if isinstance(r.msg, p.Step)]
+    cols = _Columns()
+    _exact_floats([r.t for r in steps])
+    _exact_floats([s.t for s in msgs])
+    arrival = _bits([r.t for r in steps])
+    cols.words("rank", _deltas(r.rank for r in steps))
+    cols.words("step", _deltas(s.step for s in msgs))
+    cols.words("t", _deltas(arrival))
+    # The trainer's clock, as the difference from the keeper's arrival time of the same row.
+    cols.words(
+        "mt", array("Q", ((w - a) & MASK for w, a in zip(_bits([s.t for s in msgs]), arrival, strict=True)))
+    )
+    cols.ints("tokens", [s.tokens for s in msgs])
+    cols.ints("alloc_allocated", [s.alloc_allocated for s in msgs])
+    cols.ints("alloc_reserved", [s.alloc_reserved for s in msgs])
+    cols.ints("alloc_peak", [s.alloc_peak for s in msgs])
+    cols.floats("loss", [s.loss for s in msgs])
+    cols.floats("grad_norm", [s.grad_norm for s in msgs])
+    cols.floats("loss_scale", [s.loss_scale for s in msgs])
+    if any(s.lr for s in msgs):
+        lens, flat = _lr_words(msgs)
+        cols.words("lr_n", _deltas(lens))
+        cols.body.cols["lr"] = _shuffle(flat)
+    if any(s.source != "reporter" for s in msgs):
+        cols.body.cols["source"] = bytes(SOURCE_CODES[s.source] for s in msgs)
+    cols.body.beats = beats
+    data = zlib.compress(_body_encoder.encode(cols.body), LEVEL)
+    return p.StepBatch(attempt=attempt, rows=len(steps), beats=len(beats), codec=CODEC, data=data)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def _column(body: _Body, name: str, n: int) -> list[int] | None:
+    data = body.cols.get(name)
+    return None if data is None else _sums(_unshuffle(data, n))
+
+
+def _gaps(body: _Body, name: str, n: int) -> list[bool]:
+    gaps = body.missing.get(name)
+    return _unbitmap(gaps, n) if gaps is not None else [False] * n
+
+
+def _ints(body: _Body, name: str, n: int) -> list[int | None]:
+    words = _column(body, name, n)
+    if words is None:
+        return [None] * n
+    return [None if g else v for g, v in zip(_gaps(body, name, n), words, strict=True)]
+
+
+def _float_column(body: _Body, name: str, n: int) -> list[float | None]:
+    words = _column(body, name, n)
+    if words is None:
+        return [None] * n
+    return [None if g else v for g, v in zip(_gaps(body, name, n), _floats(words), strict=True)]
+
+
+def _lrs(body: _Body, n: int) -> list[list[float]]:
+    lens = _column(body, "lr_n", n)
+    if lens is None:
+        return [[] for _ in range(n)]
+    flat = _unshuffle(body.cols.get("lr", b""), sum(lens))
+    out: list[list[float]] = []
+    last: list[int] = []
+    k = 0
+    for m in lens:
+        if not m:
+            out.append([])
+            continue
+        words = [(flat[k + j] + (last[j] if j < len(last) else 0)) & MASK for j in range(m)]
+        k += m
+        last = words
+        out.append(_floats(words))
+    return out
+
+
+def _sources(body: _Body, n: int) -> list[Source]:
+    data = body.cols.get("source")
+    if data is None:
+        return ["reporter"] * n
+    if len(data) != n or any(c not in SOURCE_NAMES for c in data):
+        raise BatchError(f"a source column of {len(data)} bytes for {n} rows")
+    return [SOURCE_NAMES[c] for c in data]
+
+
+def _body(batch: p.StepBatch) -> _Body:
+    if batch.codec != CODEC:
+        raise BatchError(f"step batch codec {batch.codec} is newer than this reader ({CODEC})")
+    try:
+        return _body_decoder.decode(zlib.decompress(batch.data))
+    except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BatchError(f"step batch does not decode: {exc}") from None
+
+
+def _steps(body: _Body, n: int) -> tuple[list[int], list[float], list[p.Step]]:
+    """Each row's rank and arrival time, and its step message."""
+    ranks, steps, arrival = (_column(body, c, n) for c in ("rank", "step", "t"))
+    mt = body.cols.get("mt")
+    if ranks is None or steps is None or arrival is None or mt is None:
+        raise BatchError("a step batch without its rank, step or time columns")
+    # The trainer's time is a difference from the same row's arrival time (not a running sum).
+    trainer_t = _floats([(a + d) & MASK for a, d in zip(arrival, _unshuffle(mt, n), strict=True)])
+    tokens, allocated, reserved, peak = (
+        _ints(body, c, n) for c in ("tokens", "alloc_allocated", "alloc_reserved", "alloc_peak")
+    )
+    loss, grad_norm, loss_scale = (_float_column(body, c, n) for c in ("loss", "grad_norm", "loss_scale"))
+    lrs = _lrs(body, n)
+    sources = _sources(body, n)
+    msgs = [
+        p.Step(
+            step=steps[i],
+            t=trainer_t[i],
+            tokens=tokens[i],
+            loss=loss[i],
+            grad_norm=grad_norm[i],
+            lr=lrs[i],
+            loss_scale=loss_scale[i],
+            alloc_allocated=allocated[i],
+            alloc_reserved=reserved[i],
+            alloc_peak=peak[i],
+            source=sources[i],
+        )
+        for i in range(n)
+    ]
+    return ranks, _floats(arrival), msgs
+
+
+def decode(batch: p.StepBatch) -> list[p.Received]:
+    """The `Received` records the batch was made of, in their order."""
+    body = _body(batch)
+    ranks, arrival, msgs = _steps(body, batch.rows)
+    out: list[p.Received] = []
+    a = batch.attempt
+    beats = iter(body.beats)
+    beat = next(beats, None)
+    for i, msg in enumerate(msgs):
+        while beat is not None and beat[0] <= i:
+            out.append(p.Received(attempt=a, rank=beat[1], t=beat[2], msg=beat[3]))
+            beat = next(beats, None)
+        out.append(p.Received(attempt=a, rank=ranks[i], t=arrival[i], msg=msg))
+    while beat is not None:
+        out.append(p.Received(attempt=a, rank=beat[1], t=beat[2], msg=beat[3]))
+        beat = next(beats, None)
+    return out
