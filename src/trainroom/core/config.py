@@ -30,6 +30,10 @@ Example::
 
     [log]
     pattern = 'iter (?P<step>\\d+): loss (?P<loss>\\S+?),'
+
+    [journal]
+    snapshot_records = 20000
+    full_resolution_h = 72
 """
 
 from __future__ import annotations
@@ -162,6 +166,35 @@ class Log(_Section):
     pattern: str = DEFAULT_LOG_PATTERN
 
 
+class JournalPolicy(_Section):
+    """How the keeper journals a run that lasts weeks (README: "Runs that last weeks")."""
+
+    # Step and heartbeat records wait in memory up to this long (or batch_rows steps) and are
+    # written as one compressed batch. What a keeper killed with -9 can lose from the journal
+    # (the live control room saw them); a longer wait packs slow runs tighter.
+    batch_s: Annotated[float, msgspec.Meta(ge=0.05, le=60)] = 2.0
+    batch_rows: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 4096
+    # A folded snapshot of the run every this many records: what a reader of a finished run
+    # replays at most after loading the newest snapshot.
+    snapshot_records: Annotated[int, msgspec.Meta(ge=1000, le=10_000_000)] = 20000
+    # The active journal segment is sealed at this size; a new one begins with the fold of all
+    # before it.
+    segment_mib: Annotated[float, msgspec.Meta(ge=0.0625, le=4096)] = 64.0
+    # Sealed segments keep every step record for this many hours and within this many MiB (the
+    # newest first); past either, only their other records stay (the plot keeps its min/max
+    # buckets for the whole run either way).
+    full_resolution_h: Annotated[float, msgspec.Meta(ge=0, le=87600)] = 72.0
+    full_resolution_mib: Annotated[float, msgspec.Meta(ge=0, le=1_048_576)] = 2048.0
+
+    @property
+    def segment_bytes(self) -> int:
+        return int(self.segment_mib * MIB)
+
+    @property
+    def full_resolution_bytes(self) -> int:
+        return int(self.full_resolution_mib * MIB)
+
+
 class Config(_Section):
     # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
     # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
@@ -179,6 +212,7 @@ class Config(_Section):
     auto_resume: AutoResume = msgspec.field(default_factory=AutoResume)
     log: Log = msgspec.field(default_factory=Log)
     bench: Bench = msgspec.field(default_factory=Bench)
+    journal: JournalPolicy = msgspec.field(default_factory=JournalPolicy)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""
