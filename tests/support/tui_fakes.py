@@ -24,6 +24,7 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 from trainroom.core.run.store import RunError, RunInfo
+from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 
 T0 = 1_700_000_000.0  # the frozen clock's epoch
@@ -287,10 +288,12 @@ class FakeRuns:
         runs: list[RunInfo],
         links: dict[str, FakeLink] | None = None,
         journal: dict[str, RunState] | None = None,
+        summaries: dict[str, RunSummary] | None = None,
     ) -> None:
         self.runs = runs
         self.links = links or {}
         self.journal = journal or {}
+        self.summaries = summaries or {}
         self.connects: list[str] = []
 
     def list_runs(self) -> list[RunInfo]:
@@ -310,6 +313,9 @@ class FakeRuns:
 
     def load_view(self, run: RunInfo) -> RunView:
         return RunView(self.journal[run.run_id])
+
+    def summary(self, run: RunInfo) -> RunSummary | None:
+        return self.summaries.get(run.run_id)
 
 
 def run_info(run_id: str, run_dir: str, alive: bool = True, created: float = T0) -> RunInfo:

@@ -24,6 +24,7 @@ from tests.support.tui_fakes import (
 )
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.run.summary import RunSummary, WorstFinding
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.messages import RunChanged
 from trainroom.tui.screens.picker import RunPicker
@@ -271,6 +272,32 @@ async def test_several_live_runs_open_a_picker(tmp_path) -> None:
         await pilot.press("enter")  # the newest is highlighted first
         await until(pilot, lambda: app.state is not None, "the picked run's snapshot")
     assert app.run_id == "run-newer"
+
+
+@in_loop
+async def test_the_picker_shows_each_runs_summary_without_its_journal(tmp_path) -> None:
+    infos = [run_info("run-a", str(tmp_path), created=T0), run_info("run-b", str(tmp_path), created=T0 + 1)]
+    summaries = {
+        "run-a": RunSummary(
+            run_id="run-a",
+            created=T0,
+            status="stalled",
+            step=4812,
+            worst=WorstFinding(code="STALLED", severity="critical", message="no step for 40 s"),
+        )
+    }
+    # No journal for either (FakeRuns.load_view would raise): the rows come from the summaries.
+    app = ControlRoom(
+        None, source=FakeRuns(infos, summaries=summaries), clock=lambda: T0 + 100, theme_dirs=shipped_themes()
+    )
+    async with app.run_test(size=(120, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RunPicker), "the picker")
+        await pilot.pause()
+        text = screen_text(app)
+    row_a = next(line for line in text.splitlines() if "run-a" in line)
+    row_b = next(line for line in text.splitlines() if "run-b" in line)
+    assert "stalled step 4812 STALLED" in row_a
+    assert "step" not in row_b  # no summary yet: the row says what the run record says
 
 
 @in_loop

@@ -32,6 +32,7 @@ from textual.worker import Worker, WorkerState
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
+from trainroom.core.run.summary import RunSummary
 
 from . import figures, theming
 from .action_flow import ActionFlow
@@ -215,14 +216,14 @@ class ControlRoom(ActionFlow):
         if len(live) == 1:
             self.call_from_thread(self._open_run, live[0])
         elif len(live) > 1:
-            self.call_from_thread(self._pick_run, live)
+            self.call_from_thread(self._pick_run, live, {r.run_id: self.source.summary(r) for r in live})
         elif runs:
             self.call_from_thread(self._open_run, max(runs, key=lambda r: r.created))
         else:
             self.call_from_thread(self._no_runs)
 
-    def _pick_run(self, live: list[RunInfo]) -> None:
-        self.push_screen(RunPicker(live), self._picked)
+    def _pick_run(self, live: list[RunInfo], summaries: dict[str, RunSummary | None]) -> None:
+        self.push_screen(RunPicker(live, summaries), self._picked)
 
     def _picked(self, info: RunInfo | None) -> None:
         if info is None:

@@ -8,12 +8,15 @@ No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 from trainroom.core.protocol import Record, Reply
 from trainroom.core.run import store as runs
+from trainroom.core.run import summary
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.store import RunInfo
+from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 
 
@@ -49,6 +52,10 @@ class RunSource(Protocol):
 
     def load_view(self, run: RunInfo) -> RunView: ...
 
+    def summary(self, run: RunInfo) -> RunSummary | None:
+        """The run's one-line summary as its keeper last wrote it (None without one)."""
+        ...
+
 
 class LocalRuns:
     """Runs under this machine's state dir (`TRAINROOM_HOME`), reached over their sockets."""
@@ -63,5 +70,9 @@ class LocalRuns:
         return KeeperClient(run.sock)
 
     def load_view(self, run: RunInfo) -> RunView:
-        """The journal replayed, into the state and its plot series at once (one read)."""
+        """The newest snapshot and the journal after it, into the state and its plot series."""
         return runs.load_view(run.run_dir)
+
+    def summary(self, run: RunInfo) -> RunSummary | None:
+        """summary.msgpack, a few seconds old at most for a live run: no journal read."""
+        return summary.read(Path(run.run_dir))
