@@ -136,3 +136,59 @@ def test_a_step_record_takes_well_under_60_bytes_on_disk() -> None:
     one_by_one = sum(8 + len(p.encode(r)) for r in recs)
     assert batched / steps <= 60
     assert one_by_one / batched >= 4, (one_by_one / steps, batched / steps)
+
+
+# A batch as codec 1 wrote it (its deflate dictionary included): what journals on disk hold.
+# Whatever the encoder becomes, this must keep decoding to these records.
+CODEC_1_BATCH = bytes.fromhex(
+    "85a474797065a57374657073a7617474656d707403a4726f777303a5626561747302a464617461c5012278bb8cb1a3"
+    "0d6d93a16ec3301445af9d2aa0a8d0a4526986a216942dee070c960d6c63fb80f04895aac24ae551e9d8d0703e6178"
+    "5f501632dcf42596f36cc7cf61bef1b3dfbde7e0475c417440e43351577388f0c14351e4153e6a2c5a8d4203197004"
+    "fe809d89beaaebba6ddb6e52764a8a0eb9be7d4f5b4f50506353dd78ca10091656952774d16051a33d914184b7c79a"
+    "fdcf75d1389e46343785a2f1ac8e888033bdc1a0a3e45dc6c63e20b47aff04d64b60bf07f217e08952f755021b9214"
+    "cf8c5402c114257e2fa6287090295a559a8c3b926d3b4b518657ba042f87a2e018a648debd5fba1845bf398dd0a528"
+    "b8ada5e834522427411069e8b8485d6b45ea82977ae0250c9eb4e0490bde6540ced0f73382b3edb1e9374aeafe0069"
+    "c3fd65"
+)
+
+
+def test_a_codec_1_batch_on_disk_still_decodes() -> None:
+    expected = [
+        p.Received(
+            attempt=3,
+            rank=0,
+            t=T + 0.5,
+            msg=p.Heartbeat(
+                t=T + 0.49, phase="eval", main_frame="train.py:7 in evaluate", main_frame_age_s=0.25
+            ),
+        ),
+        p.Received(
+            attempt=3,
+            rank=0,
+            t=T + 1.0,
+            msg=p.Step(
+                step=10,
+                t=T + 0.999,
+                tokens=40960,
+                loss=2.5,
+                grad_norm=0.75,
+                lr=[3e-4, 3e-5],
+                alloc_allocated=1 << 30,
+                alloc_reserved=2 << 30,
+                alloc_peak=3 << 30,
+            ),
+        ),
+        p.Received(
+            attempt=3, rank=1, t=T + 1.001, msg=p.Step(step=10, t=T + 1.0, loss=float("nan"), source="log")
+        ),
+        p.Received(
+            attempt=3,
+            rank=0,
+            t=T + 2.0,
+            msg=p.Step(step=11, t=T + 1.999, tokens=45056, loss=2.25, lr=[3e-4, 3e-5], loss_scale=1024.0),
+        ),
+        p.Received(attempt=3, rank=1, t=T + 2.5, msg=p.Heartbeat(t=T + 2.5, dropped=3)),
+    ]
+    batch = p.record_decoder.decode(CODEC_1_BATCH)
+    assert isinstance(batch, p.StepBatch) and batch.codec == 1
+    assert _wire(stepbatch.decode(batch)) == _wire(expected)

@@ -7,7 +7,8 @@ exact to the bit, NaN payloads included: a time or a loss changes little from on
 next, and the difference of two nearby doubles' bit patterns is a small integer). Each column's
 bytes are regrouped by significance (all first bytes, then all second bytes, ...), which turns
 the zero high bytes of small differences into long runs, and the whole body is deflated (zlib).
-Heartbeats, a few per second at most, ride along as records at their row positions.
+Heartbeats (a few a second at most) are columns too, with the step row each came before; their
+strings (phase, where the main thread is) are kept once per batch in a table.
 
 `decode` gives back the very `Received` records `encode` was given, in the same order: the fold
 of a journal with batches is the fold of one without them.
@@ -15,6 +16,8 @@ of a journal with batches is the fold of one without them.
 
 from __future__ import annotations
 
+import itertools
+import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
@@ -41,13 +44,46 @@ class _Body(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Optional columns: a bitmap of the rows that lack the value (absent when every row has it;
     # the column itself is absent when no row has it).
     missing: dict[str, bytes] = {}
-    # (row position, rank, arrival time, the heartbeat): a heartbeat that arrived before step row
-    # `position`.
-    beats: list[tuple[int, int, float, p.Heartbeat]] = []
+    strings: list[str] = []  # the heartbeats' phases and frames, each once
 
 
 _body_encoder = msgspec.msgpack.Encoder()
 _body_decoder = msgspec.msgpack.Decoder(_Body)
+
+# The deflate dictionary: a body's skeleton (its column names, a heartbeat's keys), so a batch of
+# a few rows, a slow run's, does not pay for them each time. Part of codec 1 as it stands:
+# changing one byte makes every batch written with it unreadable (a new one is codec 2).
+_ZDICT = bytes.fromhex(
+    "83a4636f6c73de0016a472616e6bc41000000000000000000000000000000000a473746570c410000000000000000000"
+    "00000000000000a174c41000000000000000000000000000000000a26d74c41000000000000000000000000000000000"
+    "a6746f6b656e73c41000000000000000000000000000000000af616c6c6f635f616c6c6f6361746564c4100000000000"
+    "0000000000000000000000ae616c6c6f635f7265736572766564c41000000000000000000000000000000000aa616c6c"
+    "6f635f7065616bc41000000000000000000000000000000000a46c6f7373c41000000000000000000000000000000000"
+    "a9677261645f6e6f726dc41000000000000000000000000000000000aa6c6f73735f7363616c65c41000000000000000"
+    "000000000000000000a46c725f6ec41000000000000000000000000000000000a26c72c4100000000000000000000000"
+    "0000000000a6736f75726365c41000000000000000000000000000000000a5625f706f73c41000000000000000000000"
+    "000000000000a6625f72616e6bc41000000000000000000000000000000000a3625f74c4100000000000000000000000"
+    "0000000000a4625f6d74c41000000000000000000000000000000000a7625f7068617365c41000000000000000000000"
+    "000000000000a7625f6672616d65c41000000000000000000000000000000000a5625f616765c4100000000000000000"
+    "0000000000000000a9625f64726f70706564c41000000000000000000000000000000000a76d697373696e6785a6746f"
+    "6b656e73c40100a9677261645f6e6f726dc40100aa6c6f73735f7363616c65c40100a7625f6672616d65c40100a5625f"
+    "616765c40100a7737472696e677397a5747261696ea46576616ca464617461af636865636b706f696e742d73617665af"
+    "636865636b706f696e742d6c6f6164ba747261696e2e70793a31303020696e20747261696e5f73746570b8747261696e"
+    "2e70793a31303020696e203c6d6f64756c653e"
+)
+
+
+def _deflate(body: bytes) -> bytes:
+    c = zlib.compressobj(LEVEL, zdict=_ZDICT)
+    return c.compress(body) + c.flush()
+
+
+def _inflate(data: bytes) -> bytes:
+    d = zlib.decompressobj(zdict=_ZDICT)
+    out = d.decompress(data) + d.flush()
+    if not d.eof:
+        raise zlib.error("a step batch cut short")
+    return out
 
 
 def batchable(rec: p.Record) -> bool:
@@ -173,19 +209,44 @@ def _lr_words(rows: list[p.Step]) -> tuple[array[int], array[int]]:
     return lens, flat
 
 
+def _beat_columns(cols: _Columns, beats: list[tuple[int, p.Received]]) -> None:
+    msgs = [r.msg for _, r in beats if isinstance(r.msg, p.Heartbeat)]
+    table: dict[str, int] = {}
+
+    def ref(text: str) -> int:
+        if text not in table:
+            table[text] = len(table)
+        return table[text]
+
+    _exact_floats([r.t for _, r in beats])
+    _exact_floats([h.t for h in msgs])
+    arrival = _bits([r.t for _, r in beats])
+    cols.words("b_pos", _deltas(pos for pos, _ in beats))
+    cols.words("b_rank", _deltas(r.rank for _, r in beats))
+    cols.words("b_t", _deltas(arrival))
+    cols.words(
+        "b_mt", array("Q", ((w - a) & MASK for w, a in zip(_bits([h.t for h in msgs]), arrival, strict=True)))
+    )
+    cols.words("b_phase", _deltas(ref(h.phase) for h in msgs))
+    cols.ints("b_frame", [None if h.main_frame is None else ref(h.main_frame) for h in msgs])
+    cols.floats("b_age", [h.main_frame_age_s for h in msgs])
+    cols.ints("b_dropped", [h.dropped for h in msgs])
+    cols.body.strings = list(table)
+
+
 def encode(attempt: int, records: Sequence[p.Received]) -> p.StepBatch:
     """The batch of `records` (steps and heartbeats of `attempt`, in arrival order). Raises
     ValueError (OverflowError, TypeError) for a value the columns cannot hold exactly (a negative
     step from a log pattern): the caller journals those records one by one instead."""
     steps: list[p.Received] = []
-    beats: list[tuple[int, int, float, p.Heartbeat]] = []
+    beats: list[tuple[int, p.Received]] = []  # (the step row it came before, the heartbeat)
     for r in records:
         if r.attempt != attempt:
             raise ValueError(f"a record of attempt {r.attempt} in a batch of attempt {attempt}")
         if isinstance(r.msg, p.Step):
             steps.append(r)
         elif isinstance(r.msg, p.Heartbeat):
-            beats.append((len(steps), r.rank, r.t, r.msg))
+            beats.append((len(steps), r))
         else:
             raise ValueError(f"a {type(r.msg).__name__} message in a step batch")
     msgs = [r.msg for r in steps if isinstance(r.msg, p.Step)]
@@ -213,8 +274,9 @@ def encode(attempt: int, records: Sequence[p.Received]) -> p.StepBatch:
         cols.body.cols["lr"] = _shuffle(flat)
     if any(s.source != "reporter" for s in msgs):
         cols.body.cols["source"] = bytes(SOURCE_CODES[s.source] for s in msgs)
-    cols.body.beats = beats
-    data = zlib.compress(_body_encoder.encode(cols.body), LEVEL)
+    if beats:
+        _beat_columns(cols, beats)
+    data = _deflate(_body_encoder.encode(cols.body))
     return p.StepBatch(attempt=attempt, rows=len(steps), beats=len(beats), codec=CODEC, data=data)
 
 
@@ -277,7 +339,7 @@ def _body(batch: p.StepBatch) -> _Body:
     if batch.codec != CODEC:
         raise BatchError(f"step batch codec {batch.codec} is newer than this reader ({CODEC})")
     try:
-        return _body_decoder.decode(zlib.decompress(batch.data))
+        return _body_decoder.decode(_inflate(batch.data))
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BatchError(f"step batch does not decode: {exc}") from None
 
@@ -315,20 +377,57 @@ def _steps(body: _Body, n: int) -> tuple[list[int], list[float], list[p.Step]]:
     return ranks, _floats(arrival), msgs
 
 
+def _beats(body: _Body, n: int, rows: int) -> list[tuple[int, int, float, p.Heartbeat]]:
+    """(the step row it came before, rank, arrival time, heartbeat) of each heartbeat."""
+    if not n:
+        return []
+    pos, ranks, arrival = (_column(body, c, n) for c in ("b_pos", "b_rank", "b_t"))
+    mt, phases = body.cols.get("b_mt"), _column(body, "b_phase", n)
+    if pos is None or ranks is None or arrival is None or mt is None or phases is None:
+        raise BatchError("a step batch without its heartbeat columns")
+    if any(b < a for a, b in itertools.pairwise(pos)) or pos[-1] > rows:
+        raise BatchError("heartbeat positions out of order")
+    # Interned: msgspec leaves out a field equal to its default by identity, and a phase of
+    # "train" must encode as the original did.
+    strings = [sys.intern(x) for x in body.strings]
+    frames = _ints(body, "b_frame", n)
+    if any(i >= len(strings) for i in phases) or any(f is not None and f >= len(strings) for f in frames):
+        raise BatchError("a heartbeat string outside the batch's table")
+    trainer_t = _floats([(a + d) & MASK for a, d in zip(arrival, _unshuffle(mt, n), strict=True)])
+    ages = _float_column(body, "b_age", n)
+    dropped = _ints(body, "b_dropped", n)
+    arrival_t = _floats(arrival)
+    return [
+        (
+            pos[i],
+            ranks[i],
+            arrival_t[i],
+            p.Heartbeat(
+                t=trainer_t[i],
+                phase=strings[phases[i]],
+                main_frame=strings[f] if (f := frames[i]) is not None else None,
+                main_frame_age_s=ages[i],
+                dropped=dropped[i] or 0,
+            ),
+        )
+        for i in range(n)
+    ]
+
+
 def decode(batch: p.StepBatch) -> list[p.Received]:
     """The `Received` records the batch was made of, in their order."""
     body = _body(batch)
     ranks, arrival, msgs = _steps(body, batch.rows)
+    beats = _beats(body, batch.beats, batch.rows)
     out: list[p.Received] = []
     a = batch.attempt
-    beats = iter(body.beats)
-    beat = next(beats, None)
+    k = 0
     for i, msg in enumerate(msgs):
-        while beat is not None and beat[0] <= i:
-            out.append(p.Received(attempt=a, rank=beat[1], t=beat[2], msg=beat[3]))
-            beat = next(beats, None)
+        while k < len(beats) and beats[k][0] <= i:
+            _pos, rank, t, beat = beats[k]
+            out.append(p.Received(attempt=a, rank=rank, t=t, msg=beat))
+            k += 1
         out.append(p.Received(attempt=a, rank=ranks[i], t=arrival[i], msg=msg))
-    while beat is not None:
-        out.append(p.Received(attempt=a, rank=beat[1], t=beat[2], msg=beat[3]))
-        beat = next(beats, None)
+    for _pos, rank, t, beat in beats[k:]:
+        out.append(p.Received(attempt=a, rank=rank, t=t, msg=beat))
     return out
