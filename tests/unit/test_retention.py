@@ -198,3 +198,25 @@ def test_the_journal_section_of_trainroom_toml() -> None:
             assert says in str(exc) and "trainroom.toml" in str(exc), str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_usage_counts_every_file_and_the_write_rate(tmp_path: Path) -> None:
+    d, rec = make_run_dir(tmp_path)
+    now = 0.0
+    w = JournalWriter(d, lambda: store.empty_view(rec), _no_retention(), clock=lambda: now)
+    assert w.usage().bytes_per_h is None  # nothing seen yet: no rate invented
+    for i, r in enumerate(run_records(6000, ranks=2)):
+        w.append(r)
+        if i % 20 == 0:
+            now += 1.0  # a record every 50 ms of the run's time
+            w.flush()
+    u = w.usage()
+    files = [f for f in d.iterdir() if f.name.startswith(("journal.", "snapshot.", "summary."))]
+    assert u.bytes == sum(f.stat().st_size for f in files) and u.segments == len(segments.sealed(d)) >= 1
+    written = sum(s.size for s in segments.sealed(d)) + (d / segments.ACTIVE_NAME).stat().st_size
+    # A segment holds segment_mib of its own records beside its base (a base bigger than a
+    # segment must not make every flush seal).
+    assert u.segments <= written // SEGMENTED.segment_bytes
+    assert u.bytes_per_h is not None
+    assert 0.5 * written / now * 3600 < u.bytes_per_h < 1.5 * written / now * 3600
+    w.close()

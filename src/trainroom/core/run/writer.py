@@ -30,6 +30,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.config import JournalPolicy
+from trainroom.core.run import journal as journal_mod
 from trainroom.core.run import replay, segments, snapshot, stepbatch, summary
 from trainroom.core.run.journal import BACKLOG_BYTES, MAX_RECORD, Journal, JournalHealth
 from trainroom.core.run.view import RunView
@@ -92,8 +93,12 @@ class JournalWriter:
         *,
         backlog_bytes: int = BACKLOG_BYTES,
         hold: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` times the batches (a benchmark replaying a day in seconds passes the run's own
+        clock); `hold` is the tests' seam in the middle of a snapshot (hold_from_env)."""
         self.run_dir = run_dir
+        self._clock = clock
         self.policy = policy or JournalPolicy()
         self._new_view = new_view
         self._hold = hold
@@ -104,6 +109,9 @@ class JournalWriter:
         self.seq = base.seq if base is not None else 0
         self.segment = base.segment if base is not None else ""
         self.journal = Journal(active, backlog_bytes)
+        # Where the segment's own records begin (after its base): what counts toward segment_mib,
+        # so a fold bigger than a segment cannot make every flush seal.
+        self._base_end = self._segment_start(base)
         # A keeper taking up a run that has a journal goes on from its fold.
         if self.journal.size or segments.sealed(run_dir):
             loaded = replay.load(run_dir, new_view)
@@ -124,6 +132,7 @@ class JournalWriter:
         self._written = 0  # bytes written to the journal by this writer
         self._size = self.journal.size
         self._rate: deque[tuple[float, int]] = deque()
+        self._rate_lock = threading.Lock()  # usage() reads it from the keeper's probe thread
 
     # ------------------------------------------------------------------ what the keeper used
 
@@ -144,7 +153,7 @@ class JournalWriter:
             if self._batch and rec.attempt != self._batch_attempt:
                 self._flush_batch()
             if not self._batch:
-                self._batch_attempt, self._batch_since = rec.attempt, time.monotonic()
+                self._batch_attempt, self._batch_since = rec.attempt, self._clock()
             self._batch.append(rec)
             self._batch_steps += isinstance(rec.msg, p.Step)
             rows = self.policy.batch_rows
@@ -158,7 +167,7 @@ class JournalWriter:
     def flush(self, fsync: bool = False) -> bool:
         """Write what is due; False when the write failed (the records stay pending). Snapshots,
         the summary, sealing and retention happen here, when nothing is pending."""
-        now = time.monotonic()
+        now = self._clock()
         if self._batch and now - self._batch_since >= self.policy.batch_s:
             self._flush_batch()
         ok = self.journal.flush(fsync=fsync)
@@ -212,6 +221,12 @@ class JournalWriter:
         self.stats.batches += 1
         self.stats.batched_records += len(recs)
 
+    def _segment_start(self, base: p.JournalBase | None) -> int:
+        if base is None:
+            return 0
+        found = journal_mod.record_crc_at(self.journal.path, 0)
+        return found[0] if found is not None else 0
+
     def _refold(self) -> None:
         loaded = replay.load(self.run_dir, self._new_view)
         self.view, self.records = loaded.view, loaded.records
@@ -222,7 +237,7 @@ class JournalWriter:
     def _maintain(self, now: float) -> None:
         if not self._exact:
             self._refold()
-        if self.journal.size >= self.policy.segment_bytes:
+        if self.journal.size - self._base_end >= self.policy.segment_bytes:
             self.seal()
         elif self._since_snapshot >= self.policy.snapshot_records:
             self.snapshot()
@@ -261,7 +276,7 @@ class JournalWriter:
 
     def write_summary(self) -> None:
         self._changed = False
-        self._summary_at = time.monotonic() + SUMMARY_S
+        self._summary_at = self._clock() + SUMMARY_S
         mark = summary.journal_mark(self.journal.path)
         s = summary.summarize(self.view.state, updated=time.time(), journal=mark)
         try:
@@ -295,7 +310,7 @@ class JournalWriter:
         old.close()
         self.journal = Journal(old.path, old.backlog_bytes)
         self.journal.health = msgspec.structs.replace(old.health)
-        self._size = self.journal.size
+        self._size = self._base_end = self.journal.size
         self.seq, self.segment = base.seq, base.segment
         self._since_snapshot = 0
         self.stats.seals += 1
@@ -333,9 +348,10 @@ class JournalWriter:
             self._written += size - self._size
         self._size = size
         if not self._rate or now - self._rate[-1][0] >= 30.0:
-            self._rate.append((now, self._written))
-            while len(self._rate) > 2 and now - self._rate[1][0] >= RATE_WINDOW_S:
-                self._rate.popleft()
+            with self._rate_lock:
+                self._rate.append((now, self._written))
+                while len(self._rate) > 2 and now - self._rate[1][0] >= RATE_WINDOW_S:
+                    self._rate.popleft()
 
     def usage(self) -> JournalUsage:
         """The journal's bytes on disk and its write rate (any thread: reads files and a deque)."""
@@ -347,7 +363,8 @@ class JournalWriter:
             except OSError:
                 pass
         rate = None
-        samples = list(self._rate)
+        with self._rate_lock:
+            samples = list(self._rate)
         if len(samples) >= 2 and samples[-1][0] - samples[0][0] >= 120.0:
             (t0, b0), (t1, b1) = samples[0], samples[-1]
             rate = (b1 - b0) / (t1 - t0) * 3600.0
