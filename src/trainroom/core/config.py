@@ -32,8 +32,8 @@ Example::
     pattern = 'iter (?P<step>\\d+): loss (?P<loss>\\S+?),'
 
     [journal]
-    snapshot_records = 20000
-    full_resolution_h = 72
+    snapshot_records = 5000
+    full_resolution_h = 24
 """
 
 from __future__ import annotations
@@ -172,11 +172,11 @@ class JournalPolicy(_Section):
     # Step and heartbeat records wait in memory up to this long (or batch_rows steps) and are
     # written as one compressed batch. What a keeper killed with -9 can lose from the journal
     # (the live control room saw them); a longer wait packs slow runs tighter.
-    batch_s: Annotated[float, msgspec.Meta(ge=0.05, le=60)] = 2.0
+    batch_s: Annotated[float, msgspec.Meta(ge=0.05, le=60)] = 5.0
     batch_rows: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 4096
     # A folded snapshot of the run every this many records: what a reader of a finished run
     # replays at most after loading the newest snapshot.
-    snapshot_records: Annotated[int, msgspec.Meta(ge=1000, le=10_000_000)] = 20000
+    snapshot_records: Annotated[int, msgspec.Meta(ge=1000, le=10_000_000)] = 10000
     # The active journal segment is sealed at this size; a new one begins with the fold of all
     # before it.
     segment_mib: Annotated[float, msgspec.Meta(ge=0.0625, le=4096)] = 64.0
