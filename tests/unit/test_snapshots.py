@@ -40,8 +40,7 @@ def test_a_replay_from_the_snapshot_ends_where_a_full_replay_ends(tmp_path: Path
     loaded = _load(d, rec)
     assert loaded.source == "snapshot" and loaded.tail_records == 0  # the close wrote the last one
     assert view_bytes(loaded.view) == _full_replay(d, rec)
-    # ... and both are what the keeper folded live, records in the order they came: the batching
-    # moved only records that commute with steps (findings, status, notes).
+    # ... and both are what the keeper folded live: the batching keeps the records' order.
     assert view_bytes(loaded.view) == view_bytes(live)
 
 
@@ -202,3 +201,14 @@ def test_a_journal_without_snapshots_still_reads_whole(tmp_path: Path) -> None:
     loaded = _load(d, rec)
     assert loaded.source == "start" and view_bytes(loaded.view) == view_bytes(view)
     assert isinstance(next(read_journal(d / "journal.msgpack")), p.KeeperStarted)
+
+
+def test_the_journal_keeps_the_order_records_came_in(tmp_path: Path) -> None:
+    # A finding raised after step N stays after step N in the journal: batching steps moves
+    # no other record ahead of them (what a reader of the history sees, and tests rely on).
+    d, rec = make_run_dir(tmp_path)
+    records = list(run_records(3000, ranks=2))
+    assert any(isinstance(r, p.FindingRaised) for r in records)
+    _live, w = write_run(d, rec, records, SMALL)
+    assert w.stats.batches > 0
+    assert [p.encode(r) for r in read_journal(d / "journal.msgpack")] == [p.encode(r) for r in records]

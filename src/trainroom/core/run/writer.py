@@ -6,8 +6,8 @@ and torn-tail repair all stay: this writes through it). What it adds:
 
 - Steps and heartbeats wait (up to `batch_s`, or `batch_rows` steps) and go in as one
   `StepBatch`. Any other record first writes the batch out, so the journal keeps the order the
-  records had, except for records no fold of steps depends on (findings, status changes, keeper
-  notes, closed connections), which go straight in: they commute with the steps around them.
+  records came in exactly (a finding stays after the steps that raised it; such records are few,
+  so batches stay large).
 - The writer folds exactly what it writes, in the order written (`view`), so a snapshot of that
   fold is what a reader replaying the journal up to the same offset would get. (The keeper's
   live view is another fold: it also takes records that are sent but never journaled, such as
@@ -35,9 +35,6 @@ from trainroom.core.run import replay, segments, snapshot, stepbatch, summary
 from trainroom.core.run.journal import BACKLOG_BYTES, MAX_RECORD, Journal, JournalHealth
 from trainroom.core.run.view import RunView
 
-# Records that change nothing a fold of steps reads, nor read anything steps change: they may
-# be written before a batch of steps that arrived ahead of them without changing any fold.
-COMMUTES = (p.FindingRaised, p.FindingCleared, p.RunStatus, p.KeeperNote, p.ConnectionClosed)
 SUMMARY_S = 5.0  # at most one summary this often while the run changes
 RETENTION_CHECK_S = 600.0  # how often sealed segments are looked at for retention
 RATE_WINDOW_S = 3600.0
@@ -160,8 +157,7 @@ class JournalWriter:
             if self._batch_steps >= rows or len(self._batch) >= 2 * rows:
                 self._flush_batch()
             return
-        if not isinstance(rec, COMMUTES):
-            self._flush_batch()
+        self._flush_batch()
         self._store(rec, (rec,))
 
     def flush(self, fsync: bool = False) -> bool:
