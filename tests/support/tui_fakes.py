@@ -24,6 +24,7 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 from trainroom.core.run.store import RunError, RunInfo
+from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 from trainroom.core.samples import DiskSample, GpuDevice, GpuProcess, GpuSample, HostSample
 
@@ -290,10 +291,12 @@ class FakeRuns:
         runs: list[RunInfo],
         links: dict[str, FakeLink] | None = None,
         journal: dict[str, RunState] | None = None,
+        summaries: dict[str, RunSummary] | None = None,
     ) -> None:
         self.runs = runs
         self.links = links or {}
         self.journal = journal or {}
+        self.summaries = summaries or {}
         self.connects: list[str] = []
         self.peeks: list[str] = []
 
@@ -320,6 +323,9 @@ class FakeRuns:
         if run.run_id not in self.links:
             raise ConnectionRefusedError(f"no keeper on {run.sock}")
         return self.links[run.run_id].subscribe_view().state
+
+    def summary(self, run: RunInfo) -> RunSummary | None:
+        return self.summaries.get(run.run_id)
 
 
 def run_info(run_id: str, run_dir: str, alive: bool = True, created: float = T0) -> RunInfo:

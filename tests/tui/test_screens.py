@@ -26,8 +26,10 @@ from tests.support.tui_fakes import (
 )
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.run.summary import RunSummary, WorstFinding
 from trainroom.core.samples import GpuSample, HostSample
 from trainroom.tui.app import ControlRoom
+from trainroom.tui.link import OverviewReader
 from trainroom.tui.messages import RunChanged
 from trainroom.tui.screens.runs import RunsScreen
 
@@ -293,6 +295,31 @@ async def test_several_live_runs_open_the_runs_overview_to_pick_from(tmp_path) -
         await pilot.press("enter")  # the newest is highlighted first
         await until(pilot, lambda: app.state is not None, "the picked run's snapshot")
     assert app.run_id == "run-newer"
+
+
+def test_the_runs_overview_reads_a_finished_runs_summary_not_its_journal(tmp_path) -> None:
+    infos = [
+        run_info("run-a", str(tmp_path), alive=False, created=T0),
+        run_info("run-b", str(tmp_path), alive=False, created=T0 + 1),
+    ]
+    summaries = {
+        "run-a": RunSummary(
+            run_id="run-a",
+            created=T0,
+            status="stalled",
+            attempt=1,
+            attempt_ended=True,
+            step=4812,
+            findings=1,
+            worst=WorstFinding(code="STALLED", severity="critical", message="no step for 40 s"),
+        )
+    }
+    # No journal for either (FakeRuns.load_view would raise): run-a's row comes from its summary,
+    # run-b (no summary) is read from its journal, which fails and says so in its row.
+    rows = {r.run_id: r for r in OverviewReader(FakeRuns(infos, summaries=summaries)).rows()}
+    a, b = rows["run-a"], rows["run-b"]
+    assert (a.state, a.step, a.worst_code, a.findings, a.error) == ("stalled", 4812, "STALLED", 1, None)
+    assert b.error is not None and b.step is None
 
 
 @in_loop

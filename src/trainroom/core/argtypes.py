@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable
 
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+MAX_DURATION_S = 100 * 365 * 86400.0
 
 
 def seconds(low: float, high: float) -> Callable[[str], float]:
@@ -50,6 +52,21 @@ def size(text: str) -> int:
     if not math.isfinite(value) or value < 1 or value > 1 << 60:
         raise argparse.ArgumentTypeError(f"expected a positive size such as 500M or 20G, got {text!r}")
     return int(value)
+
+
+def duration(text: str) -> float:
+    """90s, 15m, 12h, 30d, 2w (or plain seconds), finite and at most a century: seconds."""
+    t = text.strip().lower()
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in DURATION_UNITS else (t, "s")
+    try:
+        value = float(num) * DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 12h, 30d or 2w, got {text!r}"
+        ) from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"expected a duration between 0s and 100 years, got {text!r}")
+    return value
 
 
 def log_pattern(text: str) -> str:

@@ -42,6 +42,10 @@ Example::
     [keys]
     kill = "ctrl+k"
     zoom = "z,f11"
+
+    [journal]
+    snapshot_records = 5000
+    full_resolution_h = 24
 """
 
 from __future__ import annotations
@@ -51,12 +55,59 @@ import re
 import shlex
 import string
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
 import msgspec
 
 from trainroom.core.logformats import NANOGPT_PATTERN
+from trainroom.core.sections import (
+    ALERT_STATES as ALERT_STATES,
+)
+from trainroom.core.sections import (
+    AlertSeverity as AlertSeverity,
+)
+from trainroom.core.sections import (
+    AlertState as AlertState,
+)
+from trainroom.core.sections import (
+    ConfigError as ConfigError,
+)
+from trainroom.core.sections import (
+    Host as Host,
+)
+from trainroom.core.sections import (
+    JournalPolicy as JournalPolicy,
+)
+from trainroom.core.sections import (
+    Keys as Keys,
+)
+from trainroom.core.sections import (
+    Notify as Notify,
+)
+from trainroom.core.sections import (
+    Section as Section,
+)
+from trainroom.core.sections import (
+    Targets as Targets,
+)
+from trainroom.core.sections import (
+    as_list as as_list,
+)
+from trainroom.core.sections import (
+    check_command as check_command,
+)
+from trainroom.core.sections import (
+    check_hosts as check_hosts,
+)
+from trainroom.core.sections import (
+    check_keys as check_keys,
+)
+from trainroom.core.sections import (
+    check_notify as check_notify,
+)
+from trainroom.core.sections import (
+    check_url as check_url,
+)
 from trainroom.core.units import GIB, MIB
 
 CONFIG_NAME = "trainroom.toml"
@@ -79,12 +130,8 @@ DEFAULT_LOG_PATTERN = NANOGPT_PATTERN
 RESUME_PLACEHOLDERS = ("ckpt", "ckpt_dir", "step", "run_id")
 
 
-class ConfigError(Exception):
-    """A config file that cannot be used; str() is one line: file, key path, what was expected."""
-
-
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
+    """A table of trainroom.toml (as sections.Section): an unknown key is an error that names it."""
 
 
 class Checkpoints(_Section):
@@ -273,101 +320,6 @@ class Log(_Section):
     pattern: str | None = None
 
 
-AlertSeverity = Literal["info", "warning", "critical"]
-AlertState = Literal["dead", "hung", "stalled", "exited"]
-ALERT_STATES: tuple[AlertState, ...] = ("dead", "hung", "stalled", "exited")
-# One target or a list of them: `webhook = "https://..."` and `webhook = ["https://...", ...]`.
-Targets = str | list[str]
-
-
-def as_list(targets: Targets) -> list[str]:
-    return [targets] if isinstance(targets, str) else list(targets)
-
-
-class Notify(_Section):
-    """Alerts from the keeper (core/notify): who is told, about what, how hard it tries.
-
-    Targets are secrets (a Slack webhook's path, an ntfy topic, a token in a command): the keeper
-    reads them from here or the run record and only ever journals, prints or sends a redacted name.
-    """
-
-    # Findings at or above this severity are alerted (state changes always are, see `states`).
-    min_severity: AlertSeverity = "warning"
-    states: list[AlertState] = msgspec.field(default_factory=lambda: list(ALERT_STATES))
-    # A command run with the alert in TRAINROOM_ALERT_* variables and as JSON on stdin (no shell).
-    command: Targets = []
-    # JSON POSTs: trainroom's own shape (`webhook`) or Slack's incoming-webhook shape (`slack`).
-    webhook: Targets = []
-    slack: Targets = []
-    # ntfy-style POSTs: the message as the body, title, priority and tags as headers.
-    ntfy: Targets = []
-    # notify-send, where a session bus exists (DBUS_SESSION_BUS_ADDRESS).
-    desktop: bool = False
-    # One delivery: each try may take timeout_s; a failed one is retried `retries` times, after
-    # backoff_s, doubling, at most backoff_max_s apart.
-    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=300)] = 5.0
-    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3
-    backoff_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 1.0
-    backoff_max_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 60.0
-    # At most this many alerts a minute per channel; the rest wait and go out as one digest.
-    rate_per_min: Annotated[int, msgspec.Meta(ge=1, le=600)] = 10
-    # Alerts waiting per channel; past it new ones are dropped (and the drop journaled).
-    queue: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
-
-    def channel_count(self) -> int:
-        return sum(len(as_list(t)) for t in (self.command, self.webhook, self.slack, self.ntfy)) + int(
-            self.desktop
-        )
-
-
-class Host(_Section):
-    """`[hosts.NAME]`: a machine a job's keepers run on, reached over SSH (`ssh://NAME/RUN`, or
-    `NAME` as a `trainroom job` target)."""
-
-    target: str  # ssh://[user@]host[:port]
-    # The trainroom command on that host (default: TRAINROOM_REMOTE_COMMAND, else `trainroom`).
-    remote_command: str | None = None
-
-
-# A key as the control room names it: `k`, `K`, `ctrl+k`, `f5`, `slash`, `/` (one printable
-# character is taken as is); several for one command are comma-separated ("z,f11").
-_KEY = re.compile(r"^(?:[A-Za-z0-9_+-]+|[^\s,])$")
-
-
-class Keys(_Section):
-    """The control room's keys, by command (its `--help` and `?` list them with their defaults);
-    an unset one keeps its default. Two commands on one key is refused when the control room
-    opens, naming both."""
-
-    kill: str | None = None
-    reclaim: str | None = None
-    prune: str | None = None
-    resume: str | None = None
-    dump: str | None = None
-    continue_: str | None = msgspec.field(default=None, name="continue")
-    verify: str | None = None
-    bench: str | None = None
-    help: str | None = None
-    quit: str | None = None
-    theme: str | None = None
-    runs: str | None = None
-    zoom: str | None = None
-    next_panel: str | None = None
-    previous_panel: str | None = None
-    search: str | None = None
-    log_scale: str | None = None
-    recent_window: str | None = None
-
-    def given(self) -> dict[str, str]:
-        """The commands this file remaps, by their name in the file."""
-        out: dict[str, str] = {}
-        for f in msgspec.structs.fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                out[f.encode_name] = value
-        return out
-
-
 class Config(_Section):
     # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
     # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
@@ -388,6 +340,7 @@ class Config(_Section):
     notify: Notify = msgspec.field(default_factory=Notify)
     hosts: dict[str, Host] = {}
     keys: Keys = msgspec.field(default_factory=Keys)
+    journal: JournalPolicy = msgspec.field(default_factory=JournalPolicy)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""
@@ -496,71 +449,11 @@ def _lower_first(s: str) -> str:
     return s[:1].lower() + s[1:]
 
 
-def check_url(url: str) -> str | None:
-    """Why an alert URL cannot be used (one phrase), or None. Never echoes the URL: it may hold a
-    secret."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        return f"not a URL ({exc})"
-    if parts.scheme not in ("http", "https"):
-        return f"expected an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}"
-    if not parts.hostname:
-        return "expected a URL with a host"
-    return None
-
-
-def check_command(command: str) -> str | None:
-    """Why an alert command cannot be used, or None."""
-    try:
-        words = shlex.split(command)
-    except ValueError as exc:
-        return f"expected a shell-like command, got one that fails: {exc}"
-    return None if words else "expected a command, got an empty string"
-
-
-def _check_notify(n: Notify, path: str | os.PathLike[str]) -> None:
-    for key in ("webhook", "slack", "ntfy"):
-        for i, url in enumerate(as_list(getattr(n, key))):
-            why = check_url(url)
-            if why:
-                raise ConfigError(f"{path}: notify.{key}[{i}]: {why}")
-    for i, command in enumerate(as_list(n.command)):
-        why = check_command(command)
-        if why:
-            raise ConfigError(f"{path}: notify.command[{i}]: {why}")
-
-
-def _check_hosts(hosts: dict[str, Host], path: str | os.PathLike[str]) -> None:
-    for name, host in hosts.items():
-        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", name):
-            raise ConfigError(f"{path}: hosts.{name}: expected a host name (letters, digits, . _ -)")
-        if not host.target.startswith("ssh://") or any(c.isspace() for c in host.target):
-            raise ConfigError(
-                f"{path}: hosts.{name}.target: expected ssh://[user@]host[:port], got {host.target!r}"
-            )
-        if host.remote_command is not None:
-            why = check_command(host.remote_command)
-            if why:
-                raise ConfigError(f"{path}: hosts.{name}.remote_command: {why}")
-
-
-def _check_keys(keys: Keys, path: str | os.PathLike[str]) -> None:
-    for name, value in keys.given().items():
-        parts = [k.strip() for k in value.split(",")]
-        bad = next((k for k in parts if not _KEY.match(k)), None)
-        if bad is not None:
-            raise ConfigError(
-                f'{path}: keys.{name}: expected key names such as "ctrl+k" or "z,f11", got {value!r}'
-            )
-
-
 def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
     """What types alone cannot say: orderings, a compilable regex, known placeholders, key names."""
-    _check_notify(config.notify, path)
-    _check_hosts(config.hosts, path)
-    _check_keys(config.keys, path)
+    check_notify(config.notify, path)
+    check_hosts(config.hosts, path)
+    check_keys(config.keys, path)
     t = config.thresholds
     if t.disk_warn >= t.disk_critical:
         raise ConfigError(

@@ -421,6 +421,31 @@ class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=Tru
     latency_s: float | None = None  # from the alert to this outcome
 
 
+class StepBatch(msgspec.Struct, tag="steps", kw_only=True, omit_defaults=True):
+    """Consecutive step and heartbeat records of one attempt, in the order they arrived, kept as
+    compressed columns (`run.stepbatch`): what the keeper journals in their place. A journal
+    reader expands it back into exactly those `Received` records, so no fold ever sees it."""
+
+    attempt: int
+    rows: int  # step records
+    beats: int = 0  # heartbeat records
+    codec: int = 1
+    data: bytes
+
+
+class JournalBase(msgspec.Struct, tag="base", kw_only=True, omit_defaults=True):
+    """The first record of every journal segment after the first: the fold of all the records
+    before it (`run.snapshot`'s encoding of the run's view), so a reader starts here and never
+    needs the sealed segments behind it. A fold that meets one mid-replay ignores it."""
+
+    seq: int  # 1 for the second segment, 2 for the third, ...
+    segment: str  # this segment's id (what a snapshot names)
+    previous: str = ""  # the id of the segment it follows ("" for the first, which has no base)
+    t: float
+    records: int = 0  # records folded into `view`
+    view: bytes
+
+
 Record = Union[
     AttemptStarted,
     AttemptEnded,
@@ -441,6 +466,8 @@ Record = Union[
     WorkerSeen,
     WorkerEnded,
     LogRecognised,
+    StepBatch,
+    JournalBase,
 ]
 
 # --------------------------------------------------------------------------- keeper -> client

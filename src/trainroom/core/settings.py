@@ -183,6 +183,7 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     kill: cfg.Kill
     bench: cfg.Bench
     roots: HostRoots
+    journal: cfg.JournalPolicy = msgspec.field(default_factory=cfg.JournalPolicy)
     # Why the project's trainroom.toml was not used (the keeper journals it as a warning).
     config_note: str | None = None
     # The alert channels: trainroom.toml's [notify] with the launch flags' targets added.
@@ -234,6 +235,7 @@ def resolve(
         thresholds=config.thresholds,
         kill=config.kill,
         bench=config.bench,
+        journal=config.journal,
         roots=HostRoots(
             proc=env.get(ENV_PROC_ROOT, "/proc"),
             cgroup=env.get(ENV_SYS_ROOT, "/sys/fs/cgroup"),

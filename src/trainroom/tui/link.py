@@ -13,12 +13,14 @@ from typing import Protocol
 
 from trainroom.core.protocol import Record, Reply
 from trainroom.core.run import store as runs
+from trainroom.core.run import summary
 from trainroom.core.run.client import KeeperClient, snapshot
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
+from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 
-from .overview import RunRow, row_of, unreadable
+from .overview import RunRow, row_of, row_of_summary, unreadable
 
 
 class KeeperLink(Protocol):
@@ -57,6 +59,11 @@ class RunSource(Protocol):
         """A live run's state once, from its keeper (no live deltas)."""
         ...
 
+    def summary(self, run: RunInfo) -> RunSummary | None:
+        """A finished run's one-line summary as its keeper last wrote it, while it still matches
+        the journal (None: read the journal instead)."""
+        ...
+
 
 class LocalRuns:
     """Runs under this machine's state dir (`TRAINROOM_HOME`), reached over their sockets."""
@@ -71,11 +78,17 @@ class LocalRuns:
         return KeeperClient(run.sock)
 
     def load_view(self, run: RunInfo) -> RunView:
-        """The journal replayed, into the state and its plot series at once (one read)."""
+        """The newest snapshot and the journal after it, into the state and its plot series."""
         return runs.load_view(run.run_dir)
 
     def peek(self, run: RunInfo) -> RunState:
         return snapshot(run.sock, timeout_s=2.0)
+
+    def summary(self, run: RunInfo) -> RunSummary | None:
+        """summary.msgpack, trusted with one stat of the journal (run.summary.fresh)."""
+        d = Path(run.run_dir)
+        s = summary.read(d)
+        return s if s is not None and summary.fresh(s, d / runs.JOURNAL_NAME) else None
 
 
 class OverviewReader:
@@ -111,7 +124,12 @@ class OverviewReader:
         cached = self._done.get(info.run_id)
         if cached is not None and cached[0] == mark:
             return cached[1]
-        row = row_of(info, self.source.load_view(info).state, False)
+        s = self.source.summary(info)
+        row = (
+            row_of_summary(info, s)
+            if s is not None
+            else row_of(info, self.source.load_view(info).state, False)
+        )
         self._done[info.run_id] = (mark, row)
         return row
 

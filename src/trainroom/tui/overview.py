@@ -12,6 +12,7 @@ from trainroom.core.findings import SEVERITY_RANK
 from trainroom.core.run.figures import run_loss, steps_per_s
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
+from trainroom.core.run.summary import RunSummary
 
 from .verdict import STATE_LEVEL, level_of_state
 
@@ -59,6 +60,24 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
         worst_code=worst.code if worst else None,
         worst_severity=worst.severity if worst else None,
         findings=len(found),
+        created=info.created,
+        command=" ".join(info.argv),
+    )
+
+
+def row_of_summary(info: RunInfo, s: RunSummary) -> RunRow:
+    """A finished run's row from the summary its keeper wrote last: no journal read."""
+    return RunRow(
+        run_id=info.run_id,
+        state=s.shown_state(keeper_alive=False),
+        keeper=False,
+        attempt=s.attempt,
+        step=s.step,
+        loss=s.loss,
+        steps_per_s=None,
+        worst_code=s.worst.code if s.worst else None,
+        worst_severity=s.worst.severity if s.worst else None,
+        findings=s.findings,
         created=info.created,
         command=" ".join(info.argv),
     )

@@ -63,8 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=show.cmd_status)
 
-    sp = sub.add_parser("runs", help="list runs")
+    sp = sub.add_parser("runs", help="list runs (or let old ones go: --prune-older-than)")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument(
+        "--prune-older-than",
+        metavar="DURATION",
+        type=argtypes.duration,
+        help="runs unchanged for this long (12h, 30d, 2w): a plan of what would go; never a live run",
+    )
+    sp.add_argument("--yes", action="store_true", help="with --prune-older-than: delete what the plan lists")
+    sp.add_argument(
+        "--with-checkpoints",
+        action="store_true",
+        help="with --prune-older-than: also runs that hold checkpoints in their own directory",
+    )
     sp.set_defaults(func=show.cmd_runs)
 
     sp = sub.add_parser("watch", help="open the control room on a run")

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
+import msgspec
+
+from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.probes.procs import same_start
+from trainroom.core.run import expire, segments
 from trainroom.core.run import store as runs
-from trainroom.core.run.client import current_state, read_run
+from trainroom.core.run.client import read_run, read_summary
 from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
 from trainroom.core.run.store import RunError
+from trainroom.core.units import fmt_bytes, fmt_duration
 
 
 def orphaned_trainer(st: RunState) -> int | None:
@@ -34,6 +41,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         d["state_reason"] = (
             f"keeper gone; trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` ends it"
         )
+    d["journal"] = journal_dict(Path(info.run_dir))
     if args.json:
         print(to_json(d))
     else:
@@ -41,37 +49,100 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def journal_dict(run_dir: Path) -> dict[str, Any]:
+    """What the run's journal takes on disk (stats only: no journal read)."""
+    sealed = segments.sealed(run_dir)
+    return {
+        "bytes": segments.journal_bytes(run_dir),
+        "segments": len(sealed) + 1,
+        "lean_segments": sum(1 for s in sealed if s.lean),
+    }
+
+
+def _runs_rows() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for r in runs.list_runs():
+        try:
+            s, keeper, source = read_summary(r)
+        except RunError as exc:
+            out.append({"run": r.run_id, "alive": False, "state": None, "error": str(exc)})
+            continue
+        worst = s.worst
+        out.append(
+            {
+                "run": r.run_id,
+                "alive": keeper != "gone",
+                "state": s.shown_state(keeper_alive=keeper != "gone"),
+                "argv": r.argv,
+                "run_dir": r.run_dir,
+                "created": r.created,
+                "keeper": keeper,
+                "attempt": s.attempt,
+                "step": s.step,
+                "loss": s.loss,
+                "steps_total": s.steps_total,
+                "last_step_t": s.last_step_t,
+                "ended_at": s.ended_at,
+                "findings": s.findings,
+                "worst_finding": (
+                    {"code": worst.code, "severity": worst.severity, "message": worst.message}
+                    if worst
+                    else None
+                ),
+                "read_from": source,
+            }
+        )
+    return out
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
-    rows = runs.list_runs()
+    if args.prune_older_than is not None:
+        return cmd_prune_runs(args)
+    if args.yes or args.with_checkpoints:
+        raise CliError("--yes and --with-checkpoints go with --prune-older-than DURATION")
+    rows = _runs_rows()
     if args.json:
-        out = []
-        for r in rows:
-            try:
-                st, alive = current_state(r)
-                out.append(
-                    {
-                        "run": r.run_id,
-                        "alive": alive,
-                        "state": status_dict(st, keeper_alive=alive)["state"],
-                        "argv": r.argv,
-                        "run_dir": r.run_dir,
-                        "created": r.created,
-                    }
-                )
-            except RunError as exc:
-                out.append({"run": r.run_id, "alive": False, "state": None, "error": str(exc)})
-        print(to_json(out))
+        print(to_json(rows))
         return 0
     if not rows:
         print(f"no runs under {runs.runs_dir()}")
         return 0
-    for r in rows:
-        try:
-            st, alive = current_state(r)
-            state = status_dict(st, keeper_alive=alive)["state"]
-        except RunError:
-            state = "?"
+    for row in rows:
+        state = row["state"] or "?"
+        step = "" if row.get("step") is None else f"step {row['step']}"
+        worst = (row.get("worst_finding") or {}).get("code", "")
+        keeper = "keeper up" if row["alive"] else "keeper gone"
         print(
-            f"{r.run_id:40} {state:9} {'keeper up' if r.alive else 'keeper gone':12} {' '.join(r.argv)[:60]}"
+            f"{row['run']:40} {state:9} {keeper:12} {step:>12} {worst:18} {' '.join(row.get('argv') or [])[:40]}"
         )
+    return 0
+
+
+def cmd_prune_runs(args: argparse.Namespace) -> int:
+    """`runs --prune-older-than DURATION`: the plan (a dry run) unless --yes."""
+    plan = expire.plan(args.prune_older_than, with_checkpoints=args.with_checkpoints)
+    result = expire.carry_out(plan) if args.yes else None
+    if args.json:
+        print(to_json({"plan": msgspec.to_builtins(plan), "result": msgspec.to_builtins(result)}))
+        return 0
+    cutoff = fmt_duration(plan.older_than_s)
+    if not plan.prune and not plan.kept:
+        print(f"no run unchanged for {cutoff} under {runs.runs_dir()}")
+        return 0
+    for row in plan.prune:
+        ck = f", {row.checkpoint_files} checkpoint file(s) with it" if row.checkpoint_files else ""
+        print(
+            f"{'delete' if args.yes else 'would delete'} {row.run_id}: unchanged for {fmt_duration(row.age_s)}, "
+            f"{fmt_bytes(row.bytes)}{ck}"
+        )
+    for row in plan.kept:
+        print(f"keep {row.run_id}: {row.kept}")
+    if result is None:
+        print(
+            f"dry run: nothing deleted; `--yes` deletes these {len(plan.prune)} run(s) ({fmt_bytes(plan.bytes_to_free)})"
+        )
+        return 0
+    for run_id, why in result.skipped.items():
+        print(f"spared {run_id}: {why}")
+    print(f"deleted {len(result.deleted)} run(s), freed {fmt_bytes(result.freed_bytes)}")
     return 0

@@ -31,6 +31,8 @@ from trainroom.core.config import Config, ConfigError, load_config
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Fault
 from trainroom.core.health.keeper import journal_write_failed, rank_claimed, resume_from_scratch
+from trainroom.core.health.statedisk import StateDisk, state_disk_low
+from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
@@ -40,9 +42,8 @@ from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
-from trainroom.core.run.journal import Journal
 from trainroom.core.run.state import RunState
-from trainroom.core.run.view import RunView
+from trainroom.core.run.writer import JournalWriter, hold_from_env
 from trainroom.core.samples import HostSample
 from trainroom.core.sdk.lr import requested_from_argv
 from trainroom.core.settings import RunSettings
@@ -75,16 +76,12 @@ class Keeper:
             rec.options, config, cwd=rec.cwd, run_dir=run_dir, env=os.environ, config_note=note, argv=rec.argv
         )
         self.record.ckpt_root = self._settings.ckpt_root
-        self.view = RunView(
-            RunState(
-                run_id=rec.run_id,
-                argv=rec.argv,
-                cwd=rec.cwd,
-                created=rec.created,
-                options=rec.options.shown(),
-            )
+        self.view = runs.empty_view(rec)
+        # Batches steps, writes snapshots, summary and segments (run.writer); the file is run.journal's.
+        self.journal = JournalWriter(
+            run_dir, lambda: runs.empty_view(rec), self._settings.journal, hold=hold_from_env()
         )
-        self.journal = Journal(run_dir / runs.JOURNAL_NAME)
+        self.state_disk: StateDisk | None = None
         self.sock_path = run_dir / runs.SOCKET_NAME
         self._log_path = run_dir / runs.LOG_NAME
         self.proc: asyncio.subprocess.Process | None = None
@@ -227,6 +224,7 @@ class Keeper:
         parts: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
             ("checkpoints.findings", lambda: self.pipeline.findings(now)),
             ("keeper.journal", self._journal_findings),
+            ("keeper.state_disk", self._state_disk_findings),
             ("keeper.rank_claims", lambda: rank_claimed(self._live_claims(), a.n if a else None)),
             ("keeper.resume_from_scratch", lambda: [f for f in [resume_from_scratch(a)] if f] if a else []),
         )
@@ -239,6 +237,11 @@ class Keeper:
     def _journal_findings(self) -> list[Finding]:
         f = journal_write_failed(self.journal.health, str(self._run_dir), self.journal.backlog_bytes)
         return [f] if f is not None else []
+
+    def _state_disk_findings(self) -> list[Finding]:
+        th = self._settings.thresholds
+        low = state_disk_low(self.state_disk, th.disk_warn, th.disk_critical) if self.state_disk else None
+        return [low] if low is not None else []
 
     def _live_claims(self) -> list[tuple[int, int, int, int]]:
         return [
@@ -407,6 +410,13 @@ class Keeper:
         assert isinstance(targets, ProbeTargets)
         sample = self.supervision.probe(targets)
         sample.disk = self.pipeline.disk_sample()
+        budget = bool(self._settings.disk_budget_bytes)
+        try:
+            self.state_disk = observe_state_disk(
+                self._run_dir, self.journal.usage(), self._settings.ckpt_root, budget
+            )
+        except OSError:
+            self.state_disk = None
         return sample
 
     def _check_linger(self, now: float) -> None:

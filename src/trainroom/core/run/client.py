@@ -13,9 +13,10 @@ from trainroom.core import protocol as p
 from trainroom.core.remote import ssh
 from trainroom.core.remote.target import TargetError, is_remote, resolve_target
 from trainroom.core.remote.wire import BridgeHello
-from trainroom.core.run import store
+from trainroom.core.run import store, summary
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
+from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 
 
@@ -239,3 +240,20 @@ def current_state(info: RunInfo) -> tuple[RunState, bool]:
     keeper lives (it may be busy: then the state is the journal's)."""
     state, keeper = read_run(info)
     return state, keeper != "gone"
+
+
+SummarySource = Literal["keeper", "summary", "journal"]
+
+
+def read_summary(info: RunInfo) -> tuple[RunSummary, KeeperStatus, SummarySource]:
+    """The run in one line: from its keeper while it lives, else from the summary file its keeper
+    left when that still matches the journal (one stat), else from the snapshot and the journal
+    after it."""
+    if info.alive:
+        st, keeper = read_run(info)
+        return summary.summarize(st), keeper, "keeper" if keeper == "alive" else "journal"
+    d = Path(info.run_dir)
+    s = summary.read(d)
+    if s is not None and summary.fresh(s, d / store.JOURNAL_NAME):
+        return s, "gone", "summary"
+    return summary.summarize(store.load_state(d)), "gone", "journal"

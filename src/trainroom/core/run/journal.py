@@ -10,6 +10,10 @@ a write that fails (ENOSPC on a full disk, EIO) is cut back to the last whole re
 (ftruncate), so the file never holds a torn record, and the records stay pending, at most
 `backlog_bytes` of them (oldest dropped first, counted), to be written when space returns. A
 keeper opening a journal whose tail is torn truncates the tail before it appends.
+
+Steps are journaled in batches (`StepBatch`, see `run.stepbatch`); `read_journal` expands each
+batch back into the records it holds, so a reader folds the same records the keeper folded.
+`read_frames` gives the records as stored, with their offsets (snapshots, segments).
 """
 
 from __future__ import annotations
@@ -25,15 +29,20 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.run import stepbatch
 
 _HEAD = struct.Struct(">II")  # body length, crc32 of the body
 MAX_RECORD = 16 << 20
 BACKLOG_BYTES = 64 << 20
 
 
-def _frame(rec: p.Record) -> bytes:
-    body = p.encode(rec)
+def frame_bytes(body: bytes) -> bytes:
+    """A record's encoded body as the journal stores it: length, CRC32, body."""
     return _HEAD.pack(len(body), zlib.crc32(body)) + body
+
+
+def _frame(rec: p.Record) -> bytes:
+    return frame_bytes(p.encode(rec))
 
 
 # A record is a tagged msgspec Struct: a msgpack map whose first key is "type". Checking for that
@@ -90,7 +99,24 @@ class Journal:
         self._pending_bytes = 0
         self.health = JournalHealth()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._last: tuple[int, int] | None = None  # (offset, crc32) of the last whole record written
         self._size = self._repair()
+
+    @property
+    def size(self) -> int:
+        """Bytes of whole records in the file (what is pending not counted)."""
+        return self._size
+
+    @property
+    def pending(self) -> int:
+        """Records waiting to be written (a failed write keeps them)."""
+        return len(self._pending)
+
+    @property
+    def last_record(self) -> tuple[int, int] | None:
+        """Where the last whole record starts and its CRC32: what a snapshot names so a reader
+        can tell the journal it was taken of from another (or from a shorter one)."""
+        return self._last
 
     def _repair(self) -> int:
         """Cut a torn tail off (a keeper that died mid-write): appending after it would bury
@@ -99,7 +125,7 @@ class Journal:
             data = self.path.read_bytes()
         except OSError:
             return os.fstat(self._fd).st_size
-        last_good = _last_record_end(data)
+        last_good, self._last = _last_record(data)
         if last_good < len(data):
             os.ftruncate(self._fd, last_good)
             self.health.truncated_bytes = len(data) - last_good
@@ -127,6 +153,8 @@ class Journal:
             except OSError as exc:
                 self._failed(exc)
                 return False
+            last = self._pending[-1]
+            self._last = (self._size + len(data) - len(last), int(_HEAD.unpack_from(last)[1]))
             self._size += len(data)
             self._pending.clear()
             self._pending_bytes = 0
@@ -164,36 +192,104 @@ class Journal:
             os.close(self._fd)
 
 
-def _last_record_end(data: bytes) -> int:
-    """The end of the last whole record (0 when there is none)."""
+def _last_record(data: bytes) -> tuple[int, tuple[int, int] | None]:
+    """The end of the last whole record (0 when there is none), and its (offset, crc32)."""
     off = end_of_last = 0
+    last: tuple[int, int] | None = None
     while off < len(data):
         end = _record_at(data, off)
         if end is None:
             off = _resync(data, off)
             continue
+        last = (off, int(_HEAD.unpack_from(data, off)[1]))
         off = end_of_last = end
-    return end_of_last
+    return end_of_last, last
 
 
-def read_journal(path: Path) -> Iterator[p.Record]:
-    """Every whole record, in order; a damaged stretch is skipped and reported in its place as a
-    `JournalDamaged` record. A record of a newer version that does not decode is skipped too
-    (counted in the damage report as unknown, not as damaged bytes)."""
+def record_crc_at(path: Path, offset: int) -> tuple[int, int] | None:
+    """The (end offset, crc32) of the whole record at `offset`, else None: one small read."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(_HEAD.size)
+            if len(head) < _HEAD.size:
+                return None
+            n, crc = (int(x) for x in _HEAD.unpack(head))
+            if n > MAX_RECORD:
+                return None
+            body = f.read(n)
+    except OSError:
+        return None
+    end = _record_at(head + body, 0)
+    return (offset + end, crc) if end is not None else None
+
+
+def read_first(path: Path) -> p.Record | None:
+    """The first record of a journal when it is whole (a segment's base), else None."""
+    found = record_crc_at(path, 0)
+    if found is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(found[0])
+        return p.record_decoder.decode(data[_HEAD.size :])
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _read_from(path: Path, start: int) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            if start:
+                f.seek(start)
+            return f.read()
     except FileNotFoundError:
+        return None
+
+
+def read_frames(path: Path, start: int = 0) -> Iterator[tuple[int, int, p.Record]]:
+    """(offset, end, record) of every record as stored from `start` on (a batch stays a batch);
+    damage is a `JournalDamaged` record spanning what was skipped."""
+    data = _read_from(path, start)
+    if data is None:
         return
     off = 0
     while off < len(data):
         end = _record_at(data, off)
         if end is None:
             nxt = _resync(data, off)
-            yield p.JournalDamaged(offset=off, skipped_bytes=nxt - off, torn_tail=nxt == len(data))
+            damaged = p.JournalDamaged(
+                offset=start + off, skipped_bytes=nxt - off, torn_tail=nxt == len(data)
+            )
+            yield start + off, start + nxt, damaged
             off = nxt
             continue
         try:
-            yield p.record_decoder.decode(data[off + _HEAD.size : end])
+            rec: p.Record = p.record_decoder.decode(data[off + _HEAD.size : end])
         except (msgspec.DecodeError, msgspec.ValidationError):
-            yield p.JournalDamaged(offset=off, skipped_bytes=0, unknown_records=1)
+            rec = p.JournalDamaged(offset=start + off, skipped_bytes=0, unknown_records=1)
+        yield start + off, start + end, rec
         off = end
+
+
+def expand(offset: int, rec: p.Record) -> list[p.Record]:
+    """The records a stored record stands for: a batch's steps and heartbeats, else itself. A
+    batch that does not decode counts as one unknown record (the damage report names it)."""
+    if not isinstance(rec, p.StepBatch):
+        return [rec]
+    try:
+        return list(stepbatch.decode(rec))
+    except stepbatch.BatchError:
+        return [p.JournalDamaged(offset=offset, skipped_bytes=0, unknown_records=1)]
+
+
+def read_journal(path: Path, start: int = 0) -> Iterator[p.Record]:
+    """Every whole record from `start` on, in order, batches expanded; a damaged stretch is
+    skipped and reported in its place as a `JournalDamaged` record. A record of a newer version
+    that does not decode is skipped too (counted in the damage report as unknown, not as damaged
+    bytes)."""
+    for off, _end, rec in read_frames(path, start):
+        if isinstance(rec, p.StepBatch):
+            yield from expand(off, rec)
+        else:
+            yield rec

@@ -74,6 +74,39 @@ class SeriesSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
         return [(a + b) / 2 for a, b in zip(self.x_lo, self.x_hi, strict=True)]
 
 
+class SeriesState(msgspec.Struct, kw_only=True, omit_defaults=True, array_like=True):
+    """Everything a Series holds, exactly (the sums too, not means): what a journal snapshot
+    keeps, so a reader that resumes folding from it ends where a fold from the start would.
+    Buckets past `used` are empty and not kept."""
+
+    max_buckets: int
+    max_marks: int
+    x_unit: str | None
+    x0: float | None
+    width: float
+    used: int
+    total_points: int
+    loss_baseline: float | None
+    marks: list[Mark]
+    pending: list[Mark]
+    xlo: list[float]
+    xhi: list[float]
+    pts: list[int]
+    lo: list[list[float]]
+    hi: list[list[float]]
+    sums: list[list[float]]
+    cnt: list[list[int]]
+    bad: list[list[int]]
+    last_x: float | None
+    last_step: int | None
+    last_t: float | None
+    tok_step: tuple[int, float] | None
+    tok_rate: float | None
+    lr: float | None
+    lr_flat: bool
+    scale: float | None
+
+
 class Series:
     """The bounded store. `observe_step` is the hot path (one call per reported step); not
     thread-safe: feed it from one thread."""
@@ -278,6 +311,64 @@ class Series:
         s.marks = [msgspec.structs.replace(m) for m in snap.marks]
         if snap.index:
             s._last_x = snap.x_hi[-1]
+        return s
+
+    def state(self) -> SeriesState:
+        u = self.used
+        return SeriesState(
+            max_buckets=self.max_buckets,
+            max_marks=self.max_marks,
+            x_unit=self.x_unit,
+            x0=self.x0,
+            width=self.width,
+            used=u,
+            total_points=self.total_points,
+            loss_baseline=self.loss_baseline,
+            marks=[msgspec.structs.replace(m) for m in self.marks],
+            pending=[msgspec.structs.replace(m) for m in self._pending],
+            xlo=self._xlo[:u],
+            xhi=self._xhi[:u],
+            pts=self._pts[:u],
+            lo=[a[:u] for a in self._lo],
+            hi=[a[:u] for a in self._hi],
+            sums=[a[:u] for a in self._sum],
+            cnt=[a[:u] for a in self._cnt],
+            bad=[a[:u] for a in self._bad],
+            last_x=self._last_x,
+            last_step=self._last_step,
+            last_t=self._last_t,
+            tok_step=self._tok_step,
+            tok_rate=self._tok_rate,
+            lr=self._lr,
+            lr_flat=self._lr_flat,
+            scale=self._scale,
+        )
+
+    @classmethod
+    def from_state(cls, st: SeriesState) -> Series:
+        """The Series `state()` was taken of; ValueError when the state does not hold together."""
+        s = cls(max_buckets=st.max_buckets, max_marks=st.max_marks)
+        u = st.used
+        lengths = [len(st.xlo), len(st.xhi), len(st.pts)]
+        lengths += [len(a) for g in (st.lo, st.hi, st.sums) for a in g]
+        lengths += [len(a) for h in (st.cnt, st.bad) for a in h]
+        n_metrics = len(METRICS)
+        if not 0 <= u <= s.max_buckets or any(n != u for n in lengths) or len(st.lo) != n_metrics:
+            raise ValueError("series state: bucket arrays do not match `used`")
+        if not all(len(a) == n_metrics for a in (st.hi, st.sums, st.cnt, st.bad)):
+            raise ValueError("series state: one array per metric expected")
+        s.x_unit = "steps" if st.x_unit == "steps" else "tokens" if st.x_unit == "tokens" else None
+        s.x0, s.width, s.used, s.total_points = st.x0, st.width, u, st.total_points
+        s.loss_baseline = st.loss_baseline
+        s.marks = [msgspec.structs.replace(m) for m in st.marks]
+        s._pending = [msgspec.structs.replace(m) for m in st.pending]
+        s._xlo[:u], s._xhi[:u], s._pts[:u] = st.xlo, st.xhi, st.pts
+        for m in range(n_metrics):
+            s._lo[m][:u], s._hi[m][:u], s._sum[m][:u] = st.lo[m], st.hi[m], st.sums[m]
+            s._cnt[m][:u], s._bad[m][:u] = st.cnt[m], st.bad[m]
+        s._last_x, s._last_step, s._last_t = st.last_x, st.last_step, st.last_t
+        s._tok_step, s._tok_rate = st.tok_step, st.tok_rate
+        s._lr, s._lr_flat, s._scale = st.lr, st.lr_flat, st.scale
         return s
 
     # ------------------------------------------------------------------ internals

@@ -15,14 +15,14 @@ from trainroom.core import protocol as p
 from trainroom.core.probes.procs import same_start
 from trainroom.core.remote import ssh
 from trainroom.core.remote.target import TargetError, is_remote, resolve_target
-from trainroom.core.run import journal as journal
+from trainroom.core.run import replay, segments
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
 from trainroom.core.settings import LaunchOptions
 
 SOCKET_NAME = "keeper.sock"
 RECORD_NAME = "run.msgpack"
-JOURNAL_NAME = "journal.msgpack"
+JOURNAL_NAME = segments.ACTIVE_NAME  # the active segment (see run.segments)
 LOG_NAME = "trainer.log"
 KEEPER_LOG_NAME = "keeper.log"
 # sun_path holds 108 bytes on Linux, the terminating NUL included.
@@ -251,26 +251,31 @@ def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
     raise RunError(f"run {spec!r} is ambiguous: {', '.join(h.run_id for h in hits[:5])}")
 
 
+def empty_view(rec: RunRecord) -> RunView:
+    """The view of a run before its first record: what a fold from the very start begins with."""
+    return RunView(
+        RunState(
+            run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options.shown()
+        )
+    )
+
+
 def load_state(run_dir: str | Path) -> RunState:
     """Rebuild the run from its record and journal, for when its keeper is gone."""
     return load_view(run_dir, series=False).state
 
 
 def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
-    """The journal replayed into the run's state (and its plot series, unless told not to); for
-    a remote run (`ssh://.../RUN`), replayed there by the bridge (or its keeper's snapshot)."""
+    """The run's state (and its plot series, unless told not to) as its journal says: from the
+    newest snapshot that verifies and the records after it (see run.replay); for a remote run
+    (`ssh://.../RUN`), replayed there by the bridge (or its keeper's snapshot)."""
     if is_remote(str(run_dir)):
         return _remote_view(str(run_dir))
     d = Path(run_dir)
     rec = read_record(d)
-    st = RunState(
-        run_id=rec.run_id, argv=rec.argv, cwd=rec.cwd, created=rec.created, options=rec.options.shown()
-    )
-    view = RunView(st)
-    fold = view.apply if series else st.apply
-    for r in journal.read_journal(d / JOURNAL_NAME):
-        fold(r)
+    view = replay.load(d, lambda: empty_view(rec), series=series).view
     if rec.start_error is not None:
+        fold = view.apply if series else view.state.apply
         fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))
     return view
 
