@@ -27,7 +27,7 @@ from tests.support.waiting import kill_runs_under, wait_for
 from trainroom.core import protocol as p
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, snapshot
-from trainroom.core.run.journal import read_journal
+from trainroom.core.run.journal import read_frames, read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 
@@ -491,3 +491,50 @@ def test_another_uid_gets_one_line_not_a_traceback(trhome: Path, tmp_path: Path)
     )
     assert "refused or dropped" in _one_line_error(done)
     assert status(info)["state"] == "running"  # and nothing happened to the run
+
+
+# --------------------------------------------------------------------------- a damaged journal
+
+
+def test_a_flipped_byte_in_a_crashed_keepers_journal_is_skipped_and_said(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """A keeper killed -9 (no snapshot at its exit) and then one byte of its journal flipped: the
+    reader resyncs past the damage, says how much it skipped, and still reads what came after it
+    (the trainer's end)."""
+    info = _launch_stepper(tmp_path)
+    d = wait_for(lambda: (s := status(info)) and (s["step"] or 0) >= 40 and s, timeout=60, what="steps")
+    os.kill(d["pid"], signal.SIGTERM)
+    wait_for(lambda: status(info)["state"] == "dead", timeout=60, what="the trainer's end")
+    journal = Path(info.run_dir) / runs.JOURNAL_NAME
+    wait_for(
+        lambda: any(isinstance(r, p.RunStatus) and r.state == "dead" for r in _journal(info)),
+        timeout=60,
+        what="the end journaled",
+    )
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    os.kill(keeper, signal.SIGKILL)
+    wait_for(lambda: not psutil.pid_exists(keeper) or psutil.Process(keeper).status() == "zombie", timeout=30)
+    for snap in Path(info.run_dir).glob("snapshot*"):
+        snap.unlink()  # a keeper killed mid-run may have none yet: the reader replays the journal
+    # One byte in the middle of a step record (or batch) between the attempt's start and its end.
+    frames = [(off, end) for off, end, r in read_frames(journal) if isinstance(r, (p.Received, p.StepBatch))]
+    assert len(frames) >= 3, frames
+    off, end = frames[len(frames) // 2]
+    middle = (off + end) // 2
+    data = bytearray(journal.read_bytes())
+    data[middle] ^= 0xFF
+    journal.write_bytes(bytes(data))
+
+    c = run_cli("status", info.run_id, "--json")
+    assert c.returncode == 0, c.stderr
+    s = json.loads(c.stdout)
+    damage = s["journal_damage"]
+    assert damage is not None and damage["regions"] >= 1 and damage["skipped_bytes"] > 0, damage
+    assert damage["first_offset"] <= middle
+    # What came after the damage is still read: the attempt's end, by SIGTERM.
+    assert s["exit"]["signal_name"] == "SIGTERM" and s["state"] == "dead", s
+    c = run_cli("status", info.run_id)
+    assert c.returncode == 0 and "journal damaged:" in c.stdout, c.stdout + c.stderr
+    assert "every record around it was kept" in c.stdout
