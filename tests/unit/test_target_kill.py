@@ -162,3 +162,22 @@ def test_an_end_after_the_kills_deadline_is_a_death_again() -> None:
     b.end(exit_signal=signal.SIGKILL)
     v = Watchdog().evaluate(b.run, WatchContext(alive=False), b.now)
     assert v.state == "dead" and [f.code for f in v.findings] == ["DEAD"]
+
+
+def test_a_kill_target_that_only_lost_processes_is_still_the_confirmed_one() -> None:
+    from trainroom.core.keeper.replies import narrowed, target_of
+
+    def plan(pgid: int, *members: tuple[int, int]) -> dict[str, object]:
+        return {"pgid": pgid, "members": [{"pid": pid, "start_ticks": t} for pid, t in members]}
+
+    confirmed = target_of("kill", plan(10, (10, 1), (11, 2)))
+    # A rank that ended on its own since: the rest is signalled.
+    assert narrowed("kill", confirmed, target_of("kill", plan(10, (10, 1))))
+    assert narrowed("kill", confirmed, target_of("kill", plan(10)))
+    # A process added, a pid reused (another start tick), another group: a change, refused.
+    assert not narrowed("kill", confirmed, target_of("kill", plan(10, (10, 1), (11, 2), (12, 3))))
+    assert not narrowed("kill", confirmed, target_of("kill", plan(10, (10, 1), (11, 9))))
+    assert not narrowed("kill", confirmed, target_of("kill", plan(20, (10, 1))))
+    # Only signals narrow: a prune that deletes fewer checkpoints than shown is still refused.
+    shown = target_of("prune", {"delete": [{"path": "/r/a", "bytes": 1}, {"path": "/r/b", "bytes": 1}]})
+    assert not narrowed("prune", shown, target_of("prune", {"delete": [{"path": "/r/a", "bytes": 1}]}))

@@ -27,6 +27,7 @@ from trainroom.core.keeper.replies import (
     Reply,
     as_builtins,
     done_reply,
+    narrowed,
     plan_reply,
     progress_to,
     prune_target,
@@ -101,7 +102,7 @@ class Actions:
             )
             return False
         was, now = target_of(req.action, expect), target_of(req.action, plan)
-        if was != now:
+        if was != now and not narrowed(req.action, was, now):
             reply(
                 done_reply(
                     req,

@@ -69,6 +69,18 @@ def target_of(action: str, plan: dict[str, Any]) -> object:
     return None  # bench: nothing to change under it
 
 
+def narrowed(action: str, confirmed: object, now: object) -> bool:
+    """Whether a signal's target only lost processes since it was confirmed (they ended on their
+    own: a job's other node was killed first, a rank exited): signalling the rest acts on nothing
+    unconfirmed, and refusing would leave them running. Any process added, or the same pid with
+    another start tick, is a change."""
+    if action == "kill" and isinstance(confirmed, tuple) and isinstance(now, tuple):
+        return confirmed[0] == now[0] and set(now[1]) <= set(confirmed[1])
+    if action == "continue" and isinstance(confirmed, list) and isinstance(now, list):
+        return set(now) <= set(confirmed)
+    return False
+
+
 def what_changed(action: str, confirmed: object, now: object) -> str:
     if action == "kill" and isinstance(confirmed, tuple) and isinstance(now, tuple):
         was = [pid for pid, _ in confirmed[1]]
