@@ -254,6 +254,7 @@ def test_a_lying_hello_and_a_taken_rank_are_refused(trhome: Path, tmp_path: Path
         and f["evidence"]["claimant_pid"] == claimant.pid
     )
     assert [r["rank"] for r in d["ranks"]] == [0] and d["pid"] == trainer and d["state"] == "running"
+    claimant.close()
 
 
 def test_valid_frames_in_the_same_read_as_a_bad_one_still_count(trhome: Path, tmp_path: Path) -> None:
@@ -265,6 +266,7 @@ def test_valid_frames_in_the_same_read_as_a_bad_one_still_count(trhome: Path, tm
     bad = p.frame({"type": "step", "step": -1, "t": now})  # a negative step: refused at the boundary
     s.send(good + bad)
     assert s.closed_by_keeper()
+    s.close()
     d = wait_for(
         lambda: (x := status(info)) and any(r["rank"] == 5 for r in x["ranks"]) and x,
         timeout=30,

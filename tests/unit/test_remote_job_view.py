@@ -140,3 +140,32 @@ def test_compared_stacks_name_the_rank_that_is_elsewhere() -> None:
     )
     assert report["waiting_at"] == "step (train.py:40) → allreduce"
     assert [m["rank"] for m in report["not_arrived"]] == [1]
+
+
+def test_a_rank_whose_process_is_stopped_did_not_arrive_whatever_its_link_says() -> None:
+    """A torchrun worker SIGSTOPped a moment ago: its heartbeat is still fresh, but its node's
+    probe reads the process in state T. The job names it, not "no rank stands out"."""
+    from trainroom.core.samples import ProcsSample, Worker
+
+    n0, n1 = node(0, 0, pid=10), node(1, 1, pid=11)
+    n0.apply(p.Received(attempt=1, rank=0, t=T0 + 6.4, msg=p.Heartbeat(t=T0 + 6.4)))
+    n1.apply(p.Received(attempt=1, rank=1, t=T0 + 6.4, msg=p.Heartbeat(t=T0 + 6.4)))  # stopped just after
+    n1.apply(p.WorkerSeen(attempt=1, t=T0 + 2, pid=11, rank=1, start_ticks=5))
+    n1.apply(
+        p.ProbeSample(
+            t=T0 + 6.5,
+            procs=ProcsSample(
+                attempt=1,
+                pgid=101,
+                states={101: "S"},
+                workers=[Worker(pid=11, rank=1, state="T", start_ticks=5)],
+            ),
+        )
+    )
+    n1.apply(p.RunStatus(t=T0 + 6.5, state="hung", reason="rank 1 is stopped"))
+    d = job_dict("j", [reading(n0, "local", "h0"), reading(n1, "ssh://h1", "h1")], T0 + 6.6)
+    assert d["state"] == "hung"
+    (r1,) = [r for r in d["ranks"] if r["rank"] == 1]
+    assert r1["state"] == "stopped"
+    assert [m["rank"] for m in d["hang"]["not_arrived"]] == [1]
+    assert "stopped" in d["hang"]["not_arrived"][0]["why"]

@@ -135,7 +135,7 @@ def _rank(
         "host": n.host,
         "node": n.target,
         "pid": item.get("pid", r.pid if r is not None else None),
-        "state": item.get("state") or _rank_state(node_st, r, hb_age),
+        "state": _decisive(item.get("state")) or _rank_state(node_st, r, hb_age),
         "step": item.get("step"),
         "loss": item.get("loss"),
         "step_time_s": item.get("step_time_s"),
@@ -144,6 +144,16 @@ def _rank(
         "main_frame_age_s": r.main_frame_age_s if r is not None else None,
         "disconnected_at": r.disconnected_at if r is not None else None,
     }
+
+
+# A rank's process state that says more than its reporter's link can: it ended, or it is stopped
+# (SIGSTOP, a debugger). "running" or "sleeping" says nothing about a collective: the link does.
+_DECISIVE = ("dead", "exited", "gone", "zombie", "stopped", "tracing-stop")
+_STOPPED_PROCESS = ("stopped", "tracing-stop")
+
+
+def _decisive(process_state: object) -> str | None:
+    return process_state if isinstance(process_state, str) and process_state in _DECISIVE else None
 
 
 def _rank_state(node_st: str, r: RankView | None, hb_age: float | None) -> str:
@@ -243,13 +253,13 @@ def _cause(
 
 
 def _any_parked(ranks: list[dict[str, Any]]) -> bool:
-    return any(r["state"] in ("parked", "silent") for r in ranks)
+    return any(r["state"] in ("parked", "silent", *_STOPPED_PROCESS) for r in ranks)
 
 
 def hang_report(ranks: list[dict[str, Any]], now: float) -> dict[str, Any]:
     """Which ranks did not arrive: compared by where each main thread is (its heartbeat's frame)
     and whether it beats at all. The frame most ranks wait on is the collective."""
-    live = [r for r in ranks if r["state"] not in ("dead", "exited", "disconnected")]
+    live = [r for r in ranks if r["state"] not in ("dead", "exited", "gone", "zombie", "disconnected")]
     parked = [
         r
         for r in live
@@ -261,7 +271,11 @@ def hang_report(ranks: list[dict[str, Any]], now: float) -> dict[str, Any]:
     waiting, missing = [], []
     for r in live:
         who = {k: r[k] for k in ("rank", "node_rank", "host", "node", "pid", "step")}
-        if r["state"] in ("silent", "unreachable"):
+        if r["state"] in _STOPPED_PROCESS:
+            missing.append(
+                {**who, "why": "its process is stopped (SIGSTOP or a debugger)", "frame": r["main_frame"]}
+            )
+        elif r["state"] in ("silent", "unreachable"):
             age = r["heartbeat_age_s"]
             why = (
                 f"no heartbeat for {fmt_duration(age)} (stopped, frozen or unreachable)"

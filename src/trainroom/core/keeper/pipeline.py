@@ -108,6 +108,10 @@ class _Job(msgspec.Struct, kw_only=True):
     request: watch.VerifyRequest | None = None  # a watched file's version; None: an announced candidate
     tries: int = 0
     queued_at: float = msgspec.field(default_factory=time.time)
+    started: bool = False
+    # Announced again while it was being verified (a path saved over and over: Lightning's
+    # last.ckpt, nanoGPT's ckpt.pt): the version verified may be an older one, so it runs again.
+    again: bool = False
 
 
 class CheckpointPipeline:
@@ -190,7 +194,8 @@ class CheckpointPipeline:
 
     def _schedule(self, path: str, request: watch.VerifyRequest | None = None, tries: int = 0) -> None:
         key = path if request is None else f"{path}#{request.version}"
-        if key in self._jobs:
+        if (queued := self._jobs.get(key)) is not None:
+            queued.again = queued.again or queued.started  # one not started yet reads the newest
             return
         try:
             loop = asyncio.get_running_loop()
@@ -209,6 +214,7 @@ class CheckpointPipeline:
         assert self._queue is not None
         while True:
             job = await self._queue.get()
+            job.started = True
             try:
                 await self._run(job)
             except Exception as exc:  # one bad job never stops the queue or the keeper
@@ -223,6 +229,8 @@ class CheckpointPipeline:
                 self._jobs.pop(job.key, None)
                 self._verifying = frozenset(j.path for j in self._jobs.values())
                 self.recorder.flush()
+                if job.again and os.path.exists(job.path):
+                    self._schedule(job.path, job.request)
 
     def verify_now(self, path: str, expected: Expected | None = None, timeout: float = 600.0) -> VerifyReport:
         """Verify one file in the warm verifier (blocks: call it from a worker thread). For the

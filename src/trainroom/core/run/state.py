@@ -378,6 +378,10 @@ class RunState(msgspec.Struct, kw_only=True):
                 )
             )
             return
+        if r.state != "candidate" and c.state == "candidate" and _older(r.step, c.step):
+            # A verdict on an older version of a path saved over since (Lightning's last.ckpt,
+            # nanoGPT's ckpt.pt): the newer one is still to be verified (the pipeline runs again).
+            return
         c.state, c.t = r.state, r.t
         c.reason = r.reason
         if r.step is not None:
@@ -519,6 +523,10 @@ class RunState(msgspec.Struct, kw_only=True):
     def current_step(self) -> int | None:
         steps = [r.step for r in self.ranks.values() if r.step is not None]
         return min(steps) if steps else None
+
+
+def _older(step: int | None, than: int | None) -> bool:
+    return step is not None and than is not None and step < than
 
 
 def _merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.RequestedConfig:
