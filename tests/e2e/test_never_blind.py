@@ -96,7 +96,8 @@ def _fill(path: Path) -> None:
 def test_a_full_state_disk_keeps_the_keeper_watching_and_loses_nothing(
     small_home: Path, tmp_path: Path
 ) -> None:
-    info = _launch_stepper(tmp_path)
+    # Checkpoints on another disk than the state dir: the state dir's own finding speaks for it.
+    info = _launch_stepper(tmp_path, ckpt_root=str(tmp_path / "ckpt"))
     wait_for(lambda: (status(info)["step"] or 0) >= 5, timeout=60, what="steps")
     filler = small_home / "filler"
     _fill(filler)
@@ -108,6 +109,9 @@ def test_a_full_state_disk_keeps_the_keeper_watching_and_loses_nothing(
     )
     f = _finding(d, "JOURNAL_WRITE_FAILED")
     assert f is not None and f["evidence"]["errno"] == 28 and "ENOSPC" in f["message"]
+    # ... and why: the state dir's disk, with what the journal takes of it.
+    low = wait_for(lambda: _finding(status(info), "STATE_DISK_LOW"), timeout=60, what="STATE_DISK_LOW")
+    assert low["severity"] == "critical" and "journal takes" in low["message"], low
     steps_while_full = d["step"]
     wait_for(lambda: status(info)["step"] > steps_while_full + 5, timeout=60, what="steps flowing while full")
     # The trainer's death is seen at once, disk or no disk.
