@@ -31,6 +31,7 @@ from trainroom.core.samples import GpuSample, HostSample
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.link import OverviewReader
 from trainroom.tui.messages import RunChanged
+from trainroom.tui.overview import row_of
 from trainroom.tui.screens.runs import RunsScreen
 
 
@@ -320,6 +321,32 @@ def test_the_runs_overview_reads_a_finished_runs_summary_not_its_journal(tmp_pat
     a, b = rows["run-a"], rows["run-b"]
     assert (a.state, a.step, a.worst_code, a.findings, a.error) == ("stalled", 4812, "STALLED", 1, None)
     assert b.error is not None and b.step is None
+
+
+def test_the_nodes_of_one_job_are_one_row_in_the_overview(tmp_path) -> None:
+    from trainroom.core.settings import JobOptions, LaunchOptions
+
+    infos = [
+        run_info(n, str(tmp_path), alive=False, created=T0 + i) for i, n in enumerate(("n0", "n1", "solo"))
+    ]
+    journal = {
+        "n0": build_state(healthy_records(), run_id="n0"),
+        "n1": build_state(dead_run_records(), run_id="n1"),
+        "solo": build_state(healthy_records(), run_id="solo"),
+    }
+    for rank, run in enumerate(("n0", "n1")):
+        journal[run].options = LaunchOptions(
+            job=JobOptions(name="gpt-xl", source="--job", host=f"h{rank}", node_rank=rank)
+        )
+    rows = OverviewReader(FakeRuns(infos, journal=journal)).rows()
+    assert sorted(r.name for r in rows) == ["job gpt-xl (2 nodes)", "solo"]
+    (job,) = [r for r in rows if r.nodes == 2]
+    # The worst node speaks for the job (Enter opens it); steps are the slowest node's.
+    assert job.run_id == "n1" and job.state == "dead" and job.worst_code == "DEAD"
+    singles = {i.run_id: row_of(i, journal[i.run_id], False) for i in infos}
+    assert None not in (singles["n0"].step, singles["n1"].step)
+    assert job.step == min(singles["n0"].step, singles["n1"].step)
+    assert job.command == "nodes: n0, n1"
 
 
 @in_loop

@@ -20,7 +20,7 @@ from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 
-from .overview import RunRow, row_of, row_of_summary, unreadable
+from .overview import RunRow, by_job, row_of, row_of_summary, unreadable
 
 
 class KeeperLink(Protocol):
@@ -114,7 +114,7 @@ class OverviewReader:
                     out.append(self._finished(info))
             except Exception as exc:  # one unreadable run is a row that says so, not no overview
                 out.append(unreadable(info, str(exc) or type(exc).__name__))
-        return out
+        return by_job(out)
 
     def _live(self, info: RunInfo) -> RunRow:
         return row_of(info, self.source.peek(info), True)

@@ -3,6 +3,7 @@ and their orders. Pure, no Textual."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,13 @@ class RunRow:
     created: float
     command: str
     error: str | None = None  # why the run could not be read
+    job: str | None = None  # the job this run is a node of
+    nodes: int = 1  # a job's row stands for this many runs (its nodes here)
+
+    @property
+    def name(self) -> str:
+        """What the overview calls it: the run, or the job when the row stands for its nodes."""
+        return f"job {self.job} ({self.nodes} nodes)" if self.job and self.nodes > 1 else self.run_id
 
     @property
     def level(self) -> str:
@@ -62,6 +70,7 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
         findings=len(found),
         created=info.created,
         command=" ".join(info.argv),
+        job=state.options.job.name if state.options.job is not None else None,
     )
 
 
@@ -80,6 +89,42 @@ def row_of_summary(info: RunInfo, s: RunSummary) -> RunRow:
         findings=s.findings,
         created=info.created,
         command=" ".join(info.argv),
+        job=s.job,
+    )
+
+
+def by_job(rows: list[RunRow]) -> list[RunRow]:
+    """The nodes of one job as one row: the worst node's state and finding (Enter opens that
+    node), the slowest node's step and rate, the worst loss, every node's findings counted."""
+    groups: dict[str, list[RunRow]] = {}
+    for r in rows:
+        if r.job:
+            groups.setdefault(r.job, []).append(r)
+    out: list[RunRow] = []
+    for r in rows:
+        nodes = groups.get(r.job or "", [])
+        if len(nodes) < 2:
+            out.append(r)
+        elif r is nodes[0]:
+            out.append(_job_row(nodes))
+    return out
+
+
+def _job_row(nodes: list[RunRow]) -> RunRow:
+    worst = max(nodes, key=lambda r: (_LEVEL_RANK.get(r.level, 2), _worst_rank(r)))
+    steps = [r.step for r in nodes if r.step is not None]
+    losses = [r.loss for r in nodes if r.loss is not None and math.isfinite(r.loss)]
+    rates = [r.steps_per_s for r in nodes if r.steps_per_s is not None]
+    return dataclasses.replace(
+        worst,
+        step=min(steps) if steps else None,
+        loss=max(losses) if losses else worst.loss,
+        steps_per_s=min(rates) if rates else None,
+        findings=sum(r.findings for r in nodes),
+        keeper=any(r.keeper for r in nodes),
+        created=min(r.created for r in nodes),
+        command="nodes: " + ", ".join(r.run_id for r in nodes),
+        nodes=len(nodes),
     )
 
 

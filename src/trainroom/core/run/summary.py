@@ -57,6 +57,7 @@ class RunSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
     worst: WorstFinding | None = None  # the first of them in the control room's order
     updated: float = 0.0
     journal: JournalMark | None = None
+    job: str | None = None  # the job this run is a node of (launch --job, torchrun's rdzv id)
 
     def shown_state(self, keeper_alive: bool) -> str:
         """The state `status` would show (`unknown`: the keeper died before its trainer)."""
@@ -93,6 +94,7 @@ def summarize(st: RunState, *, updated: float = 0.0, journal: JournalMark | None
         else None,
         updated=updated,
         journal=journal,
+        job=st.options.job.name if st.options.job is not None else None,
     )
 
 

@@ -105,7 +105,7 @@ class RunsScreen(Screen[str | None]):
             worst.stylize(self._style.get(SEVERITY_LEVEL.get(r.worst_severity, "info"), ""))
         marker = "▶ " if r.run_id == self.current else "  "
         return [
-            Text(marker + r.run_id),
+            Text(marker + r.name),
             Text(state, style=self._style.get(level, "")),
             Text(str(r.step) if r.step is not None else "—", justify="right"),
             Text(fmt.loss(r.loss), justify="right"),
