@@ -27,6 +27,7 @@ import msgspec
 
 from trainroom.core.ckpt.digest import DIGEST_ALGO
 from trainroom.core.ckpt.report import Arch, NonFinite, Outlier, Previous, VerifyReport
+from trainroom.core.probes.procs import pid_alive
 
 ENV_ROOT = "TRAINROOM_CKPT_ROOT"
 QUARANTINE = ".quarantine"
@@ -167,16 +168,6 @@ def unique_path(path: Path) -> Path:
     raise CheckpointError(f"no free name next to {path}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def tree_bytes(path: str | os.PathLike[str]) -> int:
     """Bytes under `path` by lstat, never following a symlink."""
     total = 0
@@ -239,7 +230,7 @@ class Quarantine:
             with contextlib.suppress(FileNotFoundError):
                 for x in d.iterdir():
                     m = re.match(pattern, x.name)
-                    if not m or x.is_symlink() or _pid_alive(int(m.group(1))):
+                    if not m or x.is_symlink() or pid_alive(int(m.group(1))):
                         continue
                     with contextlib.suppress(OSError):
                         if x.is_dir():  # a directory checkpoint's copy cut short
@@ -250,7 +241,7 @@ class Quarantine:
         with contextlib.suppress(FileNotFoundError):
             for stage in self.root.iterdir():
                 m = re.match(r"^\.promote-(step-\d+(?:-\d+)?)\.(\d+)$", stage.name)
-                if not m or stage.is_symlink() or not stage.is_dir() or _pid_alive(int(m.group(2))):
+                if not m or stage.is_symlink() or not stage.is_dir() or pid_alive(int(m.group(2))):
                     continue
                 manifest = read_manifest(stage)
                 if manifest and manifest.ok and manifest.file and (stage / manifest.file).exists():

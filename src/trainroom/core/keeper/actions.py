@@ -31,6 +31,7 @@ from trainroom.core.keeper.replies import (
     plan_reply,
     progress_to,
     prune_target,
+    result_reply,
     target_of,
     what_changed,
 )
@@ -314,17 +315,7 @@ class Actions:
             progress=progress_to(reply, req),
             vram_poll_s=cfg.vram_poll_s,
         )
-        r = result.as_dict()
-        reply(
-            done_reply(
-                req,
-                result.ok,
-                result.message,
-                plan=target,
-                before=r.get("before", {}),
-                after=r.get("after", {}),
-            )
-        )
+        reply(result_reply(req, result.ok, result.message, target, result.as_dict()))
 
     # ------------------------------------------------------------------ reclaim
 
@@ -348,17 +339,7 @@ class Actions:
             proc_root=roots.proc,
             progress=progress_to(reply, req),
         )
-        r = result.as_dict()
-        reply(
-            done_reply(
-                req,
-                result.ok,
-                result.message,
-                plan=target,
-                before=r.get("before", {}),
-                after=r.get("after", {}),
-            )
-        )
+        reply(result_reply(req, result.ok, result.message, target, result.as_dict()))
 
     # ------------------------------------------------------------------ dump
 

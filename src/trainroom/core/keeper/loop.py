@@ -37,10 +37,11 @@ from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.server import Server, pid_alive
+from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
 from trainroom.core.probes import procs
+from trainroom.core.probes.procs import pid_alive
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import RunState
 from trainroom.core.run.writer import JournalWriter, hold_from_env

@@ -35,6 +35,15 @@ def done_reply(req: p.Request, ok: bool, message: str, **kw: Any) -> p.Reply:
     return p.Reply(id=req.id, action=req.action, stage="done", ok=ok, message=message, **kw)
 
 
+def result_reply(
+    req: p.Request, ok: bool, message: str, plan: dict[str, Any], result: dict[str, Any]
+) -> p.Reply:
+    """An executed plan's outcome with its before -> after evidence (an ops result's as_dict())."""
+    return done_reply(
+        req, ok, message, plan=plan, before=result.get("before", {}), after=result.get("after", {})
+    )
+
+
 def plan_reply(req: p.Request, message: str, plan: dict[str, Any]) -> p.Reply:
     return p.Reply(id=req.id, action=req.action, stage="plan", message=message, plan=plan)
 

@@ -22,6 +22,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder
+from trainroom.core.probes.procs import pid_alive
 
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
 READ_CHUNK = 1 << 16
@@ -61,16 +62,6 @@ class RankClaim(msgspec.Struct, kw_only=True, frozen=True):
     owner_pid: int
     claimant_pid: int
     t: float
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def not_of_attempt(pid: int, run_id: str, attempt: int) -> str | None:

@@ -360,3 +360,14 @@ def _wait_exit_polling(pid: int, timeout: float | None) -> bool:
             return False
         time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (ours or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
