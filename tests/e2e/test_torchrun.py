@@ -210,15 +210,17 @@ def test_kill_reaches_workers_that_torchrun_left_orphaned(trhome: Path, tmp_path
     assert c.returncode == 0, c.stdout + c.stderr
     for pid in pids.values():
         assert wait_for(lambda pid=pid: _gone(pid), timeout=30, what=f"orphaned worker {pid} gone")
+
     # The keeper follows them to the end: no rank is left "still running" in the headline. (How
     # each ended is known only if its zombie was read before init reaped it: dead, else gone.)
-    d = wait_for(
-        lambda: (x := status(info)) and all(r["state"] in ("dead", "gone") for r in x["ranks"]) and x,
-        timeout=WATCH_S,
-        what="both orphans recorded as ended",
-    )
-    dead = _finding(d, "DEAD")
-    assert dead is not None and "still running" not in dead["message"]
+    # The DEAD finding is re-said on the keeper's next tick after the ranks' ends: wait for both.
+    def settled() -> dict | None:
+        x = status(info)
+        f = _finding(x, "DEAD")
+        ended = all(r["state"] in ("dead", "gone") for r in x["ranks"])
+        return x if ended and f is not None and "still running" not in f["message"] else None
+
+    wait_for(settled, timeout=WATCH_S, what="both orphans recorded as ended, and DEAD says so")
 
 
 @pytest.fixture(autouse=True)
