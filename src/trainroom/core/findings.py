@@ -7,12 +7,13 @@ stamps first/last seen.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-Severity = Literal["info", "warning", "critical"]
-SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+from trainroom.core.vocab import SEVERITY_RANK as SEVERITY_RANK
+from trainroom.core.vocab import FindingCode
+from trainroom.core.vocab import Severity as Severity
 
 
 class Action(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,7 +101,9 @@ class Target(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
 
 
 class Finding(msgspec.Struct, kw_only=True, omit_defaults=True):
-    code: str
+    # A code of the catalogue (`vocab.CATALOGUE`): a journal record of a newer version with a
+    # code this one does not know fails to decode and is counted as an unknown record.
+    code: FindingCode
     severity: Severity
     message: str
     action: str | None = None

@@ -20,6 +20,7 @@ import msgspec
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample
+from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
@@ -288,7 +289,7 @@ class CheckpointReport(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=
     ok: bool = False
     reason: str | None = None
     problems: list[str] = []
-    format: str | None = None
+    format: CkptFormat | None = None
     tensors: int = 0
     params: int = 0
     digest_ok: bool | None = None
@@ -307,7 +308,7 @@ class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=Tr
 
     path: str
     step: int | None
-    state: str
+    state: CkptState
     t: float
     reason: str | None = None
     size_bytes: int | None = None
@@ -355,10 +356,10 @@ class ProbeSample(msgspec.Struct, tag="probe", kw_only=True, omit_defaults=True)
 
 
 class RunStatus(msgspec.Struct, tag="status", kw_only=True, omit_defaults=True):
-    """The watchdog's verdict changed: starting, running, slow, stalled, hung, dead, exited."""
+    """The watchdog's verdict changed (`vocab.StateName`), or the launch failed."""
 
     t: float
-    state: str
+    state: StateName
     reason: str = ""
 
 

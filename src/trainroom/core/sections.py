@@ -8,12 +8,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from typing import Annotated, Literal
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import msgspec
 
 from trainroom.core.units import MIB
+from trainroom.core.vocab import ALERT_STATES as ALERT_STATES
+from trainroom.core.vocab import AlertState as AlertState
+from trainroom.core.vocab import Severity
 
 
 class ConfigError(Exception):
@@ -24,9 +27,7 @@ class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A table of trainroom.toml: an unknown key is an error that names it."""
 
 
-AlertSeverity = Literal["info", "warning", "critical"]
-AlertState = Literal["dead", "hung", "stalled", "exited"]
-ALERT_STATES: tuple[AlertState, ...] = ("dead", "hung", "stalled", "exited")
+AlertSeverity = Severity
 # One target or a list of them: `webhook = "https://..."` and `webhook = ["https://...", ...]`.
 Targets = str | list[str]
 

@@ -22,6 +22,7 @@ from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.figures import ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
+from trainroom.core.vocab import PANEL_CODES, FindingCode
 
 from . import fmt
 from .lossplot import Mark, plot_points
@@ -38,7 +39,7 @@ def _worst_level(findings: Iterable[Finding]) -> Level:
     return {-1: "ok", 0: "info", 1: "warn", 2: "crit"}[worst]
 
 
-def _findings(state: RunState, *codes: str) -> list[Finding]:
+def _findings(state: RunState, *codes: FindingCode) -> list[Finding]:
     return [f for f in state.findings.values() if f.code in codes]
 
 
@@ -158,7 +159,7 @@ def vram_view(state: RunState) -> VramView:
         ratio=v.ratio,
         util_percent=v.util_percent,
         power_w=v.power_w,
-        level=_worst_level(_findings(state, "GHOST_MEMORY", "ORPHAN_CONTEXT")),
+        level=_worst_level(_findings(state, *PANEL_CODES["vram"])),
     )
 
 
@@ -234,7 +235,7 @@ def lr_view(state: RunState) -> LrView:
     ranks = sorted(state.ranks.values(), key=lambda r: r.rank)
     lrs = next((r.lr for r in ranks if r.lr), [])
     groups = tuple(LrGroup(i, x, x / requested if requested else None) for i, x in enumerate(lrs))
-    mismatch = _findings(state, "LR_MISMATCH")
+    mismatch = _findings(state, *PANEL_CODES["lr"])
     return LrView(
         requested=requested,
         groups=groups,
@@ -261,17 +262,6 @@ class LossView:
     level: Level
 
 
-_LOSS_CODES = (
-    "LOSS_SPIKE",
-    "DIVERGENCE",
-    "NONFINITE",
-    "WHITE_MODEL",
-    "EXPLODED_START",
-    "RANK_OUTLIER",
-    "GRAD_EXPLOSION",
-)
-
-
 def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView:
     a = state.attempt
     vocab = a.requested.vocab_size if a is not None else None
@@ -290,7 +280,7 @@ def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView
         worst_rank=worst_rank,
         worst=worst,
         ranks=len(state.ranks),
-        level=_worst_level(_findings(state, *_LOSS_CODES)),
+        level=_worst_level(_findings(state, *PANEL_CODES["loss"])),
     )
 
 
@@ -381,7 +371,7 @@ class HostView:
 def host_view(state: RunState) -> HostView:
     host = state.probe.host if state.probe is not None else None
     cg = host.cgroup if host is not None else None
-    low = _findings(state, "HOST_RAM_LOW")
+    low = _findings(state, *PANEL_CODES["host"])
     reason = "" if host is None or host.available else (host.reason or "host memory view unavailable")
     available = host.mem_available_bytes if host is not None else None
     effective = host.effective_available_bytes if host is not None else None
@@ -429,7 +419,7 @@ class DiskView:
 
 def disk_view(state: RunState) -> DiskView:
     disk = state.probe.disk if state.probe is not None else None
-    codes = _findings(state, "DISK_HIGH", "DISK_FULL_SOON", "DRVFS_CHECKPOINTS", "CKPT_REJECTED")
+    codes = _findings(state, *PANEL_CODES["disk"])
     ttf = disk.time_to_full_s if disk is not None else None
     if ttf is None:
         for f in _findings(state, "DISK_FULL_SOON"):

@@ -14,6 +14,7 @@ from trainroom.core.run.figures import run_loss, steps_per_s
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
+from trainroom.core.vocab import ShownState
 
 from .verdict import STATE_LEVEL, level_of_state
 
@@ -23,7 +24,7 @@ _LEVEL_RANK = {"crit": 4, "warn": 3, "info": 2, "ok": 1, "dim": 0}
 @dataclass(frozen=True)
 class RunRow:
     run_id: str
-    state: str
+    state: ShownState
     keeper: bool  # its keeper lives
     attempt: int | None
     step: int | None
@@ -52,7 +53,7 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
     a = state.attempt
     found = state.open_findings()
     worst = found[0] if found else None
-    status = state.status
+    status: ShownState = state.status
     if not keeper_alive and a is not None and a.ended_at is None:
         status = "unknown"  # the keeper died before its trainer: nobody watched the end (as `status`)
     loss = run_loss(state).median

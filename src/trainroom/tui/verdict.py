@@ -15,6 +15,7 @@ from typing import Any
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.state import RunState
+from trainroom.core.vocab import ShownState
 
 from . import fmt
 
@@ -23,7 +24,7 @@ Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 SEVERITY_LEVEL = {"critical": "crit", "warning": "warn", "info": "info"}
 SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 # How bad each state is on its own; the header takes the worse of this and the worst finding.
-STATE_LEVEL: dict[str, Level] = {
+STATE_LEVEL: dict[ShownState, Level] = {
     "starting": "info",
     "running": "ok",
     "slow": "warn",
@@ -33,7 +34,6 @@ STATE_LEVEL: dict[str, Level] = {
     "failed": "crit",
     "orphaned": "crit",  # the trainer lives, its keeper does not: nobody watches it
     "unknown": "warn",  # the keeper died before its trainer: nobody saw the end
-    "busy": "warn",  # the keeper lives but does not answer
     "exited": "dim",
     "stopped": "dim",  # the user killed it: nothing is wrong
 }
@@ -42,7 +42,7 @@ _RANK = {"dim": -1, "ok": 0, "info": 1, "warn": 2, "crit": 3}
 _VERB = {"kill": "kill"}
 
 
-def level_of_state(state: str) -> Level:
+def level_of_state(state: ShownState) -> Level:
     return STATE_LEVEL.get(state, "info")
 
 

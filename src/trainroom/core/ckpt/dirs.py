@@ -26,7 +26,7 @@ import io
 import pickle
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from trainroom.core.ckpt.report import Arch, Expected, FileVerdict, Format, NonF
 from trainroom.core.ckpt.rules import load_need_bytes
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.units import fmt_bytes
+from trainroom.core.vocab import DirKind
 
 if TYPE_CHECKING:
     import torch
@@ -444,3 +445,8 @@ def _scan_dcp(
     totals.problems += check.problems
     totals.notes += check.notes
     return check.model_key, inventory.step_in_state(state)
+
+
+# How each directory checkpoint format (`targets.DIR_FORMATS`) is verified.
+Verifier = Callable[[Path, Expected, str], VerifyReport]
+VERIFIERS: dict[DirKind, Verifier] = {"hf-checkpoint": verify_hf, "dcp-checkpoint": verify_dcp}

@@ -16,20 +16,11 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.digest import DIGEST_ALGO
+from trainroom.core.vocab import CkptFormat
 
 # What a checkpoint is: a file's format from its first bytes (formats.sniff_format), or a
 # directory checkpoint (a Hugging Face `checkpoint-N/`, a torch.distributed.checkpoint directory).
-Format = Literal[
-    "torch-zip",
-    "torch-legacy",
-    "pickle",
-    "safetensors",
-    "json",
-    "empty",
-    "unknown",
-    "hf-checkpoint",
-    "dcp-checkpoint",
-]
+Format = CkptFormat
 # What a file inside a checkpoint holds, which decides what a non-finite value in it means:
 # weights and optimizer state reject; metadata (callbacks, schedulers, RNG, loggers) is reported.
 Role = Literal["auto", "model", "optimizer", "metadata", "config", "not-loaded", "other"]

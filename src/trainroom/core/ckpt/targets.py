@@ -18,12 +18,15 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import NamedTuple, TypeGuard
 
 import msgspec
 
-Kind = Literal["file", "hf-checkpoint", "dcp-checkpoint", "root", "other"]
+from trainroom.core.vocab import DIR_KINDS, DirKind, PathKind
+
+Kind = PathKind
 
 HF_STATE = "trainer_state.json"
 DCP_METADATA = ".metadata"
@@ -58,16 +61,46 @@ def is_hf_dir(path: Path) -> bool:
     return any((path / m).is_file() for m in _HF_MARKERS)
 
 
+class DirFormat(NamedTuple):
+    """A directory that is one checkpoint: its kind, how a message names it, how it is told
+    (its verifier is `ckpt.dirs.VERIFIERS[kind]`)."""
+
+    kind: DirKind
+    words: str
+    recognise: Callable[[Path], bool]
+
+
+# Every directory checkpoint format, in the order they are tried: a DCP directory may hold a file
+# an HF marker names, so DCP's own metadata decides first. The watch, `verify`, the CLI's target
+# resolution and a root's listing all read this table.
+DIR_FORMATS: tuple[DirFormat, ...] = (
+    DirFormat("dcp-checkpoint", "a torch.distributed.checkpoint directory", is_dcp_dir),
+    DirFormat("hf-checkpoint", "a Hugging Face checkpoint-N/", is_hf_dir),
+)
+DIR_WORDS = ", ".join(f.words for f in DIR_FORMATS)
+
+
+def dir_kind(path: Path) -> DirKind | None:
+    """The kind of directory checkpoint `path` is, or None (a plain directory, a root, a file)."""
+    for f in DIR_FORMATS:
+        if f.recognise(path):
+            return f.kind
+    return None
+
+
+def is_dir_kind(kind: Kind) -> TypeGuard[DirKind]:
+    return kind in DIR_KINDS
+
+
 def kind_of(path: Path) -> Kind:
-    """file, hf-checkpoint, dcp-checkpoint, root (a directory of checkpoints) or other."""
+    """file, a directory checkpoint's kind (DIR_FORMATS), root (a directory of checkpoints) or other."""
     if path.is_file():
         return "file"
     if not path.is_dir():
         return "other"
-    if is_dcp_dir(path):
-        return "dcp-checkpoint"
-    if is_hf_dir(path):
-        return "hf-checkpoint"
+    kind = dir_kind(path)
+    if kind is not None:
+        return kind
     return "root" if units_in(path) else "other"
 
 
@@ -86,7 +119,7 @@ def units_in(root: Path) -> list[Path]:
     for e in entries:
         if _hidden_or_side(e.name) or e.is_symlink():
             continue
-        unit_dir = e.is_dir() and (is_dcp_dir(e) or is_hf_dir(e))
+        unit_dir = e.is_dir() and dir_kind(e) is not None
         named_file = e.is_file() and e.name.endswith(CHECKPOINT_SUFFIXES) and step_in_name(e.name) is not None
         if unit_dir or named_file:
             out.append(e)

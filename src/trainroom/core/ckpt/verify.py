@@ -70,12 +70,8 @@ def verify(
     path = Path(path)
     exp = (discover_expected(path) if discover else Expected()).merged(expected)
     kind = targets.kind_of(path)
-    if kind == "hf-checkpoint":
-        return dirs.verify_hf(path, exp, meminfo_path)
-    if kind == "dcp-checkpoint":
-        return dirs.verify_dcp(path, exp, meminfo_path)
+    if targets.is_dir_kind(kind):
+        return dirs.VERIFIERS[kind](path, exp, meminfo_path)
     if kind != "file" and path.is_dir():
-        return failure_report(
-            path, "not a checkpoint: a directory that is neither a Hugging Face checkpoint-N/ nor a DCP one"
-        )
+        return failure_report(path, f"not a checkpoint: a directory that is none of {targets.DIR_WORDS}")
     return check_file(path, exp, meminfo_path).report()

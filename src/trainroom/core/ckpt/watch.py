@@ -18,6 +18,7 @@ import glob
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -48,7 +49,7 @@ class WatchedFile(msgspec.Struct, kw_only=True):
     ino: int
     first_seen: float
     stable_since: float
-    state: str = "settling"  # settling | verifying | verified | rejected
+    state: Literal["settling", "verifying", "verified", "rejected"] = "settling"
     version: int = 1  # how many versions of this path were seen
     digest: str | None = None
     step: int | None = None
@@ -93,7 +94,7 @@ def _units(path: Path) -> list[Path]:
     if path.is_file():
         return [] if path.name.endswith(targets.SIDE_SUFFIXES) else [path]
     kind = targets.kind_of(path)
-    if kind in ("hf-checkpoint", "dcp-checkpoint"):
+    if targets.is_dir_kind(kind):
         return [path]
     return targets.units_in(path) if kind == "root" else []
 
@@ -198,7 +199,7 @@ def record_verdict(
     rec = p.CheckpointState(
         path=f.path,
         step=f.step,
-        state=f.state,
+        state="verified" if report.ok else "rejected",
         t=now,
         reason=f.reason,
         size_bytes=report.size_bytes,

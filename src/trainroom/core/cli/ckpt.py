@@ -123,14 +123,14 @@ def _file_in(path: Path) -> Path:
             raise _BadInput(f"{path}: no verified checkpoint (`latest` points nowhere)")
         return latest
     kind = targets.kind_of(path)
-    if kind in ("hf-checkpoint", "dcp-checkpoint"):
+    if targets.is_dir_kind(kind):
         return path
     newest = targets.newest_unit(path) if kind == "root" else None
     if newest is not None:
         return newest
     raise _BadInput(
-        f"{path}: a directory that is neither a checkpoint (a step directory, a Hugging Face "
-        "checkpoint-N/, a torch.distributed.checkpoint directory) nor a checkpoint root"
+        f"{path}: a directory that is neither a checkpoint (a step directory, {targets.DIR_WORDS}) "
+        "nor a checkpoint root"
     )
 
 

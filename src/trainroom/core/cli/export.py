@@ -24,15 +24,15 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from trainroom.core import vocab
 from trainroom.core.cli.errors import CliError
-from trainroom.core.health.watchdog import STATES as WATCHDOG_STATES
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 
-STATES = WATCHDOG_STATES  # export reads live keepers: their watchdog states
-CHECKPOINT_STATES = ("candidate", "verifying", "verified", "rejected", "pruned")
+STATES = vocab.WATCH_STATES  # export reads live keepers: their watchdog states
+CHECKPOINT_STATES = vocab.CKPT_STATES
 SNAPSHOT_TIMEOUT_S = 2.0  # one keeper that does not answer must not hold the whole scrape
 RUN_LABELS = ["run", "job", "host"]
 RANK_LABELS = ["run", "job", "host", "rank"]

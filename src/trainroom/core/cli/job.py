@@ -23,8 +23,9 @@ from trainroom.core.job import actions
 from trainroom.core.job.nodes import job_name, node_refs, read_nodes
 from trainroom.core.job.view import job_dict
 from trainroom.core.units import fmt_clock, fmt_duration
+from trainroom.core.vocab import NodeState
 
-HEALTHY = frozenset({"running", "starting", "slow", "exited"})
+HEALTHY: frozenset[NodeState] = frozenset({"running", "starting", "slow", "exited"})
 
 
 def add_parser(sub: Any, open_tui: Callable[[argparse.Namespace], int]) -> None:

@@ -12,9 +12,10 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
 from trainroom.core.run.state import AttemptView, RunState, WorkerView
 from trainroom.core.units import fmt_bytes, signal_name
+from trainroom.core.vocab import WatchState
 
 
-def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[str, str, list[Finding]]:
+def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[WatchState, str, list[Finding]]:
     at = f" at step {a.last_step}" if a.last_step is not None else ""
     if a.exit_code == 0 and a.exit_signal is None and a.error is None:
         return "exited", f"attempt {a.n} exited 0{at}", []
@@ -35,7 +36,7 @@ def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
 
 def dying_verdict(
     run: RunState, a: AttemptView, w: WorkerView, ctx: WatchContext
-) -> tuple[str, str, list[Finding]]:
+) -> tuple[WatchState, str, list[Finding]]:
     reason = f"{worker_cause(w)}; {launcher_name(a)} is stopping the other ranks"
     return "dead", reason, [dead_finding(run, a, ctx)]
 

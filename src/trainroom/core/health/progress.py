@@ -23,9 +23,10 @@ from trainroom.core.run.figures import median_interval, phase_bound, progress_bo
 from trainroom.core.run.state import AttemptView, RankView, RunState
 from trainroom.core.samples import GONE_STATES, Worker
 from trainroom.core.units import fmt_duration
+from trainroom.core.vocab import WatchState
 
 # A state, its reason, and the findings that go with it.
-Judgement = tuple[str, str, list[Finding]]
+Judgement = tuple[WatchState, str, list[Finding]]
 Evidence = dict[str, Any]
 
 

@@ -24,6 +24,7 @@ from typing import Literal
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core import vocab
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Guard
@@ -57,17 +58,7 @@ from trainroom.core.health.sanity_rules import (
 from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.figures import HeadlineLoss, headline_loss, ln_v
 
-CODES = (
-    "LR_MISMATCH",
-    "EXPLODED_START",
-    "WHITE_MODEL",
-    "LOSS_SPIKE",
-    "DIVERGENCE",
-    "GRAD_EXPLOSION",
-    "NONFINITE",
-    "RANK_OUTLIER",
-    "LOSS_SCALE",
-)
+CODES = vocab.SANITY_CODES
 LrPhase = Literal["pending", "open", "done"]
 
 

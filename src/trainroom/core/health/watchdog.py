@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core import vocab
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
@@ -39,17 +40,17 @@ from trainroom.core.health.gpu import (
 from trainroom.core.health.guard import Guard
 from trainroom.core.health.host import duplicate_findings, host_ram_low_now, stale_locks
 from trainroom.core.health.life import dead_finding, dying_verdict, ended_verdict, fatal_worker
-from trainroom.core.health.progress import progress
+from trainroom.core.health.progress import Judgement, progress
 from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import ProcsSample
 
-STATES = ("starting", "running", "slow", "stalled", "hung", "dead", "stopped", "exited")
+STATES = vocab.WATCH_STATES
 
 # Findings whose figures move while the condition lasts (a growing gap, a ratio per sample). The
 # keeper journals a finding again whenever its message changes, so their message keeps the
 # figures of first detection while the cause and severity stay; the evidence stays live.
-VOLATILE = frozenset({"STALLED", "HUNG", "SLOW", "GHOST_MEMORY", "HOST_RAM_LOW", "ORPHAN_CONTEXT"})
+VOLATILE = vocab.VOLATILE
 
 
 def _present(*found: Finding | None) -> list[Finding]:
@@ -57,7 +58,7 @@ def _present(*found: Finding | None) -> list[Finding]:
 
 
 class Verdict(msgspec.Struct, kw_only=True):
-    state: str
+    state: vocab.WatchState
     reason: str
     findings: list[Finding] = []
 
@@ -67,7 +68,7 @@ class Watchdog:
 
     def __init__(self, guard: Guard | None = None) -> None:
         self.guard = guard if guard is not None else Guard()
-        self._last: tuple[str, str] = ("starting", "no attempt yet")
+        self._last: tuple[vocab.WatchState, str] = ("starting", "no attempt yet")
         self.memory = Memory()
         self._pinned: dict[str, tuple[str, str, str, str]] = {}  # ident -> (severity, cause, fix, message)
 
@@ -146,7 +147,7 @@ class Watchdog:
         self._pin(findings)
         return Verdict(state=state, reason=reason, findings=findings)
 
-    def _state(self, run: RunState, ctx: WatchContext, now: float) -> tuple[str, str, list[Finding]]:
+    def _state(self, run: RunState, ctx: WatchContext, now: float) -> Judgement:
         a = run.attempt
         if a is None:
             return "starting", "no attempt yet", []
@@ -162,7 +163,7 @@ class Watchdog:
             return dying_verdict(run, a, fatal, ctx)
         return progress(run, ctx, now, self.memory)
 
-    def _fallback_state(self, run: RunState, ctx: WatchContext) -> tuple[str, str, list[Finding]]:
+    def _fallback_state(self, run: RunState, ctx: WatchContext) -> Judgement:
         """The state when its own rule raised: life from the bare facts (an ended attempt, a
         process gone), else the last state known, said to be stale."""
         a = run.attempt
@@ -170,7 +171,7 @@ class Watchdog:
             return "stopped", f"attempt {a.n} stopped by {a.stop_by} (the state rule failed)", []
         if a is not None and (a.ended_at is not None or ctx.alive is False):
             clean = a.ended_at is not None and a.exit_code == 0 and a.exit_signal is None
-            state = "exited" if clean else "dead"
+            state: vocab.WatchState = "exited" if clean else "dead"
             how = (
                 "exited 0"
                 if clean

@@ -23,9 +23,10 @@ from trainroom.core.remote.link import Reachability
 from trainroom.core.run.state import RankView, RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.units import fmt_clock, fmt_duration, signal_name
+from trainroom.core.vocab import NodeState
 
 # Worst first: the job's state is the first of these any node is in.
-STATE_ORDER = (
+STATE_ORDER: tuple[NodeState, ...] = (
     "dead",
     "failed",
     "orphaned",
@@ -38,8 +39,8 @@ STATE_ORDER = (
     "running",
     "exited",
 )
-FAILED = frozenset({"dead", "failed", "orphaned", "unknown"})
-STOPPED = frozenset({"hung", "stalled"})
+FAILED: frozenset[NodeState] = frozenset({"dead", "failed", "orphaned", "unknown"})
+STOPPED: frozenset[NodeState] = frozenset({"hung", "stalled"})
 # A rank whose last heartbeat is older than this is silent (the reporter beats every second).
 SILENT_S = 3.0
 # A main thread on one line this long, heartbeats flowing, is parked (waiting in a collective).

@@ -48,6 +48,7 @@ from trainroom.core.run.writer import JournalWriter, hold_from_env
 from trainroom.core.samples import HostSample
 from trainroom.core.sdk.lr import requested_from_argv
 from trainroom.core.settings import RunSettings
+from trainroom.core.vocab import StateName
 
 TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest within a tick
 PROBE_S = 1.0
@@ -212,7 +213,7 @@ class Keeper:
             self._finding_sent[ident] = now
             self.emit(p.FindingRaised(finding=f), journal=False)
 
-    def set_status(self, state: str, reason: str, now: float) -> None:
+    def set_status(self, state: StateName, reason: str, now: float) -> None:
         if (state, reason) != (self.state.status, self.state.status_reason):
             self.emit(p.RunStatus(t=now, state=state, reason=reason))
 

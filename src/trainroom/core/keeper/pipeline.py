@@ -43,6 +43,7 @@ from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.prune import plan as prune_plan
 from trainroom.core.samples import DiskSample
 from trainroom.core.settings import RunSettings
+from trainroom.core.vocab import CkptState
 
 # A deferred verdict (verifier timed out or died, host RAM short) is tried again this much later,
 # at most MAX_TRIES times in all; a leftover is tried again at the next keeper start.
@@ -282,7 +283,7 @@ class CheckpointPipeline:
         """A checkpoint the trainer announced outside quarantine is its own: verdict recorded,
         file left where it is, a verified copy promoted when asked."""
         ok, deferred = report.ok, report.deferred
-        state = "verified" if ok else "candidate" if deferred else "rejected"
+        state: CkptState = "verified" if ok else "candidate" if deferred else "rejected"
         self.recorder.emit(
             p.CheckpointState(
                 path=path,

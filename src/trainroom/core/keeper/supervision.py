@@ -11,6 +11,7 @@ from __future__ import annotations
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import FaultSink, Guard
+from trainroom.core.health.progress import Judgement
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
 from trainroom.core.keeper.ports import Recorder, RunContext
@@ -85,7 +86,7 @@ class Supervision:
 
     # ------------------------------------------------------------------ verdicts (loop thread)
 
-    def evaluate(self, now: float) -> tuple[str, str, list[Finding]]:
+    def evaluate(self, now: float) -> Judgement:
         if self.workers is not None:
             self.workers.sync()
         st = self.run.state

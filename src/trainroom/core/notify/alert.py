@@ -14,20 +14,21 @@ from typing import Any, Literal
 import msgspec
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.vocab import ALERTED_AS_STATE, Severity, StateName
 
 AlertKind = Literal["alert", "resolved", "test", "digest"]
 SCHEMA = 1  # the `trainroom` field of the JSON shape: bumped if a field changes meaning
 
 # A watched state's severity, and the finding whose identity it shares: DEAD raised with the
 # `dead` state is one alert, not two.
-STATE_SEVERITY = {
+STATE_SEVERITY: dict[StateName, Severity] = {
     "dead": "critical",
     "hung": "critical",
     "stalled": "warning",
     "stopped": "info",
     "exited": "info",
 }
-STATE_TITLE = {
+STATE_TITLE: dict[StateName, str] = {
     "dead": "the trainer died",
     "hung": "the trainer hung",
     "stalled": "the trainer stalled",
@@ -55,7 +56,7 @@ class Alert(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 # The findings a watched state comes with: one alert between them (alert_ident).
-STATE_FINDINGS = frozenset({"DEAD", "HUNG", "STALLED"})
+STATE_FINDINGS = ALERTED_AS_STATE
 
 
 def state_ident(state: str) -> str:
@@ -87,7 +88,7 @@ def from_finding(f: Finding, *, run: str, host: str, t: float, state: str, step:
 
 
 def from_state(
-    state: str, reason: str, *, run: str, host: str, t: float, attempt: int | None, step: int | None
+    state: StateName, reason: str, *, run: str, host: str, t: float, attempt: int | None, step: int | None
 ) -> Alert:
     return Alert(
         kind="alert",

@@ -17,6 +17,7 @@ from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding, order
 from trainroom.core.settings import LaunchOptions
+from trainroom.core.vocab import CkptState, StateName
 
 RECENT_STEPS = 512  # raw steps kept in memory and in the snapshot (the journal has them all)
 INTERVALS = 64  # step intervals kept per rank for the cadence statistics
@@ -138,7 +139,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
 class CheckpointView(msgspec.Struct, kw_only=True):
     path: str
     step: int | None
-    state: str
+    state: CkptState
     t: float
     reason: str | None = None
     size_bytes: int | None = None
@@ -167,7 +168,7 @@ class RunState(msgspec.Struct, kw_only=True):
     cwd: str
     created: float
     options: LaunchOptions = msgspec.field(default_factory=LaunchOptions)
-    status: str = "starting"
+    status: StateName = "starting"
     status_reason: str = ""
     status_since: float = 0.0
     attempts: list[AttemptView] = []

@@ -13,6 +13,7 @@ from trainroom.core.probes.procs import state_name
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState, WorkerView
 from trainroom.core.units import signal_name
+from trainroom.core.vocab import ShownState
 
 NOTIFY_RECENT = 20
 
@@ -130,7 +131,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     v = vram(st)
     host = st.probe.host if st.probe is not None else None
     disk = st.probe.disk if st.probe is not None else None
-    state = st.status
+    state: ShownState = st.status
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
     job = st.options.job

@@ -17,14 +17,15 @@ import msgspec
 
 from trainroom.core.run.figures import run_loss
 from trainroom.core.run.state import RunState
+from trainroom.core.vocab import FindingCode, Severity, ShownState, StateName
 
 SUMMARY_NAME = "summary.msgpack"
 VERSION = 1
 
 
 class WorstFinding(msgspec.Struct, kw_only=True, frozen=True):
-    code: str
-    severity: str
+    code: FindingCode
+    severity: Severity
     message: str
 
 
@@ -39,7 +40,7 @@ class RunSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
     v: int = VERSION
     run_id: str
     created: float
-    status: str
+    status: StateName
     status_reason: str = ""
     status_since: float = 0.0
     attempt: int | None = None
@@ -59,7 +60,7 @@ class RunSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
     journal: JournalMark | None = None
     job: str | None = None  # the job this run is a node of (launch --job, torchrun's rdzv id)
 
-    def shown_state(self, keeper_alive: bool) -> str:
+    def shown_state(self, keeper_alive: bool) -> ShownState:
         """The state `status` would show (`unknown`: the keeper died before its trainer)."""
         if not keeper_alive and not self.attempt_ended:
             return "unknown"

@@ -1,0 +1,196 @@
+"""Every closed set of words trainroom speaks, once: run states, checkpoint states and kinds,
+severities, panels, and the finding catalogue with the groups read off it.
+
+Each set is a `Literal`, so mypy rejects a misspelt state, code or kind wherever one is written;
+where code iterates a set, the tuple beside it is the Literal's own arguments. The catalogue says
+of each finding code what every reader needs to know about it (how bad it gets, the panel it
+colours, whether its figures move while it lasts, whether it is alerted as a run state), and the
+groups the watchdog, the sanity tracker, the alerts and the control room use are computed from it,
+so a new code is one catalogue line.
+
+It depends on nothing but the standard library: every layer may read it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+# --------------------------------------------------------------------------- run states
+
+# What the watchdog judges a run to be (`RunStatus.state` while a keeper watches it).
+WatchState = Literal["starting", "running", "slow", "stalled", "hung", "dead", "stopped", "exited"]
+# What a run's journal says it is: a watchdog verdict, or `failed` when it never started (the
+# launch recorded why, and no keeper ever ran).
+StateName = Literal[WatchState, "failed"]
+# What a reader shows of a run: its state, or `unknown` when the keeper died before its trainer
+# (nobody saw the end), `orphaned` when that trainer still runs with no keeper watching it.
+ShownState = Literal[StateName, "unknown", "orphaned"]
+# A node of a job, as the job view says it: what its host shows, or that its host cannot be asked.
+NodeState = Literal[ShownState, "unreachable"]
+# The states a run alerts on (`[notify] states`) and the states a finding is alerted as.
+AlertState = Literal["dead", "hung", "stalled", "exited"]
+
+WATCH_STATES: tuple[WatchState, ...] = get_args(WatchState)
+STATE_NAMES: tuple[StateName, ...] = get_args(StateName)
+SHOWN_STATES: tuple[ShownState, ...] = get_args(ShownState)
+NODE_STATES: tuple[NodeState, ...] = get_args(NodeState)
+ALERT_STATES: tuple[AlertState, ...] = get_args(AlertState)
+
+# --------------------------------------------------------------------------- checkpoints
+
+# A checkpoint's way through the keeper: seen, being verified, then verified or rejected; pruned
+# once deleted to free space.
+CkptState = Literal["candidate", "verifying", "verified", "rejected", "pruned"]
+CKPT_STATES: tuple[CkptState, ...] = get_args(CkptState)
+
+# A checkpoint file's format, from its first bytes (`ckpt.formats.sniff_format`).
+FileFormat = Literal["torch-zip", "torch-legacy", "pickle", "safetensors", "json", "empty", "unknown"]
+# A directory that is one checkpoint: a Hugging Face `checkpoint-N/`, a torch.distributed.checkpoint
+# directory. `ckpt.targets.DIR_FORMATS` says how each is recognised, `ckpt.dirs.VERIFIERS` how
+# each is verified.
+DirKind = Literal["hf-checkpoint", "dcp-checkpoint"]
+# What a checkpoint is, as its report says: a file's format or a directory checkpoint's kind.
+CkptFormat = Literal[FileFormat, DirKind]
+# What a path stands for: one checkpoint (a file or a directory), a root holding checkpoints, or not one.
+PathKind = Literal["file", DirKind, "root", "other"]
+
+FILE_FORMATS: tuple[FileFormat, ...] = get_args(FileFormat)
+DIR_KINDS: tuple[DirKind, ...] = get_args(DirKind)
+CKPT_FORMATS: tuple[CkptFormat, ...] = get_args(CkptFormat)
+
+# --------------------------------------------------------------------------- findings
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+
+# The control room's figure panels a finding can colour.
+Panel = Literal["trainer", "vram", "cadence", "lr", "loss", "ranks", "host", "disk"]
+PANELS: tuple[Panel, ...] = get_args(Panel)
+
+# Which part of the keeper raises a code: the trainer's life and its end, its progress, the
+# numbers it reports (the sanity tracker), the GPU, the host, the disks, checkpoints, the keeper.
+Family = Literal["life", "progress", "sanity", "gpu", "host", "disk", "checkpoint", "keeper"]
+
+FindingCode = Literal[
+    "DEAD",
+    "MASKED_ERROR",
+    "REPEAT_DEATH",
+    "HUNG",
+    "STALLED",
+    "SLOW",
+    "LR_MISMATCH",
+    "EXPLODED_START",
+    "WHITE_MODEL",
+    "LOSS_SPIKE",
+    "DIVERGENCE",
+    "GRAD_EXPLOSION",
+    "NONFINITE",
+    "RANK_OUTLIER",
+    "LOSS_SCALE",
+    "GHOST_MEMORY",
+    "ORPHAN_CONTEXT",
+    "HOST_RAM_LOW",
+    "STALE_LOCK",
+    "DUPLICATE_TRAINER",
+    "DISK_HIGH",
+    "DISK_FULL_SOON",
+    "DRVFS_CHECKPOINTS",
+    "STATE_DISK_LOW",
+    "CKPT_REJECTED",
+    "CKPT_OUTSIDE_ROOT",
+    "JOURNAL_WRITE_FAILED",
+    "RANK_CLAIMED",
+    "RESUME_FROM_SCRATCH",
+    "INTERNAL_ERROR",
+]
+FINDING_CODES: tuple[FindingCode, ...] = get_args(FindingCode)
+
+
+class FindingKind(NamedTuple):
+    """What every reader knows of a code without reading its rule."""
+
+    family: Family
+    severity: Severity  # the worst it is raised at (some rules raise it milder as it recovers)
+    means: str  # in one line, for the docs and help texts
+    panel: Panel | None = None  # the figure panel it colours; None: the findings list only
+    # Its figures move while the condition lasts (a growing gap, a ratio per sample): the keeper
+    # keeps its first words and journals it again only when its cause, severity or fix changes.
+    volatile: bool = False
+    # The run state it comes with: one alert between the two (its key names an attempt or rank).
+    alerted_as: AlertState | None = None
+
+
+CATALOGUE: dict[FindingCode, FindingKind] = {
+    "DEAD": FindingKind(
+        "life", "critical", "the trainer died (a signal, a non-zero exit)", alerted_as="dead"
+    ),
+    "MASKED_ERROR": FindingKind(
+        "life", "critical", "an error's words hide a different innermost cause (type, errno)"
+    ),
+    "REPEAT_DEATH": FindingKind("life", "warning", "two attempts in a row died around the same step"),
+    "HUNG": FindingKind(
+        "progress",
+        "critical",
+        "the trainer is alive but stuck (stopped, in D state, or no progress)",
+        volatile=True,
+        alerted_as="hung",
+    ),
+    "STALLED": FindingKind(
+        "progress", "warning", "no step within the stall bound", volatile=True, alerted_as="stalled"
+    ),
+    "SLOW": FindingKind(
+        "progress", "warning", "steps slower than the median by the slow factor", volatile=True
+    ),
+    "LR_MISMATCH": FindingKind("sanity", "warning", "the learning rate differs from the one requested", "lr"),
+    "EXPLODED_START": FindingKind("sanity", "warning", "the first loss is far above ln V", "loss"),
+    "WHITE_MODEL": FindingKind(
+        "sanity", "warning", "the loss sits at ln V: the model learns nothing", "loss"
+    ),
+    "LOSS_SPIKE": FindingKind("sanity", "warning", "the loss jumped well above its recent level", "loss"),
+    "DIVERGENCE": FindingKind("sanity", "warning", "the loss climbs steadily", "loss"),
+    "GRAD_EXPLOSION": FindingKind("sanity", "warning", "the gradient norm jumped", "loss"),
+    "NONFINITE": FindingKind("sanity", "critical", "a NaN or Inf in the loss, gradients or weights", "loss"),
+    "RANK_OUTLIER": FindingKind(
+        "sanity", "warning", "one rank's loss or pace is out of line with the others", "loss"
+    ),
+    "LOSS_SCALE": FindingKind(
+        "sanity", "warning", "the fp16 loss scale halved, or collapsed below its floor"
+    ),
+    "GHOST_MEMORY": FindingKind(
+        "gpu", "warning", "VRAM held that no live process owns", "vram", volatile=True
+    ),
+    "ORPHAN_CONTEXT": FindingKind(
+        "gpu", "critical", "a process of an earlier attempt still holds the GPU", "vram", volatile=True
+    ),
+    "HOST_RAM_LOW": FindingKind("host", "critical", "the host runs out of memory", "host", volatile=True),
+    "STALE_LOCK": FindingKind("host", "critical", "a lock file held by a process that is gone"),
+    "DUPLICATE_TRAINER": FindingKind("host", "warning", "another trainer of the same run is running"),
+    "DISK_HIGH": FindingKind("disk", "critical", "the checkpoint disk is nearly full", "disk"),
+    "DISK_FULL_SOON": FindingKind("disk", "critical", "at this rate the checkpoint disk fills soon", "disk"),
+    "DRVFS_CHECKPOINTS": FindingKind("disk", "warning", "checkpoints on a slow Windows drive (WSL)", "disk"),
+    "STATE_DISK_LOW": FindingKind("disk", "critical", "the disk holding the journal is nearly full"),
+    "CKPT_REJECTED": FindingKind("checkpoint", "critical", "a checkpoint failed verification", "disk"),
+    "CKPT_OUTSIDE_ROOT": FindingKind(
+        "checkpoint", "warning", "an announced checkpoint outside the run's checkpoint root"
+    ),
+    "JOURNAL_WRITE_FAILED": FindingKind("keeper", "critical", "the keeper cannot write the journal"),
+    "RANK_CLAIMED": FindingKind("keeper", "warning", "two reporters claim the same rank"),
+    "RESUME_FROM_SCRATCH": FindingKind(
+        "keeper", "critical", "a resumed attempt started far below the checkpoint it resumed"
+    ),
+    "INTERNAL_ERROR": FindingKind("keeper", "critical", "a rule or probe of the keeper raised"),
+}
+
+# The groups, read off the catalogue.
+VOLATILE: frozenset[FindingCode] = frozenset(c for c, k in CATALOGUE.items() if k.volatile)
+ALERTED_AS_STATE: frozenset[FindingCode] = frozenset(c for c, k in CATALOGUE.items() if k.alerted_as)
+SANITY_CODES: tuple[FindingCode, ...] = tuple(c for c, k in CATALOGUE.items() if k.family == "sanity")
+PANEL_CODES: dict[Panel, tuple[FindingCode, ...]] = {
+    panel: tuple(c for c, k in CATALOGUE.items() if k.panel == panel) for panel in PANELS
+}
+
+
+def is_finding_code(word: str) -> bool:
+    """Whether `word` is a code of this version (a record of a newer one may carry another)."""
+    return word in CATALOGUE

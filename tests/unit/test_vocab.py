@@ -1,0 +1,138 @@
+"""The vocabulary: the catalogue covers every code a rule raises, the groups read off it are the
+ones the keeper and the control room used, every directory checkpoint format is recognised and
+verified, and a record of a newer version with a word this one does not know is skipped and
+counted by the reader, never a crash."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, cast
+
+from trainroom.core import protocol as p
+from trainroom.core import vocab
+from trainroom.core.ckpt import dirs, targets
+from trainroom.core.findings import Finding
+from trainroom.core.health import sanity, watchdog
+from trainroom.core.notify import alert
+from trainroom.core.run import summary
+from trainroom.core.run.journal import Journal, read_journal
+from trainroom.core.run.state import RunState
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
+
+
+def test_the_catalogue_has_every_code_once_and_nothing_else() -> None:
+    assert list(vocab.CATALOGUE) == list(vocab.FINDING_CODES)
+    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 30
+
+
+def test_every_code_a_source_file_raises_is_in_the_catalogue() -> None:
+    raised = set()
+    for f in SRC.rglob("*.py"):
+        raised |= set(re.findall(r'\bcode="([A-Z][A-Z_]+)"', f.read_text()))
+    raised -= {"TEST", "DIGEST"}  # an alert's own codes (`notify --test`, a digest), not findings
+    assert len(raised) > 25  # the scan found the rules, or this would prove nothing
+    assert raised <= set(vocab.FINDING_CODES), raised - set(vocab.FINDING_CODES)
+    assert set(vocab.FINDING_CODES) <= raised, "a catalogued code no rule raises"
+
+
+def test_the_groups_are_read_off_the_catalogue() -> None:
+    assert {"STALLED", "HUNG", "SLOW", "GHOST_MEMORY", "HOST_RAM_LOW", "ORPHAN_CONTEXT"} == watchdog.VOLATILE
+    assert set(sanity.CODES) == {
+        "LR_MISMATCH",
+        "EXPLODED_START",
+        "WHITE_MODEL",
+        "LOSS_SPIKE",
+        "DIVERGENCE",
+        "GRAD_EXPLOSION",
+        "NONFINITE",
+        "RANK_OUTLIER",
+        "LOSS_SCALE",
+    }
+    assert {"DEAD", "HUNG", "STALLED"} == alert.STATE_FINDINGS
+    # Each finding alerted as a state shares its alert with that state, spelt in capitals.
+    for code in alert.STATE_FINDINGS:
+        kind = vocab.CATALOGUE[code]
+        assert kind.alerted_as is not None and alert.state_ident(kind.alerted_as) == code
+    assert vocab.PANEL_CODES["vram"] == ("GHOST_MEMORY", "ORPHAN_CONTEXT")
+    assert vocab.PANEL_CODES["lr"] == ("LR_MISMATCH",)
+    assert vocab.PANEL_CODES["host"] == ("HOST_RAM_LOW",)
+    assert set(vocab.PANEL_CODES["disk"]) == {
+        "DISK_HIGH",
+        "DISK_FULL_SOON",
+        "DRVFS_CHECKPOINTS",
+        "CKPT_REJECTED",
+    }
+    assert set(vocab.PANEL_CODES["loss"]) == {
+        "LOSS_SPIKE",
+        "DIVERGENCE",
+        "NONFINITE",
+        "WHITE_MODEL",
+        "EXPLODED_START",
+        "RANK_OUTLIER",
+        "GRAD_EXPLOSION",
+    }
+
+
+def test_the_state_sets_nest() -> None:
+    assert set(watchdog.STATES) < set(vocab.STATE_NAMES) < set(vocab.SHOWN_STATES) < set(vocab.NODE_STATES)
+    assert set(vocab.ALERT_STATES) <= set(vocab.WATCH_STATES)
+    assert set(vocab.DIR_KINDS) <= set(vocab.CKPT_FORMATS)
+    assert vocab.SEVERITY_RANK == {"info": 0, "warning": 1, "critical": 2}
+
+
+def test_every_directory_format_is_recognised_and_verified_once() -> None:
+    kinds = [f.kind for f in targets.DIR_FORMATS]
+    assert sorted(kinds) == sorted(vocab.DIR_KINDS)
+    assert set(dirs.VERIFIERS) == set(vocab.DIR_KINDS)
+
+
+def test_directory_kinds_are_told_apart_by_the_registry(tmp_path: Path) -> None:
+    hf = tmp_path / "checkpoint-40"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"")
+    dcp = tmp_path / "step-40"
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(b"")
+    (dcp / "model.safetensors").write_bytes(b"")  # an HF marker too: DCP's metadata decides first
+    plain = tmp_path / "logs"
+    plain.mkdir()
+    assert targets.kind_of(hf) == "hf-checkpoint" and targets.kind_of(dcp) == "dcp-checkpoint"
+    assert targets.dir_kind(plain) is None and targets.kind_of(plain) == "other"
+    assert targets.kind_of(tmp_path) == "root" and targets.units_in(tmp_path) == [hf, dcp]
+
+
+def _future(word: str) -> Any:
+    """A word of a newer trainroom: the constructors do not check, the decoder does."""
+    return cast(Any, word)
+
+
+def test_a_journal_record_with_an_unknown_word_is_skipped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    j = Journal(path)
+    known = Finding(code="SLOW", severity="warning", message="slow")
+    j.append(p.FindingRaised(finding=known))
+    j.append(p.FindingRaised(finding=Finding(code=_future("QUANTUM_FLUX"), severity="warning", message="?")))
+    j.append(p.RunStatus(t=1.0, state=_future("levitating")))
+    j.append(p.CheckpointState(path="/c", step=1, state=_future("teleported"), t=1.0))
+    j.append(p.RunStatus(t=2.0, state="running", reason="steps flowing"))
+    j.close()
+    st = RunState(run_id="r", argv=[], cwd="/", created=0.0)
+    for rec in read_journal(path):
+        st.apply(rec)
+    assert st.journal_damage.unknown_records == 3 and st.journal_damage.regions == 0
+    assert [f.code for f in st.findings.values()] == ["SLOW"]
+    assert st.status == "running" and st.checkpoints == []
+
+
+def test_a_summary_with_an_unknown_word_is_not_used(tmp_path: Path) -> None:
+    """A reader falls back to the journal (summary.read says None), it does not crash."""
+    good = summary.RunSummary(run_id="r", created=0.0, status="exited")
+    summary.write(tmp_path, good)
+    assert summary.read(tmp_path) == good
+    summary.write(tmp_path, summary.RunSummary(run_id="r", created=0.0, status=_future("levitating")))
+    assert summary.read(tmp_path) is None
+    worst = summary.WorstFinding(code=_future("QUANTUM_FLUX"), severity="warning", message="?")
+    summary.write(tmp_path, summary.RunSummary(run_id="r", created=0.0, status="dead", worst=worst))
+    assert summary.read(tmp_path) is None
