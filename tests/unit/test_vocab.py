@@ -9,6 +9,9 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
+import pytest
+
 from trainroom.core import protocol as p
 from trainroom.core import vocab
 from trainroom.core.ckpt import dirs, targets
@@ -18,6 +21,7 @@ from trainroom.core.notify import alert
 from trainroom.core.run import summary
 from trainroom.core.run.journal import Journal, read_journal
 from trainroom.core.run.state import RunState
+from trainroom.core.run.view import RunView
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
 
@@ -136,3 +140,15 @@ def test_a_summary_with_an_unknown_word_is_not_used(tmp_path: Path) -> None:
     worst = summary.WorstFinding(code=_future("QUANTUM_FLUX"), severity="warning", message="?")
     summary.write(tmp_path, summary.RunSummary(run_id="r", created=0.0, status="dead", worst=worst))
     assert summary.read(tmp_path) is None
+
+
+def test_a_snapshot_with_an_unknown_word_raises_the_error_remote_readers_catch() -> None:
+    """A remote node's snapshot from a newer trainroom: `read_node` and `_remote_view` catch
+    exactly msgspec.ValidationError and report the node, not a traceback."""
+    st = RunState(run_id="r", argv=[], cwd="/", created=0.0)
+    st.apply(p.FindingRaised(finding=Finding(code="SLOW", severity="warning", message="slow")))
+    snap = RunView(st).to_snapshot()
+    assert RunView.from_snapshot(snap).state.findings.keys() == {"SLOW"}
+    snap.state["findings"]["SLOW"]["code"] = "QUANTUM_FLUX"
+    with pytest.raises(msgspec.ValidationError):
+        RunView.from_snapshot(snap)

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import ShownState
+from trainroom.core.vocab import ShownState, StateName
 
 from . import fmt
 
@@ -115,7 +115,7 @@ class HeaderView:
     run_id: str
     attempt: int | None
     attempts: int
-    state: str
+    state: StateName
     reason: str
     state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
     step: int | None  # does not change does not re-render)

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
+
 from trainroom.core.config import Host
 from trainroom.core.job.discover import job_of, newest_job, newest_run_of
 from trainroom.core.job.view import NodeReading
@@ -102,7 +104,16 @@ def read_node(ref: NodeRef, job: str | None, now: Callable[[], float] = time.tim
         return NodeReading(target=ref.label, reach=reach)
     except ssh.RemoteRefused as exc:
         raise RunError(str(exc)) from None
-    view = RunView.from_snapshot(snap)
+    try:
+        view = RunView.from_snapshot(snap)
+    except msgspec.ValidationError as exc:
+        # A word this version does not know (a newer trainroom there): the node reads as one
+        # that cannot be heard, with why, not as a crash of the whole job view.
+        reach = Reachability()
+        reach.lost(
+            now(), f"{target}: its state does not decode here (another trainroom version?): {exc}", None
+        )
+        return NodeReading(target=ref.label, reach=reach)
     return NodeReading(
         target=ref.label, host=hello.host, run=hello.run_id, state=view.state, keeper=hello.keeper
     )

@@ -287,6 +287,10 @@ def _remote_view(address: str) -> RunView:
         raise RunUnreachable(str(exc)) from None
     except (TargetError, ssh.RemoteRefused) as exc:
         raise RunError(str(exc)) from None
+    except msgspec.ValidationError as exc:  # a word of a newer trainroom there
+        raise RunError(
+            f"{address}: its state does not decode here (another trainroom version?): {exc}"
+        ) from None
 
 
 def stop_run(run_dir: str | Path) -> None:

@@ -29,6 +29,7 @@ from trainroom.core.ckpt import promote as promote
 from trainroom.core.ckpt.verify import verify
 from trainroom.core.health import diskguard as diskguard
 from trainroom.core.sdk import reporter as reporter
+from trainroom.core.vocab import CkptState
 
 # Bytes the checkpoint root may hold (`launch --disk-budget`); the keeper exports it to the trainer
 # so the pre-save check refuses a checkpoint the budget cannot take.
@@ -46,7 +47,7 @@ class Saved(msgspec.Struct, kw_only=True, frozen=True):
     step: int
     size_bytes: int
     digest: str
-    state: str = "candidate"  # candidate | verified | rejected | deferred
+    state: CkptState = "candidate"  # still a candidate when its verification was deferred
     promoted: str | None = None  # the step directory, once verified
     file: str | None = None  # the checkpoint file now (inside the step directory once promoted)
     reason: str | None = None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from rich.console import RenderableType
 from rich.text import Text
 
+from trainroom.core.vocab import StateName
 from trainroom.tui import fmt
 
 from .base import Panel
@@ -16,7 +17,7 @@ from .base import Panel
 class BannerView:
     since: float
     reason: str
-    state: str  # the journal's last verdict
+    state: StateName  # the journal's last verdict
     state_reason: str
     last_step: int | None
     now: float
