@@ -189,8 +189,3 @@ SANITY_CODES: tuple[FindingCode, ...] = tuple(c for c, k in CATALOGUE.items() if
 PANEL_CODES: dict[Panel, tuple[FindingCode, ...]] = {
     panel: tuple(c for c, k in CATALOGUE.items() if k.panel == panel) for panel in PANELS
 }
-
-
-def is_finding_code(word: str) -> bool:
-    """Whether `word` is a code of this version (a record of a newer one may carry another)."""
-    return word in CATALOGUE
