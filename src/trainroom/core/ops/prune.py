@@ -1,6 +1,8 @@
 """Prune: free disk by deleting old verified checkpoints, keeping what a resume may need.
 
-Kept, always: the last N verified (default 2, the seed's disk guard kept the last two), pinned
+Kept, always: the newest checkpoint whose bytes still match what was verified (checked by digest
+when prune executes: `latest` replaced on disk does not let `--keep 1` delete the only good one),
+the last N verified (default 2, the seed's disk guard kept the last two), pinned
 ones, the one `latest` names, anything in `protect` (the checkpoint a resume is loading, a
 candidate being verified), and everything in quarantine (candidates and rejected evidence) unless
 rejected ones are asked for. Never touched: anything that is not a real directory named
@@ -21,6 +23,7 @@ import msgspec
 
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
+from trainroom.core.ckpt.promote import intact
 
 DEFAULT_KEEP = 2
 # A framework's own checkpoint in a root prune is pointed at (HF's checkpoint-N/, Lightning's
@@ -166,6 +169,19 @@ def plan(
     return out
 
 
+def _last_good(pl: PrunePlan) -> str | None:
+    """When no verified checkpoint prune keeps still matches its digest, the newest one it
+    would delete that does (None: a kept one is good, or none is)."""
+    kept = {k.path for k in pl.kept}
+    for v in reversed(layout.verified_checkpoints(pl.root)):
+        if v.dir in kept and intact(v.dir):
+            return None
+    for t in pl.delete:  # newest first
+        if t.kind == "verified" and intact(t.path):
+            return t.path
+    return None
+
+
 def execute(
     pl: PrunePlan, *, dry_run: bool = False, protect: Iterable[str | os.PathLike[str]] = ()
 ) -> PruneResult:
@@ -177,8 +193,13 @@ def execute(
     latest = layout.latest_dir(pl.root)
     latest_real = os.path.realpath(latest) if latest else None
     protected = _resolved(protect)
+    last_good = _last_good(pl)
     for t in pl.delete:
         p_ = Path(t.path)
+        if t.path == last_good:
+            why = "the newest that verifies now (the ones kept no longer match their verified digest)"
+            res.kept.append(Kept(path=t.path, step=t.step, why=why))
+            continue
         refuse = None
         if p_.is_symlink():
             refuse = "became a symlink"
