@@ -398,7 +398,9 @@ class CheckpointPipeline:
             else:
                 usage = diskguard.disk_usage(self.root)
             self.mount = diskguard.mount_of(self.root, diskguard.read_mounts(self.mounts_path))
-            self.prunable = prune_plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
+            self.prunable = prune_plan(
+                self.root, self.keep, protect=list(self.verifying), check_digests=False
+            ).bytes_to_free
         except (OSError, ValueError) as exc:
             return DiskSample(path=str(self.root), error=str(exc))
         self.usage = usage

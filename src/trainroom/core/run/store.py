@@ -101,7 +101,7 @@ def state_dir_warning() -> str | None:
         st = d.stat()
     except OSError:
         return None
-    mode = st.st_mode & 0o777
+    mode = st.st_mode & 0o7777
     if st.st_uid == os.geteuid() and not mode & 0o077:
         return None
     return (
