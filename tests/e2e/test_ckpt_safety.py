@@ -157,8 +157,8 @@ def test_a_candidate_replaced_after_its_verdict_is_verified_again_never_promoted
     # Nothing promoted, `latest` nowhere, the NaN bytes kept in quarantine with why.
     assert not [x for x in root.iterdir() if x.name.startswith(("step-", ".promote-"))]
     assert ck.latest_dir(root) is None and cand.exists()
-    d = status(info)
-    assert "CKPT_REJECTED" in codes(d)
+    # ... and said on the keeper's next evaluation.
+    wait_for(lambda: "CKPT_REJECTED" in codes(status(info)), timeout=30, what="CKPT_REJECTED said")
     (gate / "end").touch()
 
 
@@ -253,7 +253,10 @@ def test_a_full_disk_during_promotion_rolls_back_then_promotes_on_the_next_try(
             timeout=120,
             what="step 20 promoted on the next try",
         )
-        assert not cand.exists() and _records(info, cand)[-1].state == "verified"
+        assert not cand.exists()
+        wait_for(
+            lambda: _records(info, cand)[-1].state == "verified", timeout=30, what="the verdict journaled"
+        )
         (gate / "end").touch()
         kill_runs_under(trhome)
 
