@@ -17,7 +17,9 @@ from trainroom.core.ckpt import promote as pr
 from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.ckpt.report import VerifyReport
 from trainroom.core.ops import prune as pruning
+from trainroom.core.ops.resume import ResumeInputs, ResumePlan, fall_back, resume_points
 from trainroom.core.run import store as runs
+from trainroom.core.run.state import RunState
 
 
 def _candidate(root: Path, step: int, data: bytes) -> tuple[Path, VerifyReport]:
@@ -124,3 +126,56 @@ def test_an_existing_state_dir_keeps_its_mode_and_a_relative_one_is_resolved(
     runs.ensure_runs_dir()
     assert stat.S_IMODE((tmp_path / "new" / "home").stat().st_mode) == 0o700
     assert runs.state_dir_warning() is None
+
+
+def _inputs(root: Path, template: str | None = "train --from {ckpt}") -> ResumeInputs:
+    return ResumeInputs(
+        run_id="r",
+        argv=["train"],
+        template=template,
+        lock_files=(),
+        ckpt_root=str(root),
+        vram_tolerance_bytes=0,
+        host_ram_floor_bytes=0,
+    )
+
+
+def test_a_resume_falls_back_from_a_latest_that_no_longer_verifies_and_says_so(tmp_path: Path) -> None:
+    good = _promoted(tmp_path, 10, b"a" * 64) / "step-000010.pt"
+    bad = _promoted(tmp_path, 20, b"b" * 64) / "step-000020.pt"
+    state = RunState(run_id="r", argv=["train"], cwd=str(tmp_path), created=0.0)
+    assert resume_points(str(tmp_path)) == [bad, good]
+    plan = ResumePlan(attempt=2, checkpoint=str(bad), step=20)
+    # The full verification of `bad` failed before the load: the next one that verifies.
+    new = fall_back(plan, state, _inputs(tmp_path), {str(bad)})
+    assert new is not None and new.checkpoint == str(good) and new.step == 10
+    assert new.argv == ["train", "--from", str(good)] and f"{bad} did not verify" in new.note
+    assert fall_back(plan, state, _inputs(tmp_path), {str(bad), str(good)}) is None
+    # `latest` replaced on disk: the digest tells before any load.
+    bad.write_bytes(b"n" * 64)
+    again = fall_back(plan, state, _inputs(tmp_path), set())
+    assert again is not None and again.checkpoint == str(good)
+
+
+def test_a_verified_copy_is_restored_to_the_trainers_own_path(tmp_path: Path) -> None:
+    own = tmp_path / "out" / "ckpt.pt"
+    own.parent.mkdir()
+    own.write_bytes(b"v1" * 32)
+    rep = VerifyReport(ok=True, path=str(own), digest=digest_file(own), step=10)
+    copy = pr.keep_verified_copy(own, rep, tmp_path / "root", step=10)
+    assert copy is not None
+    state = RunState(run_id="r", argv=["train"], cwd=str(tmp_path), created=0.0)
+    new = fall_back(
+        ResumePlan(attempt=2), state, _inputs(tmp_path / "root", "train --out_dir {ckpt_dir}"), set()
+    )
+    assert new is not None and new.checkpoint == str(own) and new.restore_from == str(copy / "ckpt.pt")
+    assert new.argv == ["train", "--out_dir", str(own.parent)]
+    # Unchanged: nothing to do. Torn: the verified bytes back, the torn ones kept beside.
+    assert "holds the verified bytes already" in pr.restore_copy(copy / "ckpt.pt", own, rep.digest)
+    own.write_bytes(b"to")
+    said = pr.restore_copy(copy / "ckpt.pt", own, rep.digest)
+    assert said.startswith("restored") and own.read_bytes() == b"v1" * 32
+    assert (own.parent / "ckpt.pt.before-resume").read_bytes() == b"to"
+    # The restored file verified again is the copy already kept: no second copy.
+    assert pr.keep_verified_copy(own, rep, tmp_path / "root", step=10) == copy
+    assert [c.step for c in ck.verified_checkpoints(tmp_path / "root")] == [10]

@@ -19,6 +19,7 @@ import msgspec
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest, tree_bytes
 from trainroom.core.ckpt.promote import intact
+from trainroom.core.ckpt.targets import BEFORE_RESUME_SUFFIX
 from trainroom.core.ckpt.verify import load_need_bytes
 from trainroom.core.health.host import host_ram_low
 from trainroom.core.ops.members import Lifetime, live_members
@@ -118,6 +119,7 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
     plan.died_at_step = a.last_step
     if a.last_step is not None and plan.step is not None:
         plan.steps_lost = max(0, a.last_step - plan.step)
+    plan.note = plan.note.strip().rstrip(";")
     plan.ok = not plan.refusals
     return plan
 
@@ -221,6 +223,10 @@ def _own_path(plan: ResumePlan, ckpt: Path, inputs: ResumeInputs) -> None:
     if source.name != ckpt.name:
         return
     plan.restore_from, plan.checkpoint, plan.digest = str(ckpt), str(source), manifest.digest
+    plan.note += (
+        f"the trainer resumes from its own {source}, made equal to the verified copy {ckpt} first "
+        f"(anything else there is kept as {source.name}{BEFORE_RESUME_SUFFIX}); "
+    )
 
 
 def _argv(plan: ResumePlan, inputs: ResumeInputs) -> list[str]:
@@ -237,11 +243,15 @@ def fall_back(plan: ResumePlan, state: RunState, inputs: ResumeInputs, failed: s
     ckpt = _first_intact(inputs.ckpt_root, failed)
     if ckpt is None:
         return None
-    new = msgspec.structs.replace(plan, digest=None, restore_from=None)
+    new = msgspec.structs.replace(plan, digest=None, restore_from=None, note="")
     new.checkpoint, new.step = str(ckpt), _promoted_step(state, ckpt)
     _own_path(new, ckpt, inputs)
     new.note = (
-        f"{', '.join(sorted(failed))} did not verify: resuming from {new.checkpoint}, the newest that does"
+        (
+            f"{', '.join(sorted(failed))} did not verify: resuming from {ckpt}, the newest that does; {new.note}"
+        )
+        .strip()
+        .rstrip(";")
     )
     new.argv = _argv(new, inputs)
     a = state.attempt
