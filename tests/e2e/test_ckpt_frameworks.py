@@ -122,7 +122,8 @@ def test_hf_trainer_checkpoints_verify_promote_reject_a_corrupt_copy_and_resume(
     project = tmp_path / "project"
     shutil.copytree(MAKERS, project)
     args = "hf_trainer.py --output-dir out --max-steps 40 --save-steps 10"
-    template = f"{PY} {args} --resume_from_checkpoint {{ckpt_dir}}"
+    # The Trainer's own choice: the newest checkpoint-N/ in its output_dir.
+    template = f"{PY} {args} --resume_from_checkpoint True"
     info = _launch(project, template, "out", [sys.executable, *args.split(), "--die-at", "25"])
     out = project / "out"
     d = _dead_with_verified(info, [out / "checkpoint-10", out / "checkpoint-20"])
@@ -160,12 +161,17 @@ def test_hf_trainer_checkpoints_verify_promote_reject_a_corrupt_copy_and_resume(
     assert cli.returncode == 1 and "transformer.h.0.attn.c_attn.weight" in cli.stdout
     assert run_cli("verify", str(out / "checkpoint-20")).returncode == 0
 
-    # Resume: the highest verified step (20, its promoted copy), never the rejected 99.
-    d = _resume_and_finish(info, copy20, 20)
+    # Resume: the highest verified step (20, in the Trainer's own output_dir, whose bytes are the
+    # verified copy's), never the rejected 99: it is moved out of the Trainer's way, and said.
+    d = _resume_and_finish(info, out / "checkpoint-20", 20)
     a2 = d["attempts"][1]
-    assert a2["resume_from"] == str(copy20) and a2["exit_code"] == 0
+    assert a2["resume_from"] == str(out / "checkpoint-20") and a2["exit_code"] == 0
+    assert not bad.exists() and (out / "checkpoint-99.rejected" / "model.safetensors").is_file()
+    aside = [c for c in d["checkpoints"] if c["path"] == str(bad)][-1]
+    assert aside["state"] == "rejected" and "moved aside to" in aside["reason"], aside
     log = (Path(info.run_dir) / runs.LOG_NAME).read_text()
-    assert f"resuming from {copy20}" in log and "train begins at step 20" in log and "done at step 40" in log
+    assert "resuming from True" in log and "train begins at step 20" in log and "done at step 40" in log
+    assert (root / "step-000020" / "checkpoint-20").is_dir()  # the verified copy, untouched
     assert json.loads((out / "checkpoint-40" / "trainer_state.json").read_text())["global_step"] == 40
 
 
@@ -199,8 +205,13 @@ def test_lightning_checkpoints_with_kth_value_inf_verify_and_resume(trhome: Path
     f = _rejected(info, bad)
     assert "non-finite values in 1 tensor(s): state_dict.head.weight (1 NaN, 0 Inf)" in f["message"]
 
-    d = _resume_and_finish(info, copy20, 20)
-    assert d["attempts"][1]["resume_from"] == str(copy20) and d["attempts"][1]["exit_code"] == 0
+    # The trainer's own step=20.ckpt (it holds the verified bytes), never the verified copy;
+    # the rejected step=99.ckpt moved out of its way.
+    d = _resume_and_finish(info, ckpts / "step=20.ckpt", 20)
+    assert (
+        d["attempts"][1]["resume_from"] == str(ckpts / "step=20.ckpt") and d["attempts"][1]["exit_code"] == 0
+    )
+    assert not bad.exists() and (ckpts / "step=99.ckpt.rejected").is_file()
     log = (Path(info.run_dir) / runs.LOG_NAME).read_text()
     assert "train begins at step 20" in log and "done at step 40" in log
     assert (ckpts / "step=40.ckpt").is_file()

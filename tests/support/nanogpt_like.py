@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -90,6 +91,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--wait-copies", action="store_true")
+    # nanoGPT's own: where ckpt.pt lives, and `resume` to start from it.
+    ap.add_argument("--out_dir", default="out")
+    ap.add_argument("--init_from", default="scratch", choices=("scratch", "resume"))
+    ap.add_argument("--die-at", type=int, default=None, help="SIGKILL itself after this iteration")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -118,12 +123,19 @@ def main() -> int:
         model_args["vocab_size"],
     )
     opt = torch.optim.AdamW(model.parameters(), lr=config["learning_rate"], betas=(0.9, 0.95))
-    out = Path("out")
+    out = Path(args.out_dir)
     out.mkdir(exist_ok=True)
     best_val_loss = torch.tensor(1e9)
     saves = 0
+    start = 1
+    if args.init_from == "resume":
+        ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start = int(ckpt["iter_num"]) + 1
+        print(f"resuming from {out / 'ckpt.pt'} at iter {ckpt['iter_num']}", flush=True)
     print(f"nanogpt-like: ln(V) {math.log(65):.4f}", flush=True)
-    for it in range(1, args.iters + 1):
+    for it in range(start, args.iters + 1):
         x = torch.randint(65, (4, 16))
         loss = F.cross_entropy(model(x).view(-1, 65), torch.roll(x, -1, 1).view(-1))
         opt.zero_grad(set_to_none=True)
@@ -145,6 +157,8 @@ def main() -> int:
             saves += 1
             if args.wait_copies:
                 wait_for_copies(saves, 120.0)
+        if it == args.die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
     return 0
 
 

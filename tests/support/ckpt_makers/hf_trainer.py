@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.add_callback(DieAt(a.die_at))
     if a.resume_from_checkpoint:
         print(f"resuming from {a.resume_from_checkpoint}", flush=True)
-    trainer.train(resume_from_checkpoint=a.resume_from_checkpoint)
+    # "True": the Trainer picks the newest checkpoint-N/ in its output_dir itself.
+    resume: str | bool | None = True if a.resume_from_checkpoint == "True" else a.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=resume)
     print(f"done at step {trainer.state.global_step}", flush=True)
     return 0
 

@@ -188,7 +188,48 @@ class Quarantine:
         self.root = Path(root)
         self.dir = self.root / QUARANTINE
 
+    def unsafe(self) -> str | None:
+        """Why this quarantine must not be used (written, swept, deleted in), or None: it must be
+        a real directory right under the root, never a symlink out of it."""
+        if self.dir.is_symlink():
+            return f"{self.dir} is a symbolic link (to {os.readlink(self.dir)}): nothing follows it out of the root"
+        if os.path.lexists(self.dir) and not self.dir.is_dir():
+            return f"{self.dir} is not a directory"
+        return None
+
+    def ensure(self) -> Path:
+        """The quarantine directory, created if missing; CheckpointError when it is unsafe."""
+        why = self.unsafe()
+        if why is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            why = self.unsafe()  # created meanwhile as a link by someone else
+        if why is not None:
+            raise CheckpointError(f"refusing the quarantine: {why}")
+        return self.dir
+
+    def _settle_stage(self, stage: Path, name: str, may_undo: bool) -> str:
+        """A promotion a dead process left: finished when its manifest was written, else its
+        checkpoint goes back into quarantine (never through an unsafe one)."""
+        manifest = read_manifest(stage)
+        if manifest and manifest.ok and manifest.file and (stage / manifest.file).exists():
+            target = unique_path(self.root / name)
+            os.rename(stage, target)
+            fsync_dir(self.root)
+            point_latest(self.root, target)
+            return f"finished promotion of {target.name}"
+        if not may_undo:
+            return f"left {stage.name}: the quarantine is refused"
+        self.ensure()
+        for f in stage.iterdir():
+            real = f.is_file() or f.is_dir()
+            if real and not f.is_symlink() and not f.name.startswith(".") and f.name != MANIFEST:
+                os.rename(f, unique_path(self.dir / f.name))
+        shutil.rmtree(stage, ignore_errors=True)
+        return f"undid promotion {stage.name}"
+
     def _files(self) -> list[Path]:
+        if self.unsafe() is not None:
+            return []
         try:
             return sorted(
                 x
@@ -226,10 +267,14 @@ class Quarantine:
         """Tidy what a killed writer left: its temp files go, a half-done promotion is finished
         (manifest written) or undone (file back into quarantine). Returns what it did."""
         done: list[str] = []
-        for d, pattern in ((self.dir, r"^\..+\.(\d+)\.tmp$"), (self.root, r"^\..+\.(\d+)\.tmp$")):
-            with contextlib.suppress(FileNotFoundError):
+        refused = self.unsafe()
+        if refused is not None:
+            done.append(f"refused: {refused}")
+        swept = [self.root] if refused is not None else [self.dir, self.root]
+        for d in swept:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 for x in d.iterdir():
-                    m = re.match(pattern, x.name)
+                    m = re.match(r"^\..+\.(\d+)\.tmp$", x.name)
                     if not m or x.is_symlink() or pid_alive(int(m.group(1))):
                         continue
                     with contextlib.suppress(OSError):
@@ -243,21 +288,18 @@ class Quarantine:
                 m = re.match(r"^\.promote-(step-\d+(?:-\d+)?)\.(\d+)$", stage.name)
                 if not m or stage.is_symlink() or not stage.is_dir() or pid_alive(int(m.group(2))):
                     continue
-                manifest = read_manifest(stage)
-                if manifest and manifest.ok and manifest.file and (stage / manifest.file).exists():
-                    target = unique_path(self.root / m.group(1))
-                    os.rename(stage, target)
-                    fsync_dir(self.root)
-                    point_latest(self.root, target)
-                    done.append(f"finished promotion of {target.name}")
-                    continue
-                self.dir.mkdir(exist_ok=True)
-                for f in stage.iterdir():
-                    real = f.is_file() or f.is_dir()
-                    if real and not f.is_symlink() and not f.name.startswith(".") and f.name != MANIFEST:
-                        os.rename(f, unique_path(self.dir / f.name))
-                shutil.rmtree(stage, ignore_errors=True)
-                done.append(f"undid promotion {stage.name}")
+                try:
+                    done.append(self._settle_stage(stage, m.group(1), refused is None))
+                except OSError as exc:  # a full disk: left for the next sweep, said
+                    done.append(f"could not settle {stage.name}: {exc.strerror or exc}")
+        if latest_dir(self.root) is None:
+            # `latest` points nowhere (a promotion cut short before it moved it): the newest
+            # verified checkpoint is the one a resume would want.
+            verified = verified_checkpoints(self.root)
+            if verified:
+                with contextlib.suppress(OSError):
+                    replace_latest(self.root, os.path.basename(verified[-1].dir))
+                    done.append(f"pointed latest at {os.path.basename(verified[-1].dir)}")
         return done
 
 

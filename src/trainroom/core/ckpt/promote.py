@@ -27,6 +27,10 @@ from trainroom.core.ckpt.dirs import dir_digest
 from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
 
 
+class CandidateChanged(layout.CheckpointError):
+    """The candidate's bytes are not the ones verified: it is verified again, not promoted."""
+
+
 def expected_for(
     root: str | os.PathLike[str],
     declared_arch: Mapping[str, object] | None = None,
@@ -87,35 +91,91 @@ def promote(
     st = cand.stat()
     size = layout.tree_bytes(cand) if cand.is_dir() else st.st_size
     if report.size_bytes not in (None, size):
-        raise layout.CheckpointError(f"{cand.name} changed since it was verified ({size} bytes now)")
+        raise CandidateChanged(
+            f"{cand.name} changed since it was verified ({size} bytes now): verify it again"
+        )
     step = step if step is not None else _step_of(cand, report, side)
     target = layout.unique_path(r / layout.step_dir_name(step))
     stage = r / f".promote-{target.name}.{os.getpid()}"
-    stage.mkdir()
     fname = file_name or cand.name
-    os.rename(cand, stage / fname)
-    manifest = layout.Manifest(
-        ok=True,
-        file=fname,
-        path=str(target / fname),
-        step=step,
-        size_bytes=size,
-        digest=report.digest or (side.digest if side else None),
-        digest_algo=report.digest_algo,
-        saved_at=side.saved_at if side and side.saved_at is not None else st.st_mtime,
-        verified_at=time.time(),
-        source=side.source if side and side.source else str(cand),
-        report=_manifest_report(report),
-    )
-    layout.write_json_atomic(stage / layout.MANIFEST, manifest)
-    layout.fsync_dir(stage)
-    os.rename(stage, target)
+    stage.mkdir()
+    staged = stage / fname
+    try:
+        os.rename(cand, staged)
+        # What sits in the stage now is what gets promoted: the bytes, not the name, must be the
+        # ones verified (a candidate replaced after its verdict, same size, is verified again).
+        if report.digest is not None and digest_of(staged) != report.digest:
+            raise CandidateChanged(
+                f"{cand.name} changed since it was verified (digest differs): verify it again"
+            )
+        manifest = layout.Manifest(
+            ok=True,
+            file=fname,
+            path=str(target / fname),
+            step=step,
+            size_bytes=size,
+            digest=report.digest or (side.digest if side else None),
+            digest_algo=report.digest_algo,
+            saved_at=side.saved_at if side and side.saved_at is not None else st.st_mtime,
+            verified_at=time.time(),
+            source=side.source if side and side.source else str(cand),
+            report=_manifest_report(report),
+        )
+        layout.write_json_atomic(stage / layout.MANIFEST, manifest)
+        layout.fsync_dir(stage)
+        os.rename(stage, target)
+    except BaseException:
+        _roll_back(stage, staged, cand)
+        raise
     layout.fsync_dir(r)
     for suffix in (layout.SAVED_SUFFIX, layout.REASON_SUFFIX, layout.REPORT_SUFFIX):
         with contextlib.suppress(FileNotFoundError):
             Path(str(cand) + suffix).unlink()
-    layout.point_latest(r, target)
+    with contextlib.suppress(OSError):
+        # The step directory is promoted; `latest` left behind (a full disk) is moved by the
+        # next sweep, which points it at the newest verified checkpoint.
+        layout.point_latest(r, target)
     return target
+
+
+def _roll_back(stage: Path, staged: Path, cand: Path) -> None:
+    """A promotion that could not finish (a full disk, a changed candidate): the checkpoint goes
+    back to its quarantine name, the stage goes; `latest` was never moved. What cannot be undone
+    here is left for `Quarantine.sweep`."""
+    with contextlib.suppress(OSError):
+        if os.path.lexists(staged) and not os.path.lexists(cand):
+            os.rename(staged, cand)
+    with contextlib.suppress(OSError):
+        if not os.path.lexists(staged):
+            shutil.rmtree(stage)
+
+
+def digest_of(path: str | os.PathLike[str]) -> str:
+    """A checkpoint's digest as the verifier takes it: a file's bytes, or a directory's files
+    (`dirs.dir_digest`, symlinks not followed)."""
+    p_ = Path(path)
+    if not p_.is_dir():
+        return digest.digest_file(p_)
+    return dir_digest([(str(f.relative_to(p_)), digest.digest_file(f)) for f in targets.files_of(p_)])
+
+
+def intact(step_dir: str | os.PathLike[str]) -> bool:
+    """Whether a promoted checkpoint's bytes are still those its manifest says were verified
+    (what prune and resume take for "verifies now" without loading it; a checkpoint without a
+    recorded digest is taken as it is)."""
+    d = Path(step_dir)
+    manifest = layout.read_manifest(d)
+    if manifest is None or not manifest.ok or not manifest.file:
+        return False
+    f = d / manifest.file
+    if f.is_symlink() or not (f.is_file() or f.is_dir()):
+        return False
+    if manifest.digest is None:
+        return True
+    try:
+        return digest_of(f) == manifest.digest
+    except OSError:
+        return False
 
 
 def settle(
@@ -140,7 +200,10 @@ def settle(
         digest=report.digest,
     )
     if report.ok:
-        target = promote(cand, report, r)
+        try:
+            target = promote(cand, report, r)
+        except CandidateChanged as exc:
+            return msgspec.structs.replace(state, state="candidate", reason=str(exc))
         manifest = layout.read_manifest(target)
         return msgspec.structs.replace(
             state,
@@ -170,7 +233,7 @@ def keep_verified_copy(
     meanwhile and the copy is dropped (None). A directory checkpoint is copied file by file."""
     r = layout.checkpoint_root(root)
     q = layout.Quarantine(r)
-    q.dir.mkdir(parents=True, exist_ok=True)
+    q.ensure()
     src = Path(src)
     tmp = q.dir / f".{src.name}.{os.getpid()}.tmp"
     s = step if step is not None else report.step
@@ -179,6 +242,10 @@ def keep_verified_copy(
         if got != report.digest:
             _remove(tmp)
             return None
+        for v in layout.verified_checkpoints(r):
+            if v.digest == got and Path(v.file).name == src.name:
+                _remove(tmp)
+                return Path(v.dir)  # these bytes are kept already (a resume restored them)
         cand = layout.unique_path(
             q.dir / (f"{layout.step_dir_name(s)}-{src.name}" if s is not None else src.name)
         )
@@ -195,6 +262,45 @@ def keep_verified_copy(
         ),
     )
     return promote(cand, msgspec.structs.replace(report, size_bytes=size), r, file_name=src.name, step=s)
+
+
+def restore_copy(copy: str | os.PathLike[str], dest: str | os.PathLike[str], want: str | None) -> str:
+    """Put a verified copy back where its trainer reads and writes it (a resume): `dest` is left
+    alone when it holds those bytes already; otherwise what is there is moved aside to
+    `<dest>.before-resume` and the copy written beside and renamed in, its digest checked.
+    Returns what was done, one line; CheckpointError when the bytes are not the verified ones."""
+    src, dst = Path(copy), Path(dest)
+    if os.path.lexists(dst) and not dst.is_symlink() and want is not None and digest_of(dst) == want:
+        return f"{dst} holds the verified bytes already"
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    _remove(tmp)
+    try:
+        got = _copy_dir(src, tmp) if src.is_dir() else _copy_file(src, tmp)
+        if want is not None and got != want:
+            raise layout.CheckpointError(f"{src} no longer holds the verified bytes: not restored")
+        said = f"restored {dst} from the verified copy {src}"
+        if os.path.lexists(dst):
+            aside = dst.with_name(dst.name + targets.BEFORE_RESUME_SUFFIX)
+            _remove(aside)
+            os.rename(dst, aside)
+            said += f" (what was there is kept as {aside.name})"
+        os.rename(tmp, dst)
+        layout.fsync_dir(dst.parent)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return said
+
+
+def set_aside(path: str | os.PathLike[str]) -> Path:
+    """Move a rejected checkpoint the trainer keeps itself out of its way (HF's
+    `resume_from_checkpoint=True` loads the newest `checkpoint-N/` there is): renamed beside
+    itself to `<name>.rejected`, which no framework and no watch takes for a checkpoint."""
+    src = Path(path)
+    aside = layout.unique_path(src.with_name(src.name + targets.SET_ASIDE_SUFFIX))
+    os.rename(src, aside)
+    layout.fsync_dir(src.parent)
+    return aside
 
 
 def _remove(path: Path) -> None:

@@ -54,7 +54,7 @@ def rejected_finding(report: VerifyReport) -> Finding | None:
         message=(
             f"checkpoint {where}({os.path.basename(path)}) rejected: {report.reason}"
             + (
-                "; it stays in quarantine and `latest` still points at the last verified one"
+                "; it stays in quarantine and `latest` is left as it was"
                 if f"{os.sep}.quarantine{os.sep}" in path
                 else ""
             )

@@ -43,7 +43,20 @@ _HF_MARKERS = (
 _STEP_IN_NAME = re.compile(r"(?:global_step|step|iter|iteration|checkpoint|ckpt)[=_-]?(\d+)", re.IGNORECASE)
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
 # Side files the watch and the root listing never take for checkpoints.
-SIDE_SUFFIXES = (".tmp", ".saved.json", ".reason", ".verify.json", ".lock", ".partial")
+# A rejected checkpoint a resume moved out of its trainer's way, and what a restored verified
+# copy replaced: kept as evidence, never a checkpoint again.
+SET_ASIDE_SUFFIX = ".rejected"
+BEFORE_RESUME_SUFFIX = ".before-resume"
+SIDE_SUFFIXES = (
+    ".tmp",
+    ".saved.json",
+    ".reason",
+    ".verify.json",
+    ".lock",
+    ".partial",
+    SET_ASIDE_SUFFIX,
+    BEFORE_RESUME_SUFFIX,
+)
 
 
 class StepHint(msgspec.Struct, kw_only=True, frozen=True):

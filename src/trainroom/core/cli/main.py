@@ -15,6 +15,7 @@ from trainroom.core.config import ConfigError
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 from trainroom.core.ops.bench import add_device_options
 from trainroom.core.remote.ssh import RemoteRefused, Unreachable
+from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperGone
 from trainroom.core.run.store import RunError
 
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
     global _open_tui
     if open_tui is not None:
         _open_tui = open_tui
+    runs.pin_home()  # a relative TRAINROOM_HOME means the caller's cwd, for every process it starts
     ap = build_parser()
     argv = remote.as_watch(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"keeper gone; trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` ends it"
         )
     d["journal"] = journal_dict(Path(info.run_dir))
+    warning = runs.state_dir_warning()
+    if warning is not None:
+        d["warnings"] = [warning]
     if args.json:
         print(to_json(d))
     else:
         print("\n".join(status_lines(d)))
+        if warning is not None:
+            print(f"trainroom: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -267,15 +267,25 @@ class CheckpointPipeline:
             return
         try:
             rec = await asyncio.to_thread(settle, path, report, own)
-        except Exception as exc:  # promotion failed: say so, keep the keeper
+        except Exception as exc:  # promotion failed (a full disk): rolled back, tried again
+            again = job.tries + 1 < MAX_TRIES
+            if again:
+                asyncio.get_running_loop().call_later(RETRY_S, self._schedule, path, None, job.tries + 1)
             rec = p.CheckpointState(
                 path=path,
                 step=step,
                 state="rejected",
                 t=time.time(),
-                reason=f"could not settle: {type(exc).__name__}: {exc}",
+                reason=f"verified, but not promoted: {type(exc).__name__}: {exc}"
+                + (
+                    f" (tried again in {RETRY_S:.0f} s)"
+                    if again
+                    else " (tried again at the next keeper start)"
+                ),
             )
             report = msgspec.structs.replace(report, ok=False, reason=rec.reason)
+        if rec.state == "candidate" and report.ok:
+            job.again = True  # replaced after its verdict: the new bytes are verified in their turn
         self.recorder.emit(rec)
         self._remember(path, report, rec.state)
 
@@ -356,9 +366,13 @@ class CheckpointPipeline:
     def start(self) -> None:
         """At keeper start: finish what a previous keeper left half done, verify leftovers."""
         self._started = True
+        q = Quarantine(self.root)
+        refused = q.unsafe()
+        if refused is not None:
+            self.outside[str(q.dir)] = refused
         try:
-            Quarantine(self.root).sweep()
-            leftovers = Quarantine(self.root).candidates()
+            q.sweep()
+            leftovers = q.candidates()
         except OSError:
             leftovers = []
         for c in leftovers:
@@ -385,7 +399,9 @@ class CheckpointPipeline:
             else:
                 usage = diskguard.disk_usage(self.root)
             self.mount = diskguard.mount_of(self.root, diskguard.read_mounts(self.mounts_path))
-            self.prunable = prune_plan(self.root, self.keep, protect=list(self.verifying)).bytes_to_free
+            self.prunable = prune_plan(
+                self.root, self.keep, protect=list(self.verifying), check_digests=False
+            ).bytes_to_free
         except (OSError, ValueError) as exc:
             return DiskSample(path=str(self.root), error=str(exc))
         self.usage = usage

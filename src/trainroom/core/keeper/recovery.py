@@ -9,18 +9,21 @@ a zombie (a live member or a held lock keeps it waiting, then it gives up and sa
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.ckpt.layout import QUARANTINE, CheckpointError
+from trainroom.core.ckpt.promote import restore_copy, set_aside
 from trainroom.core.ckpt.report import Expected
 from trainroom.core.config import Thresholds
 from trainroom.core.health.crash import repeat_death
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
-from trainroom.core.ops.resume import ResumeInputs, ResumePlan, WatchedTarget, plan_resume
+from trainroom.core.ops.resume import ResumeInputs, ResumePlan, WatchedTarget, fall_back, plan_resume
 from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.probes.gpu import GpuProbe
 
@@ -81,15 +84,68 @@ class Resumer:
         inputs = self.inputs()
         return await asyncio.to_thread(plan_resume, self.run.state, inputs, self._driver_bytes)
 
-    async def start(self, plan: ResumePlan, progress: Progress | None = None) -> ResumeResult:
-        say = progress or (lambda _line: None)
+    def _rejected_own(self, keep: str) -> list[str]:
+        """Rejected checkpoints the trainer keeps itself (watched, or announced outside
+        quarantine) that are still there: its own resume logic may pick them up."""
+        pipe = self.pipeline
+        paths = [f.path for f in pipe.watch_state.files.values() if f.state == "rejected"]
+        paths += [x for x in pipe.reports if Path(x).parent.name != QUARANTINE]
+        root = str(pipe.root).rstrip("/") + "/"
+        return [x for x in dict.fromkeys(paths) if x != keep and not x.startswith(root) and Path(x).exists()]
+
+    def _clear_the_way(self, plan: ResumePlan) -> list[tuple[str, str]]:
+        """Worker thread: rejected checkpoints moved aside, the trainer's own path restored from
+        its verified copy. (path, what was done) for each, journaled by the caller."""
+        assert plan.checkpoint is not None
+        done = [(x, f"moved aside to {set_aside(x)}") for x in self._rejected_own(plan.checkpoint)]
+        if plan.restore_from is not None:
+            done.append((plan.checkpoint, restore_copy(plan.restore_from, plan.checkpoint, plan.digest)))
+        return done
+
+    async def _ready(self, plan: ResumePlan, say: Progress) -> str | None:
+        """Clear the way and re-verify the plan's checkpoint; why it cannot be loaded, or None."""
         ckpt = plan.checkpoint
-        assert ckpt is not None, "start() takes a plan that found a checkpoint"
+        assert ckpt is not None
+        try:
+            done = await asyncio.to_thread(self._clear_the_way, plan)
+        except (OSError, CheckpointError) as exc:
+            return f"could not prepare {ckpt}: {exc}"
+        for path, what in done:
+            say(f"{path}: {what}")
+            self.pipeline.recorder.note(f"resume: {path}: {what}", kind="resume")
+            c = self.run.state.checkpoint(path)
+            if c is not None and c.state == "rejected":
+                self.pipeline.recorder.emit(
+                    p.CheckpointState(
+                        path=path,
+                        step=c.step,
+                        state="rejected",
+                        t=time.time(),
+                        reason=f"{c.reason or 'rejected'}; {what}",
+                        size_bytes=c.size_bytes,
+                        digest=c.digest,
+                        report=c.report,
+                    )
+                )
         say(f"re-verifying {ckpt} (digest, tensors) before the load")
         expected = Expected(digest=plan.digest) if plan.digest else None
         rep = await asyncio.to_thread(self.pipeline.verify_now, ckpt, expected)
-        if not rep.ok:
-            return ResumeResult(ok=False, message=f"resume refused: {ckpt} no longer verifies: {rep.reason}")
+        return None if rep.ok else f"{ckpt} no longer verifies: {rep.reason}"
+
+    async def start(self, plan: ResumePlan, progress: Progress | None = None) -> ResumeResult:
+        say = progress or (lambda _line: None)
+        assert plan.checkpoint is not None, "start() takes a plan that found a checkpoint"
+        failed: set[str] = set()
+        while (why := await self._ready(plan, say)) is not None:
+            failed.add(plan.restore_from or plan.checkpoint or "")
+            nxt = await asyncio.to_thread(fall_back, plan, self.run.state, self.inputs(), failed)
+            if nxt is None:
+                return ResumeResult(ok=False, message=f"resume refused: {why}")
+            say(f"{why}: falling back to {nxt.checkpoint} (step {nxt.step})")
+            self.pipeline.recorder.note(f"resume: {why}: falling back to {nxt.checkpoint}", kind="resume")
+            plan = nxt
+        ckpt = plan.checkpoint
+        assert ckpt is not None
         a = self.run.state.attempt
         before: dict[str, object] = {
             "attempt": a.n if a else None,

@@ -108,7 +108,8 @@ def check_state_dir(state_dir: Path) -> Check:
             facts=facts,
             detail=f"{state_dir}: mode {mode:04o}, owner uid {st.st_uid}: other users can read the runs' "
             f"journals and trainer logs or reach their keepers' sockets; {room}",
-            fix=f"chmod 700 {shlex.quote(str(state_dir))} (a launch does it too, when it owns the dir)",
+            fix=f"chmod 700 {shlex.quote(str(state_dir))}, or set TRAINROOM_HOME to a directory of your own "
+            "(launch never changes the mode of a directory it did not create)",
         )
     return Check(
         name=name,

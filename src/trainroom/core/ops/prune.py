@@ -1,6 +1,8 @@
 """Prune: free disk by deleting old verified checkpoints, keeping what a resume may need.
 
-Kept, always: the last N verified (default 2, the seed's disk guard kept the last two), pinned
+Kept, always: the newest checkpoint whose bytes still match what was verified (checked by digest
+when prune executes: `latest` replaced on disk does not let `--keep 1` delete the only good one),
+the last N verified (default 2, the seed's disk guard kept the last two), pinned
 ones, the one `latest` names, anything in `protect` (the checkpoint a resume is loading, a
 candidate being verified), and everything in quarantine (candidates and rejected evidence) unless
 rejected ones are asked for. Never touched: anything that is not a real directory named
@@ -21,8 +23,10 @@ import msgspec
 
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
+from trainroom.core.ckpt.promote import intact
 
 DEFAULT_KEEP = 2
+LAST_GOOD = "the newest that verifies now (those kept no longer match their verified digest)"
 # A framework's own checkpoint in a root prune is pointed at (HF's checkpoint-N/, Lightning's
 # step=N.ckpt): the trainer rotates those itself; deleting them behind its back is not ours to do.
 _FOREIGN = (
@@ -133,8 +137,12 @@ def plan(
     *,
     protect: Iterable[str | os.PathLike[str]] = (),
     include_rejected: bool = False,
+    check_digests: bool = True,
 ) -> PrunePlan:
-    """What prune would delete and keep, and why, without deleting anything."""
+    """What prune would delete and keep, and why, without deleting anything. With
+    `check_digests` (reads the kept checkpoints' bytes; the keeper's once-a-second estimate of
+    what prune could free goes without) the newest checkpoint that still matches its digest is
+    kept whatever `keep` says."""
     if keep < 0:
         raise ValueError("keep must be >= 0")
     root_p = Path(root).absolute()
@@ -160,10 +168,28 @@ def plan(
             out.kept.append(Kept(path=v.dir, step=v.step, why=why))
         else:
             out.delete.append(PruneTarget(path=v.dir, step=v.step, bytes=v.size_bytes))
+    last_good = _last_good(out) if check_digests else None
+    if last_good is not None:
+        out.delete = [t for t in out.delete if t.path != last_good.path]
+        out.kept.append(Kept(path=last_good.path, step=last_good.step, why=LAST_GOOD))
     if include_rejected:
         out.delete += _rejected(root_p, root_real, protected)
     out.bytes_to_free = sum(t.bytes for t in out.delete)
     return out
+
+
+def _last_good(pl: PrunePlan) -> PruneTarget | None:
+    """When no verified checkpoint prune keeps still matches its digest, the newest one it
+    would delete that does (None: a kept one is good, or none is). Re-checked at execution: the
+    bytes may have changed since the plan."""
+    kept = {k.path for k in pl.kept}
+    for v in reversed(layout.verified_checkpoints(pl.root)):
+        if v.dir in kept and intact(v.dir):
+            return None
+    for t in pl.delete:  # newest first
+        if t.kind == "verified" and intact(t.path):
+            return t
+    return None
 
 
 def execute(
@@ -177,8 +203,12 @@ def execute(
     latest = layout.latest_dir(pl.root)
     latest_real = os.path.realpath(latest) if latest else None
     protected = _resolved(protect)
+    last_good = _last_good(pl)
     for t in pl.delete:
         p_ = Path(t.path)
+        if last_good is not None and t.path == last_good.path:
+            res.kept.append(Kept(path=t.path, step=t.step, why=LAST_GOOD))
+            continue
         refuse = None
         if p_.is_symlink():
             refuse = "became a symlink"

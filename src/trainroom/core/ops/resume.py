@@ -16,7 +16,10 @@ from pathlib import Path
 
 import msgspec
 
+from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest, tree_bytes
+from trainroom.core.ckpt.promote import intact
+from trainroom.core.ckpt.targets import BEFORE_RESUME_SUFFIX
 from trainroom.core.ckpt.verify import load_need_bytes
 from trainroom.core.health.host import host_ram_low
 from trainroom.core.ops.members import Lifetime, live_members
@@ -45,6 +48,9 @@ class ResumePlan(msgspec.Struct, kw_only=True):
     step: int | None = None
     # A watched file's digest when it verified: checked again before the load (no sidecar has it).
     digest: str | None = None
+    # The verified copy the trainer's own path (`checkpoint`) is restored from before the start:
+    # a resume never hands the trainer a verified copy to write into.
+    restore_from: str | None = None
     argv: list[str] = []
     # Whether a resume template shaped argv (else: the original command, the checkpoint in
     # TRAINROOM_RESUME, and the trainer decides where it starts).
@@ -102,21 +108,18 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
         plan.templated = bool(inputs.template)
         plan.template_from = inputs.template_from if plan.templated else None
         if not plan.templated:
-            plan.note = (
+            plan.note += (
                 "no resume template: the command is unchanged and the checkpoint is only named in "
                 "TRAINROOM_RESUME; the trainer decides where it starts (one that ignores it starts from "
                 "scratch and may overwrite the checkpoint: set --resume-template)"
             )
             if inputs.template_hint:
                 plan.note += f"; {inputs.template_hint}"
-        plan.argv = (
-            resume_argv(inputs.template, ckpt=plan.checkpoint, step=plan.step, run_id=inputs.run_id)
-            if inputs.template
-            else list(inputs.argv)
-        )
+        plan.argv = _argv(plan, inputs)
     plan.died_at_step = a.last_step
     if a.last_step is not None and plan.step is not None:
         plan.steps_lost = max(0, a.last_step - plan.step)
+    plan.note = plan.note.strip().rstrip(";")
     plan.ok = not plan.refusals
     return plan
 
@@ -168,9 +171,34 @@ def _promoted_step(state: RunState, ckpt: Path) -> int | None:
     return verified.step if verified is not None else None
 
 
+def resume_points(root: str) -> list[Path]:
+    """Verified checkpoints a resume may start from, best first: `latest`, then the others from
+    the newest."""
+    latest = latest_checkpoint(root)
+    out = [latest] if latest is not None else []
+    for v in reversed(layout.verified_checkpoints(root)):
+        f = Path(v.file)
+        if f not in out:
+            out.append(f)
+    return out
+
+
+def _first_intact(root: str, exclude: set[str]) -> Path | None:
+    for f in resume_points(root):
+        if str(f) not in exclude and intact(f.parent):
+            return f
+    return None
+
+
 def _choose_checkpoint(plan: ResumePlan, state: RunState, inputs: ResumeInputs) -> None:
-    """The highest verified step: `latest` under the root, or a newer watched file."""
-    ckpt = latest_checkpoint(inputs.ckpt_root) if inputs.ckpt_root else None
+    """The highest verified step: `latest` under the root (or, when its bytes no longer match
+    what was verified, the newest that does, said in the note), or a newer watched file."""
+    ckpt = _first_intact(inputs.ckpt_root, set()) if inputs.ckpt_root else None
+    latest = latest_checkpoint(inputs.ckpt_root) if inputs.ckpt_root else None
+    if latest is not None and ckpt != latest:
+        plan.note += f"`latest` ({latest}) no longer matches its verified digest: " + (
+            f"resuming from {ckpt}, the newest checkpoint that verifies; " if ckpt else ""
+        )
     step = _promoted_step(state, ckpt) if ckpt is not None else None
     w = inputs.watched
     if w is not None and (ckpt is None or (w.step or -1) > (step if step is not None else -1)):
@@ -178,6 +206,58 @@ def _choose_checkpoint(plan: ResumePlan, state: RunState, inputs: ResumeInputs) 
         plan.digest = w.digest
     if ckpt is not None:
         plan.checkpoint, plan.step = str(ckpt), step
+        _own_path(plan, ckpt, inputs)
+
+
+def _own_path(plan: ResumePlan, ckpt: Path, inputs: ResumeInputs) -> None:
+    """A verified copy of a watched checkpoint (nanoGPT's out/ckpt.pt, HF's checkpoint-N/) is
+    restored to the trainer's own path and the trainer is pointed there: its next save goes
+    where it is watched, never into the verified copy."""
+    manifest = read_manifest(ckpt.parent)
+    if manifest is None or not manifest.source or not inputs.ckpt_root:
+        return
+    root = str(Path(inputs.ckpt_root).absolute())
+    source = Path(manifest.source)
+    if not source.is_absolute() or str(source).startswith(root.rstrip("/") + "/"):
+        return  # a candidate of this root (an SDK save): the step directory is its home
+    if source.name != ckpt.name:
+        return
+    plan.restore_from, plan.checkpoint, plan.digest = str(ckpt), str(source), manifest.digest
+    plan.note += (
+        f"the trainer resumes from its own {source}, made equal to the verified copy {ckpt} first "
+        f"(anything else there is kept as {source.name}{BEFORE_RESUME_SUFFIX}); "
+    )
+
+
+def _argv(plan: ResumePlan, inputs: ResumeInputs) -> list[str]:
+    if not inputs.template or plan.checkpoint is None:
+        return list(inputs.argv)
+    return resume_argv(inputs.template, ckpt=plan.checkpoint, step=plan.step, run_id=inputs.run_id)
+
+
+def fall_back(plan: ResumePlan, state: RunState, inputs: ResumeInputs, failed: set[str]) -> ResumePlan | None:
+    """The plan again from the newest verified checkpoint not in `failed` (those that did not
+    verify before the load), or None when there is none; its note says what it fell back from."""
+    if not inputs.ckpt_root:
+        return None
+    ckpt = _first_intact(inputs.ckpt_root, failed)
+    if ckpt is None:
+        return None
+    new = msgspec.structs.replace(plan, digest=None, restore_from=None, note="")
+    new.checkpoint, new.step = str(ckpt), _promoted_step(state, ckpt)
+    _own_path(new, ckpt, inputs)
+    new.note = (
+        (
+            f"{', '.join(sorted(failed))} did not verify: resuming from {ckpt}, the newest that does; {new.note}"
+        )
+        .strip()
+        .rstrip(";")
+    )
+    new.argv = _argv(new, inputs)
+    a = state.attempt
+    if a is not None and a.last_step is not None and new.step is not None:
+        new.steps_lost = max(0, a.last_step - new.step)
+    return new
 
 
 def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:

@@ -88,6 +88,10 @@ def launch(
     check_config(cwd)
     check_options(opts)
     run_dir, rec = runs.create_run(argv, cwd, opts)
+    keeper_env = dict(env if env is not None else os.environ)
+    if keeper_env.get("TRAINROOM_HOME"):
+        # The keeper runs in its run directory: a relative home must not mean another place there.
+        keeper_env["TRAINROOM_HOME"] = str(Path(keeper_env["TRAINROOM_HOME"]).expanduser().absolute())
     # Every standard stream is detached: `run=$(trainroom launch ...)` must not wait on the keeper.
     with open(run_dir / runs.KEEPER_LOG_NAME, "ab") as klog:
         proc = subprocess.Popen(
@@ -98,7 +102,7 @@ def launch(
             start_new_session=True,
             close_fds=True,
             cwd=str(run_dir),
-            env=dict(env) if env is not None else None,
+            env=keeper_env,
         )
     sock = run_dir / runs.SOCKET_NAME
     deadline = time.monotonic() + wait_s

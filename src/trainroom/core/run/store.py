@@ -75,7 +75,8 @@ class RunUnreachable(RunError):
 def state_dir() -> Path:
     env = os.environ.get("TRAINROOM_HOME")
     if env:
-        return Path(env).expanduser()
+        # Absolute: a keeper runs in its run directory, and a relative home would mean another place there.
+        return Path(env).expanduser().absolute()
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
     return base / "trainroom"
@@ -85,11 +86,42 @@ def runs_dir() -> Path:
     return state_dir() / "runs"
 
 
+def pin_home() -> None:
+    """Resolve a relative TRAINROOM_HOME once, against the caller's cwd, for this process and
+    every one it starts (keepers and trainers run elsewhere)."""
+    if os.environ.get("TRAINROOM_HOME"):
+        os.environ["TRAINROOM_HOME"] = str(state_dir())
+
+
+def state_dir_warning() -> str | None:
+    """Why the state dir is too open for the runs in it (another user could read their logs), or
+    None. Said by `status` and `doctor`; never changed on the user's behalf."""
+    d = state_dir()
+    try:
+        st = d.stat()
+    except OSError:
+        return None
+    mode = st.st_mode & 0o7777
+    if st.st_uid == os.geteuid() and not mode & 0o077:
+        return None
+    return (
+        f"state dir {d} is mode {mode:04o}, owner uid {st.st_uid}: other users can list its runs "
+        "(each run's own 0700 directory keeps its journal, log and socket private); "
+        "`trainroom doctor` says how to fix it"
+    )
+
+
 def ensure_runs_dir() -> Path:
+    """The runs directory, created if missing. Only directories created here get the private
+    mode (0700); an existing state dir keeps its own (a shared 1777 /tmp/x, a project's cwd), and
+    `doctor`/`status` warn when it is too open. Each run dir is created 0700, which is what keeps
+    its keeper's socket private."""
     d = runs_dir()
     try:
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(d.parent, 0o700)
+        if not d.parent.exists():
+            d.parent.parent.mkdir(parents=True, exist_ok=True)
+            d.parent.mkdir(mode=0o700, exist_ok=True)
+        d.mkdir(mode=0o700, exist_ok=True)
         probe = d / f".probe-{os.getpid()}"
         probe.touch()
         probe.unlink()

@@ -151,7 +151,7 @@ def save_checkpoint(
 
     r = layout.checkpoint_root(root)
     q = layout.Quarantine(r)
-    q.dir.mkdir(parents=True, exist_ok=True)
+    q.ensure()  # CheckpointError for a quarantine that is a link out of the root
     q.sweep()  # what an earlier, killed save left behind
     need = estimate_bytes(state)
     if budget_bytes is None:
