@@ -309,7 +309,7 @@ class Actions:
             execute_kill,
             plan,
             grace_s=float(grace),
-            vram_probe=run_vram_probe(self.gpu, vram_pids),
+            vram_probe=run_vram_probe(self.gpu, vram_pids, floor=stopping.vram_floor if stopping else None),
             tolerance_bytes=cfg.vram_tolerance_bytes,
             vram_timeout_s=cfg.vram_timeout_s,
             progress=progress_to(reply, req),

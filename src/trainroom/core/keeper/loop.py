@@ -287,6 +287,9 @@ class Keeper:
         n = self.attempt_n
         argv = argv or list(self.record.argv)
         env = self._attempt_env(n, resume_from)
+        # The devices' memory with nothing of this attempt on it: where the driver gives no
+        # per-process memory, a kill judges the release against it (sample() never raises).
+        floor = await asyncio.to_thread(self.supervision.gpu.floor)
         now = time.time()
         with open(self._log_path, "ab", buffering=0) as log:
             _log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
@@ -320,6 +323,7 @@ class Keeper:
             resume_from=resume_from,
             resume_step=resume_step,
             requested=requested_from_argv(argv),
+            vram_floor=floor,
         )
         self.emit(started)
         self.flush()
