@@ -44,6 +44,10 @@ class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     exists: bool = True  # the pid exists in our PID namespace
     ours: bool = False  # one of the run's processes
     state: str | None = None  # its kernel state letter; None when it does not exist
+    # For the run's own rows: /proc/<pid>/stat field 22 (its identity for a targeted kill) and its
+    # command line (the first 4 KiB), so a finding can name what holds the memory.
+    start_ticks: int | None = None
+    cmdline: list[str] = []
 
     @property
     def gone(self) -> bool:

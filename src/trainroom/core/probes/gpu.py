@@ -93,6 +93,15 @@ def pid_namespace(proc_root: str = PROC) -> PidNamespace:
         return "unknown"
 
 
+def _cmdline(pid: int, proc_root: str) -> list[str]:
+    try:
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
 def _text(v: str | bytes) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
@@ -246,6 +255,10 @@ class GpuProbe:
                     exists=st is not None,
                     ours=pid in ours,
                     state=st.state if st is not None else None,
+                    # Only the run's own rows are named: a GHOST_MEMORY finding says which of its
+                    # processes holds memory, and a targeted kill proves it by its start.
+                    start_ticks=st.start_ticks if st is not None and pid in ours else None,
+                    cmdline=_cmdline(pid, self.proc_root) if st is not None and pid in ours else [],
                 )
             )
         return out
