@@ -158,6 +158,8 @@ class DemoRun:
         self.tokens = 0
         self.gen = torch.Generator().manual_seed(args.seed * 1000 + self.rank)
         self.fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
+        if self.fake_nvml and self.rank == 0:
+            _release_fake_rows_on_sigterm(self.fake_nvml)
         self.ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
         self.tracer: NonFiniteTracer | None = None
         self.ghost: subprocess.Popen[bytes] | None = None
@@ -478,6 +480,37 @@ def _holder_code(device: torch.device, mib: int, *, until_parent_gone: bool) -> 
     if until_parent_gone:
         return hold + "import os, time\np = os.getppid()\nwhile os.getppid() == p: time.sleep(0.5)"
     return hold + "import time; time.sleep(3600)"
+
+
+def _release_fake_rows_on_sigterm(path: str) -> None:
+    """A real driver frees a context when its process exits; the fake frees nothing by itself.
+    So a trainer that drives it and is asked to stop (a user's kill) takes its own rows out
+    first, then dies of the signal as it would have. A SIGKILL leaves them: a dead trainer's
+    context is what the orphan-context fault shows."""
+
+    def on_term(signum: int, _frame: object) -> None:
+        try:
+            with open(path) as f:
+                scenario = json.load(f)
+            mine = os.getpid()
+            rows = [r for r in scenario.get("processes") or [] if r.get("pid") != mine]
+            freed = sum(int(r.get("used_bytes") or 0) for r in scenario.get("processes") or []) - sum(
+                int(r.get("used_bytes") or 0) for r in rows
+            )
+            scenario["processes"] = rows
+            for dev in scenario.get("devices") or []:
+                dev["used_bytes"] = max(0, int(dev.get("used_bytes", 0)) - freed)
+                dev["util_percent"] = 0
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(scenario, f)
+            os.replace(tmp, path)
+        except (OSError, ValueError):
+            pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -> tuple[int, int, int]:

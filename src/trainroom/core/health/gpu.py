@@ -92,7 +92,10 @@ def _unexplained_advice(ctx: WatchContext, wsl: bool) -> tuple[str, Target | Non
         ), None
     target = leftover_target(ctx)
     if target is not None:
-        return f"memory left by earlier attempts: kill what is left of them ({target.label}), then resume", target
+        return (
+            f"memory left by earlier attempts: kill what is left of them ({target.label}), then resume",
+            target,
+        )
     return (
         "no process of an earlier attempt is alive, so nothing of ours holds it: contexts the driver "
         "has not released (stop the run; `nvidia-smi --gpu-reset` or a reboot frees them)"
@@ -122,9 +125,7 @@ def ghost_finding(v: VramFigures | None, streak: int, run: RunState, ctx: WatchC
     if holders:
         names = "; ".join(_named(x, ranks) for x in holders)
         kill = f"; kill {', '.join(f'pid {p}' for p in target.pids)} (k)" if target is not None else ""
-        parts.append(
-            f"{names}, reporting no allocator: {GHOST_CAUSE}{kill} or keep CUDA out of that process"
-        )
+        parts.append(f"{names}, reporting no allocator: {GHOST_CAUSE}{kill} or keep CUDA out of that process")
     if rest_is_ghost:
         advice, leftovers = _unexplained_advice(ctx, wsl)
         if holders:
