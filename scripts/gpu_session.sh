@@ -7,6 +7,12 @@
 #      targeted kill, then the run's kill.
 # Everything lands under $OUT (at most 8 files): gpu_check.json, demo_status.json, demo_kill.json,
 # ghost_status.json, ghost_kill.json, session.log; a summary goes to stdout. Bounded to ~6 min.
+#
+# A machine that cannot reach a package index installs the dependencies its image lacks from
+# .wheels/ (ignored by git), prepared beforehand on a machine that can:
+#   pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .wheels \
+#     msgspec textual sh xxhash prometheus_client nvidia-ml-py psutil
 set -u
 OUT=${OUT:-/tmp/trainroom-gpu-session}
 mkdir -p "$OUT"
@@ -19,7 +25,16 @@ t0=$(date +%s)
 
 say "install"
 if [ -z "${SKIP_INSTALL:-}" ]; then
-  "$PY" -m pip install -q -e . >>"$LOG" 2>&1 || "$PY" -m pip install -q --no-deps -e . >>"$LOG" 2>&1
+  if [ -d .wheels ]; then
+    "$PY" -m pip install -q --no-index --find-links .wheels --no-build-isolation -e . >>"$LOG" 2>&1
+  else
+    "$PY" -m pip install -q -e . >>"$LOG" 2>&1
+  fi
+  if ! "$PY" -c "import trainroom.cli, msgspec, textual" >>"$LOG" 2>&1; then
+    echo "editable install failed: the dependencies from .wheels, trainroom from src/" | tee -a "$LOG"
+    [ -d .wheels ] && "$PY" -m pip install -q --no-index --find-links .wheels msgspec textual sh xxhash prometheus_client >>"$LOG" 2>&1
+    export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+  fi
 fi
 nvidia-smi >>"$LOG" 2>&1
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
