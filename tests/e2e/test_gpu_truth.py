@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support.helpers import run_cli, status
+from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
@@ -190,3 +190,24 @@ def test_ghost_memory_names_the_groups_holder_and_its_targeted_kill_frees_it(
     assert _gone(holder) and not _gone(trainer)  # the trainer trains on
     wait_for(lambda: _finding(status(info), "GHOST_MEMORY") is None, timeout=60, what="GHOST_MEMORY cleared")
     assert status(info)["state"] == "running"
+
+
+def test_the_demos_ghost_memory_is_a_child_of_its_group_named_and_killed(trhome: Path) -> None:
+    # `trainroom demo --fault ghost-memory` on the CPU: a real child of the trainer's group, its
+    # row from the fake driver (on a GPU the same child holds real CUDA memory).
+    info = start_demo(fault="ghost-memory", fault_step=10, step_delay=0.05, ckpt_every=0)
+    d = wait_for(
+        lambda: (s := status(info)) and _finding(s, "GHOST_MEMORY") and s, timeout=120, what="GHOST_MEMORY"
+    )
+    f = _finding(d, "GHOST_MEMORY")
+    assert f is not None
+    (held,) = f["evidence"]["holders"]
+    child = held["pid"]
+    assert os.getpgid(child) == d["pid"] and held["rank"] is False
+    assert f["target"]["pids"] == [child] and "gpu-reset" not in f["message"]
+    done = run_cli(
+        "kill", info.run_id, "--finding", f["ident"], "--grace", "2", "--yes", "--json", timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _gone(child) and not _gone(d["pid"])
+    wait_for(lambda: _finding(status(info), "GHOST_MEMORY") is None, timeout=60, what="GHOST_MEMORY cleared")

@@ -291,13 +291,14 @@ class DemoRun:
                 g["lr"] = min(g["lr"] * 1.05, args.lr * DIVERGE_LR_FACTOR)
         if (
             self.fault == "ghost-memory"
-            and self.device.type == "cuda"
+            and (self.device.type == "cuda" or self.fake_nvml)
             and step >= args.fault_step
             and self.rank == 0
             and self.ghost is None
         ):
             # What a DataLoader worker or an async-save child that touched CUDA does: a process of
-            # the trainer's group with a context of its own and memory no allocator reports.
+            # the trainer's group with a context of its own and memory no allocator reports (on the
+            # CPU it only sleeps, and the fake driver lists its row).
             self.ghost = subprocess.Popen(
                 [sys.executable, "-c", _holder_code(self.device, GHOST_MIB, until_parent_gone=True)],
                 stdin=subprocess.DEVNULL,
@@ -319,7 +320,8 @@ class DemoRun:
         self.tokens += self.args.batch * self.args.ctx * self.world
         alloc = None
         if self.fake_nvml and self.rank == 0:
-            alloc = _drive_fake_nvml(self.fake_nvml, self.args, self.step, os.getpid())
+            ghost = self.ghost.pid if self.ghost is not None and self.ghost.poll() is None else None
+            alloc = _drive_fake_nvml(self.fake_nvml, self.args, self.step, os.getpid(), ghost)
         return float(loss.detach()), gn, alloc
 
     def _after_step(self) -> None:
@@ -513,15 +515,19 @@ def _release_fake_rows_on_sigterm(path: str) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
-def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -> tuple[int, int, int]:
+def _drive_fake_nvml(
+    path: str, args: argparse.Namespace, step: int, pid: int, ghost: int | None = None
+) -> tuple[int, int, int]:
     """On a machine without a GPU, the ghost-memory and orphan-context faults drive the fake NVML:
     the allocator view the reporter sends and the driver view the keeper's fake reads agree except
-    where the fault says they must not."""
+    where the fault says they must not. `ghost`: the live child of the ghost-memory fault, listed
+    with the memory that brings the run to 2.1x its allocator's reserve."""
     reserved = 4 << 30
     allocated = 3 << 30
-    ghost = args.fault == "ghost-memory" and step >= args.fault_step
-    used = int(reserved * 2.1) if ghost else reserved + (300 << 20)
-    procs = [{"pid": pid, "used_bytes": used}]
+    own = reserved + (300 << 20)  # the trainer's row: its reserve and its context
+    procs = [{"pid": pid, "used_bytes": own}]
+    if ghost is not None:
+        procs.append({"pid": ghost, "used_bytes": int(reserved * 2.1) - own})
     util, power = 85, 160.0
     if args.fault == "orphan-context" and step >= args.fault_step - 1:
         procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": 12 << 30})
