@@ -40,7 +40,7 @@ nvidia-smi >>"$LOG" 2>&1
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
 
 say "gpu_check.py"
-timeout 200 "$PY" scripts/gpu_check.py --json --budget-s 180 >"$OUT/gpu_check.json" 2>>"$LOG"
+timeout 180 "$PY" scripts/gpu_check.py --json --budget-s 160 >"$OUT/gpu_check.json" 2>>"$LOG"
 echo "gpu_check exit $?" | tee -a "$LOG"
 "$PY" - "$OUT/gpu_check.json" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, sys
@@ -99,7 +99,7 @@ say "demo --device $DEVICE --fault ghost-memory"
 GRUN=$(timeout 120 "${TR[@]}" demo --device "$DEVICE" --fault ghost-memory --fault-step 30 --detach --step-delay 0.02 --ckpt-every 200 2>>"$LOG")
 echo "run ${GRUN:-none}" | tee -a "$LOG"
 if [ -n "${GRUN:-}" ]; then
-  wait_status "$GRUN" "any(f['code'] == 'GHOST_MEMORY' for f in d.get('findings', []))" 90 >"$OUT/ghost_status.json"
+  wait_status "$GRUN" "any(f['code'] == 'GHOST_MEMORY' for f in d.get('findings', []))" 60 >"$OUT/ghost_status.json"
   IDENT=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); f=[f for f in d.get('findings', []) if f['code']=='GHOST_MEMORY']; print(f[0]['ident'] if f else ''); print('GHOST_MEMORY:', f[0]['message'] if f else 'not raised', file=sys.stderr); print('target:', f[0].get('target') if f else None, file=sys.stderr)" "$OUT/ghost_status.json" 2> >(tee -a "$LOG" >&2))
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv >>"$LOG" 2>&1
   if [ -n "$IDENT" ]; then
