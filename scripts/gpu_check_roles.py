@@ -3,8 +3,8 @@
     trainer    --device D --mib N --lock PATH --control DIR
                reports a step every 0.05 s through the SDK (allocator view included) while
                holding N MiB on D and an flock on PATH; reacts to files gpu_check writes in DIR:
-                 ghost  -> spawns a `holder` in its own process group (memory the run's
-                           allocator does not see: GHOST_MEMORY)
+                 ghost  -> spawns a `holder` in the trainer's process group (memory the run's
+                           allocator does not see: GHOST_MEMORY names the holder's pid)
                  strand -> spawns a `straggler` that inherits the flock, waits until it is
                            stopped, then dies by SIGKILL (STALE_LOCK, ORPHAN_CONTEXT)
     holder     --device D --mib N --ready PATH   holds N MiB until its parent is gone

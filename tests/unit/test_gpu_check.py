@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
 
+import msgspec
 import psutil
 import pynvml
 import pytest
@@ -289,3 +291,93 @@ def test_a_stopped_straggler_that_holds_a_context_after_its_attempt_died_is_an_o
 def _pid_that_cannot_exist() -> int:
     with open("/proc/sys/kernel/pid_max") as f:
         return int(f.read()) + 1
+
+
+MIB = 1 << 20
+H200 = {"name": "NVIDIA H200", "total_bytes": 141 * GIB, "util_percent": 0}
+
+
+def test_the_kill_check_judges_like_the_product_on_a_615_mib_floor(tmp_path: Path) -> None:
+    # The product's own kill of a real group, the driver as the H200 showed it: the trainer's row
+    # while it lives, then no process and the idle 615 MiB. The check passes on the product's
+    # verdict and the basis it names; the old absolute reading (615 MiB > 512 MiB) fails.
+    from trainroom.core.ops.kill import execute_kill, plan_kill
+    from trainroom.core.ops.vram import run_vram_probe
+
+    path = tmp_path / "gpu.json"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        process_group=0,
+        env=dict(os.environ, TRAINROOM_RUN="gc-kill"),
+    )
+    try:
+        write_scenario(
+            path,
+            {
+                "devices": [H200 | {"used_bytes": 2458 * MIB}],
+                "processes": [{"pid": leader.pid, "used_bytes": 1843 * MIB}],
+            },
+        )
+        plan = plan_kill(leader.pid, leader.pid, psutil.Process(leader.pid).create_time(), run_id="gc-kill")
+        probe = run_vram_probe(GpuProbe(FakeNvml(path)), [leader.pid])
+        assert probe() is not None  # the trainer's row seen while it lives
+
+        def released() -> None:
+            leader.wait(timeout=30)
+            write_scenario(path, {"devices": [H200 | {"used_bytes": 615 * MIB}], "processes": []})
+
+        driver = threading.Thread(target=released, daemon=True)
+        driver.start()
+        r = execute_kill(plan, grace_s=2, vram_probe=probe, vram_timeout_s=50, vram_poll_s=0.05)
+        driver.join(timeout=30)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+    o = gc.judge_kill(r.ok, r.message, r.before, r.after, [], cpu=False)
+    assert o.result == "pass", o.detail
+    assert o.figures["vram_basis"] == "per-process" and o.figures["vram_after_bytes"] == 0
+    assert o.figures["vram_device_bytes"] == 615 * MIB and "judged on per-process rows" in o.detail
+    # What the H200 run saw: the keeper's failure (no basis, 615 MiB "held") is a failed check.
+    old = {"vram_bytes": 615 * MIB, "vram_wait_s": 50.0}
+    assert (
+        gc.judge_kill(False, "the driver still holds 615 MiB after 50 s", r.before, old, [], cpu=False).result
+        == "fail"
+    )
+    assert gc.judge_kill(True, "ok", r.before, r.after, [4242], cpu=False).result == "fail"
+
+
+def test_the_ghost_check_asserts_the_attribution(tmp_path: Path) -> None:
+    me = os.getpid()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "holder"])
+    try:
+        path = tmp_path / "gpu.json"
+        rows = [{"pid": me, "used_bytes": 1843 * MIB}, {"pid": holder.pid, "used_bytes": 2788 * MIB}]
+        write_scenario(path, {"devices": [H200 | {"used_bytes": 5246 * MIB}], "processes": rows})
+        probe = GpuProbe(FakeNvml(path))
+        b = RunBuilder()
+        b.start(pid=me)
+        b.steps(20, reserved=1097 * MIB)
+        wd = Watchdog()
+        for _ in range(2):
+            v = wd.evaluate(
+                b.run, WatchContext(alive=True, gpu=probe.sample(our_pids=[me, holder.pid])), b.now
+            )
+        (f,) = [msgspec.to_builtins(x) for x in v.findings if x.code == "GHOST_MEMORY"]
+    finally:
+        holder.kill()
+        holder.wait()
+    o = gc.judge_ghost(f, holder.pid)
+    assert o.result == "pass", o.detail
+    assert o.figures["holder_bytes"] == 2788 * MIB and o.figures["unexplained_bytes"] == 0
+    # The message the H200 run got (the driver blamed, no pid named, no kill) fails the check.
+    blamed = dict(
+        f,
+        action=None,
+        target=None,
+        evidence={**f["evidence"], "holders": []},
+        message="... contexts the driver has not released (`nvidia-smi --gpu-reset` ...)",
+    )
+    bad = gc.judge_ghost(blamed, holder.pid)
+    assert bad.result == "fail" and "not named among the holders" in bad.detail
+    assert gc.judge_ghost(None, holder.pid).result == "fail"

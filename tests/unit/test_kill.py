@@ -319,3 +319,88 @@ def test_no_driver_reads_as_unavailable(spawn, tmp_path: Path) -> None:
     result = execute_kill(plan, grace_s=2, vram_probe=probe, vram_timeout_s=5)
     assert result.ok and result.vram_released is None
     assert "driver view unavailable" in result.message
+
+
+# An H200 with persistence mode, as measured: 615 MiB used with no process at all.
+H200 = {"name": "NVIDIA H200", "total_bytes": 141 * GIB, "util_percent": 0, "power_w": 75.0}
+H200_FLOOR = 615 * MIB
+
+
+def test_a_615_mib_floor_with_per_process_rows_is_released_at_once(spawn, tmp_path: Path) -> None:
+    # The trainer's row while it lives; once it is gone the driver lists no process, and the
+    # device keeps its idle 615 MiB: nothing of the run is held, whatever the floor.
+    group = spawn("plain")
+    leader = group.leader.pid
+    scenario = tmp_path / "nvml.json"
+    write_scenario(
+        scenario,
+        {
+            "devices": [H200 | {"used_bytes": H200_FLOOR + 1843 * MIB}],
+            "processes": [{"pid": leader, "used_bytes": 1843 * MIB}],
+        },
+    )
+    driver = _driver_releases_after_exit(
+        scenario, group.pids, {"devices": [H200 | {"used_bytes": H200_FLOOR}], "processes": []}
+    )
+    plan = plan_kill(leader, leader, group.start_time, run_id=RUN)
+    probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [m.pid for m in plan.members])
+    # The product's own timeout: were the floor judged, this would wait 50 s and fail.
+    result = execute_kill(plan, grace_s=2, vram_probe=probe, vram_timeout_s=50, vram_poll_s=0.05)
+    driver.join(timeout=30)
+
+    assert result.ok and result.vram_released is True, result.message
+    assert result.vram_basis == "per-process" and result.after["vram_basis"] == "per-process"
+    assert result.before["vram_bytes"] == 1843 * MIB and result.after["vram_bytes"] == 0
+    assert result.after["vram_device_bytes"] == H200_FLOOR
+    assert "judged on per-process rows: the driver lists no process of the run" in result.message
+    assert "615 MiB is its own floor" in result.message
+
+
+def test_without_per_process_memory_the_floor_recorded_at_launch_is_the_basis(spawn, tmp_path: Path) -> None:
+    # MIG/WSL2: rows say N/A. The floor read before the trainer started is 615 MiB; after the
+    # kill the device holds 700 MiB, over the absolute 512 MiB tolerance but 85 MiB above its floor.
+    scenario = tmp_path / "nvml.json"
+    write_scenario(scenario, {"devices": [H200 | {"used_bytes": H200_FLOOR}]})
+    gpu = GpuProbe(FakeNvml(scenario))
+    floor = gpu.floor()
+    assert floor is not None and floor.used_bytes == [H200_FLOOR] and floor.per_process is None
+
+    group = spawn("plain")
+    leader = group.leader.pid
+    write_scenario(
+        scenario,
+        {"devices": [H200 | {"used_bytes": 12 * GIB, "processes": [{"pid": leader, "used_bytes": None}]}]},
+    )
+    driver = _driver_releases_after_exit(
+        scenario, group.pids, {"devices": [H200 | {"used_bytes": 700 * MIB}]}
+    )
+    plan = plan_kill(leader, leader, group.start_time, run_id=RUN)
+    probe = run_vram_probe(gpu, [m.pid for m in plan.members], floor=floor)
+    result = execute_kill(plan, grace_s=2, vram_probe=probe, vram_timeout_s=50, vram_poll_s=0.05)
+    driver.join(timeout=30)
+
+    assert result.ok and result.vram_released is True and result.vram_basis == "floor", result.message
+    assert result.before["vram_bytes"] == 12 * GIB - H200_FLOOR
+    assert result.after["vram_bytes"] == 85 * MIB and result.after["vram_floor_bytes"] == H200_FLOOR
+    assert "against the floor recorded at launch" in result.message
+
+
+def test_an_unreadable_process_list_is_not_an_empty_one(tmp_path: Path) -> None:
+    # The driver gave rows before, but this time no ComputeRunningProcesses call answered: the
+    # empty list proves nothing, so the device figure stands (and, with no floor, the tolerance).
+    scenario = tmp_path / "nvml.json"
+    write_scenario(
+        scenario,
+        {"devices": [H200 | {"used_bytes": 3 * GIB}], "processes": [{"pid": 4_000_001, "used_bytes": GIB}]},
+    )
+    gpu = GpuProbe(FakeNvml(scenario))
+    probe = run_vram_probe(gpu, [4_000_001])
+    first = probe()
+    assert first is not None and not isinstance(first, int)
+    assert first.basis == "per-process" and first.bytes == GIB
+    broken = {"nvmlDeviceGetComputeRunningProcesses_v3": 999, "nvmlDeviceGetComputeRunningProcesses_v2": 999}
+    broken["nvmlDeviceGetComputeRunningProcesses"] = 999
+    write_scenario(scenario, {"devices": [H200 | {"used_bytes": 3 * GIB}], "errors": broken})
+    second = probe()
+    assert second is not None and not isinstance(second, int)
+    assert second.basis == "device" and second.bytes == 3 * GIB

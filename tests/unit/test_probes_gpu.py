@@ -14,10 +14,12 @@ import pynvml
 import pytest
 
 from tests.support.run_builder import RunBuilder
+from trainroom.core import protocol as p
 from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import FOREIGN_NAMESPACE, PER_PROCESS_NA, GpuProbe, load_nvml
+from trainroom.core.probes.procs import start_ticks as procs_start_ticks
 from trainroom.core.samples import GpuDevice, HostSample, Leftover
 
 GIB = 1 << 30
@@ -393,3 +395,84 @@ def test_a_busy_device_without_a_process_list_while_our_trainer_warms_up_is_not_
     for _ in range(3):
         v = wd.evaluate(b.run, WatchContext(alive=True, gpu=probe.sample()), b.now + 1)
     assert v.state == "starting" and v.findings == []
+
+
+MIB = 1 << 20
+
+
+def _ghost_after_two_cycles(path: Path, trainer: int, holder: int, reserved: int) -> Any:
+    probe = GpuProbe(FakeNvml(path), clock=Clock())
+    b = _run_with_reserved(reserved, trainer)
+    wd = Watchdog()
+    host = HostSample(t=0.0, available=True, wsl=False, effective_available_bytes=20 * GIB)
+    for _ in range(2):
+        gpu = probe.sample(our_pids=[trainer, holder])
+        v = wd.evaluate(
+            b.run, WatchContext(alive=True, attempt_pids=[trainer, holder], gpu=gpu, host=host), b.now
+        )
+    return next(f for f in v.findings if f.code == "GHOST_MEMORY")
+
+
+def test_ghost_memory_names_the_pid_of_the_run_that_holds_it_without_an_allocator(tmp_path: Path) -> None:
+    # gpu_check on the H200: the trainer (1.8 GiB on the driver, 1.07 GiB reserved: 1.68x, its
+    # context's share) and a second process of its group holding 2 GiB + its own context.
+    me = os.getpid()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "holder-role"])
+    try:
+        path = tmp_path / "gpu.json"
+        rows = [{"pid": me, "used_bytes": 1843 * MIB}, {"pid": holder.pid, "used_bytes": 2788 * MIB}]
+        used = 615 * MIB + 1843 * MIB + 2788 * MIB
+        write_scenario(path, {"devices": [_device(name="NVIDIA H200", used_bytes=used)], "processes": rows})
+        f = _ghost_after_two_cycles(path, me, holder.pid, 1097 * MIB)
+        assert f"pid {holder.pid} (" in f.message and "holder-role" in f.message and "2.7 GiB" in f.message
+        assert "reporting no allocator" in f.message and "DataLoader worker" in f.message
+        assert "async-save child" in f.message and "not a rank" in f.message
+        # The driver-side advice is for memory no pid explains; here every byte is explained.
+        assert "gpu-reset" not in f.message and "nothing of ours holds it" not in f.message
+        assert f.action == "kill" and f.target is not None and f.target.pids == [holder.pid]
+        assert f.target.start_ticks == [procs_start_ticks(holder.pid)]
+        held = f.evidence["holders"]
+        assert held == [
+            {"pid": holder.pid, "cmdline": held[0]["cmdline"], "used_bytes": 2788 * MIB, "rank": False}
+        ]
+        assert held[0]["cmdline"][-1] == "holder-role" and f.evidence["unexplained_bytes"] == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_ghost_memory_no_pid_explains_keeps_the_driver_side_advice(tmp_path: Path) -> None:
+    # Only the trainer is listed, with far more than its allocator reserves: nothing of the run
+    # without an allocator explains it, so the advice is the driver's side, with no kill offered.
+    me = os.getpid()
+    path = tmp_path / "gpu.json"
+    write_scenario(
+        path, {"devices": [_device(used_bytes=9 * GIB)], "processes": [{"pid": me, "used_bytes": 9 * GIB}]}
+    )
+    f = _ghost_after_two_cycles(path, me, me, 4 * GIB)
+    assert f.evidence["holders"] == [] and f.evidence["unexplained_bytes"] == 9 * GIB
+    assert "gpu-reset" in f.message and f.action is None and "DataLoader" not in f.message
+
+
+def test_ghost_memory_held_by_a_rank_offers_no_targeted_kill(tmp_path: Path) -> None:
+    # The memory is the trainer's own process, listed under a rank that reports no allocator
+    # (a reporter that sends none): named, but killing a rank is the trainer's kill, not a target.
+    me = os.getpid()
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        path = tmp_path / "gpu.json"
+        rows = [{"pid": me, "used_bytes": 1843 * MIB}, {"pid": rank.pid, "used_bytes": 4 * GIB}]
+        write_scenario(path, {"devices": [_device(used_bytes=6 * GIB)], "processes": rows})
+        probe = GpuProbe(FakeNvml(path), clock=Clock())
+        b = _run_with_reserved(1097 * MIB, me)
+        b.rx(p.Hello(pid=rank.pid), rank=1)
+        wd = Watchdog()
+        for _ in range(2):
+            gpu = probe.sample(our_pids=[me, rank.pid])
+            v = wd.evaluate(b.run, WatchContext(alive=True, gpu=gpu), b.now)
+        f = next(f for f in v.findings if f.code == "GHOST_MEMORY")
+        assert f"pid {rank.pid} (" in f.message and "a rank)" in f.message
+        assert f.target is None and f.evidence["holders"][0]["rank"] is True
+    finally:
+        rank.kill()
+        rank.wait()

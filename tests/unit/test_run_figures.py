@@ -113,3 +113,29 @@ def test_no_probe_and_an_unavailable_driver_keep_the_allocator_figures() -> None
     )
     v = fig.vram(st)
     assert not v.available and v.reason == "driver view unavailable: x" and v.peak_bytes == 7 * GIB
+
+
+def test_allocator_figures_end_with_the_attempt() -> None:
+    # What the H200 showed after a kill: the dead trainer's allocator bytes set against the
+    # device's idle 615 MiB gave driver_over_allocator 0.33. Once the attempt ends the allocator
+    # side is unknown: the ratio and the allocator fields are null; the run keeps the last values.
+    b = RunBuilder()
+    b.start()
+    b.steps(5, reserved=2 * GIB)
+    b.apply(p.ProbeSample(t=b.now, gpu=_gpu(True)))
+    assert status_dict(b.run, now=b.now)["vram"]["driver_over_allocator"] == pytest.approx(4.0)
+    b.end(exit_signal=9)
+    idle = GpuSample(
+        t=b.now,
+        available=True,
+        per_process=None,
+        pid_namespace="host",
+        devices=[GpuDevice(index=0, name="NVIDIA H200", used_bytes=615 << 20, total_bytes=141 * GIB)],
+    )
+    b.apply(p.ProbeSample(t=b.now, gpu=idle))
+    vram = status_dict(b.run, now=b.now)["vram"]
+    assert vram["driver_over_allocator"] is None
+    assert vram["allocator_reserved_bytes"] is None and vram["allocator_allocated_bytes"] is None
+    assert vram["driver_used_bytes"] == 615 << 20  # the driver's side is still the device's now
+    assert views.vram_view(b.run).ratio is None
+    assert b.run.ranks[0].alloc_reserved == 2 * GIB  # the last report stays in the run's history

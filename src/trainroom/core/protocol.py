@@ -19,7 +19,7 @@ import msgspec
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
-from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample
+from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
 PROTOCOL_VERSION = 1
@@ -207,6 +207,9 @@ class AttemptStarted(msgspec.Struct, tag="attempt-started", kw_only=True, omit_d
     resume_from: str | None = None
     resume_step: int | None = None  # the step of the checkpoint it resumes from, when known
     requested: RequestedConfig = msgspec.field(default_factory=RequestedConfig)  # from argv
+    # The devices' memory just before the trainer started (None: no driver view): what a kill
+    # judges the release against where the driver gives no per-process memory.
+    vram_floor: VramFloor | None = None
 
 
 class AttemptEnded(msgspec.Struct, tag="attempt-ended", kw_only=True, omit_defaults=True):

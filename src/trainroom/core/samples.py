@@ -44,6 +44,10 @@ class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     exists: bool = True  # the pid exists in our PID namespace
     ours: bool = False  # one of the run's processes
     state: str | None = None  # its kernel state letter; None when it does not exist
+    # For the run's own rows: /proc/<pid>/stat field 22 (its identity for a targeted kill) and its
+    # command line (the first 4 KiB), so a finding can name what holds the memory.
+    start_ticks: int | None = None
+    cmdline: list[str] = []
 
     @property
     def gone(self) -> bool:
@@ -66,6 +70,19 @@ class GpuSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     @property
     def ours(self) -> list[GpuProcess]:
         return [x for x in self.processes if x.ours]
+
+
+class VramFloor(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """The devices' memory read just before an attempt's trainer started: what the device holds
+    with nothing of the attempt on it (a data-centre GPU with persistence mode holds ~600 MiB
+    idle; a desktop GPU its display's share). Where the driver gives no per-process memory
+    (WSL2/WDDM, MIG), a kill judges the release against this floor, not an absolute number."""
+
+    t: float
+    used_bytes: list[int | None] = []  # by device index; None: that device's memory unreadable
+    # The driver gave per-process memory at that moment (True), gave N/A (False), or listed no
+    # process to tell by (None).
+    per_process: bool | None = None
 
 
 # --------------------------------------------------------------------------- host (probes.host)

@@ -1,8 +1,11 @@
-"""`trainroom demo`: the bundled CPU trainer under a keeper, with the control room open."""
+"""`trainroom demo`: the bundled trainer under a keeper, with the control room open; on the CPU by
+default, on a GPU with `--device cuda[:N]` (its VRAM panel then shows its own allocator against
+the driver, and the GPU faults are real CUDA processes instead of the fake driver's rows)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -10,6 +13,7 @@ from typing import Any
 
 from trainroom.core import argtypes
 from trainroom.core.demo.faults import FAULTS
+from trainroom.core.ops.doctor import TorchView, torch_view
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperGone, snapshot
 from trainroom.core.run.launch import launch
@@ -21,7 +25,13 @@ NVML_FAULTS = {"ghost-memory", "orphan-context"}
 
 
 def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
-    sp = sub.add_parser("demo", help="run the bundled CPU trainer under a keeper and open the control room")
+    sp = sub.add_parser("demo", help="run the bundled trainer under a keeper and open the control room")
+    sp.add_argument(
+        "--device",
+        type=device_arg,
+        default="cpu",
+        help="cpu (default), or cuda / cuda:N: train on that GPU, faults included",
+    )
     sp.add_argument("--fault", choices=FAULTS, default="none", help="reproduce one scenario of SCENARIOS.md")
     sp.add_argument("--fault-step", type=argtypes.count(1, 10**9), default=None)
     sp.add_argument(
@@ -55,8 +65,36 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
     sp.set_defaults(func=func)
 
 
+def device_arg(text: str) -> str:
+    """cpu, cuda or cuda:N (argparse's type: a bad one is a usage error, not a traceback)."""
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def cuda_refusal(device: str, torch: TorchView) -> str | None:
+    """Why the demo cannot train on `device` with this torch, in one line; None: it can."""
+    if device == "cpu":
+        return None
+    index = int(device.partition(":")[2] or 0)
+    where = f"torch {torch.version} in {torch.python}"
+    if not torch.importable or torch.version is None:
+        return f"--device {device} needs torch with CUDA; {torch.python} cannot import torch ({torch.error or 'not installed'})"
+    if torch.cuda_build is None:
+        return f"--device {device} needs torch with CUDA; {where} is a CPU build"
+    if not torch.cuda_available or torch.device_count == 0:
+        why = f": {torch.error}" if torch.error else ""
+        return f"--device {device}: {where} (CUDA {torch.cuda_build}) sees no GPU{why}"
+    if index >= torch.device_count:
+        return f"--device {device}: {where} sees {torch.device_count} GPU(s), so no device {index}"
+    return None
+
+
 def demo_command(args: argparse.Namespace) -> list[str]:
     trainer = ["-m", "trainroom.core.demo.train"]
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        trainer += ["--device", device]
     for flag, val in (
         ("--fault", args.fault),
         ("--fault-step", args.fault_step),
@@ -93,7 +131,9 @@ def demo_dir() -> Any:
 def demo_options(args: argparse.Namespace) -> LaunchOptions:
     return LaunchOptions(
         demo=True,
-        fake_nvml=args.fault in NVML_FAULTS,
+        # On a GPU the GPU faults are real processes the real driver lists; the fake driver
+        # stands in for them only on the CPU.
+        fake_nvml=args.fault in NVML_FAULTS and getattr(args, "device", "cpu") == "cpu",
         lock_files=[str(demo_dir() / "train.lock")] if args.fault == "orphan-context" else [],
         disk_budget_bytes=160 << 20 if args.fault == "disk-fill" else None,
         auto_resume=args.auto_resume,
@@ -104,6 +144,12 @@ def demo_options(args: argparse.Namespace) -> LaunchOptions:
 def run_demo(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], int]) -> int:
     """Launch the demo; then the control room through `open_tui` (the CLI's hook), or status
     lines each second with --no-tui."""
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":
+        why = cuda_refusal(device, torch_view(sys.executable))
+        if why is not None:
+            print(f"trainroom demo: {why}", file=sys.stderr)
+            return 2
     info = launch(demo_command(args), demo_options(args), cwd=str(demo_dir()))
     if args.detach:
         print(info.run_id)

@@ -1,4 +1,5 @@
-"""The demo trainer: a small char-level transformer on CPU, trained for real on the corpus the
+"""The demo trainer: a small char-level transformer on CPU (or on a GPU with `--device cuda[:N]`),
+trained for real on the corpus the
 project ships, with AdamW, a torch LR scheduler, checkpoints through the SDK, the reporter wired in,
 and `--fault NAME` reproducing each row of SCENARIOS.md for real.
 
@@ -66,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fault", choices=FAULTS, default="none")
     ap.add_argument("--fault-step", type=int, default=30)
     ap.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda[:N]: ghost-memory and orphan-context are then real CUDA processes",
+    )
+    ap.add_argument(
         "--fault-every-attempt",
         action="store_true",
         help="fault again in resumed attempts too (default: only the first attempt faults)",
@@ -124,6 +130,10 @@ class DemoRun:
             import torch.distributed as dist
 
             dist.init_process_group("gloo")
+        # "cuda" alone is the first visible device, named so set_device can take it.
+        self.device = torch.device("cuda:0" if args.device == "cuda" else args.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the reporter reads this device's allocator
         torch.manual_seed(args.seed)
         text = resources.files("trainroom.core.demo").joinpath("corpus.txt").read_text()
         chars = sorted(set(text))
@@ -138,7 +148,7 @@ class DemoRun:
             "ctx": args.ctx,
         }
         self.rep = reporter.connect(lr=self.session_lr, vocab_size=self.vocab, warmup_steps=0, arch=self.arch)
-        self.model = CharGPT(self.vocab, args.d_model, args.heads, args.layers, args.ctx)
+        self.model = CharGPT(self.vocab, args.d_model, args.heads, args.layers, args.ctx).to(self.device)
         self.net: nn.Module = self.model
         if self.world > 1:
             self.net = nn.parallel.DistributedDataParallel(self.model)
@@ -148,8 +158,11 @@ class DemoRun:
         self.tokens = 0
         self.gen = torch.Generator().manual_seed(args.seed * 1000 + self.rank)
         self.fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
+        if self.fake_nvml and self.rank == 0:
+            _release_fake_rows_on_sigterm(self.fake_nvml)
         self.ckpt_root = Path(os.environ.get("TRAINROOM_CKPT_ROOT") or "checkpoints")
         self.tracer: NonFiniteTracer | None = None
+        self.ghost: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -179,7 +192,7 @@ class DemoRun:
         if self.fault == "orphan-context" and lock_fd is not None and self.rank == 0:
             # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
             subprocess.Popen(
-                [sys.executable, "-c", "import time; time.sleep(3600)"],
+                [sys.executable, "-c", _holder_code(self.device, ORPHAN_MIB, until_parent_gone=False)],
                 pass_fds=(lock_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -251,7 +264,7 @@ class DemoRun:
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         args = self.args
         if self.fault == "stall" and self.step >= args.fault_step:
-            _stall(self.net, self.data, args, self.gen)
+            _stall(self.net, self.data, args, self.gen, self.device)
         ix = torch.randint(len(self.data) - args.ctx - 1, (args.batch,), generator=self.gen)
         x = torch.stack([self.data[i : i + args.ctx] for i in ix])
         y = torch.stack([self.data[i + 1 : i + 1 + args.ctx] for i in ix])
@@ -260,7 +273,7 @@ class DemoRun:
             # labels (random token ids). Its loss jumps and stays up; averaged with the healthy
             # rank it only moves the mean, so the headline must show the median and the worst.
             y = torch.randint(self.vocab, y.shape, generator=self.gen)
-        return x, y
+        return x.to(self.device), y.to(self.device)
 
     def _before_step(self) -> None:
         args, step, model = self.args, self.step, self.model
@@ -276,6 +289,20 @@ class DemoRun:
             # that "wait for NaN" misses.
             for g in self.opt.param_groups:
                 g["lr"] = min(g["lr"] * 1.05, args.lr * DIVERGE_LR_FACTOR)
+        if (
+            self.fault == "ghost-memory"
+            and (self.device.type == "cuda" or self.fake_nvml)
+            and step >= args.fault_step
+            and self.rank == 0
+            and self.ghost is None
+        ):
+            # What a DataLoader worker or an async-save child that touched CUDA does: a process of
+            # the trainer's group with a context of its own and memory no allocator reports (on the
+            # CPU it only sleeps, and the fake driver lists its row).
+            self.ghost = subprocess.Popen(
+                [sys.executable, "-c", _holder_code(self.device, GHOST_MIB, until_parent_gone=True)],
+                stdin=subprocess.DEVNULL,
+            )
         if self.tracer is not None:
             self.tracer.step = step + 1  # the step this forward reports as
 
@@ -293,7 +320,8 @@ class DemoRun:
         self.tokens += self.args.batch * self.args.ctx * self.world
         alloc = None
         if self.fake_nvml and self.rank == 0:
-            alloc = _drive_fake_nvml(self.fake_nvml, self.args, self.step, os.getpid())
+            ghost = self.ghost.pid if self.ghost is not None and self.ghost.poll() is None else None
+            alloc = _drive_fake_nvml(self.fake_nvml, self.args, self.step, os.getpid(), ghost)
         return float(loss.detach()), gn, alloc
 
     def _after_step(self) -> None:
@@ -370,14 +398,16 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
     rep.checkpoint(str(path), step, size_bytes=len(data), digest=None)
 
 
-def _stall(net: nn.Module, data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator) -> None:
+def _stall(
+    net: nn.Module, data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator, device: torch.device
+) -> None:
     """The seed-004 bug: after a resume the accumulation counter never meets its multiple, so the
     loop keeps computing micro-batches and never steps. Alive, busy, no progress."""
     micro = 1
     accum = 16
     while True:
         ix = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=gen)
-        x = torch.stack([data[i : i + args.ctx] for i in ix])
+        x = torch.stack([data[i : i + args.ctx] for i in ix]).to(device)
         with torch.no_grad():
             net(x)
         micro += accum  # wrong increment: micro % accum never returns to 0
@@ -434,15 +464,70 @@ def _be_the_duplicate(parent: int) -> int:
             return 0
 
 
-def _drive_fake_nvml(path: str, args: argparse.Namespace, step: int, pid: int) -> tuple[int, int, int]:
+# What the GPU faults hold on a real device: the ghost 2 GiB (GHOST_MEMORY needs 1 GiB over the
+# allocator), the orphan a little (its context is what the driver lists).
+GHOST_MIB = 2048
+ORPHAN_MIB = 64
+
+
+def _holder_code(device: torch.device, mib: int, *, until_parent_gone: bool) -> str:
+    """A child's program: on the CPU it only sleeps (the fake driver plays its rows); on a GPU
+    it makes its own CUDA context and holds `mib` there, until its parent is gone or for an hour."""
+    hold = ""
+    if device.type == "cuda":
+        hold = (
+            f"import torch; torch.cuda.set_device({device.index or 0}); "
+            f"x = torch.ones({mib} * 262144, device='cuda'); torch.cuda.synchronize(); "
+        )
+    if until_parent_gone:
+        return hold + "import os, time\np = os.getppid()\nwhile os.getppid() == p: time.sleep(0.5)"
+    return hold + "import time; time.sleep(3600)"
+
+
+def _release_fake_rows_on_sigterm(path: str) -> None:
+    """A real driver frees a context when its process exits; the fake frees nothing by itself.
+    So a trainer that drives it and is asked to stop (a user's kill) takes its own rows out
+    first, then dies of the signal as it would have. A SIGKILL leaves them: a dead trainer's
+    context is what the orphan-context fault shows."""
+
+    def on_term(signum: int, _frame: object) -> None:
+        try:
+            with open(path) as f:
+                scenario = json.load(f)
+            mine = os.getpid()
+            rows = [r for r in scenario.get("processes") or [] if r.get("pid") != mine]
+            freed = sum(int(r.get("used_bytes") or 0) for r in scenario.get("processes") or []) - sum(
+                int(r.get("used_bytes") or 0) for r in rows
+            )
+            scenario["processes"] = rows
+            for dev in scenario.get("devices") or []:
+                dev["used_bytes"] = max(0, int(dev.get("used_bytes", 0)) - freed)
+                dev["util_percent"] = 0
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(scenario, f)
+            os.replace(tmp, path)
+        except (OSError, ValueError):
+            pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def _drive_fake_nvml(
+    path: str, args: argparse.Namespace, step: int, pid: int, ghost: int | None = None
+) -> tuple[int, int, int]:
     """On a machine without a GPU, the ghost-memory and orphan-context faults drive the fake NVML:
     the allocator view the reporter sends and the driver view the keeper's fake reads agree except
-    where the fault says they must not."""
+    where the fault says they must not. `ghost`: the live child of the ghost-memory fault, listed
+    with the memory that brings the run to 2.1x its allocator's reserve."""
     reserved = 4 << 30
     allocated = 3 << 30
-    ghost = args.fault == "ghost-memory" and step >= args.fault_step
-    used = int(reserved * 2.1) if ghost else reserved + (300 << 20)
-    procs = [{"pid": pid, "used_bytes": used}]
+    own = reserved + (300 << 20)  # the trainer's row: its reserve and its context
+    procs = [{"pid": pid, "used_bytes": own}]
+    if ghost is not None:
+        procs.append({"pid": ghost, "used_bytes": int(reserved * 2.1) - own})
     util, power = 85, 160.0
     if args.fault == "orphan-context" and step >= args.fault_step - 1:
         procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": 12 << 30})

@@ -34,9 +34,77 @@ def ghost_seen(v: VramFigures | None, ctx: WatchContext) -> bool:
     return v.ratio > th.ghost_factor and v.owned_bytes - v.reserved_bytes >= th.ghost_min_excess_bytes
 
 
+# What usually makes memory of the run that its allocator cannot see: a process besides the
+# ranks that touched CUDA and so made a context of its own.
+GHOST_CAUSE = (
+    "usually a DataLoader worker or an async-save child that touched CUDA and made its own context "
+    "(about 500-740 MiB each on current drivers, before any tensor)"
+)
+
+
+def rank_pids(run: RunState, ctx: WatchContext) -> set[int]:
+    """The attempt's trainer processes: its leader, the ranks' reporters and the rank workers."""
+    a = run.attempt
+    return (
+        {r.pid for r in run.ranks.values() if r.pid}
+        | {w.pid for w in ctx.workers}
+        | ({a.pid} if a is not None and a.pid > 0 else set())
+    )
+
+
+def allocatorless(run: RunState, ctx: WatchContext, v: VramFigures) -> list[GpuProcess]:
+    """The run's live processes the driver lists holding memory that report no allocator: where
+    the driver gives per-process rows, these explain memory the allocators cannot see."""
+    gpu = ctx.gpu
+    if gpu is None or v.basis != "per-process":
+        return []
+    reporting = {r.pid for r in run.ranks.values() if r.pid and r.alloc_reserved is not None}
+    if not reporting:
+        return []  # no rank says which process its figures are: nothing to tell apart
+    return [x for x in gpu.ours if x.used_bytes and x.pid not in reporting and not x.gone]
+
+
+def _named(x: GpuProcess, ranks: set[int]) -> str:
+    cmd = " ".join(x.cmdline)
+    cmd = cmd if len(cmd) <= 100 else cmd[:99] + "…"
+    what = "a rank" if x.pid in ranks else "not a rank"
+    return f"pid {x.pid} ({cmd or 'command line unknown'}; {what}) holds {fmt_bytes(x.used_bytes)}"
+
+
+def _holders_target(holders: list[GpuProcess], ranks: set[int]) -> Target | None:
+    xs = [x for x in holders if x.pid not in ranks]
+    if not xs:
+        return None
+    pids = ", ".join(f"pid {x.pid}" for x in xs)
+    return Target(
+        pids=[x.pid for x in xs],
+        start_ticks=[x.start_ticks for x in xs],
+        label=f"{pids}, a process of the run holding VRAM with no allocator",
+    )
+
+
+def _unexplained_advice(ctx: WatchContext, wsl: bool) -> tuple[str, Target | None]:
+    """The advice for memory no live process of the run explains, and the kill it offers."""
+    if wsl:
+        return (
+            "under WSL2 the driver keeps dead contexts' memory until the VM restarts: "
+            "stop the run, `wsl --shutdown` from Windows, resume"
+        ), None
+    target = leftover_target(ctx)
+    if target is not None:
+        return (
+            f"memory left by earlier attempts: kill what is left of them ({target.label}), then resume",
+            target,
+        )
+    return (
+        "no process of an earlier attempt is alive, so nothing of ours holds it: contexts the driver "
+        "has not released (stop the run; `nvidia-smi --gpu-reset` or a reboot frees them)"
+    ), None
+
+
 def ghost_finding(v: VramFigures | None, streak: int, run: RunState, ctx: WatchContext) -> Finding | None:
     th = ctx.thresholds
-    if v is None or streak < th.ghost_cycles or v.ratio is None:
+    if v is None or streak < th.ghost_cycles or v.ratio is None or v.owned_bytes is None:
         return None
     wsl = ctx.host is not None and ctx.host.wsl
     basis = (
@@ -44,19 +112,26 @@ def ghost_finding(v: VramFigures | None, streak: int, run: RunState, ctx: WatchC
         if v.basis == "per-process"
         else "the device shows (per-process memory is N/A here, device totals stand in)"
     )
-    target = None if wsl else leftover_target(ctx)
-    if wsl:
-        advice = (
-            "under WSL2 the driver keeps dead contexts' memory until the VM restarts: "
-            "stop the run, `wsl --shutdown` from Windows, resume"
-        )
-    elif target is not None:
-        advice = f"memory left by earlier attempts: kill what is left of them ({target.label}), then resume"
-    else:
-        advice = (
-            "no process of an earlier attempt is alive, so nothing of ours holds it: contexts the driver "
-            "has not released (stop the run; `nvidia-smi --gpu-reset` or a reboot frees them)"
-        )
+    ranks = rank_pids(run, ctx)
+    holders = allocatorless(run, ctx, v)
+    held = sum(x.used_bytes or 0 for x in holders)
+    rest = v.owned_bytes - held  # what no live process of the run without an allocator explains
+    reserved = v.reserved_bytes or 0
+    rest_is_ghost = not holders or (
+        reserved > 0 and rest / reserved > th.ghost_factor and rest - reserved >= th.ghost_min_excess_bytes
+    )
+    parts: list[str] = []
+    target = _holders_target(holders, ranks)
+    if holders:
+        names = "; ".join(_named(x, ranks) for x in holders)
+        kill = f"; kill {', '.join(f'pid {p}' for p in target.pids)} (k)" if target is not None else ""
+        parts.append(f"{names}, reporting no allocator: {GHOST_CAUSE}{kill} or keep CUDA out of that process")
+    if rest_is_ghost:
+        advice, leftovers = _unexplained_advice(ctx, wsl)
+        if holders:
+            advice = f"{fmt_bytes(rest)} more that no process of the run explains: {advice}"
+        parts.append(advice)
+        target = target or leftovers
     previous = [x.pgid for x in run.attempts[:-1] if x.pgid > 0]
     return Finding(
         code="GHOST_MEMORY",
@@ -65,7 +140,7 @@ def ghost_finding(v: VramFigures | None, streak: int, run: RunState, ctx: WatchC
         target=target,
         message=(
             f"{basis} {fmt_bytes(v.owned_bytes)} but the allocator reserves {fmt_bytes(v.reserved_bytes)} "
-            f"({v.ratio:.2f}x > {th.ghost_factor}x for {streak} probe cycles): {advice}"
+            f"({v.ratio:.2f}x > {th.ghost_factor}x for {streak} probe cycles): {'; '.join(parts)}"
         ),
         evidence={
             "driver_bytes": v.owned_bytes,
@@ -77,6 +152,12 @@ def ghost_finding(v: VramFigures | None, streak: int, run: RunState, ctx: WatchC
             "cycles": streak,
             "wsl": wsl,
             "previous_pgids": previous,
+            # The run's processes holding memory with no allocator (per-process rows only).
+            "holders": [
+                {"pid": x.pid, "cmdline": x.cmdline, "used_bytes": x.used_bytes, "rank": x.pid in ranks}
+                for x in holders
+            ],
+            "unexplained_bytes": rest if rest_is_ghost else 0,
         },
     )
 

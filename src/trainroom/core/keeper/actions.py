@@ -259,13 +259,16 @@ class Actions:
         )
 
     def _live_trainer(self) -> set[int]:
-        """The live attempt's processes (never a targeted kill's target)."""
+        """The live attempt's trainer processes, never a targeted kill's target: its leader, its
+        ranks' reporters and its rank workers. Another member of its group (a DataLoader worker
+        or an async-save child holding a CUDA context of its own) can be a finding's target."""
         st = self.run.state
         a = st.attempt
         if a is None or not a.alive:
             return set()
         procs = st.probe.procs if st.probe is not None else None
-        return {a.pid, *(procs.states if procs is not None else {})}
+        ranks = {r.pid for r in st.ranks.values() if r.pid}
+        return {a.pid, *ranks, *(w.pid for w in (procs.workers if procs is not None else []))}
 
     async def _carry_out_kill(
         self,
@@ -309,7 +312,7 @@ class Actions:
             execute_kill,
             plan,
             grace_s=float(grace),
-            vram_probe=run_vram_probe(self.gpu, vram_pids),
+            vram_probe=run_vram_probe(self.gpu, vram_pids, floor=stopping.vram_floor if stopping else None),
             tolerance_bytes=cfg.vram_tolerance_bytes,
             vram_timeout_s=cfg.vram_timeout_s,
             progress=progress_to(reply, req),

@@ -54,6 +54,7 @@ TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest w
 PROBE_S = 1.0
 FINDING_REJOURNAL_S = 10.0
 FINDING_REFRESH_S = 1.0
+FLOOR_WAIT_S = 5.0  # the longest an attempt's start waits to read the devices' memory floor
 
 
 def _load_config(rec: runs.RunRecord) -> tuple[Config, str | None]:
@@ -288,6 +289,13 @@ class Keeper:
         n = self.attempt_n
         argv = argv or list(self.record.argv)
         env = self._attempt_env(n, resume_from)
+        # The devices' memory with nothing of this attempt on it: where the driver gives no
+        # per-process memory, a kill judges the release against it (sample() never raises; a
+        # wedged driver call must not hold the launch, so it gets a few seconds).
+        try:
+            floor = await asyncio.wait_for(asyncio.to_thread(self.supervision.gpu.floor), FLOOR_WAIT_S)
+        except TimeoutError:
+            floor = None
         now = time.time()
         with open(self._log_path, "ab", buffering=0) as log:
             _log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
@@ -321,6 +329,7 @@ class Keeper:
             resume_from=resume_from,
             resume_step=resume_step,
             requested=requested_from_argv(argv),
+            vram_floor=floor,
         )
         self.emit(started)
         self.flush()

@@ -24,7 +24,7 @@ from trainroom.core.health.crash import repeat_death
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.resume import ResumeInputs, ResumePlan, WatchedTarget, fall_back, plan_resume
-from trainroom.core.ops.vram import run_vram_probe
+from trainroom.core.ops.vram import read_vram, run_vram_probe
 from trainroom.core.probes.gpu import GpuProbe
 
 Progress = Callable[[str], None]
@@ -61,7 +61,8 @@ class Resumer:
 
     def _driver_bytes(self, pids: list[int]) -> int | None:
         try:
-            return run_vram_probe(self.gpu, pids)()
+            a = self.run.state.attempt
+            return read_vram(run_vram_probe(self.gpu, pids, floor=a.vram_floor if a is not None else None))
         except Exception:  # the driver view is advisory here: unavailable is not a refusal
             return None
 

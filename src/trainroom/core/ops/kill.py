@@ -9,7 +9,9 @@ Two steps, so a client can show the exact target before anything is signalled:
 - `execute_kill` sends SIGTERM to the group, waits the grace, SIGKILLs what is left, confirms
   every member is gone (a zombie counts as gone: it holds no memory, only a slot in the process
   table until its parent reaps it), then polls the driver's view of the run's VRAM until it is
-  under the tolerance (the seed: 12 GB -> 400 MiB) or the timeout passes.
+  under the tolerance (the seed: 12 GB -> 400 MiB) or the timeout passes. That view says what the
+  run holds on a basis (ops/vram.py: per-process rows, the floor recorded at launch, or the
+  device's used memory), and the result names the basis it judged on.
 
 Both return Structs; `as_dict()` gives the JSON-able form for Reply and ActionRecord.
 """
@@ -38,7 +40,7 @@ from trainroom.core.ops.members import (
     process_of,
     recorded_workers,
 )
-from trainroom.core.ops.vram import Progress, VramProbe, read_vram, wait_vram
+from trainroom.core.ops.vram import Progress, VramProbe, VramReading, read_reading, released_words, wait_vram
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.procs import same_start, started_since
 from trainroom.core.probes.procs import start_ticks as _ticks_of
@@ -104,6 +106,8 @@ class KillResult(msgspec.Struct, kw_only=True):
     signals: list[str] = []  # "SIGTERM -> pgid 123", "SIGKILL -> pid 456"
     survivors: list[Member] = []  # still alive at the end (none when ok)
     vram_released: bool | None = None  # None: the driver view was unavailable
+    # How the release was judged (ops/vram.py): "per-process", "floor" or "device"; None: no view.
+    vram_basis: str | None = None
     before: dict[str, Any] = {}
     after: dict[str, Any] = {}
 
@@ -271,7 +275,8 @@ def execute_kill(
         return KillResult(ok=False, message="; ".join(plan.refusals), pgid=plan.pgid)
 
     targets = _handles(plan)
-    vram_before = read_vram(vram_probe)
+    first = read_reading(vram_probe)
+    vram_before = first.bytes if first is not None else None
     before = {
         "members": len(targets),
         "pids": sorted(targets),
@@ -296,7 +301,11 @@ def execute_kill(
     after: dict[str, Any] = {"members": len(survivors), "pids": [m.pid for m in survivors]}
     if survivors:
         states = ", ".join(f"{m.pid} ({m.state})" for m in survivors)
-        after |= {"vram_bytes": read_vram(vram_probe), "mem_available_bytes": _mem_available(proc_root)}
+        now = read_reading(vram_probe)
+        after |= {
+            "vram_bytes": now.bytes if now is not None else None,
+            "mem_available_bytes": _mem_available(proc_root),
+        }
         return KillResult(
             ok=False,
             message=f"{len(survivors)} of {len(targets)} processes survived SIGKILL: {states}",
@@ -307,33 +316,15 @@ def execute_kill(
             after=after,
         )
     say(f"all {len(targets)} processes of {plan.subject} are gone")
-
-    released, vram_after, waited = wait_vram(
-        vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
-    )
-    after |= {
-        "vram_bytes": vram_after,
-        "mem_available_bytes": _mem_available(proc_root),
-        "vram_wait_s": round(waited, 1),
-    }
-    gone = f"{len(targets)} processes of {plan.subject} gone"
-    if released is None:
-        message = f"{gone}; driver view unavailable, VRAM release not confirmed"
-    elif released:
-        message = f"{gone}; VRAM {_size(vram_before)} -> {_size(vram_after)}"
-    else:
-        message = (
-            f"{gone}; but the driver still holds {_size(vram_after)} after {vram_timeout_s:g} s "
-            f"(tolerance {_size(tolerance_bytes)})"
-        )
-    return KillResult(
-        ok=released is not False,
-        message=message,
-        pgid=plan.pgid,
-        signals=signals,
-        vram_released=released,
+    return _confirm_release(
+        plan,
+        f"{len(targets)} processes of {plan.subject} gone",
+        vram_probe,
+        (tolerance_bytes, vram_timeout_s, vram_poll_s),
+        say,
+        proc_root,
         before=before,
-        after=after,
+        signals=signals,
     )
 
 
@@ -348,42 +339,82 @@ def _confirm_nothing_left(
 ) -> KillResult:
     """Nothing to signal: the group is empty. Still confirm what a kill confirms, that the
     driver gave the memory back (a context that outlived its process still holds it)."""
-    vram_before = read_vram(vram_probe)
+    first = read_reading(vram_probe)
     before = {
         "members": 0,
         "pids": [],
-        "vram_bytes": vram_before,
+        "vram_bytes": first.bytes if first is not None else None,
         "mem_available_bytes": _mem_available(proc_root),
     }
     say(f"nothing left to signal: {plan.subject} has no live members")
-    released, vram_after, waited = wait_vram(
-        vram_probe, vram_before, tolerance_bytes, vram_timeout_s, vram_poll_s, say
+    return _confirm_release(
+        plan,
+        f"nothing left to kill: {plan.subject} has no live members",
+        vram_probe,
+        (tolerance_bytes, vram_timeout_s, vram_poll_s),
+        say,
+        proc_root,
+        before=before,
+        signals=[],
     )
-    after = {
+
+
+def _confirm_release(
+    plan: KillPlan,
+    gone: str,
+    vram_probe: VramProbe | None,
+    wait: tuple[int, float, float],
+    say: Progress,
+    proc_root: str,
+    *,
+    before: dict[str, Any],
+    signals: list[str],
+) -> KillResult:
+    """Wait for the driver to give the run's memory back; the result says on what basis."""
+    tolerance_bytes, vram_timeout_s, vram_poll_s = wait
+    released, reading, waited = wait_vram(
+        vram_probe, before["vram_bytes"], tolerance_bytes, vram_timeout_s, vram_poll_s, say
+    )
+    after: dict[str, Any] = {
         "members": 0,
         "pids": [],
-        "vram_bytes": vram_after,
+        "vram_bytes": reading.bytes if reading is not None else None,
         "mem_available_bytes": _mem_available(proc_root),
         "vram_wait_s": round(waited, 1),
-    }
-    gone = f"nothing left to kill: {plan.subject} has no live members"
-    if released is None:
+    } | _basis_figures(reading)
+    vram_before = before["vram_bytes"]
+    if released is None or reading is None:
         message = f"{gone}; driver view unavailable, VRAM release not confirmed"
     elif released:
-        message = f"{gone}; VRAM {_size(vram_before)} -> {_size(vram_after)}"
+        message = (
+            f"{gone}; VRAM {_size(vram_before)} -> {_size(reading.bytes)}: released, "
+            f"judged {released_words(reading)}"
+        )
     else:
         message = (
-            f"{gone}; but the driver still holds {_size(vram_after)} after {vram_timeout_s:g} s "
-            f"(tolerance {_size(tolerance_bytes)})"
+            f"{gone}; but the driver still holds {_size(reading.bytes)} for the run after "
+            f"{vram_timeout_s:g} s (tolerance {_size(tolerance_bytes)}), judged {released_words(reading)}"
         )
     return KillResult(
         ok=released is not False,
         message=message,
         pgid=plan.pgid,
+        signals=signals,
         vram_released=released,
+        vram_basis=reading.basis if reading is not None else None,
         before=before,
         after=after,
     )
+
+
+def _basis_figures(reading: VramReading | None) -> dict[str, Any]:
+    if reading is None:
+        return {}
+    return {
+        "vram_basis": reading.basis,
+        "vram_device_bytes": reading.device_bytes,
+        "vram_floor_bytes": reading.floor_bytes,
+    }
 
 
 def _handles(plan: KillPlan) -> dict[int, psutil.Process]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 from typing import Protocol, TypeVar
 
 from trainroom.core.probes.procs import PROC, read_stat
-from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespace
+from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespace, VramFloor
 
 # /proc/self/ns/pid of the initial PID namespace (PROC_PID_INIT_INO in the kernel).
 HOST_PID_NS_INODE = 0xEFFFFFFC
@@ -36,6 +36,9 @@ PER_PROCESS_NA = (
 )
 A = TypeVar("A")
 T = TypeVar("T")
+# The note a sample carries when no ComputeRunningProcesses variant answered: its empty process
+# list then says nothing about who holds memory.
+PROCESSES_UNAVAILABLE = "compute processes unavailable"
 FOREIGN_NAMESPACE = (
     "not in the host PID namespace: the driver's PIDs may not exist here, so they are not called orphans"
 )
@@ -90,6 +93,15 @@ def pid_namespace(proc_root: str = PROC) -> PidNamespace:
         return "unknown"
 
 
+def _cmdline(pid: int, proc_root: str) -> list[str]:
+    try:
+        with open(f"{proc_root}/{pid}/cmdline", "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
 def _text(v: str | bytes) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
@@ -115,6 +127,9 @@ class GpuProbe:
         self._init_tried_at: float | None = None
         self._process_fn: str | None = None  # the ComputeRunningProcesses variant that worked
         self._namespace = pid_namespace(proc_root)
+        # Once the driver has given a per-process figure it gives them all along: a later empty
+        # process list then means nobody holds memory, not that nobody can tell.
+        self.reports_per_process = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,6 +191,8 @@ class GpuProbe:
             processes += self._processes(notes, i, handle, ours)
         known = [x.used_bytes is not None for x in processes]
         per_process: bool | None = True if any(known) else (False if known else None)
+        if per_process:
+            self.reports_per_process = True
         if per_process is False:
             notes.append(PER_PROCESS_NA)
         if processes and self._namespace != "host" and any(not x.exists for x in processes):
@@ -188,6 +205,18 @@ class GpuProbe:
             notes=notes,
             devices=devices,
             processes=processes,
+        )
+
+    def floor(self) -> VramFloor | None:
+        """The devices' used memory now, as the floor an attempt about to start is judged
+        against; None: the driver view is unavailable."""
+        sample = self.sample()
+        if not sample.available:
+            return None
+        return VramFloor(
+            t=sample.t,
+            used_bytes=[d.used_bytes for d in sample.devices],
+            per_process=sample.per_process,
         )
 
     def _device(self, notes: list[str], i: int, handle: object) -> GpuDevice:
@@ -226,6 +255,10 @@ class GpuProbe:
                     exists=st is not None,
                     ours=pid in ours,
                     state=st.state if st is not None else None,
+                    # Only the run's own rows are named: a GHOST_MEMORY finding says which of its
+                    # processes holds memory, and a targeted kill proves it by its start.
+                    start_ticks=st.start_ticks if st is not None and pid in ours else None,
+                    cmdline=_cmdline(pid, self.proc_root) if st is not None and pid in ours else [],
                 )
             )
         return out
@@ -261,6 +294,6 @@ class GpuProbe:
         if self._process_fn and names == (self._process_fn,):
             self._process_fn = None  # the remembered variant failed: probe them all next time
         notes.append(
-            f"device {index}: compute processes unavailable: {last or 'no ComputeRunningProcesses function'}"
+            f"device {index}: {PROCESSES_UNAVAILABLE}: {last or 'no ComputeRunningProcesses function'}"
         )
         return []

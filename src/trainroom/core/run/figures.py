@@ -241,5 +241,10 @@ def vram_figures(gpu: GpuSample | None, ranks: Iterable[RankView]) -> VramFigure
 
 
 def vram(run: RunState) -> VramFigures:
-    """The run's VRAM figures from its latest probe sample."""
-    return vram_figures(run.probe.gpu if run.probe is not None else None, run.ranks.values())
+    """The run's VRAM figures from its latest probe sample. An allocator figure belongs to a
+    live attempt: once it ended, the allocator side (and the ratio against it) is unknown, not
+    the dead trainer's last report set against whatever the device holds now (the journal keeps
+    those last values)."""
+    a = run.attempt
+    ranks = run.ranks.values() if a is not None and a.alive else ()
+    return vram_figures(run.probe.gpu if run.probe is not None else None, ranks)

@@ -16,6 +16,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding, order
+from trainroom.core.samples import VramFloor
 from trainroom.core.settings import LaunchOptions
 from trainroom.core.vocab import CkptState, StateName
 
@@ -60,6 +61,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     bye: str | None = None
     stop_by: str | None = None  # a user's kill is under way (AttemptStopping): who asked
     stop_until: float | None = None
+    vram_floor: VramFloor | None = None  # the devices' memory before the trainer started
 
     @property
     def alive(self) -> bool:
@@ -239,6 +241,7 @@ class RunState(msgspec.Struct, kw_only=True):
                 resume_from=r.resume_from,
                 resume_step=r.resume_step,
                 requested=r.requested,
+                vram_floor=r.vram_floor,
             )
         )
         self.ranks = {}
