@@ -21,9 +21,9 @@ from textual import on, work
 from textual.app import App
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from trainroom.core.actions.registry import DESTRUCTIVE
 from trainroom.core.protocol import Reply
 
-from .bindings import DESTRUCTIVE
 from .evidence import ActionOutcome
 from .link import KeeperLink
 from .screens.confirm import ConfirmAction
@@ -82,8 +82,8 @@ class ActionFlow(App[int]):
     current_action: str | None = None
     """The action under way: being planned, awaiting confirmation, or running."""
 
-    def why_not(self, action: str, targeted: bool = False) -> str | None:
-        """Why `action` cannot act now (None: it can); the app knows the run."""
+    def why_not(self, action: str, finding: str | None = None) -> str | None:
+        """Why `action` cannot act now, on `finding`'s own target when given (None: it can)."""
         raise NotImplementedError
 
     def kill_target(self) -> FindingRow | None:
@@ -123,7 +123,7 @@ class ActionFlow(App[int]):
         """Ask the keeper for the plan of `action` (on `finding`'s own target when it names one),
         or say why it cannot act now."""
         targeted = finding is not None and finding.targeted
-        why = self.why_not(action, targeted)
+        why = self.why_not(action, finding.ident if finding is not None and targeted else None)
         if why is not None:
             self.notify(f"{action}: not now, {why}", severity="warning", timeout=4)
             return

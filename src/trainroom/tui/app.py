@@ -518,8 +518,8 @@ class ControlRoom(Navigation):
             connected=self.connected, busy=self.current_action, has_run=self.run_info is not None
         )
 
-    def why_not(self, action: str, targeted: bool = False) -> str | None:
-        return verdict.refusal(self.state, action, self.situation(), targeted)
+    def why_not(self, action: str, finding: str | None = None) -> str | None:
+        return verdict.refusal(self.state, action, self.situation(), finding)
 
     def kill_target(self) -> FindingRow | None:
         return self._kill_target_of(self.findings_now.open if self.findings_now is not None else ())
