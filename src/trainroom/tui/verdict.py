@@ -248,8 +248,11 @@ def farewell(run_id: str, state: RunState | None, connected: bool) -> str:
         )
     status = state.status if state is not None else "unknown"
     keeper = "its keeper is still up" if connected else "its keeper is gone"
-    return (
-        f"trainroom: run {run_id} is {status} ({keeper})\n"
-        f"  look again: trainroom watch {run_id}\n"
+    # A resume is named only when it would be offered (a checkpoint verified); else a new start.
+    no_resume = REGISTRY["resume"].refusal(state, {}, offer=True) if state is not None else None
+    again = (
         f"  resume it:  trainroom resume {run_id}"
+        if no_resume is None
+        else "  start again: trainroom launch -- COMMAND (no verified checkpoint to resume from)"
     )
+    return f"trainroom: run {run_id} is {status} ({keeper})\n  look again: trainroom watch {run_id}\n{again}"

@@ -285,6 +285,9 @@ class Action(Generic[A, W]):
     def confirmed(self, req: p.Request, reply: Reply, plan: dict[str, Any]) -> bool:
         """False (and a refusal sent) when a confirmed request's plan is not the one to run."""
         name = self.spec.name
+        now = self.target(plan)
+        if now is None:
+            return True  # nothing can change under it (a bench): nothing to confirm
         expect = req.args.get("expect")
         if not isinstance(expect, dict):
             reply(
@@ -293,7 +296,7 @@ class Action(Generic[A, W]):
                 )
             )
             return False
-        was, now = self.target(expect), self.target(plan)
+        was = self.target(expect)
         if was != now and not self.narrowed(was, now):
             reply(
                 done_reply(

@@ -52,7 +52,7 @@ class Kill(Action[KillArgs, KillWork]):
         key="ctrl+k",
         description="Kill the trainer's process group (SIGTERM, then SIGKILL) and confirm VRAM fell",
         destructive=True,
-        when="the trainer runs (or, for a finding's kill, the finding is open)",
+        when="the trainer runs (a finding's kill: the finding is open)",
     )
     Args = KillArgs
 

@@ -31,8 +31,9 @@ def action(name: str) -> Action[Any, Any]:
     return REGISTRY[name]
 
 
-def table() -> str:
-    """The registry as the docs' markdown table (docs/actions.md keeps exactly this)."""
+def markdown_table() -> str:
+    """The registry as the docs' markdown table: docs/actions.md holds exactly this between its
+    `<!-- actions:begin -->` and `<!-- actions:end -->` markers (a unit test compares them)."""
     rows = [
         "| action | key | what it does | asks first | acts when |",
         "|---|---|---|---|---|",
