@@ -13,18 +13,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import ClassVar
 
 from textual import on, work
-from textual.app import ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import BindingType
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from trainroom.core.run.series import Series
@@ -32,11 +31,13 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
 from . import figures, theming, verdict
+from .action_flow import ActionFlow
 from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
 from .navigation import Navigation
 from .overview import RunRow
+from .panels import Panels
 from .reader import series_for
 from .screens.finding import FindingDetail
 from .screens.help import HelpScreen
@@ -68,53 +69,9 @@ RENDER_INTERVAL_S = URGENT_INTERVAL_S  # (the name tests and callers pass)
 TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arrives
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 STRIP_COMMANDS = ("next_panel", "zoom", "runs", "search")  # on the key strip when there is room
-# Tab's order: reading order, the panels the compact layout hides last.
-PANEL_ORDER = ("findings", "trainer", "vram", "cadence", "lr", "loss", "host", "disk", "ranks", "log")
 
 
-@dataclass(frozen=True)
-class Panels:
-    """Every panel, found once: a DOM query per panel per render is a real share of the TUI's CPU."""
-
-    header: RunHeader
-    trainer: TrainerPanel
-    vram: VramPanel
-    cadence: CadencePanel
-    lr: LrPanel
-    host: HostPanel
-    disk: DiskPanel
-    findings: FindingsPanel
-    loss: LossPanel
-    ranks: RanksPanel
-    log: LogTailPanel
-    banner: DisconnectBanner
-    keys: KeyStrip
-
-    @classmethod
-    def of(cls, app: ControlRoom) -> Panels:
-        q = app.query_one
-        return cls(
-            header=q(RunHeader),
-            trainer=q(TrainerPanel),
-            vram=q(VramPanel),
-            cadence=q(CadencePanel),
-            lr=q(LrPanel),
-            host=q(HostPanel),
-            disk=q(DiskPanel),
-            findings=q(FindingsPanel),
-            loss=q(LossPanel),
-            ranks=q(RanksPanel),
-            log=q(LogTailPanel),
-            banner=q(DisconnectBanner),
-            keys=q(KeyStrip),
-        )
-
-    def in_order(self) -> list[Widget]:
-        """The focusable panels in Tab's order."""
-        return [getattr(self, name) for name in PANEL_ORDER]
-
-
-class ControlRoom(Navigation):
+class ControlRoom(App[int]):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
@@ -175,6 +132,9 @@ class ControlRoom(Navigation):
         self.findings_now: FindingsView | None = None
         self.theme_notice: str | None = None  # what was said about theme files, once
         self._said_no_runs = False
+        # Its parts: the actions (one under way at a time) and moving through the panels.
+        self.flow = ActionFlow(self, self)
+        self.nav = Navigation(self, self)
         for t in self.loaded_themes.themes:
             self.register_theme(t)
         self.theme, self._theme_note = theming.initial_theme(
@@ -396,6 +356,7 @@ class ControlRoom(Navigation):
     def _worker_failed(self, event: Worker.StateChanged) -> None:
         """A failure of the workers that find and follow the run lands here, once (harlequin's
         way); the action workers' are `ActionFlow`'s."""
+        self.flow.worker_changed(event)
         if event.state != WorkerState.ERROR:
             return
         error = event.worker.error
@@ -507,6 +468,53 @@ class ControlRoom(Navigation):
             busy=self.keeper_busy,
         )
 
+    # ------------------------------------------------------------------ the keys, to the parts
+
+    def action_kill(self) -> None:
+        self.flow.start("kill", self.kill_target())
+
+    def action_reclaim(self) -> None:
+        self.flow.start("reclaim")
+
+    def action_prune(self) -> None:
+        self.flow.start("prune")
+
+    def action_resume(self) -> None:
+        self.flow.start("resume")
+
+    def action_dump(self) -> None:
+        self.flow.start("dump")
+
+    def action_continue(self) -> None:
+        self.flow.start("continue")
+
+    def action_verify(self) -> None:
+        self.flow.start("verify")
+
+    def action_bench(self) -> None:
+        self.flow.start("bench")
+
+    def action_next_panel(self) -> None:
+        self.nav.move_focus(1)
+
+    def action_previous_panel(self) -> None:
+        self.nav.move_focus(-1)
+
+    def action_zoom(self) -> None:
+        self.nav.zoom()
+
+    def action_search(self) -> None:
+        self.nav.search()
+
+    def action_log_scale(self) -> None:
+        self.nav.log_scale()
+
+    def action_recent_window(self) -> None:
+        self.nav.recent_window()
+
+    def action_runs(self) -> None:
+        self.nav.runs()
+
     # ------------------------------------------------------------------ which actions apply
 
     def key_text(self, action: str) -> str:
@@ -514,9 +522,7 @@ class ControlRoom(Navigation):
         return key_label(key_of(action, self.keys_in_use))
 
     def situation(self) -> Situation:
-        return Situation(
-            connected=self.connected, busy=self.current_action, has_run=self.run_info is not None
-        )
+        return Situation(connected=self.connected, busy=self.flow.current, has_run=self.run_info is not None)
 
     def why_not(self, action: str, finding: str | None = None) -> str | None:
         return verdict.refusal(self.state, action, self.situation(), finding)
@@ -573,7 +579,7 @@ class ControlRoom(Navigation):
 
     def _finding_closed(self, row: FindingRow, act: bool | None) -> None:
         if act and row.action:
-            self.start_action(row.action, row if row.targeted else None)
+            self.flow.start(row.action, row if row.targeted else None)
 
     def farewell(self) -> str | None:
         """What to print once the control room has closed (see `verdict.farewell`)."""
