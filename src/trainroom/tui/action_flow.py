@@ -6,8 +6,8 @@ destructive one is shown for confirmation, and the execution carries the confirm
 calls: they run in thread workers, whose results reach the UI through `call_from_thread`.
 
 `ActionFlow` is a part the control room holds: the app says why an action cannot act now
-(`why_not`: a key that cannot act says so), what a kill key acts on (`kill_target`: the run's
-trainer, or a finding's own target) and how to reach the keeper (`keeper_link`).
+(`why_not`: a key that cannot act says so) and how to reach the keeper (`keeper_link`); a key
+names the finding whose own target it acts on, if any.
 """
 
 from __future__ import annotations
@@ -77,14 +77,11 @@ def keeper_replies(link: KeeperLink, action: str, args: dict[str, object], confi
 
 
 class ActionHost(Protocol):
-    """What the flow asks of the control room: whether an action can act now, what a kill key
-    acts on, and how to reach the keeper."""
+    """What the flow asks of the control room: whether an action can act now, and how to reach
+    the keeper."""
 
     def why_not(self, action: str, finding: str | None = None) -> str | None:
         """Why `action` cannot act now, on `finding`'s own target when given (None: it can)."""
-
-    def kill_target(self) -> FindingRow | None:
-        """The finding whose own target a kill key acts on now (None: the run's trainer)."""
 
     def keeper_link(self) -> KeeperLink:
         """The keeper to ask (called in a worker thread: it may connect)."""

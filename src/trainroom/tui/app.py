@@ -79,7 +79,7 @@ class ControlRoom(App[int]):
     TITLE = "trainroom"
     BINDINGS: ClassVar[list[BindingType]] = list(bindings())
     # Nothing has the focus at first: a kill key then acts on what the findings name (see
-    # `kill_target`), and Tab starts at the findings.
+    # `key_target`), and Tab starts at the findings.
     AUTO_FOCUS = None
     # A zoomed panel keeps the header (the verdict) and the key strip in sight.
     ALLOW_IN_MAXIMIZED_VIEW = "#header, #bottom-bar"
@@ -428,7 +428,7 @@ class ControlRoom(App[int]):
     def _kill_keys(self, rows: tuple[FindingRow, ...]) -> tuple[FindingRow, ...]:
         """A targeted kill shows the kill key only on the finding the key acts on now; another
         says how to reach it (Enter on it)."""
-        target = self._kill_target_of(rows)
+        target = self._target_of(rows)
         out = []
         for r in rows:
             if r.targeted and r.action == "kill" and r.key and (target is None or r.ident != target.ident):
@@ -469,30 +469,11 @@ class ControlRoom(App[int]):
         )
 
     # ------------------------------------------------------------------ the keys, to the parts
+    # (each keeper action's key is `act`, bound below the class for every action of the registry)
 
-    def action_kill(self) -> None:
-        self.flow.start("kill", self.kill_target())
-
-    def action_reclaim(self) -> None:
-        self.flow.start("reclaim")
-
-    def action_prune(self) -> None:
-        self.flow.start("prune")
-
-    def action_resume(self) -> None:
-        self.flow.start("resume")
-
-    def action_dump(self) -> None:
-        self.flow.start("dump")
-
-    def action_continue(self) -> None:
-        self.flow.start("continue")
-
-    def action_verify(self) -> None:
-        self.flow.start("verify")
-
-    def action_bench(self) -> None:
-        self.flow.start("bench")
+    def act(self, action: str) -> None:
+        """A keeper action's key: on the finding whose own target it acts on now, if any."""
+        self.flow.start(action, self.key_target(action))
 
     def action_next_panel(self) -> None:
         self.nav.move_focus(1)
@@ -527,14 +508,14 @@ class ControlRoom(App[int]):
     def why_not(self, action: str, finding: str | None = None) -> str | None:
         return verdict.refusal(self.state, action, self.situation(), finding)
 
-    def kill_target(self) -> FindingRow | None:
-        return self._kill_target_of(self.findings_now.open if self.findings_now is not None else ())
+    def key_target(self, action: str) -> FindingRow | None:
+        return self._target_of(self.findings_now.open if self.findings_now is not None else (), action)
 
-    def _kill_target_of(self, rows: tuple[FindingRow, ...]) -> FindingRow | None:
-        """What a kill key acts on: the finding under the cursor when the findings have the focus
-        (its target when it names one, else the trainer); the trainer when the trainer panel has
-        it; otherwise the first finding that names a target to kill, else the trainer."""
-        targeted = [r for r in rows if r.action == "kill" and r.targeted]
+    def _target_of(self, rows: tuple[FindingRow, ...], action: str = "kill") -> FindingRow | None:
+        """What an action's key acts on (a kill's): the finding under the cursor when the findings
+        have the focus (its target when it names one, else the trainer); the trainer when the
+        trainer panel has it; otherwise the first finding that names a target, else the trainer."""
+        targeted = [r for r in rows if r.action == action and r.targeted]
         focused = self.focused
         if isinstance(focused, FindingsPanel):
             row = focused.selected_row()
@@ -586,3 +567,15 @@ class ControlRoom(App[int]):
         if self.run_info is None:
             return None
         return verdict.farewell(self.run_info.run_id, self.state, self.connected)
+
+
+def _key_of_action(action: str) -> Callable[[ControlRoom], None]:
+    def key(room: ControlRoom) -> None:
+        room.act(action)
+
+    key.__doc__ = f"The {action} key (Textual finds it as `action_{action}`)."
+    return key
+
+
+for _name in KEEPER_ACTIONS:
+    setattr(ControlRoom, f"action_{_name}", _key_of_action(_name))
