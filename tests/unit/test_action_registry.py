@@ -4,6 +4,7 @@ the docs; each action's precondition in the words every client shows."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -107,3 +108,50 @@ def test_a_death_before_any_checkpoint_offers_no_resume_key_and_the_farewell_say
     (row,) = verdict.findings_view(b.run, lambda a: a.upper(), where)
     assert row.key == "RESUME" and row.why_not is None
     assert "  resume it:  trainroom resume r1" in verdict.farewell("r1", b.run, connected=True)
+
+
+def test_the_keeper_refuses_in_the_words_the_control_room_shows() -> None:
+    """One precondition: the keeper's refusal and the control room's "not now" are the same words."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from trainroom.core import protocol as p
+    from trainroom.tui import verdict
+
+    b = RunBuilder()
+    b.start()
+    b.end(exit_signal=9)
+    keeper: Any = SimpleNamespace(run=SimpleNamespace(state=b.run))
+    where = verdict.Situation(connected=True)
+
+    async def ask(action: str) -> p.Reply:
+        said: list[p.Reply] = []
+        req = p.Request(id=1, action=action, args={}, confirm=False)
+        await REGISTRY[action].serve(keeper, req, said.append, "test")
+        (done,) = said
+        return done
+
+    for action in ("dump", "continue"):
+        done = asyncio.run(ask(action))
+        why = verdict.refusal(b.run, action, where)
+        assert why == "the trainer is not running (attempt 1 was killed by SIGKILL)"
+        assert done.stage == "done" and not done.ok and done.message == f"{action} refused: {why}"
+
+
+def test_a_confirmation_is_of_the_target_and_only_a_signal_narrows() -> None:
+    from trainroom.core import protocol as p
+
+    kill, prune = REGISTRY["kill"], REGISTRY["prune"]
+    shown = {"pgid": 10, "members": [{"pid": 10, "start_ticks": 1}, {"pid": 11, "start_ticks": 2}]}
+    now = {"pgid": 10, "members": [{"pid": 10, "start_ticks": 1}, {"pid": 12, "start_ticks": 3}]}
+    said: list[p.Reply] = []
+    req = p.Request(id=1, action="kill", args={"expect": shown}, confirm=True)
+    assert kill.confirmed(req, said.append, shown) and not said
+    assert kill.confirmed(req, said.append, {"pgid": 10, "members": shown["members"][:1]})
+    assert not kill.confirmed(req, said.append, now)
+    assert "confirmed pids [10, 11] of pgid 10, now [10, 12] of pgid 10" in said[-1].message
+    # A bench has nothing that could change under it: no plan to carry.
+    bench_req = p.Request(id=2, action="bench", args={}, confirm=True)
+    assert REGISTRY["bench"].confirmed(bench_req, said.append, {"device": "cpu", "python": "python"})
+    assert not prune.confirmed(p.Request(id=3, action="prune", args={}, confirm=True), said.append, {})
+    assert "args.expect" in said[-1].message
