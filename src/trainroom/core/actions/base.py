@@ -221,8 +221,9 @@ class Action(Generic[A, W]):
 
     def target(self, plan: dict[str, Any]) -> object:
         """What a confirmation is a confirmation of: the exact targets of a plan, compared
-        between the plan a client confirmed and the one about to be carried out."""
-        return None
+        between the plan a client confirmed and the one about to be carried out. The whole plan
+        unless an action says less; None: nothing could change under it (no plan to carry)."""
+        return plan
 
     def narrowed(self, confirmed: object, now: object) -> bool:
         """Whether the target only lost what ended on its own since it was confirmed (acting on
