@@ -343,7 +343,8 @@ def test_every_binding_has_an_id_and_a_tooltip_and_nothing_destructive_is_a_move
 
 
 def test_the_action_keys_come_from_the_one_table_in_core() -> None:
-    from trainroom.core.findings import ACTION_KEYS, ACTIONS
+    from trainroom.core.actions.registry import KEYS as ACTION_KEYS
+    from trainroom.core.actions.registry import SPECS as ACTIONS
     from trainroom.core.keeper import actions as keeper_actions
     from trainroom.tui.bindings import DESTRUCTIVE, KEEPER_ACTIONS, bindings
 

@@ -165,7 +165,13 @@ def test_an_end_after_the_kills_deadline_is_a_death_again() -> None:
 
 
 def test_a_kill_target_that_only_lost_processes_is_still_the_confirmed_one() -> None:
-    from trainroom.core.keeper.replies import narrowed, target_of
+    from trainroom.core.actions.registry import REGISTRY
+
+    def target_of(action: str, plan: dict[str, object]) -> object:
+        return REGISTRY[action].target(plan)
+
+    def narrowed(action: str, confirmed: object, now: object) -> bool:
+        return REGISTRY[action].narrowed(confirmed, now)
 
     def plan(pgid: int, *members: tuple[int, int]) -> dict[str, object]:
         return {"pgid": pgid, "members": [{"pid": pid, "start_ticks": t} for pid, t in members]}

@@ -5,25 +5,25 @@ destructive one is shown for confirmation, and the execution carries the confirm
 `expect`, so the keeper refuses if the target changed meanwhile. Requests are blocking socket
 calls: they run in thread workers, whose results reach the UI through `call_from_thread`.
 
-`ActionFlow` is the control room's base class: the app says why an action cannot act now
-(`why_not`: a key that cannot act says so), what a kill key acts on (`kill_target`: the run's
-trainer, or a finding's own target) and how to reach the keeper (`keeper_link`).
+`ActionFlow` is a part the control room holds: the app says why an action cannot act now
+(`why_not`: a key that cannot act says so) and how to reach the keeper (`keeper_link`); a key
+names the finding whose own target it acts on, if any.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Protocol
 
-from textual import on, work
 from textual.app import App
 from textual.worker import Worker, WorkerState, get_current_worker
 
+from trainroom.core.actions.registry import DESTRUCTIVE
 from trainroom.core.protocol import Reply
 
-from .bindings import DESTRUCTIVE
 from .evidence import ActionOutcome
 from .link import KeeperLink
 from .screens.confirm import ConfirmAction
@@ -76,56 +76,34 @@ def keeper_replies(link: KeeperLink, action: str, args: dict[str, object], confi
         yield item
 
 
-class ActionFlow(App[int]):
-    """The keys that act on the run, and the one action under way."""
+class ActionHost(Protocol):
+    """What the flow asks of the control room: whether an action can act now, and how to reach
+    the keeper."""
 
-    current_action: str | None = None
-    """The action under way: being planned, awaiting confirmation, or running."""
-
-    def why_not(self, action: str, targeted: bool = False) -> str | None:
-        """Why `action` cannot act now (None: it can); the app knows the run."""
-        raise NotImplementedError
-
-    def kill_target(self) -> FindingRow | None:
-        """The finding whose own target a kill key acts on now (None: the run's trainer)."""
-        return None
+    def why_not(self, action: str, finding: str | None = None) -> str | None:
+        """Why `action` cannot act now, on `finding`'s own target when given (None: it can)."""
 
     def keeper_link(self) -> KeeperLink:
         """The keeper to ask (called in a worker thread: it may connect)."""
-        raise NotImplementedError
 
-    # One action method a key: the bindings name them.
-    def action_kill(self) -> None:
-        self.start_action("kill", self.kill_target())
 
-    def action_reclaim(self) -> None:
-        self.start_action("reclaim")
+class ActionFlow:
+    """The keys that act on the run, and the one action under way: a part of the control room
+    (`app`), which it asks through `host`."""
 
-    def action_prune(self) -> None:
-        self.start_action("prune")
+    def __init__(self, app: App[int], host: ActionHost) -> None:
+        self.app = app
+        self.host = host
+        self.current: str | None = None
+        """The action under way: being planned, awaiting confirmation, or running."""
 
-    def action_resume(self) -> None:
-        self.start_action("resume")
-
-    def action_dump(self) -> None:
-        self.start_action("dump")
-
-    def action_continue(self) -> None:
-        self.start_action("continue")
-
-    def action_verify(self) -> None:
-        self.start_action("verify")
-
-    def action_bench(self) -> None:
-        self.start_action("bench")
-
-    def start_action(self, action: str, finding: FindingRow | None = None) -> None:
+    def start(self, action: str, finding: FindingRow | None = None) -> None:
         """Ask the keeper for the plan of `action` (on `finding`'s own target when it names one),
         or say why it cannot act now."""
         targeted = finding is not None and finding.targeted
-        why = self.why_not(action, targeted)
+        why = self.host.why_not(action, finding.ident if finding is not None and targeted else None)
         if why is not None:
-            self.notify(f"{action}: not now, {why}", severity="warning", timeout=4)
+            self.app.notify(f"{action}: not now, {why}", severity="warning", timeout=4)
             return
         args: dict[str, object] = {"finding": finding.ident} if finding is not None and targeted else {}
         question = (
@@ -133,16 +111,20 @@ class ActionFlow(App[int]):
             if targeted and finding and finding.fix
             else None
         )
-        self.current_action = action
+        self.current = action
         self._progress(f"{action}: asking the keeper for the plan…")
-        self.refresh_bindings()
-        self._request_plan(action, args, question)
+        self.app.refresh_bindings()
+        self._in_worker(self._request_plan, action, args, question)
 
-    @work(thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False)
+    def _in_worker(self, fn: Callable[..., None], *args: object) -> None:
+        self.app.run_worker(
+            partial(fn, *args), thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False
+        )
+
     def _request_plan(self, action: str, args: dict[str, object], question: str | None) -> None:
-        replies = list(keeper_replies(self.keeper_link(), action, args, False))
+        replies = list(keeper_replies(self.host.keeper_link(), action, args, False))
         if not get_current_worker().is_cancelled:
-            self.call_from_thread(
+            self.app.call_from_thread(
                 self._plan_arrived, action, args, question, plan_or_refusal(action, replies)
             )
 
@@ -153,30 +135,29 @@ class ActionFlow(App[int]):
             self._finish(plan)
         elif action in DESTRUCTIVE:
             self._progress(f"{action}: waiting for your confirmation")
-            self.push_screen(
+            self.app.push_screen(
                 ConfirmAction(action, plan.plan, plan.message, question),
                 partial(self._confirmed, action, args, plan),
             )
         else:
-            self._execute(action, args, plan.plan)
+            self._in_worker(self._execute, action, args, plan.plan)
 
     def _confirmed(self, action: str, args: dict[str, object], plan: Reply, yes: bool | None) -> None:
         if yes:
-            self._execute(action, args, plan.plan)
+            self._in_worker(self._execute, action, args, plan.plan)
         else:
             self._release()
-            self.notify(f"{action}: cancelled, nothing done", timeout=3)
+            self.app.notify(f"{action}: cancelled, nothing done", timeout=3)
 
-    @work(thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False)
     def _execute(self, action: str, args: dict[str, object], plan: dict[str, object]) -> None:
-        self.call_from_thread(self._progress, f"{action}: running…")
+        self.app.call_from_thread(self._progress, f"{action}: running…")
         final: Reply | None = None
         # `expect` is the target the user confirmed: the keeper refuses if it changed meanwhile.
-        for reply in keeper_replies(self.keeper_link(), action, {**args, "expect": plan}, True):
+        for reply in keeper_replies(self.host.keeper_link(), action, {**args, "expect": plan}, True):
             if reply.stage == "done":
                 final = reply
             else:
-                self.call_from_thread(self._progress, f"{action}: {reply.message}")
+                self.app.call_from_thread(self._progress, f"{action}: {reply.message}")
         if get_current_worker().is_cancelled:
             return
         outcome = (
@@ -184,29 +165,26 @@ class ActionFlow(App[int]):
             if final is not None
             else ActionOutcome.failed(action, "the keeper ended the request without a result")
         )
-        self.call_from_thread(self._finish, outcome)
+        self.app.call_from_thread(self._finish, outcome)
 
     def _progress(self, line: str | None) -> None:
-        if self.is_running:
-            self.query_one(ActionStrip).view = line
+        if self.app.is_running:
+            self.app.query_one(ActionStrip).view = line
 
     def _release(self) -> None:
-        self.current_action = None
+        self.current = None
         self._progress(None)
-        self.refresh_bindings()
+        self.app.refresh_bindings()
 
     def _finish(self, outcome: ActionOutcome) -> None:
         self._release()
-        self.push_screen(ActionResult(outcome))
+        self.app.push_screen(ActionResult(outcome))
 
-    @on(Worker.StateChanged)
-    def _action_failed(self, event: Worker.StateChanged) -> None:
+    def worker_changed(self, event: Worker.StateChanged) -> None:
         """A request that raised (the keeper unreachable, a socket reset): a result, not a crash."""
         if event.state != WorkerState.ERROR or event.worker.group != ACTION_GROUP:
             return
-        if self.current_action is not None:
+        if self.current is not None:
             error = event.worker.error
             text = str(error) or type(error).__name__
-            self._finish(
-                ActionOutcome.failed(self.current_action, f"the keeper could not be reached: {text}")
-            )
+            self._finish(ActionOutcome.failed(self.current, f"the keeper could not be reached: {text}"))

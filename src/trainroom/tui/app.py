@@ -13,18 +13,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import ClassVar
 
 from textual import on, work
-from textual.app import ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import BindingType
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from trainroom.core.run.series import Series
@@ -32,11 +31,13 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
 from . import figures, theming, verdict
+from .action_flow import ActionFlow
 from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
 from .navigation import Navigation
 from .overview import RunRow
+from .panels import Panels
 from .reader import series_for
 from .screens.finding import FindingDetail
 from .screens.help import HelpScreen
@@ -68,53 +69,9 @@ RENDER_INTERVAL_S = URGENT_INTERVAL_S  # (the name tests and callers pass)
 TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arrives
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 STRIP_COMMANDS = ("next_panel", "zoom", "runs", "search")  # on the key strip when there is room
-# Tab's order: reading order, the panels the compact layout hides last.
-PANEL_ORDER = ("findings", "trainer", "vram", "cadence", "lr", "loss", "host", "disk", "ranks", "log")
 
 
-@dataclass(frozen=True)
-class Panels:
-    """Every panel, found once: a DOM query per panel per render is a real share of the TUI's CPU."""
-
-    header: RunHeader
-    trainer: TrainerPanel
-    vram: VramPanel
-    cadence: CadencePanel
-    lr: LrPanel
-    host: HostPanel
-    disk: DiskPanel
-    findings: FindingsPanel
-    loss: LossPanel
-    ranks: RanksPanel
-    log: LogTailPanel
-    banner: DisconnectBanner
-    keys: KeyStrip
-
-    @classmethod
-    def of(cls, app: ControlRoom) -> Panels:
-        q = app.query_one
-        return cls(
-            header=q(RunHeader),
-            trainer=q(TrainerPanel),
-            vram=q(VramPanel),
-            cadence=q(CadencePanel),
-            lr=q(LrPanel),
-            host=q(HostPanel),
-            disk=q(DiskPanel),
-            findings=q(FindingsPanel),
-            loss=q(LossPanel),
-            ranks=q(RanksPanel),
-            log=q(LogTailPanel),
-            banner=q(DisconnectBanner),
-            keys=q(KeyStrip),
-        )
-
-    def in_order(self) -> list[Widget]:
-        """The focusable panels in Tab's order."""
-        return [getattr(self, name) for name in PANEL_ORDER]
-
-
-class ControlRoom(Navigation):
+class ControlRoom(App[int]):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
@@ -122,7 +79,7 @@ class ControlRoom(Navigation):
     TITLE = "trainroom"
     BINDINGS: ClassVar[list[BindingType]] = list(bindings())
     # Nothing has the focus at first: a kill key then acts on what the findings name (see
-    # `kill_target`), and Tab starts at the findings.
+    # `key_target`), and Tab starts at the findings.
     AUTO_FOCUS = None
     # A zoomed panel keeps the header (the verdict) and the key strip in sight.
     ALLOW_IN_MAXIMIZED_VIEW = "#header, #bottom-bar"
@@ -175,6 +132,9 @@ class ControlRoom(Navigation):
         self.findings_now: FindingsView | None = None
         self.theme_notice: str | None = None  # what was said about theme files, once
         self._said_no_runs = False
+        # Its parts: the actions (one under way at a time) and moving through the panels.
+        self.flow = ActionFlow(self, self)
+        self.nav = Navigation(self, self)
         for t in self.loaded_themes.themes:
             self.register_theme(t)
         self.theme, self._theme_note = theming.initial_theme(
@@ -396,6 +356,7 @@ class ControlRoom(Navigation):
     def _worker_failed(self, event: Worker.StateChanged) -> None:
         """A failure of the workers that find and follow the run lands here, once (harlequin's
         way); the action workers' are `ActionFlow`'s."""
+        self.flow.worker_changed(event)
         if event.state != WorkerState.ERROR:
             return
         error = event.worker.error
@@ -467,7 +428,7 @@ class ControlRoom(Navigation):
     def _kill_keys(self, rows: tuple[FindingRow, ...]) -> tuple[FindingRow, ...]:
         """A targeted kill shows the kill key only on the finding the key acts on now; another
         says how to reach it (Enter on it)."""
-        target = self._kill_target_of(rows)
+        target = self._target_of(rows)
         out = []
         for r in rows:
             if r.targeted and r.action == "kill" and r.key and (target is None or r.ident != target.ident):
@@ -507,6 +468,34 @@ class ControlRoom(Navigation):
             busy=self.keeper_busy,
         )
 
+    # ------------------------------------------------------------------ the keys, to the parts
+    # (each keeper action's key is `act`, bound below the class for every action of the registry)
+
+    def act(self, action: str) -> None:
+        """A keeper action's key: on the finding whose own target it acts on now, if any."""
+        self.flow.start(action, self.key_target(action))
+
+    def action_next_panel(self) -> None:
+        self.nav.move_focus(1)
+
+    def action_previous_panel(self) -> None:
+        self.nav.move_focus(-1)
+
+    def action_zoom(self) -> None:
+        self.nav.zoom()
+
+    def action_search(self) -> None:
+        self.nav.search()
+
+    def action_log_scale(self) -> None:
+        self.nav.log_scale()
+
+    def action_recent_window(self) -> None:
+        self.nav.recent_window()
+
+    def action_runs(self) -> None:
+        self.nav.runs()
+
     # ------------------------------------------------------------------ which actions apply
 
     def key_text(self, action: str) -> str:
@@ -514,21 +503,19 @@ class ControlRoom(Navigation):
         return key_label(key_of(action, self.keys_in_use))
 
     def situation(self) -> Situation:
-        return Situation(
-            connected=self.connected, busy=self.current_action, has_run=self.run_info is not None
-        )
+        return Situation(connected=self.connected, busy=self.flow.current, has_run=self.run_info is not None)
 
-    def why_not(self, action: str, targeted: bool = False) -> str | None:
-        return verdict.refusal(self.state, action, self.situation(), targeted)
+    def why_not(self, action: str, finding: str | None = None) -> str | None:
+        return verdict.refusal(self.state, action, self.situation(), finding)
 
-    def kill_target(self) -> FindingRow | None:
-        return self._kill_target_of(self.findings_now.open if self.findings_now is not None else ())
+    def key_target(self, action: str) -> FindingRow | None:
+        return self._target_of(self.findings_now.open if self.findings_now is not None else (), action)
 
-    def _kill_target_of(self, rows: tuple[FindingRow, ...]) -> FindingRow | None:
-        """What a kill key acts on: the finding under the cursor when the findings have the focus
-        (its target when it names one, else the trainer); the trainer when the trainer panel has
-        it; otherwise the first finding that names a target to kill, else the trainer."""
-        targeted = [r for r in rows if r.action == "kill" and r.targeted]
+    def _target_of(self, rows: tuple[FindingRow, ...], action: str = "kill") -> FindingRow | None:
+        """What an action's key acts on (a kill's): the finding under the cursor when the findings
+        have the focus (its target when it names one, else the trainer); the trainer when the
+        trainer panel has it; otherwise the first finding that names a target, else the trainer."""
+        targeted = [r for r in rows if r.action == action and r.targeted]
         focused = self.focused
         if isinstance(focused, FindingsPanel):
             row = focused.selected_row()
@@ -573,10 +560,22 @@ class ControlRoom(Navigation):
 
     def _finding_closed(self, row: FindingRow, act: bool | None) -> None:
         if act and row.action:
-            self.start_action(row.action, row if row.targeted else None)
+            self.flow.start(row.action, row if row.targeted else None)
 
     def farewell(self) -> str | None:
         """What to print once the control room has closed (see `verdict.farewell`)."""
         if self.run_info is None:
             return None
         return verdict.farewell(self.run_info.run_id, self.state, self.connected)
+
+
+def _key_of_action(action: str) -> Callable[[ControlRoom], None]:
+    def key(room: ControlRoom) -> None:
+        room.act(action)
+
+    key.__doc__ = f"The {action} key (Textual finds it as `action_{action}`)."
+    return key
+
+
+for _name in KEEPER_ACTIONS:
+    setattr(ControlRoom, f"action_{_name}", _key_of_action(_name))

@@ -1,8 +1,8 @@
 """Every key of the control room: one `Binding` each, with an id (remappable from `trainroom.toml`
 `[keys]` through `App.set_keymap`) and a tooltip (the help screen and the command palette show it).
 
-The keeper's actions come from core's one table (`trainroom.core.findings.ACTIONS`), so a default
-key, a description or whether an action asks first is written once, for every client. What
+The keeper's actions come from core's action registry (`trainroom.core.actions.registry`), so a
+default key, a description or whether an action asks first is written once, for every client. What
 changes the world takes a capital or a ctrl chord (k9s kills with ctrl+k): a vim, k9s or lazygit
 user moves with j/k/g/G, searches with / and never hits one by accident.
 """
@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from textual.binding import Binding
 from textual.keys import _character_to_key, format_key
 
+from trainroom.core.actions.registry import DESTRUCTIVE as DESTRUCTIVE  # asks first (the help says)
+from trainroom.core.actions.registry import NAMES, SPECS
 from trainroom.core.config import Keys
-from trainroom.core.findings import ACTIONS
 
 # Actions the keeper carries out, by name (the protocol's `Request.action`), in key order.
-KEEPER_ACTIONS: tuple[str, ...] = tuple(a.name for a in ACTIONS)
-# These change the world: the plan is shown in a confirmation first.
-DESTRUCTIVE: frozenset[str] = frozenset(a.name for a in ACTIONS if a.destructive)
+KEEPER_ACTIONS: tuple[str, ...] = NAMES
 ID_PREFIX = "trainroom."
 
 
@@ -38,7 +37,7 @@ class Command:
 
 # The keeper's actions first, then the control room's own commands.
 COMMANDS: tuple[Command, ...] = (
-    *(Command(a.name, a.name, a.key, a.name, a.description) for a in ACTIONS),
+    *(Command(a.name, a.name, a.key, a.name, a.description) for a in SPECS),
     Command("runs", "runs", "o", "runs", "The runs overview: every run, sortable; Enter opens one"),
     Command(
         "next_panel",

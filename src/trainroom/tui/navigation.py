@@ -1,21 +1,19 @@
 """Moving through the control room: Tab between the panels (one the layout has no room for opens
 zoomed), the zoom key, the log search, the loss plot's scale, and the runs overview. The control
-room's base class above `ActionFlow`; the app hands it its panels and its run."""
+room holds it as a part and hands it its panels and its run."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
-from textual import work
+from textual.app import App
 from textual.widget import Widget
 
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 
-from .action_flow import ActionFlow
 from .link import OverviewReader
 from .overview import RunRow, row_of
 from .screens.runs import RunsScreen
@@ -49,32 +47,44 @@ def laid_out(widget: Widget) -> bool:
 OVERVIEW_INTERVAL_S = 3.0  # the runs overview's refresh
 
 
-class Navigation(ActionFlow):
-    """Focus, zoom, search, plot scale and the runs: keys that move, never act on a run."""
+class NavigationHost(Protocol):
+    """What moving through the control room asks of it: its panels, its run, its state and the
+    lock the reader folds under, the overview's reader, and how to follow another run."""
 
-    # The app's (see ControlRoom): the run followed, its state and the lock the reader folds under.
-    run_info: RunInfo | None
-    state: RunState | None
-    connected: bool
-    lock: threading.Lock
-    overview: OverviewReader
-    clock: Callable[[], float]
+    @property
+    def run_info(self) -> RunInfo | None: ...
 
-    def panels(self) -> PanelSet:
-        raise NotImplementedError
+    @property
+    def state(self) -> RunState | None: ...
 
-    def switch_run(self, run_id: str) -> None:
-        raise NotImplementedError
+    @property
+    def connected(self) -> bool: ...
 
-    def action_next_panel(self) -> None:
-        self._move_focus(1)
+    @property
+    def lock(self) -> threading.Lock: ...
 
-    def action_previous_panel(self) -> None:
-        self._move_focus(-1)
+    @property
+    def overview(self) -> OverviewReader: ...
 
-    def _move_focus(self, step: int) -> None:
-        order = self.panels().in_order()
-        focused = self.focused
+    def clock(self) -> float: ...
+
+    def panels(self) -> PanelSet: ...
+
+    def switch_run(self, run_id: str) -> None: ...
+
+
+class Navigation:
+    """Focus, zoom, search, plot scale and the runs: keys that move, never act on a run. A part
+    of the control room (`app`), which it asks through `host`."""
+
+    def __init__(self, app: App[int], host: NavigationHost) -> None:
+        self.app = app
+        self.host = host
+
+    def move_focus(self, step: int) -> None:
+        """Tab (1) and shift+tab (-1): the next or previous panel."""
+        order = self.host.panels().in_order()
+        focused = self.app.focused
         if focused in order:
             i = (order.index(focused) + step) % len(order)
         else:
@@ -84,73 +94,82 @@ class Navigation(ActionFlow):
     def show_panel(self, panel: Widget) -> None:
         """Focus `panel`; zoomed when the layout has no room for it (the ranks and the log at 24
         rows), else in its place."""
-        screen = self.screen
+        screen = self.app.screen
         if not laid_out(panel):
             screen.maximize(panel, container=False)
         elif screen.maximized is not None:
             screen.minimize()
         panel.focus()
 
-    def action_zoom(self) -> None:
-        screen = self.screen
+    def zoom(self) -> None:
+        screen = self.app.screen
         if screen.maximized is not None:
             screen.minimize()
             return
-        focused = self.focused
+        focused = self.app.focused
         if not isinstance(focused, Panel):
-            self.notify("zoom: focus a panel first (tab moves between them)", timeout=3)
+            self.app.notify("zoom: focus a panel first (tab moves between them)", timeout=3)
             return
         screen.maximize(focused, container=False)
 
-    def action_search(self) -> None:
-        log = self.panels().log
+    def search(self) -> None:
+        log = self.host.panels().log
         if not log.view:
-            self.notify("search: the trainer log is empty so far", severity="warning", timeout=3)
+            self.app.notify("search: the trainer log is empty so far", severity="warning", timeout=3)
             return
-        self.push_screen(SearchPrompt(log.pattern), self._search_for)
+        self.app.push_screen(SearchPrompt(log.pattern), self._search_for)
 
     def _search_for(self, pattern: str | None) -> None:
         if not pattern:
             return
-        log = self.panels().log
+        log = self.host.panels().log
         self.show_panel(log)
         if not log.search(pattern):
-            self.notify(f"search: no line of the last {len(log.view or ())} holds {pattern!r}", timeout=4)
+            self.app.notify(f"search: no line of the last {len(log.view or ())} holds {pattern!r}", timeout=4)
 
-    def action_log_scale(self) -> None:
-        loss = self.panels().loss
+    def log_scale(self) -> None:
+        loss = self.host.panels().loss
         loss.log_y = not loss.log_y
-        self.notify("loss plot: log scale" if loss.log_y else "loss plot: linear scale", timeout=2)
+        self.app.notify("loss plot: log scale" if loss.log_y else "loss plot: linear scale", timeout=2)
 
-    def action_recent_window(self) -> None:
-        loss = self.panels().loss
+    def recent_window(self) -> None:
+        loss = self.host.panels().loss
         loss.recent = not loss.recent
-        self.notify(
+        self.app.notify(
             "loss plot: the recent fifth of the run, fitted" if loss.recent else "loss plot: the whole run",
             timeout=2,
         )
 
     # ------------------------------------------------------------------ the runs overview
 
-    def action_runs(self) -> None:
-        screen = RunsScreen([], self.clock(), self.run_info.run_id if self.run_info else None)
-        self.push_screen(screen, self._overview_closed)
+    def runs(self) -> None:
+        host = self.host
+        screen = RunsScreen([], host.clock(), host.run_info.run_id if host.run_info else None)
+        self.app.push_screen(screen, self._overview_closed)
         self._refresh_overview(screen)
 
-    @work(thread=True, exclusive=True, group="overview", exit_on_error=False)
     def _refresh_overview(self, screen: RunsScreen) -> None:
-        current = None
-        with self.lock:  # only the followed run's row: the reader folds into its state
-            if self.run_info is not None and self.state is not None:
-                current = row_of(self.run_info, self.state, self.connected)
-        rows = self.overview.rows(current)
-        self.call_from_thread(self._overview_rows, screen, rows)
+        self.app.run_worker(
+            partial(self._overview_worker, screen),
+            thread=True,
+            exclusive=True,
+            group="overview",
+            exit_on_error=False,
+        )
+
+    def _overview_worker(self, screen: RunsScreen) -> None:
+        host, current = self.host, None
+        with host.lock:  # only the followed run's row: the reader folds into its state
+            if host.run_info is not None and host.state is not None:
+                current = row_of(host.run_info, host.state, host.connected)
+        rows = host.overview.rows(current)
+        self.app.call_from_thread(self._overview_rows, screen, rows)
 
     def _overview_rows(self, screen: RunsScreen, rows: list[RunRow]) -> None:
         if screen.is_attached:
-            screen.update_rows(rows, self.clock())
-            self.set_timer(OVERVIEW_INTERVAL_S, partial(self._refresh_overview, screen))
+            screen.update_rows(rows, self.host.clock())
+            self.app.set_timer(OVERVIEW_INTERVAL_S, partial(self._refresh_overview, screen))
 
     def _overview_closed(self, run_id: str | None) -> None:
         if run_id is not None:
-            self.switch_run(run_id)
+            self.host.switch_run(run_id)

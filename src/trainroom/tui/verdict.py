@@ -2,9 +2,10 @@
 each finding's fix key and target, the resolved history, and why an action cannot act now.
 Pure, no Textual: the app and the tests share it.
 
-One authority says whether an action can act (`refusal`): a key that cannot act says why (a
-notify line), a finding offers only a key that can act, and the key strip and the help screen
-show the same answer.
+Whether an action can act is the action's own precondition, the one the keeper applies
+(`trainroom.core.actions`); `refusal` adds only what the control room knows (a keeper that is
+gone, an action under way). A key that cannot act says why (a notify line), a finding offers
+only a key that can act, and the key strip, the palette and the help screen show the same answer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import ShownState, StateName
@@ -67,31 +69,17 @@ class Situation:
     has_run: bool = True
 
 
-def refusal(state: RunState | None, action: str, where: Situation, targeted: bool = False) -> str | None:
-    """Why `action` cannot act now, in words; None when it can. `targeted`: on a finding's own
+def refusal(state: RunState | None, action: str, where: Situation, finding: str | None = None) -> str | None:
+    """Why `action` cannot act now, in words; None when it can. `finding`: on that finding's own
     target (a kill of pid 4974) rather than the run's trainer."""
     if where.busy is not None:
         return f"{where.busy} is under way: one action at a time"
     if state is None or not where.has_run:
         return "no run is open yet"
-    alive = live_attempt(state)
-    a = state.attempt
-    if action == "resume":
-        if alive and a is not None:
-            return f"attempt {a.n} is still running: kill it first"
-        return None
-    if not where.connected:
+    act = REGISTRY[action]
+    if not where.connected and act.spec.needs_keeper:
         return "the keeper is gone: resume works without it, or use `trainroom kill RUN` in a shell"
-    if action in ("kill", "dump", "continue") and not targeted and not alive:
-        ended = f"attempt {a.n} {_ended(state)}" if a is not None else "no attempt has started"
-        return f"the trainer is not running ({ended})"
-    if action == "continue" and state.status != "hung":
-        return f"nothing is stopped: the run is {state.status}"
-    if action == "prune" and not any(c.state != "pruned" for c in state.checkpoints):
-        return "no checkpoints to prune"
-    if action == "verify" and not any(c.state in ("candidate", "verified") for c in state.checkpoints):
-        return "no checkpoint to verify yet"
-    return None
+    return act.refusal(state, {"finding": finding} if finding is not None else {}, offer=True)
 
 
 def _ended(state: RunState) -> str:
@@ -195,7 +183,7 @@ def findings_view(
     rows = []
     for f in state.open_findings():
         targeted = f.target is not None and bool(f.target.pids)
-        why = refusal(state, f.action, where, targeted) if f.action else None
+        why = refusal(state, f.action, where, f.ident if targeted else None) if f.action else None
         rows.append(
             FindingRow(
                 ident=f.ident,
@@ -260,8 +248,11 @@ def farewell(run_id: str, state: RunState | None, connected: bool) -> str:
         )
     status = state.status if state is not None else "unknown"
     keeper = "its keeper is still up" if connected else "its keeper is gone"
-    return (
-        f"trainroom: run {run_id} is {status} ({keeper})\n"
-        f"  look again: trainroom watch {run_id}\n"
+    # A resume is named only when it would be offered (a checkpoint verified); else a new start.
+    no_resume = REGISTRY["resume"].refusal(state, {}, offer=True) if state is not None else None
+    again = (
         f"  resume it:  trainroom resume {run_id}"
+        if no_resume is None
+        else "  start again: trainroom launch -- COMMAND (no verified checkpoint to resume from)"
     )
+    return f"trainroom: run {run_id} is {status} ({keeper})\n  look again: trainroom watch {run_id}\n{again}"

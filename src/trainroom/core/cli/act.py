@@ -1,5 +1,6 @@
-"""The keeper's actions from the command line: kill, reclaim, resume, dump, bench. Each asks the
-keeper for its plan, prints it, asks for confirmation (unless --yes; never for bench and dump),
+"""The keeper's actions from the command line, one verb each from the action registry (its help,
+its options, whether it asks first), and `cancel` for the cancellable ones. Each asks the keeper
+for its plan, prints it, asks for confirmation when the action changes the world (unless --yes),
 then prints progress and the before -> after evidence. Exit 0 done, 1 refused or cancelled,
 2 bad input."""
 
@@ -11,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trainroom.core import protocol as p
+from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.config import load_config
@@ -27,6 +31,24 @@ def _evidence(d: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
+def add_parsers(sub: Any) -> None:
+    """A verb for each action the registry serves through the CLI, then `cancel`."""
+    for name, action in REGISTRY.items():
+        if not action.spec.cli_verb:
+            continue
+        sp = sub.add_parser(name, help=action.spec.description)
+        sp.add_argument("run", nargs="?")
+        sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        sp.add_argument("--json", action="store_true")
+        action.add_options(sp)
+        sp.set_defaults(func=HERE.get(name, cmd_action), action=name)
+    sp = sub.add_parser("cancel", help=f"cancel a long action in progress ({', '.join(CANCELLABLE)})")
+    sp.add_argument("cancel_action", metavar="ACTION", choices=CANCELLABLE)
+    sp.add_argument("run", nargs="?")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_cancel, action="cancel")
+
+
 def cmd_action(args: argparse.Namespace) -> int:
     """kill / reclaim / resume / dump / prune / verify-latest through the keeper, with a confirmation."""
     info = runs.resolve_run(args.run)
@@ -39,10 +61,9 @@ def cmd_action(args: argparse.Namespace) -> int:
             return kill_without_keeper(info, args)
         raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
     client = KeeperClient(info.sock)
-    req_args: dict[str, Any] = {}
-    for key in ("keep", "dry_run", "grace_s", "device", "seconds", "finding"):
-        if getattr(args, key, None) is not None:
-            req_args[key] = getattr(args, key)
+    action = REGISTRY[args.action]
+    fields = (f.name for f in msgspec.structs.fields(action.Args))
+    req_args: dict[str, Any] = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
     plan = client.call(args.action, req_args, confirm=False)
     if plan.stage == "done" and not plan.ok:
         return _print_reply(args, plan)
@@ -50,7 +71,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         print(plan.message)
         print("\n".join(plan_lines(args.action, plan.plan)))
     # Only what changes the run asks first; a bench or a stack dump does not.
-    if not (args.action in ("bench", "dump") or _confirm(args)):
+    if action.spec.destructive and not _confirm(args):
         print("cancelled")
         return 1
     last = None
@@ -131,6 +152,10 @@ def bench_here(args: argparse.Namespace) -> int:
     result = run_bench(getattr(args, "device", "auto"), seconds=seconds, floor_tflops=cfg.bench.floor_tflops)
     print(to_json(result.as_dict()) if getattr(args, "json", False) else describe(result))
     return 0 if result.passed else 1
+
+
+# A verb that also works here when the run has no live keeper.
+HERE = {"bench": cmd_bench}
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -1,0 +1,327 @@
+"""What every action is: a spec (its wire name, key, words, whether it asks first and whether it
+can be cancelled), typed arguments, a precondition on the run's state, a plan with its target,
+and an execution. `Action.serve` carries any action through plan -> confirm -> execute once: a
+confirmed request carries the plan the client showed (`args["expect"]`), the keeper plans again
+and refuses, naming the difference, when the target is not the one confirmed.
+
+The precondition is a pure function of the run's state: the keeper refuses with its words, and
+the control room offers the action's key only when it holds (and says the same words when not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core import units
+from trainroom.core.ckpt.report import Expected, VerifyReport
+from trainroom.core.health.diskguard import DiskUsage
+from trainroom.core.ops.resume import ResumePlan
+from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.run.state import RunState
+from trainroom.core.samples import DiskSample
+from trainroom.core.settings import RunSettings
+
+Reply = Callable[[p.Reply], None]
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """An action as every client names it: its name on the wire, its key, what it does."""
+
+    name: str  # the protocol's `Request.action`, and what a finding's `action` names
+    # The control room's default key, in Textual's names (`trainroom.toml` [keys] remaps it).
+    # What changes the world takes a capital or a ctrl chord (k9s kills with ctrl+k), never a
+    # letter a vim, k9s or lazygit user presses to move: j/k/g/G scroll, / searches.
+    key: str
+    description: str  # one line: the help screen, the palette, the CLI's help, the docs
+    destructive: bool  # changes the world: clients show the keeper's plan and ask first
+    cancellable: bool = False  # long, and safe to stop midway (`cancel ACTION`)
+    # What the precondition checks, in words (the docs' action table).
+    when: str = "always"
+    needs_keeper: bool = True  # False: a client can act without the run's keeper (a resume)
+    # The CLI's verb of the same name asks the keeper (False: a verb of its own also works on a
+    # bare directory without a keeper, `trainroom verify` / `prune`, see cli/ckpt.py).
+    cli_verb: bool = True
+
+
+class Recorder(Protocol):
+    def emit(self, rec: p.Record, *, journal: bool = True) -> None: ...
+
+    def flush(self, *, fsync: bool = False) -> None: ...
+
+
+class RunView(Protocol):
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def settings(self) -> RunSettings: ...
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def trainer_python(self) -> str: ...
+
+
+class Keeper(Protocol):
+    """What an action may use of the keeper that serves it (the keeper's services, narrowed)."""
+
+    @property
+    def recorder(self) -> Recorder: ...
+
+    @property
+    def run(self) -> RunView: ...
+
+    @property
+    def gpu(self) -> GpuProbe: ...
+
+    def ckpt_root(self) -> Path: ...
+
+    def ckpt_keep(self) -> int: ...
+
+    def verifying(self) -> frozenset[str]: ...
+
+    def disk_usage(self) -> DiskUsage | None: ...
+
+    def disk_sample(self) -> DiskSample: ...
+
+    def newest_watched(self) -> str | None:
+        """The newest verified watched file's path (a trainer's overwritten ckpt.pt)."""
+
+    def verify_now(self, path: str, expected: Expected | None) -> VerifyReport: ...
+
+    async def wait_in_flight(self, bound_s: float, say: Say) -> list[tuple[str, float]]: ...
+
+    async def resume_plan(self) -> ResumePlan: ...
+
+    async def resume_start(self, plan: ResumePlan, say: Say) -> Outcome: ...
+
+
+class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """An action's arguments (`Request.args`, less `expect`), typed; each action names its own."""
+
+
+A = TypeVar("A", bound=Args)
+W = TypeVar("W")
+
+
+@dataclass
+class Plan(Generic[W]):
+    """A plan: what a client shows for confirmation (`summary`, `target`) and what the execution
+    carries out (`work`: an ops plan)."""
+
+    summary: str
+    target: dict[str, Any]
+    work: W
+
+
+@dataclass(frozen=True)
+class Refused:
+    why: str
+    target: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    message: str
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] | None = None  # what the result names, when not the confirmed target
+
+
+@dataclass(frozen=True)
+class Call:
+    """Who asked, and how to tell them how it goes."""
+
+    client: str
+    say: Say
+
+
+def as_builtins(x: msgspec.Struct) -> dict[str, Any]:
+    out = msgspec.to_builtins(x)
+    assert isinstance(out, dict)
+    return out
+
+
+def live_attempt(state: RunState) -> bool:
+    a = state.attempt
+    return a is not None and a.alive
+
+
+def not_running(state: RunState) -> str:
+    """Why a trainer's action cannot act: the attempt is over, in words."""
+    a = state.attempt
+    return (
+        f"the trainer is not running ({f'attempt {a.n} {ended(state)}' if a else 'no attempt has started'})"
+    )
+
+
+def ended(state: RunState) -> str:
+    a = state.attempt
+    if a is None:
+        return "never started"
+    if state.status == "stopped":
+        return "was stopped"
+    if a.exit_signal is not None:
+        return f"was killed by {units.signal_name(a.exit_signal)}"
+    if a.exit_code is not None:
+        return f"exited with code {a.exit_code}"
+    return "ended"
+
+
+class Action(Generic[A, W]):
+    """One action. A subclass gives `spec`, `Args`, and overrides `precondition`, `plan`,
+    `execute` and, where a confirmation is of something narrower than the whole plan, `target`
+    / `narrowed` / `what_changed`."""
+
+    spec: ClassVar[ActionSpec]
+    Args: type[A]
+
+    # ------------------------------------------------------------ what a subclass says
+
+    def add_options(self, ap: argparse.ArgumentParser) -> None:
+        """The CLI verb's options beyond `RUN --yes --json`; each `dest` is an `Args` field."""
+
+    def validate(self, args: A) -> str | None:
+        """Why the arguments cannot be used (None: they can); checked before anything is planned."""
+        return None
+
+    def precondition(self, state: RunState, args: A) -> str | None:
+        """Why the action cannot act on this run now, in words; None when it can."""
+        return None
+
+    def not_offered(self, state: RunState, args: A) -> str | None:
+        """Why a client should not offer the action now although the keeper would carry it out
+        (a kill of a trainer that is gone only confirms its memory was released: a check, not a
+        fix); None when it is worth offering. Said after the precondition."""
+        return None
+
+    def dry_run(self, args: A) -> bool:
+        """A confirmed request that only says what it would do."""
+        return False
+
+    async def plan(self, k: Keeper, args: A, call: Call) -> Plan[W] | Refused:
+        raise NotImplementedError
+
+    async def execute(self, k: Keeper, args: A, plan: Plan[W], call: Call) -> Outcome:
+        raise NotImplementedError
+
+    def target(self, plan: dict[str, Any]) -> object:
+        """What a confirmation is a confirmation of: the exact targets of a plan, compared
+        between the plan a client confirmed and the one about to be carried out. The whole plan
+        unless an action says less; None: nothing could change under it (no plan to carry)."""
+        return plan
+
+    def narrowed(self, confirmed: object, now: object) -> bool:
+        """Whether the target only lost what ended on its own since it was confirmed (acting on
+        the rest acts on nothing unconfirmed)."""
+        return False
+
+    def what_changed(self, confirmed: object, now: object) -> str:
+        return f"confirmed {confirmed!r}, now {now!r}"
+
+    # ------------------------------------------------------------ the same for every action
+
+    def args_of(self, raw: dict[str, Any]) -> A | str:
+        """The request's arguments, typed; or why they cannot be."""
+        given = {k: v for k, v in raw.items() if k != "expect"}
+        try:
+            return msgspec.convert(given, self.Args)
+        except msgspec.ValidationError as exc:
+            return f"{self.spec.name}: bad arguments: {exc}"
+
+    def refusal(self, state: RunState, raw: dict[str, Any], *, offer: bool = False) -> str | None:
+        """The precondition on raw request arguments, in the keeper's words (`offer`: and
+        whether a client should offer it now, see `not_offered`)."""
+        args = self.args_of(raw)
+        if isinstance(args, str):
+            return args
+        why = self.validate(args) or self.precondition(state, args)
+        return why if why is not None or not offer else self.not_offered(state, args)
+
+    async def serve(self, k: Keeper, req: p.Request, reply: Reply, client: str) -> None:
+        name = self.spec.name
+        args = self.args_of(req.args)
+        if isinstance(args, str):
+            reply(done_reply(req, False, args))
+            return
+        bad = self.validate(args)
+        if bad is not None:
+            reply(done_reply(req, False, f"{name}: {bad}"))
+            return
+        why = self.precondition(k.run.state, args)
+        if why is not None:
+            reply(done_reply(req, False, f"{name} refused: {why}"))
+            return
+        call = Call(client=client, say=progress_to(reply, req))
+        planned = await self.plan(k, args, call)
+        if isinstance(planned, Refused):
+            reply(done_reply(req, False, f"{name} refused: {planned.why}", plan=planned.target))
+            return
+        if not req.confirm:
+            reply(p.Reply(id=req.id, action=name, stage="plan", message=planned.summary, plan=planned.target))
+            return
+        if self.dry_run(args):
+            reply(done_reply(req, True, planned.summary, plan=planned.target))
+            return
+        if not self.confirmed(req, reply, planned.target):
+            return
+        out = await self.execute(k, args, planned, call)
+        target = planned.target if out.target is None else out.target
+        reply(done_reply(req, out.ok, out.message, plan=target, before=out.before, after=out.after))
+
+    def confirmed(self, req: p.Request, reply: Reply, plan: dict[str, Any]) -> bool:
+        """False (and a refusal sent) when a confirmed request's plan is not the one to run."""
+        name = self.spec.name
+        now = self.target(plan)
+        if now is None:
+            return True  # nothing can change under it (a bench): nothing to confirm
+        expect = req.args.get("expect")
+        if not isinstance(expect, dict):
+            reply(
+                done_reply(
+                    req, False, f"{name}: confirm with the plan you confirmed (args.expect)", plan=plan
+                )
+            )
+            return False
+        was = self.target(expect)
+        if was != now and not self.narrowed(was, now):
+            reply(
+                done_reply(
+                    req,
+                    False,
+                    f"{name} refused: the target changed since it was confirmed "
+                    f"({self.what_changed(was, now)}); look at the new plan and confirm again",
+                    plan=plan,
+                )
+            )
+            return False
+        return True
+
+
+def progress_to(reply: Reply, req: p.Request) -> Say:
+    loop = asyncio.get_running_loop()
+
+    def say(line: str) -> None:
+        loop.call_soon_threadsafe(
+            reply, p.Reply(id=req.id, action=req.action, stage="progress", message=line)
+        )
+
+    return say
+
+
+def done_reply(req: p.Request, ok: bool, message: str, **kw: Any) -> p.Reply:
+    return p.Reply(id=req.id, action=req.action, stage="done", ok=ok, message=message, **kw)

@@ -1,0 +1,62 @@
+"""bench: a matmul TFLOPS figure on the run's device, with the trainer's interpreter: is the
+hardware fine?"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from typing import Any
+
+from trainroom.core import argtypes
+from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
+from trainroom.core.ops.bench import add_device_options, describe, run_bench
+
+
+class BenchArgs(Args, kw_only=True):
+    device: str = "auto"
+    seconds: float | None = None  # [bench] seconds when None
+
+
+class Bench(Action[BenchArgs, None]):
+    spec = ActionSpec(
+        name="bench",
+        key="b",
+        description="Run the matmul bench on the run's device: is the hardware fine?",
+        destructive=False,
+        cancellable=True,
+    )
+    Args = BenchArgs
+
+    def add_options(self, ap: argparse.ArgumentParser) -> None:
+        add_device_options(ap)
+
+    def validate(self, args: BenchArgs) -> str | None:
+        if args.seconds is not None and argtypes.checked(args.seconds, 0.01, 60) is None:
+            return f"seconds must be in (0, 60], got {args.seconds!r}"
+        return None
+
+    async def plan(self, k: Keeper, args: BenchArgs, call: Call) -> Plan[None] | Refused:
+        target = {"device": args.device, "python": k.run.trainer_python()}
+        return Plan(f"matmul bench on {args.device} (~1 s)", target, None)
+
+    async def execute(self, k: Keeper, args: BenchArgs, plan: Plan[None], call: Call) -> Outcome:
+        call.say(f"running the matmul bench on {args.device}")
+        cfg = k.run.settings.bench
+        cancel = threading.Event()
+        try:
+            out = await asyncio.to_thread(
+                run_bench,
+                args.device,
+                python=plan.target["python"],
+                seconds=float(args.seconds or cfg.seconds),
+                floor_tflops=cfg.floor_tflops,
+                cancel=cancel,
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # the bench's child is killed, not left to run out its time
+            raise
+        return Outcome(out.ok, describe(out), after=out.as_dict(), target={"device": args.device})
+
+    def target(self, plan: dict[str, Any]) -> object:
+        return None  # nothing to change under it

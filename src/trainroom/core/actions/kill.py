@@ -1,0 +1,216 @@
+"""kill: the trainer's process group (SIGTERM, grace, SIGKILL), or with `finding` what that open
+finding targets (a duplicate trainer, a lock holder, leftovers); then confirm the VRAM fell."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainroom.core import argtypes
+from trainroom.core import protocol as p
+from trainroom.core.actions.base import (
+    Action,
+    ActionSpec,
+    Args,
+    Call,
+    Keeper,
+    Outcome,
+    Plan,
+    Refused,
+    live_attempt,
+    not_running,
+)
+from trainroom.core.findings import Finding
+from trainroom.core.ops.kill import KILL_CONFIRM_S, KillPlan, execute_kill, plan_kill
+from trainroom.core.ops.target_kill import plan_target_kill
+from trainroom.core.ops.vram import run_vram_probe
+from trainroom.core.run.state import AttemptView, RunState
+
+# After a kill's grace and confirmation, how long its target's end still counts as "stopped".
+STOP_MARGIN_S = 10.0
+
+
+class KillArgs(Args, kw_only=True):
+    grace_s: float | None = None  # seconds between SIGTERM and SIGKILL ([kill] grace_s when None)
+    finding: str | None = None  # kill what this open finding targets, not the trainer
+
+
+@dataclass
+class KillWork:
+    plan: KillPlan
+    vram_pids: list[int]
+    stopping: AttemptView | None
+
+
+class Kill(Action[KillArgs, KillWork]):
+    spec = ActionSpec(
+        name="kill",
+        key="ctrl+k",
+        description="Kill the trainer's process group (SIGTERM, then SIGKILL) and confirm VRAM fell",
+        destructive=True,
+        when="the trainer runs (a finding's kill: the finding is open)",
+    )
+    Args = KillArgs
+
+    def add_options(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument(
+            "--grace",
+            dest="grace_s",
+            type=argtypes.seconds(0, 3600),
+            help="seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
+        )
+        ap.add_argument(
+            "--finding",
+            metavar="IDENT",
+            help="kill what this open finding targets (its ident in `status --json`, e.g. "
+            "DUPLICATE_TRAINER:trainer), not the trainer",
+        )
+
+    def validate(self, args: KillArgs) -> str | None:
+        if args.grace_s is not None and argtypes.checked(args.grace_s, 0, 3600) is None:
+            return f"grace_s must be seconds in [0, 3600], got {args.grace_s!r}"
+        return None
+
+    def precondition(self, state: RunState, args: KillArgs) -> str | None:
+        if args.finding is not None:
+            f = state.findings.get(args.finding)
+            if f is None:
+                return f"finding {args.finding!r} is not open (it cleared, or never was)"
+            if f.action != "kill":
+                return f"finding {f.ident} offers no kill (its action: {f.action or 'none'})"
+            if f.target is not None:
+                return None
+        a = state.attempt
+        if a is None:
+            return not_running(state)
+        if a.pid <= 0:
+            return "this run has no attempt with a process group to kill"
+        # An ended attempt may still have members (orphans of a dead leader), and with none left
+        # the kill still confirms the driver released their memory: the plan says which.
+        return None
+
+    def not_offered(self, state: RunState, args: KillArgs) -> str | None:
+        f = state.findings.get(args.finding) if args.finding is not None else None
+        if f is not None and f.target is not None and f.target.pids:
+            return None
+        return None if live_attempt(state) else not_running(state)
+
+    async def plan(self, k: Keeper, args: KillArgs, call: Call) -> Plan[KillWork] | Refused:
+        st = k.run.state
+        f = st.findings.get(args.finding) if args.finding is not None else None
+        if f is not None and f.target is not None:
+            return await self._plan_target(k, f)
+        a = st.attempt
+        assert a is not None
+        plan = await asyncio.to_thread(
+            plan_kill,
+            a.pid,
+            a.pgid,
+            a.start_time,
+            attempt_start_ticks=a.start_ticks,
+            keeper_pid=os.getpid(),
+            run_id=k.run.run_id,
+            attempt_ended_at=a.ended_at,
+            workers=st.attempt_workers(),
+        )
+        pids = [m.pid for m in plan.members]
+        if plan.nothing_left:
+            # The attempt died whole (a SIGKILL): nothing to signal, but a kill still confirms
+            # the driver gave its memory back before anyone resumes.
+            summary = (
+                f"nothing left to kill of attempt {a.n}: process group {plan.pgid} has no live members; "
+                "confirm the driver released its memory"
+            )
+        else:
+            summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
+        return self._planned(plan, summary, sorted({a.pid, *pids}), a, None)
+
+    async def _plan_target(self, k: Keeper, f: Finding) -> Plan[KillWork] | Refused:
+        assert f.target is not None
+        plan = await asyncio.to_thread(
+            plan_target_kill,
+            f.target,
+            keeper_pid=os.getpid(),
+            run_id=k.run.run_id,
+            live_trainer=_live_trainer(k.run.state),
+        )
+        pids = [m.pid for m in plan.members]
+        if plan.nothing_left:
+            summary = (
+                f"nothing left to kill of {plan.subject} ({f.ident}); confirm the driver released its memory"
+            )
+        else:
+            summary = f"kill {plan.subject} ({f.ident}): {len(pids)} process(es) {pids}"
+        return self._planned(plan, summary, sorted(set(pids) | set(f.target.pids)), None, f.ident)
+
+    @staticmethod
+    def _planned(
+        plan: KillPlan, summary: str, vram_pids: list[int], stopping: AttemptView | None, finding: str | None
+    ) -> Plan[KillWork] | Refused:
+        target = plan.as_dict() | ({"finding": finding} if finding else {})
+        if not plan.ok and not plan.nothing_left:
+            return Refused("; ".join(plan.refusals), target)
+        return Plan(summary, target, KillWork(plan, vram_pids, stopping))
+
+    async def execute(self, k: Keeper, args: KillArgs, plan: Plan[KillWork], call: Call) -> Outcome:
+        cfg = k.run.settings.kill
+        grace = float(args.grace_s if args.grace_s is not None else cfg.grace_s)
+        work = plan.work
+        stopping = work.stopping
+        if stopping is not None and stopping.alive and work.plan.members:
+            # Journaled before the first signal: the end this causes is "stopped", not a death.
+            now = time.time()
+            until = now + grace + KILL_CONFIRM_S + STOP_MARGIN_S
+            k.recorder.emit(p.AttemptStopping(n=stopping.n, t=now, by=call.client, until=until))
+            k.recorder.flush(fsync=True)
+        result = await asyncio.to_thread(
+            execute_kill,
+            work.plan,
+            grace_s=grace,
+            vram_probe=run_vram_probe(
+                k.gpu, work.vram_pids, floor=stopping.vram_floor if stopping is not None else None
+            ),
+            tolerance_bytes=cfg.vram_tolerance_bytes,
+            vram_timeout_s=cfg.vram_timeout_s,
+            progress=call.say,
+            vram_poll_s=cfg.vram_poll_s,
+        )
+        r = result.as_dict()
+        return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
+
+    def target(self, plan: dict[str, Any]) -> object:
+        return (
+            plan.get("pgid"),
+            sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or []),
+        )
+
+    def narrowed(self, confirmed: object, now: object) -> bool:
+        # Processes that ended on their own (a job's other node killed first, a rank exited):
+        # signalling the rest acts on nothing unconfirmed. A process added, or a pid with another
+        # start tick, is a change.
+        if isinstance(confirmed, tuple) and isinstance(now, tuple):
+            return bool(confirmed[0] == now[0] and set(now[1]) <= set(confirmed[1]))
+        return False
+
+    def what_changed(self, confirmed: object, now: object) -> str:
+        if isinstance(confirmed, tuple) and isinstance(now, tuple):
+            was = [pid for pid, _ in confirmed[1]]
+            is_ = [pid for pid, _ in now[1]]
+            return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
+        return super().what_changed(confirmed, now)
+
+
+def _live_trainer(st: RunState) -> set[int]:
+    """The live attempt's trainer processes, never a targeted kill's target: its leader, its
+    ranks' reporters and its rank workers. Another member of its group (a DataLoader worker or an
+    async-save child holding a CUDA context of its own) can be a finding's target."""
+    a = st.attempt
+    if a is None or not a.alive:
+        return set()
+    procs = st.probe.procs if st.probe is not None else None
+    ranks = {r.pid for r in st.ranks.values() if r.pid}
+    return {a.pid, *ranks, *(w.pid for w in (procs.workers if procs is not None else []))}

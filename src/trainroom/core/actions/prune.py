@@ -1,0 +1,119 @@
+"""prune: delete checkpoints beyond the last `keep` verified ones (never pinned, `latest`, one
+being verified or the one the live attempt resumed from)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainroom.core import argtypes
+from trainroom.core import protocol as p
+from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
+from trainroom.core.ops import prune as pruning
+from trainroom.core.run.state import RunState
+from trainroom.core.units import fmt_bytes
+
+
+class PruneArgs(Args, kw_only=True):
+    keep: int | None = None  # verified checkpoints kept ([checkpoints] keep when None)
+    include_rejected: bool = False
+    dry_run: bool = False
+
+
+@dataclass
+class PruneWork:
+    plan: pruning.PrunePlan
+    protect: list[str]
+
+
+class Prune(Action[PruneArgs, PruneWork]):
+    spec = ActionSpec(
+        name="prune",
+        key="P",
+        description="Prune checkpoints, keeping the last verified ones, pinned and latest",
+        cli_verb=False,
+        destructive=True,
+        when="the run has checkpoints not yet pruned",
+    )
+    Args = PruneArgs
+
+    def validate(self, args: PruneArgs) -> str | None:
+        if args.keep is not None and argtypes.checked(args.keep, 0, 1_000_000, whole=True) is None:
+            return f"keep must be a whole number >= 0, got {args.keep!r}"
+        return None
+
+    def not_offered(self, state: RunState, args: PruneArgs) -> str | None:
+        # The keeper plans a prune of its checkpoint root whatever the run saw (earlier runs may
+        # share it); a client offers one only when this run has checkpoints.
+        if not any(c.state != "pruned" for c in state.checkpoints):
+            return "no checkpoints to prune"
+        return None
+
+    def dry_run(self, args: PruneArgs) -> bool:
+        return args.dry_run
+
+    async def plan(self, k: Keeper, args: PruneArgs, call: Call) -> Plan[PruneWork] | Refused:
+        keep = k.ckpt_keep() if args.keep is None else args.keep
+        a = k.run.state.attempt
+        resumed_from = a.resume_from if a is not None and a.ended_at is None else None
+        protect = [x for x in [*k.verifying(), resumed_from] if x]
+        root = k.ckpt_root()
+        plan = await asyncio.to_thread(
+            pruning.plan, root, keep, protect=protect, include_rejected=args.include_rejected
+        )
+        msg = (
+            f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
+            f"{fmt_bytes(plan.bytes_to_free)} to free"
+        )
+        return Plan(msg, prune_target(plan, keep), PruneWork(plan, protect))
+
+    async def execute(self, k: Keeper, args: PruneArgs, plan: Plan[PruneWork], call: Call) -> Outcome:
+        usage = k.disk_usage()
+        before = {"disk_used_bytes": usage.used_bytes if usage else None}
+        res = await asyncio.to_thread(
+            pruning.execute, plan.work.plan, dry_run=False, protect=plan.work.protect
+        )
+        now = time.time()
+        # A pruned step directory is the promoted form of a candidate the run knows by its path.
+        by_dir = {c.report.promoted_dir: c.path for c in k.run.state.checkpoints if c.report is not None}
+        for d in res.deleted:
+            k.recorder.emit(
+                p.CheckpointState(
+                    path=by_dir.get(d.path, d.path), step=d.step, state="pruned", t=now, size_bytes=d.bytes
+                )
+            )
+        sample = await asyncio.to_thread(k.disk_sample)
+        after = {
+            "disk_used_bytes": sample.used_bytes,
+            "bytes_freed": res.bytes_freed,
+            "deleted": [{"step": d.step, "path": d.path, "bytes": d.bytes} for d in res.deleted],
+            "failed": [{"step": f.step, "path": f.path, "why": f.why} for f in res.failed],
+        }
+        msg = (
+            f"pruned {len(res.deleted)} checkpoint(s), freed {fmt_bytes(res.bytes_freed)}, kept {len(res.kept)}"
+            + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else "")
+        )
+        return Outcome(not res.failed, msg, before, after)
+
+    def target(self, plan: dict[str, Any]) -> object:
+        return sorted((d.get("path"), d.get("bytes")) for d in plan.get("delete") or [])
+
+    def what_changed(self, confirmed: object, now: object) -> str:
+        if isinstance(confirmed, list) and isinstance(now, list):
+            return f"confirmed {len(confirmed)} checkpoint(s) to delete, now {len(now)}"
+        return super().what_changed(confirmed, now)
+
+
+def prune_target(plan: pruning.PrunePlan, keep: int) -> dict[str, Any]:
+    """A prune plan as records, not strings: the CLI prints them as `prune --root` does, the
+    control room one a line."""
+    return {
+        "root": plan.root,
+        "keep": keep,
+        "bytes_to_free": plan.bytes_to_free,
+        "delete": [{"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete],
+        "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
+        "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped],
+    }

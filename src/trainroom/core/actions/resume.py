@@ -1,0 +1,77 @@
+"""resume: a new attempt from the last verified checkpoint, once the death criteria hold (the
+old group gone, no lock held, the driver's memory back, the RAM the load needs)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from trainroom.core.actions.base import (
+    Action,
+    ActionSpec,
+    Args,
+    Call,
+    Keeper,
+    Outcome,
+    Plan,
+    Refused,
+    as_builtins,
+    live_attempt,
+)
+from trainroom.core.ops.resume import ResumePlan
+from trainroom.core.run.state import RunState
+
+# How long a resume waits for checkpoints still being verified (the newest may be among them).
+RESUME_WAIT_S = 120.0
+
+
+class ResumeArgs(Args, kw_only=True):
+    pass
+
+
+class Resume(Action[ResumeArgs, ResumePlan]):
+    spec = ActionSpec(
+        name="resume",
+        key="R",
+        description="Resume from the last verified checkpoint as a new attempt",
+        destructive=True,
+        cancellable=True,
+        when="the trainer is not running and a checkpoint verified",
+        needs_keeper=False,
+    )
+    Args = ResumeArgs
+
+    def precondition(self, state: RunState, args: ResumeArgs) -> str | None:
+        a = state.attempt
+        if a is not None and live_attempt(state):
+            return f"attempt {a.n} is still running: kill it first"
+        return None
+
+    def not_offered(self, state: RunState, args: ResumeArgs) -> str | None:
+        # The keeper also finds a `latest` under the root that this run never saw; a client
+        # offers a resume only from a checkpoint the run verified.
+        if state.attempt is not None and not any(c.state == "verified" for c in state.checkpoints):
+            return "no verified checkpoint to resume from: start it again from scratch (`trainroom launch`)"
+        return None
+
+    async def plan(self, k: Keeper, args: ResumeArgs, call: Call) -> Plan[ResumePlan] | Refused:
+        still = await k.wait_in_flight(RESUME_WAIT_S, call.say)
+        plan = await k.resume_plan()
+        if still:
+            # Refused with what is still being verified: the newest resume point may be among them.
+            waiting = ", ".join(f"{path} (for {time.time() - since:.0f} s)" for path, since in still)
+            plan.refusals.append(f"still verifying {waiting}: resume again once it has a verdict")
+            plan.ok = False
+        target = as_builtins(plan)
+        if not plan.ok:
+            return Refused("; ".join(plan.refusals), target)
+        note = f"; {plan.note}" if plan.note else ""
+        return Plan(
+            f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){note}", target, plan
+        )
+
+    async def execute(self, k: Keeper, args: ResumeArgs, plan: Plan[ResumePlan], call: Call) -> Outcome:
+        return await k.resume_start(plan.work, call.say)
+
+    def target(self, plan: dict[str, Any]) -> object:
+        return (plan.get("checkpoint"), plan.get("step"), plan.get("digest"), plan.get("argv"))
