@@ -117,8 +117,8 @@ def test_kill_of_a_leaderless_group_spares_a_stranger_and_takes_the_leftover(
 
 STEPPER = """
 import time
-from trainroom.core import reporter
-rep = reporter.connect(lr=1e-3)
+from trainroom.core import sdk
+rep = sdk.connect(lr=1e-3)
 step = 0
 while True:
     step += 1

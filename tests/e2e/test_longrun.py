@@ -32,12 +32,12 @@ from trainroom.core.settings import LaunchOptions
 # groups, a decay), then exits 0; with STEPS=0 they step until killed.
 TRAINER = """
     import math, os, struct, subprocess, sys, time
-    from trainroom.core import reporter
+    from trainroom.core import sdk
     steps = int(sys.argv[1])
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         child = subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"})
-    rep = reporter.connect(lr=3e-4, vocab_size=50257, rank=rank, world_size=2)
+    rep = sdk.connect(lr=3e-4, vocab_size=50257, rank=rank, world_size=2)
     step, lr = 0, 3e-4
     while steps == 0 or step < steps:
         step += 1
