@@ -37,11 +37,11 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
 from trainroom.core.findings import Finding
 from trainroom.core.run import replay, segments, snapshot, store
 from trainroom.core.run.journal import Journal
 from trainroom.core.run.writer import JournalWriter
+from trainroom.core.sections import JournalPolicy
 
 RANKS = 8
 RATE = 10.0  # steps per second per rank, simulated

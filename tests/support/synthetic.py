@@ -12,11 +12,11 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
 from trainroom.core.findings import Finding
 from trainroom.core.run import store
 from trainroom.core.run.view import RunView
 from trainroom.core.run.writer import JournalWriter
+from trainroom.core.sections import JournalPolicy
 
 T0 = 1_780_000_000.0
 

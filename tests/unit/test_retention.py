@@ -9,10 +9,11 @@ from pathlib import Path
 
 from tests.support.synthetic import make_run_dir, run_records, view_bytes, write_run
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy, decode_config
+from trainroom.core.config import decode_config
 from trainroom.core.run import replay, segments, snapshot, store
 from trainroom.core.run.journal import read_frames, read_journal
 from trainroom.core.run.writer import JournalWriter
+from trainroom.core.sections import JournalPolicy
 
 # 64 KiB segments: a few thousand steps fill one.
 SEGMENTED = JournalPolicy(snapshot_records=1000, batch_rows=64, segment_mib=0.0625)

@@ -12,11 +12,11 @@ import msgspec
 
 from tests.support.synthetic import make_run_dir, run_records, view_bytes, write_run
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
 from trainroom.core.run import replay, snapshot, store
 from trainroom.core.run.journal import read_journal
 from trainroom.core.run.series import Series
 from trainroom.core.run.writer import JournalWriter
+from trainroom.core.sections import JournalPolicy
 
 SMALL = JournalPolicy(snapshot_records=1000, batch_rows=128)
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from textual.binding import Binding
 from textual.keys import _character_to_key, format_key
 
-from trainroom.core.config import Keys
 from trainroom.core.findings import ACTIONS
+from trainroom.core.sections import Keys
 
 # Actions the keeper carries out, by name (the protocol's `Request.action`), in key order.
 KEEPER_ACTIONS: tuple[str, ...] = tuple(a.name for a in ACTIONS)

@@ -11,12 +11,12 @@ from trainroom.core import argtypes
 from trainroom.core.cli import act, bridge, ckpt, doctor, events, export, job, notify, remote, show
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
-from trainroom.core.config import ConfigError
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 from trainroom.core.ops.bench import add_device_options
 from trainroom.core.remote.ssh import RemoteRefused, Unreachable
 from trainroom.core.run.client import KeeperGone
 from trainroom.core.run.store import RunError
+from trainroom.core.sections import ConfigError
 
 OpenTui = Callable[[argparse.Namespace], int]
 _open_tui: OpenTui | None = None

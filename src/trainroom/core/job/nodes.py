@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from trainroom.core.config import Host
 from trainroom.core.job.discover import job_of, newest_job, newest_run_of
 from trainroom.core.job.view import NodeReading
 from trainroom.core.remote import ssh
@@ -26,6 +25,7 @@ from trainroom.core.run.client import KeeperClient, KeeperGone, KeeperUnreachabl
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.view import RunView
+from trainroom.core.sections import Host
 
 
 class NodeRef:

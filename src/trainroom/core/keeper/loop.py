@@ -27,7 +27,7 @@ import psutil
 
 from trainroom.core import protocol as p
 from trainroom.core import settings as settings_mod
-from trainroom.core.config import Config, ConfigError, load_config
+from trainroom.core.config import Config, load_config
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Fault
 from trainroom.core.health.keeper import journal_write_failed, rank_claimed, resume_from_scratch
@@ -47,6 +47,7 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.writer import JournalWriter, hold_from_env
 from trainroom.core.samples import HostSample
 from trainroom.core.sdk.lr import requested_from_argv
+from trainroom.core.sections import ConfigError
 from trainroom.core.settings import RunSettings
 
 TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest within a tick

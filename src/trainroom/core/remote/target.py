@@ -14,6 +14,7 @@ from urllib.parse import unquote
 import msgspec
 
 from trainroom.core import config as cfg
+from trainroom.core import sections
 
 SCHEME = "ssh://"
 # A host is a DNS name, an IPv4 address, or an IPv6 address in brackets; no shell metacharacters
@@ -65,7 +66,7 @@ def is_remote(spec: str | None) -> bool:
     return bool(spec) and str(spec).startswith(SCHEME)
 
 
-def parse_target(spec: str, hosts: dict[str, cfg.Host] | None = None) -> SshTarget:
+def parse_target(spec: str, hosts: dict[str, sections.Host] | None = None) -> SshTarget:
     """Parse `ssh://[user@]host[:port][/RUN]`; a host named in `hosts` is expanded (the target's
     own user, port and run win over the alias's)."""
     m = _TARGET.match(spec)
@@ -92,7 +93,7 @@ def parse_target(spec: str, hosts: dict[str, cfg.Host] | None = None) -> SshTarg
     )
 
 
-def configured_hosts() -> dict[str, cfg.Host]:
+def configured_hosts() -> dict[str, sections.Host]:
     """`[hosts]` of the trainroom.toml in force here (the current dir, then the state dir)."""
     config, _path = cfg.load_config(Path.cwd())
     return config.hosts
@@ -103,7 +104,7 @@ def resolve_target(spec: str) -> SshTarget:
     return parse_target(spec, configured_hosts())
 
 
-def check_host(name: str, host: cfg.Host) -> str | None:
+def check_host(name: str, host: sections.Host) -> str | None:
     """Why a `[hosts.NAME]` entry cannot be used (one phrase), or None."""
     try:
         t = parse_target(host.target)

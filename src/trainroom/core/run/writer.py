@@ -29,11 +29,11 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
 from trainroom.core.run import journal as journal_mod
 from trainroom.core.run import replay, segments, snapshot, stepbatch, summary
 from trainroom.core.run.journal import BACKLOG_BYTES, MAX_RECORD, Journal, JournalHealth
 from trainroom.core.run.view import RunView
+from trainroom.core.sections import JournalPolicy
 
 SUMMARY_S = 5.0  # at most one summary this often while the run changes
 RETENTION_CHECK_S = 600.0  # how often sealed segments are looked at for retention
