@@ -27,7 +27,7 @@ TRAINER = textwrap.dedent(
     import sys, time
     import torch
     from trainroom.core import sdk
-    
+
     save_after, mb = float(sys.argv[1]), float(sys.argv[2])
     rep = sdk.connect(lr=1e-3)
     t_end = time.monotonic() + save_after
@@ -48,7 +48,7 @@ TRAINER = textwrap.dedent(
 
 def _first_verdict_s(run_dir: Path) -> float | None:
     from trainroom.core import protocol as p
-    from trainroom.core.run import journal as journal
+    from trainroom.core.journal import file as journal
     from trainroom.core.run import store as runs
 
     saved = verdict = None

@@ -17,8 +17,8 @@ from tests.support.helpers import status
 from tests.support.waiting import wait_for
 from trainroom.core import failpoints
 from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
-from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 

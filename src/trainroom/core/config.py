@@ -66,7 +66,6 @@ from trainroom.core.sections import (
     JournalPolicy,
     Keys,
     Notify,
-    Section,
     check_hosts,
     check_keys,
     check_notify,

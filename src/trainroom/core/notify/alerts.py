@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trainroom.core import config as cfg
 from trainroom.core import protocol as p
 from trainroom.core import sections
 from trainroom.core.findings import SEVERITY_RANK

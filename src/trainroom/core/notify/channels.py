@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from trainroom.core import config as cfg
 from trainroom.core import sections
 from trainroom.core.notify import alert as shapes
 from trainroom.core.notify.alert import Alert

@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import msgspec
 
-from trainroom.core import config as cfg
 from trainroom.core import protocol as p
 from trainroom.core import sections
 from trainroom.core.notify import alert as alerts

@@ -12,10 +12,11 @@ import msgspec
 import psutil
 
 from trainroom.core import protocol as p
+from trainroom.core.journal import replay, segments
 from trainroom.core.probes.procs import same_start
 from trainroom.core.remote import ssh
 from trainroom.core.remote.target import TargetError, is_remote, resolve_target
-from trainroom.core.run import replay, segments
+from trainroom.core.run.fold import RunFold
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
 from trainroom.core.settings import LaunchOptions
@@ -260,6 +261,11 @@ def empty_view(rec: RunRecord) -> RunView:
     )
 
 
+def fold_of(rec: RunRecord) -> RunFold:
+    """How the journal engine folds this run's records (from `empty_view`)."""
+    return RunFold(lambda: empty_view(rec))
+
+
 def load_state(run_dir: str | Path) -> RunState:
     """Rebuild the run from its record and journal, for when its keeper is gone."""
     return load_view(run_dir, series=False).state
@@ -273,7 +279,7 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
         return _remote_view(str(run_dir))
     d = Path(run_dir)
     rec = read_record(d)
-    view = replay.load(d, lambda: empty_view(rec), series=series).view
+    view = replay.load(d, fold_of(rec), series=series).view
     if rec.start_error is not None:
         fold = view.apply if series else view.state.apply
         fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))
