@@ -15,8 +15,8 @@ import msgspec
 
 from trainroom.core import config as cfg
 from trainroom.core import sections
+from trainroom.core.run.address import SCHEME
 
-SCHEME = "ssh://"
 # A host is a DNS name, an IPv4 address, or an IPv6 address in brackets; no shell metacharacters
 # (the host is an argument to ssh, never to a shell, but a leading '-' would read as an option).
 _HOST = r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_][A-Za-z0-9_.\-]*)"
@@ -60,10 +60,6 @@ class SshTarget(msgspec.Struct, frozen=True, kw_only=True):
 
     def __str__(self) -> str:
         return f"{self.node}/{self.run}" if self.run else self.node
-
-
-def is_remote(spec: str | None) -> bool:
-    return bool(spec) and str(spec).startswith(SCHEME)
 
 
 def parse_target(spec: str, hosts: dict[str, sections.Host] | None = None) -> SshTarget:
