@@ -28,8 +28,8 @@ from pathlib import Path
 
 TRAINER = """
 import os, sys, threading, time
-from trainroom.core import reporter
-rep = reporter.connect(lr=1e-3)
+from trainroom.core import sdk
+rep = sdk.connect(lr=1e-3)
 interval = float(sys.argv[1]); stall_at = int(sys.argv[2]); lock_at = int(sys.argv[3])
 step = 0
 while True:

@@ -26,11 +26,10 @@ TRAINER = textwrap.dedent(
     """
     import sys, time
     import torch
-    from trainroom.core import reporter
-    from trainroom.core.checkpoints import save_checkpoint
+    from trainroom.core import sdk
 
     save_after, mb = float(sys.argv[1]), float(sys.argv[2])
-    rep = reporter.connect(lr=1e-3)
+    rep = sdk.connect(lr=1e-3)
     t_end = time.monotonic() + save_after
     step = 0
     while time.monotonic() < t_end:
@@ -40,7 +39,7 @@ TRAINER = textwrap.dedent(
     n = max(1, int(mb * 1e6 / 4 / 4096))
     g = torch.Generator().manual_seed(0)
     state = {"model": {"transformer.h.0.mlp.c_fc.weight": torch.randn(n, 4096, generator=g) * 0.02}}
-    save_checkpoint(state, step=step)
+    sdk.save_checkpoint(state, step=step)
     print("saved", flush=True)
     time.sleep(600)
     """
@@ -49,7 +48,7 @@ TRAINER = textwrap.dedent(
 
 def _first_verdict_s(run_dir: Path) -> float | None:
     from trainroom.core import protocol as p
-    from trainroom.core.run import journal as journal
+    from trainroom.core.journal import file as journal
     from trainroom.core.run import store as runs
 
     saved = verdict = None

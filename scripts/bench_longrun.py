@@ -37,11 +37,12 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
 from trainroom.core.findings import Finding
-from trainroom.core.run import replay, segments, snapshot, store
-from trainroom.core.run.journal import Journal
-from trainroom.core.run.writer import JournalWriter
+from trainroom.core.journal import replay, segments, snapshot
+from trainroom.core.journal.file import Journal
+from trainroom.core.journal.writer import JournalWriter
+from trainroom.core.run import store
+from trainroom.core.sections import JournalPolicy
 
 RANKS = 8
 RATE = 10.0  # steps per second per rank, simulated
@@ -126,7 +127,7 @@ def write_new(
     keeper's tick does)."""
     d, rec = new_run(home, name)
     now = T0
-    w = JournalWriter(d, lambda: store.empty_view(rec), policy, clock=lambda: now)
+    w = JournalWriter(d, store.fold_of(rec), policy, clock=lambda: now)
     next_tick = T0
     count = 0
     t0 = time.perf_counter()
@@ -187,7 +188,7 @@ def keeper_cost(root: Path, n: int = 200_000) -> dict[str, float]:
     out["journal_us"] = (time.perf_counter() - t0) / len(recs) * 1e6
     d, rec = new_run(root / "cost", "writer")
     now = T0
-    w = JournalWriter(d, lambda: store.empty_view(rec), JournalPolicy(), clock=lambda: now)
+    w = JournalWriter(d, store.fold_of(rec), JournalPolicy(), clock=lambda: now)
     t0 = time.perf_counter()
     for i, r in enumerate(recs):
         now = _clock_of(r, now)
@@ -293,7 +294,7 @@ def _measure_round(c: Case, root: Path, runs: int, src: str | None, heavy: bool)
     crashed = root / f"{c.kind}-{c.n}-crashed"
     if crashed.exists():
         cd = crashed / "runs" / c.name
-        c.res["crash_tail"] = float(replay.load(cd, lambda: store.empty_view(rec)).tail_records)
+        c.res["crash_tail"] = float(replay.load(cd, store.fold_of(rec)).tail_records)
         c.add("crash_status_cli", timed(cli(crashed, "status", c.name, "--json"), 1))
         c.add("crash_status_inproc", timed(lambda: store.load_state(cd), 1))
 
@@ -331,7 +332,7 @@ def main() -> int:
             for i in range(args.runs):
                 clone(c.run_dir, root / f"{kind}-{n}-x{args.runs}", f"{name}-{i:02d}")
             rec = store.read_record(c.run_dir)
-            loaded = replay.load(c.run_dir, lambda rec=rec: store.empty_view(rec))  # type: ignore[misc]
+            loaded = replay.load(c.run_dir, store.fold_of(rec))
             c.res["source_tail"] = float(loaded.tail_records)
             print(
                 f"{kind:5} {n:>9} records: written in {made['seconds']:.1f} s, "

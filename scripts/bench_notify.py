@@ -27,8 +27,8 @@ from typing import Any
 
 TRAINER = """
 import sys, time
-from trainroom.core import reporter
-rep = reporter.connect(lr=1e-3)
+from trainroom.core import sdk
+rep = sdk.connect(lr=1e-3)
 interval = float(sys.argv[1])
 step = 0
 while True:

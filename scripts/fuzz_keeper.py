@@ -38,8 +38,8 @@ import psutil
 
 STEPPER = """
     import time
-    from trainroom.core import reporter
-    rep = reporter.connect(lr=1e-3)
+    from trainroom.core import sdk
+    rep = sdk.connect(lr=1e-3)
     step = 0
     while True:
         step += 1

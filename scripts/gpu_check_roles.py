@@ -78,7 +78,7 @@ def _spawn(
 def trainer(args: argparse.Namespace) -> int:
     import torch
 
-    from trainroom.core import reporter
+    from trainroom.core import sdk
 
     control = Path(args.control)
     lock = open(args.lock, "a+")  # noqa: SIM115 - held for the whole life of the trainer
@@ -87,7 +87,7 @@ def trainer(args: argparse.Namespace) -> int:
     dev = torch.device(args.device)
     model = torch.nn.Linear(256, 256).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    rep = reporter.connect(lr=1e-3)
+    rep = sdk.connect(lr=1e-3)
     x = torch.randn(64, 256, device=dev)
     children: list[subprocess.Popen[bytes]] = []
     step = 0

@@ -25,7 +25,8 @@ from pathlib import Path
 
 WRITER = textwrap.dedent("""
     import sys, time, torch
-    from trainroom.core import checkpoints as ck
+    from trainroom.core.ckpt import layout as ck
+    from trainroom.core.sdk import save_checkpoint
     root, mb, start = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     n = max(1, int(mb * (1 << 20) / 4 / 8))
     g = torch.Generator().manual_seed(start)
@@ -39,7 +40,7 @@ WRITER = textwrap.dedent("""
         state["model"]["transformer.h.0.mlp.c_fc.weight"][0] = float(step)  # each save's bytes differ
         print(f"save {step}", file=log)
         t = time.perf_counter()
-        saved = ck.save_checkpoint(state, step, root=root, promote_inline=True)
+        saved = save_checkpoint(state, step, root=root, promote_inline=True)
         print(f"{saved.state} {step} {time.perf_counter() - t:.4f}", file=log)
         step += 1
 """)

@@ -15,9 +15,9 @@ import psutil
 from tests.support.helpers import run_cli, start_demo, status, status_json
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
-from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 
@@ -117,8 +117,8 @@ def test_kill_of_a_leaderless_group_spares_a_stranger_and_takes_the_leftover(
 
 STEPPER = """
 import time
-from trainroom.core import reporter
-rep = reporter.connect(lr=1e-3)
+from trainroom.core import sdk
+rep = sdk.connect(lr=1e-3)
 step = 0
 while True:
     step += 1

@@ -18,7 +18,7 @@ from tests.support.helpers import codes, run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
 from trainroom.core.ckpt import layout as ck
-from trainroom.core.run import journal as journal
+from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch

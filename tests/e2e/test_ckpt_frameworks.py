@@ -22,7 +22,7 @@ from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
 from trainroom.core.ckpt import layout
-from trainroom.core.run import journal as journal
+from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 
 MAKERS = Path(__file__).parents[1] / "support" / "ckpt_makers"

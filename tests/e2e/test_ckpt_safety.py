@@ -30,7 +30,7 @@ from tests.support.waiting import kill_runs_under, wait_for
 from trainroom.core import protocol
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt.promote import digest_of
-from trainroom.core.run import journal as journal
+from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
 

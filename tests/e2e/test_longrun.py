@@ -19,25 +19,25 @@ import pytest
 from tests.support.helpers import run_cli
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
-from trainroom.core.run import replay, segments, snapshot
+from trainroom.core.journal import replay, segments, snapshot
+from trainroom.core.journal.file import read_journal
+from trainroom.core.journal.writer import ENV_SNAPSHOT_HOLD
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
-from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
-from trainroom.core.run.writer import ENV_SNAPSHOT_HOLD
 from trainroom.core.settings import LaunchOptions
 
 # Rank 0 starts rank 1 beside it; each steps as fast as it can (a float32 loss, tokens, two LR
 # groups, a decay), then exits 0; with STEPS=0 they step until killed.
 TRAINER = """
     import math, os, struct, subprocess, sys, time
-    from trainroom.core import reporter
+    from trainroom.core import sdk
     steps = int(sys.argv[1])
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         child = subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"})
-    rep = reporter.connect(lr=3e-4, vocab_size=50257, rank=rank, world_size=2)
+    rep = sdk.connect(lr=3e-4, vocab_size=50257, rank=rank, world_size=2)
     step, lr = 0, 3e-4
     while steps == 0 or step < steps:
         step += 1
@@ -121,7 +121,7 @@ def test_status_from_the_journal_after_the_keeper_is_gone_equals_the_live_one(
     assert from_journal["keeper"] == "gone"
     assert _comparable(from_journal) == _comparable(live)
     d = Path(info.run_dir)
-    loaded = replay.load(d, lambda: runs.empty_view(rec))
+    loaded = replay.load(d, runs.fold_of(rec))
     assert loaded.source == "snapshot" and loaded.tail_records == 0  # the exit's snapshot: nothing to replay
     assert loaded.view.series.snapshot() == live_series  # the loss plot, bucket for bucket
     sealed = segments.sealed(d)
@@ -166,7 +166,7 @@ def test_a_keeper_killed_in_the_middle_of_a_snapshot_leaves_a_readable_run(
         assert out.returncode == 0, out.stderr
         st = json.loads(out.stdout)
         assert st["keeper"] == "gone" and st["state"] == "orphaned" and st["step"] >= 500
-        loaded = replay.load(d, lambda: runs.empty_view(rec))
+        loaded = replay.load(d, runs.fold_of(rec))
         # The second snapshot, then the journal after it.
         assert loaded.source == "snapshot" and loaded.tail_records > 0
         newest = snapshot.read(d / snapshot.SNAPSHOT_NAME)

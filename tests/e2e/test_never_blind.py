@@ -25,9 +25,9 @@ from tests.support.helpers import run_cli, status
 from tests.support.member_peer import MemberPeer
 from tests.support.waiting import kill_runs_under, wait_for
 from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_frames, read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, snapshot
-from trainroom.core.run.journal import read_frames, read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 
@@ -35,8 +35,8 @@ from trainroom.core.settings import LaunchOptions
 # until told to stop.
 STEPPER = """
     import time
-    from trainroom.core import reporter
-    rep = reporter.connect(lr=1e-3)
+    from trainroom.core import sdk
+    rep = sdk.connect(lr=1e-3)
     step = 0
     while True:
         step += 1
@@ -140,8 +140,8 @@ def test_a_full_state_disk_keeps_the_keeper_watching_and_loses_nothing(
 DEFAULT_SIGPIPE = """
     import os, signal, sys, time
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    from trainroom.core import reporter
-    rep = reporter.connect(lr=1e-3)
+    from trainroom.core import sdk
+    rep = sdk.connect(lr=1e-3)
     out = open(sys.argv[1], "a", buffering=1)
     step = 0
     while not os.path.exists(sys.argv[2]):
@@ -411,8 +411,8 @@ def test_status_json_is_strict_json_with_a_nan_loss(trhome: Path, tmp_path: Path
     script.write_text(
         textwrap.dedent("""
         import time
-        from trainroom.core import reporter
-        rep = reporter.connect(lr=1e-3)
+        from trainroom.core import sdk
+        rep = sdk.connect(lr=1e-3)
         for step in range(1, 1000):
             rep.step(step, loss=float("nan") if step > 3 else 2.0, grad_norm=float("inf"))
             time.sleep(0.05)

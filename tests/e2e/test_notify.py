@@ -32,7 +32,7 @@ from tests.support.helpers import run_cli, start_demo, status
 from tests.support.receiver import Receiver, receiver
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
-from trainroom.core.run import journal
+from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.settings import NotifyOptions
 from trainroom.core.units import redact_url

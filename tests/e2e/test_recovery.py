@@ -31,8 +31,8 @@ from tests.support.helpers import run_cli, series_of, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
+from trainroom.core.journal import file as journal
 from trainroom.core.probes.fake_nvml import write_scenario
-from trainroom.core.run import journal as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch

@@ -122,12 +122,12 @@ async def test_the_job_screen_shows_a_remote_node(remote: Remote, monkeypatch: p
 
     for k in ("TRAINROOM_SSH_COMMAND", "TRAINROOM_REMOTE_COMMAND"):
         monkeypatch.setenv(k, remote.env[k])
-    app = JobRoom([remote.target], None)
+    app = JobRoom.following([remote.target], None)
     async with app.run_test(size=(120, 30)) as pilot:
         for _ in range(600):  # up to 60 s: the node read over ssh, then followed live
             await pilot.pause(0.1)
-            if app.view and app.view["nodes"][0]["state"] == "running":
+            if app.view and app.view.nodes[0].state == "running":
                 break
-        assert app.view is not None and app.view["nodes"][0]["state"] == "running", app.view
-        assert app.view["job"] == "solo" and app.view["nodes"][0]["run"] == remote.run
-        assert "RUNNING" in str(app.query_one("#head").render())
+        assert app.view is not None and app.view.nodes[0].state == "running", app.view
+        assert app.view.head.job == "solo" and app.view.nodes[0].run == remote.run
+        assert "RUNNING" in str(app.query_one("#job-head").render())

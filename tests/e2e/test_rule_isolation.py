@@ -17,8 +17,8 @@ from tests.support.helpers import status
 from tests.support.waiting import wait_for
 from trainroom.core import failpoints
 from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
-from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 
@@ -26,11 +26,11 @@ from trainroom.core.settings import LaunchOptions
 FROZEN = """
     import time
     import torch
-    from trainroom.core import reporter
+    from trainroom.core import sdk
     torch.manual_seed(0)
     backbone, head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
     opt = torch.optim.SGD([{"params": backbone.parameters(), "lr": 0.0}, {"params": head.parameters()}], lr=1e-3)
-    rep = reporter.connect(lr=1e-3)
+    rep = sdk.connect(lr=1e-3)
     x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
     step = 0
     while True:

@@ -18,7 +18,7 @@ from trainroom.core import protocol
 from trainroom.core.demo.faults import EARLIER_RUN_LR
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.health.sanity import CODES
-from trainroom.core.run import journal as journal
+from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
 

@@ -19,10 +19,10 @@ import pytest
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run import store as runs
-from trainroom.core.run.journal import read_journal
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
 
@@ -102,11 +102,11 @@ def test_a_users_kill_is_stopped_and_never_auto_resumed(trhome: Path) -> None:
 # trainer's SIGKILL: it carries the run's id and attempt in its environment.
 LEAVES_A_STRAGGLER = """
     import subprocess, sys, time
-    from trainroom.core import reporter
+    from trainroom.core import sdk
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     with open(sys.argv[1], "w") as f:
         f.write(str(child.pid))
-    rep = reporter.connect(lr=1e-3)
+    rep = sdk.connect(lr=1e-3)
     step = 0
     while True:
         step += 1

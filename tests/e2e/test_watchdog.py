@@ -23,7 +23,7 @@ import pytest
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol
-from trainroom.core.run import journal as journal
+from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
 
@@ -347,8 +347,8 @@ def test_a_checkpoint_save_longer_than_the_stall_bound_raises_no_stall(trhome: P
         tmp_path,
         """
         import time
-        from trainroom.core import reporter
-        rep = reporter.connect(lr=1e-3)
+        from trainroom.core import sdk
+        rep = sdk.connect(lr=1e-3)
         step = 0
         def steps(n):
             global step

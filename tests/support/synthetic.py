@@ -12,11 +12,11 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
 from trainroom.core.findings import Finding
+from trainroom.core.journal.writer import JournalWriter
 from trainroom.core.run import store
 from trainroom.core.run.view import RunView
-from trainroom.core.run.writer import JournalWriter
+from trainroom.core.sections import JournalPolicy
 
 T0 = 1_780_000_000.0
 
@@ -139,7 +139,7 @@ def write_run(
     """Feed the records to a JournalWriter as a keeper would (a flush every few records, as its
     tick does); the view folded in emit order (the keeper's live view) and the writer."""
     live = store.empty_view(rec)
-    w = JournalWriter(run_dir, lambda: store.empty_view(rec), policy or JournalPolicy())
+    w = JournalWriter(run_dir, store.fold_of(rec), policy or JournalPolicy())
     for i, r in enumerate(records):
         live.apply(r)
         w.append(r)

@@ -26,6 +26,8 @@ from trainroom.core.ckpt.verifier import verify_in_subprocess
 from trainroom.core.sdk import save as save
 
 TESTS = str(Path(__file__).resolve().parents[2])  # the repo root: `tests.support` imports
+# The caller's path after it, so the trainer imports the same trainroom as the test.
+PYTHONPATH = os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))
 
 
 def _listing(root: Path) -> list[str]:
@@ -90,16 +92,16 @@ def test_keeper_flow_over_a_real_socket(tmp_path: Path) -> None:
     server.settimeout(60)
     root = tmp_path / "ck"
     script = textwrap.dedent(f"""
-        from trainroom.core import reporter, checkpoints as ck
+        from trainroom.core import sdk
         from tests.support.ckpt_fixtures import small_state
-        rep = reporter.connect(sock_path={sock_path!r})
-        saved = ck.save_checkpoint(small_state(5), 5, root={str(root)!r})
+        rep = sdk.connect(sock_path={sock_path!r})
+        saved = sdk.save_checkpoint(small_state(5), 5, root={str(root)!r})
         print(saved.state, saved.path)
         rep.close()
     """)
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": TESTS},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -163,7 +165,7 @@ def test_write_failure_midway_leaves_latest_intact(tmp_path: Path) -> None:
     root = tmp_path / "ck"
     script = _roomy_statvfs() + textwrap.dedent(f"""
         import errno, resource, signal, torch
-        from trainroom.core import checkpoints as ck
+        from trainroom.core import sdk as ck
         from tests.support.ckpt_fixtures import small_state
         ck.save_checkpoint(small_state(1), 1, root={str(root)!r})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -175,7 +177,7 @@ def test_write_failure_midway_leaves_latest_intact(tmp_path: Path) -> None:
     """)
     out = subprocess.run(
         [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": TESTS},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
         capture_output=True,
         text=True,
         timeout=120,
@@ -197,7 +199,7 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
         _roomy_statvfs()
         + textwrap.dedent(f"""
         import errno, json, os, torch
-        from trainroom.core import checkpoints as ck
+        from trainroom.core import sdk as ck
         from trainroom.core.ckpt import verify as v
         from tests.support.ckpt_fixtures import small_state
         root = {str(root)!r}
@@ -226,7 +228,7 @@ def test_enospc_during_save_leaves_latest_intact(tmp_path: Path) -> None:
         f'mount -t tmpfs -o size=3m tmpfs "{root}" && exec "{sys.executable}" "{script}"',
     ]
     res = subprocess.run(
-        cmd, env={**os.environ, "PYTHONPATH": TESTS}, capture_output=True, text=True, timeout=120
+        cmd, env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True, text=True, timeout=120
     )
     if res.returncode != 0 and "mount" in res.stderr and not res.stdout:
         pytest.skip(f"no private tmpfs here: {res.stderr.strip()[:200]}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainroom.core.config import ConfigError, decode_config
+from trainroom.core.config import decode_config
+from trainroom.core.sections import ConfigError
 
 
 def test_keys_given_by_their_names_in_the_file() -> None:

@@ -1,4 +1,4 @@
-"""The architecture, checked: trainroom.core's layers import one way, nothing imports in a circle
+"""The architecture, checked: trainroom.core's and trainroom.tui's layers import one way, nothing imports in a circle
 (function-level imports included), and each check is shown to fail on a planted bad import.
 
 The layer map is the `[tool.importlinter]` contract in pyproject.toml (one source of truth); the
@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = "trainroom.core"
+TUI = "trainroom.tui"
 
 
 def _contracts() -> list[dict[str, object]]:
@@ -26,31 +27,33 @@ def _contracts() -> list[dict[str, object]]:
     return contracts
 
 
-def _layers() -> list[set[str]]:
-    """The core's layers, highest first, each a set of subpackage/module names (no parentheses)."""
-    (layers,) = [c["layers"] for c in _contracts() if c.get("type") == "layers"]
+def _layers(container: str = CORE) -> list[set[str]]:
+    """A package's layers, highest first, each a set of subpackage/module names (no parentheses)."""
+    (layers,) = [
+        c["layers"] for c in _contracts() if c.get("type") == "layers" and c.get("containers") == [container]
+    ]
     assert isinstance(layers, list)
     return [{name.strip().strip("()") for name in str(line).split("|")} for line in layers]
 
 
-def _component(module: str) -> str | None:
-    """`trainroom.core.run.state` -> `run`; None outside the core."""
-    parts = module.split(".")
-    if parts[:2] != ["trainroom", "core"] or len(parts) < 3:
+def _component(module: str, container: str = CORE) -> str | None:
+    """`trainroom.core.run.state` -> `run`; None outside the container."""
+    parts, top = module.split("."), container.split(".")
+    if parts[: len(top)] != top or len(parts) <= len(top):
         return None
-    return parts[2]
+    return parts[len(top)]
 
 
-def layer_violations(graph: grimp.ImportGraph, layers: list[set[str]]) -> list[str]:
+def layer_violations(graph: grimp.ImportGraph, layers: list[set[str]], container: str = CORE) -> list[str]:
     """Every import from a lower layer into a higher one (or across a layer's siblings)."""
     rank = {name: i for i, line in enumerate(layers) for name in line}
     out = []
     for importer in sorted(graph.modules):
-        a = _component(importer)
+        a = _component(importer, container)
         if a not in rank:
             continue
         for imported in sorted(graph.find_modules_directly_imported_by(importer)):
-            b = _component(imported)
+            b = _component(imported, container)
             if b is None or b not in rank or a == b:
                 continue
             if rank[b] < rank[a] or (rank[b] == rank[a]):
@@ -111,13 +114,35 @@ def test_the_graph_sees_the_whole_core(graph: grimp.ImportGraph) -> None:
     named = {c for line in _layers() for c in line}
     present = {_component(m) for m in graph.modules} - {None}
     assert named <= present, f"layers missing from the package: {named - present}"
-    # Every subpackage of the core is in some layer (the public facades are modules, not layers).
-    facades = {"reporter", "lr", "tracer", "checkpoints"}
-    assert present - named - facades == set(), "a core component that no layer names"
+    # Every subpackage and module of the core is in some layer.
+    assert present - named == set(), "a core component that no layer names"
 
 
 def test_core_layers_import_one_way(graph: grimp.ImportGraph) -> None:
     assert layer_violations(graph, _layers()) == []
+
+
+def test_every_tui_module_is_in_a_layer(graph: grimp.ImportGraph) -> None:
+    named = {c for line in _layers(TUI) for c in line}
+    present = {_component(m, TUI) for m in graph.modules} - {None}
+    assert named <= present, f"layers missing from the package: {named - present}"
+    assert present - named == set(), "a control-room module that no layer names"
+
+
+def test_tui_layers_import_one_way(graph: grimp.ImportGraph) -> None:
+    assert layer_violations(graph, _layers(TUI), TUI) == []
+
+
+def test_a_planted_upward_import_in_the_tui_is_caught(graph: grimp.ImportGraph) -> None:
+    planted = grimp.build_graph("trainroom")
+    planted.add_import(importer="trainroom.tui.widgets.loss", imported="trainroom.tui.app")
+    layers = _layers(TUI)
+    found = set(layer_violations(planted, layers, TUI)) - set(layer_violations(graph, layers, TUI))
+    assert found == {"trainroom.tui.widgets.loss -> trainroom.tui.app (widgets may not import app)"}
+
+
+def test_no_import_circle_in_the_tui(graph: grimp.ImportGraph) -> None:
+    assert import_cycles(graph, TUI) == []
 
 
 def test_no_import_circle_anywhere_in_the_core(graph: grimp.ImportGraph) -> None:
@@ -140,8 +165,8 @@ def test_a_planted_circle_is_caught() -> None:
 
 
 def test_lint_imports_keeps_every_contract() -> None:
-    """import-linter itself, on the pyproject contracts (layers, the TUI kept out of the core,
-    nothing inside importing the public SDK facades)."""
+    """import-linter itself, on the pyproject contracts (the core's layers, the TUI's layers, the
+    TUI kept out of the core, the integrations above the trainer SDK only)."""
     code = "import sys; from importlinter.cli import lint_imports_command; sys.argv=['lint-imports']; lint_imports_command()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

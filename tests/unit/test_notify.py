@@ -23,6 +23,7 @@ from tests.support.receiver import receiver
 from tests.support.waiting import wait_for
 from trainroom.core import config as cfg
 from trainroom.core import protocol as p
+from trainroom.core import sections
 from trainroom.core.findings import Finding
 from trainroom.core.notify import alert as shapes
 from trainroom.core.notify.alerts import Alerts
@@ -35,8 +36,8 @@ from trainroom.core.units import redact_command, redact_url
 SECRET = "T0KEN-s3cr3t-4242"
 
 
-def policy(**kw: Any) -> cfg.Notify:
-    return msgspec.convert({"backoff_s": 0.01, **kw}, cfg.Notify)
+def policy(**kw: Any) -> sections.Notify:
+    return msgspec.convert({"backoff_s": 0.01, **kw}, sections.Notify)
 
 
 class Journal:
@@ -67,7 +68,7 @@ async def _settle(pred: Callable[[], Any], timeout: float = 30.0) -> Any:
     raise AssertionError(f"timed out waiting for {pred}")
 
 
-def run_alerts(pol: cfg.Notify, script: Callable[[Alerts, Journal, RunState], Any]) -> Journal:
+def run_alerts(pol: sections.Notify, script: Callable[[Alerts, Journal, RunState], Any]) -> Journal:
     """Alerts for a run on a real loop, fed the records `script` emits (an async function)."""
     journal = Journal()
     state = RunState(run_id="r1", argv=["python", "train.py"], cwd="/", created=0.0)
@@ -349,16 +350,19 @@ def test_notify_section_takes_one_target_or_a_list_and_refuses_a_bad_url_without
     c = cfg.decode_config(
         '[notify]\nwebhook = "https://a.example/x"\nntfy = ["https://n.example/t1", "https://n.example/t2"]\n'
     )
-    assert cfg.as_list(c.notify.webhook) == ["https://a.example/x"] and len(cfg.as_list(c.notify.ntfy)) == 2
+    assert (
+        sections.as_list(c.notify.webhook) == ["https://a.example/x"]
+        and len(sections.as_list(c.notify.ntfy)) == 2
+    )
     assert c.notify.min_severity == "warning" and c.notify.states == ["dead", "hung", "stalled", "exited"]
-    with pytest.raises(cfg.ConfigError) as exc:
+    with pytest.raises(sections.ConfigError) as exc:
         cfg.decode_config(f'[notify]\nwebhook = ["https://ok.example", "ftp://{SECRET}/x"]\n')
     assert "notify.webhook[1]: expected an http:// or https:// URL" in str(exc.value) and SECRET not in str(
         exc.value
     )
-    with pytest.raises(cfg.ConfigError, match=r"notify\.timeout_s"):
+    with pytest.raises(sections.ConfigError, match=r"notify\.timeout_s"):
         cfg.decode_config("[notify]\ntimeout_s = inf\n")
-    with pytest.raises(cfg.ConfigError, match=r"notify\.min_severity"):
+    with pytest.raises(sections.ConfigError, match=r"notify\.min_severity"):
         cfg.decode_config('[notify]\nmin_severity = "loud"\n')
 
 

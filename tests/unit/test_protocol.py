@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainroom.core import protocol as p
-from trainroom.core.run.journal import Journal, read_journal
+from trainroom.core.journal.file import Journal, read_journal
 from trainroom.core.run.state import RunState
 
 

@@ -19,13 +19,15 @@ MAX_LINES = 600
 
 # What a trainer imports (README: "The trainer SDK"), and the wire protocol other tools speak.
 PUBLIC_NAMES = [
-    ("trainroom.core", "reporter"),
-    ("trainroom.core.reporter", "connect"),
-    ("trainroom.core.reporter", "current"),
-    ("trainroom.core.lr", "reimpose_lr"),
-    ("trainroom.core.checkpoints", "save_checkpoint"),
-    ("trainroom.core.checkpoints", "latest_checkpoint"),
-    ("trainroom.core.tracer", "NonFiniteTracer"),
+    ("trainroom.core", "sdk"),
+    ("trainroom.core.sdk", "connect"),
+    ("trainroom.core.sdk", "current"),
+    ("trainroom.core.sdk", "Reporter"),
+    ("trainroom.core.sdk", "reimpose_lr"),
+    ("trainroom.core.sdk", "save_checkpoint"),
+    ("trainroom.core.sdk", "latest_checkpoint"),
+    ("trainroom.core.sdk", "verified_checkpoints"),
+    ("trainroom.core.sdk", "NonFiniteTracer"),
     ("trainroom.core.protocol", "Hello"),
     ("trainroom.core.protocol", "Step"),
     ("trainroom.core.protocol", "frame"),
@@ -66,7 +68,7 @@ def test_no_source_file_is_over_600_lines() -> None:
 
 @pytest.mark.parametrize(("module", "name"), PUBLIC_NAMES)
 def test_documented_public_names_import(module: str, name: str) -> None:
-    # `from trainroom.core import reporter` finds a submodule, `from ... import connect` a name.
+    # `from trainroom.core import sdk` finds a subpackage, `from ... import connect` a name.
     mod = importlib.import_module(module)
     assert hasattr(mod, name) or importlib.import_module(f"{module}.{name}")
 

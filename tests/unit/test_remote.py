@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from trainroom.core import config as cfg
+from trainroom.core import sections
 from trainroom.core.remote import ssh
 from trainroom.core.remote.link import Backoff, Reachability
 from trainroom.core.remote.target import SshTarget, TargetError, check_host, parse_target
@@ -47,7 +48,7 @@ def test_bad_targets_say_why_in_one_line(spec: str, why: str) -> None:
 
 
 def test_a_hosts_alias_brings_its_user_port_and_remote_command_and_the_target_wins() -> None:
-    hosts = {"node1": cfg.Host(target="ssh://me@10.0.0.5:2222", remote_command="~/venv/bin/trainroom")}
+    hosts = {"node1": sections.Host(target="ssh://me@10.0.0.5:2222", remote_command="~/venv/bin/trainroom")}
     t = parse_target("ssh://node1/abc", hosts)
     assert (t.host, t.user, t.port, t.run, t.remote_command) == (
         "10.0.0.5",
@@ -58,15 +59,15 @@ def test_a_hosts_alias_brings_its_user_port_and_remote_command_and_the_target_wi
     )
     assert str(t) == "ssh://me@node1:2222/abc" and parse_target(str(t), hosts) == t
     assert parse_target("ssh://you@node1:22", hosts).user == "you"
-    assert check_host("x", cfg.Host(target="ssh://h/run")) is not None
+    assert check_host("x", sections.Host(target="ssh://h/run")) is not None
 
 
 def test_config_hosts_are_checked_naming_the_key() -> None:
     ok = cfg.decode_config('[hosts.node1]\ntarget = "ssh://me@h:2222"\n')
     assert ok.hosts["node1"].target == "ssh://me@h:2222"
-    with pytest.raises(cfg.ConfigError, match=r"hosts\.node1\.target: expected ssh://"):
+    with pytest.raises(sections.ConfigError, match=r"hosts\.node1\.target: expected ssh://"):
         cfg.decode_config('[hosts.node1]\ntarget = "me@h"\n')
-    with pytest.raises(cfg.ConfigError, match=r"trainroom.toml: hosts\[\.\.\.\]\.bogus: unknown key"):
+    with pytest.raises(sections.ConfigError, match=r"trainroom.toml: hosts\[\.\.\.\]\.bogus: unknown key"):
         cfg.decode_config('[hosts.node1]\ntarget = "ssh://h"\nbogus = 1\n')
 
 

@@ -102,8 +102,8 @@ def test_uncaught_exception_sends_the_whole_chain_and_sigusr1_dumps_stacks(tmp_p
     lis = _Listener(path)
     code = textwrap.dedent("""
         import errno, os, signal, sys, time
-        from trainroom.core import reporter
-        rep = reporter.connect(lr=1e-3)
+        from trainroom.core import sdk
+        rep = sdk.connect(lr=1e-3)
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.2)
         try:

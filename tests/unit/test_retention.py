@@ -9,17 +9,19 @@ from pathlib import Path
 
 from tests.support.synthetic import make_run_dir, run_records, view_bytes, write_run
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy, decode_config
-from trainroom.core.run import replay, segments, snapshot, store
-from trainroom.core.run.journal import read_frames, read_journal
-from trainroom.core.run.writer import JournalWriter
+from trainroom.core.config import decode_config
+from trainroom.core.journal import replay, segments, snapshot
+from trainroom.core.journal.file import read_frames, read_journal
+from trainroom.core.journal.writer import JournalWriter
+from trainroom.core.run import store
+from trainroom.core.sections import JournalPolicy
 
 # 64 KiB segments: a few thousand steps fill one.
 SEGMENTED = JournalPolicy(snapshot_records=1000, batch_rows=64, segment_mib=0.0625)
 
 
 def _load(d: Path, rec: store.RunRecord) -> replay.Loaded:
-    return replay.load(d, lambda: store.empty_view(rec))
+    return replay.load(d, store.fold_of(rec))
 
 
 def _fold_all_segments(d: Path, rec: store.RunRecord) -> tuple[bytes, bytes]:
@@ -152,7 +154,7 @@ def test_a_seal_cut_short_by_a_crash_is_undone_on_reopening(tmp_path: Path) -> N
     # rename that puts it in place.
     (d / segments.NEXT_NAME).write_bytes(b"half a base")
     os.link(active, d / segments.sealed_name(w.seq))
-    w2 = JournalWriter(d, lambda: store.empty_view(rec), _no_retention())
+    w2 = JournalWriter(d, store.fold_of(rec), _no_retention())
     assert not (d / segments.NEXT_NAME).exists()
     assert not (d / segments.sealed_name(w.seq)).exists()
     assert active.read_bytes()[: len(before)] == before
@@ -203,7 +205,7 @@ def test_the_journal_section_of_trainroom_toml() -> None:
 def test_usage_counts_every_file_and_the_write_rate(tmp_path: Path) -> None:
     d, rec = make_run_dir(tmp_path)
     now = 0.0
-    w = JournalWriter(d, lambda: store.empty_view(rec), _no_retention(), clock=lambda: now)
+    w = JournalWriter(d, store.fold_of(rec), _no_retention(), clock=lambda: now)
     assert w.usage().bytes_per_h is None  # nothing seen yet: no rate invented
     for i, r in enumerate(run_records(6000, ranks=2)):
         w.append(r)

@@ -12,11 +12,12 @@ import msgspec
 
 from tests.support.synthetic import make_run_dir, run_records, view_bytes, write_run
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
-from trainroom.core.run import replay, snapshot, store
-from trainroom.core.run.journal import read_journal
+from trainroom.core.journal import replay, snapshot
+from trainroom.core.journal.file import read_journal
+from trainroom.core.journal.writer import JournalWriter
+from trainroom.core.run import store
 from trainroom.core.run.series import Series
-from trainroom.core.run.writer import JournalWriter
+from trainroom.core.sections import JournalPolicy
 
 SMALL = JournalPolicy(snapshot_records=1000, batch_rows=128)
 
@@ -30,7 +31,7 @@ def _full_replay(run_dir: Path, rec: store.RunRecord) -> tuple[bytes, bytes]:
 
 
 def _load(run_dir: Path, rec: store.RunRecord) -> replay.Loaded:
-    return replay.load(run_dir, lambda: store.empty_view(rec))
+    return replay.load(run_dir, store.fold_of(rec))
 
 
 def test_a_replay_from_the_snapshot_ends_where_a_full_replay_ends(tmp_path: Path) -> None:
@@ -125,7 +126,7 @@ def test_a_writer_reopening_a_run_goes_on_from_its_fold(tmp_path: Path) -> None:
     records = list(run_records(1200, ranks=2))
     half = len(records) // 2
     live, _w = write_run(d, rec, records[:half], SMALL)
-    w2 = JournalWriter(d, lambda: store.empty_view(rec), SMALL)
+    w2 = JournalWriter(d, store.fold_of(rec), SMALL)
     assert view_bytes(w2.view) == view_bytes(live)
     for r in records[half:]:
         live.apply(r)
@@ -138,7 +139,7 @@ def test_records_a_write_failure_dropped_are_not_in_the_next_snapshot(tmp_path: 
     """Past the pending backlog, records are dropped (oldest first): the writer's fold must then
     be rebuilt from the file, so a snapshot never holds what the journal does not."""
     d, rec = make_run_dir(tmp_path)
-    w = JournalWriter(d, lambda: store.empty_view(rec), SMALL, backlog_bytes=4096)
+    w = JournalWriter(d, store.fold_of(rec), SMALL, backlog_bytes=4096)
     records = list(run_records(600, ranks=2))
     os.chmod(d / "journal.msgpack", 0o400)
     real_write = os.write
@@ -190,7 +191,7 @@ def test_the_series_state_round_trips_and_folds_on_identically() -> None:
 def test_a_journal_without_snapshots_still_reads_whole(tmp_path: Path) -> None:
     """A run journaled before snapshots existed (one record per step): read from its start."""
     d, rec = make_run_dir(tmp_path)
-    from trainroom.core.run.journal import Journal
+    from trainroom.core.journal.file import Journal
 
     j = Journal(d / "journal.msgpack")
     view = store.empty_view(rec)

@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.synthetic import f32, run_records
 from trainroom.core import protocol as p
-from trainroom.core.run import stepbatch
-from trainroom.core.run.journal import Journal, read_frames, read_journal
+from trainroom.core.journal import stepbatch
+from trainroom.core.journal.file import Journal, read_frames, read_journal
 
 T = 1_780_000_000.0
 

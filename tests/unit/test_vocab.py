@@ -17,9 +17,9 @@ from trainroom.core import vocab
 from trainroom.core.ckpt import dirs, targets
 from trainroom.core.findings import Finding
 from trainroom.core.health import sanity, watchdog
+from trainroom.core.journal.file import Journal, read_journal
 from trainroom.core.notify import alert
 from trainroom.core.run import summary
-from trainroom.core.run.journal import Journal, read_journal
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
 

@@ -739,7 +739,8 @@ def test_duplicate_trainer_names_both_pids() -> None:
 
 
 def test_the_watchdog_judges_by_the_configs_thresholds() -> None:
-    from trainroom.core.config import ConfigError, decode_config
+    from trainroom.core.config import decode_config
+    from trainroom.core.sections import ConfigError
 
     th = decode_config(
         "[thresholds]\nstall_floor_s = 20.0\nslow_steps = 7\nhost_ram_low_gib = 4.0\npark_slack_s = 1.5\n"

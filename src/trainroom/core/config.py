@@ -61,52 +61,14 @@ import msgspec
 
 from trainroom.core.logformats import NANOGPT_PATTERN
 from trainroom.core.sections import (
-    ALERT_STATES as ALERT_STATES,
-)
-from trainroom.core.sections import (
-    AlertSeverity as AlertSeverity,
-)
-from trainroom.core.sections import (
-    AlertState as AlertState,
-)
-from trainroom.core.sections import (
-    ConfigError as ConfigError,
-)
-from trainroom.core.sections import (
-    Host as Host,
-)
-from trainroom.core.sections import (
-    JournalPolicy as JournalPolicy,
-)
-from trainroom.core.sections import (
-    Keys as Keys,
-)
-from trainroom.core.sections import (
-    Notify as Notify,
-)
-from trainroom.core.sections import (
-    Section as Section,
-)
-from trainroom.core.sections import (
-    Targets as Targets,
-)
-from trainroom.core.sections import (
-    as_list as as_list,
-)
-from trainroom.core.sections import (
-    check_command as check_command,
-)
-from trainroom.core.sections import (
-    check_hosts as check_hosts,
-)
-from trainroom.core.sections import (
-    check_keys as check_keys,
-)
-from trainroom.core.sections import (
-    check_notify as check_notify,
-)
-from trainroom.core.sections import (
-    check_url as check_url,
+    ConfigError,
+    Host,
+    JournalPolicy,
+    Keys,
+    Notify,
+    check_hosts,
+    check_keys,
+    check_notify,
 )
 from trainroom.core.units import GIB, MIB
 

@@ -18,6 +18,7 @@ from typing import Annotated
 import msgspec
 
 from trainroom.core import config as cfg
+from trainroom.core import sections
 from trainroom.core.frameworks import Recognised, recognise
 from trainroom.core.units import redact_command, redact_url
 
@@ -40,7 +41,7 @@ class NotifyOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     ntfy: list[str] = []
     command: list[str] = []
     desktop: bool = False
-    min_severity: cfg.AlertSeverity | None = None
+    min_severity: sections.AlertSeverity | None = None
 
     def redacted(self) -> NotifyOptions:
         return msgspec.structs.replace(
@@ -183,11 +184,11 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     kill: cfg.Kill
     bench: cfg.Bench
     roots: HostRoots
-    journal: cfg.JournalPolicy = msgspec.field(default_factory=cfg.JournalPolicy)
+    journal: sections.JournalPolicy = msgspec.field(default_factory=sections.JournalPolicy)
     # Why the project's trainroom.toml was not used (the keeper journals it as a warning).
     config_note: str | None = None
     # The alert channels: trainroom.toml's [notify] with the launch flags' targets added.
-    notify: cfg.Notify = msgspec.field(default_factory=cfg.Notify)
+    notify: sections.Notify = msgspec.field(default_factory=sections.Notify)
     # The framework the command's script is built on (core/frameworks), when recognised.
     recognised: Recognised | None = None
 
@@ -260,12 +261,12 @@ def resume_template(
     return None, None
 
 
-def notify_settings(options: NotifyOptions, config: cfg.Notify) -> cfg.Notify:
+def notify_settings(options: NotifyOptions, config: sections.Notify) -> sections.Notify:
     """trainroom.toml's [notify] with the flags' targets added (each once) and their threshold
     over the file's."""
 
-    def merged(from_config: cfg.Targets, from_flags: list[str]) -> list[str]:
-        out = cfg.as_list(from_config)
+    def merged(from_config: sections.Targets, from_flags: list[str]) -> list[str]:
+        out = sections.as_list(from_config)
         return out + [t for t in from_flags if t not in out]
 
     return msgspec.structs.replace(

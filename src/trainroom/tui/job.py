@@ -1,160 +1,225 @@
 """The job screen: every node of a multi-node job at once (`trainroom job --tui`, or `trainroom
 job ... --tui` with targets). One `NodeFollower` per node (a thread each: the node's live
 subscription, over ssh for a remote one, "unreachable since T" with reconnects on a backoff);
-the screen redraws the merged view (`core.job.view.job_dict`) twice a second: the job's state,
-its first failure with host and rank, per node its state, VRAM, host memory and disk, the ranks
-across hosts (median and worst step), each node's findings, and which ranks did not arrive when
-a collective hangs. Read-only: the job's actions are `trainroom job --kill | --resume | --stacks`.
+the screen redraws the merged view twice a second: the job's state, its first failure with host
+and rank, per node its state, VRAM, host memory and disk, the ranks across hosts (median and
+worst step), each node's findings, and which ranks did not arrive when a collective hangs.
+Read-only: the job's actions are `trainroom job --kill | --resume | --stacks`.
+
+Drawn like the control room: the same panels (`widgets.base.Panel`), theme colours only (the
+shipped themes, `t` cycles them), views computed by a pure function (`jobview.job_screen_view`
+of core's `job_dict`), and a key strip as the last line.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
+from importlib.resources.abc import Traversable
+from pathlib import Path, PurePath
 from typing import Any, ClassVar
 
+from rich.cells import cell_len
+from rich.console import RenderableType
+from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Footer, Static
 
 from trainroom.core.job.nodes import NodeFollower, job_name, node_refs
-from trainroom.core.job.view import FAILED, STOPPED, job_dict
+from trainroom.core.job.view import NodeReading, job_dict
 from trainroom.core.run.store import RunError
 
-from . import fmt
+from . import theming
+from .jobview import (
+    NODE_COLUMNS,
+    RANK_COLUMNS,
+    JobHead,
+    JobScreenView,
+    NodeRow,
+    Note,
+    RankRow,
+    job_screen_view,
+)
+from .widgets.base import Panel
+from .widgets.keystrip import KeyStrip, KeyStripView
 
 REDRAW_S = 0.5
-BAD = FAILED | STOPPED | {"unreachable"}
+GAP = 2  # spaces between table columns
+MAX_TABLE = 12  # the most lines the nodes and the findings take; the ranks get the rest
 
 
-def _style(state: str) -> str:
-    return "bold red" if state in FAILED else "bold yellow" if state in BAD else "green"
+class JobHeader(Panel[JobHead], can_focus=False):
+    WAITING = " job: reading the nodes…"
+
+    def render_view(self, view: JobHead) -> RenderableType:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(f"job {view.job}  ", style=self.style("value") + Style(bold=True))
+        t.append(f" {view.state.upper()} ", style=self.style(view.level) + Style(reverse=True))
+        self.pair(t, "  nodes", str(view.nodes))
+        self.pair(t, "  ranks", str(view.ranks))
+        if view.step_median is not None:
+            self.pair(t, "  step median", f"{view.step_median:g}")
+            self.pair(t, ", worst", str(view.step_worst))
+        if view.first_failure is not None:
+            t.append("\nfirst failure: ", style=self.style("crit"))
+            t.append(view.first_failure, style=self.style("value"))
+        return t
+
+
+def table(
+    panel: Panel[Any], columns: Sequence[str], rows: Sequence[tuple[tuple[str, ...], str, int]]
+) -> Text:
+    """Columns as wide as their widest cell; `rows` are (cells, level, which cell the level colours)."""
+    widths = [cell_len(c) for c in columns]
+    for cells, _, _ in rows:
+        widths = [max(w, cell_len(c)) for w, c in zip(widths, cells, strict=True)]
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for i, c in enumerate(columns):
+        t.append(c.ljust(widths[i] + GAP), style=panel.style("label"))
+    for cells, level, coloured in rows:
+        t.append("\n")
+        for i, c in enumerate(cells):
+            t.append(c.ljust(widths[i] + GAP), style=panel.style(level if i == coloured else "value"))
+    t.rstrip()
+    return t
+
+
+class NodesPanel(Panel[tuple[NodeRow, ...]]):
+    TITLE = "nodes"
+
+    def render_view(self, view: tuple[NodeRow, ...]) -> RenderableType:
+        return table(self, NODE_COLUMNS, [(n.cells(), n.level, 1) for n in view])
+
+
+class JobRanksPanel(Panel[tuple[RankRow, ...]]):
+    TITLE = "ranks"
+
+    def render_view(self, view: tuple[RankRow, ...]) -> RenderableType:
+        if not view:
+            return Text("no rank has reported", style=self.style("dim"))
+        return table(self, RANK_COLUMNS, [(r.cells(), r.level, 4) for r in view])
+
+
+class NotesPanel(Panel[tuple[Note, ...]]):
+    TITLE = "findings"
+
+    def render_view(self, view: tuple[Note, ...]) -> RenderableType:
+        if not view:
+            return Text("no findings on any node", style=self.style("dim"))
+        t = Text()
+        for i, note in enumerate(view):
+            if i:
+                t.append("\n")
+            t.append(f"{note.label} ", style=self.style(note.level))
+            t.append(note.text, style=self.style("value"))
+        return t
 
 
 class JobRoom(App[int]):
     TITLE = "trainroom job"
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "quit (the job goes on)")]
-    CSS = """
-    #head { height: auto; padding: 0 1; }
-    DataTable { height: auto; max-height: 16; }
-    #notes { height: auto; padding: 0 1; }
-    """
+    CSS_PATH: ClassVar[list[str | PurePath]] = [
+        "control_room.tcss",
+        "job.tcss",
+    ]  # the panels' theme styles, then the job's layout
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "q", "quit", "quit", id="trainroom.job.quit", tooltip="leave the job screen (the job goes on)"
+        ),
+        Binding(
+            "t",
+            "next_theme",
+            "theme",
+            id="trainroom.job.theme",
+            tooltip="the next theme (dark, light, contrast)",
+        ),
+    ]
+    KEYS: ClassVar[KeyStripView] = KeyStripView(
+        keys=(("tab", "next panel"), ("j/k", "scroll"), ("t", "theme")), tail=(("q", "quit"),)
+    )
 
-    def __init__(self, targets: list[str], job: str | None, clock: Any = time.time) -> None:
+    def __init__(
+        self,
+        job: str | None,
+        read: Callable[[], list[NodeReading]],
+        *,
+        clock: Callable[[], float] = time.time,
+        followers: Iterable[NodeFollower] = (),
+        theme: str | None = None,
+        theme_dirs: Iterable[Path | Traversable] | None = None,
+    ) -> None:
+        """`read` gives the nodes as last heard (the followers' readings, under their lock)."""
+        self.loaded_themes = theming.load_themes(
+            theme_dirs if theme_dirs is not None else theming.default_dirs()
+        )
         super().__init__()
-        self.refs = node_refs(targets)
-        self.job = job_name(self.refs, job)
+        self.job = job
+        self.read = read
         self.clock = clock
-        self.lock = threading.Lock()
-        self.followers = [NodeFollower(r, self.job, self.lock, self._changed, clock) for r in self.refs]
-        self._dirty = True
-        self.view: dict[str, Any] | None = None
+        self.followers = list(followers)
+        self.view: JobScreenView | None = None
+        for t in self.loaded_themes.themes:
+            self.register_theme(t)
+        self.theme, _ = theming.initial_theme(
+            self.loaded_themes, theme, no_color=self.no_color, builtin=self.available_themes.get
+        )
+
+    @classmethod
+    def following(
+        cls, targets: list[str], job: str | None, clock: Callable[[], float] = time.time
+    ) -> JobRoom:
+        """The screen over live followers of `targets` (raises RunError on a target that names no run)."""
+        refs = node_refs(targets)
+        name = job_name(refs, job)
+        lock = threading.Lock()
+        # No wake-up from the followers' threads: the screen redraws on its own interval.
+        followers = [NodeFollower(r, name, lock, lambda: None, clock) for r in refs]
+
+        def read() -> list[NodeReading]:
+            with lock:
+                return [f.reading for f in followers]
+
+        return cls(name, read, clock=clock, followers=followers)
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return theming.app_variables(self.current_theme)
+
+    def action_next_theme(self) -> None:
+        names = self.loaded_themes.names() or list(self.available_themes)
+        i = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(i + 1) % len(names)]
 
     def compose(self) -> ComposeResult:
-        yield Static(id="head")
-        with VerticalScroll():
-            yield DataTable(id="nodes", cursor_type="none")
-            yield DataTable(id="ranks", cursor_type="none")
-            yield Static(id="notes")
-        yield Footer()
+        yield JobHeader(id="job-head")
+        yield NodesPanel(id="job-nodes", classes="panel")
+        yield JobRanksPanel(id="job-ranks", classes="panel")
+        yield NotesPanel(id="job-notes", classes="panel")
+        yield KeyStrip(id="key-strip")
 
     def on_mount(self) -> None:
-        nodes = self.query_one("#nodes", DataTable)
-        nodes.add_columns("node", "state", "host", "step", "VRAM used", "host RAM free", "disk", "link / run")
-        self.query_one("#ranks", DataTable).add_columns(
-            "rank", "node", "host", "pid", "state", "step", "heartbeat"
-        )
         for f in self.followers:
             f.start()
-        self.set_interval(REDRAW_S, self._redraw)
-        self._redraw()
+        self.query_one(KeyStrip).view = self.KEYS
+        self.set_interval(REDRAW_S, self.redraw)
+        self.redraw()
 
     def on_unmount(self) -> None:
         for f in self.followers:
             f.stop()
 
-    def _changed(self) -> None:
-        self._dirty = True
-
-    def _redraw(self) -> None:
-        now = self.clock()
-        with self.lock:
-            d = job_dict(self.job, [f.reading for f in self.followers], now)
-        self.view = d
-        self._dirty = False
-        self.query_one("#head", Static).update(self._head(d))
-        self._fill_nodes(d)
-        self._fill_ranks(d)
-        self.query_one("#notes", Static).update(self._notes(d))
-
-    def _head(self, d: dict[str, Any]) -> Text:
-        steps = [r["step"] for r in d["ranks"] if r["step"] is not None]
-        t = Text()
-        t.append(f" job {d['job'] or '?'}  ", style="bold")
-        t.append(f" {d['state'].upper()} ", style=f"reverse {_style(d['state'])}")
-        t.append(f"  {len(d['nodes'])} node(s), {len(d['ranks'])} rank(s)")
-        if steps:
-            t.append(f"  step median {statistics.median(steps):g}, worst {min(steps)}")
-        rc = d["root_cause"]
-        if rc is not None:
-            t.append("\nfirst failure: ", style="bold red")
-            t.append(rc["message"])
-        return t
-
-    def _fill_nodes(self, d: dict[str, Any]) -> None:
-        table = self.query_one("#nodes", DataTable)
-        table.clear()
-        for n in d["nodes"]:
-            vram = n.get("vram") or {}
-            host = n.get("host_mem") or {}
-            disk = n.get("disk") or {}
-            used = disk.get("used_fraction")
-            table.add_row(
-                str(n["node_rank"]) if n["node_rank"] is not None else "?",
-                Text(n["state"], style=_style(n["state"])),
-                n["host"] or "?",
-                str(n.get("step") if n.get("step") is not None else fmt.UNKNOWN),
-                fmt.nbytes(vram.get("driver_used_bytes")),
-                fmt.nbytes(host.get("mem_available_bytes")),
-                f"{used:.0%}" if used is not None else fmt.UNKNOWN,
-                n["link"] if not n["reachable"] else f"{n['run'] or '?'}  {n['target']}",
-            )
-
-    def _fill_ranks(self, d: dict[str, Any]) -> None:
-        table = self.query_one("#ranks", DataTable)
-        table.clear()
-        for r in d["ranks"]:
-            table.add_row(
-                str(r["rank"]),
-                str(r["node_rank"]) if r["node_rank"] is not None else "?",
-                r["host"] or "?",
-                str(r["pid"] or fmt.UNKNOWN),
-                Text(r["state"], style=_style(r["state"])),
-                str(r["step"] if r["step"] is not None else fmt.UNKNOWN),
-                f"{fmt.duration(r['heartbeat_age_s'])} ago"
-                if r["heartbeat_age_s"] is not None
-                else fmt.UNKNOWN,
-            )
-
-    def _notes(self, d: dict[str, Any]) -> Text:
-        t = Text()
-        if d["hang"] is not None:
-            t.append("hang: ", style="bold yellow")
-            t.append(d["hang"]["summary"] + "\n")
-        for f in d["findings"]:
-            t.append(
-                f"{f['severity'][:4].upper()} {f['code']} ",
-                style=_style("dead" if f["severity"] == "critical" else "hung"),
-            )
-            t.append(f"node {f['node_rank']} ({f['host']}): {f['message']}\n")
-        if not t:
-            t.append("no findings on any node", style="dim")
-        return t
+    def redraw(self) -> None:
+        self.view = v = job_screen_view(job_dict(self.job, self.read(), self.clock()))
+        head, nodes, notes = self.query_one(JobHeader), self.query_one(NodesPanel), self.query_one(NotesPanel)
+        # A panel renders only the lines that fit (`Panel.window`), so each is sized to its lines
+        # (the header's second one is the first failure; a node table's first its column names).
+        head.styles.height = 1 if v.head.first_failure is None else 2
+        nodes.styles.height = min(len(v.nodes) + 3, MAX_TABLE)
+        notes.styles.height = min(max(len(v.notes), 1) + 2, MAX_TABLE)
+        head.view, nodes.view, notes.view = v.head, v.nodes, v.notes
+        self.query_one(JobRanksPanel).view = v.ranks
 
 
 def run_job_app(args: argparse.Namespace) -> int:
@@ -163,7 +228,7 @@ def run_job_app(args: argparse.Namespace) -> int:
         print("trainroom: the job screen needs a terminal (try `trainroom job --json`)", file=sys.stderr)
         return 2
     try:
-        app = JobRoom(list(args.targets), args.job_name)
+        app = JobRoom.following(list(args.targets), args.job_name)
     except RunError as exc:
         print(f"trainroom: error: {exc}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainroom.core import reporter
+from trainroom.core import sdk
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    rep = reporter.connect(lr=0.01, vocab_size=4)
+    rep = sdk.connect(lr=0.01, vocab_size=4)
     print(f"rank {rank} of {dist.get_world_size()} pid {os.getpid()} up", flush=True)
     for step in range(1, args.steps + 1):
         x = torch.randn(32, 16)

@@ -2,7 +2,7 @@
 CPU, one process per rank under `torchrun --nproc_per_node=N`.
 
 Rank 0 prints nanoGPT's `iter N: loss X` lines (what the keeper's log reader recognises without
-the SDK). With --sdk every rank reports through `trainroom.core.reporter` (one reporter per rank,
+the SDK). With --sdk every rank reports through `trainroom.core.sdk` (one reporter per rank,
 rank and world size from torchrun's environment). --steps 0 trains until stopped; --step-delay
 keeps it slow enough to be watched on a loaded machine.
 """
@@ -50,9 +50,9 @@ def main() -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     rep = None
     if args.sdk:
-        from trainroom.core import reporter
+        from trainroom.core import sdk
 
-        rep = reporter.connect(lr=args.lr, vocab_size=VOCAB, warmup_steps=0)
+        rep = sdk.connect(lr=args.lr, vocab_size=VOCAB, warmup_steps=0)
     print(f"rank {rank} of {dist.get_world_size()}: pid {os.getpid()}", flush=True)
     step = 0
     while args.steps == 0 or step < args.steps:

@@ -11,9 +11,9 @@ import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core.cli.errors import CliError
-from trainroom.core.config import check_command, check_url
 from trainroom.core.run.launch import launch
 from trainroom.core.run.launch import launch_options as launch_options_from
+from trainroom.core.sections import check_command, check_url
 from trainroom.core.settings import JobOptions, LaunchOptions, NotifyOptions, job_options
 
 MAX_LINGER_S = 30 * 86400.0

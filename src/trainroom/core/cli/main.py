@@ -9,11 +9,11 @@ from typing import NoReturn
 from trainroom.core.cli import remote
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
 from trainroom.core.cli.verbs import VERBS, OpenTui
-from trainroom.core.config import ConfigError
 from trainroom.core.remote.ssh import RemoteRefused, Unreachable
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperGone
 from trainroom.core.run.store import RunError
+from trainroom.core.sections import ConfigError
 
 _open_tui: OpenTui | None = None
 

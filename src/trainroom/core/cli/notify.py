@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainroom.core import config as cfg
+from trainroom.core import sections
 from trainroom.core.cli.errors import CliError
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.channels import channels_from
@@ -41,7 +42,7 @@ def add_parser(sub: Any) -> None:
     sp.set_defaults(func=cmd_notify)
 
 
-def _target(spec: str | None) -> tuple[RunInfo | None, cfg.Notify, str, str]:
+def _target(spec: str | None) -> tuple[RunInfo | None, sections.Notify, str, str]:
     """The run (None: none), the channels' policy, where it came from (for the header), and the
     dir a command hook runs in (the run's project dir, as under its keeper)."""
     info: RunInfo | None
@@ -114,7 +115,7 @@ def _through_keeper(info: RunInfo) -> list[dict[str, Any]] | None:
     return results
 
 
-def _from_here(info: RunInfo | None, policy: cfg.Notify, cwd: str) -> list[dict[str, Any]]:
+def _from_here(info: RunInfo | None, policy: sections.Notify, cwd: str) -> list[dict[str, Any]]:
     channels, unavailable = channels_from(policy, cwd=cwd, env=os.environ)
     results: list[dict[str, Any]] = [
         {"channel": name, "outcome": "unavailable", "detail": why, "latency_s": None}

@@ -11,8 +11,9 @@ import msgspec
 
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
+from trainroom.core.journal import segments
 from trainroom.core.probes.procs import same_start
-from trainroom.core.run import expire, segments
+from trainroom.core.run import expire
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import read_run, read_summary
 from trainroom.core.run.state import RunState

@@ -40,12 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainroom.core import sdk
 from trainroom.core.demo.faults import DIVERGE_LR_FACTOR, EARLIER_RUN_LR, FAULTS, SESSION_LR_AFTER_OVERRIDE
 from trainroom.core.demo.model import CharGPT
-from trainroom.core.sdk import reporter
-from trainroom.core.sdk.lr import reimpose_lr
-from trainroom.core.sdk.save import CheckpointWontFit, save_checkpoint
-from trainroom.core.sdk.tracer import NonFiniteTracer
+from trainroom.core.sdk import CheckpointWontFit, NonFiniteTracer, reimpose_lr, save_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -147,7 +145,7 @@ class DemoRun:
             "heads": args.heads,
             "ctx": args.ctx,
         }
-        self.rep = reporter.connect(lr=self.session_lr, vocab_size=self.vocab, warmup_steps=0, arch=self.arch)
+        self.rep = sdk.connect(lr=self.session_lr, vocab_size=self.vocab, warmup_steps=0, arch=self.arch)
         self.model = CharGPT(self.vocab, args.d_model, args.heads, args.layers, args.ctx).to(self.device)
         self.net: nn.Module = self.model
         if self.world > 1:
@@ -379,7 +377,7 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
             # The pre-save check refused before writing a byte: skip this checkpoint and train
             # on (the keeper shows DISK_HIGH / DISK_FULL_SOON; a prune makes room again).
             print(f"checkpoint step {step} skipped: {exc.strerror}", flush=True)
-            reporter.current().note("checkpoint-skipped", str(exc.strerror), step=step)
+            sdk.current().note("checkpoint-skipped", str(exc.strerror), step=step)
         return
     # DrvFs as the seed saw it: the file lands short, nothing says so, and the trainer moves on.
     import io
@@ -390,7 +388,7 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
     q = root / ".quarantine"
     q.mkdir(parents=True, exist_ok=True)
     path = q / f"step-{step:06d}.pt"
-    rep = reporter.current()
+    rep = sdk.current()
     with rep.phase("checkpoint-save"), open(path, "wb") as f:
         f.write(data)
         f.flush()

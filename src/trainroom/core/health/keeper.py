@@ -4,7 +4,7 @@ watching and serving clients from memory; this says so, with the errno, instead 
 from __future__ import annotations
 
 from trainroom.core.findings import Finding
-from trainroom.core.run.journal import JournalHealth
+from trainroom.core.journal.file import JournalHealth
 from trainroom.core.run.state import AttemptView
 from trainroom.core.units import fmt_bytes, fmt_clock
 

@@ -17,7 +17,7 @@ import msgspec
 
 from trainroom.core.findings import Finding, Severity
 from trainroom.core.health.diskguard import DiskUsage, disk_usage
-from trainroom.core.run.writer import JournalUsage
+from trainroom.core.journal.writer import JournalUsage
 from trainroom.core.units import fmt_bytes, fmt_duration
 
 HORIZON_S = 12 * 3600.0  # warn when the journal alone fills the disk within this

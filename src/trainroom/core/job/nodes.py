@@ -17,17 +17,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
-from trainroom.core.config import Host
 from trainroom.core.job.discover import job_of, newest_job, newest_run_of
 from trainroom.core.job.view import NodeReading
-from trainroom.core.remote import ssh
+from trainroom.core.remote import reach, ssh
 from trainroom.core.remote.link import Backoff, Reachability
-from trainroom.core.remote.target import SshTarget, TargetError, configured_hosts, is_remote, parse_target
+from trainroom.core.remote.target import SshTarget, TargetError, configured_hosts, parse_target
 from trainroom.core.run import store
+from trainroom.core.run.address import is_remote
 from trainroom.core.run.client import KeeperClient, KeeperGone, KeeperUnreachable, read_run
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.view import RunView
+from trainroom.core.sections import Host
 
 
 class NodeRef:
@@ -45,6 +46,7 @@ class NodeRef:
 def node_refs(targets: list[str], hosts: dict[str, Host] | None = None) -> list[NodeRef]:
     """TARGETs as given (ssh://..., a [hosts] name, or a local run); none: this host's run of the
     job and every host trainroom.toml names."""
+    reach.install()  # a job's nodes may be on other hosts
     hosts = configured_hosts() if hosts is None else hosts
     if not targets:
         return [NodeRef("local", None, None)] + [

@@ -27,12 +27,13 @@ import psutil
 
 from trainroom.core import protocol as p
 from trainroom.core import settings as settings_mod
-from trainroom.core.config import Config, ConfigError, load_config
+from trainroom.core.config import Config, load_config
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Fault
 from trainroom.core.health.keeper import journal_write_failed, rank_claimed, resume_from_scratch
 from trainroom.core.health.statedisk import StateDisk, state_disk_low
 from trainroom.core.health.statedisk import observe as observe_state_disk
+from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
@@ -44,9 +45,9 @@ from trainroom.core.probes import procs
 from trainroom.core.probes.procs import pid_alive
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import RunState
-from trainroom.core.run.writer import JournalWriter, hold_from_env
 from trainroom.core.samples import HostSample
 from trainroom.core.sdk.lr import requested_from_argv
+from trainroom.core.sections import ConfigError
 from trainroom.core.settings import RunSettings
 from trainroom.core.vocab import StateName
 
@@ -80,10 +81,8 @@ class Keeper:
         )
         self.record.ckpt_root = self._settings.ckpt_root
         self.view = runs.empty_view(rec)
-        # Batches steps, writes snapshots, summary and segments (run.writer); the file is run.journal's.
-        self.journal = JournalWriter(
-            run_dir, lambda: runs.empty_view(rec), self._settings.journal, hold=hold_from_env()
-        )
+        # Batches steps, writes snapshots, summary and segments (journal.writer); the file is journal.file's.
+        self.journal = JournalWriter(run_dir, runs.fold_of(rec), self._settings.journal, hold=hold_from_env())
         self.state_disk: StateDisk | None = None
         self.sock_path = run_dir / runs.SOCKET_NAME
         self._log_path = run_dir / runs.LOG_NAME

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trainroom.core import config as cfg
 from trainroom.core import protocol as p
+from trainroom.core import sections
 from trainroom.core.findings import SEVERITY_RANK
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.alert import Alert
@@ -50,7 +50,7 @@ class Alerts:
 
     def __init__(
         self,
-        policy: cfg.Notify,
+        policy: sections.Notify,
         channels: list[Channel],
         unavailable: list[tuple[str, str]],
         *,
@@ -76,7 +76,7 @@ class Alerts:
     @classmethod
     def for_run(
         cls,
-        policy: cfg.Notify,
+        policy: sections.Notify,
         *,
         cwd: str,
         sink: Sink,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from trainroom.core import config as cfg
+from trainroom.core import sections
 from trainroom.core.notify import alert as shapes
 from trainroom.core.notify.alert import Alert
 from trainroom.core.units import fmt_duration, redact_command, redact_url
@@ -223,14 +223,14 @@ def desktop_unavailable(env: Mapping[str, str]) -> str | None:
 
 
 def channels_from(
-    n: cfg.Notify, *, cwd: str | None, env: Mapping[str, str]
+    n: sections.Notify, *, cwd: str | None, env: Mapping[str, str]
 ) -> tuple[list[Channel], list[tuple[str, str]]]:
     """The channels [notify] names, and (name, why) for each that cannot work here."""
     out: list[Channel] = []
-    out += [HttpChannel("webhook", u, _json_shape) for u in cfg.as_list(n.webhook)]
-    out += [HttpChannel("slack", u, _slack_shape) for u in cfg.as_list(n.slack)]
-    out += [HttpChannel("ntfy", u, shapes.ntfy_request) for u in cfg.as_list(n.ntfy)]
-    out += [CommandChannel(c, cwd=cwd, env=env) for c in cfg.as_list(n.command)]
+    out += [HttpChannel("webhook", u, _json_shape) for u in sections.as_list(n.webhook)]
+    out += [HttpChannel("slack", u, _slack_shape) for u in sections.as_list(n.slack)]
+    out += [HttpChannel("ntfy", u, shapes.ntfy_request) for u in sections.as_list(n.ntfy)]
+    out += [CommandChannel(c, cwd=cwd, env=env) for c in sections.as_list(n.command)]
     unavailable: list[tuple[str, str]] = []
     if n.desktop:
         why = desktop_unavailable(env)

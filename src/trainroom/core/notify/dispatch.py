@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from trainroom.core import config as cfg
 from trainroom.core import protocol as p
+from trainroom.core import sections
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.alert import Alert
 from trainroom.core.notify.channels import Channel, DeliveryError
@@ -69,7 +69,7 @@ _STOP = Delivery(alert=alerts.test_alert(run="", host="", t=0.0, state=None), tr
 class ChannelWorker:
     """One channel's thread: takes deliveries in order, one at a time."""
 
-    def __init__(self, channel: Channel, policy: cfg.Notify, report: Report) -> None:
+    def __init__(self, channel: Channel, policy: sections.Notify, report: Report) -> None:
         self.channel = channel
         self.policy = policy
         self._report = report
@@ -174,7 +174,7 @@ class ChannelWorker:
 class Dispatcher:
     """The workers of every channel; `submit` fans an alert out without waiting on any."""
 
-    def __init__(self, channels: list[Channel], policy: cfg.Notify, report: Report) -> None:
+    def __init__(self, channels: list[Channel], policy: sections.Notify, report: Report) -> None:
         self.policy = policy
         self.workers = [ChannelWorker(c, policy, report) for c in channels]
 

@@ -14,8 +14,9 @@ from urllib.parse import unquote
 import msgspec
 
 from trainroom.core import config as cfg
+from trainroom.core import sections
+from trainroom.core.run.address import SCHEME
 
-SCHEME = "ssh://"
 # A host is a DNS name, an IPv4 address, or an IPv6 address in brackets; no shell metacharacters
 # (the host is an argument to ssh, never to a shell, but a leading '-' would read as an option).
 _HOST = r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_][A-Za-z0-9_.\-]*)"
@@ -61,11 +62,7 @@ class SshTarget(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.node}/{self.run}" if self.run else self.node
 
 
-def is_remote(spec: str | None) -> bool:
-    return bool(spec) and str(spec).startswith(SCHEME)
-
-
-def parse_target(spec: str, hosts: dict[str, cfg.Host] | None = None) -> SshTarget:
+def parse_target(spec: str, hosts: dict[str, sections.Host] | None = None) -> SshTarget:
     """Parse `ssh://[user@]host[:port][/RUN]`; a host named in `hosts` is expanded (the target's
     own user, port and run win over the alias's)."""
     m = _TARGET.match(spec)
@@ -92,7 +89,7 @@ def parse_target(spec: str, hosts: dict[str, cfg.Host] | None = None) -> SshTarg
     )
 
 
-def configured_hosts() -> dict[str, cfg.Host]:
+def configured_hosts() -> dict[str, sections.Host]:
     """`[hosts]` of the trainroom.toml in force here (the current dir, then the state dir)."""
     config, _path = cfg.load_config(Path.cwd())
     return config.hosts
@@ -103,7 +100,7 @@ def resolve_target(spec: str) -> SshTarget:
     return parse_target(spec, configured_hosts())
 
 
-def check_host(name: str, host: cfg.Host) -> str | None:
+def check_host(name: str, host: sections.Host) -> str | None:
     """Why a `[hosts.NAME]` entry cannot be used (one phrase), or None."""
     try:
         t = parse_target(host.target)

@@ -7,13 +7,11 @@ import itertools
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from trainroom.core import protocol as p
-from trainroom.core.remote import ssh
-from trainroom.core.remote.target import TargetError, is_remote, resolve_target
-from trainroom.core.remote.wire import BridgeHello
 from trainroom.core.run import store, summary
+from trainroom.core.run.address import is_remote
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
@@ -37,6 +35,20 @@ class KeeperUnreachable(KeeperGone):
 KeeperStatus = Literal["alive", "busy", "gone"]
 
 
+class Dialer(Protocol):
+    """Keepers on other hosts: `dial` gives a socket to one and what its host says of its keeper
+    (raising KeeperUnreachable when the host is not reached, KeeperGone when it refuses);
+    `dropped` tells a link that dropped from a keeper that closed."""
+
+    def dial(self, address: str) -> tuple[socket.socket, KeeperStatus]: ...
+
+    def dropped(self, sock: socket.socket) -> bool: ...
+
+
+# Installed by the remote package (`remote.reach.install`) in the processes that reach other hosts.
+DIALER: Dialer | None = None
+
+
 class KeeperClient:
     _ids = itertools.count(1)
 
@@ -46,8 +58,8 @@ class KeeperClient:
         self._sock: socket.socket | None = None
         self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
         self._ready: list[Any] = []
-        # What the remote bridge said when this client last dialed it (remote keepers only).
-        self.hello: BridgeHello | None = None
+        # What the remote host said of its keeper when this client last dialed it (remote only).
+        self.remote_keeper: KeeperStatus | None = None
 
     def _connect(self) -> socket.socket:
         if is_remote(self.sock_path):
@@ -72,13 +84,13 @@ class KeeperClient:
         return s
 
     def _dial(self) -> socket.socket:
-        """A keeper on another host: `ssh HOST trainroom bridge RUN`, whose stdio is our socket."""
-        try:
-            sock, self.hello = ssh.dial(resolve_target(self.sock_path))
-        except ssh.Unreachable as exc:
-            raise KeeperUnreachable(str(exc)) from None
-        except (ssh.RemoteRefused, TargetError) as exc:
-            raise KeeperGone(str(exc)) from None
+        """A keeper on another host, through the installed dialer (`ssh HOST trainroom bridge RUN`,
+        whose stdio is our socket)."""
+        if DIALER is None:
+            raise KeeperGone(
+                f"{self.sock_path}: a keeper on another host is reached through trainroom's command line"
+            )
+        sock, self.remote_keeper = DIALER.dial(self.sock_path)
         sock.settimeout(self.timeout_s)
         return sock
 
@@ -101,7 +113,7 @@ class KeeperClient:
     def _lost(self, sock: socket.socket, why: str) -> KeeperGone:
         """A remote link that drops is unreachable, not gone: the keeper may live on behind it
         (ssh's exit says which: the bridge ends cleanly when the keeper closed)."""
-        if isinstance(sock, ssh.BridgeSocket) and sock.link_dropped():
+        if DIALER is not None and DIALER.dropped(sock):
             return KeeperUnreachable(f"{self.sock_path}: link lost ({why})")
         return KeeperGone(why)
 
@@ -219,7 +231,7 @@ def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
             state = c.subscribe(client="status", live=False)
         finally:
             c.close()
-        return state, c.hello.keeper if c.hello is not None else "gone"
+        return state, c.remote_keeper or "gone"
     if info.alive:
         for timeout in BUSY_TRIES:
             try:

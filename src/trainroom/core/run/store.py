@@ -7,15 +7,16 @@ import re
 import secrets
 import time
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 import psutil
 
 from trainroom.core import protocol as p
+from trainroom.core.journal import replay, segments
 from trainroom.core.probes.procs import same_start
-from trainroom.core.remote import ssh
-from trainroom.core.remote.target import TargetError, is_remote, resolve_target
-from trainroom.core.run import replay, segments
+from trainroom.core.run.address import is_remote
+from trainroom.core.run.fold import RunFold
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
 from trainroom.core.settings import LaunchOptions
@@ -223,29 +224,29 @@ def list_runs() -> list[RunInfo]:
     return out
 
 
+class RemoteRuns(Protocol):
+    """Runs on other hosts, as their hosts resolve and replay them (raising RunUnreachable when
+    the host is not reached, RunError when it refuses)."""
+
+    def run(self, spec: str, job: str | None) -> RunInfo: ...
+
+    def view(self, address: str) -> RunView: ...
+
+
+# Installed by the remote package (`remote.reach.install`) in the processes that reach other hosts.
+REMOTE: RemoteRuns | None = None
+
+
+def _remote() -> RemoteRuns:
+    if REMOTE is None:
+        raise RunError("a run on another host is reached through trainroom's command line (no ssh here)")
+    return REMOTE
+
+
 def remote_run(spec: str, *, job: str | None = None) -> RunInfo:
     """The run an `ssh://[user@]host[:port][/RUN]` target names, as its host resolves it (RUN
     omitted: that host's newest run, or its newest run of `job`)."""
-    try:
-        target = resolve_target(spec)
-        said = ssh.hello(target, job=job)
-    except ssh.Unreachable as exc:
-        raise RunUnreachable(str(exc)) from None
-    except (TargetError, ssh.RemoteRefused) as exc:
-        raise RunError(str(exc)) from None
-    if said.run_id is None:
-        raise RunError(f"{target.node}: the bridge named no run")
-    address = str(target.with_run(said.run_id))
-    return RunInfo(
-        run_id=said.run_id,
-        run_dir=address,
-        sock=address,
-        created=said.created or 0.0,
-        argv=said.argv,
-        alive=said.keeper != "gone",
-        remote=target.node,
-        host=said.host,
-    )
+    return _remote().run(spec, job)
 
 
 def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
@@ -292,6 +293,11 @@ def empty_view(rec: RunRecord) -> RunView:
     )
 
 
+def fold_of(rec: RunRecord) -> RunFold:
+    """How the journal engine folds this run's records (from `empty_view`)."""
+    return RunFold(lambda: empty_view(rec))
+
+
 def load_state(run_dir: str | Path) -> RunState:
     """Rebuild the run from its record and journal, for when its keeper is gone."""
     return load_view(run_dir, series=False).state
@@ -305,7 +311,7 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
         return _remote_view(str(run_dir))
     d = Path(run_dir)
     rec = read_record(d)
-    view = replay.load(d, lambda: empty_view(rec), series=series).view
+    view = replay.load(d, fold_of(rec), series=series).view
     if rec.start_error is not None:
         fold = view.apply if series else view.state.apply
         fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))
@@ -313,16 +319,7 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
 
 
 def _remote_view(address: str) -> RunView:
-    try:
-        return RunView.from_snapshot(ssh.fetch_snapshot(resolve_target(address))[1])
-    except ssh.Unreachable as exc:
-        raise RunUnreachable(str(exc)) from None
-    except (TargetError, ssh.RemoteRefused) as exc:
-        raise RunError(str(exc)) from None
-    except msgspec.ValidationError as exc:  # a word of a newer trainroom there
-        raise RunError(
-            f"{address}: its state does not decode here (another trainroom version?): {exc}"
-        ) from None
+    return _remote().view(address)
 
 
 def stop_run(run_dir: str | Path) -> None:

@@ -147,7 +147,7 @@ def reimpose_lr(
     `scheduler.load_state_dict` also restored, are left as loaded.
 
     Returns every value that changed; sends one "lr-reimposed" note to the keeper (through
-    `reporter`, or `trainroom.core.reporter.current()` when None) and logs it.
+    `reporter`, or `trainroom.core.sdk.current()` when None) and logs it.
     """
     import torch
 

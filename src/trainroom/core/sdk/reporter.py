@@ -1,7 +1,7 @@
 """The trainer SDK: three lines to adopt, and a no-op when the trainer is not under a keeper.
 
-    from trainroom.core import reporter
-    rep = reporter.connect(lr=3e-4, vocab_size=50257)
+    from trainroom.core import sdk
+    rep = sdk.connect(lr=3e-4, vocab_size=50257)
     ...
     rep.step(step, loss=loss.item(), tokens=tokens_seen, grad_norm=gn, optimizer=opt)
 

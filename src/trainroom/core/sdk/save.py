@@ -1,7 +1,7 @@
 """The trainer's save: a checkpoint written into quarantine, announced to the keeper, promoted
 only once verified.
 
-    from trainroom.core.checkpoints import save_checkpoint
+    from trainroom.core.sdk import save_checkpoint
     save_checkpoint({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": it}, step=it)
 
 `torch.save` is not atomic and Lightning's atomic save does not fsync: a save here writes a temp

@@ -9,7 +9,7 @@ Cost: one `aminmax` per floating output, kept on the device (no sync per module)
 sync per forward of the root model to read them. Off (`enabled = False`, or after
 `remove()`) there are no hooks at all. Hooks break torch.compile graphs: trace an eager model.
 
-    from trainroom.core.tracer import NonFiniteTracer
+    from trainroom.core.sdk import NonFiniteTracer
     tracer = NonFiniteTracer(model)          # or: with NonFiniteTracer(model) as tracer: ...
     ...
     tracer.step = step                       # optional: the step number the note carries
@@ -60,7 +60,7 @@ class NonFiniteTracer:
     execution order, which module's output first went non-finite. On the first forward that goes
     non-finite (and again after a clean forward) it logs and sends one
     `note("nonfinite-module", ..., step=self.step, module=name)` through `reporter` (or
-    `trainroom.core.reporter.current()` when None)."""
+    `trainroom.core.sdk.current()` when None)."""
 
     def __init__(
         self, model: torch.nn.Module, reporter: NoteSink | None = None, enabled: bool = True

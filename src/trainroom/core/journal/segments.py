@@ -25,9 +25,9 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.run import journal as journal_mod
-from trainroom.core.run.snapshot import fsync_dir
-from trainroom.core.run.stepbatch import batchable
+from trainroom.core.journal import file as journal_mod
+from trainroom.core.journal.snapshot import fsync_dir
+from trainroom.core.journal.stepbatch import batchable
 
 ACTIVE_NAME = "journal.msgpack"
 NEXT_NAME = "journal.msgpack.next"

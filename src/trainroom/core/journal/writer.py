@@ -25,15 +25,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Generic
 
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.config import JournalPolicy
-from trainroom.core.run import journal as journal_mod
-from trainroom.core.run import replay, segments, snapshot, stepbatch, summary
-from trainroom.core.run.journal import BACKLOG_BYTES, MAX_RECORD, Journal, JournalHealth
-from trainroom.core.run.view import RunView
+from trainroom.core.journal import file as journal_mod
+from trainroom.core.journal import replay, segments, snapshot, stepbatch
+from trainroom.core.journal.file import BACKLOG_BYTES, MAX_RECORD, Journal, JournalHealth
+from trainroom.core.journal.fold import Fold, V
+from trainroom.core.sections import JournalPolicy
 
 SUMMARY_S = 5.0  # at most one summary this often while the run changes
 RETENTION_CHECK_S = 600.0  # how often sealed segments are looked at for retention
@@ -81,11 +82,11 @@ class WriterStats(msgspec.Struct, kw_only=True):
     error: str | None = None  # the last snapshot, seal or retention failure (the journal goes on)
 
 
-class JournalWriter:
+class JournalWriter(Generic[V]):
     def __init__(
         self,
         run_dir: Path,
-        new_view: Callable[[], RunView],
+        fold: Fold[V],
         policy: JournalPolicy | None = None,
         *,
         backlog_bytes: int = BACKLOG_BYTES,
@@ -97,7 +98,7 @@ class JournalWriter:
         self.run_dir = run_dir
         self._clock = clock
         self.policy = policy or JournalPolicy()
-        self._new_view = new_view
+        self._fold = fold
         self._hold = hold
         self.stats = WriterStats()
         segments.recover(run_dir)
@@ -111,10 +112,10 @@ class JournalWriter:
         self._base_end = self._segment_start(base)
         # A keeper taking up a run that has a journal goes on from its fold.
         if self.journal.size or segments.sealed(run_dir):
-            loaded = replay.load(run_dir, new_view)
+            loaded = replay.load(run_dir, fold)
             self.view, self.records = loaded.view, loaded.records
         else:
-            self.view, self.records = new_view(), 0
+            self.view, self.records = fold.new(), 0
         self._batch: list[p.Received] = []
         self._batch_steps = 0
         self._batch_attempt = 0
@@ -193,7 +194,7 @@ class JournalWriter:
 
     def _store(self, stored: p.Record, logical: Sequence[p.Record]) -> None:
         self.journal.append(stored)
-        apply = self.view.apply
+        apply = self._fold.applier(self.view, True)
         for r in logical:
             apply(r)
         self.records += len(logical)
@@ -224,7 +225,7 @@ class JournalWriter:
         return found[0] if found is not None else 0
 
     def _refold(self) -> None:
-        loaded = replay.load(self.run_dir, self._new_view)
+        loaded = replay.load(self.run_dir, self._fold)
         self.view, self.records = loaded.view, loaded.records
         self._exact = True
 
@@ -257,9 +258,7 @@ class JournalWriter:
         of what the disk holds). False when it could not be written; the journal goes on."""
         if not self.journal.flush(fsync=True) or self.journal.pending:
             return False
-        snap = snapshot.Snapshot(
-            t=time.time(), position=self.position(), view=snapshot.encode_view(self.view)
-        )
+        snap = snapshot.Snapshot(t=time.time(), position=self.position(), view=self._fold.encode(self.view))
         try:
             self.stats.snapshot_bytes = snapshot.write(self.run_dir, snap, self._hold)
         except OSError as exc:
@@ -273,10 +272,8 @@ class JournalWriter:
     def write_summary(self) -> None:
         self._changed = False
         self._summary_at = self._clock() + SUMMARY_S
-        mark = summary.journal_mark(self.journal.path)
-        s = summary.summarize(self.view.state, updated=time.time(), journal=mark)
         try:
-            summary.write(self.run_dir, s)
+            self._fold.summarize(self.run_dir, self.journal.path, self.view)
         except OSError as exc:
             self.stats.error = f"summary: {exc.strerror or exc}"
 
@@ -284,7 +281,7 @@ class JournalWriter:
         """Start a new segment that begins with the fold of everything so far."""
         if not self.journal.flush(fsync=True) or self.journal.pending:
             return False
-        view = snapshot.encode_view(self.view)
+        view = self._fold.encode(self.view)
         if len(view) > MAX_RECORD // 2:
             self.stats.error = f"seal: the run's fold takes {len(view)} bytes; the segment goes on"
             return False
@@ -353,7 +350,7 @@ class JournalWriter:
         """The journal's bytes on disk and its write rate (any thread: reads files and a deque)."""
         sealed = segments.sealed(self.run_dir)
         total = segments.journal_bytes(self.run_dir)
-        for name in (snapshot.SNAPSHOT_NAME, snapshot.PREVIOUS_NAME, summary.SUMMARY_NAME):
+        for name in (snapshot.SNAPSHOT_NAME, snapshot.PREVIOUS_NAME, *self._fold.side_files):
             try:
                 total += (self.run_dir / name).stat().st_size
             except OSError:

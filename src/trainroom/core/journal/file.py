@@ -11,7 +11,7 @@ a write that fails (ENOSPC on a full disk, EIO) is cut back to the last whole re
 `backlog_bytes` of them (oldest dropped first, counted), to be written when space returns. A
 keeper opening a journal whose tail is torn truncates the tail before it appends.
 
-Steps are journaled in batches (`StepBatch`, see `run.stepbatch`); `read_journal` expands each
+Steps are journaled in batches (`StepBatch`, see `journal.stepbatch`); `read_journal` expands each
 batch back into the records it holds, so a reader folds the same records the keeper folded.
 `read_frames` gives the records as stored, with their offsets (snapshots, segments).
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.run import stepbatch
+from trainroom.core.journal import stepbatch
 
 _HEAD = struct.Struct(">II")  # body length, crc32 of the body
 MAX_RECORD = 16 << 20

@@ -11,7 +11,7 @@ names the journal segment that is active, and the record it says ends at its off
 whole, with the same CRC32. Otherwise (damaged, a journal cut back behind it, a segment sealed
 since) it is passed over: the journal stays the source of truth.
 
-The same encoding of a view is what a segment's `JournalBase` carries.
+A view is stored as the bytes its fold encodes (`fold.Fold`), as a segment's `JournalBase` does.
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core.run import journal
-from trainroom.core.run.series import Series, SeriesState
-from trainroom.core.run.state import RunState
-from trainroom.core.run.view import RunView
+from trainroom.core.journal import file as journal
 
 SNAPSHOT_NAME = "snapshot.msgpack"
 PREVIOUS_NAME = "snapshot.prev.msgpack"
@@ -37,29 +34,7 @@ _MAGIC = b"TRSNAP"
 
 
 class SnapshotError(ValueError):
-    """A snapshot or a base that does not decode into a view."""
-
-
-class _ViewState(msgspec.Struct, array_like=True):
-    state: RunState
-    series: SeriesState
-
-
-_view_encoder = msgspec.msgpack.Encoder()
-_view_decoder = msgspec.msgpack.Decoder(_ViewState)
-
-
-def encode_view(view: RunView) -> bytes:
-    body = _view_encoder.encode(_ViewState(state=view.state, series=view.series.state()))
-    return zlib.compress(body, 1)
-
-
-def decode_view(data: bytes) -> RunView:
-    try:
-        vs = _view_decoder.decode(zlib.decompress(data))
-        return RunView(vs.state, Series.from_state(vs.series))
-    except (zlib.error, msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        raise SnapshotError(f"view does not decode: {exc}") from None
+    """A snapshot or a base that does not decode into a view (raised by a fold's `decode`)."""
 
 
 class Position(msgspec.Struct, kw_only=True, frozen=True):
@@ -78,7 +53,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     v: int = VERSION
     t: float
     position: Position
-    view: bytes  # encode_view
+    view: bytes  # the fold's encoding of its view (fold.Fold.encode)
 
 
 _snap_encoder = msgspec.msgpack.Encoder()
