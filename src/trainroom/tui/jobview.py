@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from trainroom.core.vocab import SHOWN_STATES, ShownState
+from trainroom.core.vocab import SHOWN_STATES
 
 from . import fmt
 from .verdict import SEVERITY_LEVEL, SEVERITY_WORD, Level, level_of_state
@@ -25,7 +25,7 @@ RANK_COLUMNS = ("rank", "node", "host", "pid", "state", "step", "heartbeat")
 def state_level(state: str) -> Level:
     if state == "unreachable":
         return "warn"
-    return level_of_state(cast(ShownState, state)) if state in SHOWN_STATES else "warn"
+    return level_of_state(state) if state in SHOWN_STATES else "warn"
 
 
 @dataclass(frozen=True)
