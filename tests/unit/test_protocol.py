@@ -136,3 +136,27 @@ def test_a_keeper_opening_a_torn_journal_cuts_the_tail_before_appending(tmp_path
     j.close()
     got = list(read_journal(path))
     assert [r.message for r in got] == ["n0", "n1", "n2", "n3", "appended"]  # no damage left
+
+
+def test_a_bad_field_is_left_out_and_named_the_rest_of_the_frame_kept() -> None:
+    reader = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME, salvage_as=p.InboundMsg)
+    hello = {"type": "hello", "pid": 5, "config": {"lr": "3e-4", "vocab_size": 0, "warmup_steps": 8}}
+    step = {"type": "step", "step": 3, "t": 1.0, "tokens": -1, "loss": float("nan")}
+    (h, s) = reader.feed(p.frame(hello) + p.frame(step))
+    assert isinstance(h, p.Hello) and h.config.lr is None and h.config.warmup_steps == 8
+    assert isinstance(s, p.Step) and s.step == 3 and s.tokens is None and s.loss != s.loss
+    assert [(r.field, r.value, r.whole_frame) for r in reader.refused] == [
+        ("hello.config.lr", "'3e-4'", False),
+        ("hello.config.vocab_size", "0", False),
+        ("step.tokens", "-1", False),
+    ]
+    # A required field cannot be left out: that frame goes, the reader goes on.
+    reader.refused.clear()
+    assert reader.feed(p.frame({"type": "step", "step": -1, "t": 1.0})) == []
+    assert [(r.field, r.whole_frame) for r in reader.refused] == [("step.step", True)]
+    assert (
+        p.RequestedConfig(lr=0.0)
+        == p.inbound_decoder.decode(p.encode(p.Hello(pid=1, config=p.RequestedConfig(lr=0.0)))).config
+    )  # type: ignore[union-attr]
+    with pytest.raises(p.ProtocolError, match="bogus"):
+        reader.feed(p.frame({"type": "bogus"}))

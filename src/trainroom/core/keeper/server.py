@@ -3,7 +3,8 @@ run dir; peers of another uid are refused by SO_PEERCRED).
 
 A connection is a trainer after `Hello` (its frames become `Received` records) or a client after
 `Subscribe` (a snapshot, then batched live deltas) or `Request` (an action, answered on the same
-connection). A bad frame closes that one connection, with the reason journaled.
+connection). A frame that is not a message closes that one connection, with the reason journaled;
+a message with a bad field loses that field only (FIELD_REFUSED), and its connection stays.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder
 from trainroom.core.probes.procs import pid_alive
+from trainroom.core.salvage import RefusedField
 
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
 READ_CHUNK = 1 << 16
@@ -62,6 +64,26 @@ class RankClaim(msgspec.Struct, kw_only=True, frozen=True):
     owner_pid: int
     claimant_pid: int
     t: float
+
+
+class FieldRefusal(msgspec.Struct, kw_only=True):
+    """A field of a trainer's frames that was refused (out of range, the wrong type): the rest
+    of each frame was kept (or, for a required field, the frame was dropped), the connection too.
+    Counted per attempt, rank and field; what FIELD_REFUSED says."""
+
+    attempt: int
+    rank: int
+    pid: int | None
+    field: str
+    value: str
+    reason: str
+    whole_frame: bool
+    count: int = 1
+    first_t: float
+    last_t: float
+
+
+MAX_FIELD_REFUSALS = 64
 
 
 def not_of_attempt(pid: int, run_id: str, attempt: int) -> str | None:
@@ -124,6 +146,7 @@ class Server:
         # (attempt, rank) -> pid of the reporter connected for it; a second claimant is refused.
         self.rank_owners: dict[tuple[int, int], int] = {}
         self.rank_claims: list[RankClaim] = []
+        self.refused_fields: dict[tuple[int, int, str], FieldRefusal] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -249,7 +272,7 @@ class Server:
 
     async def _read(self, c: Conn, reader: asyncio.StreamReader) -> str | None:
         """Read and handle frames until the peer leaves (None) or must be dropped (why)."""
-        frames = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME)
+        frames = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME, salvage_as=p.InboundMsg)
         who = f"pid {c.peer_pid}"
         try:
             while True:
@@ -270,6 +293,9 @@ class Server:
                 c.buffered = frames.buffered
                 for msg in msgs:
                     await self._on_message(c, msg)
+                if frames.refused:
+                    self._note_refused(c, frames.refused)
+                    frames.refused = []
                 if sum(x.buffered for x in self.conns) > BUFFER_BUDGET:
                     return (
                         f"over budget from {who}: {BUFFER_BUDGET >> 20} MiB held half-read across connections"
@@ -280,6 +306,32 @@ class Server:
             return None
         except Exception as exc:
             return f"internal error on connection from {who}: {type(exc).__name__}: {exc}"
+
+    def _note_refused(self, c: Conn, refused: list[RefusedField]) -> None:
+        """Count the fields refused on this connection (a reporter that sends `tokens=-1` with
+        every step is one entry with a count, not a record per frame)."""
+        now = time.time()
+        attempt = c.attempt if c.role == "trainer" else self.host.attempt_n
+        for r in refused:
+            key = (attempt, c.rank, r.field)
+            seen = self.refused_fields.get(key)
+            if seen is not None:
+                seen.count += 1
+                seen.last_t, seen.value, seen.whole_frame = now, r.value, r.whole_frame
+                continue
+            if len(self.refused_fields) >= MAX_FIELD_REFUSALS:
+                del self.refused_fields[next(iter(self.refused_fields))]
+            self.refused_fields[key] = FieldRefusal(
+                attempt=attempt,
+                rank=c.rank,
+                pid=c.peer_pid,
+                field=r.field,
+                value=r.value,
+                reason=r.reason,
+                whole_frame=r.whole_frame,
+                first_t=now,
+                last_t=now,
+            )
 
     async def _on_message(self, c: Conn, msg: p.InboundMsg) -> None:
         if c.role is None and not await self._first_message(c, msg):

@@ -1,0 +1,93 @@
+"""Hostile or careless input never blinds the keeper: a bad value a trainer sends costs that
+value only. Every test drives a real keeper process."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from tests.support.helpers import status
+from tests.support.waiting import wait_for
+from trainroom.core import protocol as p
+from trainroom.core.run import store as runs
+from trainroom.core.run.journal import read_journal
+from trainroom.core.run.launch import launch
+from trainroom.core.settings import LaunchOptions
+
+
+def _launch(tmp_path: Path, body: str, **options: Any) -> runs.RunInfo:
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(body))
+    options.setdefault("linger_s", 120)
+    return launch([sys.executable, str(script)], LaunchOptions(**options), cwd=str(tmp_path))
+
+
+def _findings(d: dict[str, Any], code: str) -> list[dict[str, Any]]:
+    return [f for f in d["findings"] if f["code"] == code]
+
+
+def _journal(info: runs.RunInfo) -> list[p.Record]:
+    return list(read_journal(Path(info.run_dir) / runs.JOURNAL_NAME))
+
+
+BAD_VALUES = """
+    import time
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=float("inf"), vocab_size=0, warmup_steps=2.5)
+    step = 0
+    while True:
+        step += 1
+        rep.step(step, loss=float("nan") if step % 5 == 0 else 2.0, tokens=-1)
+        time.sleep(0.05)
+"""
+
+
+def test_an_out_of_range_value_costs_its_field_not_the_runs_telemetry(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, BAD_VALUES)
+    d = wait_for(
+        lambda: (
+            (s := status(info)) and (s["step"] or 0) >= 12 and len(_findings(s, "FIELD_REFUSED")) >= 4 and s
+        ),
+        timeout=60,
+        what="steps and a FIELD_REFUSED per bad field",
+    )
+    assert d["instrumented"] and d["state"] == "running"
+    fields = {f["evidence"]["field"]: f for f in _findings(d, "FIELD_REFUSED")}
+    assert set(fields) >= {
+        "hello.config.lr",
+        "hello.config.vocab_size",
+        "hello.config.warmup_steps",
+        "step.tokens",
+    }
+    assert fields["hello.config.lr"]["evidence"]["value"] == "inf"
+    assert "step.tokens=-1" in fields["step.tokens"]["message"]
+    assert not fields["step.tokens"]["evidence"]["frame_dropped"]
+    # A NaN loss is a measurement: NONFINITE, and its step is kept.
+    wait_for(
+        lambda: "NONFINITE" in {f["code"] for f in status(info)["findings"]}, timeout=30, what="NONFINITE"
+    )
+    # One connection all along: the keeper refused fields, never the trainer.
+    assert not [r for r in _journal(info) if isinstance(r, p.ConnectionClosed)]
+    hellos = [r for r in _journal(info) if isinstance(r, p.Received) and isinstance(r.msg, p.Hello)]
+    assert len(hellos) == 1
+
+
+FROZEN = """
+    import time
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=0.0, vocab_size=50257, warmup_steps=10)
+    step = 0
+    while True:
+        step += 1
+        rep.step(step, loss=2.0, tokens=step * 64)
+        time.sleep(0.05)
+"""
+
+
+def test_a_requested_lr_of_zero_is_a_frozen_model_not_a_bad_value(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, FROZEN)
+    d = wait_for(lambda: (s := status(info)) and (s["step"] or 0) >= 5 and s, timeout=60, what="steps")
+    assert d["instrumented"] and not _findings(d, "FIELD_REFUSED")
+    assert d["lr"]["requested"] == 0.0
