@@ -157,6 +157,6 @@ def test_a_bad_field_is_left_out_and_named_the_rest_of_the_frame_kept() -> None:
     assert (
         p.RequestedConfig(lr=0.0)
         == p.inbound_decoder.decode(p.encode(p.Hello(pid=1, config=p.RequestedConfig(lr=0.0)))).config
-    )  # type: ignore[union-attr]
+    )
     with pytest.raises(p.ProtocolError, match="bogus"):
         reader.feed(p.frame({"type": "bogus"}))
