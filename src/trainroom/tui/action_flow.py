@@ -125,7 +125,7 @@ class ActionFlow(App[int]):
         targeted = finding is not None and finding.targeted
         why = self.why_not(action, targeted)
         if why is not None:
-            self.notify(f"{action}: not now, {why}", severity="warning", timeout=4)
+            self.notify(f"{action}: not now, {why}", severity="warning", timeout=4, markup=False)
             return
         args: dict[str, object] = {"finding": finding.ident} if finding is not None and targeted else {}
         question = (

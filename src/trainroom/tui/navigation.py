@@ -115,7 +115,11 @@ class Navigation(ActionFlow):
         log = self.panels().log
         self.show_panel(log)
         if not log.search(pattern):
-            self.notify(f"search: no line of the last {len(log.view or ())} holds {pattern!r}", timeout=4)
+            self.notify(
+                f"search: no line of the last {len(log.view or ())} holds {pattern!r}",
+                timeout=4,
+                markup=False,
+            )
 
     def action_log_scale(self) -> None:
         loss = self.panels().loss
