@@ -3,6 +3,7 @@ value only. Every test drives a real keeper process."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -91,3 +92,48 @@ def test_a_requested_lr_of_zero_is_a_frozen_model_not_a_bad_value(trhome: Path, 
     d = wait_for(lambda: (s := status(info)) and (s["step"] or 0) >= 5 and s, timeout=60, what="steps")
     assert d["instrumented"] and not _findings(d, "FIELD_REFUSED")
     assert d["lr"]["requested"] == 0.0
+
+
+PRINTER = """
+    import sys, time
+    step = 0
+    while True:
+        step += 1
+        print(f"iter {step}: loss 2.0", flush=True)
+        time.sleep(0.05)
+"""
+
+
+def test_a_copytruncated_trainer_log_is_followed_not_frozen(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, PRINTER)
+    log = Path(info.run_dir) / runs.LOG_NAME
+    wait_for(lambda: (status(info)["step"] or 0) >= 20, timeout=60, what="log steps")
+    # logrotate's copytruncate: copy the file aside, cut it to nothing in place.
+    (Path(info.run_dir) / "trainer.log.1").write_bytes(log.read_bytes())
+    os.truncate(log, 0)
+    before = status(info)["step"]
+    d = wait_for(
+        lambda: (s := status(info)) and (s["step"] or 0) >= before + 20 and s, timeout=60, what="steps after"
+    )
+    assert d["state"] == "running" and "STALLED" not in {f["code"] for f in d["findings"]}
+    notes = [r for r in _journal(info) if isinstance(r, p.KeeperNote) and "truncated" in r.message]
+    assert notes
+
+
+BURST_THEN_CRASH = """
+    import sys
+    print("iter 1: loss 2.0", flush=True)
+    sys.stdout.write("x" * (3 << 20) + "\\n")
+    sys.stdout.write(("noise line " * 9 + "\\n") * 20000)
+    sys.stdout.flush()
+    raise ValueError("the real cause is here")
+"""
+
+
+def test_megabytes_printed_just_before_a_crash_do_not_hide_its_cause(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, BURST_THEN_CRASH, linger_s=30)
+    d = wait_for(
+        lambda: (s := status(info)) and s["state"] in ("dead", "exited") and s, timeout=60, what="the death"
+    )
+    said = " ".join(f["message"] for f in d["findings"])
+    assert "the real cause is here" in said, said

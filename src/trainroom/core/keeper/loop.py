@@ -381,6 +381,9 @@ class Keeper:
         a = self.state.attempt
         none: list[LogStep] = []
         steps = self.supervision.guard.call("log reader", lambda: self.tail.read(final=final), none)
+        for why in self.tail.notices:  # truncated, rotated, a burst skipped: said, not silent
+            self.emit(p.KeeperNote(t=now, message=why, kind="warning"))
+        self.tail.notices.clear()
         if a is None or a.instrumented:
             return  # the reporter's frames are exact; log lines would double them
         for rec in self.tail.records(a.n, now, steps):
