@@ -137,3 +137,18 @@ def test_megabytes_printed_just_before_a_crash_do_not_hide_its_cause(trhome: Pat
     )
     said = " ".join(f["message"] for f in d["findings"])
     assert "the real cause is here" in said, said
+
+
+HEADERLESS_CAUSE = """
+    print("iter 1: loss 2.0", flush=True)
+    raise SystemError("readinto") from OSError(12, "Cannot allocate memory")
+"""
+
+
+def test_a_cause_printed_without_a_traceback_is_still_the_cause(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, HEADERLESS_CAUSE, linger_s=30)
+    d = wait_for(
+        lambda: (s := status(info)) and _findings(s, "MASKED_ERROR") and s, timeout=60, what="MASKED_ERROR"
+    )
+    (f,) = _findings(d, "MASKED_ERROR")
+    assert "hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f["message"]
