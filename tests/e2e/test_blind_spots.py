@@ -4,12 +4,15 @@ value only. Every test drives a real keeper process."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from tests.support.helpers import status
+import psutil
+
+from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
 from trainroom.core.run import store as runs
@@ -152,3 +155,47 @@ def test_a_cause_printed_without_a_traceback_is_still_the_cause(trhome: Path, tm
     )
     (f,) = _findings(d, "MASKED_ERROR")
     assert "hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`" in f["message"]
+
+
+STEPPER = """
+    import time
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=1e-3)
+    step = 0
+    while True:
+        step += 1
+        rep.step(step, loss=2.0, tokens=step * 64)
+        time.sleep(0.05)
+"""
+
+
+def _subscribe(info: runs.RunInfo) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(info.sock)
+    s.sendall(p.frame(p.Subscribe(client="idle watcher", live=True)))
+    return s
+
+
+def test_idle_subscriptions_never_lock_out_a_kill(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, STEPPER)
+    wait_for(lambda: (status(info)["step"] or 0) >= 1, timeout=60, what="steps")
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    before = psutil.Process(keeper).memory_info().rss
+    idle = [_subscribe(info) for _ in range(300)]  # never read: each would hold a snapshot and deltas
+    # One process holds a bounded number of live subscriptions; the rest are refused and closed.
+    wait_for(
+        lambda: len(psutil.Process(keeper).net_connections(kind="unix")) < 40, timeout=60, what="the cap"
+    )
+    grown = psutil.Process(keeper).memory_info().rss - before
+    assert grown < 48 << 20, f"keeper RSS grew by {grown >> 20} MiB"
+    # An action from another process gets through.
+    done = run_cli("kill", info.run_id, "--yes", "--grace", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_for(lambda: status(info)["state"] == "stopped", timeout=60, what="stopped")
+    said = [r.reason for r in _journal(info) if isinstance(r, p.ConnectionClosed)]
+    said += [r.message for r in _journal(info) if isinstance(r, p.KeeperNote)]
+    assert any("live subscriptions already" in x or "displaced" in x for x in said), said
+    for s in idle:
+        s.close()

@@ -31,6 +31,12 @@ READ_CHUNK = 1 << 16
 # Limits against a careless or hostile peer of the same uid: how many connections at once, how
 # many bytes all of them may hold half-read, how long a first message or a started frame may take.
 MAX_CONNECTIONS = 256
+# Past MAX_CONNECTIONS a newcomer first displaces the oldest connection that has not said what it
+# is; one still admitted (up to ACTION_RESERVE more) may act, report or read a snapshot, never hold
+# a live subscription: idle watchers never lock out a `kill`. One process holds at most
+# MAX_LIVE_PER_PEER live subscriptions (what a control room or two need, not what a leak makes).
+ACTION_RESERVE = 64
+MAX_LIVE_PER_PEER = 16
 BUFFER_BUDGET = 16 << 20
 FIRST_MESSAGE_S = 10.0
 PARTIAL_FRAME_S = 30.0
@@ -126,6 +132,8 @@ class Conn:
         self.pending: list[p.Record] = []
         self.name = "client"
         self.buffered = 0  # bytes of a frame read but not yet whole
+        self.opened = time.monotonic()
+        self.over_cap = False  # admitted past MAX_CONNECTIONS: no live subscription
 
     def send(self, msg: p.KeeperMsg) -> None:
         self.writer.write(p.frame(msg))
@@ -266,9 +274,35 @@ class Server:
             self._close(c, f"refused peer pid {peer_pid}: uid {peer_uid} is not the keeper's uid {self.uid}")
             return
         if len(self.conns) > MAX_CONNECTIONS:
-            self._close(c, f"refused peer pid {peer_pid}: {MAX_CONNECTIONS} connections already open")
+            self._displace_silent()
+        if len(self.conns) > MAX_CONNECTIONS + ACTION_RESERVE:
+            self._close(c, f"refused peer pid {peer_pid}: {len(self.conns) - 1} connections already open")
             return
+        c.over_cap = len(self.conns) > MAX_CONNECTIONS
         self._close(c, await self._read(c, reader))
+
+    def _displace_silent(self) -> None:
+        """Close the oldest connection that has sent nothing yet, of the peer holding the most:
+        a client that means something speaks at once."""
+        silent = [x for x in self.conns if x.role is None and x.buffered == 0]
+        if not silent:
+            return
+        per_peer: dict[int | None, int] = {}
+        for x in self.conns:
+            per_peer[x.peer_pid] = per_peer.get(x.peer_pid, 0) + 1
+        oldest = min(silent, key=lambda x: (-per_peer[x.peer_pid], x.opened))
+        self._close(
+            oldest, f"displaced pid {oldest.peer_pid}: silent while {len(self.conns)} connections were open"
+        )
+
+    def _live_refusal(self, c: Conn) -> str | None:
+        """Why this connection may not hold a live subscription, or None when it may."""
+        if c.over_cap:
+            return f"refused subscription from pid {c.peer_pid}: {MAX_CONNECTIONS} connections open (actions still served)"
+        mine = sum(1 for x in self.conns if x.live and x.peer_pid == c.peer_pid)
+        if c.peer_pid is not None and mine >= MAX_LIVE_PER_PEER:
+            return f"refused subscription from pid {c.peer_pid}: it holds {mine} live subscriptions already"
+        return None
 
     async def _read(self, c: Conn, reader: asyncio.StreamReader) -> str | None:
         """Read and handle frames until the peer leaves (None) or must be dropped (why)."""
@@ -351,6 +385,10 @@ class Server:
             self._take_rank(c, msg)
             return True
         if isinstance(msg, p.Subscribe):
+            refused = self._live_refusal(c) if msg.live else None
+            if refused:
+                self._close(c, refused)
+                return False
             c.role, c.name = "client", msg.client
             c.send(self.host.snapshot())
             if msg.live:
