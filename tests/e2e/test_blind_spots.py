@@ -199,3 +199,35 @@ def test_idle_subscriptions_never_lock_out_a_kill(trhome: Path, tmp_path: Path) 
     assert any("live subscriptions already" in x or "displaced" in x for x in said), said
     for s in idle:
         s.close()
+
+
+SHORT = """
+    from trainroom.core import reporter
+    rep = reporter.connect(lr=1e-3)
+    for step in range(1, 6):
+        rep.step(step, loss=2.0)
+"""
+
+
+def test_a_journal_that_is_a_fifo_or_a_directory_costs_that_run_only(trhome: Path, tmp_path: Path) -> None:
+    infos = [_launch(tmp_path, SHORT, linger_s=0) for _ in range(3)]
+    for info in infos:
+        wait_for(lambda i=info: status(i)["state"] == "exited", timeout=60, what="the run's end")  # type: ignore[misc]
+    good, fifo, folder = infos
+    for info in (fifo, folder):
+        d = Path(info.run_dir)
+        for f in d.glob("*.msgpack"):
+            if f.name != runs.RECORD_NAME:
+                f.unlink()
+    os.mkfifo(Path(fifo.run_dir) / runs.JOURNAL_NAME)
+    (Path(folder.run_dir) / runs.JOURNAL_NAME).mkdir()
+    listing = run_cli("runs", timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert all(i.run_id in listing.stdout for i in infos)
+    assert run_cli("status", good.run_id, timeout=60).returncode == 0
+    for info, kind in ((fifo, "a FIFO"), (folder, "a directory")):
+        for cmd in ("status", "events", "verify"):
+            done = run_cli(cmd, info.run_id, timeout=60)  # a FIFO read plainly would block here
+            assert done.returncode != 0 and kind in done.stderr and "Traceback" not in done.stderr, (
+                done.stderr
+            )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
 import pytest
 
 from trainroom.core import protocol as p
-from trainroom.core.run.journal import Journal, read_journal
+from trainroom.core.run.journal import Journal, NotAFile, read_first, read_journal, record_crc_at
 from trainroom.core.run.state import RunState
 
 
@@ -160,3 +161,25 @@ def test_a_bad_field_is_left_out_and_named_the_rest_of_the_frame_kept() -> None:
     )
     with pytest.raises(p.ProtocolError, match="bogus"):
         reader.feed(p.frame({"type": "bogus"}))
+
+
+def test_a_stretch_of_zeros_and_stray_tags_is_skipped_to_the_next_record(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    first = _write(path, _notes(2))
+    zeros = b"\0" * (8 << 20) + b"\x81\xa4type" * 1000  # a record's tag without a record around it
+    second = _write(tmp_path / "second.msgpack", [p.KeeperNote(t=9.0, message="after")])
+    path.write_bytes(first + zeros + second)
+    got = list(read_journal(path))
+    assert [r.message for r in got if isinstance(r, p.KeeperNote)] == ["n0", "n1", "after"]
+    (gap,) = [r for r in got if isinstance(r, p.JournalDamaged)]
+    assert gap.offset == len(first) and gap.skipped_bytes == len(zeros)
+
+
+def test_a_journal_that_is_a_fifo_or_a_directory_is_refused_never_read(tmp_path: Path) -> None:
+    fifo, folder = tmp_path / "fifo.msgpack", tmp_path / "dir.msgpack"
+    os.mkfifo(fifo)  # opened plainly for reading, this blocks until a writer comes: never
+    folder.mkdir()
+    for path, kind in ((fifo, "a FIFO"), (folder, "a directory")):
+        with pytest.raises(NotAFile, match=kind):
+            list(read_journal(path))
+        assert record_crc_at(path, 0) is None and read_first(path) is None

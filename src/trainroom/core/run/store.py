@@ -273,7 +273,10 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
         return _remote_view(str(run_dir))
     d = Path(run_dir)
     rec = read_record(d)
-    view = replay.load(d, lambda: empty_view(rec), series=series).view
+    try:
+        view = replay.load(d, lambda: empty_view(rec), series=series).view
+    except OSError as exc:  # a journal that is a FIFO or a directory, unreadable: this run only
+        raise RunError(f"run {rec.run_id}: its journal cannot be read: {exc.strerror or exc}") from None
     if rec.start_error is not None:
         fold = view.apply if series else view.state.apply
         fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))
