@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -231,3 +233,37 @@ def test_a_journal_that_is_a_fifo_or_a_directory_costs_that_run_only(trhome: Pat
             assert done.returncode != 0 and kind in done.stderr and "Traceback" not in done.stderr, (
                 done.stderr
             )
+
+
+def test_deeply_nested_toml_is_one_line_naming_the_file(trhome: Path, tmp_path: Path) -> None:
+    (tmp_path / "trainroom.toml").write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    for argv in (["launch", "--", "sleep", "1"], ["doctor"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "trainroom.cli", *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        said = done.stdout + done.stderr
+        assert "Traceback" not in said and "RecursionError" not in said, said
+        assert "trainroom.toml" in said and "nested too deeply" in said, said
+    assert done.returncode != 0
+
+
+def test_the_bridge_with_garbage_on_stdin_and_its_keeper_gone_says_one_line(
+    trhome: Path, tmp_path: Path
+) -> None:
+    info = _launch(tmp_path, SHORT, linger_s=0)
+    wait_for(lambda: not runs.resolve_run(info.run_id).alive, timeout=60, what="the keeper gone")
+    for garbage in (os.urandom(64), struct.pack(">I", 5) + b"hello"):
+        done = subprocess.run(
+            [sys.executable, "-m", "trainroom.cli", "bridge", info.run_id],
+            input=garbage,
+            capture_output=True,
+            timeout=60,
+        )
+        err = done.stderr.decode()
+        assert done.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "on stdin" in err
