@@ -3,7 +3,9 @@ value only. Every test drives a real keeper process."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -267,3 +269,33 @@ def test_the_bridge_with_garbage_on_stdin_and_its_keeper_gone_says_one_line(
         err = done.stderr.decode()
         assert done.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert "on stdin" in err
+
+
+def test_a_stopped_keeper_whose_trainer_died_is_not_running(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, STEPPER)
+    d = wait_for(lambda: (s := status(info)) and (s["step"] or 0) >= 3 and s, timeout=60, what="steps")
+    trainer = d["pid"]
+    keeper = runs.read_record(Path(info.run_dir)).keeper_pid
+    assert keeper is not None
+    os.kill(keeper, signal.SIGSTOP)  # alive, answers nobody, reaps nobody
+    try:
+        os.kill(trainer, signal.SIGKILL)
+        wait_for(lambda: _proc_state(trainer) in ("Z", None), timeout=30, what="the trainer's end")
+        out = run_cli("status", info.run_id, "--json", timeout=120)
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)
+        assert d["keeper"] == "busy" and d["state"] == "unknown", d
+        assert f"the keeper (pid {keeper}) is stopped" in d["state_reason"]
+        assert f"trainer pid {trainer} is no longer running" in d["state_reason"]
+        text = run_cli("status", info.run_id, timeout=120).stdout
+        assert "UNKNOWN" in text and "is stopped" in text
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+    wait_for(lambda: status(info)["state"] in ("dead", "stopped"), timeout=60, what="the keeper's verdict")
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainroom.core import protocol as p
+from trainroom.core.probes.procs import process_state
 from trainroom.core.remote import ssh
 from trainroom.core.remote.target import TargetError, is_remote, resolve_target
 from trainroom.core.remote.wire import BridgeHello
@@ -209,6 +210,16 @@ def snapshot(sock_path: str, timeout_s: float = 5.0) -> RunState:
 BUSY_TRIES = (1.0, 2.0, 4.0)  # connect timeouts for a keeper that lives but does not answer
 
 
+def keeper_stopped(info: RunInfo) -> int | None:
+    """The keeper's pid when its process is stopped (SIGSTOP, a debugger's trace stop): it can
+    take no connection until continued, so waiting on it only delays what the journal says."""
+    try:
+        pid = store.read_record(Path(info.run_dir)).keeper_pid
+    except store.RunError:
+        return None
+    return pid if pid is not None and process_state(pid) in ("T", "t") else None
+
+
 def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
     """The run from its keeper; from its journal when the keeper is gone ("gone": its process is
     gone, by pid and start time) or keeps not answering ("busy": it lives; retried with backoff
@@ -220,6 +231,8 @@ def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
         finally:
             c.close()
         return state, c.hello.keeper if c.hello is not None else "gone"
+    if info.alive and keeper_stopped(info):
+        return store.load_state(info.run_dir), "busy"  # a stopped process answers nobody: no tries
     if info.alive:
         for timeout in BUSY_TRIES:
             try:

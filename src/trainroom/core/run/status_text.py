@@ -25,6 +25,8 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         f"  step {d['step']}  age {d['step_age_s']} s  {d['steps_per_s'] or '?'} steps/s  loss {loss_s}"
         f"  lr {eff if eff is not None else '?'} (asked {lr['requested'] if lr['requested'] is not None else '?'})",
     ]
+    if d["keeper"] != "alive" and d.get("state_reason"):
+        lines.append(f"  {d['state_reason']}")  # what the journal cannot say: read from /proc
     v = d["vram"]
     if v["driver_available"]:
         lines.append(
