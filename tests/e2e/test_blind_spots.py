@@ -299,3 +299,24 @@ def _proc_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+ESCAPES = """
+    print("iter 1: loss 2.0", flush=True)
+    raise ValueError("\\x1b]0;pwned\\x07\\x1b[2J\\x1b[31mboom\\x1b[0m")
+"""
+
+
+def test_a_trainers_escape_sequences_never_reach_the_terminal(trhome: Path, tmp_path: Path) -> None:
+    info = _launch(tmp_path, ESCAPES, linger_s=30)
+    wait_for(
+        lambda: any("boom" in f["message"] for f in status(info)["findings"]),
+        timeout=60,
+        what="the crash said",
+    )
+    for cmd in ("status", "events"):
+        done = run_cli(cmd, info.run_id, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "boom" in done.stdout and "\x1b" not in done.stdout and "\x07" not in done.stdout, repr(
+            done.stdout
+        )

@@ -3,10 +3,22 @@ text can never say something the JSON does not)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes
+
+# Escape sequences (CSI: colours, clear screen; OSC: window title, hyperlinks) and the other
+# control characters: a trainer's text reaches a terminal through these lines, never as commands.
+_CONTROLS = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]?|[\x00-\x08\x0b-\x1f\x7f\x9b]"
+)
+
+
+def printable(text: str) -> str:
+    """`text` without terminal escape sequences and control characters (newlines and tabs kept)."""
+    return _CONTROLS.sub("", text)
 
 
 def status_lines(d: dict[str, Any]) -> list[str]:
@@ -46,4 +58,4 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     for f in d["findings"]:
         key = f" [{f['action']}]" if f["action"] else ""
         lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
-    return lines
+    return [printable(line) for line in lines]
