@@ -320,3 +320,18 @@ def test_a_trainers_escape_sequences_never_reach_the_terminal(trhome: Path, tmp_
         assert "boom" in done.stdout and "\x1b" not in done.stdout and "\x07" not in done.stdout, repr(
             done.stdout
         )
+
+
+def test_a_damaged_run_record_does_not_hide_a_run_whose_journal_is_intact(
+    trhome: Path, tmp_path: Path
+) -> None:
+    info = _launch(tmp_path, SHORT, linger_s=0)
+    wait_for(lambda: status(info)["state"] == "exited", timeout=60, what="the run's end")
+    (Path(info.run_dir) / runs.RECORD_NAME).write_bytes(b"\x00garbage\xff" * 8)
+    assert info.run_id in [r.run_id for r in runs.list_runs()]
+    d = status(info.run_id)
+    assert d["state"] == "exited" and d["step"] == 5
+    listing = run_cli("runs", timeout=60)
+    assert listing.returncode == 0 and info.run_id in listing.stdout and "step 5" in listing.stdout, (
+        listing.stdout
+    )

@@ -15,7 +15,7 @@ from trainroom.core import protocol as p
 from trainroom.core.probes.procs import same_start
 from trainroom.core.remote import ssh
 from trainroom.core.remote.target import TargetError, is_remote, resolve_target
-from trainroom.core.run import replay, segments
+from trainroom.core.run import journal, replay, segments
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
 from trainroom.core.settings import LaunchOptions
@@ -138,12 +138,50 @@ def write_record(run_dir: Path, rec: RunRecord) -> None:
 
 
 def read_record(run_dir: Path) -> RunRecord:
+    """The run's record; when it is damaged (or gone) but the journal holds the run's start, the
+    record rebuilt from there (the run stays listed, its keeper still found by pid)."""
     try:
         return msgspec.msgpack.decode((run_dir / RECORD_NAME).read_bytes(), type=RunRecord)
     except FileNotFoundError:
-        raise RunError(f"{run_dir} is not a run (no {RECORD_NAME})") from None
+        rebuilt = _record_from_journal(run_dir)
+        if rebuilt is None:
+            raise RunError(f"{run_dir} is not a run (no {RECORD_NAME})") from None
+        return rebuilt
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise RunError(f"{run_dir / RECORD_NAME}: unreadable run record: {exc}") from None
+        rebuilt = _record_from_journal(run_dir)
+        if rebuilt is None:
+            raise RunError(f"{run_dir / RECORD_NAME}: unreadable run record: {exc}") from None
+        return rebuilt
+
+
+REBUILD_RECORDS = 256  # how far into the first segment the run's start is looked for
+
+
+def _record_from_journal(run_dir: Path) -> RunRecord | None:
+    """A run record from the journal's first records: the keeper that started (pid, start tick)
+    and the first attempt (argv, cwd). None without both."""
+    first = segments.sealed(run_dir)
+    path = Path(first[0].path) if first else run_dir / JOURNAL_NAME
+    keeper: p.KeeperStarted | None = None
+    try:
+        for n, (_off, _end, rec) in enumerate(journal.read_frames(path)):
+            if isinstance(rec, p.KeeperStarted) and keeper is None:
+                keeper = rec
+            elif isinstance(rec, p.AttemptStarted):
+                return RunRecord(
+                    run_id=run_dir.name,
+                    argv=rec.argv,
+                    cwd=rec.cwd,
+                    created=keeper.t if keeper is not None else rec.t,
+                    keeper_pid=keeper.pid if keeper is not None else None,
+                    keeper_start_time=keeper.t if keeper is not None else None,
+                    keeper_start_ticks=keeper.start_ticks if keeper is not None else None,
+                )
+            if n >= REBUILD_RECORDS:
+                break
+    except OSError:
+        return None
+    return None
 
 
 def keeper_alive(rec: RunRecord) -> bool:
@@ -170,7 +208,7 @@ def list_runs() -> list[RunInfo]:
     except OSError as exc:
         raise RunError(f"state dir {root} is not readable: {exc.strerror or exc}") from None
     for d in entries:
-        if not (d / RECORD_NAME).is_file():
+        if not (d / RECORD_NAME).is_file() and not (d / JOURNAL_NAME).is_file():
             continue
         try:
             rec = read_record(d)
