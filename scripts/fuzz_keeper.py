@@ -9,7 +9,9 @@ with mutated fields (negative steps, NaN times, huge strings, wrong types), Hell
 their pid or claim a rank (refused: the fuzzer is no process of the run), and client requests for
 unknown actions or with bad arguments. At the end it reports frames and connections sent, whether
 the keeper is alive and still answers `status`, whether the trainer kept stepping, the keeper's RSS
-and open fds before and after, and what the journal grew by.
+and open fds before and after, and what the journal grew by. Then two hostile hosts' cases: 300
+idle live subscriptions from one process (the keeper's RSS with them, and the latency of a `kill`
+plan under them), and a run whose journal is a FIFO (how long `runs` and its `status` take).
 
 What a healthy keeper shows: alive, status answers, steps advanced at the stepper's pace (50 a
 second; a Hello taken from the fuzzer would hold the run's step, the slowest rank's, back), RSS and
@@ -112,6 +114,79 @@ def _status(run_id: str) -> dict[str, Any]:
     return status_dict(st, keeper_alive=alive)
 
 
+def _plan_latency(sock: str) -> float | None:
+    """Seconds a `kill` plan (the request half of a kill, nothing signalled) takes; None: refused."""
+    from trainroom.core.run.client import KeeperClient, KeeperGone
+
+    t0 = time.monotonic()
+    try:
+        reply = KeeperClient(sock).call("kill", {"grace_s": 1.0}, confirm=False, timeout_s=30)
+    except (KeeperGone, OSError):
+        return None
+    return time.monotonic() - t0 if reply.stage == "plan" else None
+
+
+def idle_subscriptions(sock: str, keeper: int, n: int = 300) -> dict[str, Any]:
+    """`n` live subscriptions that never read, from this one process: the keeper's RSS with them
+    open, and how long a `kill` plan takes under them (per-peer caps: it must get through)."""
+    from trainroom.core import protocol as p
+
+    rss0 = psutil.Process(keeper).memory_info().rss
+    quiet = _plan_latency(sock)
+    idle: list[socket.socket] = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(2.0)
+        try:
+            s.connect(sock)
+            s.sendall(p.frame(p.Subscribe(client="idle", live=True)))
+            idle.append(s)
+        except OSError:
+            s.close()
+    time.sleep(1.0)  # let the keeper take them in (and refuse what is over the caps)
+    loaded = _plan_latency(sock)
+    rss1 = psutil.Process(keeper).memory_info().rss
+    held = len(psutil.Process(keeper).net_connections(kind="unix"))
+    for s in idle:
+        s.close()
+    return {
+        "subscriptions": n,
+        "keeper_connections_held": held,
+        "rss_before_bytes": rss0,
+        "rss_with_them_bytes": rss1,
+        "kill_plan_s_quiet": quiet,
+        "kill_plan_s_under_them": loaded,
+    }
+
+
+def fifo_journal(run_dir: str) -> dict[str, Any]:
+    """A second run whose journal is a FIFO beside the real one: how long `runs` and that run's
+    `status` take (a FIFO read plainly would block both for ever)."""
+    from trainroom.core.cli.show import _runs_rows
+    from trainroom.core.run import store as runs
+    from trainroom.core.run.client import read_run
+
+    src = Path(run_dir)
+    fake = src.with_name(src.name + "-fifo")
+    fake.mkdir(mode=0o700)
+    shutil.copy(src / runs.RECORD_NAME, fake / runs.RECORD_NAME)
+    os.mkfifo(fake / runs.JOURNAL_NAME)
+    t0 = time.monotonic()
+    rows = _runs_rows()
+    listed = time.monotonic() - t0
+    t0 = time.monotonic()
+    try:
+        read_run(
+            runs.RunInfo(run_id=fake.name, run_dir=str(fake), sock="", created=0.0, argv=[], alive=False)
+        )
+        said = "read"
+    except runs.RunError as exc:
+        said = str(exc)
+    status_s = time.monotonic() - t0
+    shutil.rmtree(fake)
+    return {"runs_listed": len(rows), "runs_s": listed, "status_s": status_s, "status_said": said}
+
+
 def fuzz(seconds: float, seed: int) -> dict[str, Any]:
     from trainroom.core.run import store as runs
     from trainroom.core.run.launch import launch
@@ -159,6 +234,9 @@ def fuzz(seconds: float, seed: int) -> dict[str, Any]:
             s.close()
         time.sleep(2.0)  # let the keeper close what we left
         alive = psutil.pid_exists(keeper)
+        idle = idle_subscriptions(info.sock, keeper) if alive else {}
+        fifo = fifo_journal(info.run_dir)
+        alive = psutil.pid_exists(keeper)
         after_status = _status(info.run_id) if alive else {}
         after = (_usage(keeper) if alive else {}) | {
             "journal_bytes": journal.stat().st_size,
@@ -176,12 +254,18 @@ def fuzz(seconds: float, seed: int) -> dict[str, Any]:
             "steps_advanced": (after["step"] or 0) - (before["step"] or 0),
             "before": before,
             "after": after,
+            "idle_subscriptions": idle,
+            "fifo_journal": fifo,
         }
     finally:
         from trainroom.core.run.store import stop_run
 
         stop_run(info.run_dir)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _secs(v: float | None) -> str:
+    return "refused" if v is None else f"{v * 1000:.0f} ms"
 
 
 def main() -> int:
@@ -206,7 +290,19 @@ def main() -> int:
                 f"keeper RSS {b['rss_bytes'] / mib:.1f} -> {a['rss_bytes'] / mib:.1f} MiB; fds {b['fds']} -> {a['fds']}"
             )
         print(f"journal {b['journal_bytes'] / mib:.2f} -> {a['journal_bytes'] / mib:.2f} MiB")
+        i, f = r["idle_subscriptions"], r["fifo_journal"]
+        if i:
+            print(
+                f"{i['subscriptions']} idle subscriptions: keeper holds {i['keeper_connections_held']} connections, "
+                f"RSS {i['rss_before_bytes'] / mib:.1f} -> {i['rss_with_them_bytes'] / mib:.1f} MiB; kill plan "
+                f"{_secs(i['kill_plan_s_quiet'])} quiet, {_secs(i['kill_plan_s_under_them'])} under them"
+            )
+        print(
+            f"FIFO journal: runs in {f['runs_s']:.2f} s, its status in {f['status_s']:.2f} s ({f['status_said']})"
+        )
+    i = r["idle_subscriptions"]
     ok = r["keeper_alive"] and r["status_answers"] and r["steps_advanced"] > 0
+    ok = ok and bool(i) and i["kill_plan_s_under_them"] is not None
     return 0 if ok else 1
 
 

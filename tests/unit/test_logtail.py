@@ -3,6 +3,7 @@ memory, an unfinished line is whole once the attempt ends, and what it reads bec
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -80,3 +81,42 @@ def test_records_name_the_recogniser_once_then_the_steps(tmp_path: Path) -> None
     ]
     append(log, b"iter 3: loss 1.4\n")
     assert not any(isinstance(r, p.LogRecognised) for r in tail.records(1, 101.0, tail.read()))
+
+
+def test_a_copytruncate_is_followed_from_the_start_of_the_file(tmp_path: Path) -> None:
+    log, tail = fresh(tmp_path)
+    append(log, b"".join(b"iter %d: loss 2.0\n" % i for i in range(1, 200)))
+    assert tail.read()[-1].step == 199
+    # logrotate's copytruncate: the same file, cut to nothing, the trainer appending on.
+    os.truncate(log, 0)
+    append(log, b"iter 200: loss 1.9\n")
+    assert [s.step for s in tail.read()] == [200]
+    assert any("truncated" in n for n in tail.notices)
+    # Cut and written past the old offset between two reads: the bytes under the offset changed.
+    tail.notices.clear()
+    size = log.stat().st_size
+    os.truncate(log, 0)
+    append(log, b"".join(b"iter %d: loss 1.8\n" % i for i in range(201, 201 + size // 10)))
+    steps = [s.step for s in tail.read()]
+    assert steps[0] == 201 and tail.notices
+
+
+def test_a_rename_rotation_reads_the_old_file_out_then_the_new_one(tmp_path: Path) -> None:
+    log, tail = fresh(tmp_path)
+    append(log, b"iter 1: loss 2.0\n")
+    assert [s.step for s in tail.read()] == [1]
+    old = log.rename(tmp_path / "trainer.log.1")
+    append(old, b"iter 2: loss 2.0\n")  # the trainer's stdout still writes the renamed file
+    assert [s.step for s in tail.read()] == [2]
+    append(log, b"iter 3: loss 1.9\n")  # something writes the new trainer.log
+    assert [s.step for s in tail.read()] == [3]
+    assert any("rotated" in n for n in tail.notices)
+
+
+def test_a_burst_of_megabytes_is_skipped_to_its_newest_lines(tmp_path: Path) -> None:
+    log, tail = fresh(tmp_path)
+    append(log, b"x" * (200 << 20 >> 4))  # 12.5 MiB without a line end
+    append(log, b"\niter 9: loss 2.0\nTraceback (most recent call last):\nValueError: boom\n")
+    assert [s.step for s in tail.read(final=True)] == [9]
+    assert tail.lines[-2:] == ["Traceback (most recent call last):", "ValueError: boom"]
+    assert any("skipped" in n for n in tail.notices)

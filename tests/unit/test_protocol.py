@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
 import pytest
 
 from trainroom.core import protocol as p
-from trainroom.core.journal.file import Journal, read_journal
+from trainroom.core.journal.file import Journal, NotAFile, read_first, read_journal, record_crc_at
 from trainroom.core.run.state import RunState
 
 
@@ -136,3 +137,49 @@ def test_a_keeper_opening_a_torn_journal_cuts_the_tail_before_appending(tmp_path
     j.close()
     got = list(read_journal(path))
     assert [r.message for r in got] == ["n0", "n1", "n2", "n3", "appended"]  # no damage left
+
+
+def test_a_bad_field_is_left_out_and_named_the_rest_of_the_frame_kept() -> None:
+    reader = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME, salvage_as=p.InboundMsg)
+    hello = {"type": "hello", "pid": 5, "config": {"lr": "3e-4", "vocab_size": 0, "warmup_steps": 8}}
+    step = {"type": "step", "step": 3, "t": 1.0, "tokens": -1, "loss": float("nan")}
+    (h, s) = reader.feed(p.frame(hello) + p.frame(step))
+    assert isinstance(h, p.Hello) and h.config.lr is None and h.config.warmup_steps == 8
+    assert isinstance(s, p.Step) and s.step == 3 and s.tokens is None and s.loss != s.loss
+    assert [(r.field, r.value, r.whole_frame) for r in reader.refused] == [
+        ("hello.config.lr", "'3e-4'", False),
+        ("hello.config.vocab_size", "0", False),
+        ("step.tokens", "-1", False),
+    ]
+    # A required field cannot be left out: that frame goes, the reader goes on.
+    reader.refused.clear()
+    assert reader.feed(p.frame({"type": "step", "step": -1, "t": 1.0})) == []
+    assert [(r.field, r.whole_frame) for r in reader.refused] == [("step.step", True)]
+    assert (
+        p.RequestedConfig(lr=0.0)
+        == p.inbound_decoder.decode(p.encode(p.Hello(pid=1, config=p.RequestedConfig(lr=0.0)))).config
+    )
+    with pytest.raises(p.ProtocolError, match="bogus"):
+        reader.feed(p.frame({"type": "bogus"}))
+
+
+def test_a_stretch_of_zeros_and_stray_tags_is_skipped_to_the_next_record(tmp_path: Path) -> None:
+    path = tmp_path / "journal.msgpack"
+    first = _write(path, _notes(2))
+    zeros = b"\0" * (8 << 20) + b"\x81\xa4type" * 1000  # a record's tag without a record around it
+    second = _write(tmp_path / "second.msgpack", [p.KeeperNote(t=9.0, message="after")])
+    path.write_bytes(first + zeros + second)
+    got = list(read_journal(path))
+    assert [r.message for r in got if isinstance(r, p.KeeperNote)] == ["n0", "n1", "after"]
+    (gap,) = [r for r in got if isinstance(r, p.JournalDamaged)]
+    assert gap.offset == len(first) and gap.skipped_bytes == len(zeros)
+
+
+def test_a_journal_that_is_a_fifo_or_a_directory_is_refused_never_read(tmp_path: Path) -> None:
+    fifo, folder = tmp_path / "fifo.msgpack", tmp_path / "dir.msgpack"
+    os.mkfifo(fifo)  # opened plainly for reading, this blocks until a writer comes: never
+    folder.mkdir()
+    for path, kind in ((fifo, "a FIFO"), (folder, "a directory")):
+        with pytest.raises(NotAFile, match=kind):
+            list(read_journal(path))
+        assert record_crc_at(path, 0) is None and read_first(path) is None

@@ -369,6 +369,8 @@ def decode_config(data: bytes | str, path: str | os.PathLike[str] = CONFIG_NAME)
         raise ConfigError(f"{path}: {_explain(str(exc))}") from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {_lower_first(str(exc))}") from None
+    except RecursionError:  # the TOML parser recurses per nested array or table
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
     _check_semantics(config, path)
     return config
 

@@ -19,6 +19,7 @@ import msgspec
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
+from trainroom.core.salvage import NotAMessage, RefusedField, salvage
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
@@ -30,14 +31,16 @@ MAX_OUTBOUND_FRAME = 64 << 20
 
 PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
 
-# Every number a trainer sends is checked where it arrives (a frame that breaks one is refused
-# with its connection): steps and counts are never negative, times and bounds are finite. A loss
-# or a grad norm may be NaN or Inf: that is a measurement (NONFINITE), not a bad frame.
+# Every number a trainer sends is checked where it arrives: steps and counts are never negative,
+# times and bounds are finite. A field that breaks its bound is refused alone (`salvage`): the rest
+# of its frame and the connection are kept, and FIELD_REFUSED names it. A loss or a grad norm may
+# be NaN or Inf: that is a measurement (NONFINITE), not a bad field.
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Pid = Annotated[int, msgspec.Meta(ge=1)]
 Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]  # seconds since the epoch
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
-PositiveRate = Annotated[float, msgspec.Meta(gt=0, le=1e6)]
+# A requested LR of 0 is a frozen model (or group): legitimate, and nothing to compare against.
+Rate = Annotated[float, msgspec.Meta(ge=0, le=1e6)]
 # Strings are bounded so no trainer can make the keeper hold (or a snapshot carry) megabytes.
 Name = Annotated[str, msgspec.Meta(max_length=256)]
 Path_ = Annotated[str, msgspec.Meta(max_length=4096)]
@@ -61,7 +64,7 @@ class ProtocolError(Exception):
 class RequestedConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What the session asked for; what LR_MISMATCH and the ln(V) baselines compare against."""
 
-    lr: PositiveRate | None = None
+    lr: Rate | None = None
     vocab_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
     warmup_steps: Count | None = None
     arch: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
@@ -537,12 +540,15 @@ def frame(msg: object) -> bytes:
 
 
 class FrameReader(Generic[T]):
-    """Accumulates bytes from a stream and yields whole decoded messages."""
+    """Accumulates bytes from a stream and yields whole decoded messages. With `salvage_as` (the
+    decoder's union), a frame with a bad field is kept without it and `refused` says what went."""
 
-    def __init__(self, decoder: msgspec.msgpack.Decoder[T], max_frame: int) -> None:
+    def __init__(self, decoder: msgspec.msgpack.Decoder[T], max_frame: int, salvage_as: Any = None) -> None:
         self._decoder = decoder
         self._max = max_frame
         self._buf = bytearray()
+        self._salvage_as = salvage_as
+        self.refused: list[RefusedField] = []
 
     @property
     def buffered(self) -> int:
@@ -562,6 +568,16 @@ class FrameReader(Generic[T]):
             del self._buf[: HEADER.size + n]
             try:
                 out.append(self._decoder.decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except msgspec.ValidationError as exc:
+                if self._salvage_as is None:
+                    raise ProtocolError(f"undecodable frame: {exc}", out) from None
+                try:
+                    msg, refused = salvage(body, self._salvage_as)
+                except NotAMessage as bad:
+                    raise ProtocolError(str(bad), out) from None
+                self.refused += refused
+                if msg is not None:
+                    out.append(msg)
+            except msgspec.DecodeError as exc:
                 raise ProtocolError(f"undecodable frame: {exc}", out) from None
         return out

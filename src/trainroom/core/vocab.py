@@ -101,6 +101,7 @@ FindingCode = Literal[
     "CKPT_OUTSIDE_ROOT",
     "JOURNAL_WRITE_FAILED",
     "RANK_CLAIMED",
+    "FIELD_REFUSED",
     "RESUME_FROM_SCRATCH",
     "INTERNAL_ERROR",
 ]
@@ -176,6 +177,9 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
     ),
     "JOURNAL_WRITE_FAILED": FindingKind("keeper", "critical", "the keeper cannot write the journal"),
     "RANK_CLAIMED": FindingKind("keeper", "warning", "two reporters claim the same rank"),
+    "FIELD_REFUSED": FindingKind(
+        "keeper", "warning", "a trainer sent a value out of range: that field refused, the rest kept"
+    ),
     "RESUME_FROM_SCRATCH": FindingKind(
         "keeper", "critical", "a resumed attempt started far below the checkpoint it resumed"
     ),

@@ -103,7 +103,7 @@ class ActionFlow:
         targeted = finding is not None and finding.targeted
         why = self.host.why_not(action, finding.ident if finding is not None and targeted else None)
         if why is not None:
-            self.app.notify(f"{action}: not now, {why}", severity="warning", timeout=4)
+            self.app.notify(f"{action}: not now, {why}", severity="warning", timeout=4, markup=False)
             return
         args: dict[str, object] = {"finding": finding.ident} if finding is not None and targeted else {}
         question = (

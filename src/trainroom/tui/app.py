@@ -184,7 +184,9 @@ class ControlRoom(App[int]):
         if notes:
             # Once, all together: a bad theme file is named with its error and skipped.
             self.theme_notice = "\n".join(notes)
-            self.notify(self.theme_notice, title="theme files skipped", severity="warning", timeout=12)
+            self.notify(
+                self.theme_notice, title="theme files skipped", severity="warning", timeout=12, markup=False
+            )
         self.query_one(ActionStrip).display = False
         self.query_one(DisconnectBanner).display = False
         self.set_interval(self.render_interval_s, self._render_if_dirty)
@@ -365,13 +367,13 @@ class ControlRoom(App[int]):
         if group == "attach":
             self.notify(text, title="cannot watch that run", severity="error", timeout=30)
         elif group == "journal":
-            self.notify(f"journal unreadable: {text}", severity="error", timeout=10)
+            self.notify(f"journal unreadable: {text}", severity="error", timeout=10, markup=False)
             if self.run_id is not None:
                 self.set_timer(self.reconnect_interval_s, self._look_for_keeper)
         elif group == "reconnect":
             self.set_timer(self.reconnect_interval_s, self._look_for_keeper)
         elif group == "overview":
-            self.notify(f"runs overview: {text}", severity="error", timeout=10)
+            self.notify(f"runs overview: {text}", severity="error", timeout=10, markup=False)
 
     # ------------------------------------------------------------------ rendering
 

@@ -125,7 +125,11 @@ class Navigation:
         log = self.host.panels().log
         self.show_panel(log)
         if not log.search(pattern):
-            self.app.notify(f"search: no line of the last {len(log.view or ())} holds {pattern!r}", timeout=4)
+            self.app.notify(
+                f"search: no line of the last {len(log.view or ())} holds {pattern!r}",
+                timeout=4,
+                markup=False,
+            )
 
     def log_scale(self) -> None:
         loss = self.host.panels().loss

@@ -95,6 +95,8 @@ def parse_theme(data: bytes) -> Theme:
         raise ThemeError(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ThemeError(f"not valid TOML: {exc}") from None
+    except RecursionError:  # the TOML parser recurses per nested array or table
+        raise ThemeError("not valid TOML: nested too deeply") from None
     if not spec.name.strip():
         raise ThemeError("name is empty")
     for name in _COLOUR_FIELDS:

@@ -112,7 +112,12 @@ def _without_keeper(info: RunInfo, keeper: KeeperWord, host: str) -> int:
         data = os.read(STDIN, 1 << 16)
         if not data:
             return 0
-        for msg in reader.feed(data):
+        try:
+            msgs = reader.feed(data)
+        except p.ProtocolError as exc:  # not the keeper protocol on stdin: say so on one line
+            print(f"trainroom bridge: {exc} on stdin", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        for msg in msgs:
             if isinstance(msg, p.Subscribe):
                 _send(store.load_view(info.run_dir).to_snapshot())
                 return 0

@@ -20,6 +20,7 @@ from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.events import EVENT_RECORDS, Event, EventFold, to_json, to_text
+from trainroom.core.run.status_text import printable
 from trainroom.core.units import fmt_clock
 
 
@@ -42,7 +43,7 @@ class _Printer:
                 self.print(e)
 
     def print(self, e: Event) -> None:
-        line = to_json(e) if self.as_json else f"{fmt_clock(e.t)}  {to_text(e)}"
+        line = to_json(e) if self.as_json else printable(f"{fmt_clock(e.t)}  {to_text(e)}")
         print(line, flush=True)
 
 

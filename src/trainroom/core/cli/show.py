@@ -12,10 +12,10 @@ import msgspec
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.journal import segments
-from trainroom.core.probes.procs import same_start
+from trainroom.core.probes.procs import process_state, same_start, state_name
 from trainroom.core.run import expire
 from trainroom.core.run import store as runs
-from trainroom.core.run.client import read_run, read_summary
+from trainroom.core.run.client import keeper_stopped, read_run, read_summary
 from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
@@ -29,7 +29,23 @@ def orphaned_trainer(st: RunState) -> int | None:
     a = st.attempt
     if a is None or a.ended_at is not None or a.pid <= 0:
         return None
-    return a.pid if same_start(a.pid, a.start_time, a.start_ticks) else None
+    # A zombie has ended (killed -9, not reaped yet): it is not running.
+    running = same_start(a.pid, a.start_time, a.start_ticks) and process_state(a.pid) != "Z"
+    return a.pid if running else None
+
+
+def not_answering(st: RunState, info: runs.RunInfo) -> tuple[str | None, str]:
+    """For a keeper that lives but does not answer: the state its journal cannot know (the
+    trainer ended since: "unknown") or None to keep the journal's, and why, from the facts this
+    host gives: the keeper's /proc state, the trainer's pid and whether it still runs."""
+    stopped = keeper_stopped(info)
+    why = f"the keeper (pid {stopped}) is stopped" if stopped else "the keeper is not answering"
+    a = st.attempt
+    if a is None or a.ended_at is not None or a.pid <= 0:
+        return None, f"{why}; its journal says the rest"
+    if orphaned_trainer(st) is None:
+        return "unknown", f"{why}; trainer pid {a.pid} is no longer running and its end is not recorded yet"
+    return None, f"{why}; trainer pid {a.pid} is still running ({state_name(process_state(a.pid))})"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -37,6 +53,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     st, keeper = read_run(info)
     d = status_dict(st, keeper_alive=keeper != "gone")
     d["keeper"] = keeper
+    if keeper == "busy":
+        state, d["state_reason"] = not_answering(st, info)
+        d["state"] = state or d["state"]
     orphan = orphaned_trainer(st) if keeper == "gone" else None
     if orphan is not None:
         d["state"] = "orphaned"

@@ -97,15 +97,27 @@ _CHAIN = {
 }
 _PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank line prefix
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_EXC_WORDS = ("Error", "Exception", "Interrupt", "Exit")
 _ERRNO = re.compile(r"\[Errno (?P<n>-?\d+)\]")
 # torch elastic's own exception once a worker failed: what the launcher says, not the cause.
 _LAUNCHER_ERROR = "ChildFailedError"
+# A line another writer logged (a launcher's timestamped or glog line, a `logging` record): it
+# ends an exception's message even without a blank line between them.
+_LOG_LINE = re.compile(
+    r"^(?:\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d|[WEIF]\d{4} \d\d:\d\d:\d\d|"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:)"
+)
 
 
-def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
-    """The exception line(s) after the frames of the traceback starting at `head`; and the index
-    just past the block."""
-    i = head + 1
+def _parse_block(
+    lines: list[str], head: int, prefixed: list[bool] | None = None
+) -> tuple[p.ErrorLink | None, int]:
+    """The exception line(s) after the frames of the traceback starting at `head` (or, for a
+    cause printed without a traceback, the exception line at `head` itself); and the index just
+    past the block. A message's continuation lines stop at a blank line, another traceback, a
+    chain sentence, another writer's log line, or a line whose rank prefix differs from the
+    exception line's (torchrun's own lines carry none)."""
+    i = head + 1 if _TB_HEAD.match(lines[head]) else head
     n = len(lines)
     while i < n and (lines[i].startswith(" ") or lines[i].startswith("\t")):
         i += 1
@@ -116,7 +128,14 @@ def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
         return None, i + 1
     msg_lines = [m.group("msg") or ""]
     j = i + 1
-    while j < n and lines[j].strip() and not _TB_HEAD.match(lines[j]) and lines[j].strip() not in _CHAIN:
+    while (
+        j < n
+        and lines[j].strip()
+        and not _TB_HEAD.match(lines[j])
+        and lines[j].strip() not in _CHAIN
+        and not _LOG_LINE.match(lines[j])
+        and (prefixed is None or prefixed[j] == prefixed[i])
+    ):
         msg_lines.append(lines[j])
         j += 1
     message = "\n".join(msg_lines).strip()
@@ -128,18 +147,46 @@ def _parse_block(lines: list[str], head: int) -> tuple[p.ErrorLink | None, int]:
     return link, j
 
 
+def _block_above(lines: list[str], k: int) -> int | None:
+    """Where the exception printed above the chain sentence at `k` starts: its traceback's
+    header, or its own line when it was never raised (`raise X from OSError(12, ...)` prints the
+    cause without a traceback). None when nothing exception-like is there."""
+    e = k - 1
+    while e >= 0 and not lines[e].strip():
+        e -= 1
+    s = e
+    # Up through the message's lines to the exception line: a frame line or a header above it
+    # means a traceback; a blank line or the start means it stands alone.
+    while (
+        s >= 0 and lines[s].strip() and not lines[s].startswith((" ", "\t")) and not _TB_HEAD.match(lines[s])
+    ):
+        s -= 1
+    if s >= 0 and (lines[s].startswith((" ", "\t")) or _TB_HEAD.match(lines[s])):
+        h = s
+        while h >= 0 and not _TB_HEAD.match(lines[h]):
+            h -= 1
+        return h if h >= 0 else None
+    for i in range(e, s, -1):  # the nearest line above that names an exception type
+        m = _EXC_LINE.match(lines[i])
+        if m is not None and m.group("type").endswith(_EXC_WORDS):
+            return i
+    return None
+
+
 def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
     """The last Python traceback in a trainer log as a Crash (outermost link first), following the
     "direct cause" and "During handling" chain back to its innermost error; None if there is none.
     torchrun's ChildFailedError (its report of a failed worker) is passed over for the worker's
     own traceback before it. `t` stamps the Crash (default: now)."""
-    lines = [_PREFIX.sub("", ln.rstrip("\r")) for ln in text.splitlines()]
+    raw = [ln.rstrip("\r") for ln in text.splitlines()]
+    prefixed = [_PREFIX.match(ln) is not None for ln in raw]
+    lines = [_PREFIX.sub("", ln) for ln in raw]
     heads = [i for i, ln in enumerate(lines) if _TB_HEAD.match(ln)]
     link: p.ErrorLink | None = None
     last = end = -1
     while heads:
         last = heads.pop()
-        link, end = _parse_block(lines, last)
+        link, end = _parse_block(lines, last, prefixed)
         if link is None or not link.type.endswith(_LAUNCHER_ERROR):
             break
         link = None  # torchrun's report that a worker failed: the worker's own is the cause
@@ -155,14 +202,14 @@ def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
             k -= 1
         if k < 0 or lines[k].strip() not in _CHAIN:
             break
-        prev_heads = [h for h in heads if h < k]
-        if not prev_heads:
+        start = _block_above(lines, k)
+        if start is None:
             break
-        prev_link, _ = _parse_block(lines, prev_heads[-1])
+        prev_link, _ = _parse_block(lines, start, prefixed)
         if prev_link is None:
             break
         chain.append(prev_link)
-        first = prev_heads[-1]
+        first = start
     return p.Crash(
         t=time.time() if t is None else t, chain=chain, traceback="\n".join(lines[first:end]), source="log"
     )

@@ -58,6 +58,41 @@ def rank_claimed(claims: list[tuple[int, int, int, int]], attempt: int | None) -
     ]
 
 
+def fields_refused(
+    refusals: list[tuple[int, int, str, str, str, bool, int]], attempt: int | None
+) -> list[Finding]:
+    """FIELD_REFUSED: a trainer sent a value its field does not take (`lr=-1`, `vocab_size=0`,
+    `tokens=-1`, a string for a number). That field was left out and the rest of the frame kept,
+    so the run stays instrumented; a required field (a step's number) drops its frame. One finding
+    per rank and field. `refusals`: (attempt, rank, field, value, reason, whole frame, count)."""
+    out: list[Finding] = []
+    for a, rank, field, value, reason, whole, count in refusals:
+        if a != attempt:
+            continue
+        kept = "its frame was dropped" if whole else "the rest of the frame was kept"
+        times = f" in {count} frames" if count > 1 else ""
+        out.append(
+            Finding(
+                code="FIELD_REFUSED",
+                severity="warning",
+                key=f"rank-{rank}-{field}",
+                message=(
+                    f"rank {rank} sent {field}={value or '?'}{times}: refused ({reason}); {kept}. "
+                    "Check what the trainer passes to trainroom.connect()/step()"
+                ),
+                evidence={
+                    "rank": rank,
+                    "field": field,
+                    "value": value,
+                    "reason": reason,
+                    "count": count,
+                    "frame_dropped": whole,
+                },
+            )
+        )
+    return out
+
+
 def resume_from_scratch(a: AttemptView) -> Finding | None:
     """RESUME_FROM_SCRATCH: a resumed attempt whose first step is far below the checkpoint it
     was resumed from: the trainer ignored the checkpoint and started over (and will overwrite

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
+import stat
 import struct
 import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -71,12 +73,40 @@ def _record_at(data: bytes | memoryview, off: int) -> int | None:
     return start + n
 
 
-def _resync(data: bytes | memoryview, off: int) -> int:
-    """The next offset after `off` where a whole record starts (len(data) when none does)."""
-    for j in range(off + 1, len(data) - _HEAD.size + 1):
-        if _record_at(data, j) is not None:
-            return j
-    return len(data)
+def _resync(data: bytes, off: int) -> int:
+    """The next offset after `off` where a whole record starts (len(data) when none does).
+    Only offsets a record's "type" key could follow are tried, found by `bytes.find`: a stretch
+    of zeros or garbage is skipped at memory speed, not one offset at a time."""
+    pos = off + 1 + _HEAD.size + 1
+    while True:
+        tag = data.find(_TAG, pos)
+        if tag < 0:
+            return len(data)
+        for head in (5, 3, 1):  # the map's header: ascending record offsets
+            j = tag - head - _HEAD.size
+            if j > off and _record_at(data, j) is not None:
+                return j
+        pos = tag + 1
+
+
+class NotAFile(OSError):
+    """A journal path that is not a regular file (a FIFO, a directory, a device): never read,
+    since a FIFO would block every reader and a device could be endless."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading, without blocking on a FIFO (O_NONBLOCK), once it is known to be
+    a regular file; NotAFile when it is anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a file"
+            raise NotAFile(errno_mod.EINVAL, f"{path.name} is {kind}, not a journal file", str(path))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class JournalHealth(msgspec.Struct, kw_only=True):
@@ -209,7 +239,7 @@ def _last_record(data: bytes) -> tuple[int, tuple[int, int] | None]:
 def record_crc_at(path: Path, offset: int) -> tuple[int, int] | None:
     """The (end offset, crc32) of the whole record at `offset`, else None: one small read."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(offset)
             head = f.read(_HEAD.size)
             if len(head) < _HEAD.size:
@@ -230,7 +260,7 @@ def read_first(path: Path) -> p.Record | None:
     if found is None:
         return None
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read(found[0])
         return p.record_decoder.decode(data[_HEAD.size :])
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
@@ -239,7 +269,7 @@ def read_first(path: Path) -> p.Record | None:
 
 def _read_from(path: Path, start: int) -> bytes | None:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             if start:
                 f.seek(start)
             return f.read()

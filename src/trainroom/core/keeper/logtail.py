@@ -3,10 +3,19 @@ by core/logformats' recognisers) and the last lines (a traceback there is the ca
 
 Lines end at `\\n` or `\\r` (a progress bar redraws itself with `\\r`). A line longer than
 MAX_LINE_BYTES is cut there and the rest of it skipped, so a trainer that writes megabytes without
-a line end cannot grow the keeper's memory."""
+a line end cannot grow the keeper's memory.
+
+The file is followed as `tail -F` follows it: truncated in place (logrotate's `copytruncate`), it
+is read again from its start; renamed away with a new file in its place, the old one is read to
+its end (the trainer's stdout may still write there) and the new one from its start once it has
+something. More than MAX_BACKLOG unread (megabytes printed in one burst, before a crash or in one
+endless line) is skipped to its last READ_CHUNK: the newest lines, a crash's traceback among them,
+are what the keeper needs, and a reader that falls behind would call a live trainer stalled."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -16,6 +25,8 @@ from trainroom.core.logformats import LogStep, Recognition, recognition
 READ_CHUNK = 1 << 20
 KEEP_LINES = 400
 MAX_LINE_BYTES = 64 << 10
+MAX_BACKLOG = 4 * READ_CHUNK
+MARK_BYTES = 64  # the bytes just before the offset: changed under it, the file was rewritten
 _LINE_END = re.compile(rb"[\r\n]")
 
 __all__ = ["LogStep", "LogTail"]
@@ -26,7 +37,14 @@ class LogTail:
 
     def __init__(self, path: Path, pattern: str | None) -> None:
         self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
+        self.offset = 0
+        self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the file held open
+        self._mark = b""
+        self._mark_at = 0
+        # What happened to the file (truncated, rotated, a burst skipped): the keeper notes them.
+        self.notices: list[str] = []
+        self._open(at_end=True)
         self.recognition: Recognition = recognition(pattern)
         self._rest = b""
         self._skipping = False  # inside an over-long line, past its first MAX_LINE_BYTES
@@ -55,17 +73,101 @@ class LogTail:
         out += [p.Received(attempt=attempt, rank=0, t=t, msg=log_step(s, t)) for s in steps]
         return out
 
+    # ------------------------------------------------------------------ following the file
+
+    def _open(self, at_end: bool = False) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        self._close()
+        self._fd, self._ident = fd, (st.st_dev, st.st_ino)
+        self.offset = st.st_size if at_end else 0
+        self._mark = os.pread(fd, min(MARK_BYTES, self.offset), self.offset - min(MARK_BYTES, self.offset))
+        self._mark_at = self.offset
+        return True
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = None
+
+    def _restart(self, why: str) -> None:
+        """Read the file held again from its start: what was under the offset is gone."""
+        self.notices.append(why)
+        self.offset, self._mark, self._mark_at, self._rest, self._skipping = 0, b"", 0, b"", False
+
+    def _replaced(self) -> bool:
+        """Whether another file (with something in it) now has the path: a rename rotation."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) != self._ident and st.st_size > 0
+
+    def _check(self, fd: int) -> None:
+        """Truncation (the file shorter than the offset, or the bytes under it changed: it was
+        truncated and written past the old offset between two reads), then a backlog to skip."""
+        size = os.fstat(fd).st_size
+        if size < self.offset:
+            self._restart(
+                f"{self.path.name} was truncated ({self.offset} -> {size} bytes): read again from its start"
+            )
+        elif (
+            self._mark
+            and self.offset >= len(self._mark)
+            and self._mark_at == self.offset
+            and (os.pread(fd, len(self._mark), self.offset - len(self._mark)) != self._mark)
+        ):
+            self._restart(f"{self.path.name} was rewritten under the reader: read again from its start")
+        if size - self.offset > MAX_BACKLOG:
+            skip_to = size - READ_CHUNK
+            self.notices.append(
+                f"{self.path.name}: {size - self.offset} unread bytes in one burst; skipped "
+                f"{skip_to - self.offset} to read the newest {READ_CHUNK >> 20} MiB"
+            )
+            before = os.pread(fd, 1, skip_to - 1) if skip_to > 0 else b"\n"
+            self.offset, self._rest = skip_to, b""
+            self._skipping = _LINE_END.fullmatch(before) is None  # landed mid-line: skip to its end
+
+    def _take(self) -> bytes:
+        """What was appended since the last read (at most MAX_BACKLOG), following the file."""
+        if self._fd is None and not self._open():
+            return b""
+        assert self._fd is not None
+        self._check(self._fd)
+        data = b""
+        while len(data) < MAX_BACKLOG:
+            chunk = os.pread(self._fd, READ_CHUNK, self.offset)
+            self.offset += len(chunk)
+            data += chunk
+            if len(chunk) < READ_CHUNK:
+                break
+        if data:
+            self._mark = (self._mark + data)[-MARK_BYTES:]
+        self._mark_at = self.offset
+        if len(data) < MAX_BACKLOG and self._replaced():
+            self.notices.append(
+                f"{self.path.name} was replaced (rotated): reading the new one from its start"
+            )
+            rest = data
+            self._open()
+            self._rest, self._skipping = b"", False
+            return rest + b"\n" + self._take()
+        return data
+
     def read(self, final: bool = False) -> list[LogStep]:
         """The steps in what was appended since the last read. `final`: the attempt ended, so
         an unfinished last line is whole and what a recogniser held back is given out."""
         out: list[LogStep] = []
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(READ_CHUNK)
-        except FileNotFoundError:
+            data = self._take()
+        except OSError as exc:
+            self.notices.append(f"{self.path.name} cannot be read: {exc.strerror or exc}")
+            self._close()
             data = b""
-        self.offset += len(data)
         if data:
             out += self._split(data)
         if final:

@@ -30,7 +30,12 @@ from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, load_config
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Fault
-from trainroom.core.health.keeper import journal_write_failed, rank_claimed, resume_from_scratch
+from trainroom.core.health.keeper import (
+    fields_refused,
+    journal_write_failed,
+    rank_claimed,
+    resume_from_scratch,
+)
 from trainroom.core.health.statedisk import StateDisk, state_disk_low
 from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
@@ -228,6 +233,7 @@ class Keeper:
             ("keeper.journal", self._journal_findings),
             ("keeper.state_disk", self._state_disk_findings),
             ("keeper.rank_claims", lambda: rank_claimed(self._live_claims(), a.n if a else None)),
+            ("keeper.fields_refused", lambda: fields_refused(self._refused_fields(), a.n if a else None)),
             ("keeper.resume_from_scratch", lambda: [f for f in [resume_from_scratch(a)] if f] if a else []),
         )
         for name, part in parts:
@@ -250,6 +256,12 @@ class Keeper:
             (c.attempt, c.rank, c.owner_pid, c.claimant_pid)
             for c in self.server.rank_claims
             if pid_alive(c.claimant_pid)
+        ]
+
+    def _refused_fields(self) -> list[tuple[int, int, str, str, str, bool, int]]:
+        return [
+            (r.attempt, r.rank, r.field, r.value, r.reason, r.whole_frame, r.count)
+            for r in self.server.refused_fields.values()
         ]
 
     def _journal_fault(self, f: Fault) -> None:
@@ -378,6 +390,9 @@ class Keeper:
         a = self.state.attempt
         none: list[LogStep] = []
         steps = self.supervision.guard.call("log reader", lambda: self.tail.read(final=final), none)
+        for why in self.tail.notices:  # truncated, rotated, a burst skipped: said, not silent
+            self.emit(p.KeeperNote(t=now, message=why, kind="warning"))
+        self.tail.notices.clear()
         if a is None or a.instrumented:
             return  # the reporter's frames are exact; log lines would double them
         for rec in self.tail.records(a.n, now, steps):

@@ -3,7 +3,8 @@ run dir; peers of another uid are refused by SO_PEERCRED).
 
 A connection is a trainer after `Hello` (its frames become `Received` records) or a client after
 `Subscribe` (a snapshot, then batched live deltas) or `Request` (an action, answered on the same
-connection). A bad frame closes that one connection, with the reason journaled.
+connection). A frame that is not a message closes that one connection, with the reason journaled;
+a message with a bad field loses that field only (FIELD_REFUSED), and its connection stays.
 """
 
 from __future__ import annotations
@@ -23,12 +24,19 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder
 from trainroom.core.probes.procs import pid_alive
+from trainroom.core.salvage import RefusedField
 
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
 READ_CHUNK = 1 << 16
 # Limits against a careless or hostile peer of the same uid: how many connections at once, how
 # many bytes all of them may hold half-read, how long a first message or a started frame may take.
 MAX_CONNECTIONS = 256
+# Past MAX_CONNECTIONS a newcomer first displaces the oldest connection that has not said what it
+# is; one still admitted (up to ACTION_RESERVE more) may act, report or read a snapshot, never hold
+# a live subscription: idle watchers never lock out a `kill`. One process holds at most
+# MAX_LIVE_PER_PEER live subscriptions (what a control room or two need, not what a leak makes).
+ACTION_RESERVE = 64
+MAX_LIVE_PER_PEER = 16
 BUFFER_BUDGET = 16 << 20
 FIRST_MESSAGE_S = 10.0
 PARTIAL_FRAME_S = 30.0
@@ -62,6 +70,26 @@ class RankClaim(msgspec.Struct, kw_only=True, frozen=True):
     owner_pid: int
     claimant_pid: int
     t: float
+
+
+class FieldRefusal(msgspec.Struct, kw_only=True):
+    """A field of a trainer's frames that was refused (out of range, the wrong type): the rest
+    of each frame was kept (or, for a required field, the frame was dropped), the connection too.
+    Counted per attempt, rank and field; what FIELD_REFUSED says."""
+
+    attempt: int
+    rank: int
+    pid: int | None
+    field: str
+    value: str
+    reason: str
+    whole_frame: bool
+    count: int = 1
+    first_t: float
+    last_t: float
+
+
+MAX_FIELD_REFUSALS = 64
 
 
 def not_of_attempt(pid: int, run_id: str, attempt: int) -> str | None:
@@ -104,6 +132,8 @@ class Conn:
         self.pending: list[p.Record] = []
         self.name = "client"
         self.buffered = 0  # bytes of a frame read but not yet whole
+        self.opened = time.monotonic()
+        self.over_cap = False  # admitted past MAX_CONNECTIONS: no live subscription
 
     def send(self, msg: p.KeeperMsg) -> None:
         self.writer.write(p.frame(msg))
@@ -124,6 +154,7 @@ class Server:
         # (attempt, rank) -> pid of the reporter connected for it; a second claimant is refused.
         self.rank_owners: dict[tuple[int, int], int] = {}
         self.rank_claims: list[RankClaim] = []
+        self.refused_fields: dict[tuple[int, int, str], FieldRefusal] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -243,13 +274,39 @@ class Server:
             self._close(c, f"refused peer pid {peer_pid}: uid {peer_uid} is not the keeper's uid {self.uid}")
             return
         if len(self.conns) > MAX_CONNECTIONS:
-            self._close(c, f"refused peer pid {peer_pid}: {MAX_CONNECTIONS} connections already open")
+            self._displace_silent()
+        if len(self.conns) > MAX_CONNECTIONS + ACTION_RESERVE:
+            self._close(c, f"refused peer pid {peer_pid}: {len(self.conns) - 1} connections already open")
             return
+        c.over_cap = len(self.conns) > MAX_CONNECTIONS
         self._close(c, await self._read(c, reader))
+
+    def _displace_silent(self) -> None:
+        """Close the oldest connection that has sent nothing yet, of the peer holding the most:
+        a client that means something speaks at once."""
+        silent = [x for x in self.conns if x.role is None and x.buffered == 0]
+        if not silent:
+            return
+        per_peer: dict[int | None, int] = {}
+        for x in self.conns:
+            per_peer[x.peer_pid] = per_peer.get(x.peer_pid, 0) + 1
+        oldest = min(silent, key=lambda x: (-per_peer[x.peer_pid], x.opened))
+        self._close(
+            oldest, f"displaced pid {oldest.peer_pid}: silent while {len(self.conns)} connections were open"
+        )
+
+    def _live_refusal(self, c: Conn) -> str | None:
+        """Why this connection may not hold a live subscription, or None when it may."""
+        if c.over_cap:
+            return f"refused subscription from pid {c.peer_pid}: {MAX_CONNECTIONS} connections open (actions still served)"
+        mine = sum(1 for x in self.conns if x.live and x.peer_pid == c.peer_pid)
+        if c.peer_pid is not None and mine >= MAX_LIVE_PER_PEER:
+            return f"refused subscription from pid {c.peer_pid}: it holds {mine} live subscriptions already"
+        return None
 
     async def _read(self, c: Conn, reader: asyncio.StreamReader) -> str | None:
         """Read and handle frames until the peer leaves (None) or must be dropped (why)."""
-        frames = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME)
+        frames = p.FrameReader(p.inbound_decoder, p.MAX_INBOUND_FRAME, salvage_as=p.InboundMsg)
         who = f"pid {c.peer_pid}"
         try:
             while True:
@@ -270,6 +327,9 @@ class Server:
                 c.buffered = frames.buffered
                 for msg in msgs:
                     await self._on_message(c, msg)
+                if frames.refused:
+                    self._note_refused(c, frames.refused)
+                    frames.refused = []
                 if sum(x.buffered for x in self.conns) > BUFFER_BUDGET:
                     return (
                         f"over budget from {who}: {BUFFER_BUDGET >> 20} MiB held half-read across connections"
@@ -280,6 +340,32 @@ class Server:
             return None
         except Exception as exc:
             return f"internal error on connection from {who}: {type(exc).__name__}: {exc}"
+
+    def _note_refused(self, c: Conn, refused: list[RefusedField]) -> None:
+        """Count the fields refused on this connection (a reporter that sends `tokens=-1` with
+        every step is one entry with a count, not a record per frame)."""
+        now = time.time()
+        attempt = c.attempt if c.role == "trainer" else self.host.attempt_n
+        for r in refused:
+            key = (attempt, c.rank, r.field)
+            seen = self.refused_fields.get(key)
+            if seen is not None:
+                seen.count += 1
+                seen.last_t, seen.value, seen.whole_frame = now, r.value, r.whole_frame
+                continue
+            if len(self.refused_fields) >= MAX_FIELD_REFUSALS:
+                del self.refused_fields[next(iter(self.refused_fields))]
+            self.refused_fields[key] = FieldRefusal(
+                attempt=attempt,
+                rank=c.rank,
+                pid=c.peer_pid,
+                field=r.field,
+                value=r.value,
+                reason=r.reason,
+                whole_frame=r.whole_frame,
+                first_t=now,
+                last_t=now,
+            )
 
     async def _on_message(self, c: Conn, msg: p.InboundMsg) -> None:
         if c.role is None and not await self._first_message(c, msg):
@@ -299,6 +385,10 @@ class Server:
             self._take_rank(c, msg)
             return True
         if isinstance(msg, p.Subscribe):
+            refused = self._live_refusal(c) if msg.live else None
+            if refused:
+                self._close(c, refused)
+                return False
             c.role, c.name = "client", msg.client
             c.send(self.host.snapshot())
             if msg.live:

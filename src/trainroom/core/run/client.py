@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from trainroom.core import protocol as p
+from trainroom.core.probes.procs import process_state
 from trainroom.core.run import store, summary
 from trainroom.core.run.address import is_remote
 from trainroom.core.run.state import RunState
@@ -221,6 +222,16 @@ def snapshot(sock_path: str, timeout_s: float = 5.0) -> RunState:
 BUSY_TRIES = (1.0, 2.0, 4.0)  # connect timeouts for a keeper that lives but does not answer
 
 
+def keeper_stopped(info: RunInfo) -> int | None:
+    """The keeper's pid when its process is stopped (SIGSTOP, a debugger's trace stop): it can
+    take no connection until continued, so waiting on it only delays what the journal says."""
+    try:
+        pid = store.read_record(Path(info.run_dir)).keeper_pid
+    except store.RunError:
+        return None
+    return pid if pid is not None and process_state(pid) in ("T", "t") else None
+
+
 def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
     """The run from its keeper; from its journal when the keeper is gone ("gone": its process is
     gone, by pid and start time) or keeps not answering ("busy": it lives; retried with backoff
@@ -232,6 +243,8 @@ def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
         finally:
             c.close()
         return state, c.remote_keeper or "gone"
+    if info.alive and keeper_stopped(info):
+        return store.load_state(info.run_dir), "busy"  # a stopped process answers nobody: no tries
     if info.alive:
         for timeout in BUSY_TRIES:
             try:

@@ -3,10 +3,22 @@ text can never say something the JSON does not)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes
+
+# Escape sequences (CSI: colours, clear screen; OSC: window title, hyperlinks) and the other
+# control characters: a trainer's text reaches a terminal through these lines, never as commands.
+_CONTROLS = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]?|[\x00-\x08\x0b-\x1f\x7f\x9b]"
+)
+
+
+def printable(text: str) -> str:
+    """`text` without terminal escape sequences and control characters (newlines and tabs kept)."""
+    return _CONTROLS.sub("", text)
 
 
 def status_lines(d: dict[str, Any]) -> list[str]:
@@ -25,6 +37,8 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         f"  step {d['step']}  age {d['step_age_s']} s  {d['steps_per_s'] or '?'} steps/s  loss {loss_s}"
         f"  lr {eff if eff is not None else '?'} (asked {lr['requested'] if lr['requested'] is not None else '?'})",
     ]
+    if d["keeper"] != "alive" and d.get("state_reason"):
+        lines.append(f"  {d['state_reason']}")  # what the journal cannot say: read from /proc
     v = d["vram"]
     if v["driver_available"]:
         lines.append(
@@ -44,4 +58,4 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     for f in d["findings"]:
         key = f" [{f['action']}]" if f["action"] else ""
         lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
-    return lines
+    return [printable(line) for line in lines]

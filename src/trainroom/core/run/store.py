@@ -13,6 +13,7 @@ import msgspec
 import psutil
 
 from trainroom.core import protocol as p
+from trainroom.core.journal import file as journal
 from trainroom.core.journal import replay, segments
 from trainroom.core.probes.procs import same_start
 from trainroom.core.run.address import is_remote
@@ -171,12 +172,50 @@ def write_record(run_dir: Path, rec: RunRecord) -> None:
 
 
 def read_record(run_dir: Path) -> RunRecord:
+    """The run's record; when it is damaged (or gone) but the journal holds the run's start, the
+    record rebuilt from there (the run stays listed, its keeper still found by pid)."""
     try:
         return msgspec.msgpack.decode((run_dir / RECORD_NAME).read_bytes(), type=RunRecord)
     except FileNotFoundError:
-        raise RunError(f"{run_dir} is not a run (no {RECORD_NAME})") from None
+        rebuilt = _record_from_journal(run_dir)
+        if rebuilt is None:
+            raise RunError(f"{run_dir} is not a run (no {RECORD_NAME})") from None
+        return rebuilt
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise RunError(f"{run_dir / RECORD_NAME}: unreadable run record: {exc}") from None
+        rebuilt = _record_from_journal(run_dir)
+        if rebuilt is None:
+            raise RunError(f"{run_dir / RECORD_NAME}: unreadable run record: {exc}") from None
+        return rebuilt
+
+
+REBUILD_RECORDS = 256  # how far into the first segment the run's start is looked for
+
+
+def _record_from_journal(run_dir: Path) -> RunRecord | None:
+    """A run record from the journal's first records: the keeper that started (pid, start tick)
+    and the first attempt (argv, cwd). None without both."""
+    first = segments.sealed(run_dir)
+    path = Path(first[0].path) if first else run_dir / JOURNAL_NAME
+    keeper: p.KeeperStarted | None = None
+    try:
+        for n, (_off, _end, rec) in enumerate(journal.read_frames(path)):
+            if isinstance(rec, p.KeeperStarted) and keeper is None:
+                keeper = rec
+            elif isinstance(rec, p.AttemptStarted):
+                return RunRecord(
+                    run_id=run_dir.name,
+                    argv=rec.argv,
+                    cwd=rec.cwd,
+                    created=keeper.t if keeper is not None else rec.t,
+                    keeper_pid=keeper.pid if keeper is not None else None,
+                    keeper_start_time=keeper.t if keeper is not None else None,
+                    keeper_start_ticks=keeper.start_ticks if keeper is not None else None,
+                )
+            if n >= REBUILD_RECORDS:
+                break
+    except OSError:
+        return None
+    return None
 
 
 def keeper_alive(rec: RunRecord) -> bool:
@@ -203,7 +242,7 @@ def list_runs() -> list[RunInfo]:
     except OSError as exc:
         raise RunError(f"state dir {root} is not readable: {exc.strerror or exc}") from None
     for d in entries:
-        if not (d / RECORD_NAME).is_file():
+        if not (d / RECORD_NAME).is_file() and not (d / JOURNAL_NAME).is_file():
             continue
         try:
             rec = read_record(d)
@@ -311,7 +350,10 @@ def load_view(run_dir: str | Path, *, series: bool = True) -> RunView:
         return _remote_view(str(run_dir))
     d = Path(run_dir)
     rec = read_record(d)
-    view = replay.load(d, fold_of(rec), series=series).view
+    try:
+        view = replay.load(d, fold_of(rec), series=series).view
+    except OSError as exc:  # a journal that is a FIFO or a directory, unreadable: this run only
+        raise RunError(f"run {rec.run_id}: its journal cannot be read: {exc.strerror or exc}") from None
     if rec.start_error is not None:
         fold = view.apply if series else view.state.apply
         fold(p.RunStatus(t=rec.created, state="failed", reason=rec.start_error))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -27,7 +28,8 @@ def evidence_table(evidence: tuple[tuple[str, object], ...]) -> Table:
     for key, value in evidence:
         # A death's evidence carries the signal twice (its number, and its name): one row says both.
         if not hidden(key) and not (key == "signal" and "exit_signal" in keys):
-            table.add_row(words(key), value_text(key, value))
+            # Cells as Text: a value is the trainer's text (a path with `[/]`), never markup.
+            table.add_row(Text(words(key)), Text(value_text(key, value)))
     return table
 
 
@@ -55,7 +57,7 @@ class FindingDetail(ModalScreen[bool]):
                 since = f"open since {fmt.clock(r.first_seen)} ({fmt.duration(self.now - r.first_seen)})"
                 if r.last_seen and r.last_seen != r.first_seen:
                     since += f", last seen {fmt.clock(r.last_seen)}"
-                yield Label(since, classes="modal-hint")
+                yield Label(since, classes="modal-hint", markup=False)
                 if any(not hidden(k) for k, _ in r.evidence):
                     yield Label("evidence", classes="result-heading")
                     yield Static(evidence_table(r.evidence), id="finding-evidence")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
@@ -24,7 +25,8 @@ def before_after_table(rows: list[tuple[str, str, str]]) -> Table:
     table.add_column("→", no_wrap=True)
     table.add_column("after", justify="right")
     for what, before, after in rows:
-        table.add_row(what, before, "→", after, style="dim" if before == after else "")
+        # Cells as Text: the values come from the run (paths, messages), never markup.
+        table.add_row(Text(what), Text(before), "→", Text(after), style="dim" if before == after else "")
     return table
 
 

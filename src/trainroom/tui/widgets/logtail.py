@@ -91,7 +91,7 @@ class LogTailPanel(Panel[tuple[str, ...]]):
         start = self.match_line if self.match_line is not None else len(self.view or ())
         if not self._go(start, direction):
             where = "older" if direction < 0 else "newer"
-            self.notify(f"no {where} line holds {self.pattern!r}", timeout=3)
+            self.notify(f"no {where} line holds {self.pattern!r}", timeout=3, markup=False)
 
     def _go(self, start: int, direction: int) -> bool:
         view = self.view or ()
