@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core import units
 from trainroom.core.units import signal_name
 
 EventKind = Literal[
@@ -154,12 +155,9 @@ class EventFold:
         )
 
 
-_encoder = msgspec.json.Encoder()
-
-
 def to_json(e: Event) -> str:
-    """One JSON line (a non-finite figure in the evidence is null)."""
-    return _encoder.encode(e).decode()
+    """One JSON line (strict: a non-finite figure in the evidence is null)."""
+    return units.to_json(e, indent=None)
 
 
 def to_text(e: Event) -> str:
