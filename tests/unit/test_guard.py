@@ -93,7 +93,7 @@ def test_a_raising_state_rule_still_calls_a_killed_trainer_dead(monkeypatch: pyt
     assert wd.evaluate(b.run, WatchContext(alive=True), b.now).state == "running"
     b.end(exit_signal=9)
     v = wd.evaluate(b.run, WatchContext(alive=False), b.now)
-    assert v.state == "dead" and "signal 9" in v.reason
+    assert v.state == "dead" and "killed by SIGKILL" in v.reason
     (dead,) = v.findings
     assert (dead.code, dead.severity) == ("DEAD", "critical")
     (internal,) = wd.guard.findings(b.now)

@@ -34,6 +34,7 @@ from trainroom.core.health.guard import Guard
 from trainroom.core.health.life import dead_finding, dying_verdict, ended_verdict, fatal_worker
 from trainroom.core.health.progress import progress
 from trainroom.core.health.rules import WATCHDOG, Watched, judge
+from trainroom.core.run.ended import attempt_ended, clean_exit
 from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import ProcsSample
@@ -141,16 +142,10 @@ class Watchdog:
         if a is not None and a.stopped:
             return "stopped", f"attempt {a.n} stopped by {a.stop_by} (the state rule failed)", []
         if a is not None and (a.ended_at is not None or ctx.alive is False):
-            clean = a.ended_at is not None and a.exit_code == 0 and a.exit_signal is None
+            clean = clean_exit(a)
             state = "exited" if clean else "dead"
-            how = (
-                "exited 0"
-                if clean
-                else (f"killed by signal {a.exit_signal}" if a.exit_signal else f"exit code {a.exit_code}")
-            )
-            reason = (
-                f"attempt {a.n} {how if a.ended_at is not None else 'process gone'} (the state rule failed)"
-            )
+            how = attempt_ended(a) if a.ended_at is not None else "process gone"
+            reason = f"attempt {a.n} {how} (the state rule failed)"
             found = [] if clean else [Finding(code="DEAD", severity="critical", key="", message=reason)]
             return state, reason, found
         state, reason = self._last
