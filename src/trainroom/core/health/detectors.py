@@ -6,6 +6,9 @@ the trainer asked for, whether this attempt resumed, the primary rank, each rank
 figures) belong to the attempt and are written by one feeder (`sanity.SanityTracker`); no
 detector writes another's state. A new attempt starts a fresh `Detectors`.
 
+A new detector: its class here, its place in `Detectors` (its state, and the line of
+`Detectors.observe_step` that feeds it), its rule in `rules.SANITY`, its code in the vocabulary.
+
 Robust statistics throughout (median and MAD, never mean and std): one absurd batch must not move
 the baseline it is measured against.
 """
@@ -21,8 +24,9 @@ from typing import Literal
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
+from trainroom.core.health.guard import Guard
 from trainroom.core.health.ranks import RankObservations
-from trainroom.core.health.robust import Rolling
+from trainroom.core.health.robust import Rolling, finite
 from trainroom.core.health.sanity_rules import (
     Divergence,
     Excursion,
@@ -379,7 +383,46 @@ class Detectors:
         self.scale = ScaleCheck()
         self.nonfinite = NonFiniteCheck()
 
-    @property
-    def loss_family(self) -> tuple[FirstLossCheck | WhiteCheck | SpikeCheck | DivergenceCheck, ...]:
-        """The detectors fed each finite loss of the primary rank, in this order."""
-        return (self.first_loss, self.white, self.spike, self.divergence)
+    def observe_step(
+        self,
+        guard: Guard,
+        rs: RankObservations,
+        step: int,
+        t: float,
+        loss: float | None,
+        grad_norm: float | None,
+        lrs: Sequence[float],
+        loss_scale: float | None,
+    ) -> None:
+        """Hand one step of rank `rs` (its figures already folded in) to the detectors that read
+        it, each through `guard` under its rule's part name. The loss detectors read the primary
+        rank only; the scale and finiteness checks read every rank."""
+        f = self.facts
+        primary = rs.rank == f.primary
+        halved = guard.call(
+            "sanity.loss_scale", lambda: self.scale.observe(rs, step, t, loss_scale, primary), False
+        )
+        guard.call(
+            "sanity.nonfinite",
+            lambda: self.nonfinite.observe(f, rs, step, t, loss, grad_norm, loss_scale, halved),
+            None,
+        )
+        if not primary:
+            return
+        if f.first_step is None:
+            f.first_step = step
+        lr0 = lrs[0] if lrs else None
+        rising = lr0 is not None and f.prev_lr is not None and lr0 > f.prev_lr * (1 + 1e-6)
+        if lrs and f.requested.lr:
+            guard.call("sanity.lr", lambda: self.lr.observe(f, step, t, lrs, rising), None)
+        if loss is not None and finite(loss):
+            guard.call("sanity.loss", lambda: self._observe_loss(step, t, loss, rising), None)
+        if grad_norm is not None and finite(grad_norm):
+            guard.call("sanity.grad", lambda: self.grad.observe(f, step, t, grad_norm), None)
+        if lr0 is not None:
+            f.prev_lr = lr0
+
+    def _observe_loss(self, step: int, t: float, loss: float, rising: bool) -> None:
+        """The primary's finite losses, to each loss detector in turn."""
+        for detector in (self.first_loss, self.white, self.spike, self.divergence):
+            detector.observe(self.facts, step, t, loss, rising)

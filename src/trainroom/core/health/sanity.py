@@ -170,33 +170,7 @@ class SanityTracker:
             rs.grad_norm = grad_norm
         if f.primary is None or rank < f.primary:
             f.primary = rank
-        g = self.guard
-        primary = rank == f.primary
-        halved = g.call("sanity.loss_scale", lambda: d.scale.observe(rs, step, t, loss_scale, primary), False)
-        g.call(
-            "sanity.nonfinite",
-            lambda: d.nonfinite.observe(f, rs, step, t, loss, grad_norm, loss_scale, halved),
-            None,
-        )
-        if not primary:
-            return
-        if f.first_step is None:
-            f.first_step = step
-        lr0 = lrs[0] if lrs else None
-        rising = lr0 is not None and f.prev_lr is not None and lr0 > f.prev_lr * (1 + 1e-6)
-        if lrs and f.requested.lr:
-            g.call("sanity.lr", lambda: d.lr.observe(f, step, t, lrs, rising), None)
-        if loss is not None and finite(loss):
-            g.call("sanity.loss", lambda: self._observe_loss(step, t, loss, rising), None)
-        if grad_norm is not None and finite(grad_norm):
-            g.call("sanity.grad", lambda: d.grad.observe(f, step, t, grad_norm), None)
-        if lr0 is not None:
-            f.prev_lr = lr0
-
-    def _observe_loss(self, step: int, t: float, loss: float, rising: bool) -> None:
-        d = self.detectors
-        for detector in d.loss_family:
-            detector.observe(d.facts, step, t, loss, rising)
+        d.observe_step(self.guard, rs, step, t, loss, grad_norm, lrs, loss_scale)
 
     # ------------------------------------------------------------------ outputs
 

@@ -219,7 +219,9 @@ class Keeper:
         """Every rule through the supervision's guard (`health.rules`): one that raises is an
         INTERNAL_ERROR finding, and the state and every other finding still come out."""
         state, reason, found = self.supervision.evaluate(now)
-        found += self.supervision.keeper_findings(self._keeper_facts(), now)
+        facts = self.supervision.guard.call("keeper.facts", self._keeper_facts, None)
+        if facts is not None:
+            found += self.supervision.keeper_findings(facts, now)
         found += self.supervision.findings(now)
         self.set_status(state, reason, now)
         self.set_findings(found, now)
