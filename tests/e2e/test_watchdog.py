@@ -279,12 +279,15 @@ def test_orphan_context_gives_stale_lock_with_the_holder_and_orphan_context(trho
         lambda: (
             (s := status(info))
             and any(
-                f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid for f in s["findings"]
+                # Its kill target (the lock's inheritor) comes from the leftovers scan, which runs
+                # at the duplicates' cadence: it may follow the finding by a few probe cycles.
+                f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid and f["target"]
+                for f in s["findings"]
             )
             and s
         ),
         timeout=30,
-        what="ORPHAN_CONTEXT for the driver's unknown pid",
+        what="ORPHAN_CONTEXT for the driver's unknown pid, with the run's leftover as its target",
     )
     orphan = next(
         f for f in d["findings"] if f["code"] == "ORPHAN_CONTEXT" and f["evidence"].get("pid") == ghost_pid

@@ -7,6 +7,7 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from trainroom.core import failpoints
+from trainroom.core.health import rules as rules_mod
 from trainroom.core.health import watchdog as watchdog_mod
 from trainroom.core.health.context import WatchContext
 from trainroom.core.health.guard import HOLD_S, Fault, Guard
@@ -67,7 +68,7 @@ def test_a_raising_rule_leaves_dead_and_every_other_rule_working(monkeypatch: py
     def broken(*_: object) -> list[object]:
         raise KeyError("holders")
 
-    monkeypatch.setattr(watchdog_mod, "stale_locks", broken)
+    monkeypatch.setattr(rules_mod, "stale_locks", broken)
     b = RunBuilder()
     b.start()
     b.steps(20)
@@ -92,7 +93,7 @@ def test_a_raising_state_rule_still_calls_a_killed_trainer_dead(monkeypatch: pyt
     assert wd.evaluate(b.run, WatchContext(alive=True), b.now).state == "running"
     b.end(exit_signal=9)
     v = wd.evaluate(b.run, WatchContext(alive=False), b.now)
-    assert v.state == "dead" and "signal 9" in v.reason
+    assert v.state == "dead" and "killed by SIGKILL" in v.reason
     (dead,) = v.findings
     assert (dead.code, dead.severity) == ("DEAD", "critical")
     (internal,) = wd.guard.findings(b.now)

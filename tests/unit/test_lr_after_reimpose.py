@@ -134,6 +134,6 @@ def test_a_note_without_usable_values_falls_back_to_the_base() -> None:
     tr = _tracker()
     for groups in (None, [], [{"group": 0, "new": float("nan")}], [{"group": 0, "new": True}], "x"):
         tr.observe_note(0, "lr-reimposed", SAVED_AT, {"groups": groups}, 1.0)
-        assert tr._lr_expected == []
+        assert tr.detectors.lr.expected == []
     tr.observe_note(0, "lr-reimposed", SAVED_AT, {"groups": [{"group": 0, "new": 1e-6}]}, 1.0)
-    assert tr._lr_expected == [1e-6]
+    assert tr.detectors.lr.expected == [1e-6]

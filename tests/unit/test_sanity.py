@@ -525,8 +525,11 @@ def test_findings_are_msgpack_serialisable_and_bounded_state() -> None:
     assert {"LR_MISMATCH", "EXPLODED_START", "WHITE_MODEL"} <= {f.code for f in out}
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(out), type=list[Finding])
     assert back == out
-    assert len(tr._loss.values) <= tr.th.loss_window and len(tr._grad.values) <= tr.th.grad_window
-    assert len(tr._chunk_medians) <= tr.th.divergence_chunks
+    assert (
+        len(tr.detectors.spike.level.values) <= tr.th.loss_window
+        and len(tr.detectors.grad.level.values) <= tr.th.grad_window
+    )
+    assert len(tr.detectors.divergence.medians) <= tr.th.divergence_chunks
 
 
 def test_thresholds_are_the_configs_with_the_documented_defaults() -> None:

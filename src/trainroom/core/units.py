@@ -1,5 +1,5 @@
-"""How trainroom writes figures, once: bytes, durations, clocks, signal and errno names, and
-alert targets with their secrets left out.
+"""How trainroom writes figures, once: bytes, durations, clocks, signal and errno names, alert
+targets with their secrets left out, and JSON for scripts (`to_json`, every `--json` output).
 
 Every message a rule writes, every line `status` prints and every panel of the control room
 formats through these, so one figure reads the same everywhere (nvitop's `bytes2human` is the
@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import errno as errno_mod
 import hashlib
+import json
 import math
 import os
 import shlex
 import signal
 import time
+from typing import Any
 from urllib.parse import urlsplit
+
+import msgspec
 
 UNKNOWN = "—"
 KIB = 1 << 10
@@ -108,3 +112,48 @@ def redact_command(command: str) -> str:
         words = command.split()
     name = os.path.basename(words[0]) if words else "?"
     return f"{name} …#{_tag(command)}"
+
+
+# --------------------------------------------------------------------------- JSON for scripts
+
+# Keys whose non-finite value is worth keeping as text next to the null (`loss_raw: "nan"`).
+RAW_KEYS = frozenset({"loss"})
+
+
+def to_json(obj: object, *, indent: int | None = 2) -> str:
+    """Strict JSON, whatever the figures: every `--json` output is written here. A non-finite
+    float (a NaN loss, an unmeasured ratio) is `null`, never the `NaN` / `Infinity` tokens that
+    json.dumps writes and no JSON parser reads; where the value itself matters (the loss) it is
+    kept as a string beside (`loss_raw`). Structs, dataclasses and tuples become plain JSON;
+    anything else unknown is its str(). `indent=None`: one compact line (an event stream)."""
+    plain = msgspec.to_builtins(obj, str_keys=True, enc_hook=str)
+    separators = (",", ":") if indent is None else None
+    return json.dumps(json_safe(plain), indent=indent, separators=separators, allow_nan=False)
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` (plain dicts, lists, scalars) with every non-finite float made null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            if k in RAW_KEYS and isinstance(v, (float, str)) and not _finite(v):
+                out[f"{k}_raw"] = v if isinstance(v, str) else _word(v)
+                out[k] = None
+            else:
+                out[str(k)] = json_safe(v)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _finite(v: float | str) -> bool:
+    if isinstance(v, str):
+        return v not in ("nan", "inf", "-inf")
+    return math.isfinite(v)
+
+
+def _word(v: float) -> str:
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")

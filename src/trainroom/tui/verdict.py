@@ -16,10 +16,9 @@ from typing import Any
 
 from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import ShownState, StateName
-
-from . import fmt
 
 Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 
@@ -88,11 +87,10 @@ def _ended(state: RunState) -> str:
         return "never started"
     if state.status == "stopped":
         return "was stopped"
-    if a.exit_signal is not None:
-        return f"was killed by {fmt.signal_name(a.exit_signal)}"
-    if a.exit_code is not None:
-        return f"exited with code {a.exit_code}"
-    return "ended"
+    if a.exit_signal is None and a.exit_code is None and not a.error:
+        return "ended"
+    how = attempt_ended(a)
+    return f"was {how}" if a.exit_signal is not None else f"ended: {how}"
 
 
 # --------------------------------------------------------------------------- the header

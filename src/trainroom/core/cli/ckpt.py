@@ -21,7 +21,7 @@ from trainroom.core.ckpt.verify import verify
 from trainroom.core.ops import prune as pruning
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
-from trainroom.core.units import fmt_bytes
+from trainroom.core.units import fmt_bytes, to_json
 
 if TYPE_CHECKING:
     # What `ArgumentParser.add_subparsers()` returns (generic only to the type checker).
@@ -170,7 +170,7 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"trainroom verify: needs torch in this environment ({exc})", file=sys.stderr)
         return 2
     if args.json:
-        print(msgspec.json.encode(rep).decode())
+        print(to_json(rep, indent=None))
     else:
         print(_human(rep))
     return 0 if rep.ok else 1
@@ -415,7 +415,7 @@ def run_prune(args: argparse.Namespace) -> int:
         print(f"trainroom prune: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(msgspec.json.encode(out).decode())
+        print(to_json(out, indent=None))
     else:
         _print_prune(out, args.dry_run)
     if out.cancelled:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -14,6 +13,7 @@ from trainroom.core.cli.errors import CliError
 from trainroom.core.ops.doctor import DoctorOptions, GpuChoice, render, run_doctor
 from trainroom.core.run import store
 from trainroom.core.settings import ENV_PROC_ROOT, ENV_SYS_ROOT, HostRoots
+from trainroom.core.units import to_json
 
 EPILOG = """\
 Each check is ok, degraded or missing, with what was found and the fix. Exit code 0 when
@@ -97,7 +97,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     )
     report = run_doctor(options)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        print(to_json(report.as_dict()))
     else:
         print("\n".join(render(report)))
     return 0 if report.ok else 1

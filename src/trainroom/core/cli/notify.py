@@ -11,7 +11,6 @@ none. Channels are shown redacted: a target's secret is never printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.settings import NotifyOptions, notify_settings
+from trainroom.core.units import to_json
 
 NONE_CONFIGURED = (
     "no alert channels configured: add [notify] to trainroom.toml (README: Alerts and metrics) "
@@ -70,7 +70,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
         names = [c.name for c in channels]
         if args.json:
             out = {"source": where, "min_severity": policy.min_severity, "states": policy.states}
-            print(json.dumps({**out, "channels": names, "unavailable": dict(unavailable)}, indent=2))
+            print(to_json({**out, "channels": names, "unavailable": dict(unavailable)}))
             return 0
         print(
             f"alert channels of {where} (findings at {policy.min_severity} or above; states {', '.join(policy.states)}):"
@@ -91,7 +91,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
         results = _from_here(info, policy, cwd)
     ok = all(r["outcome"] == "delivered" for r in results)
     if args.json:
-        print(json.dumps({"source": where, "via": via, "ok": ok, "results": results}, indent=2))
+        print(to_json({"source": where, "via": via, "ok": ok, "results": results}))
     else:
         print(
             f"test alert through the channels of {where} (sent from {'its keeper' if via == 'keeper' else 'here'}):"

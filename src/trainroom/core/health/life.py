@@ -10,6 +10,7 @@ import signal
 
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
+from trainroom.core.run.ended import clean_exit, how_ended
 from trainroom.core.run.state import AttemptView, RunState, WorkerView
 from trainroom.core.units import fmt_bytes, signal_name
 from trainroom.core.vocab import WatchState
@@ -17,8 +18,8 @@ from trainroom.core.vocab import WatchState
 
 def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[WatchState, str, list[Finding]]:
     at = f" at step {a.last_step}" if a.last_step is not None else ""
-    if a.exit_code == 0 and a.exit_signal is None and a.error is None:
-        return "exited", f"attempt {a.n} exited 0{at}", []
+    if clean_exit(a):
+        return "exited", f"attempt {a.n} {death_cause(a)}{at}", []
     if a.stopped:
         # The user's own kill: said as such, no DEAD, nothing to resume automatically.
         return "stopped", f"attempt {a.n} stopped by {a.stop_by}{at} ({death_cause(a)})", []
@@ -44,12 +45,7 @@ def dying_verdict(
 def worker_cause(w: WorkerView) -> str:
     """ "rank 1 killed by SIGKILL (pid 767)": a rank's process's end, the headline of a death
     under a launcher (torchrun's own exit code 1 comes second)."""
-    if w.exit_signal is not None:
-        how = f"killed by {signal_name(w.exit_signal)}"
-    elif w.exit_code is not None:
-        how = f"exit code {w.exit_code}"
-    else:
-        how = "ended (how is not known)"
+    how = how_ended(w.exit_code, w.exit_signal, unknown="ended (how is not known)")
     return f"rank {w.rank} {how} (pid {w.pid})"
 
 
@@ -62,16 +58,7 @@ def launcher_name(a: AttemptView) -> str:
 
 
 def death_cause(a: AttemptView) -> str:
-    if a.error:
-        return a.error
-    if a.exit_signal is not None:
-        return f"killed by {signal_name(a.exit_signal)}"
-    if a.exit_code is not None:
-        code = a.exit_code
-        if code > 128 and 1 <= code - 128 < 65:
-            return f"exit code {code} (128+{signal_name(code - 128)}, through a shell)"
-        return f"exit code {code}"
-    return "process gone, exit status not yet known"
+    return how_ended(a.exit_code, a.exit_signal, a.error)
 
 
 def _lost(run: RunState, a: AttemptView) -> tuple[str, int | None]:

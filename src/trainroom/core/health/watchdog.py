@@ -3,7 +3,8 @@ findings about life, progress, the GPU, host RAM, locks, duplicates and crash ca
 
 Every rule is a pure function of the run (`state.RunState`, the fold every client sees), the
 latest probe results (`WatchContext`) and the clock `now`; each lives in the module named for
-what it judges (life, progress, gpu, host, crash). What must outlive one call lives in a small
+what it judges (life, progress, gpu, host, crash) and is listed once in `rules.WATCHDOG`, after
+the state rule here. What must outlive one call lives in a small
 `Memory` the `Watchdog` object keeps, not in globals. The keeper calls `Watchdog.evaluate` every
 tick, diffs the findings against what is open, and stamps first/last seen.
 
@@ -19,7 +20,7 @@ Wiring (the keeper, one Watchdog per run, all on the event-loop thread except th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import msgspec
 
@@ -28,19 +29,13 @@ from trainroom.core import vocab
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
-from trainroom.core.health.crash import attempt_masked_error, crash_from_log, repeat_death
-from trainroom.core.health.gpu import (
-    busy_devices,
-    ghost_finding,
-    ghost_measure,
-    ghost_seen,
-    orphan_candidates,
-    orphan_findings,
-)
+from trainroom.core.health.crash import crash_from_log, repeat_death
+from trainroom.core.health.gpu import busy_devices, ghost_measure, ghost_seen, orphan_candidates
 from trainroom.core.health.guard import Guard
-from trainroom.core.health.host import duplicate_findings, host_ram_low_now, stale_locks
 from trainroom.core.health.life import dead_finding, dying_verdict, ended_verdict, fatal_worker
 from trainroom.core.health.progress import Judgement, progress
+from trainroom.core.health.rules import WATCHDOG, Watched, judge
+from trainroom.core.run.ended import attempt_ended, clean_exit
 from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import ProcsSample
@@ -51,10 +46,6 @@ STATES = vocab.WATCH_STATES
 # keeper journals a finding again whenever its message changes, so their message keeps the
 # figures of first detection while the cause and severity stay; the evidence stays live.
 VOLATILE = vocab.VOLATILE
-
-
-def _present(*found: Finding | None) -> list[Finding]:
-    return [f for f in found if f is not None]
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -119,31 +110,13 @@ class Watchdog:
         the others still judge (the life rules above all: a dead trainer is DEAD regardless)."""
         g = self.guard
         g.call("watchdog.memory", lambda: self.observe(run, ctx, now), None)
-        m = self.memory
-        a = run.attempt
         judged = g.call("watchdog.state", lambda: self._state(run, ctx, now), None)
         if judged is not None:
             state, reason, findings = judged
             self._last = (state, reason)
         else:
             state, reason, findings = self._fallback_state(run, ctx)
-        rules: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
-            ("watchdog.repeat_death", lambda: _present(repeat_death(run, ctx.thresholds)) if a else []),
-            (
-                "watchdog.masked_error",
-                lambda: _present(attempt_masked_error(run, ctx.log_crash)) if a else [],
-            ),
-            (
-                "watchdog.ghost",
-                lambda: _present(ghost_finding(ghost_measure(run, ctx), m.ghost_streak, run, ctx)),
-            ),
-            ("watchdog.orphan", lambda: orphan_findings(run, ctx, m)),
-            ("watchdog.host_ram", lambda: _present(host_ram_low_now(run, ctx))),
-            ("watchdog.locks", lambda: stale_locks(run, ctx)),
-            ("watchdog.duplicates", lambda: duplicate_findings(ctx)),
-        )
-        for name, rule in rules:
-            findings += g.call(name, rule, [])
+        findings += judge(g, WATCHDOG, Watched(run=run, ctx=ctx, memory=self.memory), now)
         self._pin(findings)
         return Verdict(state=state, reason=reason, findings=findings)
 
@@ -170,16 +143,10 @@ class Watchdog:
         if a is not None and a.stopped:
             return "stopped", f"attempt {a.n} stopped by {a.stop_by} (the state rule failed)", []
         if a is not None and (a.ended_at is not None or ctx.alive is False):
-            clean = a.ended_at is not None and a.exit_code == 0 and a.exit_signal is None
+            clean = clean_exit(a)
             state: vocab.WatchState = "exited" if clean else "dead"
-            how = (
-                "exited 0"
-                if clean
-                else (f"killed by signal {a.exit_signal}" if a.exit_signal else f"exit code {a.exit_code}")
-            )
-            reason = (
-                f"attempt {a.n} {how if a.ended_at is not None else 'process gone'} (the state rule failed)"
-            )
+            how = attempt_ended(a) if a.ended_at is not None else "process gone"
+            reason = f"attempt {a.n} {how} (the state rule failed)"
             found = [] if clean else [Finding(code="DEAD", severity="critical", key="", message=reason)]
             return state, reason, found
         state, reason = self._last

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainroom.core.remote.link import Reachability
+from trainroom.core.run.ended import how_ended
 from trainroom.core.run.state import RankView, RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.units import fmt_clock, fmt_duration, signal_name
@@ -232,13 +233,7 @@ def _cause(
 ) -> dict[str, Any]:
     who = f"rank {rank}" if rank is not None else "the trainer"
     where = f"node {n.node_rank}" if n.node_rank is not None else n.target
-    ended = (
-        f" (killed by {signal_name(sig)})"
-        if sig is not None
-        else f" (exit code {code})"
-        if code is not None
-        else ""
-    )
+    ended = f" ({how_ended(code, sig)})" if sig is not None or code is not None else ""
     return {
         "host": n.host,
         "node": n.target,

@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,13 +29,8 @@ from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, load_config
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Fault
-from trainroom.core.health.keeper import (
-    fields_refused,
-    journal_write_failed,
-    rank_claimed,
-    resume_from_scratch,
-)
-from trainroom.core.health.statedisk import StateDisk, state_disk_low
+from trainroom.core.health.rules import KeeperFacts
+from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper.actions import Actions
@@ -223,40 +217,33 @@ class Keeper:
             self.emit(p.RunStatus(t=now, state=state, reason=reason))
 
     def evaluate(self, now: float) -> None:
-        """Every rule through the supervision's guard: one that raises is an INTERNAL_ERROR
-        finding, and the state and every other finding still come out."""
-        g = self.supervision.guard
+        """Every rule through the supervision's guard (`health.rules`): one that raises is an
+        INTERNAL_ERROR finding, and the state and every other finding still come out."""
         state, reason, found = self.supervision.evaluate(now)
-        a = self.state.attempt
-        parts: tuple[tuple[str, Callable[[], list[Finding]]], ...] = (
-            ("checkpoints.findings", lambda: self.pipeline.findings(now)),
-            ("keeper.journal", self._journal_findings),
-            ("keeper.state_disk", self._state_disk_findings),
-            ("keeper.rank_claims", lambda: rank_claimed(self._live_claims(), a.n if a else None)),
-            ("keeper.fields_refused", lambda: fields_refused(self._refused_fields(), a.n if a else None)),
-            ("keeper.resume_from_scratch", lambda: [f for f in [resume_from_scratch(a)] if f] if a else []),
-        )
-        for name, part in parts:
-            found += g.call(name, part, [])
+        facts = self.supervision.guard.call("keeper.facts", self._keeper_facts, None)
+        if facts is not None:
+            found += self.supervision.keeper_findings(facts, now)
         found += self.supervision.findings(now)
         self.set_status(state, reason, now)
         self.set_findings(found, now)
 
-    def _journal_findings(self) -> list[Finding]:
-        f = journal_write_failed(self.journal.health, str(self._run_dir), self.journal.backlog_bytes)
-        return [f] if f is not None else []
-
-    def _state_disk_findings(self) -> list[Finding]:
-        th = self._settings.thresholds
-        low = state_disk_low(self.state_disk, th.disk_warn, th.disk_critical) if self.state_disk else None
-        return [low] if low is not None else []
-
-    def _live_claims(self) -> list[tuple[int, int, int, int]]:
-        return [
-            (c.attempt, c.rank, c.owner_pid, c.claimant_pid)
-            for c in self.server.rank_claims
-            if pid_alive(c.claimant_pid)
-        ]
+    def _keeper_facts(self) -> KeeperFacts:
+        """What the keeper's own rules read of it, gathered here on the loop thread."""
+        return KeeperFacts(
+            run=self.state,
+            thresholds=self._settings.thresholds,
+            journal=self.journal.health,
+            journal_where=str(self._run_dir),
+            journal_backlog_bytes=self.journal.backlog_bytes,
+            state_disk=self.state_disk,
+            live_claims=[
+                (c.attempt, c.rank, c.owner_pid, c.claimant_pid)
+                for c in self.server.rank_claims
+                if pid_alive(c.claimant_pid)
+            ],
+            refused_fields=self._refused_fields(),
+            checkpoints=self.pipeline.findings,
+        )
 
     def _refused_fields(self) -> list[tuple[int, int, str, str, str, bool, int]]:
         return [

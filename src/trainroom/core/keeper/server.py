@@ -24,6 +24,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder
 from trainroom.core.probes.procs import pid_alive
+from trainroom.core.probes.runof import Unreadable, run_of_checked
 from trainroom.core.salvage import RefusedField
 
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
@@ -98,18 +99,15 @@ def not_of_attempt(pid: int, run_id: str, attempt: int) -> str | None:
     names the run and the attempt). Any other same-uid process that finds the socket, a
     straggler of an older attempt included, would otherwise hold a rank's step back for all
     to see (the run's step is the slowest rank's)."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError as exc:
-        return f"hello from pid {pid}: its environment cannot be read ({exc.strerror or exc})"
-    env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
-    run = env.get(b"TRAINROOM_RUN", b"").decode(errors="replace")
-    if run != run_id:
-        said = f"TRAINROOM_RUN={run}" if run else "no TRAINROOM_RUN"
+    found = run_of_checked(pid)
+    if isinstance(found, Unreadable):
+        return f"hello from pid {pid}: its environment cannot be read ({found.error})"
+    if found.run != run_id:
+        said = f"TRAINROOM_RUN={found.run}" if found.run else "no TRAINROOM_RUN"
         return f"hello from pid {pid}, not a process of run {run_id} ({said})"
-    of = env.get(b"TRAINROOM_ATTEMPT", b"").decode(errors="replace")
-    if of != str(attempt):
-        return f"hello from pid {pid} of attempt {of or '?'}, the live attempt is {attempt}"
+    if found.attempt != attempt:
+        of = found.attempt if found.attempt is not None else "?"
+        return f"hello from pid {pid} of attempt {of}, the live attempt is {attempt}"
     return None
 
 

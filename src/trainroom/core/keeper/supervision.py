@@ -12,6 +12,7 @@ from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import FaultSink, Guard
 from trainroom.core.health.progress import Judgement
+from trainroom.core.health.rules import KEEPER, KeeperFacts, judge
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_from_log
 from trainroom.core.keeper.ports import Recorder, RunContext
@@ -109,6 +110,10 @@ class Supervision:
         for name, text in sample.faults.items():
             line, _, rest = text.partition("\n")
             self.guard.record(name, line, rest)
+
+    def keeper_findings(self, facts: KeeperFacts, now: float) -> list[Finding]:
+        """The keeper's own rules (`rules.KEEPER`) over what it knows of itself."""
+        return judge(self.guard, KEEPER, facts, now)
 
     def findings(self, now: float) -> list[Finding]:
         """INTERNAL_ERROR findings: the parts that raised lately."""

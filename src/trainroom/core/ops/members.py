@@ -14,6 +14,7 @@ import psutil
 
 from trainroom.core.probes.procs import START_TIME_TOLERANCE_S, started_since
 from trainroom.core.probes.procs import start_ticks as _ticks_of
+from trainroom.core.probes.runof import run_of
 from trainroom.core.units import fmt_clock
 
 
@@ -112,10 +113,8 @@ def describe(proc: psutil.Process, *, in_group: bool) -> Member | None:
                 rss: int | None = proc.memory_info().rss
             except psutil.AccessDenied:
                 rss = None
-            try:
-                run = proc.environ().get("TRAINROOM_RUN")
-            except (psutil.AccessDenied, OSError):
-                run = None  # unreadable: not proven ours
+            found = run_of(proc.pid)
+            run = found.run if found is not None else None  # unreadable: not proven ours
             return Member(
                 run=run,
                 pid=proc.pid,

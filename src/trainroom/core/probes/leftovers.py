@@ -11,6 +11,7 @@ import os
 import psutil
 
 from trainroom.core.probes.procs import START_TIME_TOLERANCE_S, start_ticks
+from trainroom.core.probes.runof import run_of
 from trainroom.core.samples import Leftover
 
 
@@ -29,10 +30,10 @@ def run_leftovers(run_id: str, created: float, live_attempt: int | None) -> list
                 continue
             if info["create_time"] is None or info["create_time"] < created - START_TIME_TOLERANCE_S:
                 continue
-            env = proc.environ()
-            if env.get("TRAINROOM_RUN") != run_id:
+            found = run_of(proc.pid)
+            if found is None or found.run != run_id:
                 continue
-            attempt = _int(env.get("TRAINROOM_ATTEMPT"))
+            attempt = found.attempt
             if live_attempt is not None and attempt == live_attempt:
                 continue
             state = proc.status()
@@ -50,10 +51,3 @@ def run_leftovers(run_id: str, created: float, live_attempt: int | None) -> list
         except (psutil.Error, OSError):
             continue
     return sorted(out, key=lambda x: x.pid)
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None

@@ -22,64 +22,20 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from trainroom.core.probes.procs import PROC, ProcStat, read_stat
+from trainroom.core.probes.runof import RunOf, run_of
 from trainroom.core.samples import GONE_STATES, Worker
 
-# Read from a worker's environment: its rank, and the run it belongs to.
-_KEYS = (
-    b"RANK",
-    b"LOCAL_RANK",
-    b"WORLD_SIZE",
-    b"TRAINROOM_RUN",
-    b"TORCHELASTIC_RESTART_COUNT",
-    b"TORCHELASTIC_MAX_RESTARTS",
-)
-
-
-class RankEnv(NamedTuple):
-    """What a process's starting environment says of its rank (None: not a rank's process)."""
-
-    rank: int
-    local_rank: int | None
-    world_size: int | None
-    run: str | None
-    restarts_left: int | None = None  # torch elastic's max restarts less this one's count
-
-
-def _int(v: bytes | None) -> int | None:
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        return None
+# What a process's starting environment says of its rank: `runof.RunOf` with a rank.
+RankEnv = RunOf
 
 
 def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
-    """RANK, LOCAL_RANK, WORLD_SIZE, TRAINROOM_RUN and torch elastic's restart budget from /proc/<pid>/environ (the environment
-    the process was started with; readable for our own uid), or None when it carries no rank or
-    cannot be read."""
-    try:
-        with open(f"{proc_root}/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
+    """The run, rank, LOCAL_RANK, WORLD_SIZE and torch elastic's restart budget `pid` was started
+    with (`runof.run_of`), or None when it carries no rank or cannot be read."""
+    found = run_of(pid, proc_root)
+    if found is None or found.rank is None or found.rank < 0:
         return None
-    found: dict[bytes, bytes] = {}
-    for item in raw.split(b"\0"):
-        key, eq, value = item.partition(b"=")
-        if eq and key in _KEYS:
-            found[key] = value
-    rank = _int(found.get(b"RANK"))
-    if rank is None or rank < 0:
-        return None
-    run = found.get(b"TRAINROOM_RUN")
-    most, done = _int(found.get(b"TORCHELASTIC_MAX_RESTARTS")), _int(found.get(b"TORCHELASTIC_RESTART_COUNT"))
-    return RankEnv(
-        rank=rank,
-        local_rank=_int(found.get(b"LOCAL_RANK")),
-        world_size=_int(found.get(b"WORLD_SIZE")),
-        run=run.decode("utf-8", "replace") if run is not None else None,
-        restarts_left=max(0, most - done) if most is not None and done is not None else None,
-    )
+    return found
 
 
 def descendants(table: Iterable[ProcStat], roots: Iterable[int]) -> list[ProcStat]:
@@ -121,16 +77,17 @@ class WorkerFinder:
             if key not in self._env:
                 self._env[key] = rank_env(st.pid, self.proc_root)
             env = self._env[key]
-            if env is None:
+            rank = env.rank if env is not None else None
+            if env is None or rank is None:
                 continue
-            if rank_of.get(st.ppid) == env.rank:
-                rank_of[st.pid] = env.rank  # a DataLoader worker of that rank: its rank's, not one
+            if rank_of.get(st.ppid) == rank:
+                rank_of[st.pid] = rank  # a DataLoader worker of that rank: its rank's, not one
                 continue
-            rank_of[st.pid] = env.rank
+            rank_of[st.pid] = rank
             out.append(
                 Worker(
                     pid=st.pid,
-                    rank=env.rank,
+                    rank=rank,
                     state=st.state,
                     start_ticks=st.start_ticks,
                     local_rank=env.local_rank,

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core import units
+from trainroom.core.run.ended import how_ended
 from trainroom.core.units import signal_name
 
 EventKind = Literal[
@@ -154,12 +156,9 @@ class EventFold:
         )
 
 
-_encoder = msgspec.json.Encoder()
-
-
 def to_json(e: Event) -> str:
-    """One JSON line (a non-finite figure in the evidence is null)."""
-    return _encoder.encode(e).decode()
+    """One JSON line (strict: a non-finite figure in the evidence is null)."""
+    return units.to_json(e, indent=None)
 
 
 def to_text(e: Event) -> str:
@@ -171,8 +170,7 @@ def to_text(e: Event) -> str:
         "action": f"{e.action} {'ok' if e.ok else 'refused'}: {e.message}",
         "attempt-started": f"attempt {e.attempt} pid {e.pid}"
         + (f" from {e.resume_from}" if e.resume_from else ""),
-        "attempt-ended": f"attempt {e.attempt} "
-        + (f"killed by {e.exit_signal}" if e.exit_signal else f"exit {e.exit_code}")
+        "attempt-ended": f"attempt {e.attempt} {how_ended(e.exit_code, e.exit_signal)}"
         + (f" ({e.message})" if e.message else ""),
         "alert": f"{e.kind} {e.ident or ''} via {e.channel}: {e.outcome}"
         + (f" ({e.detail})" if e.detail else ""),

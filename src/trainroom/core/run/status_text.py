@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trainroom.core.run.ended import how_ended
 from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes
 
@@ -23,11 +24,11 @@ def printable(text: str) -> str:
 
 def status_lines(d: dict[str, Any]) -> list[str]:
     ex = d["exit"]
-    end = ""
-    if ex["signal"] is not None:
-        end = f" (killed by {ex['signal_name']})"
-    elif ex["code"] is not None:
-        end = f" (exit {ex['code']})"
+    end = (
+        f" ({how_ended(ex['code'], ex['signal'])})"
+        if ex["signal"] is not None or ex["code"] is not None
+        else ""
+    )
     loss = d["loss"]
     loss_s = f"{loss:.4f}" if isinstance(loss, float) else str(loss)
     lr = d["lr"]
