@@ -40,6 +40,7 @@ def _keeper(failing: bool) -> KeeperFacts:
         journal_backlog_bytes=1 << 20,
         state_disk=None,
         live_claims=[(1, 0, 100, 200)],
+        refused_fields=[(1, 0, "step.tokens", "-1", "must be at least 0", False, 3)],
         checkpoints=lambda _now: [],
     )
 
@@ -63,7 +64,7 @@ def test_judge_keeps_the_groups_order_and_drops_nones() -> None:
 
 def test_the_keeper_rules_judge_what_the_keeper_knows_of_itself() -> None:
     codes = [f.code for f in judge(Guard(), KEEPER, _keeper(failing=True), 2.0)]
-    assert codes == ["JOURNAL_WRITE_FAILED", "RANK_CLAIMED"]
+    assert codes == ["JOURNAL_WRITE_FAILED", "RANK_CLAIMED", "FIELD_REFUSED"]
     assert judge(Guard(), KEEPER, _keeper(failing=False), 2.0)[0].code == "RANK_CLAIMED"
 
 
@@ -75,8 +76,12 @@ def test_a_raising_keeper_rule_is_named_and_the_others_go_on(
     g = Guard()
     codes = {f.code for f in judge(g, KEEPER, _keeper(failing=True), 2.0)}
     assert set(g.faults) == {name}
-    assert codes == {"JOURNAL_WRITE_FAILED", "RANK_CLAIMED"} - {
-        {"keeper.journal": "JOURNAL_WRITE_FAILED", "keeper.rank_claims": "RANK_CLAIMED"}.get(name, "")
+    assert codes == {"JOURNAL_WRITE_FAILED", "RANK_CLAIMED", "FIELD_REFUSED"} - {
+        {
+            "keeper.journal": "JOURNAL_WRITE_FAILED",
+            "keeper.rank_claims": "RANK_CLAIMED",
+            "keeper.fields_refused": "FIELD_REFUSED",
+        }.get(name, "")
     }
     (internal,) = g.findings(2.0)
     assert (internal.code, internal.key) == ("INTERNAL_ERROR", name)
