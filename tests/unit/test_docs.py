@@ -80,7 +80,7 @@ def test_siblings_and_optional_layers_are_said_in_words() -> None:
     assert "| 1 | `a` |  |" in text
     assert "| 2 | `b` · `c` (optional) | independent: none imports another |" in text
     assert "| 3 | `d` · `e` | may import each other |" in text
-    assert "- **f**: `p` never import `x`." in text
+    assert "- **f**: `p` may not import `x`." in text
 
 
 def test_write_replaces_only_what_lies_between_the_markers(
