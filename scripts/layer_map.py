@@ -65,7 +65,9 @@ def _other(contract: dict[str, Any]) -> list[str]:
         forbidden = _names(contract.get("forbidden_modules", []))
         return [f"- **{contract['name']}**: {sources} may not import {forbidden}."]
     if kind == "independence":
-        return [f"- **{contract['name']}**: {_names(contract.get('modules', []))} may not import one another."]
+        return [
+            f"- **{contract['name']}**: {_names(contract.get('modules', []))} may not import one another."
+        ]
     keys = ", ".join(f"{k} = {v!r}" for k, v in sorted(contract.items()) if k not in ("name", "type"))
     return [f"- **{contract['name']}** ({kind}): {keys}."]
 
