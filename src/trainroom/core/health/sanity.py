@@ -460,7 +460,7 @@ class SanityTracker:
                 confirm=th.confirm_steps,
             )
         elif g > th.grad_abs_max or self.grad is not None:
-            # No history yet: only the absolute cap can tell (the seed's 10^18 from the first step).
+            # No history yet: only the absolute cap can tell (a grad norm of 10^18 from the first step).
             self.grad, self._grad_cand = advance_excursion(
                 self.grad, None, step, t, g, 0.0, math.inf, cap=th.grad_abs_max
             )

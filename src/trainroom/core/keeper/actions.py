@@ -215,7 +215,7 @@ class Actions:
         )
         pids = [m.pid for m in plan.members]
         if plan.nothing_left:
-            # The attempt died whole (the seed's SIGKILL): nothing to signal, but a kill still
+            # The attempt died whole (a SIGKILL of the group): nothing to signal, but a kill still
             # confirms the driver gave its memory back before anyone resumes.
             summary = (
                 f"nothing left to kill of attempt {a.n}: process group {plan.pgid} has no live members; "

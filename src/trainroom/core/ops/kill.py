@@ -9,7 +9,7 @@ Two steps, so a client can show the exact target before anything is signalled:
 - `execute_kill` sends SIGTERM to the group, waits the grace, SIGKILLs what is left, confirms
   every member is gone (a zombie counts as gone: it holds no memory, only a slot in the process
   table until its parent reaps it), then polls the driver's view of the run's VRAM until it is
-  under the tolerance (the seed: 12 GB -> 400 MiB) or the timeout passes.
+  under the tolerance (scenario 10: 12 GB -> 400 MiB) or the timeout passes.
 
 Both return Structs; `as_dict()` gives the JSON-able form for Reply and ActionRecord.
 """

@@ -1,6 +1,6 @@
 """Prune: free disk by deleting old verified checkpoints, keeping what a resume may need.
 
-Kept, always: the last N verified (default 2, the seed's disk guard kept the last two), pinned
+Kept, always: the last N verified (default 2: the newest, and one to fall back on should it prove bad), pinned
 ones, the one `latest` names, anything in `protect` (the checkpoint a resume is loading, a
 candidate being verified), and everything in quarantine (candidates and rejected evidence) unless
 rejected ones are asked for. Never touched: anything that is not a real directory named

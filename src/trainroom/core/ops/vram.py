@@ -1,5 +1,5 @@
 """The driver's view of a run's VRAM, for a kill to confirm it fell (a context can outlive its
-process: the seed's 12 GB -> 400 MiB) and for a resume to refuse while it has not."""
+process: scenario 10's 12 GB -> 400 MiB) and for a resume to refuse while it has not."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def run_vram_probe(
     is the memory of the run's pids plus contexts whose pid no longer exists here: a context that
     outlived its process is what still holds the memory after a kill (nvidia-smi's "[Not Found]").
     Where it does not (WSL2/WDDM, MIG, another PID namespace), it is the devices' used memory, as
-    NVRx checks before a restart (the seed: 12 GB -> 400 MiB). None: the driver view is
+    NVRx checks before a restart (scenario 10: 12 GB -> 400 MiB). None: the driver view is
     unavailable.
     """
     run_pids = set(pids)
