@@ -35,7 +35,7 @@ step = 0
 while True:
     time.sleep(interval)
     if stall_at and step >= stall_at:
-        continue  # alive, heartbeats flowing, no step: the seed-004 loop
+        continue  # alive, heartbeats flowing, no step: scenario 2's loop
     step += 1
     rep.step(step, loss=2.0, tokens=step * 512)
     if lock_at and step == lock_at:

@@ -10,7 +10,7 @@ Each keeper runs bench_tui's publisher (R real reporters, one process). Measured
   remote node, all nodes at once);
 - kill → verdict: a remote node's publisher SIGKILLed, and the time until the job view, followed
   live (core/job/nodes.NodeFollower over ssh, as the job screen does), says the job is dead.
-Goals (issue 14): a remote death visible in <= 1 s, the control room <= 15 % of a core.
+Goals: a remote death visible in <= 1 s, the control room <= 15 % of a core.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GPU acceptance: trainroom's driver and allocator paths on a real NVIDIA GPU (issue 17).
+"""GPU acceptance: trainroom's driver and allocator paths on a real NVIDIA GPU.
 
     python scripts/gpu_check.py [--device N] [--python PY] [--json] [--budget-s 270]
     python scripts/gpu_check.py --cpu-rehearsal   # the same flows with a CPU trainer (no GPU)

@@ -163,7 +163,7 @@ def test_truncated_checkpoint_rejected_stays_in_quarantine_latest_unchanged_and_
 
 
 def test_exploded_weights_rejected_on_verify_naming_the_tensor(trhome: Path) -> None:
-    # Scenario 5 on verify: the run starts from weights whose lm_head std is 13.87 (the seed's
+    # Scenario 5 on verify: the run starts from weights whose lm_head std is 13.87 (a
     # "best" checkpoint); the checkpoint it saves carries them and must not become `latest`.
     info = start_demo(fault="exploded-init", steps=10, ckpt_every=10, step_delay=0.01)
     d = wait_for(lambda: _settled(s := status(info), 1) and s, timeout=TORCH_START_S, what="a verdict")

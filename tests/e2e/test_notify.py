@@ -1,4 +1,4 @@
-"""Tell someone (issue 15), end to end: a real keeper and the CPU demo trainer, real HTTP receivers
+"""Tell someone, end to end: a real keeper and the CPU demo trainer, real HTTP receivers
 on 127.0.0.1 (one answering 200, one 500, one that hangs until the test lets it go), a real
 command hook, a fake `notify-send` on PATH (a script recording its argv: a real command), the
 `trainroom export` endpoint scraped over HTTP and checked by promtool and prometheus_client's

@@ -1,4 +1,4 @@
-"""Recovery end to end (issue 7): a real keeper, real trainers (the CPU demo, and a torch-free
+"""Recovery end to end: a real keeper, real trainers (the CPU demo, and a torch-free
 nanoGPT-like script), real signals, real locks, real files. The only stand-in is NVML, through
 the fake at the pynvml boundary that the demo trainer drives (`fake_nvml`) and the test edits to
 play the driver; reclaim writes into a temporary tree that mimics /sys/fs/cgroup and /proc.
@@ -107,11 +107,11 @@ def _probe_cycles(info: runs.RunInfo, n: int) -> None:
         c.close()
 
 
-# ------------------------------------------------------------------------------------ seed 001
+# ------------------------------------------------------------------------------------ scenario 1
 
 
 def test_seed_001_silent_death_kill_resume_from_the_last_verified_step(trhome: Path) -> None:
-    """The seed-001 night: SIGKILL at a step with no traceback; DEAD says so at once; `kill` finds
+    """Scenario 1: SIGKILL at a step with no traceback; DEAD says so at once; `kill` finds
     nothing left; `resume` continues from the last verified checkpoint with this session's LR;
     the curve carries a restart mark; steps lost = step at death - checkpoint step."""
     info = start_demo(fault="silent-death", fault_step=25, steps=40, ckpt_every=10, step_delay=0.02, lr=1e-3)
@@ -184,7 +184,7 @@ def _hold_lock(path: Path) -> subprocess.Popen[str]:
 
 
 def test_resume_refuses_live_members_a_held_lock_and_unreleased_memory_each_in_turn(trhome: Path) -> None:
-    """Seed 000: the trainer died but a child kept its flock and a context kept 12 GB. Resume
+    """Scenario 10: the trainer died but a child kept its flock and a context kept 12 GB. Resume
     refuses each cause by name until it is gone; kill clears the group but not the driver."""
     _write_config(
         trhome,

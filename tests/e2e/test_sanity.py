@@ -1,4 +1,4 @@
-"""Training sanity end to end (issue 4, scenarios 4-8): the demo trainer's faults, made for real on
+"""Training sanity end to end (scenarios 4-8): the demo trainer's faults, made for real on
 CPU torch, against a real keeper; each finding is read back from the journal the keeper wrote
 (every FindingRaised) and from the status JSON, never from the tracker directly."""
 
@@ -108,7 +108,7 @@ def test_lr_override_resume_raises_lr_mismatch_on_the_first_step_after_the_resum
     info = start_demo(fault="lr-override", steps=25, fault_step=10, lr=1e-4, ckpt_every=0, step_delay=0.01)
     d = _earlier_run_then_resume(info)
     assert d["exit"]["code"] == 0 and d["attempts"][1]["first_step"] == 11
-    # The seed-003 session: asked for 1e-4, trains at the restored 1e-6, and the keeper says so.
+    # Scenario 4's session: asked for 1e-4, trains at the restored 1e-6, and the keeper says so.
     assert d["lr"] == {"effective": [pytest.approx(1e-6)], "requested": pytest.approx(1e-4)}
     found = _raised(info, "LR_MISMATCH")
     assert found, [f.code for f in _raised(info)]

@@ -1,4 +1,4 @@
-"""The watchdog end to end (issue 3; scenarios 1, 2, 3, 9, 10, 13, 14): a real keeper, the demo
+"""The watchdog end to end (scenarios 1, 2, 3, 9, 10, 13, 14): a real keeper, the demo
 trainer or a small script as real processes, real signals, real locks; NVML through the fake at
 the pynvml boundary (the machine has no GPU), driven by the demo trainer from its own process.
 

@@ -289,7 +289,7 @@ def test_evidence_lines_show_the_exact_target_and_before_after() -> None:
 
 
 def test_plans_read_in_words_the_target_first_without_bookkeeping() -> None:
-    """What issue 16 saw: `leader_start_ticks: 509068`, `bytes_freed: — -> 23941779`, `ok: — ->
+    """Not bookkeeping: `leader_start_ticks: 509068`, `bytes_freed: — -> 23941779`, `ok: — ->
     yes`, the resume argv below the fold."""
     plan = {
         "ok": True,

@@ -1,4 +1,4 @@
-"""Issue 16 through Pilot, against the real app with the fake keeper link: the header follows the
+"""The keys through Pilot, against the real app with the fake keeper link: the header follows the
 worst finding; the findings list focuses, scrolls, opens a finding whole and keeps the resolved
 ones; a fix key names its target and acts on it; every key acts or says why; Tab, zoom, the log's
 scroll and search, the loss plot's scales; the keymap from trainroom.toml; what quitting says."""

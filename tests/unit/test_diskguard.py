@@ -61,7 +61,7 @@ def test_disk_high_thresholds(avail_pct: float, severity: str | None) -> None:
 
 
 def test_disk_full_soon_from_size_and_cadence() -> None:
-    # The seed: 3.9 GB checkpoints; here one every 20 min with 20 GB available.
+    # Scenario 11: 3.9 GB checkpoints; here one every 20 min with 20 GB available.
     saves = [(1000.0 + 1200 * i, int(3.9 * GB)) for i in range(5)]
     u = usage(500 * GB, 20 * GB)
     now = saves[-1][0] + 60

@@ -204,7 +204,7 @@ def test_a_group_with_no_live_members_is_refused() -> None:
 
 
 def test_nothing_left_still_confirms_the_driver_let_go(tmp_path: Path) -> None:
-    # The seed-001 death: the whole group died of SIGKILL, a context of its leader lingers.
+    # Scenario 1's death: the whole group died of SIGKILL, a context of its leader lingers.
     start = time.time()
     done = subprocess.Popen([sys.executable, "-c", "pass"], process_group=0)
     done.wait()

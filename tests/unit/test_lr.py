@@ -56,7 +56,7 @@ def resume(
     return opt, s
 
 
-# ---------------------------------------------------------------------------- the seed
+# ---------------------------------------------------------------------------- scenario 4
 
 
 def test_without_the_helper_the_checkpoint_run_lr_wins_1e6_then_1e7() -> None:

@@ -333,7 +333,7 @@ def test_orphan_context_a_driver_pid_that_does_not_exist(tmp_path: Path) -> None
 
 
 def test_orphan_context_a_busy_device_with_nothing_of_ours(tmp_path: Path) -> None:
-    # The seed-000 wedge after a reboot: 100 % at 60 W, no process the driver will name.
+    # Scenario 10's wedge after a reboot: 100 % at 60 W, no process the driver will name.
     path = tmp_path / "gpu.json"
     write_scenario(path, {"devices": [_device(used_bytes=12 * GIB, util_percent=100, power_w=60.0)]})
     probe = GpuProbe(FakeNvml(path), clock=Clock())

@@ -1,5 +1,5 @@
 """probes.locks against real flocks: a trainer whose child inherits the lock and outlives it (the
-seed-000 stale lock), first while the trainer is an unreaped zombie, then once it is gone."""
+stale lock of scenario 10), first while the trainer is an unreaped zombie, then once it is gone."""
 
 from __future__ import annotations
 

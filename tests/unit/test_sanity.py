@@ -367,7 +367,7 @@ def test_grad_explosion_far_above_median_and_the_seed_1e18() -> None:
     assert f.evidence["ratio"] > 1000 and "3500" in f.message
     flat(tr, range(201, 205), grad=2.0)
     assert codes(tr, 20.5)["GRAD_EXPLOSION"].evidence["recovered"]
-    # The seed: 10^18 from the very first step, before any history: the absolute cap catches it.
+    # 10^18 from the very first step, before any history: the absolute cap catches it.
     seed = tracker(vocab=None)
     seed.observe_step(0, 0, 0.0, loss=10.8, grad_norm=1e18)
     g = codes(seed, 0.0)["GRAD_EXPLOSION"]

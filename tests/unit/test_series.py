@@ -1,4 +1,4 @@
-"""The bounded plot series: min/max buckets against tokens, marks, snapshots (issue 4.6)."""
+"""The bounded plot series: min/max buckets against tokens, marks, snapshots."""
 
 from __future__ import annotations
 

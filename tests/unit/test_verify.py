@@ -102,7 +102,7 @@ def test_nonfinite_tensor_is_named(tmp_path: Path, bad: float) -> None:
 
 
 def test_exploded_lm_head_is_caught(tmp_path: Path) -> None:
-    # The seed: a "best" checkpoint whose lm_head had std 13.87.
+    # Scenario 5: a "best" checkpoint whose lm_head had std 13.87.
     state, _ = nanogpt_checkpoint(tied=False)
     head = state["model"]["lm_head.weight"]
     head.normal_(0.0, 13.87)

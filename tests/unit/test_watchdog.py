@@ -283,7 +283,7 @@ def test_stall_bound_follows_the_median_step_interval() -> None:
 
 
 def test_a_busy_main_thread_on_one_line_is_a_stall_not_a_hang() -> None:
-    # The seed-004 loop: it keeps computing micro-batches and never steps; the heartbeat's frame
+    # Scenario 2's loop: it keeps computing micro-batches and never steps; the heartbeat's frame
     # sampler may see the same line for a long time, but the thread keeps running.
     b = RunBuilder()
     wd = Watchdog()
@@ -469,7 +469,7 @@ def test_resume_uses_the_previous_attempts_cadence() -> None:
     b.steps(100, interval=0.1)
     b.end(exit_signal=signal.SIGKILL)
     b.start(pid=5555, first_step=100)
-    b.steps(1)  # the seed-004 resume: one step, then the counter never fires again
+    b.steps(1)  # scenario 2's resume: one step, then the counter never fires again
     assert median_interval(b.run, Thresholds()) == pytest.approx(0.1, abs=0.01)
     last = b.now
     b.now = last + 10.5

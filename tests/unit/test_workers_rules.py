@@ -285,7 +285,7 @@ def test_status_rows_join_telemetry_and_processes() -> None:
         (1, 1, W1, "stopped", None),
     ]
     assert rows[0]["connected"] is True and rows[0]["world_size"] == 2 and rows[0]["exit"] is None
-    # The contract's keys, for the tools built on it (issue 14's remote jobs among them).
+    # The contract's keys, for the tools built on it (the multi-node job view among them).
     assert {"rank", "local_rank", "pid", "state", "step", "loss", "connected", "exit"} <= set(rows[0])
     b.apply(p.WorkerEnded(attempt=1, t=b.now, pid=W1, rank=1, exit_signal=9, source="wait-status"))
     (_, r1) = rank_rows(b.run)

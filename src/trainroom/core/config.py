@@ -100,7 +100,7 @@ class Checkpoints(_Section):
     # Where the trainer writes checkpoints, relative to the project dir; None: only what the
     # reporter announces and what `watch` matches.
     root: str | None = None
-    # How many verified checkpoints prune keeps (the seed's disk guard kept the last two).
+    # How many verified checkpoints prune keeps (the newest, and one to fall back on).
     keep: Count = 2
     # Globs, relative to the project dir, that an uninstrumented trainer's checkpoints match.
     watch: list[str] = []
@@ -151,11 +151,11 @@ class Thresholds(_Section):
     # that is gone, for orphan_cycles probe cycles.
     orphan_util_percent: Percent = 90.0
     orphan_cycles: Count = 2
-    # ---- HOST_RAM_LOW: MemAvailable under this (the seed: torch.load fails under 3 GB free).
+    # ---- HOST_RAM_LOW: MemAvailable under this (scenario 13: torch.load fails under 3 GB free).
     host_ram_low_gib: NonNegative = 3.0
     # ---- REPEAT_DEATH: two attempts that die within this many steps of each other.
     repeat_death_window_steps: Count = 50
-    # ---- DISK_HIGH at disk_warn, critical at disk_critical (the seed's disk filled to 94%
+    # ---- DISK_HIGH at disk_warn, critical at disk_critical (scenario 11: a disk filled to 94%
     # overnight); DISK_FULL_SOON when the projection says full within disk_full_soon_s, critical
     # within disk_full_critical_s.
     disk_warn: Fraction = 0.85
@@ -170,7 +170,7 @@ class Thresholds(_Section):
     lr_too_low_ratio: AtLeastOne = 50.0
     lr_too_high_ratio: AtLeastOne = 2.0
     fresh_start_max_step: NonNegativeInt = 10
-    # ---- EXPLODED_START: the first loss of an attempt over this factor x ln V (the seed: 96 vs 10.83).
+    # ---- EXPLODED_START: the first loss of an attempt over this factor x ln V (scenario 5: 96 vs 10.83).
     exploded_start_factor: AtLeastOne = 2.0
     # ---- WHITE_MODEL: |loss - ln V| <= white_band x ln V for white_steps steps and at least
     # white_min_observations reports (relative, because a bf16 loss near 10.8 moves in 0.0625 steps).
@@ -269,7 +269,7 @@ class AutoResume(_Section):
 
 class Bench(_Section):
     # The verdict's floor for this project's device, in TFLOPS; None: the floor of its class
-    # (bench.GPU_FLOORS: 2 for an RTX 3060-class GPU, the seed's figure; 0.005 for a CPU).
+    # (bench.GPU_FLOORS: 2 for an RTX 3060-class GPU, far above a wedged one; 0.005 for a CPU).
     floor_tflops: NonNegative | None = None
     # How long the timed part runs.
     seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0

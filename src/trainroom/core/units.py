@@ -2,8 +2,8 @@
 targets with their secrets left out, and JSON for scripts (`to_json`, every `--json` output).
 
 Every message a rule writes, every line `status` prints and every panel of the control room
-formats through these, so one figure reads the same everywhere (nvitop's `bytes2human` is the
-model). Binary units throughout, as nvidia-smi, free and df -h show them. An unknown value is
+formats through these, so one figure reads the same everywhere, whoever prints it.
+Binary units throughout, as nvidia-smi, free and df -h show them. An unknown value is
 `unknown` (an em dash by default), never an invented zero.
 """
 

@@ -61,7 +61,7 @@ from .widgets.vram import VramPanel
 
 # What changes the verdict (a state, a finding, an attempt, a checkpoint) is drawn within
 # URGENT_INTERVAL_S; routine telemetry (steps, heartbeats, probes) at most every ROUTINE_INTERVAL_S,
-# like btop's and nvitop's refresh: a person reads a figure a second, and every frame Textual
+# as a terminal monitor refreshes: a person reads a figure a second, and every frame Textual
 # composes costs CPU (a frame per step took 13 % of a core at 10 steps/s).
 URGENT_INTERVAL_S = 0.25
 ROUTINE_INTERVAL_S = 1.0
@@ -342,7 +342,7 @@ class ControlRoom(App[int]):
 
     @work(thread=True, exclusive=True, group="reconnect", exit_on_error=False)
     def _look_for_keeper(self) -> None:
-        """Re-armed only after it ends (dolphie's way), so polls never overlap."""
+        """Re-armed only after it ends (a timer set at its end, not an interval), so polls never overlap."""
         if self.connected or self.run_id is None:
             return
         try:
@@ -356,8 +356,8 @@ class ControlRoom(App[int]):
 
     @on(Worker.StateChanged)
     def _worker_failed(self, event: Worker.StateChanged) -> None:
-        """A failure of the workers that find and follow the run lands here, once (harlequin's
-        way); the action workers' are `ActionFlow`'s."""
+        """A failure of the workers that find and follow the run lands here, in one handler rather
+        than a try in each worker; the action workers' are `ActionFlow`'s."""
         self.flow.worker_changed(event)
         if event.state != WorkerState.ERROR:
             return

@@ -1,7 +1,7 @@
 """How the control room reaches a run: its keeper while it lives, its journal when it is gone.
 
-No Textual here. `KeeperLink` is the boundary the app talks through (the lead's
-`core.run.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
+No Textual here. `KeeperLink` is the boundary the app talks through
+(`core.run.client.KeeperClient` fits it); `RunSource` finds runs and opens links. Tests hand the app a
 `RunSource` whose links are fakes; everything above that boundary is the real app.
 """
 

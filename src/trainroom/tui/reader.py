@@ -1,6 +1,6 @@
 """The keeper reader: a plain thread that folds live deltas into the run's state.
 
-No Textual here (toolong's watcher is the model): the thread owns the link's blocking socket,
+No Textual here, so it can be tested without an app: the thread owns the link's blocking socket,
 applies each batch of records under the lock the app renders under (to the run's state and to
 its plot series), and tells the app through callbacks, which post small messages. A burst of
 batches costs one render: the app's message for a change replaces the one still queued.

@@ -1,7 +1,7 @@
 """Theme files: `themes/*.toml` decoded, validated and turned into Textual themes.
 
 A bad file never stops the control room: it is skipped, and its name and error are gathered so
-the app can say so once (posting's way). Colours are checked here, so a typo names its field
+the app can say so once, in one notification. Colours are checked here, so a typo names its field
 instead of surfacing later as a stylesheet error.
 """
 

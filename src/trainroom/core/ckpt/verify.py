@@ -5,7 +5,7 @@ tensor data loads without any error: the digest catches it, or where none was re
 torch.save keeps of every storage), the load itself (`torch.load(weights_only=True, mmap=True,
 map_location="cpu")`, or safetensors) with its error translated and unwrapped to the innermost
 cause, a tensor inventory, NaN/Inf per tensor (rejecting in weights and optimizer state, reported
-in metadata), per-tensor std with exploded tensors flagged (the seed's lm_head at std 13.87), and
+in metadata), per-tensor std with exploded tensors flagged (scenario 5: an lm_head at std 13.87), and
 an architecture fingerprint compared with the declared config and with the previous verified
 checkpoint. A directory checkpoint (Hugging Face `checkpoint-N/`, torch.distributed.checkpoint)
 is verified file by file and judged as one (`dirs`).

@@ -22,8 +22,8 @@ FAULTS = (
     "duplicate",
 )
 
-# lr-override (seed 003): the earlier run began at this LR; the session that resumes from its
-# checkpoint asks for --lr (the seed: 1e-4).
+# lr-override (scenario 4): the earlier run began at this LR; the session that resumes from its
+# checkpoint asks for --lr (1e-4 in scenario 4).
 EARLIER_RUN_LR = 1e-6
 SESSION_LR_AFTER_OVERRIDE = 1e-4
 # diverge: the LR climbs to this many times --lr and stays there.

@@ -7,7 +7,7 @@ Run it under a keeper with `trainroom demo`, or by hand: `python -m trainroom.co
 
 A fault fires in attempt 1 only (a resumed attempt trains on cleanly) unless
 `--fault-every-attempt`. The training-sanity faults (scenarios 4-8):
-  lr-override    two attempts, as in seed 003: a fresh attempt plays the earlier run (1e-6, whatever
+  lr-override    two attempts, as in scenario 4: a fresh attempt plays the earlier run (1e-6, whatever
                  --lr says), saves at --fault-step and ends; resume it and the session (--lr,
                  default 1e-4) restores optimizer + scheduler state without reimpose_lr, so it
                  trains at 1e-6 (--reimpose-lr: the same resume with the helper, the fix)
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lr",
         type=float,
         default=None,
-        help="the session's LR (default 3e-3; 1e-4 under --fault lr-override, as in the seed)",
+        help="the session's LR (default 3e-3; 1e-4 under --fault lr-override, as in scenario 4)",
     )
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=32)
@@ -109,7 +109,7 @@ class DemoRun:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.resume = os.environ.get("TRAINROOM_RESUME")
-        # lr-override is a story in two attempts (seed 003): a fresh attempt plays the earlier run,
+        # lr-override is a story in two attempts (scenario 4): a fresh attempt plays the earlier run,
         # which trains at 1e-6, saves and ends; every resume from it plays the session that asks for
         # --lr and restores optimizer + scheduler state but never calls reimpose_lr. The missing call
         # is a property of the session's code, so it holds in every resumed attempt (unless
@@ -167,7 +167,7 @@ class DemoRun:
     def _prepare(self) -> None:
         args, model = self.args, self.model
         if self.fault == "white-model":
-            # The seed-004 plateau at ln V: an output head left at zero and frozen (a fine-tune that
+            # The plateau at ln V (scenario 6): an output head left at zero and frozen (a fine-tune that
             # forgot to unfreeze it). Its logits are all 0, so every token gets 1/V, the loss is ln V
             # exactly, and no gradient reaches anything below it: the run steps and learns nothing.
             with torch.no_grad():
@@ -188,7 +188,7 @@ class DemoRun:
             self.tracer = NonFiniteTracer(model, reporter=self.rep)
         lock_fd = _take_lock(args.lock_file) if args.lock_file else None
         if self.fault == "orphan-context" and lock_fd is not None and self.rank == 0:
-            # A child inherits the flock and outlives the trainer: the seed's zombie holding the lock.
+            # A child inherits the flock and outlives the trainer: the zombie holding the lock in scenario 10.
             subprocess.Popen(
                 [sys.executable, "-c", _holder_code(self.device, ORPHAN_MIB, until_parent_gone=False)],
                 pass_fds=(lock_fd,),
@@ -267,7 +267,7 @@ class DemoRun:
         x = torch.stack([self.data[i : i + args.ctx] for i in ix])
         y = torch.stack([self.data[i + 1 : i + 1 + args.ctx] for i in ix])
         if self.fault == "rank-outlier" and self.rank == 1 and self.step >= args.fault_step:
-            # Seed 002's rank 41: from the fault step on, one rank's loader hands out corrupt
+            # Scenario 8's rank 41: from the fault step on, one rank's loader hands out corrupt
             # labels (random token ids). Its loss jumps and stays up; averaged with the healthy
             # rank it only moves the mean, so the headline must show the median and the worst.
             y = torch.randint(self.vocab, y.shape, generator=self.gen)
@@ -379,7 +379,7 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
             print(f"checkpoint step {step} skipped: {exc.strerror}", flush=True)
             sdk.current().note("checkpoint-skipped", str(exc.strerror), step=step)
         return
-    # DrvFs as the seed saw it: the file lands short, nothing says so, and the trainer moves on.
+    # DrvFs as scenario 12 saw it: the file lands short, nothing says so, and the trainer moves on.
     import io
 
     buf = io.BytesIO()
@@ -399,7 +399,7 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
 def _stall(
     net: nn.Module, data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator, device: torch.device
 ) -> None:
-    """The seed-004 bug: after a resume the accumulation counter never meets its multiple, so the
+    """Scenario 2: after a resume the accumulation counter never meets its multiple, so the
     loop keeps computing micro-batches and never steps. Alive, busy, no progress."""
     micro = 1
     accum = 16
@@ -415,7 +415,7 @@ def _stall(
 
 
 def _load_with_masked_enomem() -> None:
-    """torch.load under host memory pressure, as the seed saw it: SystemError hides ENOMEM."""
+    """torch.load under host memory pressure, as scenario 13 saw it: SystemError hides ENOMEM."""
     try:
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
     except OSError as exc:

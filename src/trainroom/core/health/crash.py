@@ -1,5 +1,5 @@
 """Crash causes: the last traceback of a trainer's log as a Crash (for an uninstrumented trainer),
-MASKED_ERROR (an outer error hiding the innermost one: the seed's `SystemError: readinto` over
+MASKED_ERROR (an outer error hiding the innermost one: scenario 13's `SystemError: readinto` over
 `OSError: [Errno 12] Cannot allocate memory`) and REPEAT_DEATH (two deaths in one region of
 training). One MASKED_ERROR rule serves the watchdog (an attempt's crash) and the checkpoint
 verifier (a load that fails)."""

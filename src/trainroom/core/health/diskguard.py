@@ -4,7 +4,7 @@ the next one fits, and whether the root sits on a filesystem that truncates `tor
 The observations (statvfs, /proc/mounts) are taken by `disk_usage` and `read_mounts`, both
 injectable so tests can feed real figures from a real directory; the rules (`disk_high`,
 `disk_full_soon`, `drvfs_checkpoints`) are pure functions of those observations and `now`.
-The seed: a checkpoint every step, 43 x 3.9 GB, filled the disk to 94 % overnight.
+Scenario 11: a checkpoint every step, 43 x 3.9 GB, filled the disk to 94 % overnight.
 """
 
 from __future__ import annotations

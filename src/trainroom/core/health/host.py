@@ -1,6 +1,6 @@
-"""The host: HOST_RAM_LOW (less RAM than a torch.load needs: the seed's ENOMEM under 3 GB free,
+"""The host: HOST_RAM_LOW (less RAM than a torch.load needs: ENOMEM under 3 GB free in scenario 13,
 disguised as `SystemError: readinto`), STALE_LOCK (a lock file held by a process that is gone, a
-zombie, or not the current attempt: the seed's relaunches aborted on it) and DUPLICATE_TRAINER
+zombie, or not the current attempt: relaunches abort on it, scenario 10) and DUPLICATE_TRAINER
 (another trainer on the same command and directory, or two instances of a host process).
 
 One HOST_RAM_LOW rule serves the watchdog (each probe cycle, against the configured floor) and

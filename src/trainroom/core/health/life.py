@@ -1,6 +1,6 @@
 """Life: an attempt that ended is `exited` (0, no signal) or `dead` with its cause, the step it
 died at and what was lost since the last verified checkpoint. DEAD comes from the keeper's
-waitpid (or a pidfd that says the process is gone), never from silence (seed 001: log age detects
+waitpid (or a pidfd that says the process is gone), never from silence (scenario 1: log age detects
 slowness, absence detects death)."""
 
 from __future__ import annotations

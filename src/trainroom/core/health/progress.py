@@ -1,7 +1,7 @@
 """Progress of a live attempt: running, slow, stalled or hung, with the STALLED / HUNG / SLOW
 finding that says why.
 
-STALLED is "alive and beating but not stepping" (the seed-004 accumulation-counter bug); HUNG is
+STALLED is "alive and beating but not stepping" (scenario 2's accumulation counter); HUNG is
 "alive and not even beating", or stopped (T), or stuck in the kernel (D), or a main thread parked
 on one line. Every gap is judged against the bounds of `run.figures` (the same ones `status` and
 the control room show): max(stall_factor x median step interval, stall_floor_s) once the median

@@ -4,8 +4,8 @@ The keeper is the event loop and owns the run (its state, journal, socket, child
 parts (supervision, the checkpoint pipeline, actions, auto-resume) never see the Keeper object:
 they get a `Recorder` to fold-and-journal records through, and a `RunContext` to read the run and
 start an attempt. So every change to the run's state goes through a record (and `RunState.apply`),
-and a part's dependencies are its constructor's arguments (circus's commands and supervisor's
-dependency-free states are the models).
+and a part's dependencies are its constructor's arguments, so each part is tested with fakes of
+those and nothing else.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Matmul TFLOPS on one device, with a verdict against a floor for its class.
 
-The seed's detector: a GPU that does more than 2 TFLOPS is not the problem (an RTX 3060 held by
+A wedge detector: a GPU that does more than 2 TFLOPS is not the problem (an RTX 3060 held by
 a zombie context did far less), so look elsewhere. The floors below are wedge detectors, well
 under what a healthy part of each class reaches, not performance targets.
 
@@ -27,7 +27,7 @@ GPU_FLOORS: list[tuple[str, str, float]] = [
     (r"\b(GH|H|B)\d00\b|\bH800\b", "Hopper/Blackwell data-centre GPU", 100.0),
     (r"\bA100\b|\bA800\b|\bH20\b", "Ampere data-centre GPU", 50.0),
     (r"RTX (40|50)\d\d|\bL40|\bL4\b|A6000|RTX 6000", "Ada/Blackwell workstation or desktop GPU", 10.0),
-    (r"", "GPU (RTX 3060 class)", 2.0),  # the seed's figure
+    (r"", "GPU (RTX 3060 class)", 2.0),  # a zombie-held RTX 3060 did far less
 ]
 CPU_FLOOR = ("CPU", 0.005)  # 5 GFLOPS fp32: a shared two-core VM does several times that
 DEFAULT_SECONDS = 1.0

@@ -9,7 +9,7 @@ Two steps, so a client can show the exact target before anything is signalled:
 - `execute_kill` sends SIGTERM to the group, waits the grace, SIGKILLs what is left, confirms
   every member is gone (a zombie counts as gone: it holds no memory, only a slot in the process
   table until its parent reaps it), then polls the driver's view of the run's VRAM until it is
-  under the tolerance (the seed: 12 GB -> 400 MiB) or the timeout passes. That view says what the
+  under the tolerance (scenario 10: 12 GB -> 400 MiB) or the timeout passes. That view says what the
   run holds on a basis (ops/vram.py: per-process rows, the floor recorded at launch, or the
   device's used memory), and the result names the basis it judged on.
 

@@ -2,7 +2,7 @@
 
 Kept, always: the newest checkpoint whose bytes still match what was verified (checked by digest
 when prune executes: `latest` replaced on disk does not let `--keep 1` delete the only good one),
-the last N verified (default 2, the seed's disk guard kept the last two), pinned
+the last N verified (default 2: a disk guard that keeps the last two is what people run by hand), pinned
 ones, the one `latest` names, anything in `protect` (the checkpoint a resume is loading, a
 candidate being verified), and everything in quarantine (candidates and rejected evidence) unless
 rejected ones are asked for. Never touched: anything that is not a real directory named

@@ -2,7 +2,7 @@
 
 A checkpoint read leaves gigabytes of page cache behind; the kernel would drop it under
 pressure, but `torch.load` of the next attempt fails with ENOMEM first when MemAvailable is
-short (the seed: under 3 GB free), and under WSL2 the cache is memory that Windows does not get
+short (scenario 13: under 3 GB free), and under WSL2 the cache is memory that Windows does not get
 back. Three ways, in order:
 
 1. cgroup v2 `memory.reclaim` (kernel >= 5.19): write a byte count; reclaims only what is charged

@@ -147,7 +147,7 @@ def held_locks(paths: Sequence[str]) -> list[str]:
         live = [h for h in lk.holders if not h.gone]
         gone = [h for h in lk.holders if h.gone]
         # /proc/locks names the pid that took the lock; when that one is gone, the holder is
-        # whoever inherited the descriptor (the seed's orphan child).
+        # whoever inherited the descriptor (an orphaned child, as in scenario 10).
         who = [f"pid {h.pid} ({h.state or '?'})" for h in live + lk.inheritors]
         text = f"lock {lk.path} is held by {', '.join(who) if who else 'a process not visible here'}"
         if gone:

@@ -1,5 +1,5 @@
 """The driver's view of a run's VRAM, for a kill to confirm it fell (a context can outlive its
-process: the seed's 12 GB -> 400 MiB) and for a resume to refuse while it has not.
+process: scenario 10's 12 GB -> 400 MiB) and for a resume to refuse while it has not.
 
 What the run holds is read on one of three bases, and every reading says which:
 

@@ -2,7 +2,7 @@
 cgroup this process lives in (v1 or v2), since a container or a systemd slice can run out long
 before the host does.
 
-The seed-000 lesson: torch.load fails with ENOMEM (disguised as `SystemError: readinto`) once
+Scenario 13: torch.load fails with ENOMEM (disguised as `SystemError: readinto`) once
 less than ~3 GB is free, while gigabytes sit in the page cache that a reclaim would return. So the
 sample carries both what is available and what is reclaimable. Roots are injectable for tests.
 """

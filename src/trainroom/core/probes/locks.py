@@ -2,7 +2,7 @@
 
 /proc/locks names the pid that TOOK the lock. An flock belongs to the open file, so a child that
 inherited the descriptor keeps it after that pid is gone, and /proc/locks goes on naming the dead
-taker (the seed-000 wedge: relaunches aborted on a lock whose owner did not exist). So when the
+taker (scenario 10: relaunches aborted on a lock whose owner did not exist). So when the
 named holder is gone or a zombie, the processes that still keep the lock are found through their
 /proc/<pid>/fdinfo, whose `lock:` lines list the locks held through that descriptor.
 

@@ -1,4 +1,4 @@
-"""Plot series for the control room: loss, LR, grad norm and step time against tokens (issue 4.6).
+"""Plot series for the control room: loss, LR, grad norm and step time against tokens.
 
 Against tokens, not wall time: a restart, a stall or a slow night must not bend the curve, and two
 attempts of one run line up where they saw the same data. Storage is bounded: points fall into

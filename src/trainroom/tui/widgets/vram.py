@@ -1,6 +1,6 @@
 """VRAM from both sides: what the driver holds for the run beside what the allocator reserved.
 
-The gap between the two bars is the ghost memory of the seeds (a driver holding ~2x what PyTorch
+The gap between the two bars is ghost memory (scenario 9: a driver holding ~2x what PyTorch
 uses); without a driver view the allocator bar stands alone and the panel says why. Both bars
 share one scale (the device's total), so their lengths compare.
 """
