@@ -26,27 +26,39 @@ def _verified(info: runs.RunInfo) -> int:
     return sum(1 for c in status(info)["checkpoints"] if c["state"] == "verified")
 
 
-def test_a_confirmation_of_an_older_plan_is_refused_with_the_difference(trhome: Path) -> None:
+def test_a_prune_confirmed_on_a_live_run_deletes_exactly_what_was_confirmed(trhome: Path) -> None:
     info = start_demo(ckpt_every=5, step_delay=0.05)
-    wait_for(lambda: _verified(info) >= 3, timeout=120, what="three verified checkpoints")
+    wait_for(lambda: _verified(info) >= 4, timeout=120, what="four verified checkpoints")
     c = KeeperClient(info.sock)
     plan = c.call("prune", {"keep": 2}, confirm=False)
     assert plan.stage == "plan"
-    shown = len(plan.plan["delete"])
-    # The run goes on saving: by the time the user says yes, the plan is stale.
-    wait_for(lambda: _verified(info) >= 3 + shown + 2, timeout=120, what="more checkpoints")
-    r = c.call("prune", {"keep": 2, "expect": plan.plan}, confirm=True)
-    assert not r.ok and "the target changed since it was confirmed" in r.message
-    assert f"confirmed {shown} checkpoint(s) to delete" in r.message
-    # Nothing was deleted on the strength of a plan nobody saw.
+    shown = {d["path"] for d in plan.plan["delete"]}
+    assert shown
+    # The run goes on saving while the plan is read: more become eligible before the yes.
+    wait_for(lambda: _verified(info) >= 4 + len(shown) + 2, timeout=120, what="more checkpoints")
+    # A confirmed checkpoint with other bytes under its name is another checkpoint: refused,
+    # with the difference, and nothing deleted on the strength of it.
+    first = plan.plan["delete"][0]
+    forged = {**plan.plan, "delete": [{**first, "bytes": first["bytes"] + 1}, *plan.plan["delete"][1:]]}
+    r = c.call("prune", {"keep": 2, "expect": forged}, confirm=True)
+    assert not r.ok and "the target changed since it was confirmed" in r.message, r.message
+    assert f"{first['path']} was" in r.message
     assert not [x for x in status(info)["checkpoints"] if x["state"] == "pruned"]
     # A confirmation without the plan it confirms is refused too.
     r = c.call("prune", {"keep": 2}, confirm=True)
     assert not r.ok and "args.expect" in r.message
-    # Plan and confirm of the same targets: it runs.
-    r = c.confirmed("prune", {"keep": 2})
+    # The plan that was read: exactly its checkpoints go; those eligible since stay, named.
+    r = c.call("prune", {"keep": 2, "expect": plan.plan}, confirm=True)
     assert r.ok, r.message
-    assert [x for x in status(info)["checkpoints"] if x["state"] == "pruned"]
+    deleted = {d["path"] for d in r.after["deleted"]}
+    assert deleted == shown
+    arrived = {d["path"] for d in r.after["arrived_since"]}
+    assert arrived and not arrived & shown
+    assert all(os.path.isdir(a) for a in arrived)
+    assert not any(os.path.exists(d) for d in shown)
+    assert f"{len(arrived)} eligible since the confirmation, not deleted" in r.message
+    pruned = {x["step"] for x in status(info)["checkpoints"] if x["state"] == "pruned"}
+    assert pruned == {d["step"] for d in plan.plan["delete"]}
 
 
 # The trainer leaves a helper behind in its process group and exits. The helper waits for the

@@ -196,3 +196,20 @@ def test_cli_resolves_the_run_root(trhome: Path, tmp_path: Path, capsys: pytest.
     assert out["root"] == str(root) and out["keep"] == 3 and len(out["deleted"]) == 1
     assert cli.run_prune(_cli(["prune", "no-such-run"])) == 2
     assert "unknown run" in capsys.readouterr().err
+
+
+def test_a_plan_confirmed_before_more_saves_deletes_only_what_was_confirmed(tmp_path: Path) -> None:
+    make_root(tmp_path, [100, 200, 300, 400])
+    shown = pr.plan(tmp_path, keep=2)
+    assert [t.step for t in shown.delete] == [200, 100]
+    # The run saves twice more while the plan is read, and step 100 is pinned meanwhile.
+    make_root(tmp_path, [500, 600])
+    ck.pin(tmp_path / "step-000100")
+    part = pr.confirmed_part(pr.plan(tmp_path, keep=2), {t.path: t.step for t in shown.delete})
+    assert [t.step for t in part.plan.delete] == [200]
+    assert [t.step for t in part.arrived] == [400, 300]
+    assert [(k.step, k.why) for k in part.no_longer] == [(100, "pinned")]
+    res = pr.execute(part.plan)
+    assert [t.step for t in res.deleted] == [200]
+    assert step_dirs(tmp_path) == ["step-000100", "step-000300", "step-000400", "step-000500", "step-000600"]
+    assert {k.step for k in res.kept if k.why == pr.ARRIVED} == {300, 400}

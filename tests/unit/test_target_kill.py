@@ -184,6 +184,15 @@ def test_a_kill_target_that_only_lost_processes_is_still_the_confirmed_one() -> 
     assert not narrowed("kill", confirmed, target_of("kill", plan(10, (10, 1), (11, 2), (12, 3))))
     assert not narrowed("kill", confirmed, target_of("kill", plan(10, (10, 1), (11, 9))))
     assert not narrowed("kill", confirmed, target_of("kill", plan(20, (10, 1))))
-    # Only signals narrow: a prune that deletes fewer checkpoints than shown is still refused.
-    shown = target_of("prune", {"delete": [{"path": "/r/a", "bytes": 1}, {"path": "/r/b", "bytes": 1}]})
-    assert not narrowed("prune", shown, target_of("prune", {"delete": [{"path": "/r/a", "bytes": 1}]}))
+
+    # A prune goes on with what is still eligible of what was shown, and leaves out what became
+    # eligible since; a shown path with other bytes (another checkpoint under its name), or
+    # another root, is a change.
+    def prune(root: str, *dirs: tuple[str, int]) -> dict[str, object]:
+        return {"root": root, "delete": [{"path": d, "bytes": n} for d, n in dirs]}
+
+    shown = target_of("prune", prune("/r", ("/r/a", 1), ("/r/b", 1)))
+    assert narrowed("prune", shown, target_of("prune", prune("/r", ("/r/a", 1))))
+    assert narrowed("prune", shown, target_of("prune", prune("/r", ("/r/a", 1), ("/r/b", 1), ("/r/c", 1))))
+    assert not narrowed("prune", shown, target_of("prune", prune("/r", ("/r/a", 1), ("/r/b", 2))))
+    assert not narrowed("prune", shown, target_of("prune", prune("/s", ("/r/a", 1), ("/r/b", 1))))

@@ -226,12 +226,20 @@ class Action(Generic[A, W]):
         return plan
 
     def narrowed(self, confirmed: object, now: object) -> bool:
-        """Whether the target only lost what ended on its own since it was confirmed (acting on
-        the rest acts on nothing unconfirmed)."""
+        """Whether acting on the confirmed part of the target now acts on nothing unconfirmed:
+        it only lost what ended on its own since it was confirmed (a kill's ranks that exited),
+        or gained only what `as_confirmed` leaves out (a prune's checkpoints saved since)."""
         return False
 
     def what_changed(self, confirmed: object, now: object) -> str:
         return f"confirmed {confirmed!r}, now {now!r}"
+
+    def as_confirmed(self, plan: Plan[W], confirmed: dict[str, Any]) -> Plan[W]:
+        """The plan to carry out, cut to what the client confirmed (`confirmed`: the plan it
+        showed), for an action whose target may grow while a person reads it (a prune of a run
+        that keeps saving: what arrived since is named, not acted on). The plan as planned
+        unless an action says more."""
+        return plan
 
     # ------------------------------------------------------------ the same for every action
 
@@ -279,6 +287,9 @@ class Action(Generic[A, W]):
             return
         if not self.confirmed(req, reply, planned.target):
             return
+        expect = req.args.get("expect")
+        if isinstance(expect, dict):
+            planned = self.as_confirmed(planned, expect)
         out = await self.execute(k, args, planned, call)
         target = planned.target if out.target is None else out.target
         reply(done_reply(req, out.ok, out.message, plan=target, before=out.before, after=out.after))

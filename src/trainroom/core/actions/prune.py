@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainroom.core import argtypes
@@ -26,6 +26,8 @@ class PruneArgs(Args, kw_only=True):
 class PruneWork:
     plan: pruning.PrunePlan
     protect: list[str]
+    arrived: list[pruning.PruneTarget] = field(default_factory=list)  # eligible since confirmed
+    no_longer: list[pruning.Kept] = field(default_factory=list)  # confirmed, no longer eligible
 
 
 class Prune(Action[PruneArgs, PruneWork]):
@@ -91,19 +93,65 @@ class Prune(Action[PruneArgs, PruneWork]):
             "deleted": [{"step": d.step, "path": d.path, "bytes": d.bytes} for d in res.deleted],
             "failed": [{"step": f.step, "path": f.path, "why": f.why} for f in res.failed],
         }
+        work = plan.work
+        if work.arrived:
+            after["arrived_since"] = [
+                {"step": t.step, "path": t.path, "bytes": t.bytes} for t in work.arrived
+            ]
+        if work.no_longer:
+            after["no_longer_eligible"] = [
+                {"step": x.step, "path": x.path, "why": x.why} for x in work.no_longer
+            ]
         msg = (
             f"pruned {len(res.deleted)} checkpoint(s), freed {fmt_bytes(res.bytes_freed)}, kept {len(res.kept)}"
             + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else "")
+            + (
+                f"; {len(work.no_longer)} confirmed no longer eligible, not deleted "
+                f"({_steps(x.step for x in work.no_longer)})"
+                if work.no_longer
+                else ""
+            )
+            + (
+                f"; {len(work.arrived)} eligible since the confirmation, not deleted "
+                f"({_steps(t.step for t in work.arrived)})"
+                if work.arrived
+                else ""
+            )
         )
         return Outcome(not res.failed, msg, before, after)
 
     def target(self, plan: dict[str, Any]) -> object:
-        return sorted((d.get("path"), d.get("bytes")) for d in plan.get("delete") or [])
+        return (plan.get("root"), sorted((d.get("path"), d.get("bytes")) for d in plan.get("delete") or []))
+
+    def narrowed(self, confirmed: object, now: object) -> bool:
+        # Checkpoints that became eligible since (the run saved more) are left out of what is
+        # carried out (`as_confirmed`); ones no longer eligible are not deleted. A confirmed
+        # path whose bytes changed is another checkpoint under the same name: a change.
+        if not (isinstance(confirmed, tuple) and isinstance(now, tuple)) or confirmed[0] != now[0]:
+            return False
+        was, is_ = dict(confirmed[1]), dict(now[1])
+        return all(is_[path] == size for path, size in was.items() if path in is_)
 
     def what_changed(self, confirmed: object, now: object) -> str:
-        if isinstance(confirmed, list) and isinstance(now, list):
-            return f"confirmed {len(confirmed)} checkpoint(s) to delete, now {len(now)}"
+        if isinstance(confirmed, tuple) and isinstance(now, tuple):
+            if confirmed[0] != now[0]:
+                return f"confirmed a prune of {confirmed[0]}, now of {now[0]}"
+            was, is_ = dict(confirmed[1]), dict(now[1])
+            for path, size in was.items():
+                if path in is_ and is_[path] != size:
+                    return f"{path} was {fmt_bytes(size)} when confirmed, now {fmt_bytes(is_[path])}"
+            return f"confirmed {len(was)} checkpoint(s) to delete, now {len(is_)}"
         return super().what_changed(confirmed, now)
+
+    def as_confirmed(self, plan: Plan[PruneWork], confirmed: dict[str, Any]) -> Plan[PruneWork]:
+        shown = {str(d.get("path")): d.get("step") for d in confirmed.get("delete") or []}
+        part = pruning.confirmed_part(plan.work.plan, shown)
+        work = PruneWork(part.plan, plan.work.protect, part.arrived, part.no_longer)
+        return Plan(plan.summary, prune_target(part.plan, plan.target.get("keep", part.plan.keep)), work)
+
+
+def _steps(steps: Any) -> str:
+    return ", ".join("step ?" if s is None else f"step {s}" for s in steps)
 
 
 def prune_target(plan: pruning.PrunePlan, keep: int) -> dict[str, Any]:

@@ -192,6 +192,34 @@ def _last_good(pl: PrunePlan) -> PruneTarget | None:
     return None
 
 
+ARRIVED = "eligible since the plan was confirmed: not confirmed, so not deleted"
+
+
+class ConfirmedPart(msgspec.Struct, kw_only=True):
+    """A prune planned again at confirmation, cut to what was confirmed."""
+
+    plan: PrunePlan  # deletes only confirmed checkpoints that are still eligible
+    arrived: list[PruneTarget] = []  # eligible now, not confirmed: kept, and named
+    no_longer: list[Kept] = []  # confirmed, no longer eligible (kept now, or gone): not deleted
+
+
+def confirmed_part(now: PrunePlan, confirmed: dict[str, int | None]) -> ConfirmedPart:
+    """`now` cut to the `confirmed` paths (path -> step): a run that saves while a person reads
+    the plan makes more checkpoints eligible; deleting them would delete what nobody confirmed."""
+    wanted = set(confirmed)
+    eligible = {t.path for t in now.delete}
+    keep = [t for t in now.delete if t.path in wanted]
+    arrived = [t for t in now.delete if t.path not in wanted]
+    kept_why = {k.path: k.why for k in now.kept}
+    no_longer = [
+        Kept(path=path, step=confirmed[path], why=kept_why.get(path, "no longer on disk"))
+        for path in sorted(wanted - eligible)
+    ]
+    kept = [*now.kept, *(Kept(path=t.path, step=t.step, why=ARRIVED) for t in arrived)]
+    cut = msgspec.structs.replace(now, delete=keep, kept=kept, bytes_to_free=sum(t.bytes for t in keep))
+    return ConfirmedPart(plan=cut, arrived=arrived, no_longer=no_longer)
+
+
 def execute(
     pl: PrunePlan, *, dry_run: bool = False, protect: Iterable[str | os.PathLike[str]] = ()
 ) -> PruneResult:
