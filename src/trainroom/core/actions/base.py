@@ -21,6 +21,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core import units
+from trainroom.core.actions import words
 from trainroom.core.ckpt.report import Expected, VerifyReport
 from trainroom.core.health.diskguard import DiskUsage
 from trainroom.core.ops.resume import ResumePlan
@@ -233,6 +234,11 @@ class Action(Generic[A, W]):
 
     def what_changed(self, confirmed: object, now: object) -> str:
         return f"confirmed {confirmed!r}, now {now!r}"
+
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        """The plan (`Reply.plan`) as a person reads it under its one-line summary: what happens
+        to what and what is lost first, then the details in words and units (actions/words.py)."""
+        return words.fields(plan)
 
     def as_confirmed(self, plan: Plan[W], confirmed: dict[str, Any]) -> Plan[W]:
         """The plan to carry out, cut to what the client confirmed (`confirmed`: the plan it

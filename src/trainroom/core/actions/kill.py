@@ -103,7 +103,7 @@ class Kill(Action[KillArgs, KillWork]):
         st = k.run.state
         f = st.findings.get(args.finding) if args.finding is not None else None
         if f is not None and f.target is not None:
-            return await self._plan_target(k, f)
+            return await self._plan_target(k, f, args)
         a = st.attempt
         assert a is not None
         plan = await asyncio.to_thread(
@@ -126,10 +126,15 @@ class Kill(Action[KillArgs, KillWork]):
                 "confirm the driver released its memory"
             )
         else:
-            summary = f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es) {pids}"
-        return self._planned(plan, summary, sorted({a.pid, *pids}), a, None)
+            summary = (
+                f"kill process group {plan.pgid} of attempt {a.n}: {len(pids)} process(es), "
+                f"pids {', '.join(map(str, pids))}"
+            )
+        last = st.last_verified()
+        lost = {"step": a.last_step, "last_verified_step": last.step if last is not None else None}
+        return self._planned(plan, summary, sorted({a.pid, *pids}), a, _timing(k, args) | lost)
 
-    async def _plan_target(self, k: Keeper, f: Finding) -> Plan[KillWork] | Refused:
+    async def _plan_target(self, k: Keeper, f: Finding, args: KillArgs) -> Plan[KillWork] | Refused:
         assert f.target is not None
         plan = await asyncio.to_thread(
             plan_target_kill,
@@ -144,14 +149,21 @@ class Kill(Action[KillArgs, KillWork]):
                 f"nothing left to kill of {plan.subject} ({f.ident}); confirm the driver released its memory"
             )
         else:
-            summary = f"kill {plan.subject} ({f.ident}): {len(pids)} process(es) {pids}"
-        return self._planned(plan, summary, sorted(set(pids) | set(f.target.pids)), None, f.ident)
+            summary = (
+                f"kill {plan.subject} ({f.ident}): {len(pids)} process(es), pids {', '.join(map(str, pids))}"
+            )
+        extra = _timing(k, args) | {"finding": f.ident}
+        return self._planned(plan, summary, sorted(set(pids) | set(f.target.pids)), None, extra)
 
     @staticmethod
     def _planned(
-        plan: KillPlan, summary: str, vram_pids: list[int], stopping: AttemptView | None, finding: str | None
+        plan: KillPlan,
+        summary: str,
+        vram_pids: list[int],
+        stopping: AttemptView | None,
+        extra: dict[str, Any],
     ) -> Plan[KillWork] | Refused:
-        target = plan.as_dict() | ({"finding": finding} if finding else {})
+        target = plan.as_dict() | extra
         if not plan.ok and not plan.nothing_left:
             return Refused("; ".join(plan.refusals), target)
         return Plan(summary, target, KillWork(plan, vram_pids, stopping))
@@ -182,6 +194,9 @@ class Kill(Action[KillArgs, KillWork]):
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        return kill_lines(plan)
+
     def target(self, plan: dict[str, Any]) -> object:
         return (
             plan.get("pgid"),
@@ -202,6 +217,43 @@ class Kill(Action[KillArgs, KillWork]):
             is_ = [pid for pid, _ in now[1]]
             return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
         return super().what_changed(confirmed, now)
+
+
+def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:
+    cfg = k.run.settings.kill
+    grace = float(args.grace_s if args.grace_s is not None else cfg.grace_s)
+    return {"grace_s": grace, "vram_timeout_s": float(cfg.vram_timeout_s)}
+
+
+def kill_lines(plan: dict[str, Any]) -> list[str]:
+    """A kill plan for a person: the signals and their timing, what is lost, then each process."""
+    members = plan.get("members") or []
+    grace, wait = plan.get("grace_s"), plan.get("vram_timeout_s")
+    who = plan.get("label") or f"process group {plan.get('pgid')}"
+    out: list[str] = []
+    if members:
+        out.append(
+            f"  SIGTERM to {who} ({len(members)} process(es)), "
+            + (f"SIGKILL to any left after {grace:g} s" if isinstance(grace, float) else "then SIGKILL")
+        )
+    else:
+        out.append(f"  nothing of {who} is left to signal")
+    if isinstance(wait, float):
+        out.append(f"  then waits up to {wait:g} s for the GPU memory to be released")
+    step, last = plan.get("step"), plan.get("last_verified_step")
+    if isinstance(step, int) and members:
+        if isinstance(last, int):
+            out.append(
+                f"  loses {max(step - last, 0)} step(s): at step {step}, last verified checkpoint at step {last}"
+            )
+        else:
+            out.append(
+                f"  loses all {step} step(s): no verified checkpoint yet (a resume starts from scratch)"
+            )
+    out += [f"    pid {m.get('pid')}  {' '.join(m.get('cmdline') or [])[:100]}" for m in members]
+    out += [f"  left alone: pid {x.get('pid')} ({x.get('why')})" for x in plan.get("strangers") or []]
+    out += [f"  refused: {why}" for why in plan.get("refusals") or [] if not plan.get("nothing_left")]
+    return out
 
 
 def _live_trainer(st: RunState) -> set[int]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from trainroom.core import argtypes
 from trainroom.core import protocol as p
+from trainroom.core.actions import words
 from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
 from trainroom.core.ops import prune as pruning
 from trainroom.core.run.state import RunState
@@ -107,13 +108,13 @@ class Prune(Action[PruneArgs, PruneWork]):
             + (f"; {len(res.failed)} failed: {res.failed[0].why}" if res.failed else "")
             + (
                 f"; {len(work.no_longer)} confirmed no longer eligible, not deleted "
-                f"({_steps(x.step for x in work.no_longer)})"
+                f"({words.steps(x.step for x in work.no_longer)})"
                 if work.no_longer
                 else ""
             )
             + (
                 f"; {len(work.arrived)} eligible since the confirmation, not deleted "
-                f"({_steps(t.step for t in work.arrived)})"
+                f"({words.steps(t.step for t in work.arrived)})"
                 if work.arrived
                 else ""
             )
@@ -143,15 +144,29 @@ class Prune(Action[PruneArgs, PruneWork]):
             return f"confirmed {len(was)} checkpoint(s) to delete, now {len(is_)}"
         return super().what_changed(confirmed, now)
 
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        # The counts and what is kept first: a person reads them before the next save, the
+        # paths after.
+        delete, kept = plan.get("delete") or [], plan.get("kept") or []
+        out = [
+            f"  deletes {len(delete)} checkpoint(s) under {plan.get('root')}, "
+            f"{fmt_bytes(plan.get('bytes_to_free'))} freed",
+            f"  keeps {len(kept)}: "
+            + ("; ".join(f"{words.steps([k.get('step')])} ({k.get('why')})" for k in kept) or "none"),
+        ]
+        out += [f"  left alone: {x.get('path')} ({x.get('why')})" for x in plan.get("skipped") or []]
+        out += [
+            f"    {words.steps([d.get('step')])}  {fmt_bytes(d.get('bytes'))}  {d.get('path')}"
+            + ("  (rejected)" if d.get("kind") == "rejected" else "")
+            for d in delete
+        ]
+        return out
+
     def as_confirmed(self, plan: Plan[PruneWork], confirmed: dict[str, Any]) -> Plan[PruneWork]:
         shown = {str(d.get("path")): d.get("step") for d in confirmed.get("delete") or []}
         part = pruning.confirmed_part(plan.work.plan, shown)
         work = PruneWork(part.plan, plan.work.protect, part.arrived, part.no_longer)
         return Plan(plan.summary, prune_target(part.plan, plan.target.get("keep", part.plan.keep)), work)
-
-
-def _steps(steps: Any) -> str:
-    return ", ".join("step ?" if s is None else f"step {s}" for s in steps)
 
 
 def prune_target(plan: pruning.PrunePlan, keep: int) -> dict[str, Any]:

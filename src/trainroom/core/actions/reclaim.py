@@ -42,5 +42,20 @@ class Reclaim(Action[ReclaimArgs, ReclaimPlan]):
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        cache = fmt_bytes(plan.get("page_cache_bytes"))
+        if plan.get("method") == "drop_caches":
+            what = (
+                f"  drops the whole machine's page cache ({cache} now), every process's, not only "
+                "this run's: files are read from disk again"
+            )
+        else:
+            what = f"  reclaims the page cache of cgroup {plan.get('cgroup')} ({cache} on the machine now)"
+        out = [what, f"  writes {plan.get('value')!s} to {plan.get('target')}"]
+        out += [f"  not used: {why}" for why in plan.get("passed_over") or []]
+        if plan.get("wsl_note"):
+            out.append(f"  {plan.get('wsl_note')}")
+        return out
+
     def target(self, plan: dict[str, Any]) -> object:
         return (plan.get("method"), plan.get("target"))

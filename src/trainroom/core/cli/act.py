@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.actions import words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
@@ -25,10 +26,6 @@ from trainroom.core.ops.kill import execute_kill, plan_kill
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.store import RunError
-
-
-def _evidence(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
 def add_parsers(sub: Any) -> None:
@@ -69,7 +66,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         return _print_reply(args, plan)
     if not args.json:
         print(plan.message)
-        print("\n".join(plan_lines(args.action, plan.plan)))
+        print("\n".join(action.plan_lines(plan.plan)))
     # Only what changes the run asks first; a bench or a stack dump does not.
     if action.spec.destructive and not _confirm(args):
         print("cancelled")
@@ -82,23 +79,6 @@ def cmd_action(args: argparse.Namespace) -> int:
             print(f"  … {r.message}")
     assert last is not None
     return _print_reply(args, last)
-
-
-def plan_lines(action: str, plan: dict[str, Any]) -> list[str]:
-    """A plan as a person reads it: a kill's processes one per line (pid, state, command), what
-    is left alone and why; other plans key by key, internal bookkeeping left out."""
-    if action != "kill":
-        return [f"  {k}: {v}" for k, v in plan.items() if k not in PLAN_BOOKKEEPING]
-    out = [
-        f"  pid {m.get('pid')}  {m.get('state', '')}  {' '.join(m.get('cmdline') or [])[:100]}"
-        for m in plan.get("members") or []
-    ]
-    out += [f"  left alone: pid {x.get('pid')} ({x.get('why')})" for x in plan.get("strangers") or []]
-    out += [f"  refused: {why}" for why in plan.get("refusals") or []]
-    return out
-
-
-PLAN_BOOKKEEPING = frozenset({"ok", "nothing_left", "empty"})
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -133,15 +113,23 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
             )
         )
     else:
-        word = ("slow: " if r.after.get("verdict") == "slow" else "ok: ") if r.ok else "refused: "
-        print(word + r.message)
+        print(verdict(r.action, r.ok, r.message, r.after))
         if r.before:
-            print(f"  before: {_evidence(r.before)}")
+            print(f"  before: {words.evidence(r.before)}")
         if r.after:
-            print(f"  after:  {_evidence(r.after)}")
+            print(f"  after:  {words.evidence(r.after)}")
     # The same exit code with or without a keeper: a bench below its floor is 1 either way.
     passed = r.ok and (r.action != "bench" or r.after.get("verdict") == "ok")
     return 0 if passed else 1
+
+
+def verdict(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
+    """One verdict a line: ok / slow / refused, said once (a keeper's "resume refused: ..." is
+    not prefixed again)."""
+    if ok:
+        return ("slow: " if after.get("verdict") == "slow" else "ok: ") + message
+    said = message.startswith((f"{action} refused", f"{action}:", "refused"))
+    return message if said else "refused: " + message
 
 
 def bench_here(args: argparse.Namespace) -> int:

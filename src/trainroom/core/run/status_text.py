@@ -35,8 +35,8 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     eff = lr["effective"][0] if lr["effective"] else None
     lines = [
         f"{d['run']}  {d['state'].upper()}{end}  attempt {d['attempt']}  pid {d['pid']}  keeper {d['keeper']}",
-        f"  step {d['step']}  age {d['step_age_s']} s  {d['steps_per_s'] or '?'} steps/s  loss {loss_s}"
-        f"  lr {eff if eff is not None else '?'} (asked {lr['requested'] if lr['requested'] is not None else '?'})",
+        f"  step {d['step']}  age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
+        f"  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
     ]
     if d["keeper"] != "alive" and d.get("state_reason"):
         lines.append(f"  {d['state_reason']}")  # what the journal cannot say: read from /proc
@@ -52,7 +52,7 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     if h["mem_available_bytes"] is not None:
         lines.append(
             f"  host available {fmt_bytes(h['mem_available_bytes'])}  page cache "
-            f"{fmt_bytes(h['page_cache_bytes'])}  disk {d['disk']['used_fraction']}"
+            f"{fmt_bytes(h['page_cache_bytes'])}  disk {_fig(d['disk']['used_fraction'], '.0%')} used"
         )
     if d.get("journal_damage"):
         lines.append("  " + damage_words(d["journal_damage"]))
@@ -60,3 +60,8 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         key = f" [{f['action']}]" if f["action"] else ""
         lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
     return [printable(line) for line in lines]
+
+
+def _fig(x: Any, spec: str) -> str:
+    """A figure rounded for a person (`disk 29%`, `13.5 steps/s`); "?" when unknown."""
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"

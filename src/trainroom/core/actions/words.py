@@ -1,0 +1,61 @@
+"""Plans and results in words and units for people: every client's confirmation and result
+lines (the CLI's, the control room's confirm screen) come from here, never a field's name or a
+Python repr. Each action says its plan's lines (`Action.plan_lines`) with these helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainroom.core.units import fmt_bytes
+
+# Fields that steer the keeper, not a person (a kill plan's verdict, its "empty" flag).
+BOOKKEEPING = frozenset({"ok", "nothing_left", "empty", "label", "expect"})
+
+
+def label(key: str) -> str:
+    """A field's name as words: `vram_wait_s` -> "vram wait", `page_cache_bytes` -> "page cache"."""
+    for suffix in ("_bytes", "_s"):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+    return key.replace("_", " ")
+
+
+def figure(key: str, value: Any) -> str:
+    """One value in words and units, by what its field's name says it counts."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return fmt_bytes(value)
+    if key.endswith("_s") and isinstance(value, (int, float)):
+        return f"{value:.1f} s"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        return evidence(value) or "none"
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if all(isinstance(x, (int, str)) for x in value):
+            return ", ".join(str(x) for x in value)
+        return f"{len(value)}"
+    return str(value)
+
+
+def evidence(d: dict[str, Any]) -> str:
+    """A before/after record as "members 2, vram 1.2 GiB" (bookkeeping and unknowns left out)."""
+    return ", ".join(
+        f"{label(k)} {figure(k, v)}" for k, v in d.items() if k not in BOOKKEEPING and v is not None
+    )
+
+
+def fields(plan: dict[str, Any]) -> list[str]:
+    """A plan no action words on its own: one field a line, in words."""
+    return [f"  {label(k)}: {figure(k, v)}" for k, v in plan.items() if k not in BOOKKEEPING]
+
+
+def steps(xs: Any) -> str:
+    """Checkpoint steps as "steps 100, 200" ("step ?" for one without a step)."""
+    got = ["?" if s is None else str(s) for s in xs]
+    return ("step " if len(got) == 1 else "steps ") + ", ".join(got)
