@@ -35,7 +35,7 @@ def test_every_action_is_one_module_with_a_spec_and_typed_arguments() -> None:
         modules.add(type(action).__module__)
     assert len(modules) == len(REGISTRY)
     # A kill or a prune is never cut off half-way.
-    assert set(CANCELLABLE) == {"bench", "verify", "dump", "resume"}
+    assert set(CANCELLABLE) == {"bench", "verify", "dump", "resume", "kill"}
 
 
 def test_the_cli_verbs_help_and_cancel_come_from_the_registry() -> None:

@@ -404,3 +404,42 @@ def test_an_unreadable_process_list_is_not_an_empty_one(tmp_path: Path) -> None:
     second = probe()
     assert second is not None and not isinstance(second, int)
     assert second.basis == "device" and second.bytes == 3 * GIB
+
+
+def test_a_cancel_ends_the_wait_for_vram_and_says_the_processes_are_gone(spawn, tmp_path: Path) -> None:
+    group = spawn("plain")
+    scenario = tmp_path / "nvml.json"
+    leader = group.leader.pid
+    write_scenario(
+        scenario,
+        {
+            "devices": [RTX_3060 | {"used_bytes": 9 * GIB}],
+            "processes": [{"pid": leader, "used_bytes": 8 * GIB}],
+        },
+    )
+    orphan = {
+        "devices": [RTX_3060 | {"used_bytes": 9 * GIB}],
+        "processes": [{"pid": 4_000_000, "used_bytes": 8 * GIB}],
+    }
+    driver = _driver_releases_after_exit(scenario, group.pids, orphan)
+    plan = plan_kill(leader, leader, group.start_time, run_id=RUN)
+    probe = run_vram_probe(GpuProbe(FakeNvml(scenario)), [m.pid for m in plan.members])
+    lines: list[str] = []
+    stop = threading.Event()
+
+    def said(line: str) -> None:
+        lines.append(line)
+        if "s left" in line:
+            stop.set()  # a client's cancel, on the first countdown line
+
+    result = execute_kill(
+        plan, grace_s=2, vram_probe=probe, vram_timeout_s=600, vram_poll_s=0.05, progress=said, stop=stop
+    )
+    driver.join(timeout=30)
+    assert all(_gone(pid) for pid in group.pids)
+    countdown = [x for x in lines if x.startswith("waiting for the driver to release VRAM")]
+    assert countdown and countdown[0].endswith(" s left"), lines
+    assert result.ok is False and result.after["vram_wait_cancelled"] is True
+    assert result.message.startswith("cancelled the wait for VRAM after ")
+    assert "processes of pgid" in result.message and "gone" in result.message
+    assert "still holds 8.0 GiB for the run (release not confirmed)" in result.message

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,8 @@ class Kill(Action[KillArgs, KillWork]):
         key="ctrl+k",
         description="Kill the trainer's process group (SIGTERM, then SIGKILL) and confirm VRAM fell",
         destructive=True,
+        # A cancel ends the wait for the VRAM, never the signalling (see `execute`).
+        cancellable=True,
         when="the trainer runs (a finding's kill: the finding is open)",
     )
     Args = KillArgs
@@ -179,18 +182,31 @@ class Kill(Action[KillArgs, KillWork]):
             until = now + grace + KILL_CONFIRM_S + STOP_MARGIN_S
             k.recorder.emit(p.AttemptStopping(n=stopping.n, t=now, by=call.client, until=until))
             k.recorder.flush(fsync=True)
-        result = await asyncio.to_thread(
-            execute_kill,
-            work.plan,
-            grace_s=grace,
-            vram_probe=run_vram_probe(
-                k.gpu, work.vram_pids, floor=stopping.vram_floor if stopping is not None else None
-            ),
-            tolerance_bytes=cfg.vram_tolerance_bytes,
-            vram_timeout_s=cfg.vram_timeout_s,
-            progress=call.say,
-            vram_poll_s=cfg.vram_poll_s,
+        stop = threading.Event()
+        running = asyncio.ensure_future(
+            asyncio.to_thread(
+                execute_kill,
+                work.plan,
+                grace_s=grace,
+                vram_probe=run_vram_probe(
+                    k.gpu, work.vram_pids, floor=stopping.vram_floor if stopping is not None else None
+                ),
+                tolerance_bytes=cfg.vram_tolerance_bytes,
+                vram_timeout_s=cfg.vram_timeout_s,
+                progress=call.say,
+                vram_poll_s=cfg.vram_poll_s,
+                stop=stop,
+            )
         )
+        try:
+            result = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            # A client's cancel: the signals already sent are carried through (a group left
+            # half-signalled helps nobody); only the wait for the driver ends, and the result
+            # says what is known then.
+            stop.set()
+            call.say("cancel: ending the wait for VRAM once the signalling is done")
+            result = await running
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 

@@ -128,7 +128,7 @@ def verdict(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
     not prefixed again)."""
     if ok:
         return ("slow: " if after.get("verdict") == "slow" else "ok: ") + message
-    said = message.startswith((f"{action} refused", f"{action}:", "refused"))
+    said = message.startswith((f"{action} refused", f"{action}:", "refused", "cancel"))
     return message if said else "refused: " + message
 
 

@@ -82,7 +82,8 @@ class Actions:
 
     def _cancel(self, req: p.Request, reply: Reply) -> None:
         """`cancel` {action}: stop a long action (a bench, a verify, a resume still waiting for a
-        verdict). A kill or a prune is never cut off half-way: they are not cancellable."""
+        verdict, a kill's wait for the VRAM). A kill's signals or a prune are never cut off
+        half-way: a kill ends only its wait, a prune is not cancellable."""
         name = str(req.args.get("action", ""))
         task = self._running.get(name)
         if name not in CANCELLABLE:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -260,16 +261,18 @@ def execute_kill(
     *,
     vram_poll_s: float = 2.0,
     proc_root: str = "/proc",
+    stop: threading.Event | None = None,
 ) -> KillResult:
     """SIGTERM the group, SIGKILL what outlives the grace, confirm it is gone and the VRAM freed.
 
     Blocking (up to grace + a few seconds + vram_timeout_s): run it in a worker thread, with
-    `progress` posting each line to the requesting client.
+    `progress` posting each line to the requesting client. `stop` set ends the wait for the
+    VRAM (a client's cancel), never the signalling: a kill is not cut off half-way.
     """
     say = progress or (lambda _line: None)
     if plan.nothing_left:
         return _confirm_nothing_left(
-            plan, vram_probe, tolerance_bytes, vram_timeout_s, vram_poll_s, say, proc_root
+            plan, vram_probe, tolerance_bytes, vram_timeout_s, vram_poll_s, say, proc_root, stop
         )
     if not plan.ok:
         return KillResult(ok=False, message="; ".join(plan.refusals), pgid=plan.pgid)
@@ -325,6 +328,7 @@ def execute_kill(
         proc_root,
         before=before,
         signals=signals,
+        stop=stop,
     )
 
 
@@ -336,6 +340,7 @@ def _confirm_nothing_left(
     vram_poll_s: float,
     say: Progress,
     proc_root: str,
+    stop: threading.Event | None,
 ) -> KillResult:
     """Nothing to signal: the group is empty. Still confirm what a kill confirms, that the
     driver gave the memory back (a context that outlived its process still holds it)."""
@@ -356,6 +361,7 @@ def _confirm_nothing_left(
         proc_root,
         before=before,
         signals=[],
+        stop=stop,
     )
 
 
@@ -369,12 +375,14 @@ def _confirm_release(
     *,
     before: dict[str, Any],
     signals: list[str],
+    stop: threading.Event | None = None,
 ) -> KillResult:
     """Wait for the driver to give the run's memory back; the result says on what basis."""
     tolerance_bytes, vram_timeout_s, vram_poll_s = wait
     released, reading, waited = wait_vram(
-        vram_probe, before["vram_bytes"], tolerance_bytes, vram_timeout_s, vram_poll_s, say
+        vram_probe, before["vram_bytes"], tolerance_bytes, vram_timeout_s, vram_poll_s, say, stop
     )
+    cancelled = released is False and stop is not None and stop.is_set()
     after: dict[str, Any] = {
         "members": 0,
         "pids": [],
@@ -385,6 +393,12 @@ def _confirm_release(
     vram_before = before["vram_bytes"]
     if released is None or reading is None:
         message = f"{gone}; driver view unavailable, VRAM release not confirmed"
+    elif cancelled:
+        message = (
+            f"cancelled the wait for VRAM after {waited:.0f} s: {gone}, but the driver still "
+            f"holds {_size(reading.bytes)} for the run (release not confirmed)"
+        )
+        after["vram_wait_cancelled"] = True
     elif released:
         message = (
             f"{gone}; VRAM {_size(vram_before)} -> {_size(reading.bytes)}: released, "

@@ -17,6 +17,7 @@ What the run holds is read on one of three bases, and every reading says which:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Collection
 from typing import Any, Literal
@@ -152,25 +153,27 @@ def wait_vram(
     timeout_s: float,
     poll_s: float,
     say: Progress,
+    stop: threading.Event | None = None,
 ) -> tuple[bool | None, VramReading | None, float]:
     """(released, last reading, seconds waited); released is None when the driver view is
-    unavailable. Released: what the run holds, on the reading's basis, is under the tolerance."""
+    unavailable. Released: what the run holds, on the reading's basis, is under the tolerance.
+    Each poll says the seconds left; `stop` set ends the wait at once (not released, yet)."""
     start = time.monotonic()
+    stop = stop or threading.Event()
     reading = read_reading(vram_probe)
     if reading is None:
         return None, None, 0.0
-    announced = False
     while reading is not None and reading.bytes >= tolerance_bytes:
         waited = time.monotonic() - start
-        if waited >= timeout_s:
+        if waited >= timeout_s or stop.is_set():
             return False, reading, waited
-        if not announced:
-            say(
-                f"waiting for the driver to release VRAM: {fmt_bytes(reading.bytes)} held "
-                f"({reading.basis}), tolerance {fmt_bytes(tolerance_bytes)}"
-            )
-            announced = True
-        time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
+        say(
+            f"waiting for the driver to release VRAM: {fmt_bytes(reading.bytes)} held "
+            f"({reading.basis}), tolerance {fmt_bytes(tolerance_bytes)}; "
+            f"{max(timeout_s - waited, 0.0):.0f} s left"
+        )
+        if stop.wait(min(poll_s, max(0.0, timeout_s - waited))):
+            return False, reading, time.monotonic() - start
         reading = read_reading(vram_probe)
     if reading is None:
         return None, None, time.monotonic() - start
