@@ -196,3 +196,89 @@ def test_a_resume_that_starts_over_is_resume_from_scratch(trhome: Path, tmp_path
     ev = f["evidence"]
     assert ev["resume_step"] >= 30 and ev["first_step"] < 10
     run_cli("kill", info.run_id, "--grace", "2", "--yes")
+
+
+def test_a_kill_waiting_for_vram_counts_down_and_a_cancel_ends_the_wait(
+    trhome: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = tmp_path / "gpu.json"
+    write_scenario(gpu, {"devices": [{"name": "NVIDIA H200", "total_bytes": 141 * GIB, "used_bytes": 0}]})
+    monkeypatch.setenv(FAKE_NVML, str(gpu))
+    script, pid_file = tmp_path / "t.py", tmp_path / "child"
+    script.write_text(textwrap.dedent(LEAVES_A_STRAGGLER))
+    info = launch(
+        [sys.executable, str(script), str(pid_file)], LaunchOptions(linger_s=120), cwd=str(tmp_path)
+    )
+    child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=60, what="the child"))
+    try:
+        d = wait_for(lambda: (s := status(info))["step"] and s, timeout=60, what="steps")
+        os.kill(d["attempts"][-1]["pid"], signal.SIGKILL)
+        wait_for(lambda: status(info)["state"] == "dead", timeout=60, what="dead")
+        # The driver lists the straggler's context, and goes on listing it after its process ends.
+        write_scenario(
+            gpu,
+            {
+                "devices": [{"name": "NVIDIA H200", "total_bytes": 141 * GIB, "used_bytes": GIB}],
+                "processes": [{"pid": child, "used_bytes": GIB}],
+            },
+        )
+        f = wait_for(lambda: _finding(status(info), "ORPHAN_CONTEXT"), timeout=60, what="ORPHAN_CONTEXT")
+        kill = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainroom.cli",
+                "kill",
+                info.run_id,
+                "--finding",
+                f["ident"],
+                "--grace",
+                "2",
+                "--yes",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+        assert kill.stdout is not None
+        lines: list[str] = []
+        for line in kill.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.rstrip().endswith("s left"):
+                break
+        # The plan in words: the signals and the grace, then a countdown while the driver holds on.
+        assert any("SIGTERM to" in x and "SIGKILL to any left after 2 s" in x for x in lines), lines
+        assert any("waiting for the driver to release VRAM: 1.0 GiB held" in x for x in lines), lines
+        assert _gone(child)
+        cancel = run_cli("cancel", "kill", info.run_id)
+        assert cancel.returncode == 0 and "kill is being cancelled" in cancel.stdout, cancel.stdout
+        rest, _ = kill.communicate(timeout=120)
+        lines += rest.splitlines()
+        assert kill.returncode == 1, lines
+        (verdict,) = [x for x in lines if x.startswith(("ok:", "refused:", "cancelled"))]
+        assert verdict.startswith("cancelled the wait for VRAM after"), lines
+        assert "gone, but the driver still holds 1.0 GiB for the run (release not confirmed)" in verdict
+        assert not any("{" in x or "[" in x for x in lines if x.startswith(("  before:", "  after:")))
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_kill_says_one_verdict_and_exits_by_it(trhome: Path, tmp_path: Path) -> None:
+    info = launch([sys.executable, "-c", "pass"], LaunchOptions(linger_s=120), cwd=str(tmp_path))
+    wait_for(lambda: status(info)["state"] == "exited", timeout=60, what="the trainer exits 0")
+    # Nothing left of the attempt: the kill only confirms the driver let go, and says so once.
+    done = run_cli("kill", info.run_id, "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "refused" not in done.stdout, done.stdout
+    (verdict,) = [x for x in done.stdout.splitlines() if x.startswith(("ok:", "refused", "kill refused"))]
+    assert verdict.startswith("ok: nothing left to kill"), done.stdout
+    assert "nothing of process group" in done.stdout
+    # A refusal: said once, exit 1.
+    done = run_cli("kill", info.run_id, "--finding", "DEAD:trainer", "--yes")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("kill refused: finding 'DEAD:trainer' is not open"), done.stdout
+    assert "refused: kill refused" not in done.stdout
