@@ -171,6 +171,7 @@ def test_cli(
     assert cli.run_prune(_cli(["prune", "--root", str(tmp_path), "--keep", "1", "--yes"])) == 0
     text = capsys.readouterr().out
     assert "deleted  " in text and "freed" in text and step_dirs(tmp_path) == ["step-000003"]
+    assert text.splitlines()[0].startswith("freed ")  # the summary before the path lines
     assert cli.run_prune(_cli(["prune", "--root", str(tmp_path / "nope")])) == 2
     assert "not a directory" in capsys.readouterr().err
     assert cli.run_prune(_cli(["prune", "--root", str(tmp_path), "--keep", "-1"])) == 2

@@ -188,7 +188,10 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
         )
         return 1
     if not args.json:
-        print(f"the keeper of {info.run_id} is gone; attempt {a.n} still has {len(pids)} process(es): {pids}")
+        print(
+            f"the keeper of {info.run_id} is gone; attempt {a.n} still has {len(pids)} process(es), "
+            f"pids {', '.join(map(str, pids))}"
+        )
         for m in plan.members:
             print(f"  pid {m.pid}  {' '.join(m.cmdline)[:80]}")
     if not _confirm(args):
@@ -199,7 +202,7 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(result.as_dict()))
     else:
-        print(("ok: " if result.ok else "refused: ") + result.message + " (without a keeper: journaled here)")
+        print(verdict("kill", result.ok, result.message, {}) + " (without a keeper: journaled here)")
     return 0 if result.ok else 1
 
 

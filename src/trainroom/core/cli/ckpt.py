@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
+from trainroom.core.actions.prune import Prune
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.report import Expected, VerifyReport, decode_expected
@@ -346,11 +347,18 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
         out.deleted = msgspec.convert(pl.get("delete", []), list[pruning.PruneTarget])
         out.bytes_freed = int(pl.get("bytes_to_free") or 0)
         return out
-    if not _confirm(args, plan.message):
+    # The counts and what is kept first, then the paths: read before the run saves again.
+    if not _confirm(args, "\n".join([plan.message, *Prune().plan_lines(pl)])):
         out.ok, out.message, out.cancelled = False, "cancelled", True
         return out
     done = client.call("prune", {**req, "expect": pl}, confirm=True)
     after = done.after
+    # Eligible since the confirmation (kept, unconfirmed) and confirmed but no longer eligible.
+    out.kept += [
+        pruning.Kept(path=a["path"], step=a.get("step"), why=pruning.ARRIVED)
+        for a in after.get("arrived_since", [])
+    ]
+    out.kept += msgspec.convert(after.get("no_longer_eligible", []), list[pruning.Kept])
     out.ok, out.message = done.ok, done.message
     out.deleted = msgspec.convert(after.get("deleted", []), list[pruning.PruneTarget])
     out.failed = msgspec.convert(after.get("failed", []), list[pruning.Kept])
@@ -386,6 +394,8 @@ def _on_files(args: argparse.Namespace, root: Path, keep: int) -> PruneOutcome:
 
 
 def _print_prune(out: PruneOutcome, dry_run: bool) -> None:
+    via = f"through the keeper of {out.run}" if out.via == "keeper" else "on the files"
+    print(f"{out.message} ({via})")  # the summary first, the paths after
     verb = "would delete" if dry_run else "deleted"
     for t in out.deleted:
         print(f"{verb}  {t.path}  {fmt_bytes(t.bytes)}")
@@ -393,8 +403,6 @@ def _print_prune(out: PruneOutcome, dry_run: bool) -> None:
         print(f"kept     {k.path}  ({k.why})")
     for k in out.skipped + out.failed:
         print(f"skipped  {k.path}  ({k.why})")
-    via = f"through the keeper of {out.run}" if out.via == "keeper" else "on the files"
-    print(f"{out.message} ({via})")
 
 
 def run_prune(args: argparse.Namespace) -> int:
