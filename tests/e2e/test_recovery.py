@@ -110,7 +110,7 @@ def _probe_cycles(info: runs.RunInfo, n: int) -> None:
 # ------------------------------------------------------------------------------------ scenario 1
 
 
-def test_seed_001_silent_death_kill_resume_from_the_last_verified_step(trhome: Path) -> None:
+def test_scenario_1_silent_death_kill_resume_from_the_last_verified_step(trhome: Path) -> None:
     """Scenario 1: SIGKILL at a step with no traceback; DEAD says so at once; `kill` finds
     nothing left; `resume` continues from the last verified checkpoint with this session's LR;
     the curve carries a restart mark; steps lost = step at death - checkpoint step."""
