@@ -81,6 +81,7 @@ class ProbeSweep:
         self._cycle = 0
         self._duplicates: list[Duplicate] = []
         self._leftovers: list[Leftover] = []
+        self._scanned_live: int | None = None  # the live attempt the last leftover scan knew
         self.workers = WorkerFinder(proc_root)
 
     def procs(self, targets: ProbeTargets) -> ProcsSample:
@@ -92,7 +93,10 @@ class ProbeSweep:
             workers = self.workers.find(table, targets.pid)
         running = {w.pid for w in workers if w.state not in GONE_STATES}
         watched = sorted(({targets.pid, *targets.rank_pids} & set(states)) | running)
-        if self._cycle % self.duplicate_every == 0:
+        live_now = targets.attempt if targets.alive else None
+        # A scan at its cadence, and at once when the live attempt changed: what its processes
+        # left behind is a leftover from that moment on (a resting keeper reads it to rest).
+        if self._cycle % self.duplicate_every == 0 or live_now != self._scanned_live:
             found: list[Duplicate] = []
             if targets.argv:
                 dup = trainer_duplicates(
@@ -106,8 +110,8 @@ class ProbeSweep:
             found += host_process_duplicates(self.host_process_names)
             self._duplicates = found
             # The same scan's cadence: reading every process's environment is not free.
-            live = targets.attempt if targets.alive else None
-            self._leftovers = run_leftovers(targets.run_id, targets.run_created, live)
+            self._leftovers = run_leftovers(targets.run_id, targets.run_created, live_now)
+            self._scanned_live = live_now
         return ProcsSample(
             attempt=targets.attempt,
             pgid=targets.pgid,
