@@ -28,6 +28,10 @@ Example::
     [auto_resume]
     max = 3
 
+    [eval]
+    command = "python eval.py --ckpt {ckpt}"
+    margin = 0.05
+
     [log]
     pattern = 'iter (?P<step>\\d+): loss (?P<loss>\\S+?),'
 
@@ -254,6 +258,21 @@ class Resume(_Section):
     command: str | None = None
 
 
+class Eval(_Section):
+    # The trainer's own evaluation, run on each verified candidate before it is promoted, e.g.
+    # "python eval.py --ckpt {ckpt}"; placeholders as [resume]'s. None: promotion is not gated.
+    command: str | None = None
+    # A regex whose group `loss` (else its first group) is the figure; None: the last loss-like
+    # figure the output prints (`eval_loss=2.31`, `val loss 2.31`, `{"eval_loss": 2.31}`).
+    pattern: str | None = None
+    # A candidate worse than the best promoted figure by more than this fraction of it is held back.
+    margin: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
+    # Lower is better (a loss); false for a figure that should rise (an accuracy).
+    lower_is_better: bool = True
+    # One evaluation may take this long; past it, it is killed and the candidate held back.
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 600.0
+
+
 class AutoResume(_Section):
     # At most this many automatic resumes (0: off unless `launch --auto-resume N`).
     max: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -297,6 +316,7 @@ class Config(_Section):
     kill: Kill = msgspec.field(default_factory=Kill)
     resume: Resume = msgspec.field(default_factory=Resume)
     auto_resume: AutoResume = msgspec.field(default_factory=AutoResume)
+    eval: Eval = msgspec.field(default_factory=Eval)
     log: Log = msgspec.field(default_factory=Log)
     bench: Bench = msgspec.field(default_factory=Bench)
     notify: Notify = msgspec.field(default_factory=Notify)
@@ -431,19 +451,30 @@ def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
         raise ConfigError(
             f"{path}: log.pattern: expected a regular expression, got one that fails: {exc}"
         ) from None
-    if config.resume.command is not None:
+    for key, command in (("resume.command", config.resume.command), ("eval.command", config.eval.command)):
+        if command is not None:
+            check_template(key, command, path)
+    if config.eval.pattern is not None:
         try:
-            words = shlex.split(config.resume.command)
-            names = {name for w in words for _, name, _, _ in string.Formatter().parse(w) if name is not None}
-        except ValueError as exc:
+            re.compile(config.eval.pattern)
+        except re.error as exc:
             raise ConfigError(
-                f"{path}: resume.command: expected a shell-like command, got one that fails: {exc}"
+                f"{path}: eval.pattern: expected a regular expression, got one that fails: {exc}"
             ) from None
-        unknown = sorted(n for n in names if n not in RESUME_PLACEHOLDERS)
-        if unknown:
-            allowed = ", ".join("{" + p + "}" for p in RESUME_PLACEHOLDERS)
-            raise ConfigError(
-                f"{path}: resume.command: expected placeholders among {allowed}, got {{{unknown[0]}}}"
-            )
-        if not words:
-            raise ConfigError(f"{path}: resume.command: expected a command, got an empty string")
+
+
+def check_template(key: str, command: str, path: str | os.PathLike[str]) -> None:
+    """A command template: shell-like words, only the known placeholders, not empty."""
+    try:
+        words = shlex.split(command)
+        names = {name for w in words for _, name, _, _ in string.Formatter().parse(w) if name is not None}
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path}: {key}: expected a shell-like command, got one that fails: {exc}"
+        ) from None
+    unknown = sorted(n for n in names if n not in RESUME_PLACEHOLDERS)
+    if unknown:
+        allowed = ", ".join("{" + p + "}" for p in RESUME_PLACEHOLDERS)
+        raise ConfigError(f"{path}: {key}: expected placeholders among {allowed}, got {{{unknown[0]}}}")
+    if not words:
+        raise ConfigError(f"{path}: {key}: expected a command, got an empty string")

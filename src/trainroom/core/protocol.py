@@ -309,8 +309,20 @@ class CheckpointReport(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=
     source: str | None = None  # the watched file a verified copy was taken from
 
 
+class EvalFigure(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """The trainer's own evaluation of a verified candidate, run before it was promoted."""
+
+    figure: float | None = None  # None: non-finite, or none found in its output
+    passed: bool = False
+    why: str = ""  # the judgement in words
+    best: float | None = None  # the best promoted figure it was judged against
+    seconds: float = 0.0
+    exit_code: int | None = None
+
+
 class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=True):
-    """A checkpoint changed state: candidate, verifying, verified, rejected, pruned."""
+    """A checkpoint changed state: candidate, verifying, verified, held (by its evaluation),
+    rejected, pruned."""
 
     path: str
     step: int | None
@@ -320,6 +332,7 @@ class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=Tr
     size_bytes: int | None = None
     digest: str | None = None
     report: CheckpointReport | None = None
+    eval: EvalFigure | None = None
 
 
 class ActionRecord(msgspec.Struct, tag="action", kw_only=True, omit_defaults=True):

@@ -134,6 +134,8 @@ class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The wait before an automatic resume, overriding [auto_resume] backoff (tests, the demo).
     auto_resume_delay_s: NonNegativeFloat | None = None
     resume_template: str | None = None
+    # The evaluation that gates promotion ({ckpt} filled in), overriding trainroom.toml's [eval].
+    eval_command: str | None = None
     keep: NonNegativeInt | None = None
     lock_files: list[str] = []
     watch_ckpt: list[str] = []
@@ -184,6 +186,8 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     kill: cfg.Kill
     bench: cfg.Bench
     roots: HostRoots
+    # The trainer's own evaluation gating promotion (command None: not gated).
+    eval: cfg.Eval = msgspec.field(default_factory=cfg.Eval)
     journal: sections.JournalPolicy = msgspec.field(default_factory=sections.JournalPolicy)
     # Why the project's trainroom.toml was not used (the keeper journals it as a warning).
     config_note: str | None = None
@@ -236,6 +240,11 @@ def resolve(
         thresholds=config.thresholds,
         kill=config.kill,
         bench=config.bench,
+        eval=(
+            msgspec.structs.replace(config.eval, command=options.eval_command)
+            if options.eval_command
+            else config.eval
+        ),
         journal=config.journal,
         roots=HostRoots(
             proc=env.get(ENV_PROC_ROOT, "/proc"),

@@ -40,7 +40,7 @@ ALERT_STATES: tuple[AlertState, ...] = get_args(AlertState)
 
 # A checkpoint's way through the keeper: seen, being verified, then verified or rejected; pruned
 # once deleted to free space.
-CkptState = Literal["candidate", "verifying", "verified", "rejected", "pruned"]
+CkptState = Literal["candidate", "verifying", "verified", "held", "rejected", "pruned"]
 CKPT_STATES: tuple[CkptState, ...] = get_args(CkptState)
 
 # A checkpoint file's format, from its first bytes (`ckpt.formats.sniff_format`).
@@ -99,6 +99,7 @@ FindingCode = Literal[
     "STATE_DISK_LOW",
     "CKPT_REJECTED",
     "CKPT_OUTSIDE_ROOT",
+    "EVAL_REGRESSED",
     "JOURNAL_WRITE_FAILED",
     "RANK_CLAIMED",
     "FIELD_REFUSED",
@@ -174,6 +175,12 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
     "CKPT_REJECTED": FindingKind("checkpoint", "critical", "a checkpoint failed verification", "disk"),
     "CKPT_OUTSIDE_ROOT": FindingKind(
         "checkpoint", "warning", "an announced checkpoint outside the run's checkpoint root"
+    ),
+    "EVAL_REGRESSED": FindingKind(
+        "checkpoint",
+        "warning",
+        "the trainer's own evaluation held a verified checkpoint back: it regressed or gave no figure",
+        "disk",
     ),
     "JOURNAL_WRITE_FAILED": FindingKind("keeper", "critical", "the keeper cannot write the journal"),
     "RANK_CLAIMED": FindingKind("keeper", "warning", "two reporters claim the same rank"),

@@ -396,11 +396,12 @@ def host_view(state: RunState) -> HostView:
 @dataclass(frozen=True)
 class CheckpointRow:
     step: int | None
-    state: str  # candidate | verifying | verified | rejected | pruned
+    state: str  # candidate | verifying | verified | held | rejected | pruned
     size_bytes: int | None
     reason: str | None
     latest: bool  # the newest verified: what a resume would use
     name: str
+    eval_figure: float | None = None  # the trainer's own evaluation before promotion ([eval])
 
 
 @dataclass(frozen=True)
@@ -432,7 +433,13 @@ def disk_view(state: RunState) -> DiskView:
     latest = state.last_verified()
     rows = tuple(
         CheckpointRow(
-            c.step, c.state, c.size_bytes, c.reason, c is latest, c.path.rstrip("/").rsplit("/", 1)[-1]
+            c.step,
+            c.state,
+            c.size_bytes,
+            c.reason,
+            c is latest,
+            c.path.rstrip("/").rsplit("/", 1)[-1],
+            c.eval.figure if c.eval is not None else None,
         )
         for c in sorted(state.checkpoints, key=lambda c: (c.step or -1, c.t), reverse=True)
         if c.state != "pruned"

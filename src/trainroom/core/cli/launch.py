@@ -11,9 +11,10 @@ import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core.cli.errors import CliError
+from trainroom.core.config import check_template
 from trainroom.core.run.launch import launch
 from trainroom.core.run.launch import launch_options as launch_options_from
-from trainroom.core.sections import check_command, check_url
+from trainroom.core.sections import ConfigError, check_command, check_url
 from trainroom.core.settings import JobOptions, LaunchOptions, NotifyOptions, job_options
 
 MAX_LINGER_S = 30 * 86400.0
@@ -24,7 +25,20 @@ def launch_options(args: argparse.Namespace, argv: list[str] | None = None) -> L
     job = job_of(args, argv or [])
     if job is not None:
         opts["job"] = job
-    for key in ("ckpt_root", "log_pattern", "linger_s", "auto_resume", "resume_template", "keep"):
+    if getattr(args, "eval_command", None):
+        try:
+            check_template("--eval-command", args.eval_command, "the command line")
+        except ConfigError as exc:
+            raise CliError(str(exc).removeprefix("the command line: ")) from None
+    for key in (
+        "ckpt_root",
+        "log_pattern",
+        "linger_s",
+        "auto_resume",
+        "resume_template",
+        "keep",
+        "eval_command",
+    ):
         val = getattr(args, key, None)
         if val is not None:
             opts[key] = os.path.abspath(val) if key == "ckpt_root" else val
@@ -109,6 +123,13 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
         dest="resume_template",
         help="the command for a resume; {ckpt}, {ckpt_dir}, {step}, {run_id} are replaced "
         "(default: trainroom.toml's, else the one a recognised HF, nanoGPT or LightningCLI script fits)",
+    )
+    sp.add_argument(
+        "--eval-command",
+        dest="eval_command",
+        metavar="TEMPLATE",
+        help="the trainer's own evaluation, run on each verified checkpoint ({ckpt} filled in) before "
+        "it is promoted; one that regresses is held back (default: trainroom.toml's [eval])",
     )
     sp.add_argument("--lock-file", dest="lock_file", action="append", help="a lock file the trainer holds")
     sp.add_argument(

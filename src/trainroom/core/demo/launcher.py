@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -55,6 +56,12 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
     )
     sp.add_argument("--ckpt-every", type=argtypes.count(1, 10**9), default=None)
     sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
+    sp.add_argument(
+        "--eval",
+        action="store_true",
+        help="gate promotion by the demo's own evaluation (eval_loss on fixed batches); "
+        "a checkpoint that regresses is held back",
+    )
     sp.add_argument(
         "--no-tui", action="store_true", help="print status lines instead of opening the control room"
     )
@@ -138,7 +145,13 @@ def demo_options(args: argparse.Namespace) -> LaunchOptions:
         disk_budget_bytes=160 << 20 if args.fault == "disk-fill" else None,
         auto_resume=args.auto_resume,
         linger_s=args.linger_s,
+        eval_command=demo_eval_command() if getattr(args, "eval", False) else None,
     )
+
+
+def demo_eval_command() -> str:
+    """The demo's own evaluation as an [eval] command template."""
+    return f"{shlex.quote(sys.executable)} -m trainroom.core.demo.evaluate {{ckpt}}"
 
 
 def run_demo(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], int]) -> int:

@@ -39,6 +39,7 @@ from trainroom.core.ckpt.verifier import WarmVerifier
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
 from trainroom.core.health.host import host_ram_low
+from trainroom.core.keeper.evalgate import EvalGate
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.prune import plan as prune_plan
 from trainroom.core.samples import DiskSample
@@ -147,6 +148,7 @@ class CheckpointPipeline:
         self._worker: asyncio.Task[None] | None = None
         self._started = False
         self.outside: dict[str, str] = {}  # path -> why the keeper would not touch it
+        self.gate = EvalGate(settings, recorder, run)
 
     @property
     def verifying(self) -> frozenset[str]:
@@ -262,8 +264,12 @@ class CheckpointPipeline:
                 asyncio.get_running_loop().call_later(RETRY_S, self._schedule, path, None, job.tries + 1)
         else:
             self.deferred.pop(path, None)
+        figure = await self.gate.evaluate(path, report) if report.ok else None
+        if figure is not None and not figure.passed:
+            await self.gate.hold(path, report, figure, own)
+            return
         if own is None:
-            await self._settle_in_place(path, report)
+            await self._settle_in_place(path, report, figure)
             return
         try:
             rec = await asyncio.to_thread(settle, path, report, own)
@@ -286,10 +292,14 @@ class CheckpointPipeline:
             report = msgspec.structs.replace(report, ok=False, reason=rec.reason)
         if rec.state == "candidate" and report.ok:
             job.again = True  # replaced after its verdict: the new bytes are verified in their turn
+        if rec.state == "verified" and figure is not None:
+            rec = msgspec.structs.replace(rec, eval=figure)
         self.recorder.emit(rec)
         self._remember(path, report, rec.state)
 
-    async def _settle_in_place(self, path: str, report: VerifyReport) -> None:
+    async def _settle_in_place(
+        self, path: str, report: VerifyReport, figure: p.EvalFigure | None = None
+    ) -> None:
         """A checkpoint the trainer announced outside quarantine is its own: verdict recorded,
         file left where it is, a verified copy promoted when asked."""
         ok, deferred = report.ok, report.deferred
@@ -304,6 +314,7 @@ class CheckpointPipeline:
                 size_bytes=report.size_bytes,
                 digest=report.digest,
                 report=journal_report(report),
+                eval=figure,
             )
         )
         self._remember(path, report, state)
@@ -456,6 +467,7 @@ class CheckpointPipeline:
             if low is not None:
                 out.append(low)
         out += [outside_root(path, why) for path, why in list(self.outside.items())[-8:]]
+        out += self.gate.findings(newest_ok)
         if self.globs:
             self.watch_state, requests, recs = watch.poll(self.watch_state, self.sightings, now)
             for r in recs:

@@ -147,6 +147,7 @@ class CheckpointView(msgspec.Struct, kw_only=True):
     size_bytes: int | None = None
     digest: str | None = None
     report: p.CheckpointReport | None = None
+    eval: p.EvalFigure | None = None
 
 
 class ResolvedFinding(msgspec.Struct, kw_only=True):
@@ -379,6 +380,7 @@ class RunState(msgspec.Struct, kw_only=True):
                     size_bytes=r.size_bytes,
                     digest=r.digest,
                     report=r.report,
+                    eval=r.eval,
                 )
             )
             return
@@ -396,6 +398,8 @@ class RunState(msgspec.Struct, kw_only=True):
             c.digest = r.digest
         if r.report is not None:
             c.report = r.report
+        if r.eval is not None:
+            c.eval = r.eval
 
     def _worker_seen(self, r: p.WorkerSeen) -> None:
         a = self.attempt

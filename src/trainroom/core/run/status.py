@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from trainroom.core import protocol as p
 from trainroom.core.probes.procs import state_name
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState, WorkerView
@@ -195,6 +196,8 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 "size_bytes": c.size_bytes,
                 "digest": c.digest,
                 "promoted": c.report.promoted_file if c.report is not None else None,
+                # The trainer's own evaluation before promotion ([eval]); null when not gated.
+                "eval": _eval_dict(c.eval),
             }
             for c in st.checkpoints
         ],
@@ -252,4 +255,18 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 for n in st.notifications[-NOTIFY_RECENT:]
             ],
         },
+    }
+
+
+def _eval_dict(e: p.EvalFigure | None) -> dict[str, Any] | None:
+    """A checkpoint's evaluation, every field named (null: not gated)."""
+    if e is None:
+        return None
+    return {
+        "figure": e.figure,
+        "passed": e.passed,
+        "why": e.why,
+        "best": e.best,
+        "seconds": e.seconds,
+        "exit_code": e.exit_code,
     }

@@ -10,7 +10,16 @@ from trainroom.tui.figures import DiskView
 
 from .base import Panel
 
-_STATE_LEVEL = {"verified": "ok", "rejected": "crit", "candidate": "info", "verifying": "info"}
+_STATE_LEVEL = {
+    "verified": "ok",
+    "held": "warn",
+    "rejected": "crit",
+    "candidate": "info",
+    "verifying": "info",
+}
+
+
+_REASON_LEVEL = {"rejected": "crit", "held": "warn"}
 
 
 class DiskPanel(Panel[DiskView]):
@@ -45,10 +54,12 @@ class DiskPanel(Panel[DiskView]):
                 t.append(size, style=self.style("label"))
             else:
                 latest = latest[1:]
+            if row.eval_figure is not None:
+                t.append(f"  eval {row.eval_figure:.4g}", style=self.style("value"))
             if latest:
                 t.append(latest, style=self.style("ok"))
             if row.reason:
-                t.append(f"  {row.reason}", style=self.style("crit" if row.state == "rejected" else "label"))
+                t.append(f"  {row.reason}", style=self.style(_REASON_LEVEL.get(row.state, "label")))
             t.append("\n")
         if view.pruned:
             t.append(f"{view.pruned} pruned", style=self.style("dim"))

@@ -1,0 +1,114 @@
+"""Promotion gated by the trainer's own evaluation (`[eval]`, `launch --eval-command`): the keeper's
+checkpoint pipeline asks this gate about each verified candidate before it promotes it. A candidate
+whose figure is non-finite, missing, or worse than the best promoted one by more than the margin is
+held back (journaled as `held`, kept in quarantine with its reason) and EVAL_REGRESSED stays open
+until a newer checkpoint passes; `latest` only ever points at one that passed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import msgspec
+
+from trainroom.core import protocol as p
+from trainroom.core.ckpt.layout import Quarantine
+from trainroom.core.ckpt.report import VerifyReport, journal_report
+from trainroom.core.findings import Finding
+from trainroom.core.keeper.ports import Recorder, RunContext
+from trainroom.core.ops.evaluate import better, evaluate
+from trainroom.core.settings import RunSettings
+
+
+class EvalGate:
+    def __init__(self, settings: RunSettings, recorder: Recorder, run: RunContext) -> None:
+        self.settings = settings
+        self.recorder = recorder
+        self.run = run
+        self.held: dict[str, p.CheckpointState] = {}  # path -> a candidate its evaluation held back
+
+    def best_eval(self) -> float | None:
+        """The best evaluation figure of a promoted (verified) checkpoint of this run, as the
+        journal says (so a restarted keeper judges against the same one)."""
+        best: float | None = None
+        for c in self.run.state.checkpoints:
+            f = c.eval.figure if c.eval is not None and c.eval.passed else None
+            if c.state == "verified" and f is not None and better(f, best, self.settings.eval):
+                best = f
+        return best
+
+    async def evaluate(self, path: str, report: VerifyReport) -> p.EvalFigure | None:
+        """The trainer's own evaluation of a verified candidate, when `[eval]` sets one (None
+        otherwise). It runs before promotion, in this queue: a candidate is promoted only after
+        its figure is judged, and what is queued behind it waits."""
+        policy = self.settings.eval
+        if not policy.command:
+            return None
+        self.recorder.emit(
+            p.CheckpointState(
+                path=path, step=report.step, state="verifying", t=time.time(), reason="evaluating"
+            )
+        )
+        self.recorder.flush()
+        return await asyncio.to_thread(
+            evaluate,
+            policy,
+            path,
+            step=report.step,
+            run_id=self.run.run_dir.name,
+            cwd=self.run.cwd,
+            best=self.best_eval(),
+        )
+
+    async def hold(self, path: str, report: VerifyReport, figure: p.EvalFigure, own: Path | None) -> None:
+        """A verified candidate its evaluation held back: kept where it is (in quarantine, with its
+        reason beside it, so a keeper restart does not evaluate it again), never promoted."""
+        why = f"held back: {figure.why}"
+        if own is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(
+                    Quarantine(own).reject, Path(path), msgspec.structs.replace(report, reason=why)
+                )
+        rec = p.CheckpointState(
+            path=path,
+            step=report.step,
+            state="held",
+            t=time.time(),
+            reason=why,
+            size_bytes=report.size_bytes,
+            digest=report.digest,
+            report=journal_report(report),
+            eval=figure,
+        )
+        self.held[path] = rec
+        self.recorder.emit(rec)
+
+    def findings(self, newest_ok: int) -> list[Finding]:
+        """EVAL_REGRESSED for each held candidate newer than the newest promoted checkpoint: a
+        newer one that passes closes it (the run recovered); `latest` never moved to a held one."""
+        out: list[Finding] = []
+        for path, rec in list(self.held.items())[-8:]:
+            if rec.step is not None and newest_ok >= 0 and rec.step <= newest_ok:
+                continue
+            at = f"step {rec.step}" if rec.step is not None else path
+            stays = f"latest stays at step {newest_ok}" if newest_ok >= 0 else "no checkpoint is promoted yet"
+            fig = rec.eval
+            out.append(
+                Finding(
+                    code="EVAL_REGRESSED",
+                    severity="warning",
+                    key=path,
+                    message=f"checkpoint {at} held back: {fig.why if fig else 'its evaluation failed'}; {stays}",
+                    evidence={
+                        "path": path,
+                        "step": rec.step,
+                        "figure": fig.figure if fig else None,
+                        "best": fig.best if fig else None,
+                        "margin": self.settings.eval.margin,
+                        "seconds": fig.seconds if fig else None,
+                    },
+                )
+            )
+        return out

@@ -1,0 +1,190 @@
+"""Promotion gated by the trainer's own evaluation: the `[eval]` command template runs on a verified
+candidate (its path as {ckpt}) at low priority with a timeout, the figure is read from its output,
+and the candidate passes when the figure is finite and not worse than the best promoted one by more
+than the margin. The keeper's checkpoint pipeline calls `evaluate` from a worker thread; `trainroom
+eval` calls it to re-evaluate a promoted checkpoint and compare with the figure recorded for it.
+
+The evaluation is the trainer's code: it runs in its own session (its whole process group is killed
+at the timeout), under SCHED_IDLE (else nice 19) so it takes only the CPU the trainer leaves, with stdin closed and its output
+read bounded (the last 64 KiB: the figure is what it prints last)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+
+from trainroom.core import protocol as p
+from trainroom.core.config import Eval
+from trainroom.core.ops.resume import resume_argv
+
+# What an evaluation's output may say of its figure, the last match winning: `eval_loss=2.31`,
+# `"eval_loss": 2.31`, `val loss 2.31`, `loss: 2.31`. A name ending in loss, then = or : or space.
+_FIGURE = re.compile(
+    r"""(?ix)
+    (?:^|[^A-Za-z0-9])                       # not inside a longer word
+    (?:[A-Za-z_]*[ _])?loss["']?             # eval_loss, val loss, loss
+    \s*[:=]?\s*
+    (?P<loss>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))
+    """
+)
+TAIL_BYTES = 64 * 1024
+NICE = 19
+# Seconds between SIGTERM and SIGKILL of an evaluation past its timeout.
+KILL_GRACE_S = 5.0
+
+
+def figure_in(text: str, pattern: str | None = None) -> float | None:
+    """The figure an evaluation printed: `pattern`'s group `loss` (else its first group, else the
+    whole match), or the last loss-like figure; None when none is found. Non-finite figures are
+    returned as they are (nan, inf): a NaN evaluation is a verdict, not a missing figure."""
+    rx = re.compile(pattern) if pattern else _FIGURE
+    last: str | None = None
+    for m in rx.finditer(text):
+        groups = m.groupdict()
+        if "loss" in groups and groups["loss"] is not None:
+            last = groups["loss"]
+        elif m.groups():
+            last = next((g for g in m.groups() if g is not None), None)
+        else:
+            last = m.group(0)
+    if last is None:
+        return None
+    try:
+        return float(last)
+    except ValueError:
+        return None
+
+
+def judge(figure: float | None, best: float | None, policy: Eval) -> tuple[bool, str]:
+    """Whether a candidate with this figure may be promoted, and why, in words."""
+    if figure is None:
+        return False, "its evaluation printed no figure"
+    if not math.isfinite(figure):
+        return False, f"its evaluation gave {figure}"
+    if best is None:
+        return True, f"evaluated {figure:.4g}, the first figure of this run"
+    margin = abs(best) * policy.margin
+    if policy.lower_is_better:
+        bound, worse = best + margin, figure > best + margin
+    else:
+        bound, worse = best - margin, figure < best - margin
+    pct = f"{policy.margin * 100:.3g} %"
+    if worse:
+        return (
+            False,
+            f"evaluated {figure:.4g}, worse than the best promoted {best:.4g} by more than {pct} (bound {bound:.4g})",
+        )
+    return True, f"evaluated {figure:.4g}, within {pct} of the best promoted {best:.4g}"
+
+
+def better(a: float, b: float | None, policy: Eval) -> bool:
+    """Whether figure a is better than b (None: there is none yet)."""
+    return b is None or (a < b if policy.lower_is_better else a > b)
+
+
+def evaluate(
+    policy: Eval,
+    ckpt: str,
+    *,
+    step: int | None,
+    run_id: str,
+    cwd: str,
+    best: float | None,
+    env: Mapping[str, str] | None = None,
+) -> p.EvalFigure:
+    """Run the evaluation on one checkpoint and judge its figure against `best`. Blocks (a worker
+    thread's call); never raises for what the evaluation does: a failure is a held verdict."""
+    assert policy.command is not None
+    argv = resume_argv(policy.command, ckpt=ckpt, step=step, run_id=run_id)
+    t0 = time.monotonic()
+    code, out, timed_out = _run(argv, cwd, dict(env if env is not None else os.environ), policy.timeout_s)
+    seconds = round(time.monotonic() - t0, 3)
+    if code is None:
+        return p.EvalFigure(passed=False, why=out, seconds=seconds)
+    if timed_out:
+        return p.EvalFigure(
+            passed=False,
+            why=f"its evaluation ran past {policy.timeout_s:.0f} s and was killed",
+            seconds=seconds,
+        )
+    figure = figure_in(out, policy.pattern)
+    if code != 0:
+        last = _last_line(out)
+        return p.EvalFigure(
+            passed=False,
+            why=f"its evaluation exited with code {code}" + (f": {last}" if last else ""),
+            seconds=seconds,
+            exit_code=code,
+        )
+    passed, why = judge(figure, best, policy)
+    return p.EvalFigure(
+        figure=figure if figure is not None and math.isfinite(figure) else None,
+        passed=passed,
+        why=why,
+        best=best,
+        seconds=seconds,
+        exit_code=code,
+    )
+
+
+def _run(argv: list[str], cwd: str, env: dict[str, str], timeout_s: float) -> tuple[int | None, str, bool]:
+    """(exit code, the output's tail, timed out); code None: it could not start (the text says why).
+    The output goes to an unnamed file, so however much it prints only its tail is read."""
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_lower_priority,  # only os.nice, before exec
+            )
+        except OSError as exc:
+            return None, f"its evaluation could not start: {argv[0]}: {exc.strerror or exc}", False
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        size = out.seek(0, os.SEEK_END)
+        out.seek(max(0, size - TAIL_BYTES))
+        text = out.read().decode("utf-8", errors="replace")
+    return proc.returncode, text, timed_out
+
+
+def _lower_priority() -> None:
+    """SCHED_IDLE where the kernel has it (the evaluation runs only on CPU time nothing else
+    wants, so it cannot slow the trainer's steps), else nice 19."""
+    os.nice(NICE)
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the evaluation's own session (it was started in one), SIGKILL after the grace."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
