@@ -39,6 +39,8 @@ def hooks(cb: object, tmp_path: Path) -> None:
         world_size=1,
         output_dir=str(tmp_path),
         get_warmup_steps=lambda n: 0,
+        seed=42,
+        data_seed=None,
     )
     state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0, is_world_process_zero=True)
     model.config = SimpleNamespace(vocab_size=64)  # type: ignore[attr-defined]
@@ -100,5 +102,7 @@ def test_under_a_keeper_the_hf_callback_speaks_the_sdk_frames(
     assert isinstance(note, p.Note) and note.kind == "epoch"
     assert isinstance(first, p.Step) and (first.step, first.loss, first.lr) == (5, None, [5e-4, 1e-3])
     assert isinstance(logged, p.Step) and (logged.step, logged.loss, logged.grad_norm) == (5, 2.5, 0.75)
+    # Each step names its batch as the Trainer's sampler finds it again (`trainroom replay`).
+    assert first.batch == logged.batch == p.BatchRef(epoch=0, index=5, seed=42)
     assert isinstance(ckpt, p.Checkpoint) and (ckpt.path, ckpt.step) == (str(tmp_path / "checkpoint-5"), 5)
     assert cb.failures == 0

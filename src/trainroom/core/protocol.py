@@ -12,22 +12,23 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 from __future__ import annotations
 
 import errno as errno_mod
-import struct
-from typing import Annotated, Any, Generic, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
-from trainroom.core.salvage import NotAMessage, RefusedField, salvage
+from trainroom.core.framing import HEADER as HEADER
+from trainroom.core.framing import MAX_INBOUND_FRAME as MAX_INBOUND_FRAME
+from trainroom.core.framing import MAX_OUTBOUND_FRAME as MAX_OUTBOUND_FRAME
+from trainroom.core.framing import FrameReader as FrameReader
+from trainroom.core.framing import ProtocolError as ProtocolError
+from trainroom.core.framing import encode as encode
+from trainroom.core.framing import frame as frame
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
 PROTOCOL_VERSION = 1
-HEADER = struct.Struct(">I")
-# Trainer and client frames are small; a snapshot to a client can carry a long history.
-MAX_INBOUND_FRAME = 1 << 20
-MAX_OUTBOUND_FRAME = 64 << 20
 
 PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
 
@@ -46,16 +47,6 @@ Name = Annotated[str, msgspec.Meta(max_length=256)]
 Path_ = Annotated[str, msgspec.Meta(max_length=4096)]
 Text = Annotated[str, msgspec.Meta(max_length=16384)]
 LongText = Annotated[str, msgspec.Meta(max_length=262144)]
-
-
-class ProtocolError(Exception):
-    """A frame that must end its connection: too large, or not a message of this direction.
-    `decoded` holds the whole messages that arrived before it in the same read: they are valid
-    and are still handled (a bad frame loses nothing but itself)."""
-
-    def __init__(self, message: str, decoded: list[Any] | None = None) -> None:
-        super().__init__(message)
-        self.decoded: list[Any] = decoded or []
 
 
 # --------------------------------------------------------------------------- trainer -> keeper
@@ -79,6 +70,18 @@ class Hello(msgspec.Struct, tag="hello", kw_only=True, omit_defaults=True):
     argv: Annotated[list[Text], msgspec.Meta(max_length=1024)] = []
 
 
+class BatchRef(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A batch's stable identity: what the trainer's data pipeline needs to hand out the same
+    batch again (`trainroom replay`). Any of: the epoch and the batch's index in it, the
+    sampler's seed, the ids of its samples, or a tag of the trainer's own."""
+
+    epoch: Count | None = None
+    index: Count | None = None
+    seed: int | None = None
+    ids: Annotated[list[int], msgspec.Meta(max_length=256)] = []
+    tag: Name | None = None
+
+
 class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     step: Count
     t: Time
@@ -91,6 +94,9 @@ class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     alloc_reserved: Count | None = None
     alloc_peak: Count | None = None
     source: Literal["reporter", "log"] = "reporter"
+    # The batch this step trained on (the keeper keeps a window of them in memory, and journals
+    # the window when a loss spike, a divergence or a non-finite value opens: see BatchLog).
+    batch: BatchRef | None = None
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True, omit_defaults=True):
@@ -466,6 +472,24 @@ class JournalBase(msgspec.Struct, tag="base", kw_only=True, omit_defaults=True):
     view: bytes
 
 
+class BatchRow(msgspec.Struct, array_like=True, frozen=True):
+    step: int
+    loss: float | None
+    batch: BatchRef
+
+
+class BatchLog(msgspec.Struct, tag="batches", kw_only=True, omit_defaults=True):
+    """The batches of the steps around a finding that may be the data's doing (LOSS_SPIKE,
+    DIVERGENCE, NONFINITE), journaled once when it opens: what `trainroom replay` replays."""
+
+    t: float
+    code: str
+    ident: str
+    attempt: int
+    rank: int = 0
+    rows: list[BatchRow] = []
+
+
 Record = Union[
     AttemptStarted,
     AttemptEnded,
@@ -488,6 +512,7 @@ Record = Union[
     LogRecognised,
     StepBatch,
     JournalBase,
+    BatchLog,
 ]
 
 # --------------------------------------------------------------------------- keeper -> client
@@ -539,58 +564,3 @@ _encoder = msgspec.msgpack.Encoder()
 inbound_decoder: msgspec.msgpack.Decoder[InboundMsg] = msgspec.msgpack.Decoder(InboundMsg)
 keeper_decoder: msgspec.msgpack.Decoder[KeeperMsg] = msgspec.msgpack.Decoder(KeeperMsg)
 record_decoder: msgspec.msgpack.Decoder[Record] = msgspec.msgpack.Decoder(Record)
-
-T = TypeVar("T")
-
-
-def encode(msg: object) -> bytes:
-    return _encoder.encode(msg)
-
-
-def frame(msg: object) -> bytes:
-    body = _encoder.encode(msg)
-    return HEADER.pack(len(body)) + body
-
-
-class FrameReader(Generic[T]):
-    """Accumulates bytes from a stream and yields whole decoded messages. With `salvage_as` (the
-    decoder's union), a frame with a bad field is kept without it and `refused` says what went."""
-
-    def __init__(self, decoder: msgspec.msgpack.Decoder[T], max_frame: int, salvage_as: Any = None) -> None:
-        self._decoder = decoder
-        self._max = max_frame
-        self._buf = bytearray()
-        self._salvage_as = salvage_as
-        self.refused: list[RefusedField] = []
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held waiting for the rest of a frame."""
-        return len(self._buf)
-
-    def feed(self, data: bytes) -> list[T]:
-        self._buf += data
-        out: list[T] = []
-        while len(self._buf) >= HEADER.size:
-            (n,) = HEADER.unpack_from(self._buf)
-            if n > self._max:
-                raise ProtocolError(f"frame of {n} bytes exceeds the limit of {self._max}", out)
-            if len(self._buf) < HEADER.size + n:
-                break
-            body = bytes(self._buf[HEADER.size : HEADER.size + n])
-            del self._buf[: HEADER.size + n]
-            try:
-                out.append(self._decoder.decode(body))
-            except msgspec.ValidationError as exc:
-                if self._salvage_as is None:
-                    raise ProtocolError(f"undecodable frame: {exc}", out) from None
-                try:
-                    msg, refused = salvage(body, self._salvage_as)
-                except NotAMessage as bad:
-                    raise ProtocolError(str(bad), out) from None
-                self.refused += refused
-                if msg is not None:
-                    out.append(msg)
-            except msgspec.DecodeError as exc:
-                raise ProtocolError(f"undecodable frame: {exc}", out) from None
-        return out

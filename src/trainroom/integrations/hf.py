@@ -68,7 +68,7 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
         if not self.active:
             return
         self._optimizer = kwargs.get("optimizer") or self._optimizer
-        self.reporter().step(int(state.global_step), optimizer=self._optimizer)
+        self.reporter().step(int(state.global_step), optimizer=self._optimizer, batch=_batch(args, state))
 
     @guarded
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -82,6 +82,7 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
             loss=loss,
             grad_norm=number(logs.get("grad_norm")),
             optimizer=self._optimizer,
+            batch=_batch(args, state),
         )
 
     @guarded
@@ -93,3 +94,14 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
             self.reporter().checkpoint(
                 os.path.abspath(ckpt_dir), checkpoint_step(ckpt_dir, int(state.global_step))
             )
+
+
+def _batch(args: Any, state: Any) -> dict[str, int]:
+    """The step's batch as the Trainer's own sampler finds it again: the epoch, the optimizer
+    step, and the seed its sampler shuffles with (`data_seed`, else `seed`)."""
+    seed = getattr(args, "data_seed", None)
+    seed = getattr(args, "seed", None) if seed is None else seed
+    out = {"epoch": int(number(state.epoch) or 0), "index": int(state.global_step)}
+    if isinstance(seed, int):
+        out["seed"] = seed
+    return out

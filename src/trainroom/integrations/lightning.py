@@ -96,6 +96,7 @@ class TrainroomCallback(Callback, AdapterBase):
             loss=_loss(outputs),
             grad_norm=self._norm,
             optimizer=opts[0] if opts else None,
+            batch=_batch(trainer, batch_idx),
         )
         self._norm = None
 
@@ -141,3 +142,13 @@ class TrainroomCallback(Callback, AdapterBase):
             if isinstance(cb, ModelCheckpoint):
                 paths |= {cb.last_model_path, cb.best_model_path, *cb.best_k_models}
         return sorted(p for p in paths if p)
+
+
+def _batch(trainer: Any, batch_idx: int) -> dict[str, int]:
+    """The step's batch as the loop finds it again: the epoch, the batch's index in it, and the
+    seed `seed_everything` set (PL_GLOBAL_SEED), where there is one."""
+    out = {"epoch": int(trainer.current_epoch), "index": int(batch_idx)}
+    seed = os.environ.get("PL_GLOBAL_SEED", "")
+    if seed.lstrip("-").isdigit():
+        out["seed"] = int(seed)
+    return out

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainroom.core import argtypes
-from trainroom.core.cli import act, bridge, ckpt, doctor, evaluate, events, export, job, notify, show
+from trainroom.core.cli import act, bridge, ckpt, doctor, evaluate, events, export, job, notify, replay, show
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 
@@ -74,6 +74,7 @@ VERBS: tuple[Verb, ...] = (
     lambda sub, _: act.add_parsers(sub),  # the keeper's actions and `cancel`, from the registry
     lambda sub, _: ckpt.add_parser(sub),
     lambda sub, _: evaluate.add_parser(sub),
+    lambda sub, _: replay.add_parser(sub),
     lambda sub, _: doctor.add_parser(sub),
     job.add_parser,
     lambda sub, _: bridge.add_parser(sub),

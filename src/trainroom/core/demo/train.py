@@ -13,7 +13,7 @@ A fault fires in attempt 1 only (a resumed attempt trains on cleanly) unless
                  trains at 1e-6 (--reimpose-lr: the same resume with the helper, the fix)
   exploded-init  lm_head scaled to std 13.87 before the first step
   white-model    lm_head zeroed and frozen: logits 0, loss = ln V exactly, nothing learns
-  spike          lm_head x4 for one step; AdamW brings the loss back within a few steps
+  spike          one poisoned batch (random labels) after --fault-step: a spike, then recovery
   diverge        the LR ramps (x1.05 a step) to 300x --lr: spike, divergence, grad explosion, NaN
   nan            one Linear's weight set to NaN (--tracer names blocks.1.mlp.0)
   rank-outlier   under torchrun, rank 1's loader hands out random labels from --fault-step on
@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         args.lr = SESSION_LR_AFTER_OVERRIDE if args.fault == "lr-override" else 3e-3
     if os.environ.get("TRAINROOM_DEMO_DUPLICATE"):
         return _be_the_duplicate(int(os.environ["TRAINROOM_DEMO_DUPLICATE"]))
+    request = sdk.replay_request()
+    if request is not None:
+        from trainroom.core.demo.replay import replay
+
+        return replay(DemoRun(args), request)
     return DemoRun(args).train()
 
 
@@ -155,6 +160,7 @@ class DemoRun:
         self.step = 0
         self.tokens = 0
         self.gen = torch.Generator().manual_seed(args.seed * 1000 + self.rank)
+        self.batch_seed = args.seed * 1000 + self.rank  # this rank's sampler seed (see batch_at)
         self.fake_nvml = os.environ.get("TRAINROOM_FAKE_NVML")
         if self.fake_nvml and self.rank == 0:
             _release_fake_rows_on_sigterm(self.fake_nvml)
@@ -232,7 +238,13 @@ class DemoRun:
             self._before_step()
             lv, gn, alloc = self._train_step(x, y)
             self.rep.step(
-                self.step, loss=lv, tokens=self.tokens, grad_norm=gn, optimizer=self.opt, alloc=alloc
+                self.step,
+                loss=lv,
+                tokens=self.tokens,
+                grad_norm=gn,
+                optimizer=self.opt,
+                alloc=alloc,
+                batch={"seed": self.batch_seed, "index": self.step},
             )
             if self.step % 10 == 0 and self.rank == 0:
                 print(
@@ -263,21 +275,31 @@ class DemoRun:
         args = self.args
         if self.fault == "stall" and self.step >= args.fault_step:
             _stall(self.net, self.data, args, self.gen, self.device)
-        ix = torch.randint(len(self.data) - args.ctx - 1, (args.batch,), generator=self.gen)
-        x = torch.stack([self.data[i : i + args.ctx] for i in ix])
-        y = torch.stack([self.data[i + 1 : i + 1 + args.ctx] for i in ix])
+        x, y = self.batch_at(self.batch_seed, self.step + 1)
         if self.fault == "rank-outlier" and self.rank == 1 and self.step >= args.fault_step:
             # Scenario 8's rank 41: from the fault step on, one rank's loader hands out corrupt
             # labels (random token ids). Its loss jumps and stays up; averaged with the healthy
             # rank it only moves the mean, so the headline must show the median and the worst.
-            y = torch.randint(self.vocab, y.shape, generator=self.gen)
+            y = torch.randint(self.vocab, y.shape, generator=self.gen).to(self.device)
+        return x, y
+
+    def batch_at(self, seed: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of one step, from its identity alone (the seed of this rank's sampler and
+        the step's index), as a data pipeline with a seeded sampler hands it out: what each step
+        reports (`batch=`) and what a replay asks for again. Under --fault spike the batch of the
+        step after --fault-step is a poisoned one (its labels are random tokens), as a corrupt
+        shard's would be: a one-step loss spike that any replay of that batch shows again."""
+        args = self.args
+        g = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        ix = torch.randint(len(self.data) - args.ctx - 1, (args.batch,), generator=g)
+        x = torch.stack([self.data[i : i + args.ctx] for i in ix])
+        y = torch.stack([self.data[i + 1 : i + 1 + args.ctx] for i in ix])
+        if self.fault == "spike" and index == args.fault_step + 1:
+            y = torch.randint(self.vocab, y.shape, generator=g)
         return x.to(self.device), y.to(self.device)
 
     def _before_step(self) -> None:
         args, step, model = self.args, self.step, self.model
-        if self.fault == "spike" and step == args.fault_step:
-            with torch.no_grad():  # a bad batch of weights for one step: a spike, then recovery
-                model.lm_head.weight.mul_(4.0)
         if self.fault == "nan" and step == args.fault_step:
             with torch.no_grad():
                 model.blocks[-1].mlp[0].weight.fill_(float("nan"))

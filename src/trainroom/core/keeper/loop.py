@@ -34,6 +34,7 @@ from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper.actions import Actions
+from trainroom.core.keeper.batches import BatchWindow
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
@@ -98,6 +99,7 @@ class Keeper:
             os.environ["TRAINROOM_FAKE_NVML"] = str(run_dir / "fake-nvml.json")
         self.supervision = Supervision(self._settings, run=self, recorder=self, on_fault=self._journal_fault)
         self.pipeline = CheckpointPipeline(self._settings, recorder=self, run=self)
+        self.batches = BatchWindow()
         self.resumer = Resumer(self, self.pipeline, self.supervision.gpu)
         self.actions = Actions(self, self, self.pipeline, self.resumer, self.supervision.gpu)
         self.auto_resume = (
@@ -158,6 +160,7 @@ class Keeper:
         g.call("run.fold", lambda: self.view.apply(rec), None)
         self.supervision.observe(rec)
         g.call("checkpoints.observe", lambda: self.pipeline.observe(rec), None)
+        g.call("batches.observe", lambda: self.batches.observe(rec), None)
         g.call("alerts.observe", lambda: self.alerts.observe(rec), None)
         if journal:
             self.journal.append(rec)
@@ -194,6 +197,11 @@ class Keeper:
             f.last_seen = now
             self._finding_journaled[ident] = now
             self.emit(p.FindingRaised(finding=f))
+            log = self.supervision.guard.call(
+                "batches.raised", lambda: self.batches.raised(f, self.attempt_n), None
+            )
+            if log is not None:
+                self.emit(log)
             return
         f.first_seen, f.last_seen = old.first_seen, now
         if old.severity != f.severity:

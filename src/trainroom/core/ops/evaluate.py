@@ -104,10 +104,12 @@ def evaluate(
     assert policy.command is not None
     argv = resume_argv(policy.command, ckpt=ckpt, step=step, run_id=run_id)
     t0 = time.monotonic()
-    code, out, timed_out = _run(argv, cwd, dict(env if env is not None else os.environ), policy.timeout_s)
+    code, out, timed_out = run_bounded(
+        argv, cwd, dict(env if env is not None else os.environ), policy.timeout_s
+    )
     seconds = round(time.monotonic() - t0, 3)
     if code is None:
-        return p.EvalFigure(passed=False, why=out, seconds=seconds)
+        return p.EvalFigure(passed=False, why=f"its evaluation {out.removeprefix('it ')}", seconds=seconds)
     if timed_out:
         return p.EvalFigure(
             passed=False,
@@ -134,7 +136,9 @@ def evaluate(
     )
 
 
-def _run(argv: list[str], cwd: str, env: dict[str, str], timeout_s: float) -> tuple[int | None, str, bool]:
+def run_bounded(
+    argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, *, idle: bool = True
+) -> tuple[int | None, str, bool]:
     """(exit code, the output's tail, timed out); code None: it could not start (the text says why).
     The output goes to an unnamed file, so however much it prints only its tail is read."""
     with tempfile.TemporaryFile() as out:
@@ -147,10 +151,10 @@ def _run(argv: list[str], cwd: str, env: dict[str, str], timeout_s: float) -> tu
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_lower_priority,  # only os.nice, before exec
+                preexec_fn=_lower_priority if idle else None,  # only os.nice, before exec
             )
         except OSError as exc:
-            return None, f"its evaluation could not start: {argv[0]}: {exc.strerror or exc}", False
+            return None, f"it could not start: {argv[0]}: {exc.strerror or exc}", False
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)

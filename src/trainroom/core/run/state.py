@@ -165,6 +165,9 @@ class JournalDamage(msgspec.Struct, kw_only=True):
     first_offset: int | None = None
 
 
+BATCH_LOGS = 16
+
+
 class RunState(msgspec.Struct, kw_only=True):
     run_id: str
     argv: list[str]
@@ -201,6 +204,9 @@ class RunState(msgspec.Struct, kw_only=True):
     log_recogniser: str | None = None
     resume_template: str | None = None
     resume_template_from: str | None = None
+    # The batches around each loss spike, divergence or non-finite value (BatchLog), the newest
+    # BATCH_LOGS: what `trainroom replay` replays.
+    batch_logs: list[p.BatchLog] = []
 
     # ------------------------------------------------------------------ views
 
@@ -547,7 +553,13 @@ def _merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.Reque
     )
 
 
+def _batch_log(st: RunState, r: p.BatchLog) -> None:
+    st.batch_logs.append(r)
+    del st.batch_logs[:-BATCH_LOGS]
+
+
 _HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
+    p.BatchLog: _batch_log,
     p.AttemptStarted: RunState._attempt_started,
     p.AttemptEnded: RunState._attempt_ended,
     p.AttemptStopping: RunState._attempt_stopping,

@@ -19,6 +19,7 @@ from trainroom.core.ckpt.layout import (
 )
 from trainroom.core.protocol import error_chain
 from trainroom.core.sdk.lr import LrChange, reimpose_lr, requested_from_argv
+from trainroom.core.sdk.replay import ReplayRequest, replay_request, replay_result
 from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current
 from trainroom.core.sdk.save import CheckpointWontFit, Saved, save_checkpoint
 from trainroom.core.sdk.tracer import NonFiniteTracer
@@ -29,6 +30,7 @@ __all__ = [
     "LrChange",
     "NonFiniteTracer",
     "NullReporter",
+    "ReplayRequest",
     "Reporter",
     "Saved",
     "VerifiedCheckpoint",
@@ -37,6 +39,8 @@ __all__ = [
     "error_chain",
     "latest_checkpoint",
     "reimpose_lr",
+    "replay_request",
+    "replay_result",
     "requested_from_argv",
     "save_checkpoint",
     "verified_checkpoints",

@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
@@ -83,11 +83,14 @@ class Reporter:
         lr: list[float] | float | None = None,
         loss_scale: float | None = None,
         alloc: tuple[int, int, int] | None = None,
+        batch: p.BatchRef | Mapping[str, Any] | None = None,
     ) -> None:
         """Report one optimizer step. Cheap: a struct, an encode, a queue append, one send.
-        `alloc` (allocated, reserved, peak bytes) overrides what torch.cuda says. A step the
-        keeper would refuse (negative, not an integer) is dropped and counted, never raised:
-        the reporter must not break the training loop."""
+        `alloc` (allocated, reserved, peak bytes) overrides what torch.cuda says. `batch` names
+        the batch it trained on (`{"epoch": 0, "index": 135, "seed": 42}`, sample `ids`, or a
+        `tag`): what `trainroom replay` hands back. A step the keeper would refuse (negative,
+        not an integer) is dropped and counted, never raised, and so is a batch it would refuse
+        (the step goes without it): the reporter must not break the training loop."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             self.invalid += 1
             return
@@ -99,6 +102,9 @@ class Reporter:
             lrs = list(lr or [])
         stats = alloc or _allocator_stats()
         self.last_step = step
+        ref = batch_ref(batch)
+        if ref is None and batch is not None:
+            self.invalid += 1
         self._send(
             p.Step(
                 step=step,
@@ -111,6 +117,7 @@ class Reporter:
                 alloc_allocated=stats[0],
                 alloc_reserved=stats[1],
                 alloc_peak=stats[2],
+                batch=ref,
             )
         )
 
@@ -385,3 +392,13 @@ def _allocator_stats() -> tuple[int | None, int | None, int | None]:
         )
     except Exception:
         return None, None, None
+
+
+def batch_ref(batch: p.BatchRef | Mapping[str, Any] | None) -> p.BatchRef | None:
+    """A batch identity as the protocol carries it; None for none, or one it would refuse."""
+    if batch is None or isinstance(batch, p.BatchRef):
+        return batch
+    try:
+        return msgspec.convert(dict(batch), p.BatchRef)
+    except (msgspec.ValidationError, TypeError, ValueError):
+        return None

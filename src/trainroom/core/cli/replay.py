@@ -1,0 +1,185 @@
+"""`trainroom replay [RUN] --step N [--fp32]`: the forensic step after a loss spike. The run's own
+command starts again, away from its keeper, from the last verified checkpoint before step N, with
+the batch step N trained on (and the batches of the steps between) in its environment (see
+`sdk.replay_request`); it prints the replayed loss, and the verdict compares it with what the run
+saw: the spike reproduces (the data or the numerics: look at the batch, then try --fp32), or it does
+not (non-determinism, collectives, memory, hardware). Exit 0 reproduces, 1 does not, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import statistics
+from pathlib import Path
+from typing import Any
+
+from trainroom.core import protocol as p
+from trainroom.core.cli.errors import CliError
+from trainroom.core.ops.evaluate import figure_in, run_bounded
+from trainroom.core.run import store as runs
+from trainroom.core.run.state import CheckpointView, RunState
+from trainroom.core.sdk.replay import ReplayRequest, replay_env
+from trainroom.core.units import to_json
+
+REPLAY_PATTERN = r"replay_loss=(?P<loss>\S+)"
+# What the run's keeper gave its trainer and a replay must not have: it runs on its own.
+KEEPER_ENV = ("TRAINROOM_SOCKET", "TRAINROOM_RUN", "TRAINROOM_RUN_DIR", "TRAINROOM_ATTEMPT")
+BASELINE_STEPS = 20  # the recorded steps before N whose median loss is the level a spike is above
+
+
+def add_parser(sub: Any) -> None:
+    sp = sub.add_parser(
+        "replay",
+        help="replay the batch of step N from the checkpoint before it: does the spike reproduce?",
+        description="Exit 0: the spike reproduces; 1: it does not (or step N was no spike); 2: bad input. "
+        "The trainer reads the replay with trainroom.core.sdk.replay_request() and prints "
+        "replay_loss=X (sdk.replay_result).",
+    )
+    sp.add_argument("run", nargs="?", help="a run id (default: the newest run)")
+    sp.add_argument("--step", type=int, required=True, help="the step whose batch is replayed")
+    sp.add_argument("--fp32", action="store_true", help="ask the trainer to replay in fp32 (no autocast)")
+    sp.add_argument("--timeout", type=float, default=900.0, help="seconds the replay may take (default 900)")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_replay)
+
+
+def window_of(st: RunState, step: int) -> tuple[p.BatchLog, p.BatchRow]:
+    """The newest journaled batch window holding `step`, and its row."""
+    for log in reversed(st.batch_logs):
+        for row in log.rows:
+            if row.step == step:
+                return log, row
+    if not st.batch_logs:
+        raise CliError(
+            "no batches were recorded for this run: a trainer names them with rep.step(..., batch=...), "
+            "and the keeper keeps the window around each loss spike, divergence or non-finite value"
+        )
+    known = ", ".join(f"{lg.rows[0].step}-{lg.rows[-1].step} ({lg.code})" for lg in st.batch_logs if lg.rows)
+    raise CliError(f"no batch recorded for step {step}; recorded: steps {known}")
+
+
+def checkpoint_before(st: RunState, step: int) -> CheckpointView:
+    ok = [
+        c
+        for c in st.checkpoints
+        if c.state == "verified"
+        and c.step is not None
+        and c.step < step
+        and os.path.exists((c.report.promoted_file if c.report is not None else None) or c.path)
+    ]
+    if not ok:
+        raise CliError(f"no verified checkpoint before step {step} is left to replay from")
+    return max(ok, key=lambda c: (c.step or 0, c.t))
+
+
+def verdict(
+    step: int, recorded: float | None, replayed: float, before: list[float], st: RunState, fp32: bool
+) -> tuple[bool, str, dict[str, Any]]:
+    """Whether the spike reproduces, in words, with the figures it was judged on."""
+    th = st.thresholds
+    base = statistics.median(before) if before else None
+    band = max(th.spike_min_nats, th.spike_min_rel * abs(base)) if base is not None else None
+    figures = {"recorded": recorded, "replayed": replayed, "baseline": base, "band": band}
+    if base is None or band is None or recorded is None or not math.isfinite(base):
+        return (
+            False,
+            f"step {step}: replayed loss {replayed:.4f}; no recorded loss around it to judge by",
+            figures,
+        )
+    spike = not math.isfinite(recorded) or recorded > base + band
+    again = not math.isfinite(replayed) or replayed > base + band
+    rec_s = f"{recorded:.4f}" if math.isfinite(recorded) else str(recorded)
+    said = f"replayed {replayed:.4f}, recorded {rec_s}, level before it {base:.4f} (+{band:.3g} is a spike)"
+    if not spike:
+        return False, f"step {step} was no spike, so nothing reproduces: {said}", figures
+    if again:
+        cause = (
+            "the data (look at this batch)"
+            if fp32
+            else "the data or the numerics (look at this batch; --fp32 tells which)"
+        )
+        return (
+            True,
+            f"the spike at step {step} reproduces from the checkpoint before it: {said}: {cause}",
+            figures,
+        )
+    return (
+        False,
+        f"the spike at step {step} does not reproduce with the same batch: {said}: not the batch alone; "
+        "look at non-determinism, collectives, memory and the hardware",
+        figures,
+    )
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    info = runs.resolve_run(args.run)
+    rec = runs.read_record(Path(info.run_dir))
+    st = runs.load_state(info.run_dir)
+    log, row = window_of(st, args.step)
+    ckpt = checkpoint_before(st, args.step)
+    assert ckpt.step is not None
+    between = {r.step: r.batch for r in log.rows if ckpt.step < r.step < args.step}
+    req = ReplayRequest(
+        step=args.step,
+        batch=row.batch,
+        ckpt=(ckpt.report.promoted_file if ckpt.report is not None else None) or ckpt.path,
+        ckpt_step=ckpt.step,
+        batches=between,
+        fp32=args.fp32,
+    )
+    env = {k: v for k, v in os.environ.items() if k not in KEEPER_ENV}
+    env.update(replay_env(req))
+    code, out, timed_out = run_bounded(list(rec.argv), rec.cwd, env, args.timeout, idle=False)
+    if code is None or timed_out or code != 0:
+        why = (
+            out
+            if code is None
+            else f"ran past {args.timeout:.0f} s"
+            if timed_out
+            else f"exited with code {code}"
+        )
+        tail = " | ".join(ln for ln in out.strip().splitlines()[-3:]) if code is not None else ""
+        raise CliError(f"the replay of step {args.step} failed: {why}" + (f": {tail}" if tail else ""))
+    replayed = figure_in(out, REPLAY_PATTERN)
+    if replayed is None:
+        raise CliError(
+            f"the replay ran but printed no replay_loss=: `{shlex.join(rec.argv)}` must read "
+            "sdk.replay_request() and end with sdk.replay_result(loss)"
+        )
+    before = [r.loss for r in log.rows if r.step < args.step and r.loss is not None and math.isfinite(r.loss)]
+    ok, words, figures = verdict(args.step, row.loss, replayed, before[-BASELINE_STEPS:], st, args.fp32)
+    if args.json:
+        print(
+            to_json(
+                {
+                    "run": info.run_id,
+                    "step": args.step,
+                    "batch": row.batch,
+                    "checkpoint": req.ckpt,
+                    "checkpoint_step": ckpt.step,
+                    "steps_between": len(between),
+                    "reproduces": ok,
+                    "verdict": words,
+                    **figures,
+                }
+            )
+        )
+    else:
+        print(
+            f"replayed step {args.step} (batch {_batch_words(row.batch)}) from step {ckpt.step}'s checkpoint"
+        )
+        print(words)
+    return 0 if ok else 1
+
+
+def _batch_words(b: p.BatchRef) -> str:
+    parts = [
+        f"{k} {v}"
+        for k, v in (("epoch", b.epoch), ("index", b.index), ("seed", b.seed), ("tag", b.tag))
+        if v is not None
+    ]
+    if b.ids:
+        parts.append(f"{len(b.ids)} ids")
+    return ", ".join(parts) or "unnamed"

@@ -1,0 +1,72 @@
+"""What a trainer reads when `trainroom replay` starts it: the step to replay, its batch, the
+batches of the steps between the checkpoint and it, the checkpoint, and whether to run in fp32.
+
+    req = sdk.replay_request()          # None in an ordinary run
+    if req is not None:
+        load(req.ckpt)                   # the last verified checkpoint before req.step
+        for s in range(req.ckpt_step + 1, req.step):
+            train_one(batch_for(req.batches.get(s)))   # the same path to the step, where known
+        loss = forward(batch_for(req.batch), fp32=req.fp32)
+        sdk.replay_result(loss)          # prints `replay_loss=...`, which replay reads
+        sys.exit(0)
+
+The values travel in the environment (TRAINROOM_REPLAY_*, TRAINROOM_RESUME), so the trainer's own
+command line is untouched."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from trainroom.core import protocol as p
+
+ENV_STEP = "TRAINROOM_REPLAY_STEP"
+ENV_BATCH = "TRAINROOM_REPLAY_BATCH"
+ENV_BATCHES = "TRAINROOM_REPLAY_BATCHES"
+ENV_FROM_STEP = "TRAINROOM_REPLAY_FROM_STEP"
+ENV_FP32 = "TRAINROOM_REPLAY_FP32"
+ENV_CKPT = "TRAINROOM_RESUME"
+
+
+class ReplayRequest(msgspec.Struct, kw_only=True, frozen=True):
+    step: int  # the step whose batch is replayed
+    batch: p.BatchRef
+    ckpt: str  # the checkpoint to start from
+    ckpt_step: int  # its step
+    batches: dict[int, p.BatchRef] = {}  # step -> batch for the steps between, where known
+    fp32: bool = False
+
+
+def replay_env(req: ReplayRequest) -> dict[str, str]:
+    """The environment a replayed trainer is started with."""
+    return {
+        ENV_STEP: str(req.step),
+        ENV_BATCH: msgspec.json.encode(req.batch).decode(),
+        ENV_BATCHES: msgspec.json.encode([[s, b] for s, b in sorted(req.batches.items())]).decode(),
+        ENV_FROM_STEP: str(req.ckpt_step),
+        ENV_FP32: "1" if req.fp32 else "0",
+        ENV_CKPT: req.ckpt,
+    }
+
+
+def replay_request(env: Mapping[str, str] | None = None) -> ReplayRequest | None:
+    """The replay this process was started for; None in an ordinary run."""
+    e = os.environ if env is None else env
+    if ENV_STEP not in e or ENV_BATCH not in e:
+        return None
+    rows = msgspec.json.decode(e.get(ENV_BATCHES) or "[]", type=list[tuple[int, p.BatchRef]])
+    return ReplayRequest(
+        step=int(e[ENV_STEP]),
+        batch=msgspec.json.decode(e[ENV_BATCH], type=p.BatchRef),
+        ckpt=e.get(ENV_CKPT, ""),
+        ckpt_step=int(e.get(ENV_FROM_STEP) or 0),
+        batches=dict(rows),
+        fp32=e.get(ENV_FP32) == "1",
+    )
+
+
+def replay_result(loss: float) -> None:
+    """Say the replayed batch's loss the way `trainroom replay` reads it."""
+    print(f"replay_loss={float(loss)!r}", flush=True)
