@@ -4,9 +4,13 @@
 #   2. `trainroom demo --device cuda` under a keeper without the control room: ~20 s of training,
 #      `status --json`, then `kill` and what it said (exit code, basis, seconds),
 #   3. the same demo with `--fault ghost-memory`: GHOST_MEMORY naming the CUDA child, its
-#      targeted kill, then the run's kill.
+#      targeted kill, then the run's kill,
+#   4. `demo --device cuda --fault spike --eval`: promotion gated by the demo's evaluation,
+#      `trainroom eval` on the latest, `trainroom replay` of the spike's step and of a step before,
+#   5. scripts/bench_eval.py on the CPU (the trainer's steps/s with and without an evaluation).
 # Everything lands under $OUT (at most 8 files): gpu_check.json, demo_status.json, demo_kill.json,
-# ghost_status.json, ghost_kill.json, session.log; a summary goes to stdout. Bounded to ~6 min.
+# ghost_status.json, ghost_kill.json, replay.json, bench_eval.txt, session.log; a summary goes to
+# stdout. Bounded to ~8 min.
 #
 # A machine that cannot reach a package index installs the dependencies its image lacks from
 # .wheels/ (ignored by git), prepared beforehand on a machine that can:
@@ -110,8 +114,26 @@ if [ -n "${GRUN:-}" ]; then
   timed_kill "$GRUN" >>"$LOG" 2> >(tee -a "$LOG" >&2)
 fi
 
+say "demo --device $DEVICE --fault spike --eval: gated promotion, eval, replay"
+SRUN=$(timeout 120 "${TR[@]}" demo --device "$DEVICE" --fault spike --fault-step 30 --steps 60 --ckpt-every 10 --eval --detach --step-delay 0 --linger 300 2>>"$LOG")
+echo "run ${SRUN:-none}" | tee -a "$LOG"
+if [ -n "${SRUN:-}" ]; then
+  wait_status "$SRUN" "d.get('state') == 'exited' and sum(c['state'] in ('verified', 'held') for c in d.get('checkpoints', [])) >= 6" 150 >"$TRAINROOM_HOME/spike_status.json"
+  "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print('state', d.get('state')); [print('ckpt', c['step'], c['state'], (c.get('eval') or {}).get('figure'), (c.get('eval') or {}).get('seconds')) for c in d.get('checkpoints', [])]; print('findings', [f['code'] for f in d.get('findings', [])])" "$TRAINROOM_HOME/spike_status.json" 2>&1 | tee -a "$LOG"
+  {
+    echo '{"eval":'; timeout 120 "${TR[@]}" eval "$SRUN" --json; echo ', "eval_rc": '$?','
+    echo '"replay_31":'; timeout 150 "${TR[@]}" replay "$SRUN" --step 31 --json; echo ', "replay_31_rc": '$?','
+    echo '"replay_25":'; timeout 150 "${TR[@]}" replay "$SRUN" --step 25 --json; echo ', "replay_25_rc": '$?'}'
+  } >"$OUT/replay.json" 2>>"$LOG"
+  cat "$OUT/replay.json" | tee -a "$LOG"
+fi
+
+say "bench_eval.py (CPU trainer, with and without an evaluation)"
+timeout 240 "$PY" scripts/bench_eval.py --steps 600 --ckpt-every 50 --pairs 2 >"$OUT/bench_eval.txt" 2>>"$LOG"
+cat "$OUT/bench_eval.txt" | tee -a "$LOG"
+
 say "clean-up"
-for r in ${RUN:-} ${GRUN:-}; do timeout 60 "${TR[@]}" kill "$r" --yes >/dev/null 2>&1; done
+for r in ${RUN:-} ${GRUN:-} ${SRUN:-}; do timeout 60 "${TR[@]}" kill "$r" --yes >/dev/null 2>&1; done
 sleep 2
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1 | tee -a "$LOG"
 rm -rf "$TRAINROOM_HOME"
