@@ -72,7 +72,9 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    data = torch.randint(0, 64, (args.batches * 4 * args.devices, 17), generator=torch.Generator().manual_seed(0))
+    data = torch.randint(
+        0, 64, (args.batches * 4 * args.devices, 17), generator=torch.Generator().manual_seed(0)
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     callbacks: list[L.Callback] = [Pace(args.step_delay)]
     if args.adapter:

@@ -24,7 +24,7 @@ def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[Wat
         # The user's own kill: said as such, no DEAD, nothing to resume automatically.
         return "stopped", f"attempt {a.n} stopped by {a.stop_by}{at} ({death_cause(a)})", []
     w = run.worker_death(a)
-    reason = death_cause(a) if w is None else f"{worker_cause(w)}; then {launcher_name(a)} {death_cause(a)}"
+    reason = death_cause(a) if w is None else f"{worker_cause(w)}; then {launcher_name(a, run)} {death_cause(a)}"
     return "dead", reason, [dead_finding(run, a, ctx)]
 
 
@@ -38,7 +38,7 @@ def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
 def dying_verdict(
     run: RunState, a: AttemptView, w: WorkerView, ctx: WatchContext
 ) -> tuple[WatchState, str, list[Finding]]:
-    reason = f"{worker_cause(w)}; {launcher_name(a)} is stopping the other ranks"
+    reason = f"{worker_cause(w)}; {launcher_name(a, run)} is stopping the other ranks"
     return "dead", reason, [dead_finding(run, a, ctx)]
 
 
@@ -49,11 +49,15 @@ def worker_cause(w: WorkerView) -> str:
     return f"rank {w.rank} {how} (pid {w.pid})"
 
 
-def launcher_name(a: AttemptView) -> str:
-    """What started the ranks, as the user would call it: torchrun, or the leader by pid."""
+def launcher_name(a: AttemptView, run: RunState | None = None) -> str:
+    """What started the ranks, as the user would call it: torchrun, a rank that launched the
+    others itself (Lightning's rank 0, the process started), or the leader by pid."""
     argv = a.argv
     if argv and (os.path.basename(argv[0]) == "torchrun" or "torch.distributed.run" in argv[:3]):
         return "torchrun"
+    lead = run.workers.get(a.pid) if run is not None else None
+    if lead is not None and lead.attempt == a.n:
+        return f"rank {lead.rank} (pid {a.pid}, the process started)"
     return f"the launcher (pid {a.pid})"
 
 
@@ -106,9 +110,9 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
     then = ""
     if w is not None:
         then = (
-            f"; then {launcher_name(a)} {death_cause(a)}"
+            f"; then {launcher_name(a, run)} {death_cause(a)}"
             if a.ended_at is not None
-            else f"; {launcher_name(a)} is stopping the other ranks (no restart left)"
+            else f"; {launcher_name(a, run)} is stopping the other ranks (no restart left)"
         )
     left = [x for x in run.workers.values() if x.attempt == a.n and x.alive] if a.ended_at is not None else []
     if left:

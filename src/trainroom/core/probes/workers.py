@@ -74,9 +74,7 @@ def _relaunched(env: RunOf | None) -> bool:
     return env is not None and env.rank is None and env.local_rank is not None and env.local_rank > 0
 
 
-def node_launchers(
-    procs: Sequence[ProcStat], envs: dict[int, RunOf | None]
-) -> dict[int, tuple[RunOf, int]]:
+def node_launchers(procs: Sequence[ProcStat], envs: dict[int, RunOf | None]) -> dict[int, tuple[RunOf, int]]:
     """pid -> (its environment as local rank 0, ranks on its node) for each process that launched
     ranks itself (Lightning): it carries no rank, and children of its carry LOCAL_RANK > 0."""
     kids: dict[int, list[RunOf]] = {}
@@ -217,6 +215,24 @@ def exit_handle(pid: int, start_ticks: int, proc_root: str = PROC) -> int | None
         os.close(fd)  # the pid names another process by now: not our worker's handle
         return None
     return fd
+
+
+# --------------------------------------------------------------------------- whose line is this
+
+# torch.distributed's excepthook writes an uncaught exception's lines as "[rank1]: Traceback ...",
+# and c10d's own warnings as "[rank1]:[W1204 ...] ...".
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+
+
+def prefixed_rank(lines: Iterable[str]) -> int | None:
+    """The rank a `[rankN]:` prefix names on the last of `lines` that carries one (a traceback
+    torch.distributed's excepthook wrote), or None when none does."""
+    found: int | None = None
+    for line in lines:
+        m = _RANK_PREFIX.match(line)
+        if m is not None:
+            found = int(m["rank"])
+    return found
 
 
 # --------------------------------------------------------------------------- torchrun's own account
