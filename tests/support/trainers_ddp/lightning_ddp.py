@@ -23,8 +23,15 @@ import torch.nn.functional as F
 
 
 class Pace(L.Callback):
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
+    """Sleeps after each batch; at the start of training, each rank writes OUT/rank<R>.up."""
+
+    def __init__(self, delay: float, out: str) -> None:
+        self.delay, self.out = delay, out
+
+    def on_train_start(self, trainer: L.Trainer, *args: object) -> None:
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, f"rank{trainer.global_rank}.up"), "w") as f:
+            f.write(str(os.getpid()))
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         time.sleep(self.delay)
@@ -76,7 +83,7 @@ def main() -> int:
         0, 64, (args.batches * 4 * args.devices, 17), generator=torch.Generator().manual_seed(0)
     )
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    callbacks: list[L.Callback] = [Pace(args.step_delay)]
+    callbacks: list[L.Callback] = [Pace(args.step_delay, args.out)]
     if args.adapter:
         from trainroom.integrations.lightning import TrainroomCallback
 
