@@ -64,7 +64,9 @@ def remote_command(home: Path) -> str:
     process's PYTHONPATH, where the tests run a checkout that is not the installed one)."""
     path = os.environ.get("PYTHONPATH")
     where = f" PYTHONPATH={shlex.quote(path)}" if path else ""
-    return f"env TRAINROOM_HOME={shlex.quote(str(home))}{where} {shlex.quote(sys.executable)} -m trainroom.cli"
+    return (
+        f"env TRAINROOM_HOME={shlex.quote(str(home))}{where} {shlex.quote(sys.executable)} -m trainroom.cli"
+    )
 
 
 def _free_port() -> int:
