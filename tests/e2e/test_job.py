@@ -44,6 +44,33 @@ def test_sigkill_of_the_rank_on_node_1_is_the_jobs_root_cause_seen_from_node_0(n
     assert "rank 1 on node 1" in rc["message"]
 
 
+@pytest.fixture
+def bare_nodes(trhome: Path, sshd: Sshd) -> Iterator[TwoNodes]:
+    yield from start_two_nodes(trhome, sshd, "--bare")
+
+
+def test_uninstrumented_sigkill_of_rank_1_on_node_1_names_it_with_no_phantom_rank_0(
+    bare_nodes: TwoNodes,
+) -> None:
+    nodes = bare_nodes
+    d = nodes.job_json()
+    # Node 1's only worker is rank 1 (its environment says so): its log lines are rank 1's.
+    assert sorted((r["rank"], r["node_rank"]) for r in d["ranks"]) == [(0, 0), (1, 1)], d["ranks"]
+    victim = nodes.rank(d, 1)
+    assert victim is not None and victim["pid"]
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def dead() -> dict | None:
+        j = nodes.job_json()
+        return j if j["state"] == "dead" and j["root_cause"] is not None else None
+
+    j = wait_for(dead, timeout=90, interval=0.5, what="the job dead with a root cause")
+    rc = j["root_cause"]
+    assert (rc["rank"], rc["node_rank"], rc["signal"]) == (1, 1, signal.SIGKILL), rc
+    assert "rank 1 on node 1" in rc["message"] and "killed by SIGKILL" in rc["message"], rc["message"]
+    assert not [r for r in j["ranks"] if r["rank"] == 0 and r["node_rank"] == 1], j["ranks"]
+
+
 def test_sigstop_of_a_rank_the_job_names_it_hung(nodes: TwoNodes) -> None:
     victim = nodes.rank(nodes.job_json(), 1)
     assert victim is not None

@@ -60,8 +60,13 @@ class Sshd:
 
 
 def remote_command(home: Path) -> str:
-    """The remote trainroom: this venv's, with the remote node's TRAINROOM_HOME."""
-    return f"env TRAINROOM_HOME={shlex.quote(str(home))} {shlex.quote(sys.executable)} -m trainroom.cli"
+    """The remote trainroom: this venv's, with the remote node's TRAINROOM_HOME (and this
+    process's PYTHONPATH, where the tests run a checkout that is not the installed one)."""
+    path = os.environ.get("PYTHONPATH")
+    where = f" PYTHONPATH={shlex.quote(path)}" if path else ""
+    return (
+        f"env TRAINROOM_HOME={shlex.quote(str(home))}{where} {shlex.quote(sys.executable)} -m trainroom.cli"
+    )
 
 
 def _free_port() -> int:

@@ -126,15 +126,15 @@ def test_a_steady_cycle_reads_no_environment_again(
     leader, _info = launcher
     finder = WorkerFinder()
     reads: list[int] = []
-    real = wk.rank_env
+    real = wk.run_of
 
     def counting(pid: int, proc_root: str = "/proc") -> Any:
         reads.append(pid)
         return real(pid, proc_root)
 
-    monkeypatch.setattr(wk, "rank_env", counting)
+    monkeypatch.setattr(wk, "run_of", counting)
     first = finder.find(scan(), leader)
-    assert len(first) == 2 and len(reads) == 5  # 2 ranks, their 2 children, the helper
+    assert len(first) == 2 and len(reads) == 6  # the leader, 2 ranks, their 2 children, the helper
     reads.clear()
     assert finder.find(scan(), leader) == first
     assert reads == []
@@ -144,6 +144,63 @@ def test_a_leader_with_no_ranks_below_has_no_workers(launcher: tuple[int, dict[s
     _leader, info = launcher
     assert WorkerFinder().find(scan(), info["helper"]) == []
     assert WorkerFinder().find(scan(), 0) == []
+
+
+# Lightning's own launcher: the process started is local rank 0 and re-runs itself for each other
+# local rank with LOCAL_RANK, NODE_RANK and WORLD_SIZE (no RANK), in its own session and group;
+# each rank has a DataLoader-like child. NODE_RANK comes from argv.
+LIGHTNING = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    out, node, per_node = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    loader = subprocess.Popen(sleeper)  # rank 0's DataLoader worker: the launcher's own env
+    ranks = {}
+    for r in range(1, per_node):
+        env = dict(os.environ, LOCAL_RANK=str(r), NODE_RANK=node, WORLD_SIZE=str(2 * per_node))
+        code = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)"
+        ranks[r] = subprocess.Popen([sys.executable, "-c", code, *sleeper], env=env).pid
+    with open(out + ".tmp", "w") as f:
+        json.dump({"ranks": ranks, "loader": loader.pid}, f)
+    os.rename(out + ".tmp", out)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.parametrize("node,per_node", [(0, 2), (1, 3)])
+def test_lightning_ranks_are_named_from_local_rank_and_node_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node: int, per_node: int
+) -> None:
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    out = tmp_path / "pids.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LIGHTNING, str(out), str(node), str(per_node)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(out.exists, timeout=60, what="the launcher's pid file")
+        info = json.loads(out.read_text())
+        ranks = {int(k): v for k, v in info["ranks"].items()}
+
+        def all_children() -> list[Any] | None:
+            found = WorkerFinder().find(scan(), proc.pid)
+            kids = [st for st in scan() if st.ppid in ranks.values()]
+            return found if len(kids) == len(ranks) else None
+
+        found = wait_for(all_children, timeout=60, what="each rank's child started")
+        base = node * per_node
+        want = [(base, proc.pid)] + [(base + r, pid) for r, pid in sorted(ranks.items())]
+        assert [(w.rank, w.pid) for w in found] == want  # never a default 0 on node 1
+        assert [w.local_rank for w in found] == list(range(per_node))
+        assert info["loader"] not in {w.pid for w in found}
+        if node > 0:  # without the launcher, NODE_RANK > 0 gives no ranks per node: no rank at all
+            assert WorkerFinder().find(scan(), ranks[1]) == []
+    finally:
+        _kill_group(proc.pid)
+        proc.wait(timeout=30)
 
 
 # --------------------------------------------------------------------------- how a worker ended

@@ -76,6 +76,7 @@ FindingCode = Literal[
     "DEAD",
     "MASKED_ERROR",
     "REPEAT_DEATH",
+    "RANK_RESTARTED",
     "HUNG",
     "STALLED",
     "SLOW",
@@ -131,6 +132,7 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
         "life", "critical", "an error's words hide a different innermost cause (type, errno)"
     ),
     "REPEAT_DEATH": FindingKind("life", "warning", "two attempts in a row died around the same step"),
+    "RANK_RESTARTED": FindingKind("life", "warning", "a rank died and its launcher restarted the group"),
     "HUNG": FindingKind(
         "progress",
         "critical",

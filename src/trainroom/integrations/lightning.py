@@ -5,7 +5,9 @@
   gradient norm taken just before the optimizer step (`grad_norm=False` skips that pass);
 - every checkpoint a `ModelCheckpoint` saved (its `last_model_path`, `best_model_path` and kept
   top-k, once the file is on disk): a checkpoint candidate at the global step it was saved at;
-- each epoch's start: an `epoch` note.
+- each epoch's start: an `epoch` note;
+- at the start, the LR warm-up its scheduler makes, as `warmup_steps` (a scheduler that starts
+  below its base LR is warming up, not a mismatch).
 
 One reporter per process with the trainer's `global_rank`, so under DDP each rank reports; only
 rank 0 reports checkpoints. Outside a keeper (no TRAINROOM_SOCKET) nothing is sent or printed.
@@ -33,6 +35,30 @@ def _first_lr(trainer: Any) -> float | None:
     return float(group.get("initial_lr", group["lr"]))
 
 
+def _warmup_steps(trainer: Any) -> int | None:
+    """The optimizer steps of the LR warm-up the first scheduler makes, where it starts below its
+    base LR (a warm-up) and says how long it lasts (`total_iters`: LinearLR, ConstantLR). With
+    Lightning's default interval, "epoch", each of its iterations is an epoch of optimizer steps.
+    None where it is no warm-up or its length is not told (the LR rule then waits while the LR
+    rises)."""
+    configs = getattr(trainer, "lr_scheduler_configs", None) or []
+    opts = getattr(trainer, "optimizers", None) or []
+    if not configs or not opts or not opts[0].param_groups:
+        return None
+    group = opts[0].param_groups[0]
+    base = group.get("initial_lr")
+    iters = getattr(configs[0].scheduler, "total_iters", None)
+    if base is None or not group["lr"] < base or not isinstance(iters, int) or iters <= 0:
+        return None
+    if getattr(configs[0], "interval", "epoch") == "step":
+        return iters * max(1, int(getattr(configs[0], "frequency", 1) or 1))
+    batches = getattr(trainer, "num_training_batches", None)
+    accumulate = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+    if not isinstance(batches, int) or batches <= 0:
+        return None  # an iterable without a length: epochs of unknown size
+    return iters * max(1, batches // accumulate)
+
+
 def _loss(outputs: Any) -> float | None:
     if isinstance(outputs, dict):
         outputs = outputs.get("loss")
@@ -56,6 +82,7 @@ class TrainroomCallback(Callback, AdapterBase):
             world_size=int(trainer.world_size),
             lr=_first_lr(trainer),
             vocab_size=vocab if isinstance(vocab, int) else None,
+            warmup_steps=_warmup_steps(trainer),
         )
 
     @guarded

@@ -92,6 +92,7 @@ class LrCheck:
         self.phase: LrPhase = "pending"  # pending -> done, or pending -> open -> done
         self.expected: list[float] = []  # what reimpose_lr set per group (its note)
         self.mismatch: LrMismatch | None = None
+        self.rose = False  # the LR rose since the attempt's first step: a warm-up under way
 
     def reimposed(self, expected: list[float]) -> None:
         """The trainer fixed its LR: check the next step afresh, against what it set."""
@@ -113,8 +114,7 @@ class LrCheck:
             return
         fresh = not expected and not f.resumed and (f.first_step or 0) <= f.th.fresh_start_max_step
         all_low = all(ratio < 1 for _, _, ratio in bad)
-        if fresh and all_low and (f.prev_lr is None or rising):
-            # Maybe an undeclared warmup on a start from scratch: wait while the LR still rises.
+        if fresh and all_low and self._warming(f, step, lrs[0], rising):
             return
         self.mismatch = LrMismatch(
             step=step,
@@ -128,6 +128,15 @@ class LrCheck:
             expected=list(expected),
         )
         self.phase = "open"
+
+    def _warming(self, f: Facts, step: int, lr0: float, rising: bool) -> bool:
+        """Maybe an undeclared warm-up on a start from scratch: the LR low and still rising. A
+        scheduler stepped less often than the steps are seen (per epoch, Lightning's default
+        interval) raises it in stairs: once it has risen, flat stretches are the stairs' treads,
+        and only a fall while it is still low ends the warm-up."""
+        self.rose = self.rose or rising
+        fell = f.prev_lr is not None and lr0 < f.prev_lr * (1 - 1e-6)
+        return f.prev_lr is None or rising or (self.rose and not fell)
 
     def finding(self, f: Facts, now: float) -> Finding | None:
         return lr_mismatch_finding(self.mismatch, f.th) if self.mismatch is not None else None

@@ -6,6 +6,7 @@ slowness, absence detects death)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 from trainroom.core.findings import Finding
@@ -24,7 +25,9 @@ def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[Wat
         # The user's own kill: said as such, no DEAD, nothing to resume automatically.
         return "stopped", f"attempt {a.n} stopped by {a.stop_by}{at} ({death_cause(a)})", []
     w = run.worker_death(a)
-    reason = death_cause(a) if w is None else f"{worker_cause(w)}; then {launcher_name(a)} {death_cause(a)}"
+    reason = (
+        death_cause(a) if w is None else f"{worker_cause(w)}; then {launcher_name(a, run)} {death_cause(a)}"
+    )
     return "dead", reason, [dead_finding(run, a, ctx)]
 
 
@@ -38,7 +41,7 @@ def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
 def dying_verdict(
     run: RunState, a: AttemptView, w: WorkerView, ctx: WatchContext
 ) -> tuple[WatchState, str, list[Finding]]:
-    reason = f"{worker_cause(w)}; {launcher_name(a)} is stopping the other ranks"
+    reason = f"{worker_cause(w)}; {launcher_name(a, run)} is stopping the other ranks"
     return "dead", reason, [dead_finding(run, a, ctx)]
 
 
@@ -49,11 +52,15 @@ def worker_cause(w: WorkerView) -> str:
     return f"rank {w.rank} {how} (pid {w.pid})"
 
 
-def launcher_name(a: AttemptView) -> str:
-    """What started the ranks, as the user would call it: torchrun, or the leader by pid."""
+def launcher_name(a: AttemptView, run: RunState | None = None) -> str:
+    """What started the ranks, as the user would call it: torchrun, a rank that launched the
+    others itself (Lightning's rank 0, the process started), or the leader by pid."""
     argv = a.argv
     if argv and (os.path.basename(argv[0]) == "torchrun" or "torch.distributed.run" in argv[:3]):
         return "torchrun"
+    lead = run.workers.get(a.pid) if run is not None else None
+    if lead is not None and lead.attempt == a.n:
+        return f"rank {lead.rank} (pid {a.pid}, the process started)"
     return f"the launcher (pid {a.pid})"
 
 
@@ -77,6 +84,58 @@ def _lost(run: RunState, a: AttemptView) -> tuple[str, int | None]:
     lost_or_none = a.last_step - start if start is not None else None
     more = f", {lost_or_none} steps of this attempt lost" if lost_or_none is not None else ""
     return f"at step {a.last_step}; no verified checkpoint{more}", lost_or_none
+
+
+# An HF Trainer's checkpoint directory: `checkpoint-<global step>` in its output_dir.
+_HF_CKPT = re.compile(r"checkpoint-(\d+)")
+_SCAN_DIRS = 64  # sub-directories of the working directory looked into (output_dirs)
+_unwatched_cache: dict[tuple[str, int, float | None], list[str]] = {}
+
+
+def unwatched_checkpoints(run: RunState, a: AttemptView) -> list[str]:
+    """HF `checkpoint-N/` directories in the attempt's working directory (or one level below,
+    its output_dir) that no watch covers: what the trainer saved that trainroom never saw, newest
+    step first, relative to the working directory. Read once per attempt end."""
+    key = (a.cwd, a.n, a.ended_at)
+    if key in _unwatched_cache:
+        return _unwatched_cache[key]
+    known = {c.path.rstrip("/") for c in run.checkpoints}
+    found: list[tuple[int, str]] = []
+    try:
+        with os.scandir(a.cwd) as top:
+            subdirs = [e for e in top if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        subdirs = []
+    for e in subdirs[:_SCAN_DIRS]:
+        places = [e]
+        if not _HF_CKPT.fullmatch(e.name):
+            try:
+                with os.scandir(e.path) as inner:
+                    places = [
+                        x for x in inner if x.is_dir(follow_symlinks=False) and _HF_CKPT.fullmatch(x.name)
+                    ]
+            except OSError:
+                places = []
+        for x in places:
+            m = _HF_CKPT.fullmatch(x.name)
+            if m is not None and os.path.abspath(x.path) not in known:
+                found.append((int(m.group(1)), os.path.relpath(x.path, a.cwd)))
+    out = [path for _, path in sorted(found, reverse=True)]
+    _unwatched_cache.clear()
+    _unwatched_cache[key] = out
+    return out
+
+
+def unwatched_words(paths: list[str]) -> str:
+    """What DEAD says of checkpoints nobody watched: which, and how to have them watched."""
+    newest = paths[0]
+    glob = os.path.join(os.path.dirname(newest), "checkpoint-*")
+    more = f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
+    return (
+        f"; {newest}/{more} in the working directory is not watched, so it was never verified: "
+        f"watch it with `trainroom launch --watch-ckpt '{glob}'` (or `watch = [\"{glob}\"]` under "
+        "[checkpoints] in trainroom.toml), or resume from it by hand"
+    )
 
 
 def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
@@ -106,9 +165,9 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
     then = ""
     if w is not None:
         then = (
-            f"; then {launcher_name(a)} {death_cause(a)}"
+            f"; then {launcher_name(a, run)} {death_cause(a)}"
             if a.ended_at is not None
-            else f"; {launcher_name(a)} is stopping the other ranks (no restart left)"
+            else f"; {launcher_name(a, run)} is stopping the other ranks (no restart left)"
         )
     left = [x for x in run.workers.values() if x.attempt == a.n and x.alive] if a.ended_at is not None else []
     if left:
@@ -116,13 +175,17 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
         who = ", ".join(f"rank {x.rank} (pid {x.pid})" for x in sorted(left, key=lambda x: x.rank))
         then += f"; still running: {who}: kill them before a resume"
     head = f"attempt {a.n} {cause}" if w is None else f"attempt {a.n}: {cause}"
+    unwatched = unwatched_checkpoints(run, a) if verified is None and a.ended_at is not None else []
     message = f"{head} {lost_txt}" + (f" ({why})" if why else "") + oom_hint + then
+    if unwatched:
+        message += unwatched_words(unwatched)
     last_ckpt = max((c.step for c in run.checkpoints if c.step is not None), default=None)
     return Finding(
         code="DEAD",
         severity="critical",
         message=message,
-        action="resume",
+        # Nothing verified to resume from: no resume offered (a checkpoint nobody watched is named).
+        action=None if unwatched else "resume",
         key=f"attempt-{a.n}",
         evidence={
             "attempt": a.n,
@@ -139,6 +202,7 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
             # The rank whose end took the attempt down (None: no worker failed first).
             "rank": w.rank if w is not None else None,
             "worker": _worker_evidence(w) if w is not None else None,
+            "unwatched_checkpoints": unwatched,
         },
     )
 

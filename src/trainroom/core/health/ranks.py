@@ -1,6 +1,10 @@
 """RANK_OUTLIER: each rank held against the others (leave one out), by its loss and its step time.
 Averaging across ranks hides exactly the failing rank, so the headline is the median and the
-worst, and a rank that strays from the median of the others is a finding of its own."""
+worst, and a rank that strays from the median of the others is a finding of its own.
+
+RANK_RESTARTED: a rank died and torch elastic restarted the group (`--max-restarts`): the attempt
+goes on, so no DEAD says it; the workers' restart budget (the environment each group started
+with) tells one group from the next, and the first of a group to die is why it was restarted."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.robust import robust_level
 from trainroom.core.health.sanity_rules import DEFAULT_THRESHOLDS, fmt_value
+from trainroom.core.run.ended import how_ended
+from trainroom.core.run.state import RunState, WorkerView
 
 # Up to this many ranks each is held against the others without it; beyond, against all of them.
 LEAVE_ONE_OUT_MAX = 8
@@ -167,3 +173,49 @@ def rank_outlier_findings(
                 )
             )
     return out
+
+
+def rank_restarted(run: RunState) -> Finding | None:
+    """RANK_RESTARTED: each restart of the live attempt's worker group, with the rank whose death
+    caused it ("rank 1 died (killed by SIGKILL) and torchrun restarted the group, restart 1 of 3")."""
+    a = run.attempt
+    if a is None:
+        return None
+    ranks = [w for w in run.workers.values() if w.attempt == a.n and w.restarts_left is not None]
+    lefts = {w.restarts_left for w in ranks if w.restarts_left is not None}
+    if len(lefts) < 2:
+        return None
+    budget, latest = max(lefts), min(lefts)
+    restarts: list[tuple[int, WorkerView | None]] = []
+    for left in sorted(lefts, reverse=True)[:-1]:
+        group = [w for w in ranks if w.restarts_left == left and w.ended_at is not None]
+        failed = [w for w in group if w.failed] or group
+        restarts.append(
+            (budget - left + 1, min(failed, key=lambda w: (w.ended_at or 0.0, w.rank), default=None))
+        )
+    parts = []
+    for n, w in restarts:
+        who = (
+            f"rank {w.rank} died ({how_ended(w.exit_code, w.exit_signal, unknown='how is not known')})"
+            if w is not None
+            else "a rank died"
+        )
+        parts.append(f"{who} and torchrun restarted the group, restart {n} of {budget}")
+    n, w = restarts[-1]
+    return Finding(
+        code="RANK_RESTARTED",
+        severity="warning",
+        key=f"attempt-{a.n}",
+        message="; ".join(parts) + f" ({latest} restart(s) left)",
+        evidence={
+            "attempt": a.n,
+            "restarts": len(restarts),
+            "max_restarts": budget,
+            "restarts_left": latest,
+            "rank": w.rank if w is not None else None,
+            "pid": w.pid if w is not None else None,
+            "exit_code": w.exit_code if w is not None else None,
+            "exit_signal": w.exit_signal if w is not None else None,
+            "ranks": [x.rank if x is not None else None for _, x in restarts],
+        },
+    )

@@ -37,7 +37,7 @@ from trainroom.core.health.keeper import (
     rank_claimed,
     resume_from_scratch,
 )
-from trainroom.core.health.ranks import rank_outlier_findings
+from trainroom.core.health.ranks import rank_outlier_findings, rank_restarted
 from trainroom.core.health.statedisk import StateDisk, state_disk_low
 from trainroom.core.journal.file import JournalHealth
 from trainroom.core.run.state import RunState
@@ -112,6 +112,7 @@ WATCHDOG: tuple[Rule[Watched], ...] = (
         "watchdog.masked_error",
         lambda w, now: [attempt_masked_error(w.run, w.ctx.log_crash)] if w.run.attempt else [],
     ),
+    Rule("watchdog.rank_restarted", lambda w, now: [rank_restarted(w.run)]),
     Rule("watchdog.ghost", _ghost),
     Rule("watchdog.orphan", lambda w, now: orphan_findings(w.run, w.ctx, w.memory)),
     Rule("watchdog.host_ram", lambda w, now: [host_ram_low_now(w.run, w.ctx)]),

@@ -203,29 +203,60 @@ def _node(n: NodeReading, st: str, s: dict[str, Any] | None, now: float) -> dict
 
 def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | None:
     """The first observed failure across the failed nodes, by time (hosts' clocks: a skew between
-    machines larger than the gap between two deaths can misorder them; NTP keeps it to ms)."""
+    machines larger than the gap between two deaths can misorder them; NTP keeps it to ms). A rank
+    is named only where something says which it is: its process (the workers' environment), its
+    reporter, or a node whose trainer held that one rank."""
     found: list[dict[str, Any]] = []
     for n, st in zip(nodes, states, strict=True):
         if st not in FAILED or n.state is None:
             continue
         a = n.state.attempt
+        if a is None:
+            continue
+        workers = [w for w in n.state.workers.values() if w.attempt == a.n]
+        found += [
+            _cause(n, w.rank, w.ended_at, w.exit_signal, w.exit_code, "its process ended")
+            for w in workers
+            if w.failed and w.ended_at is not None and w.pid != a.pid
+        ]
         found += [
             _cause(n, r.rank, r.disconnected_at, None, None, "its reporter's connection closed")
             for r in n.state.ranks.values()
-            if a is not None and r.attempt == a.n and r.disconnected_at is not None
+            if r.attempt == a.n and r.disconnected_at is not None
         ]
-        if a is not None and a.ended_at is not None:
-            only = list(n.state.ranks) if len(n.state.ranks) == 1 else [None]
+        if a.ended_at is not None:
+            held = {w.rank for w in workers} | {r.rank for r in n.state.ranks.values() if r.attempt == a.n}
+            only = sorted(held) if len(held) == 1 else [None]
             found.append(_cause(n, only[0], a.ended_at, a.exit_signal, a.exit_code, "its trainer ended"))
     if not found:
         return None
     first = min(found, key=lambda c: c["t"])
-    if first["signal"] is None and first["exit_code"] is None:
-        # The rank's own end, where its node's trainer was that one process.
-        same = [c for c in found if c["node"] == first["node"] and c["how"] == "its trainer ended"]
-        if same and same[0]["rank"] == first["rank"]:
-            first["signal"], first["exit_code"] = same[0]["signal"], same[0]["exit_code"]
+    if first["signal"] is None and first["exit_code"] is None and first["rank"] is not None:
+        # How that rank ended, from its process (else its node's trainer, where it was that one).
+        same = [
+            c
+            for c in found
+            if c["node"] == first["node"]
+            and c["rank"] == first["rank"]
+            and (c["signal"] is not None or c["exit_code"] is not None)
+        ]
+        if same:
+            told = min(same, key=lambda c: c["t"])
+            first["signal"], first["exit_code"] = told["signal"], told["exit_code"]
+            first["signal_name"] = told["signal_name"]
+            first["message"] = _cause(
+                _node_of(nodes, first["node"]),
+                first["rank"],
+                first["t"],
+                told["signal"],
+                told["exit_code"],
+                first["how"],
+            )["message"]
     return first
+
+
+def _node_of(nodes: list[NodeReading], target: str) -> NodeReading:
+    return next(n for n in nodes if n.target == target)
 
 
 def _cause(

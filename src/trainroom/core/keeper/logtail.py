@@ -57,9 +57,10 @@ class LogTail:
         """The recogniser that read a step (None before one did)."""
         return self.recognition.name if self.recognition.chosen is not None else None
 
-    def records(self, attempt: int, t: float, steps: list[LogStep]) -> list[p.Record]:
+    def records(self, attempt: int, t: float, steps: list[LogStep], rank: int = 0) -> list[p.Record]:
         """What an uninstrumented attempt's steps become in the journal: the recogniser that read
-        them (once), a warning for the first line a recogniser failed on, and each step."""
+        them (once), a warning for the first line a recogniser failed on, and each step, filed
+        under `rank` (the rank the attempt's workers say prints them: 0 for a single process)."""
         out: list[p.Record] = []
         name = self.recogniser
         if steps and name is not None and name != self._announced:
@@ -70,7 +71,7 @@ class LogTail:
             self._errors_told = r.errors
             why = f"a log recogniser failed on a line (the line was skipped, reading goes on): {r.last_error}"
             out.append(p.KeeperNote(t=t, message=why, kind="warning"))
-        out += [p.Received(attempt=attempt, rank=0, t=t, msg=log_step(s, t)) for s in steps]
+        out += [p.Received(attempt=attempt, rank=rank, t=t, msg=log_step(s, t)) for s in steps]
         return out
 
     # ------------------------------------------------------------------ following the file

@@ -40,6 +40,7 @@ from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
+from trainroom.core.keeper.workers import crash_rank, log_rank
 from trainroom.core.notify.alerts import Alerts
 from trainroom.core.probes import procs
 from trainroom.core.probes.procs import pid_alive
@@ -370,7 +371,9 @@ class Keeper:
                 "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(self.tail.lines)), None
             )
             if crash is not None:
-                self.emit(p.Received(attempt=n, rank=0, t=now, msg=crash))
+                self.emit(
+                    p.Received(attempt=n, rank=crash_rank(self.state, self.tail.lines, now), t=now, msg=crash)
+                )
         self.flush(fsync=True)
         if self.proc is proc:
             self.proc = None
@@ -383,6 +386,9 @@ class Keeper:
 
     def _read_log(self, now: float, final: bool = False) -> None:
         a = self.state.attempt
+        rank = log_rank(self.state, now)
+        if rank is None and not final and a is not None and not a.instrumented:
+            return  # a launcher's ranks not found yet: its lines are read once they are
         none: list[LogStep] = []
         steps = self.supervision.guard.call("log reader", lambda: self.tail.read(final=final), none)
         for why in self.tail.notices:  # truncated, rotated, a burst skipped: said, not silent
@@ -390,7 +396,7 @@ class Keeper:
         self.tail.notices.clear()
         if a is None or a.instrumented:
             return  # the reporter's frames are exact; log lines would double them
-        for rec in self.tail.records(a.n, now, steps):
+        for rec in self.tail.records(a.n, now, steps, rank=rank or 0):
             self.emit(rec)
 
     async def tick_loop(self) -> None:

@@ -23,11 +23,50 @@ import time
 from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.probes.procs import PROC, read_stat
-from trainroom.core.probes.workers import ExitStatus, exit_handle, launcher_reports, zombie_exit
-from trainroom.core.run.state import AttemptView, WorkerView
+from trainroom.core.probes.workers import (
+    ExitStatus,
+    exit_handle,
+    launcher_reports,
+    prefixed_rank,
+    zombie_exit,
+)
+from trainroom.core.run.state import AttemptView, RunState, WorkerView
 from trainroom.core.samples import GONE_STATES, Worker
 
 LOG_TAIL_BYTES = 256 << 10  # torchrun's summary is the last thing it writes
+# A launcher (torchrun) gets this long after its start for a probe cycle to find its ranks before
+# its log lines are read anyway (as rank 0's where nothing else says).
+RANKS_WAIT_S = 30.0
+
+
+def _launcher_argv(argv: list[str]) -> bool:
+    return bool(argv) and (os.path.basename(argv[0]) == "torchrun" or "torch.distributed.run" in argv[:3])
+
+
+def log_rank(st: RunState, now: float) -> int | None:
+    """The rank an uninstrumented attempt's log lines are filed under: the lowest rank of the
+    attempt's workers (on a node whose only worker is rank 1, rank 1), 0 for a single process.
+    None while a launcher's ranks are not yet found (read the lines once they are, so that node 1
+    of a job never shows a rank 0 that is not there)."""
+    a = st.attempt
+    if a is None:
+        return None
+    ranks = sorted(w.rank for w in st.workers.values() if w.attempt == a.n)
+    if ranks:
+        return ranks[0]
+    if _launcher_argv(a.argv) and a.ended_at is None and now - a.started_at < RANKS_WAIT_S:
+        return None
+    return 0
+
+
+def crash_rank(st: RunState, lines: list[str], now: float) -> int:
+    """The rank a crash's traceback is filed under: the one its `[rankN]:` prefix names, else the
+    rank the attempt's log lines go to."""
+    found = prefixed_rank(lines[-200:])
+    if found is not None:
+        return found
+    rank = log_rank(st, now)
+    return rank if rank is not None else 0
 
 
 class WorkerWatch:

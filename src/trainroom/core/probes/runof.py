@@ -1,8 +1,9 @@
 """Whose process is this: the one place that reads a process's run, attempt and rank.
 
 The keeper puts TRAINROOM_RUN and TRAINROOM_ATTEMPT in every attempt's environment (children and
-torchrun's workers inherit them), and torchrun adds RANK, LOCAL_RANK, WORLD_SIZE and its restart
-budget. /proc/<pid>/environ is the environment the process was started with (readable for our
+torchrun's workers inherit them), and torchrun adds RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK,
+LOCAL_WORLD_SIZE and its restart budget; Lightning's own launcher gives the processes it starts
+LOCAL_RANK, NODE_RANK and WORLD_SIZE but no RANK. /proc/<pid>/environ is the environment the process was started with (readable for our
 own uid), so what it says cannot be changed later by the process. Who reads it: the keeper's
 server (may this pid report for the live attempt?), the members of a kill or resume (is this
 process proven the run's?), the leftovers probe (a process of the run no live attempt owns) and
@@ -21,6 +22,9 @@ _KEYS = (
     b"RANK",
     b"LOCAL_RANK",
     b"WORLD_SIZE",
+    b"GROUP_RANK",
+    b"NODE_RANK",
+    b"LOCAL_WORLD_SIZE",
     b"TORCHELASTIC_RESTART_COUNT",
     b"TORCHELASTIC_MAX_RESTARTS",
 )
@@ -35,6 +39,22 @@ class RunOf(NamedTuple):
     local_rank: int | None = None
     world_size: int | None = None
     restarts_left: int | None = None  # torch elastic's max restarts less this one's count
+    node_rank: int | None = None  # GROUP_RANK (torchrun), else NODE_RANK (Lightning)
+    local_world_size: int | None = None  # LOCAL_WORLD_SIZE: ranks on this node
+    restart_count: int | None = None  # TORCHELASTIC_RESTART_COUNT: the group's restarts so far
+
+    def global_rank(self, local_world_size: int | None = None) -> int | None:
+        """RANK where the launcher set it; else node rank x ranks per node + LOCAL_RANK (the
+        ranks per node from LOCAL_WORLD_SIZE, else `local_world_size` as counted by the caller).
+        None when that cannot be told: never a guessed 0."""
+        if self.rank is not None:
+            return self.rank
+        if self.local_rank is None:
+            return None
+        if self.node_rank in (None, 0):
+            return self.local_rank if self.node_rank == 0 else None
+        per_node = self.local_world_size or local_world_size
+        return self.node_rank * per_node + self.local_rank if per_node else None
 
     def of_attempt(self, run_id: str, attempt: int | None) -> bool:
         """One of `run_id`'s processes, and of `attempt` when one is given."""
@@ -77,6 +97,9 @@ def run_of_checked(pid: int, proc_root: str = PROC) -> RunOf | Unreadable:
         local_rank=_int(found.get(b"LOCAL_RANK")),
         world_size=_int(found.get(b"WORLD_SIZE")),
         restarts_left=max(0, most - done) if most is not None and done is not None else None,
+        node_rank=_int(found.get(b"GROUP_RANK", found.get(b"NODE_RANK"))),
+        local_world_size=_int(found.get(b"LOCAL_WORLD_SIZE")),
+        restart_count=done,
     )
 
 

@@ -3,9 +3,17 @@
 torch elastic (torchrun) starts each worker with `start_new_session=True`: a worker is in neither
 the attempt's process group nor its session, only under its leader in the tree. So a probe cycle
 walks /proc once (`procs.scan`, which the group view needs anyway), follows ppid links down from
-the attempt's leader, and takes as a worker each descendant whose environment carries `RANK` (set
-by torchrun at exec) and whose parent is not a worker of that same rank (a DataLoader worker
-inherits its rank's environment: it is part of that rank, not a rank of its own).
+the attempt's leader, and takes as a worker each process whose environment names its rank and
+whose parent is not a worker of that same rank (a DataLoader worker inherits its rank's
+environment: it is part of that rank, not a rank of its own).
+
+A rank is what the environment says, never a default: RANK (torchrun sets it), else node rank x
+ranks per node + LOCAL_RANK (GROUP_RANK and LOCAL_WORLD_SIZE, or Lightning's NODE_RANK). Lightning
+launches its own ranks: the process the user started is local rank 0 and it re-runs the script
+for each other local rank with LOCAL_RANK, NODE_RANK and WORLD_SIZE and no RANK; the environment
+it was itself started with says nothing (it sets its own variables after starting). So a process
+whose children carry LOCAL_RANK > 0 without RANK, and who carries none itself, is that node's
+local rank 0, and the ranks per node are it and those children.
 
 Cost: the walk is the one the group view already made; an environment is read once per new
 process (cached by pid and start tick), so a steady cycle reads nothing more than stat files.
@@ -31,11 +39,12 @@ RankEnv = RunOf
 
 def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
     """The run, rank, LOCAL_RANK, WORLD_SIZE and torch elastic's restart budget `pid` was started
-    with (`runof.run_of`), or None when it carries no rank or cannot be read."""
+    with (`runof.run_of`), or None when it carries no rank of its own or cannot be read."""
     found = run_of(pid, proc_root)
-    if found is None or found.rank is None or found.rank < 0:
+    rank = found.global_rank() if found is not None else None
+    if found is None or rank is None or rank < 0:
         return None
-    return found
+    return found._replace(rank=rank)
 
 
 def descendants(table: Iterable[ProcStat], roots: Iterable[int]) -> list[ProcStat]:
@@ -55,31 +64,81 @@ def descendants(table: Iterable[ProcStat], roots: Iterable[int]) -> list[ProcSta
     return out
 
 
+def _carries_rank(env: RunOf | None) -> bool:
+    return env is not None and (env.rank is not None or env.local_rank is not None)
+
+
+def _relaunched(env: RunOf | None) -> bool:
+    """Started by a launcher that sets LOCAL_RANK but no RANK (Lightning), as a rank other than
+    its node's first."""
+    return env is not None and env.rank is None and env.local_rank is not None and env.local_rank > 0
+
+
+def node_launchers(procs: Sequence[ProcStat], envs: dict[int, RunOf | None]) -> dict[int, tuple[RunOf, int]]:
+    """pid -> (its environment as local rank 0, ranks on its node) for each process that launched
+    ranks itself (Lightning): it carries no rank, and children of its carry LOCAL_RANK > 0."""
+    kids: dict[int, list[RunOf]] = {}
+    for st in procs:
+        env = envs.get(st.pid)
+        if env is not None and _relaunched(env) and not _carries_rank(envs.get(st.ppid)):
+            kids.setdefault(st.ppid, []).append(env)
+    out: dict[int, tuple[RunOf, int]] = {}
+    for pid, found in kids.items():
+        if pid not in envs:
+            continue  # its parent is outside the attempt's tree
+        per_node = max(e.local_rank or 0 for e in found) + 1
+        first = found[0]
+        own = RunOf(
+            run=first.run,
+            attempt=first.attempt,
+            rank=None,
+            local_rank=0,
+            world_size=first.world_size,
+            node_rank=first.node_rank,
+            local_world_size=first.local_world_size or per_node,
+        )
+        out[pid] = (own, per_node)
+    return out
+
+
 class WorkerFinder:
-    """Finds the attempt's workers each probe cycle; keeps each process's rank environment so a
+    """Finds the attempt's workers each probe cycle; keeps each process's environment so a
     steady run costs no environ read (keyed by pid and start tick: a reused pid is read anew)."""
 
     def __init__(self, proc_root: str = PROC) -> None:
         self.proc_root = proc_root
-        self._env: dict[tuple[int, int], RankEnv | None] = {}
+        self._env: dict[tuple[int, int], RunOf | None] = {}
 
     def find(self, table: Sequence[ProcStat], leader: int) -> list[Worker]:
-        """The workers under `leader` (the attempt's pid), by rank then pid."""
+        """The workers at and under `leader` (the attempt's pid), by rank then pid. The leader is
+        one only where it launched ranks itself (Lightning's rank 0)."""
         if leader <= 0:
             return []
-        below = descendants(table, [leader])
-        live = {(st.pid, st.start_ticks) for st in below}
+        head = [st for st in table if st.pid == leader]
+        procs = head + descendants(table, [leader])
+        live = {(st.pid, st.start_ticks) for st in procs}
         self._env = {k: v for k, v in self._env.items() if k in live}
-        rank_of: dict[int, int] = {}  # pid -> rank, for the ones found to be workers
-        out: list[Worker] = []
-        for st in below:  # parents first: a child sees whether its parent is a worker
+        envs: dict[int, RunOf | None] = {}
+        for st in procs:
             key = (st.pid, st.start_ticks)
             if key not in self._env:
-                self._env[key] = rank_env(st.pid, self.proc_root)
-            env = self._env[key]
-            rank = env.rank if env is not None else None
-            if env is None or rank is None:
+                self._env[key] = run_of(st.pid, self.proc_root)
+            envs[st.pid] = self._env[key]
+        launchers = node_launchers(procs, envs)
+        rank_of: dict[int, int] = {}  # pid -> rank, for the ones found to be workers
+        out: list[Worker] = []
+        for st in procs:  # parents first: a child sees whether its parent is a worker
+            env = envs[st.pid]
+            per_node: int | None = None
+            if st.pid in launchers:
+                env, per_node = launchers[st.pid]
+            elif _relaunched(env) and st.ppid in launchers:
+                per_node = launchers[st.ppid][1]
+            rank = env.global_rank(per_node) if env is not None else None
+            if env is None or rank is None or rank < 0:
                 continue
+            if st.pid == leader and st.pid not in launchers:
+                continue  # the leader itself is a rank only as Lightning's launcher
             if rank_of.get(st.ppid) == rank:
                 rank_of[st.pid] = rank  # a DataLoader worker of that rank: its rank's, not one
                 continue
@@ -156,6 +215,24 @@ def exit_handle(pid: int, start_ticks: int, proc_root: str = PROC) -> int | None
         os.close(fd)  # the pid names another process by now: not our worker's handle
         return None
     return fd
+
+
+# --------------------------------------------------------------------------- whose line is this
+
+# torch.distributed's excepthook writes an uncaught exception's lines as "[rank1]: Traceback ...",
+# and c10d's own warnings as "[rank1]:[W1204 ...] ...".
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+
+
+def prefixed_rank(lines: Iterable[str]) -> int | None:
+    """The rank a `[rankN]:` prefix names on the last of `lines` that carries one (a traceback
+    torch.distributed's excepthook wrote), or None when none does."""
+    found: int | None = None
+    for line in lines:
+        m = _RANK_PREFIX.match(line)
+        if m is not None:
+            found = int(m["rank"])
+    return found
 
 
 # --------------------------------------------------------------------------- torchrun's own account

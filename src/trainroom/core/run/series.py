@@ -107,6 +107,12 @@ class SeriesState(msgspec.Struct, kw_only=True, omit_defaults=True, array_like=T
     scale: float | None
 
 
+def _log_step(msg: object) -> bool:
+    """A step read from the log: the one rank that prints them on its node (rank 1 where that
+    node's only worker is rank 1) draws the curve."""
+    return isinstance(msg, p.Step) and msg.source == "log"
+
+
 class Series:
     """The bounded store. `observe_step` is the hot path (one call per reported step); not
     thread-safe: feed it from one thread."""
@@ -201,15 +207,15 @@ class Series:
         self._add(x, (loss, lr0, grad_norm, step_time))
 
     def observe_record(self, rec: Any) -> None:
-        """Fold one keeper record (what it journals, in order): rank 0's steps are the curve, a
-        new attempt is a restart mark, a verified checkpoint and a re-imposed LR are marks, and a
-        known vocab size draws ln V. Anything else is ignored."""
+        """Fold one keeper record (what it journals, in order): rank 0's steps (or the log's) are
+        the curve, a new attempt is a restart mark, a verified checkpoint and a re-imposed LR are
+        marks, and a known vocab size draws ln V. Anything else is ignored."""
         if isinstance(rec, p.AttemptStarted):
             if rec.n > 1:
                 self.mark("restart", label=f"attempt {rec.n}")
             if rec.requested.vocab_size:
                 self.set_loss_baseline(rec.requested.vocab_size)
-        elif isinstance(rec, p.Received) and rec.rank == 0:
+        elif isinstance(rec, p.Received) and (rec.rank == 0 or _log_step(rec.msg)):
             msg = rec.msg
             if isinstance(msg, p.Step):
                 self.observe_step(

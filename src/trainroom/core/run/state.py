@@ -458,8 +458,12 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def worker_death(self, a: AttemptView) -> WorkerView | None:
         """The rank process whose end took the attempt down: the one torchrun names its root
-        cause, else the first to fail before the leader ended. None when no worker failed first."""
-        failed = [w for w in self.workers.values() if w.attempt == a.n and w.failed]
+        cause, else the first to fail before the leader ended. None when no worker failed first.
+        The leader's own end is the attempt's (Lightning's rank 0), not a worker's death."""
+        ranks = [w for w in self.workers.values() if w.attempt == a.n and w.pid != a.pid]
+        # A group torch elastic restarted is over: only the latest group's deaths end the attempt.
+        latest = min((w.restarts_left for w in ranks if w.restarts_left is not None), default=None)
+        failed = [w for w in ranks if w.failed and (latest is None or w.restarts_left in (None, latest))]
         if a.ended_at is not None:
             failed = [w for w in failed if w.root_cause or (w.ended_at or 0.0) <= a.ended_at]
         if not failed:
