@@ -138,3 +138,16 @@ def test_the_links_name_codes_of_the_catalogue_and_no_one_way_cycle() -> None:
 def test_counts_in_words() -> None:
     assert counted("CKPT_REJECTED", 1) == "1 checkpoint rejected"
     assert counted("SLOW", 1) == "SLOW" and counted("SLOW", 2) == "2 × SLOW"
+
+
+def test_a_rejection_never_speaks_of_a_verified_checkpoint_that_does_not_exist() -> None:
+    from trainroom.core.ckpt.report import VerifyReport
+    from trainroom.core.ckpt.rules import rejected_finding
+
+    rep = VerifyReport(ok=False, reason="non-finite values", path="/r/.quarantine/step-000015.pt", step=15)
+    none_yet = rejected_finding(rep, None)
+    some = rejected_finding(rep, "step 10")
+    assert none_yet is not None and some is not None
+    assert "no checkpoint has verified yet: there is none to resume from" in none_yet.message
+    assert "left as it was" not in none_yet.message and "last verified" not in none_yet.message
+    assert some.message.endswith("`latest` is left as it was, at the last verified checkpoint (step 10)")
