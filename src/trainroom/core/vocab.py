@@ -205,12 +205,14 @@ class Follows(NamedTuple):
     # The consequence's evidence field that shows it comes from this cause (a rejected
     # checkpoint's `nonfinite` tensors); None: any finding of the code, while the cause is open.
     shown_by: str | None = None
+    # Only a finding first seen after the cause's first sighting follows it (the numbers: a
+    # divergence seen before the gradients jumped is not their doing). False: a standing
+    # condition that may be seen late (a lock a dead process holds, a full disk).
+    after: bool = False
 
 
 # What each code may follow from, the likeliest cause first. A link says what happens in a run
 # (a NaN model saves checkpoints the verifier rejects), not what merely tends to come together.
-# Where two codes may each follow the other (a gradient spike and a loss spike), the one seen
-# first is the cause.
 FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     # The progress verdicts: a trainer waiting on a lock a dead process holds stalls, then hangs;
     # one that hangs has stopped stepping; two trainers on one GPU slow each other; a host that
@@ -226,11 +228,15 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     # The numbers: an LR far from the one asked for (a schedule restarted from scratch) drives
     # the loss up, the gradients with it, and on to NaN; an fp16 scaler halves on overflow.
     "LR_MISMATCH": (Follows("RESUME_FROM_SCRATCH"),),
-    "GRAD_EXPLOSION": (Follows("LR_MISMATCH"), Follows("LOSS_SPIKE")),
-    "LOSS_SPIKE": (Follows("LR_MISMATCH"), Follows("GRAD_EXPLOSION")),
-    "DIVERGENCE": (Follows("LR_MISMATCH"), Follows("GRAD_EXPLOSION")),
-    "NONFINITE": (Follows("LR_MISMATCH"), Follows("GRAD_EXPLOSION"), Follows("DIVERGENCE")),
-    "LOSS_SCALE": (Follows("NONFINITE"), Follows("GRAD_EXPLOSION")),
+    "GRAD_EXPLOSION": (Follows("LR_MISMATCH", after=True),),
+    "LOSS_SPIKE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    "DIVERGENCE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    "NONFINITE": (
+        Follows("LR_MISMATCH", after=True),
+        Follows("GRAD_EXPLOSION", after=True),
+        Follows("DIVERGENCE", after=True),
+    ),
+    "LOSS_SCALE": (Follows("NONFINITE", after=True), Follows("GRAD_EXPLOSION", after=True)),
     # The GPU: memory of the run its allocator cannot see, while a context of an earlier attempt
     # outlives its process, is that context's.
     "GHOST_MEMORY": (Follows("ORPHAN_CONTEXT"),),
@@ -243,10 +249,10 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     # A checkpoint of a model gone to NaN holds NaN; one of a diverged model is out of line with
     # the last verified one.
     "CKPT_REJECTED": (
-        Follows("NONFINITE", shown_by="nonfinite"),
-        Follows("DIVERGENCE", shown_by="outliers"),
-        Follows("GRAD_EXPLOSION", shown_by="outliers"),
-        Follows("LOSS_SPIKE", shown_by="outliers"),
+        Follows("NONFINITE", shown_by="nonfinite", after=True),
+        Follows("DIVERGENCE", shown_by="outliers", after=True),
+        Follows("GRAD_EXPLOSION", shown_by="outliers", after=True),
+        Follows("LOSS_SPIKE", shown_by="outliers", after=True),
         Follows("DISK_HIGH"),
         Follows("DRVFS_CHECKPOINTS"),
     ),

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, FindingCode, Severity
 
-# The codes some other code may follow from: their findings fold as one (they are never
-# told apart by evidence), and the order of their first sightings decides a two-way link.
+# The codes some other code may follow from: their findings fold as one (they are never told
+# apart by evidence), under the cause of the first of them.
 _CAUSES: frozenset[str] = frozenset(link.cause for links in FOLLOWS.values() for link in links)
 _CODE_ORDER = {c: i for i, c in enumerate(FINDING_CODES)}
 
@@ -58,7 +58,8 @@ class Kind:
         """The line's words: the finding's own for one, else how many and the newest."""
         if self.count == 1:
             return self.head.message
-        return f"{self.counted()}; the latest: {self.head.message}"
+        many = self.counted() if self.code in COUNTED else f"{self.count} open"
+        return f"{many}; the latest: {self.head.message}"
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,8 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
                 continue
             if link.shown_by is not None and (evidence is None or link.shown_by not in evidence):
                 continue
-            if any(back.cause == code for back in FOLLOWS.get(c, ())) and not _before(
-                c, first[c], code, seen
-            ):
-                continue  # each may follow the other: the one seen first is the cause
+            if link.after and not _before(c, first[c], code, seen):
+                continue  # seen before its cause was: not its doing
             return c
         return None
 
