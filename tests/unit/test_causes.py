@@ -156,3 +156,13 @@ def test_a_rejection_never_speaks_of_a_verified_checkpoint_that_does_not_exist()
     assert "no checkpoint has verified yet: there is none to resume from" in none_yet.message
     assert "left as it was" not in none_yet.message and "last verified" not in none_yet.message
     assert some.message.endswith("`latest` is left as it was, at the last verified checkpoint (step 10)")
+
+
+def test_a_run_s_summary_names_the_root_cause_for_the_runs_overview() -> None:
+    from tests.support.tui_fakes import build_state, healthy_records
+    from trainroom.core import protocol as p
+    from trainroom.core.run.summary import summarize
+
+    recs = healthy_records(steps=5) + [p.FindingRaised(finding=x) for x in nan_run(3)]
+    s = summarize(build_state(recs))
+    assert s.findings == 4 and s.worst is not None and s.worst.code == "NONFINITE"
