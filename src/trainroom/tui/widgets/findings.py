@@ -105,7 +105,7 @@ class FindingsPanel(Panel[FindingsView]):
             lines.append(Text("none open", style=self.style("dim")))
         self._at = cursor
         texts = [self._row_texts(row, i == cursor and self.has_focus) for i, row in enumerate(view.open)]
-        wrapped = [[w for t in ts for w in t.wrap(self.app.console, width, overflow="fold")] for ts in texts]
+        wrapped = [[w for i, t in enumerate(ts) for w in self._wrap(t, width, 4 if i else 0)] for ts in texts]
         # Every finding whole when they fit; else the cursor's whole and the rest one line each.
         whole = sum(len(w) for w in wrapped) <= self.inner_height
         for i, ts in enumerate(texts):
@@ -136,6 +136,14 @@ class FindingsPanel(Panel[FindingsView]):
         if top != self.scroll_at:
             self.set_reactive(FindingsPanel.scroll_at, max(top, 0))
         return Text("\n").join(lines)
+
+    def _wrap(self, text: Text, width: int, indent: int) -> list[Text]:
+        """`text` wrapped to `width`, its continuation lines indented by `indent` (a line that
+        follows from a cause reads as one block under it)."""
+        lines = list(text.wrap(self.app.console, max(width - indent, 8), overflow="fold"))
+        for line in lines[1:]:
+            line.pad_left(indent)
+        return lines
 
     def _row_texts(self, row: FindingRow, focused: bool) -> list[Text]:
         """The row's line, then one line for each code that follows from it, indented under it."""
