@@ -214,6 +214,9 @@ class Follows(NamedTuple):
 # What each code may follow from, the likeliest cause first. A link says what happens in a run
 # (a NaN model saves checkpoints the verifier rejects), not what merely tends to come together.
 FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
+    # A host out of memory fails an allocation behind an error that hides ENOMEM. (A death is
+    # not folded: DEAD is the run's state, and its own row keeps the resume it offers.)
+    "MASKED_ERROR": (Follows("HOST_RAM_LOW"),),
     # The progress verdicts: a trainer waiting on a lock a dead process holds stalls, then hangs;
     # one that hangs has stopped stepping; two trainers on one GPU slow each other; a host that
     # swaps slows the steps.
@@ -226,9 +229,11 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
         Follows("HOST_RAM_LOW"),
     ),
     # The numbers: an LR far from the one asked for (a schedule restarted from scratch) drives
-    # the loss up, the gradients with it, and on to NaN; an fp16 scaler halves on overflow.
+    # the loss up, the gradients with it, and on to NaN, or (far too low) leaves the model
+    # learning nothing; an fp16 scaler halves on overflow.
     "LR_MISMATCH": (Follows("RESUME_FROM_SCRATCH"),),
     "GRAD_EXPLOSION": (Follows("LR_MISMATCH", after=True),),
+    "WHITE_MODEL": (Follows("LR_MISMATCH", after=True),),
     "LOSS_SPIKE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
     "DIVERGENCE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
     "NONFINITE": (
