@@ -294,10 +294,12 @@ def test_orphan_context_gives_stale_lock_with_the_holder_and_orphan_context(trho
     )
     oev = orphan["evidence"]
     assert oev["exists"] is False and oev["util_percent"] == 100 and oev["power_w"] == 60.0
-    assert oev["used_bytes"] == 12 << 30 and oev["previous_pgids"] == [d["pgid"]]
+    assert oev["used_bytes"] == 7 << 30 and oev["previous_pgids"] == [d["pgid"]]
+    # What the driver lists fits in the device: the device row never says more used than it has.
+    assert oev["device_used_bytes"] <= 12 << 30
     assert orphan["action"] == "kill" and orphan["severity"] == "critical"
     assert (
-        f"compute pid {ghost_pid} holding 12.0 GiB" in orphan["message"]
+        f"compute pid {ghost_pid} holding 7.0 GiB" in orphan["message"]
         and "100 %, 60.0 W" in orphan["message"]
     )
     # The busy device with no live process of ours is said too.
@@ -310,6 +312,12 @@ def test_orphan_context_gives_stale_lock_with_the_holder_and_orphan_context(trho
         busy
         and busy[0]["evidence"]["util_percent"] == 100
         and ghost_pid in busy[0]["evidence"]["driver_pids"]
+    )
+    assert "with 11.3 GiB of 12.0 GiB used" in busy[0]["message"]
+    # One cause, one row: the contexts left behind are counted, the newest said.
+    rows = [r for r in d["finding_rows"] if r["code"] == "ORPHAN_CONTEXT"]
+    assert len(rows) == 1 and rows[0]["count"] == len(
+        [f for f in d["findings"] if f["code"] == "ORPHAN_CONTEXT"]
     )
 
 

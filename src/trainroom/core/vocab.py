@@ -202,3 +202,88 @@ SANITY_CODES: tuple[FindingCode, ...] = tuple(c for c, k in CATALOGUE.items() if
 PANEL_CODES: dict[Panel, tuple[FindingCode, ...]] = {
     panel: tuple(c for c, k in CATALOGUE.items() if k.panel == panel) for panel in PANELS
 }
+
+# --------------------------------------------------------------------------- cause and consequence
+
+
+class Follows(NamedTuple):
+    """A finding this code may be a consequence of: while `cause` is open, a finding of the code
+    is shown folded under it (`run.causes.fold`), and the header names the cause."""
+
+    cause: FindingCode
+    # The consequence's evidence field that shows it comes from this cause (a rejected
+    # checkpoint's `nonfinite` tensors); None: any finding of the code, while the cause is open.
+    shown_by: str | None = None
+    # Only a finding first seen after the cause's first sighting follows it (the numbers: a
+    # divergence seen before the gradients jumped is not their doing). False: a standing
+    # condition that may be seen late (a lock a dead process holds, a full disk).
+    after: bool = False
+
+
+# What each code may follow from, the likeliest cause first. A link says what happens in a run
+# (a NaN model saves checkpoints the verifier rejects), not what merely tends to come together.
+FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
+    # A host out of memory fails an allocation behind an error that hides ENOMEM. (A death is
+    # not folded: DEAD is the run's state, and its own row keeps the resume it offers.)
+    "MASKED_ERROR": (Follows("HOST_RAM_LOW"),),
+    # The progress verdicts: a trainer waiting on a lock a dead process holds stalls, then hangs;
+    # one that hangs has stopped stepping; two trainers on one GPU slow each other; a host that
+    # swaps slows the steps.
+    "HUNG": (Follows("STALE_LOCK"),),
+    "STALLED": (Follows("STALE_LOCK"), Follows("HUNG")),
+    "SLOW": (
+        Follows("HUNG"),
+        Follows("STALLED"),
+        Follows("DUPLICATE_TRAINER"),
+        Follows("HOST_RAM_LOW"),
+    ),
+    # The numbers: an LR far from the one asked for (a schedule restarted from scratch) drives
+    # the loss up, the gradients with it, and on to NaN, or (far too low) leaves the model
+    # learning nothing; an fp16 scaler halves on overflow.
+    "LR_MISMATCH": (Follows("RESUME_FROM_SCRATCH"),),
+    "GRAD_EXPLOSION": (Follows("LR_MISMATCH", after=True),),
+    "WHITE_MODEL": (Follows("LR_MISMATCH", after=True),),
+    "LOSS_SPIKE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    "DIVERGENCE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    "NONFINITE": (
+        Follows("LR_MISMATCH", after=True),
+        Follows("GRAD_EXPLOSION", after=True),
+        Follows("DIVERGENCE", after=True),
+    ),
+    "LOSS_SCALE": (Follows("NONFINITE", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    # The GPU: memory of the run its allocator cannot see, while a context of an earlier attempt
+    # outlives its process, is that context's.
+    "GHOST_MEMORY": (Follows("ORPHAN_CONTEXT"),),
+    # A second trainer of the run claims the ranks the first holds.
+    "RANK_CLAIMED": (Follows("DUPLICATE_TRAINER"),),
+    # The disks: a full disk or a Windows drive under WSL lands a save short; a full state disk
+    # fails the journal's writes; a disk above its mark is the one the forecast fills.
+    "DISK_FULL_SOON": (Follows("DISK_HIGH"),),
+    "JOURNAL_WRITE_FAILED": (Follows("STATE_DISK_LOW"),),
+    # A checkpoint of a model gone to NaN holds NaN; one of a diverged model is out of line with
+    # the last verified one.
+    "CKPT_REJECTED": (
+        Follows("NONFINITE", shown_by="nonfinite", after=True),
+        Follows("DIVERGENCE", shown_by="outliers", after=True),
+        Follows("GRAD_EXPLOSION", shown_by="outliers", after=True),
+        Follows("LOSS_SPIKE", shown_by="outliers", after=True),
+        Follows("DISK_HIGH"),
+        Follows("DRVFS_CHECKPOINTS"),
+    ),
+}
+
+# How many findings of one code are said in words, (one, many): "14 checkpoints rejected".
+# A code not here is counted as "3 × CODE".
+COUNTED: dict[FindingCode, tuple[str, str]] = {
+    "CKPT_REJECTED": ("checkpoint rejected", "checkpoints rejected"),
+    "CKPT_OUTSIDE_ROOT": ("checkpoint outside the root", "checkpoints outside the root"),
+    "ORPHAN_CONTEXT": ("GPU context left behind", "GPU contexts left behind"),
+    "STALE_LOCK": ("stale lock", "stale locks"),
+    "DUPLICATE_TRAINER": ("other trainer", "other trainers"),
+    "RANK_OUTLIER": ("rank out of line", "ranks out of line"),
+    "RANK_CLAIMED": ("rank claimed twice", "ranks claimed twice"),
+    "FIELD_REFUSED": ("field refused", "fields refused"),
+    "MASKED_ERROR": ("masked error", "masked errors"),
+    "INTERNAL_ERROR": ("rule failed", "rules failed"),
+    "DEAD": ("death", "deaths"),
+}

@@ -109,6 +109,12 @@ def words(key: str) -> str:
     return key.removesuffix("_bytes").removesuffix("_s").replace("_", " ")
 
 
+def _name(key: str) -> str:
+    """A mapping's key: a field's name in words, a name of the trainer's own (a tensor
+    `model.layers.0.self_attn.q_proj.weight`, a path) as it is, underscores and all."""
+    return words(key) if key.isidentifier() and key.islower() and "__" not in key else key
+
+
 def _is_bytes(key: str) -> bool:
     return "bytes" in key.split("_") or key in ("vram", "freed")
 
@@ -136,7 +142,7 @@ def value_text(key: str, value: object) -> str:
         return f"{len(value)} items"
     if isinstance(value, Mapping):
         return ", ".join(
-            f"{words(str(k))} {value_text(str(k), v)}" for k, v in value.items() if not hidden(str(k))
+            f"{_name(str(k))} {value_text(str(k), v)}" for k, v in value.items() if not hidden(str(k))
         )
     return str(value)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainroom.core.findings import SEVERITY_RANK
+from trainroom.core.run.causes import fold
 from trainroom.core.run.figures import run_loss, steps_per_s
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
@@ -52,7 +53,7 @@ class RunRow:
 def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
     a = state.attempt
     found = state.open_findings()
-    worst = found[0] if found else None
+    worst = next((r.head for r in fold(found)), None)  # a root cause, never its consequence
     status: ShownState = state.status
     if not keeper_alive and a is not None and a.ended_at is None:
         status = "unknown"  # the keeper died before its trainer: nobody watched the end (as `status`)

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import ShownState, StateName
@@ -108,9 +109,9 @@ class HeaderView:
     connected: bool
     keeper_busy: bool  # not connected, but its process lives: busy, not gone
     level: Level  # the worse of the state's and the worst open finding's: the badge's colour
-    worst_code: str | None  # the worst open finding at warning or above, named beside the badge
+    worst_code: str | None  # the worst open root cause at warning or above, named beside the badge
     worst_level: Level
-    more: int  # how many more findings are open besides it
+    more: int  # how many more rows of findings are open besides its own
 
 
 def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
@@ -118,14 +119,18 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
     step = state.current_step()
     if step is None and a is not None:
         step = a.last_step
-    found = [f for f in state.open_findings() if SEVERITY_RANK.get(f.severity, 0) >= 1]
+    # The root causes (`run.causes.fold`): a consequence is never named while its cause is open.
+    rows = [r for r in fold(state.open_findings()) if SEVERITY_RANK.get(r.severity, 0) >= 1]
+    found = [r.head for r in rows]
     # A finding that is the state itself (DEAD for `dead`) is said by the badge already.
     named = [f for f in found if f.code.lower() != state.status]
     worst = named[0] if named else None
-    worst_level = SEVERITY_LEVEL.get(worst.severity, "info") if worst else "ok"
+    worst_level = (
+        SEVERITY_LEVEL.get(next(r.severity for r in rows if r.head is worst), "info") if worst else "ok"
+    )
     level = level_of_state(state.status)
-    for f in found[:1]:
-        level = worse(level, SEVERITY_LEVEL.get(f.severity, "info"))
+    for r in rows[:1]:
+        level = worse(level, SEVERITY_LEVEL.get(r.severity, "info"))
     return HeaderView(
         run_id=state.run_id,
         attempt=a.n if a else None,
@@ -147,7 +152,23 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
 
 
 @dataclass(frozen=True)
+class FollowRow:
+    """What follows from a row's cause, one code a line (`run.causes.Row.consequences`)."""
+
+    code: str
+    severity: str
+    level: Level
+    count: int
+    since: str  # "14 checkpoints rejected since NONFINITE at step 31"
+    messages: tuple[str, ...]  # each finding's own words, the newest first
+    idents: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class FindingRow:
+    """One row of the findings: a root cause, the newest of its code (the one its key acts on),
+    with its repeats counted and what follows from it under it."""
+
     ident: str
     code: str
     severity: str
@@ -161,6 +182,15 @@ class FindingRow:
     first_seen: float
     last_seen: float
     evidence: tuple[tuple[str, Any], ...]
+    count: int = 1  # findings of its code it stands for
+    repeats: tuple[str, ...] = ()  # the words of the others of its code, the newest first
+    repeat_idents: tuple[str, ...] = ()
+    follow: tuple[FollowRow, ...] = ()
+
+    @property
+    def idents(self) -> tuple[str, ...]:
+        """Every finding the row stands for: a cursor on one of them is on this row."""
+        return (self.ident, *self.repeat_idents, *(i for k in self.follow for i in k.idents))
 
 
 def fix_text(f: Finding) -> str | None:
@@ -176,10 +206,11 @@ def findings_view(
     key_of: Callable[[str], str],
     where: Situation,
 ) -> tuple[FindingRow, ...]:
-    """Most severe first, then newest (the order every client uses); each with the key of its
-    action only when that can act now."""
+    """The rows every client shows (`run.causes.fold`): a root cause with what follows from it,
+    most severe first, then newest; each with the key of its action only when that can act now."""
     rows = []
-    for f in state.open_findings():
+    for row in fold(state.open_findings()):
+        f = row.head
         targeted = f.target is not None and bool(f.target.pids)
         why = refusal(state, f.action, where, f.ident if targeted else None) if f.action else None
         rows.append(
@@ -188,7 +219,7 @@ def findings_view(
                 code=f.code,
                 severity=f.severity,
                 level=SEVERITY_LEVEL.get(f.severity, "info"),
-                message=f.message,
+                message=row.cause.said(),  # one finding's words, or how many and the newest
                 action=f.action,
                 fix=fix_text(f),
                 key=key_of(f.action) if f.action and why is None else None,
@@ -197,9 +228,25 @@ def findings_view(
                 first_seen=f.first_seen,
                 last_seen=f.last_seen,
                 evidence=tuple(f.evidence.items()),
+                count=row.cause.count,
+                repeats=tuple(x.message for x in row.cause.findings[1:]),
+                repeat_idents=tuple(x.ident for x in row.cause.findings[1:]),
+                follow=tuple(_follow(row, k) for k in row.consequences),
             )
         )
     return tuple(rows)
+
+
+def _follow(row: Row, k: Kind) -> FollowRow:
+    return FollowRow(
+        code=k.code,
+        severity=k.severity,
+        level=SEVERITY_LEVEL.get(k.severity, "info"),
+        count=k.count,
+        since=row.since(k),
+        messages=tuple(x.message for x in k.findings),
+        idents=tuple(x.ident for x in k.findings),
+    )
 
 
 @dataclass(frozen=True)

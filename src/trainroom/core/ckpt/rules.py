@@ -9,6 +9,7 @@ in the making (`trainroom.core.ckpt.verify` re-exports them under these names un
 from __future__ import annotations
 
 import os
+from types import EllipsisType
 
 import msgspec
 
@@ -18,6 +19,8 @@ from trainroom.core.health.crash import masked_error
 
 # What a full (non-mmap) load needs beyond the file itself: torch, the interpreter, the copy.
 LOAD_HEADROOM = 512 << 20
+# The last verified checkpoint in words ("step 10"), None when none has verified, `...` unknown.
+Verified = str | None | EllipsisType
 # What CKPT_REJECTED's evidence carries of the report (those that say something).
 _EVIDENCE = (
     "path",
@@ -39,13 +42,21 @@ def load_need_bytes(size_bytes: int) -> int:
     return int(size_bytes) + LOAD_HEADROOM
 
 
-def rejected_finding(report: VerifyReport) -> Finding | None:
-    """CKPT_REJECTED for a report that did not pass (a deferred one is not a rejection)."""
+def rejected_finding(report: VerifyReport, verified: Verified = ...) -> Finding | None:
+    """CKPT_REJECTED for a report that did not pass (a deferred one is not a rejection).
+    `verified`: the run's last verified checkpoint (its step, None for none), which a rejected
+    candidate in quarantine leaves `latest` at; `...` when not known."""
     if report.ok or report.deferred:
         return None
     path = report.path
     where = f"step {report.step} " if report.step is not None else ""
     fields = msgspec.to_builtins(report)
+    if verified is None:
+        kept = "; it stays in quarantine, and no checkpoint has verified yet: there is none to resume from"
+    elif verified is ...:
+        kept = "; it stays in quarantine and `latest` is left as it was"
+    else:
+        kept = f"; it stays in quarantine and `latest` is left as it was, at the last verified checkpoint ({verified})"
     return Finding(
         code="CKPT_REJECTED",
         severity="critical",
@@ -53,19 +64,15 @@ def rejected_finding(report: VerifyReport) -> Finding | None:
         action="verify",
         message=(
             f"checkpoint {where}({os.path.basename(path)}) rejected: {report.reason}"
-            + (
-                "; it stays in quarantine and `latest` is left as it was"
-                if f"{os.sep}.quarantine{os.sep}" in path
-                else ""
-            )
+            + (kept if f"{os.sep}.quarantine{os.sep}" in path else "")
         ),
         evidence={k: fields[k] for k in _EVIDENCE if fields.get(k) not in (None, [], {})},
     )
 
 
-def findings_for_report(report: VerifyReport) -> list[Finding]:
+def findings_for_report(report: VerifyReport, verified: Verified = ...) -> list[Finding]:
     """Every finding one verification report raises: CKPT_REJECTED, MASKED_ERROR."""
-    out = [rejected_finding(report)]
+    out = [rejected_finding(report, verified)]
     if report.error_chain:
         out.append(
             masked_error(

@@ -488,6 +488,9 @@ def _be_the_duplicate(parent: int) -> int:
 # allocator), the orphan a little (its context is what the driver lists).
 GHOST_MIB = 2048
 ORPHAN_MIB = 64
+# On the CPU, the fake driver's device and the dead context of the orphan-context fault.
+FAKE_DEVICE_BYTES = 12 << 30
+FAKE_ORPHAN_BYTES = 7 << 30
 
 
 def _holder_code(device: torch.device, mib: int, *, until_parent_gone: bool) -> str:
@@ -550,13 +553,15 @@ def _drive_fake_nvml(
         procs.append({"pid": ghost, "used_bytes": int(reserved * 2.1) - own})
     util, power = 85, 160.0
     if args.fault == "orphan-context" and step >= args.fault_step - 1:
-        procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": 12 << 30})
+        # What the dead context holds fits beside the trainer's row on the device, as on a real
+        # one: the driver never lists more in use than the device has.
+        procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": FAKE_ORPHAN_BYTES})
         util, power = 100, 60.0
     scenario = {
         "devices": [
             {
                 "name": "NVIDIA GeForce RTX 3060 (fake)",
-                "total_bytes": 12 << 30,
+                "total_bytes": FAKE_DEVICE_BYTES,
                 "used_bytes": sum(p["used_bytes"] for p in procs),
                 "util_percent": util,
                 "power_w": power,

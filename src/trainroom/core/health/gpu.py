@@ -246,7 +246,7 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
                 key=f"device-{d.index}",
                 message=(
                     f"device {d.index} is {d.util_percent} % busy at {d.power_w} W with "
-                    f"{fmt_bytes(d.used_bytes)} used, and no live compute process of ours: a zombie "
+                    f"{_used_of(d)} used, and no live compute process of ours: a zombie "
                     f"context holds the GPU; {_remedy(anyone, d.index)}"
                 ),
                 evidence={
@@ -262,6 +262,15 @@ def orphan_findings(run: RunState, ctx: WatchContext, mem: Memory) -> list[Findi
             )
         )
     return found
+
+
+def _used_of(d: GpuDevice) -> str:
+    """ "11.3 GiB of 12.0 GiB": what is in use with what the device has, when the driver says."""
+    return (
+        f"{fmt_bytes(d.used_bytes)} of {fmt_bytes(d.total_bytes)}"
+        if d.total_bytes
+        else fmt_bytes(d.used_bytes)
+    )
 
 
 def _remedy(target: Target | None, device: int) -> str:

@@ -456,11 +456,15 @@ class CheckpointPipeline:
         newest_ok = max(
             (c.step or -1 for c in self.run.state.checkpoints if c.state == "verified"), default=-1
         )
+        last = self.run.state.last_verified()
+        verified = (
+            (f"step {last.step}" if last.step is not None else os.path.basename(last.path)) if last else None
+        )
         for path, rep in list(self.reports.items()):
             c = self.run.state.checkpoint(path)
             if c is None or c.state != "rejected" or ((c.step or -1) <= newest_ok and newest_ok >= 0):
                 continue
-            out += findings_for_report(rep)
+            out += findings_for_report(rep, verified)
         for path, rep in list(self.deferred.items()):
             ram = rep.ram
             low = host_ram_low(ram.mem_available, ram.need_to_verify, path) if ram is not None else None

@@ -11,6 +11,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.probes.procs import state_name
+from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState, WorkerView
 from trainroom.core.units import signal_name
@@ -121,6 +122,28 @@ def rank_rows(st: RunState, keeper_alive: bool = True) -> list[dict[str, Any]]:
     return rows
 
 
+def _kind(k: Kind, text: str) -> dict[str, Any]:
+    return {
+        "code": k.code,
+        "severity": k.severity,
+        "count": k.count,
+        "text": text,
+        "latest": k.head.ident,
+        "idents": [f.ident for f in k.findings],
+    }
+
+
+def finding_row(r: Row) -> dict[str, Any]:
+    """One row of `run.causes.fold`: its root cause (the newest of its code leads, its action
+    is the row's), then each consequence with its count since the cause."""
+    return {
+        **_kind(r.cause, r.cause.said()),
+        "severity": r.severity,
+        "action": r.head.action,
+        "consequences": [_kind(k, r.consequence_line(k)) | {"since": r.since(k)} for k in r.consequences],
+    }
+
+
 def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = True) -> dict[str, Any]:
     now = time.time() if now is None else now
     a = st.attempt
@@ -136,6 +159,8 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
     job = st.options.job
+    rows = fold(st.open_findings())
+    cause_of = {f.ident: r.head.ident for r in rows for k in r.consequences for f in k.findings}
     return {
         "run": st.run_id,
         # The job this run is a node of (launch --job / torchrun's rendezvous id), or null.
@@ -215,9 +240,14 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 "first_seen": f.first_seen,
                 "last_seen": f.last_seen,
                 "evidence": f.evidence,
+                # Added: the root cause it follows from (`vocab.FOLLOWS`), its ident; null: a root.
+                "cause": cause_of.get(f.ident),
             }
             for f in st.open_findings()
         ],
+        # Added: the open findings as every client shows them (`run.causes.fold`): each root
+        # cause with what follows from it, one code's repeats one line with a count.
+        "finding_rows": [finding_row(r) for r in rows],
         "attempts": [
             {
                 "n": x.n,

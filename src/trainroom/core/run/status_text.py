@@ -56,10 +56,26 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         )
     if d.get("journal_damage"):
         lines.append("  " + damage_words(d["journal_damage"]))
-    for f in d["findings"]:
-        key = f" [{f['action']}]" if f["action"] else ""
-        lines.append(f"  {f['severity'].upper():8} {f['code']}: {f['message']}{key}")
+    lines += finding_lines(d)
     return [printable(line) for line in lines]
+
+
+def finding_lines(d: dict[str, Any]) -> list[str]:
+    """The open findings as rows: a root cause, then what follows from it indented under it with
+    its count; the repeats of one code one line (a status of a version without rows: one a line)."""
+    rows = d.get("finding_rows")
+    if rows is None:
+        return [
+            f"  {f['severity'].upper():8} {f['code']}: {f['message']}"
+            + (f" [{f['action']}]" if f["action"] else "")
+            for f in d["findings"]
+        ]
+    out = []
+    for r in rows:
+        key = f" [{r['action']}]" if r["action"] else ""
+        out.append(f"  {r['severity'].upper():8} {r['code']}: {r['text']}{key}")
+        out += [f"  {'':8}   ↳ {k['severity'].upper()} {k['text']}" for k in r["consequences"]]
+    return out
 
 
 def _fig(x: Any, spec: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from trainroom.core.run.causes import fold
 from trainroom.core.run.figures import run_loss
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import FindingCode, Severity, ShownState, StateName
@@ -55,7 +56,7 @@ class RunSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
     started_at: float | None = None  # the last attempt's start
     ended_at: float | None = None  # ... and end
     findings: int = 0  # open findings
-    worst: WorstFinding | None = None  # the first of them in the control room's order
+    worst: WorstFinding | None = None  # the first root cause in the control room's order
     updated: float = 0.0
     journal: JournalMark | None = None
     job: str | None = None  # the job this run is a node of (launch --job, torchrun's rdzv id)
@@ -71,7 +72,8 @@ def summarize(st: RunState, *, updated: float = 0.0, journal: JournalMark | None
     a = st.attempt
     loss = run_loss(st).median
     found = st.open_findings()
-    worst = found[0] if found else None
+    rows = fold(found)  # the first row's root cause: never a consequence while its cause is open
+    worst = rows[0].head if rows else None
     return RunSummary(
         run_id=st.run_id,
         created=st.created,
@@ -90,7 +92,7 @@ def summarize(st: RunState, *, updated: float = 0.0, journal: JournalMark | None
         started_at=a.started_at if a else None,
         ended_at=a.ended_at if a else None,
         findings=len(found),
-        worst=WorstFinding(code=worst.code, severity=worst.severity, message=worst.message)
+        worst=WorstFinding(code=worst.code, severity=rows[0].severity, message=worst.message)
         if worst
         else None,
         updated=updated,

@@ -1,5 +1,6 @@
-"""One finding whole: what it says, since when, its evidence as a short table in human units,
-and its action with the target it acts on (or why it cannot act now)."""
+"""One finding whole: what it says, since when, the others of its kind and what follows from it,
+its evidence as a short table in human units, and its action with the target it acts on (or why
+it cannot act now)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,13 @@ class FindingDetail(ModalScreen[bool]):
                 if r.last_seen and r.last_seen != r.first_seen:
                     since += f", last seen {fmt.clock(r.last_seen)}"
                 yield Label(since, classes="modal-hint", markup=False)
+                if r.repeats:
+                    yield Label(f"the {r.count - 1} other(s) of its kind", classes="result-heading")
+                    yield Static(WrappedLines(list(r.repeats)), id="finding-repeats")
+                if r.follow:
+                    yield Label("what follows from it", classes="result-heading")
+                    follows = [line for k in r.follow for line in (k.since, *(f"  {m}" for m in k.messages))]
+                    yield Static(WrappedLines(follows), id="finding-follow")
                 if any(not hidden(k) for k, _ in r.evidence):
                     yield Label("evidence", classes="result-heading")
                     yield Static(evidence_table(r.evidence), id="finding-evidence")

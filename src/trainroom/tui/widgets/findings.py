@@ -1,6 +1,8 @@
-"""Findings: the open ones (most severe first, then newest), each with the key of its action and
-that action's target when it can act, then the resolved ones. A cursor picks one: it is shown
-whole (the others one line each), Enter opens its detail, and a targeted fix key acts on it."""
+"""Findings: the open ones as rows (`run.causes.fold`: a root cause, what follows from it indented
+under it with its count, one code's repeats one line), most severe first, then newest, each with
+the key of its action and that action's target when it can act; then the resolved ones. A cursor
+picks one: it is shown whole (the others one line each), Enter opens its detail, and a targeted
+fix key acts on it. The cursor stays on its finding, wherever new rows put it."""
 
 from __future__ import annotations
 
@@ -32,26 +34,42 @@ class FindingsPanel(Panel[FindingsView]):
         row: FindingRow
 
     selected: reactive[str | None] = reactive(None)
-    """The ident of the finding under the cursor (None: the first, the most severe)."""
+    """The ident of the finding under the cursor (None: the first, the most severe). A row is
+    under the cursor while it stands for that finding, wherever new rows put it."""
 
     _to_cursor = False  # the cursor moved: the next render scrolls to it
+    _at = 0  # the cursor's row when last drawn: where it stays when its finding closes
 
     def watch_selected(self) -> None:
         self._to_cursor = True
 
     def on_focus(self) -> None:
+        self._hold()  # the cursor shows from now on: it stays on what it shows
         self.refresh()  # the cursor is drawn only while the list has the focus
 
     def on_blur(self) -> None:
         self.refresh()
 
+    def watch_view(self) -> None:
+        if self.has_focus:
+            self._hold()
+
+    def _hold(self) -> None:
+        """Pin the cursor to a finding: the one it is on, or (its finding closed, or none chosen
+        yet) the one now in its place."""
+        rows = self.view.open if self.view is not None else ()
+        if rows and not any(self.selected in r.idents for r in rows):
+            self.set_reactive(FindingsPanel.selected, rows[min(self._at, len(rows) - 1)].ident)
+
     def selected_row(self) -> FindingRow | None:
         rows = self.view.open if self.view is not None else ()
-        return next((r for r in rows if r.ident == self.selected), rows[0] if rows else None)
+        return rows[self._cursor()] if rows else None
 
     def _cursor(self) -> int:
         rows = self.view.open if self.view is not None else ()
-        return next((i for i, r in enumerate(rows) if r.ident == self.selected), 0)
+        return next(
+            (i for i, r in enumerate(rows) if self.selected in r.idents), min(self._at, max(len(rows) - 1, 0))
+        )
 
     def action_scroll_lines(self, n: int) -> None:
         rows = self.view.open if self.view is not None else ()
@@ -85,18 +103,20 @@ class FindingsPanel(Panel[FindingsView]):
         first_line = cursor_lines = 0
         if not view.open:
             lines.append(Text("none open", style=self.style("dim")))
-        texts = [self._row_text(row, i == cursor and self.has_focus) for i, row in enumerate(view.open)]
-        wrapped = [t.wrap(self.app.console, width, overflow="fold") for t in texts]
+        self._at = cursor
+        texts = [self._row_texts(row, i == cursor and self.has_focus) for i, row in enumerate(view.open)]
+        wrapped = [[w for i, t in enumerate(ts) for w in self._wrap(t, width, 4 if i else 0)] for ts in texts]
         # Every finding whole when they fit; else the cursor's whole and the rest one line each.
         whole = sum(len(w) for w in wrapped) <= self.inner_height
-        for i, text in enumerate(texts):
+        for i, ts in enumerate(texts):
             if i == cursor:
                 first_line, cursor_lines = len(lines), len(wrapped[i])
             if whole or i == cursor:
                 lines.extend(wrapped[i])
             else:
-                text.truncate(width, overflow="ellipsis")
-                lines.append(text)
+                for text in ts:
+                    text.truncate(width, overflow="ellipsis")
+                    lines.append(text)
         if view.resolved:
             lines.append(Text(f"resolved ({len(view.resolved)})", style=self.style("label")))
             for r in view.resolved:
@@ -117,13 +137,30 @@ class FindingsPanel(Panel[FindingsView]):
             self.set_reactive(FindingsPanel.scroll_at, max(top, 0))
         return Text("\n").join(lines)
 
-    def _row_text(self, row: FindingRow, focused: bool) -> Text:
+    def _wrap(self, text: Text, width: int, indent: int) -> list[Text]:
+        """`text` wrapped to `width`, its continuation lines indented by `indent` (a line that
+        follows from a cause reads as one block under it)."""
+        lines = list(text.wrap(self.app.console, max(width - indent, 8), overflow="fold"))
+        for line in lines[1:]:
+            line.pad_left(indent)
+        return lines
+
+    def _row_texts(self, row: FindingRow, focused: bool) -> list[Text]:
+        """The row's line, then one line for each code that follows from it, indented under it."""
         t = Text()
         t.append(SEVERITY_WORD.get(row.severity, row.severity.upper()) + " ", style=self.style(row.level))
         t.append(row.code, style=self.style(row.level))
         if row.key and row.fix:
             t.append(f" [{row.key}] {row.fix}", style=self.style("info"))
         t.append("  " + row.message, style=self.style("value"))
+        out = [t]
+        for k in row.follow:
+            u = Text("  ↳ ", style=self.style("dim"))
+            u.append(SEVERITY_WORD.get(k.severity, k.severity.upper()) + " ", style=self.style(k.level))
+            u.append(k.since, style=self.style("value"))
+            u.append(f"; the latest: {k.messages[0]}", style=self.style("dim"))
+            out.append(u)
         if focused:
-            t.stylize(self.style("cursor"))
-        return t
+            for x in out:
+                x.stylize(self.style("cursor"))
+        return out

@@ -1,0 +1,176 @@
+"""Cause and consequence among the open findings: the rows every client shows them in.
+
+A finding whose cause is open (`vocab.FOLLOWS`: a checkpoint of a NaN model rejected while
+NONFINITE is open) is folded under that cause as one line with a count ("14 checkpoints
+rejected since NONFINITE at step 31"); the open findings of one code are one line with their
+count and the newest in words; a cause's own cause is followed to the root, so each row is a root
+cause with everything that follows from it. Rows are ordered as findings are (`findings.order`):
+the most severe first (a row is as severe as the worst finding in it), then the newest root.
+
+Pure: the control room, `trainroom status` and its JSON read the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, FindingCode, Severity
+
+# The codes some other code may follow from: their findings fold as one (they are never told
+# apart by evidence), under the cause of the first of them.
+_CAUSES: frozenset[str] = frozenset(link.cause for links in FOLLOWS.values() for link in links)
+_CODE_ORDER = {c: i for i, c in enumerate(FINDING_CODES)}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """The open findings of one code that show as one line, the newest first."""
+
+    findings: tuple[Finding, ...]
+
+    @property
+    def head(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def code(self) -> FindingCode:
+        return self.head.code
+
+    @property
+    def count(self) -> int:
+        return len(self.findings)
+
+    @property
+    def severity(self) -> Severity:
+        return _worst(f.severity for f in self.findings)
+
+    @property
+    def first_seen(self) -> float:
+        return min(f.first_seen for f in self.findings)
+
+    def counted(self) -> str:
+        """How many, in words: "14 checkpoints rejected", "3 × SLOW", or the code alone for one."""
+        return counted(self.code, self.count)
+
+    def said(self) -> str:
+        """The line's words: the finding's own for one, else how many and the newest."""
+        if self.count == 1:
+            return self.head.message
+        many = self.counted() if self.code in COUNTED else f"{self.count} open"
+        return f"{many}; the latest: {self.head.message}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """A root cause (one code's findings) and what follows from it, one kind a line, in the
+    order they were first seen."""
+
+    cause: Kind
+    consequences: tuple[Kind, ...] = ()
+
+    @property
+    def head(self) -> Finding:
+        """The finding the row stands for: its fix key and its detail."""
+        return self.cause.head
+
+    @property
+    def severity(self) -> Severity:
+        return _worst(k.severity for k in (self.cause, *self.consequences))
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(f for k in (self.cause, *self.consequences) for f in k.findings)
+
+    @property
+    def idents(self) -> tuple[str, ...]:
+        return tuple(f.ident for f in self.findings)
+
+    def since(self, k: Kind) -> str:
+        """One consequence in words: "14 checkpoints rejected since NONFINITE at step 31"."""
+        step = self.cause.findings[-1].evidence.get("step")
+        at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+        return f"{k.counted()} since {self.cause.code}{at}"
+
+    def consequence_line(self, k: Kind) -> str:
+        """A consequence's line: how many since the cause, and the newest in words."""
+        return f"{self.since(k)}; the latest: {k.head.message}"
+
+
+def counted(code: FindingCode, n: int) -> str:
+    words = COUNTED.get(code)
+    if words is not None:
+        return f"{n} {words[0] if n == 1 else words[1]}"
+    return code if n == 1 else f"{n} × {code}"
+
+
+def fold(findings: Iterable[Finding]) -> list[Row]:
+    """The open findings as rows: each root cause with what follows from it, repeats of one
+    code one kind; the most severe row first, then the newest."""
+    fs = list(findings)
+    by_code: dict[FindingCode, list[Finding]] = {}
+    for f in fs:
+        by_code.setdefault(f.code, []).append(f)
+    first = {c: min(f.first_seen for f in xs) for c, xs in by_code.items()}
+
+    def cause_of(code: FindingCode, seen: float, evidence: dict[str, object] | None) -> FindingCode | None:
+        for link in FOLLOWS.get(code, ()):
+            c = link.cause
+            if c == code or c not in by_code:
+                continue
+            if link.shown_by is not None and (evidence is None or link.shown_by not in evidence):
+                continue
+            if link.after and not _before(c, first[c], code, seen):
+                continue  # seen before its cause was: not its doing
+            return c
+        return None
+
+    def root_of(code: FindingCode) -> FindingCode:
+        path = [code]
+        while (up := cause_of(path[-1], first[path[-1]], None)) is not None and up not in path:
+            path.append(up)
+        return path[-1]
+
+    # Each finding's row (its root cause's code) and its kind there (its own code).
+    placed: dict[FindingCode, dict[FindingCode, list[Finding]]] = {}
+    for f in fs:
+        if f.code in _CAUSES:
+            up = cause_of(f.code, first[f.code], None)
+        else:
+            up = cause_of(f.code, f.first_seen, f.evidence)
+        root = root_of(up) if up is not None else f.code
+        if root == f.code:
+            up = None
+        placed.setdefault(f.code if up is None else root, {}).setdefault(f.code, []).append(f)
+    rows = []
+    for root, kinds in placed.items():
+        own = kinds.pop(root, None)
+        rest = sorted((_kind(xs) for xs in kinds.values()), key=lambda k: (k.first_seen, k.code))
+        if own is None:  # (not reached: a root's findings are its own row) the earliest leads
+            own_kind, rest = rest[0], rest[1:]
+        else:
+            own_kind = _kind(own)
+        rows.append(Row(cause=own_kind, consequences=tuple(rest)))
+    return sorted(rows, key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
+
+
+def root_code(findings: Iterable[Finding], code: FindingCode) -> FindingCode | None:
+    """The root cause a finding of `code` is folded under, None when it is a root itself."""
+    for row in fold(findings):
+        if any(k.code == code for k in row.consequences):
+            return row.cause.code
+    return None
+
+
+def _kind(xs: list[Finding]) -> Kind:
+    return Kind(tuple(sorted(xs, key=lambda f: (-f.first_seen, f.ident))))
+
+
+def _before(a: FindingCode, a_seen: float, b: FindingCode, b_seen: float) -> bool:
+    """Whether `a` was seen before `b` (the same moment: the one the catalogue lists first)."""
+    return (a_seen, _CODE_ORDER.get(a, 0)) < (b_seen, _CODE_ORDER.get(b, 0))
+
+
+def _worst(severities: Iterable[Severity]) -> Severity:
+    return max(severities, key=lambda s: SEVERITY_RANK.get(s, 0))

@@ -1,0 +1,144 @@
+"""Cause and consequence in the control room, through Pilot against the real app: the header
+names the root cause, never a consequence while its cause is open; the rejected checkpoints of a
+NaN model are one line under NONFINITE with their count; the cursor stays on its finding as new
+rows arrive above it, and Enter opens that one; a tensor's name keeps its underscores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.tui_fakes import T0, healthy_records, in_loop, make_app, screen_text, settle, until
+from trainroom.core import protocol as p
+from trainroom.core.findings import Finding
+from trainroom.tui.screens.finding import FindingDetail
+from trainroom.tui.widgets.findings import FindingsPanel
+from trainroom.tui.widgets.header import RunHeader
+
+TENSOR = "model.layers.0.self_attn.q_proj.weight"
+
+
+def raised(code: str, severity: str, message: str, t: float, **kw: Any) -> p.FindingRaised:
+    return p.FindingRaised(
+        finding=Finding(code=code, severity=severity, message=message, first_seen=t, last_seen=t, **kw)  # type: ignore[arg-type]
+    )
+
+
+def nonfinite(t: float = T0 + 6) -> p.FindingRaised:
+    return raised(
+        "NONFINITE",
+        "critical",
+        "loss is nan at step 31 on rank 0",
+        t,
+        evidence={"step": 31, "field": "loss", "module": "blocks.1.mlp.0"},
+    )
+
+
+def rejected(i: int, t: float) -> p.FindingRaised:
+    step = 35 + 5 * i
+    return raised(
+        "CKPT_REJECTED",
+        "critical",
+        f"checkpoint step {step} (step-{step:06d}.pt) rejected: non-finite values in 1 tensor(s): {TENSOR}",
+        t,
+        key=f"/ck/.quarantine/step-{step:06d}.pt",
+        action="verify",
+        evidence={"step": step, "nonfinite": {TENSOR: {"nan": 16384, "inf": 0}}},
+    )
+
+
+def nan_run(n: int = 14) -> list[Any]:
+    return [*healthy_records(steps=10), nonfinite(), *(rejected(i, T0 + 10 + i) for i in range(n))]
+
+
+@in_loop
+async def test_the_header_names_the_root_cause_and_the_rejections_fold_under_it(tmp_path) -> None:
+    app, link, _ = make_app(str(tmp_path), nan_run())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        header = app.query_one(RunHeader)
+        assert header.view is not None and header.view.worst_code == "NONFINITE" and header.view.more == 0
+        text = screen_text(app)
+        top = text.splitlines()[0]
+        assert "NONFINITE" in top and "CKPT_REJECTED" not in top, top
+        panel = app.query_one(FindingsPanel)
+        assert panel.view is not None and [r.code for r in panel.view.open] == ["NONFINITE"]
+        (row,) = panel.view.open
+        assert row.follow[0].count == 14 and len(row.idents) == 15
+        assert "↳ CRIT 14 checkpoints rejected since NONFINITE at step 31" in text
+        assert panel.border_title == "findings (1)"
+        # The cause closes: the rejections stand alone, one row with their count and the newest.
+        link.push([p.FindingCleared(ident="NONFINITE", t=T0 + 60)])
+        await until(pilot, lambda: header.view is not None and header.view.worst_code == "CKPT_REJECTED")
+        await pilot.pause()
+        (row,) = panel.view.open
+        assert row.code == "CKPT_REJECTED" and row.count == 14 and not row.follow
+        assert row.message.startswith("14 checkpoints rejected; the latest: checkpoint step 100 ")
+        assert "CKPT_REJECTED  14 checkpoints rejected; the latest" in screen_text(app)
+
+
+@in_loop
+async def test_the_cursor_stays_on_its_finding_when_a_new_one_arrives_above_it(tmp_path) -> None:
+    recs = [
+        *healthy_records(steps=10),
+        raised("DISK_HIGH", "critical", "the checkpoint disk is 95 % full", T0 + 5),
+        raised("STALE_LOCK", "warning", "a lock held by pid 4 that is gone", T0 + 6),
+    ]
+    app, link, _ = make_app(str(tmp_path), recs)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        panel = app.query_one(FindingsPanel)
+        await pilot.press("tab")
+        assert app.focused is panel
+        # With the focus, the cursor is on a finding (the first), not on a place in the list.
+        assert panel.selected == "DISK_HIGH"
+        await pilot.press("j")
+        assert panel.selected == "STALE_LOCK"
+        link.push([raised("HOST_RAM_LOW", "critical", "2 % of memory left", T0 + 20)])
+        await until(pilot, lambda: panel.view is not None and len(panel.view.open) == 3, "the new row")
+        assert [r.code for r in panel.view.open] == ["HOST_RAM_LOW", "DISK_HIGH", "STALE_LOCK"]  # type: ignore[union-attr]
+        row = panel.selected_row()
+        assert row is not None and row.code == "STALE_LOCK"
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, FindingDetail), "the detail")
+        assert app.screen.row.code == "STALE_LOCK"  # type: ignore[attr-defined]
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, FindingDetail), "the detail closing")
+        # A finding that folds under a new cause takes the cursor with it to its cause's row.
+        await pilot.press("k")
+        assert panel.selected == "DISK_HIGH"
+        link.push([raised("DISK_FULL_SOON", "critical", "full in 5 min", T0 + 30)])
+        await until(
+            pilot,
+            lambda: panel.view is not None and len(panel.view.open) == 3 and bool(panel.view.open[1].follow),
+        )
+        row = panel.selected_row()
+        assert row is not None and row.code == "DISK_HIGH"
+        # The finding under the cursor closes: the cursor stays where it was, on the one now there.
+        link.push([p.FindingCleared(ident="DISK_HIGH", t=T0 + 40)])
+        await until(
+            pilot, lambda: panel.view is not None and all(r.code != "DISK_HIGH" for r in panel.view.open)
+        )
+        row = panel.selected_row()
+        assert row is not None and panel.selected in row.idents
+
+
+@in_loop
+async def test_the_detail_says_what_follows_and_keeps_a_tensors_underscores(tmp_path) -> None:
+    app, _, _ = make_app(str(tmp_path), [*healthy_records(steps=10), rejected(0, T0 + 5)])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("tab", "enter")
+        await until(pilot, lambda: isinstance(app.screen, FindingDetail), "the detail")
+        await pilot.pause()
+        text = screen_text(app)
+        assert f"{TENSOR} nan 16384, inf 0" in text and "self attn" not in text
+    app, _, _ = make_app(str(tmp_path), nan_run(3))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("tab", "enter")
+        await until(pilot, lambda: isinstance(app.screen, FindingDetail), "the detail")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "CRIT NONFINITE" in text and "what follows from it" in text
+        assert "3 checkpoints rejected since NONFINITE at step 31" in text
+        assert "checkpoint step 45 (step-000045.pt) rejected" in text

@@ -1,0 +1,168 @@
+"""The fold of open findings into rows: a consequence under its open cause with a count, repeats
+of one code as one row with a count and the newest, the root cause first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainroom.core.findings import Finding
+from trainroom.core.run.causes import counted, fold
+from trainroom.core.vocab import CATALOGUE, FINDING_CODES, FOLLOWS
+
+T0 = 1_700_000_000.0
+
+
+def f(code: str, t: float, key: str = "", severity: str | None = None, **evidence: Any) -> Finding:
+    sev = severity or CATALOGUE[code].severity  # type: ignore[index]
+    return Finding(
+        code=code,  # type: ignore[arg-type]
+        severity=sev,  # type: ignore[arg-type]
+        key=key,
+        message=f"{code} {key}".strip(),
+        first_seen=t,
+        last_seen=t,
+        evidence=evidence,
+    )
+
+
+def nan_run(rejected: int = 14) -> list[Finding]:
+    out = [f("NONFINITE", T0 + 31, step=31, field="loss")]
+    out += [
+        f("CKPT_REJECTED", T0 + 40 + i, key=f"step-{40 + 5 * i}.pt", nonfinite={"w": {"nan": 1}})
+        for i in range(rejected)
+    ]
+    return out
+
+
+def test_the_rejected_checkpoints_of_a_nan_model_are_one_line_under_nonfinite() -> None:
+    rows = fold(nan_run())
+    assert len(rows) == 1
+    (row,) = rows
+    assert row.cause.code == "NONFINITE" and row.cause.count == 1
+    (k,) = row.consequences
+    assert k.code == "CKPT_REJECTED" and k.count == 14
+    assert row.since(k) == "14 checkpoints rejected since NONFINITE at step 31"
+    # The newest rejection is the one the line names.
+    assert k.head.key == "step-105.pt" and row.consequence_line(k).endswith("CKPT_REJECTED step-105.pt")
+    assert len(row.idents) == 15 and row.head.code == "NONFINITE"
+
+
+def test_repeats_of_one_code_are_one_row_with_a_count_and_the_newest() -> None:
+    orphans = [f("ORPHAN_CONTEXT", T0 + i, key=f"pid-{100 + i}") for i in range(3)]
+    rows = fold([*orphans, f("DISK_HIGH", T0 + 1)])
+    assert [r.cause.code for r in rows] == ["ORPHAN_CONTEXT", "DISK_HIGH"]
+    o = rows[0].cause
+    assert o.count == 3 and o.head.key == "pid-102" and not rows[0].consequences
+    assert o.said() == "3 GPU contexts left behind; the latest: ORPHAN_CONTEXT pid-102"
+    assert rows[1].cause.said() == "DISK_HIGH"  # one finding says its own words
+
+
+def test_a_consequence_whose_cause_is_closed_stands_alone() -> None:
+    rejected = nan_run(3)[1:]
+    rows = fold(rejected)
+    assert [(r.cause.code, r.cause.count, r.consequences) for r in rows] == [("CKPT_REJECTED", 3, ())]
+
+
+def test_a_rejection_for_another_reason_is_not_folded_under_nonfinite() -> None:
+    # A truncated save is not the NaN's doing: it stays a row of its own.
+    short = f("CKPT_REJECTED", T0 + 50, key="step-50.pt", problems=["size 10 bytes, 900 recorded"])
+    rows = fold([*nan_run(2), short])
+    nf = next(r for r in rows if r.cause.code == "NONFINITE")
+    assert nf.consequences[0].count == 2
+    alone = next(r for r in rows if r.cause.code == "CKPT_REJECTED")
+    assert alone.cause.findings == (short,)
+
+
+def test_the_root_cause_is_followed_through_a_chain() -> None:
+    # The LR far from the one asked for, the loss climbing, then NaN, then NaN checkpoints:
+    # one row, the LR first.
+    fs = [f("LR_MISMATCH", T0), f("DIVERGENCE", T0 + 5), *nan_run(2)]
+    (row,) = fold(fs)
+    assert row.cause.code == "LR_MISMATCH"
+    assert [k.code for k in row.consequences] == ["DIVERGENCE", "NONFINITE", "CKPT_REJECTED"]
+    # The row is as severe as its worst finding, so a warning's row sorts with the critical ones.
+    assert row.severity == "critical"
+    assert row.since(row.consequences[2]) == "2 checkpoints rejected since LR_MISMATCH"
+
+
+def test_a_number_seen_before_its_cause_is_not_its_doing() -> None:
+    grad_first = fold([f("GRAD_EXPLOSION", T0), f("LOSS_SPIKE", T0 + 1)])
+    spike_first = fold([f("GRAD_EXPLOSION", T0 + 1), f("LOSS_SPIKE", T0)])
+    assert [(r.cause.code, [k.code for k in r.consequences]) for r in grad_first] == [
+        ("GRAD_EXPLOSION", ["LOSS_SPIKE"])
+    ]
+    assert sorted((r.cause.code, r.consequences) for r in spike_first) == [
+        ("GRAD_EXPLOSION", ()),
+        ("LOSS_SPIKE", ()),
+    ]
+    # A rejected NaN checkpoint seen before NONFINITE opened stands alone.
+    early = f("CKPT_REJECTED", T0, key="step-5.pt", nonfinite={"w": {"nan": 1}})
+    rows = fold([early, *nan_run(1)])
+    assert sorted((r.cause.code, r.cause.count, len(r.consequences)) for r in rows) == [
+        ("CKPT_REJECTED", 1, 0),
+        ("NONFINITE", 1, 1),
+    ]
+
+
+def test_unrelated_findings_keep_the_order_of_every_client() -> None:
+    fs = [f("STALE_LOCK", T0), f("DISK_HIGH", T0 + 2), f("LOSS_SPIKE", T0 + 3)]
+    assert [r.cause.code for r in fold(fs)] == ["DISK_HIGH", "STALE_LOCK", "LOSS_SPIKE"]
+    assert fold([]) == []
+
+
+def test_a_lock_held_by_the_dead_is_the_cause_of_the_hang() -> None:
+    (row,) = fold([f("HUNG", T0 + 10), f("STALE_LOCK", T0 + 20), f("SLOW", T0 + 5)])
+    assert row.cause.code == "STALE_LOCK"
+    assert {k.code for k in row.consequences} == {"HUNG", "SLOW"}
+
+
+def test_the_links_name_codes_of_the_catalogue_and_no_one_way_cycle() -> None:
+    for code, links in FOLLOWS.items():
+        assert code in FINDING_CODES and all(link.cause in FINDING_CODES for link in links)
+        assert all(link.cause != code for link in links)
+        # A code told apart by its evidence is never itself a cause (it folds finding by finding).
+        if any(link.shown_by for link in links):
+            assert all(code != other.cause for ls in FOLLOWS.values() for other in ls)
+
+    # Following the links that hold in any order never comes back to where it began (those
+    # that hold only after the cause cannot: their time order is strict).
+    def up(code: str) -> set[str]:
+        return {link.cause for link in FOLLOWS.get(code, ()) if not link.after}  # type: ignore[call-overload]
+
+    for start in FOLLOWS:
+        seen: set[str] = set()
+        todo = list(up(start))
+        while todo:
+            c = todo.pop()
+            assert c != start, f"{start} follows itself through {seen}"
+            if c not in seen:
+                seen.add(c)
+                todo += up(c)
+
+
+def test_counts_in_words() -> None:
+    assert counted("CKPT_REJECTED", 1) == "1 checkpoint rejected"
+    assert counted("SLOW", 1) == "SLOW" and counted("SLOW", 2) == "2 × SLOW"
+
+
+def test_a_rejection_never_speaks_of_a_verified_checkpoint_that_does_not_exist() -> None:
+    from trainroom.core.ckpt.report import VerifyReport
+    from trainroom.core.ckpt.rules import rejected_finding
+
+    rep = VerifyReport(ok=False, reason="non-finite values", path="/r/.quarantine/step-000015.pt", step=15)
+    none_yet = rejected_finding(rep, None)
+    some = rejected_finding(rep, "step 10")
+    assert none_yet is not None and some is not None
+    assert "no checkpoint has verified yet: there is none to resume from" in none_yet.message
+    assert "left as it was" not in none_yet.message and "last verified" not in none_yet.message
+    assert some.message.endswith("`latest` is left as it was, at the last verified checkpoint (step 10)")
+
+
+def test_a_run_s_summary_names_the_root_cause_for_the_runs_overview() -> None:
+    from tests.support.tui_fakes import build_state, healthy_records
+    from trainroom.core import protocol as p
+    from trainroom.core.run.summary import summarize
+
+    recs = healthy_records(steps=5) + [p.FindingRaised(finding=x) for x in nan_run(3)]
+    s = summarize(build_state(recs))
+    assert s.findings == 4 and s.worst is not None and s.worst.code == "NONFINITE"
