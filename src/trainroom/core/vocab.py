@@ -270,6 +270,13 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
         Follows("DISK_HIGH"),
         Follows("DRVFS_CHECKPOINTS"),
     ),
+    # A model that diverged or went non-finite evaluates worse: its held checkpoints follow.
+    "EVAL_REGRESSED": (
+        Follows("NONFINITE", after=True),
+        Follows("DIVERGENCE", after=True),
+        Follows("GRAD_EXPLOSION", after=True),
+        Follows("LOSS_SPIKE", after=True),
+    ),
 }
 
 # How many findings of one code are said in words, (one, many): "14 checkpoints rejected".
@@ -277,6 +284,7 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
 COUNTED: dict[FindingCode, tuple[str, str]] = {
     "CKPT_REJECTED": ("checkpoint rejected", "checkpoints rejected"),
     "CKPT_OUTSIDE_ROOT": ("checkpoint outside the root", "checkpoints outside the root"),
+    "EVAL_REGRESSED": ("checkpoint held back by its evaluation", "checkpoints held back by their evaluation"),
     "ORPHAN_CONTEXT": ("GPU context left behind", "GPU contexts left behind"),
     "STALE_LOCK": ("stale lock", "stale locks"),
     "DUPLICATE_TRAINER": ("other trainer", "other trainers"),
