@@ -42,6 +42,18 @@ class Reclaim(Action[ReclaimArgs, ReclaimPlan]):
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        cache = fmt_bytes(plan.get("page_cache_bytes"))
+        if plan.get("method") == "drop_caches":
+            return (
+                f"drops the whole machine's page cache ({cache}), every process's: their files are "
+                "read from disk again; no data is lost"
+            )
+        return (
+            f"reclaims the page cache of cgroup {plan.get('cgroup')} ({cache} cached on the machine): "
+            "its files are read from disk again; no data is lost"
+        )
+
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         cache = fmt_bytes(plan.get("page_cache_bytes"))
         if plan.get("method") == "drop_caches":

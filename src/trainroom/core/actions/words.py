@@ -59,3 +59,27 @@ def steps(xs: Any) -> str:
     """Checkpoint steps as "steps 100, 200" ("step ?" for one without a step)."""
     got = ["?" if s is None else str(s) for s in xs]
     return ("step " if len(got) == 1 else "steps ") + ", ".join(got)
+
+
+def verdict(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
+    """An action's outcome in one line: ok / slow / refused, said once (a keeper's "resume
+    refused: ..." is not prefixed again)."""
+    if ok:
+        return ("slow: " if after.get("verdict") == "slow" else "ok: ") + message
+    said = message.startswith((f"{action} refused", f"{action}:", "refused", "cancel"))
+    return message if said else "refused: " + message
+
+
+def outcome(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
+    """What became of an action, in two or three words after its name: done, refused,
+    cancelled, or done in part (a kill whose processes are gone while the driver still holds
+    their memory)."""
+    if ok:
+        return f"{action}: done" + (", but slow" if after.get("verdict") == "slow" else "")
+    if message.startswith("cancel") or after.get("vram_wait_cancelled"):
+        return f"{action}: cancelled"
+    if message.startswith((f"{action} refused", "refused")):
+        return f"{action}: refused"
+    if after.get("members") == 0:
+        return f"{action}: done in part"
+    return f"{action}: not done"

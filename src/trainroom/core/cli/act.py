@@ -124,12 +124,8 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
 
 
 def verdict(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
-    """One verdict a line: ok / slow / refused, said once (a keeper's "resume refused: ..." is
-    not prefixed again)."""
-    if ok:
-        return ("slow: " if after.get("verdict") == "slow" else "ok: ") + message
-    said = message.startswith((f"{action} refused", f"{action}:", "refused", "cancel"))
-    return message if said else "refused: " + message
+    """One verdict a line (actions/words.py: the control room's result says the same)."""
+    return words.verdict(action, ok, message, after)
 
 
 def bench_here(args: argparse.Namespace) -> int:
