@@ -46,7 +46,9 @@ def figure(key: str, value: Any) -> str:
 def evidence(d: dict[str, Any]) -> str:
     """A before/after record as "members 2, vram 1.2 GiB" (bookkeeping and unknowns left out)."""
     return ", ".join(
-        f"{label(k)} {figure(k, v)}" for k, v in d.items() if k not in BOOKKEEPING and v is not None
+        f"{label(k)} {figure(k, v)}"
+        for k, v in d.items()
+        if k not in BOOKKEEPING and v is not None and not is_block(v)
     )
 
 
@@ -83,3 +85,32 @@ def outcome(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
     if after.get("members") == 0:
         return f"{action}: done in part"
     return f"{action}: not done"
+
+
+def is_block(value: Any) -> bool:
+    """A result's field that is read as a block of its own, not a figure: a many-line text (a
+    dump's stacks) or a list of rank blocks (a torchrun dump's)."""
+    if isinstance(value, str):
+        return "\n" in value.strip()
+    return isinstance(value, list) and any(isinstance(v, dict) and "stacks" in v for v in value)
+
+
+def blocks(after: dict[str, Any]) -> list[tuple[str, str]]:
+    """(heading, text) of each block a result carries, each rank's under its own heading
+    ("rank 1 (pid 4242), read by faulthandler"), a rank that could not be read with why."""
+    out: list[tuple[str, str]] = []
+    for key, value in after.items():
+        if not is_block(value):
+            continue
+        if isinstance(value, str):
+            how = after.get("method")
+            out.append((label(key) + (f" (read by {how})" if how else ""), value))
+            continue
+        for item in value:
+            if not isinstance(item, dict):
+                continue
+            who = f"rank {item.get('rank')} (pid {item.get('pid')})"
+            text = str(item.get("stacks") or "")
+            how = f", read by {item.get('method')}" if item.get("method") and text else ""
+            out.append((who + how, text or f"({item.get('message') or 'nothing read'})"))
+    return out

@@ -116,8 +116,10 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
         print(verdict(r.action, r.ok, r.message, r.after))
         if r.before:
             print(f"  before: {words.evidence(r.before)}")
-        if r.after:
+        if r.after and words.evidence(r.after):
             print(f"  after:  {words.evidence(r.after)}")
+        for heading, text in words.blocks(r.after):
+            print(f"\n{heading}:\n{text.rstrip()}")
     # The same exit code with or without a keeper: a bench below its floor is 1 either way.
     passed = r.ok and (r.action != "bench" or r.after.get("verdict") == "ok")
     return 0 if passed else 1

@@ -6,7 +6,7 @@ rank on a job of several); then what it acted on. Scrollable when long."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import ClassVar
 
 from rich.table import Table
@@ -36,40 +36,13 @@ def before_after_table(rows: list[tuple[str, str, str]]) -> Table:
     return table
 
 
-def text_blocks(after: Mapping[str, object]) -> Iterator[tuple[str, str]]:
-    """(heading, text) of each many-line text a result carries (a dump's stacks), a job's ranks
-    each under its own heading."""
-    for key, value in after.items():
-        if isinstance(value, str) and "\n" in value.strip():
-            how = after.get("method")
-            yield (f"{field_words(key)}" + (f" (read by {how})" if key == "stacks" and how else ""), value)
-        elif isinstance(value, list):
-            for item in value:
-                if isinstance(item, Mapping) and isinstance(item.get("stacks"), str):
-                    yield block_heading(item), str(item.get("stacks") or item.get("message") or "")
-
-
-def block_heading(item: Mapping[str, object]) -> str:
-    """`rank 1 (pid 4242), read by faulthandler`: whose stacks a block is."""
-    who = (
-        f"rank {item.get('rank')} (pid {item.get('pid')})"
-        if item.get("rank") is not None
-        else f"pid {item.get('pid')}"
-    )
-    how = f", read by {item.get('method')}" if item.get("method") else ""
-    said = f": {item.get('message')}" if not item.get("stacks") and item.get("message") else ""
-    return who + how + said
-
-
 def found_lines(after: Mapping[str, object]) -> list[str]:
     """A read-only result's figures, one a line in words (the text blocks left to their own)."""
     out = []
     for key, value in after.items():
         if hidden(key) or value is None or value in ([], {}) or key == "method":
             continue
-        if isinstance(value, str) and "\n" in value.strip():
-            continue
-        if isinstance(value, list) and any(isinstance(v, Mapping) and "stacks" in v for v in value):
+        if words.is_block(value):
             continue
         out.append(f"{field_words(key)}: {value_text(key, value)}")
     return out
@@ -92,7 +65,7 @@ class ActionResult(ModalScreen[None]):
         self.outcome = outcome
         o = outcome
         self.title_text = words.outcome(o.action, o.ok, o.message, dict(o.after))
-        self.blocks = [] if o.before else list(text_blocks(o.after))
+        self.blocks = [] if o.before else words.blocks(dict(o.after))
 
     def compose(self) -> ComposeResult:
         o = self.outcome
