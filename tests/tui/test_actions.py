@@ -79,6 +79,7 @@ async def test_kill_shows_the_pgid_and_its_pids_then_the_evidence(tmp_path) -> N
             assert said in text, said
         # No field's name: what a person reads is words.
         said_all = "\n".join([app.screen.question, app.screen.headline, *app.screen.lines])
+        assert not any("loses" in line for line in app.screen.lines)  # said once, in the headline
         for internal in ("process group:", "empty:", "label:", "nothing left", "pgid", "members", "_"):
             assert internal not in said_all, internal
         await pilot.press("y")
@@ -125,7 +126,6 @@ async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
             [
                 "Delete these checkpoints?",
                 "deletes 1 checkpoint (step 100) under /ckpt for good, 4.0 GiB freed; keeps 1",
-                "deletes 1 checkpoint(s) under /ckpt, 4.0 GiB freed",
                 "keeps 1: step 200 (one of the last 1 verified)",
                 "step 100  4.0 GiB  /ckpt/step-000100",
             ],
@@ -143,6 +143,7 @@ async def test_reclaim_and_prune_confirm_their_target(
         for line in (shown[0], shown[1][:60], *shown[2:]):
             assert line in text, line
         said_all = "\n".join([app.screen.question, app.screen.headline, *app.screen.lines])
+        assert not any(line.startswith("deletes") for line in app.screen.lines)  # the headline's
         for internal in ("bytes", "_", "page cache:", "delete (", "root:", "method:"):
             assert internal not in said_all, internal
         await pilot.press("y")
@@ -218,9 +219,7 @@ async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
         await pilot.press("b")
         strip = app.query_one("#action-strip")
         try:
-            await until(
-                pilot, lambda: "warming up the matmuls" in (strip.view or ""), "the progress line"
-            )
+            await until(pilot, lambda: "warming up the matmuls" in (strip.view or ""), "the progress line")
             # What runs, for how long, its latest line, and the key that cancels it.
             assert re.fullmatch(
                 r"bench running \d+ s: warming up the matmuls · X: cancel it", strip.view or ""

@@ -148,8 +148,10 @@ def test_each_confirmation_opens_with_one_line_of_what_happens_and_what_is_lost(
         "kills process group 40 (2 processes, SIGTERM, then SIGKILL after 10 s); "
         "loses 17 steps (at step 137, last verified checkpoint at step 120)"
     )
-    assert REGISTRY["kill"].headline(kill | {"last_verified_step": None}, "").endswith(
-        "; loses all 137 steps: no verified checkpoint yet"
+    assert (
+        REGISTRY["kill"]
+        .headline(kill | {"last_verified_step": None}, "")
+        .endswith("; loses all 137 steps: no verified checkpoint yet")
     )
     assert REGISTRY["kill"].headline(kill | {"members": []}, "") == (
         "nothing of process group 40 is left to kill: only checks the GPU memory was released; "
@@ -170,8 +172,10 @@ def test_each_confirmation_opens_with_one_line_of_what_happens_and_what_is_lost(
         "deletes 3 checkpoints (steps 10 to 30) under /ck for good, 3.0 GiB freed; keeps 1"
     )
     reclaim = {"method": "drop_caches", "page_cache_bytes": 6 * GiB}
-    assert REGISTRY["reclaim"].headline(reclaim, "").startswith(
-        "drops the whole machine's page cache (6.0 GiB), every process's"
+    assert (
+        REGISTRY["reclaim"]
+        .headline(reclaim, "")
+        .startswith("drops the whole machine's page cache (6.0 GiB), every process's")
     )
     resume = {"attempt": 2, "checkpoint": "/ck/300", "step": 300, "died_at_step": 322, "steps_lost": 22}
     assert REGISTRY["resume"].headline(resume, "") == (
@@ -200,7 +204,13 @@ def test_a_dumps_stacks_are_blocks_labelled_by_rank_never_inline_figures() -> No
     after = {
         "method": "faulthandler",
         "ranks": [
-            {"rank": 0, "pid": 11, "method": "faulthandler", "message": "", "stacks": "Thread 0x1\n  File a\n"},
+            {
+                "rank": 0,
+                "pid": 11,
+                "method": "faulthandler",
+                "message": "",
+                "stacks": "Thread 0x1\n  File a\n",
+            },
             {"rank": 1, "pid": 12, "method": None, "message": "pid 12 is stopped", "stacks": ""},
         ],
     }

@@ -245,6 +245,10 @@ class Action(Generic[A, W]):
         to what and what is lost first, then the details in words and units (actions/words.py)."""
         return words.fields(plan)
 
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        """The plan's lines under its `headline`: `plan_lines` less what the headline says."""
+        return self.plan_lines(plan)
+
     def as_confirmed(self, plan: Plan[W], confirmed: dict[str, Any]) -> Plan[W]:
         """The plan to carry out, cut to what the client confirmed (`confirmed`: the plan it
         showed), for an action whose target may grow while a person reads it (a prune of a run

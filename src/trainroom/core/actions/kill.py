@@ -216,6 +216,9 @@ class Kill(Action[KillArgs, KillWork]):
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         return kill_lines(plan)
 
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        return kill_lines(plan, lost=False)  # the headline says the steps lost
+
     def target(self, plan: dict[str, Any]) -> object:
         return (
             plan.get("pgid"),
@@ -273,8 +276,9 @@ def _lost(step: Any, last: Any) -> str:
     return f"loses all {step} steps: no verified checkpoint yet"
 
 
-def kill_lines(plan: dict[str, Any]) -> list[str]:
-    """A kill plan for a person: the signals and their timing, what is lost, then each process."""
+def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
+    """A kill plan for a person: the signals and their timing, what is lost (unless `lost` is
+    False: said elsewhere), then each process."""
     members = plan.get("members") or []
     grace, wait = plan.get("grace_s"), plan.get("vram_timeout_s")
     who = plan.get("label") or f"process group {plan.get('pgid')}"
@@ -289,7 +293,7 @@ def kill_lines(plan: dict[str, Any]) -> list[str]:
     if isinstance(wait, float):
         out.append(f"  then waits up to {wait:g} s for the GPU memory to be released")
     step, last = plan.get("step"), plan.get("last_verified_step")
-    if isinstance(step, int) and members:
+    if isinstance(step, int) and members and lost:
         if isinstance(last, int):
             out.append(
                 f"  loses {max(step - last, 0)} step(s): at step {step}, last verified checkpoint at step {last}"

@@ -179,6 +179,9 @@ class Prune(Action[PruneArgs, PruneWork]):
         ]
         return out
 
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        return self.plan_lines(plan)[1:]  # the headline says the count, the bytes and the root
+
     def as_confirmed(self, plan: Plan[PruneWork], confirmed: dict[str, Any]) -> Plan[PruneWork]:
         shown = {str(d.get("path")): d.get("step") for d in confirmed.get("delete") or []}
         part = pruning.confirmed_part(plan.work.plan, shown)

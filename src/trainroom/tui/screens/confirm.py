@@ -1,7 +1,7 @@
 """The confirmation of a destructive action, in one fixed shape read at a glance: the question,
 then one line saying what will happen to what and what is lost (the action's `headline`), then
-the details in words and units (the action's own `plan_lines`, the ones the CLI prints), then
-yes/no. What runs on yes is exactly this plan: the keeper refuses a target that changed since.
+the details in words and units (the action's own lines, the ones the CLI prints, less what the
+headline said: `detail_lines`), then yes/no. What runs on yes is exactly this plan: the keeper refuses a target that changed since.
 
 Cancel has the focus: a stray Enter never kills a process group. The details scroll (j/k, the
 arrows, PgUp/PgDn) with the headline and the buttons always in view.
@@ -46,7 +46,7 @@ def confirmation(action: str, plan: Mapping[str, object], summary: str) -> tuple
     if known is None:
         return summary, generic_lines(plan)
     try:
-        lines = known.plan_lines(shown)
+        lines = known.detail_lines(shown)
         head = known.headline(shown, summary)
     except (TypeError, ValueError, AttributeError):
         # A plan of another shape (an older keeper's): its fields in words, never a traceback.
