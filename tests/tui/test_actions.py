@@ -222,7 +222,7 @@ async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
             await until(pilot, lambda: "warming up the matmuls" in (strip.view or ""), "the progress line")
             # What runs, for how long, its latest line, and the key that cancels it.
             assert re.fullmatch(
-                r"bench running \d+ s: warming up the matmuls · X: cancel it", strip.view or ""
+                r"bench running \d+ s · X: cancel it · warming up the matmuls", strip.view or ""
             ), strip.view
             app.redraw()
             await pilot.pause()

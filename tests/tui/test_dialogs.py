@@ -5,6 +5,7 @@ driver holds their memory is done in part, not "not done"."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tests.support.tui_fakes import in_loop, make_app, screen_text, settle, until
@@ -147,3 +148,24 @@ async def test_a_refusal_is_said_once_and_a_half_done_kill_is_done_in_part(tmp_p
         screen = await _result(app, pilot)
         assert screen.title_text == "kill: done in part"
         assert "before → after" in screen_text(app)
+
+
+def test_the_running_line_puts_the_countdown_and_the_cancel_key_before_the_keepers_words() -> None:
+    from trainroom.tui.action_flow import Running
+
+    r = Running("kill")
+    r.progress("waiting for the driver to release VRAM: 1.0 GiB held (per-process); 38 s left")
+    text = r.text("X")
+    m = re.fullmatch(
+        r"kill running \d+ s, (\d+) s left · X: cancel the wait · "
+        r"waiting for the driver to release VRAM: 1\.0 GiB held \(per-process\)",
+        text,
+    )
+    assert m is not None and int(m.group(1)) in (37, 38), text
+    r.progress("SIGTERM sent to pgid 4242 (2 live)")  # no countdown in this line: none shown
+    assert r.text("X").endswith(" · X: cancel the wait · SIGTERM sent to pgid 4242 (2 live)")
+    assert "left" not in r.text("X")
+    r.cancelling = True
+    assert " · cancelling… · " in r.text("X") and "X:" not in r.text("X")
+    # What cannot be cancelled names no key.
+    assert "cancel" not in Running("prune").text("X")

@@ -65,16 +65,19 @@ class Running:
         self.ends_at = time.monotonic() + float(m.group(1)) if m else None
 
     def text(self, cancel_key: str | None) -> str:
+        """`kill running 12 s, 38 s left · X: cancel the wait · waiting for the driver…`: what
+        matters first, so a narrow terminal cuts only the keeper's words."""
         now = time.monotonic()
+        out = f"{self.action} running {now - self.since:.0f} s"
         line = self.line
         if self.ends_at is not None:
-            line = _LEFT.sub(f"{max(self.ends_at - now, 0.0):.0f} s left", line, count=1)
-        out = f"{self.action} running {now - self.since:.0f} s: {line}"
+            out += f", {max(self.ends_at - now, 0.0):.0f} s left"
+            line = _LEFT.sub("", line, count=1).rstrip(" ;,")
         if self.cancelling:
             out += " · cancelling…"
         elif cancel_key is not None and self.action in CANCELLABLE:
             out += f" · {cancel_key}: cancel {CANCEL_ENDS.get(self.action, 'it')}"
-        return out
+        return f"{out} · {line}"
 
 
 def plan_or_refusal(action: str, replies: list[Reply]) -> Reply | ActionOutcome:
