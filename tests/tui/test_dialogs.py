@@ -169,3 +169,32 @@ def test_the_running_line_puts_the_countdown_and_the_cancel_key_before_the_keepe
     assert " · cancelling… · " in r.text("X") and "X:" not in r.text("X")
     # What cannot be cancelled names no key.
     assert "cancel" not in Running("prune").text("X")
+
+
+@in_loop
+async def test_a_plan_that_waits_says_what_it_waits_for(tmp_path) -> None:
+    import threading
+
+    from tests.support.tui_fakes import dead_run_records
+
+    release = threading.Event()
+
+    def waits(action: str, args: dict[str, Any], confirm: bool) -> Any:
+        yield p.Reply(
+            id=1, action=action, stage="progress", message="waiting for /ckpt/step-000300's verdict"
+        )
+        release.wait(30)
+        yield p.Reply(id=1, action=action, stage="done", ok=False, message="resume refused: still verifying")
+
+    app, _, _ = make_app(str(tmp_path), dead_run_records(), replier=waits)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("R")
+        strip = app.query_one("#action-strip")
+        try:
+            await until(pilot, lambda: "verdict" in (strip.view or ""), "the plan's progress")
+            assert strip.view == "resume: planning · waiting for /ckpt/step-000300's verdict"
+        finally:
+            release.set()
+        screen = await _result(app, pilot)
+        assert screen.title_text == "resume: refused"

@@ -174,7 +174,11 @@ class ActionFlow:
         )
 
     def _request_plan(self, action: str, args: dict[str, object], question: str | None) -> None:
-        replies = list(keeper_replies(self.host.keeper_link(), action, args, False))
+        replies = []
+        for reply in keeper_replies(self.host.keeper_link(), action, args, False):
+            replies.append(reply)
+            if reply.stage == "progress":  # a plan that waits (a resume, on a verification)
+                self.app.call_from_thread(self._progress, f"{action}: planning · {reply.message}")
         if not get_current_worker().is_cancelled:
             self.app.call_from_thread(
                 self._plan_arrived, action, args, question, plan_or_refusal(action, replies)
