@@ -251,6 +251,7 @@ def default_replier(action: str, args: dict[str, Any], confirm: bool) -> list[p.
                 "target": "/sys/fs/cgroup/user.slice/memory.reclaim",
                 "value": "6442450944",
                 "cgroup": "/user.slice",
+                "bytes_requested": 6 * GiB,
                 "page_cache_bytes": 6 * GiB,
                 "passed_over": [],
             },

@@ -117,7 +117,7 @@ async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
                 "Reclaim the host page cache?",
                 "reclaims the page cache of cgroup /user.slice (6.0 GiB cached on the machine): its "
                 "files are read from disk again; no data is lost",
-                "writes 6442450944 to /sys/fs/cgroup/user.slice/memory.reclaim",
+                "writes 6442450944 (6.0 GiB to reclaim) to /sys/fs/cgroup/user.slice/memory.reclaim",
             ],
         ),
         (

@@ -63,11 +63,16 @@ class Reclaim(Action[ReclaimArgs, ReclaimPlan]):
             )
         else:
             what = f"  reclaims the page cache of cgroup {plan.get('cgroup')} ({cache} on the machine now)"
-        out = [what, f"  writes {plan.get('value')!s} to {plan.get('target')}"]
+        asked = plan.get("bytes_requested")
+        size = f" ({fmt_bytes(asked)} to reclaim)" if isinstance(asked, int) else ""
+        out = [what, f"  writes {plan.get('value')!s}{size} to {plan.get('target')}"]
         out += [f"  not used: {why}" for why in plan.get("passed_over") or []]
         if plan.get("wsl_note"):
             out.append(f"  {plan.get('wsl_note')}")
         return out
+
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        return self.plan_lines(plan)[1:]  # the headline says whose page cache, and how much
 
     def target(self, plan: dict[str, Any]) -> object:
         return (plan.get("method"), plan.get("target"))
