@@ -238,3 +238,27 @@ async def test_d_on_a_torchrun_run_dumps_each_worker_labelled_by_rank(
         assert f"rank {ranks[0]['rank']} (pid {ranks[0]['pid']}), read by faulthandler" in text
         assert "train_ddp.py" in text
         assert str(launcher) not in "\n".join(h for h, _ in result.blocks)
+        await pilot.press("escape")
+        await _until(pilot, lambda: not isinstance(app.screen, ActionResult), 10, "the result closed", shown)
+
+        # One rank stopped: HUNG names it and offers continue; a dump says it is stopped and
+        # reads it where it stopped, the stopped rank first.
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            await _until(pilot, lambda: "[U] continue" in shown(), 60, "HUNG offering continue", shown)
+            await _until(pilot, lambda: app.why_not("dump") is None, 30, "dump to apply", shown)
+            await pilot.press("d")
+            result = await _until(
+                pilot, lambda: isinstance(app.screen, ActionResult) and app.screen, 120, "the dump", shown
+            )
+            ranks = result.outcome.after["ranks"]
+            assert [r["pid"] for r in ranks] == [pids[1], pids[0]], ranks
+            stopped = ranks[0]
+            assert stopped["message"].startswith(f"pid {pids[1]} is stopped (SIGSTOP)"), stopped
+            assert "continue (U) lets it run on" in stopped["message"]
+            assert f"rank 1: pid {pids[1]} is stopped (SIGSTOP)" in result.outcome.message
+            if stopped["stacks"]:  # py-spy may read it (ptrace rights): where it stopped
+                assert stopped["method"] == "py-spy" and "train_ddp.py" in stopped["stacks"]
+            assert ranks[1]["method"] == "faulthandler" and "train_ddp.py" in ranks[1]["stacks"]
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
