@@ -11,6 +11,7 @@ from typing import Any
 from tests.support.tui_fakes import in_loop, make_app, screen_text, settle, until
 from tests.tui.test_actions import live_records
 from trainroom.core import protocol as p
+from trainroom.tui.screens.confirm import confirmation
 from trainroom.tui.screens.result import ActionResult
 
 STACK = "\n".join(
@@ -48,7 +49,11 @@ def dump_of_two_ranks(action: str, args: dict[str, Any], confirm: bool) -> list[
             ok=True,
             message="stacks of 2 of 2 ranks, read by faulthandler",
             after=after,
-            plan={"ranks": [11, 12]},
+            plan={
+                "pid": 11,
+                "method": "SIGUSR1 (faulthandler)",
+                "ranks": [{"rank": 0, "pid": 11}, {"rank": 1, "pid": 12}],
+            },
         )
     ]
 
@@ -74,6 +79,11 @@ async def test_a_dump_shows_each_ranks_stacks_full_width_and_scrolls(tmp_path) -
             "rank 1 (pid 12), read by faulthandler",
         ]
         assert "rank 0 (pid 11), read by faulthandler" in text and "before → after" not in text
+        assert confirmation("dump", screen.outcome.details, "")[1] == [
+            "rank 0: pid 11",
+            "rank 1: pid 12",
+            "by SIGUSR1 (faulthandler)",
+        ]
         # A frame line whole on one screen line: the stacks have the box's width, not a column's.
         assert 'File "/very/long/path/to/the/trainer/module_0.py", line 0 in function_0' in text
         box = screen.query_one("#result-box")
@@ -96,6 +106,7 @@ async def test_a_dump_shows_each_ranks_stacks_full_width_and_scrolls(tmp_path) -
         )
         await pilot.pause()
         assert "function_39" in screen_text(app) and "rank1_39" in screen_text(app)
+        assert "acted on" in screen_text(app) and "rank 1: pid 12" in screen_text(app)
     assert [(a, c) for a, _, c in link.requests] == [("dump", False), ("dump", True)]
 
 

@@ -101,7 +101,7 @@ class Dump(Action[DumpArgs, DumpWork]):
             if said:
                 message += "; " + "; ".join(said)
             after: dict[str, Any] = {"method": "/".join(methods) or None, "ranks": blocks}
-            return Outcome(ok, message, after=after, target={"ranks": [b["pid"] for b in blocks]})
+            return Outcome(ok, message, after=after)  # the planned target: each rank and its pid
         out = await asyncio.to_thread(dump_stacks, work.pid, log, work.instrumented)
         after = {"method": out.method, "stacks": out.text}
         if args.rank is not None:
