@@ -175,6 +175,8 @@ def test_a_stopped_trainer_can_be_dumped_and_continued(trhome: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     r = json.loads(out.stdout)
     assert r["after"]["method"] == "py-spy" and "without pausing" in r["message"]
+    assert r["message"].startswith(f"pid {status(info)['pid']} is stopped (SIGSTOP)"), r["message"]
+    assert "continue (U) lets it run on" in r["message"]
     assert "MainThread" in r["after"]["stacks"]
     out = run_cli("continue", info.run_id, "--yes", "--json")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -133,11 +133,11 @@ def test_stall_is_stalled_with_heartbeats_flowing_and_no_step(trhome: Path) -> N
 # --------------------------------------------------------------------------- 3 hang
 
 
-def test_sigstopped_trainer_is_hung_with_the_dump_action(trhome: Path) -> None:
+def test_sigstopped_trainer_is_hung_with_continue_as_its_fix(trhome: Path) -> None:
     info = start_demo(fault="hang", fault_step=20, step_delay=0.02, ckpt_every=0)
     d = _wait_state(info, "hung")
     f = _finding(d, "HUNG")
-    assert f is not None and f["severity"] == "critical" and f["action"] == "dump"
+    assert f is not None and f["severity"] == "critical" and f["action"] == "continue"
     assert f["evidence"]["cause"] == "stopped" and f["evidence"]["state"] == "T"
     assert f["evidence"]["pid"] == d["pid"] and f["evidence"]["last_step"] == 20
     assert psutil.Process(d["pid"]).status() == psutil.STATUS_STOPPED

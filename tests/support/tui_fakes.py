@@ -212,20 +212,62 @@ Replier = Callable[[str, dict[str, Any], bool], list[p.Reply]]
 
 def default_replier(action: str, args: dict[str, Any], confirm: bool) -> list[p.Reply]:
     if not confirm:
+        # The keeper's plans in their real shapes (what each action's own words are made of).
         plans = {
             "kill": {
                 "pgid": 4242,
+                "leader_pid": 4242,
                 "members": [
-                    {"pid": 4242, "state": "R", "cmdline": ["python", "train.py"]},
-                    {"pid": 4250, "state": "S", "cmdline": ["python", "-c", "worker"]},
+                    {"pid": 4242, "ppid": 1, "pgid": 4242, "state": "R", "cmdline": ["python", "train.py"]},
+                    {
+                        "pid": 4250,
+                        "ppid": 4242,
+                        "pgid": 4242,
+                        "state": "S",
+                        "cmdline": ["python", "-c", "worker"],
+                    },
                 ],
+                "strangers": [],
+                "refusals": [],
+                "empty": False,
+                "label": "",
+                "ok": True,
+                "nothing_left": False,
+                "grace_s": 10.0,
+                "vram_timeout_s": 50.0,
+                "step": 130,
+                "last_verified_step": 100,
             },
             "prune": {
-                "delete": [{"path": "/ckpt/step-000100", "size_bytes": 4 * GiB}],
-                "freed_bytes": 4 * GiB,
+                "root": "/ckpt",
+                "keep": 1,
+                "bytes_to_free": 4 * GiB,
+                "delete": [{"step": 100, "path": "/ckpt/step-000100", "bytes": 4 * GiB, "kind": "verified"}],
+                "kept": [{"step": 200, "path": "/ckpt/step-000200", "why": "one of the last 1 verified"}],
+                "skipped": [],
             },
-            "reclaim": {"method": "cgroup memory.reclaim", "page_cache_bytes": 6 * GiB},
-            "resume": {"checkpoint": "/ckpt/step-000300", "command": "python train.py --resume"},
+            "reclaim": {
+                "method": "cgroup",
+                "target": "/sys/fs/cgroup/user.slice/memory.reclaim",
+                "value": "6442450944",
+                "cgroup": "/user.slice",
+                "bytes_requested": 6 * GiB,
+                "page_cache_bytes": 6 * GiB,
+                "passed_over": [],
+            },
+            "resume": {
+                "ok": True,
+                "attempt": 2,
+                "checkpoint": "/ckpt/step-000300",
+                "step": 300,
+                "argv": ["python", "train.py", "--resume", "/ckpt/step-000300"],
+                "templated": True,
+                "template_from": "trainroom.toml",
+                "died_at_step": 322,
+                "steps_lost": 22,
+                "checkpoint_bytes": int(3.9 * GiB),
+                "mem_available_bytes": 2 * GiB,
+            },
         }
         return [p.Reply(id=1, action=action, stage="plan", plan=plans.get(action, {"device": "cpu"}))]
     return [

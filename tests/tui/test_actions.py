@@ -56,12 +56,32 @@ async def result_screen(app: ControlRoom, pilot: Any) -> str:
 @in_loop
 async def test_kill_shows_the_pgid_and_its_pids_then_the_evidence(tmp_path) -> None:
     app, link, _ = make_app(str(tmp_path), live_records())
-    async with app.run_test(size=(100, 40)) as pilot:
+    async with app.run_test(size=(160, 40)) as pilot:
         await settle(app, pilot)
         text = await confirm_screen(app, pilot, "ctrl+k")
-        assert "Kill the trainer's process group?" in text
-        assert "process group: 4242" in text and "pid 4242  ·  state R  ·  python train.py" in text
-        assert "pid 4250" in text
+        # The question, one line with what happens and what is lost, then the details in words.
+        head = (
+            "kills process group 4242 (2 processes, SIGTERM, then SIGKILL after 10 s); "
+            "loses 30 steps (at step 130, last verified checkpoint at step 100)"
+        )
+        assert isinstance(app.screen, ConfirmAction) and app.screen.headline == head
+        order = [
+            text.index(x)
+            for x in ("Kill the trainer's process group?", head[:40], "SIGTERM to", "pid 4242  python")
+        ]
+        assert order == sorted(order), order
+        for said in (
+            "SIGTERM to process group 4242 (2 process(es)), SIGKILL to any left after 10 s",
+            "then waits up to 50 s for the GPU memory to be released",
+            "pid 4242  python train.py",
+            "pid 4250  python -c worker",
+        ):
+            assert said in text, said
+        # No field's name: what a person reads is words.
+        said_all = "\n".join([app.screen.question, app.screen.headline, *app.screen.lines])
+        assert not any("loses" in line for line in app.screen.lines)  # said once, in the headline
+        for internal in ("process group:", "empty:", "label:", "nothing left", "pgid", "members", "_"):
+            assert internal not in said_all, internal
         await pilot.press("y")
         text = await result_screen(app, pilot)
         assert "kill: done" in text and re.search(r"VRAM used\s+12\.0 GiB\s+→\s+400 MiB", text), text
@@ -93,16 +113,21 @@ async def test_cancelling_a_confirmation_asks_nothing_more(tmp_path) -> None:
         (
             "C",
             "reclaim",
-            ["Reclaim the host page cache?", "method: cgroup memory.reclaim", "page cache: 6.0 GiB"],
+            [
+                "Reclaim the host page cache?",
+                "reclaims the page cache of cgroup /user.slice (6.0 GiB cached on the machine): its "
+                "files are read from disk again; no data is lost",
+                "writes 6442450944 (6.0 GiB to reclaim) to /sys/fs/cgroup/user.slice/memory.reclaim",
+            ],
         ),
         (
             "P",
             "prune",
             [
                 "Delete these checkpoints?",
-                "delete (1):",
-                "path /ckpt/step-000100  ·  size 4.0 GiB",
-                "freed: 4.0 GiB",
+                "deletes 1 checkpoint (step 100) under /ckpt for good, 4.0 GiB freed; keeps 1",
+                "keeps 1: step 200 (one of the last 1 verified)",
+                "step 100  4.0 GiB  /ckpt/step-000100",
             ],
         ),
     ],
@@ -111,11 +136,16 @@ async def test_reclaim_and_prune_confirm_their_target(
     tmp_path, key: str, action: str, shown: list[str]
 ) -> None:
     app, link, _ = make_app(str(tmp_path), live_records())
-    async with app.run_test(size=(100, 40)) as pilot:
+    async with app.run_test(size=(160, 40)) as pilot:
         await settle(app, pilot)
         text = await confirm_screen(app, pilot, key)
-        for line in shown:
+        assert isinstance(app.screen, ConfirmAction) and app.screen.headline == shown[1]
+        for line in (shown[0], shown[1][:60], *shown[2:]):
             assert line in text, line
+        said_all = "\n".join([app.screen.question, app.screen.headline, *app.screen.lines])
+        assert not any(line.startswith("deletes") for line in app.screen.lines)  # the headline's
+        for internal in ("bytes", "_", "page cache:", "delete (", "root:", "method:"):
+            assert internal not in said_all, internal
         await pilot.press("y")
         text = await result_screen(app, pilot)
         assert f"{action}: done" in text
@@ -137,7 +167,15 @@ async def test_resume_after_a_death(tmp_path) -> None:
             "dump: not now, the trainer is not running (attempt 1 was killed by SIGKILL)",
         ]
         text = await confirm_screen(app, pilot, "R")
-        assert "Resume the run as a new attempt?" in text and "checkpoint: /ckpt/step-000300" in text
+        assert "Resume the run as a new attempt?" in text
+        assert isinstance(app.screen, ConfirmAction) and app.screen.headline == (
+            "starts attempt 2 from /ckpt/step-000300 (step 300); the 22 steps after it, up to step 322, "
+            "are trained again"
+        )
+        assert "from /ckpt/step-000300, saved at step 300 (3.9 GiB)" in text
+        assert "runs python train.py --resume /ckpt/step-000300 (resume template from trainroom.toml)" in text
+        said_all = "\n".join([app.screen.headline, *app.screen.lines])
+        assert not any(x in said_all for x in ("checkpoint:", "steps lost", "died at step", "_", "argv"))
         await pilot.press("y")
         await result_screen(app, pilot)
     assert [(a, c) for a, _, c in link.requests] == [("resume", False), ("resume", True)]
@@ -181,13 +219,22 @@ async def test_progress_is_shown_while_the_action_runs(tmp_path) -> None:
         await pilot.press("b")
         strip = app.query_one("#action-strip")
         try:
-            await until(pilot, lambda: strip.view == "bench: warming up the matmuls", "the progress line")
+            await until(pilot, lambda: "warming up the matmuls" in (strip.view or ""), "the progress line")
+            # What runs, for how long, its latest line, and the key that cancels it.
+            assert re.fullmatch(
+                r"bench running \d+ s · X: cancel it · warming up the matmuls", strip.view or ""
+            ), strip.view
+            app.redraw()
             await pilot.pause()
-            assert "bench: warming up the matmuls" in screen_text(app).splitlines()[-2]
+            lines = screen_text(app).splitlines()
+            assert "bench running" in lines[-2] and "X: cancel it" in lines[-2]
+            assert lines[-1].startswith(" X cancel bench "), lines[-1]  # the key strip's first key
         finally:
             release.set()
         text = await result_screen(app, pilot)
-        assert "12.1 TFLOPS: the hardware is fine" in text and re.search(r"tflops\s+—\s+→\s+12\.1", text)
+        # A read-only result says what it found, not a before -> after of nothing.
+        assert "12.1 TFLOPS: the hardware is fine" in text and "tflops: 12.1" in text
+        assert "before → after" not in text
         assert not strip.display
 
 
@@ -299,6 +346,7 @@ def test_every_binding_has_an_id_and_a_tooltip_and_nothing_destructive_is_a_move
             "U",
             "v",
             "b",
+            "X",
             "o",
             "tab",
             "shift+tab",
@@ -380,7 +428,7 @@ async def test_quitting_never_waits_for_an_action_in_flight(tmp_path) -> None:
             await settle(app, pilot)
             await pilot.press("b")
             strip = app.query_one("#action-strip")
-            await until(pilot, lambda: strip.view == "bench: still benching", "the action under way")
+            await until(pilot, lambda: "still benching" in (strip.view or ""), "the action under way")
             await pilot.press("q")
             await until(pilot, lambda: not app.is_running, "the quit")
         # What would keep the process from exiting is a non-daemon thread (the worker pool's)

@@ -154,11 +154,17 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
             pilot,
             [
                 "Resume the run as a new attempt?",
-                f"checkpoint: {d['latest_checkpoint']}",
-                f"died at step: {FAULT_STEP}",
-                f"steps lost: {FAULT_STEP - LAST_CKPT}",
+                f"from {d['latest_checkpoint']}, saved at step {LAST_CKPT}",
+                f"the last attempt reached step {FAULT_STEP}",
             ],
         )
+        # One line says what happens and what is lost; no field's name anywhere.
+        assert confirm.headline == (
+            f"starts attempt 2 from {d['latest_checkpoint']} (step {LAST_CKPT}); the "
+            f"{FAULT_STEP - LAST_CKPT} steps after it, up to step {FAULT_STEP}, are trained again"
+        )
+        starts = ("checkpoint:", "died at step", "steps lost", "argv", "driver bytes", "mem available")
+        assert not any(line.startswith(starts) for line in confirm.lines), confirm.lines
         await pilot.press("y")
         result = await _until(
             pilot,
@@ -202,10 +208,15 @@ async def test_pilot_silent_death_resume_then_kill_against_a_real_keeper(trhome:
             pilot,
             [
                 "Kill the trainer's process group?",
-                f"process group: {d2['pgid']}",
-                *(f"pid {pid}  ·  state " for pid in pids),
+                f"SIGTERM to process group {d2['pgid']} ({len(pids)} process(es)), SIGKILL to any left after",
+                *(f"pid {pid}  " for pid in pids),
             ],
         )
+        assert confirm.headline.startswith(f"kills process group {d2['pgid']} ({len(pids)} process")
+        assert "loses " in confirm.headline and "last verified checkpoint at step" in confirm.headline
+        said = "\n".join([confirm.headline, *confirm.lines])
+        for internal in ("process group:", "empty:", "label:", "nothing left:", "pgid"):
+            assert internal not in said, internal
         await pilot.press("y")
         result = await _until(
             pilot,

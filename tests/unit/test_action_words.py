@@ -134,3 +134,91 @@ def test_status_text_rounds_its_figures() -> None:
     assert "disk 29% used" in text and "0.2927" not in text
     unknown = "\n".join(status_lines(d | {"steps_per_s": None, "step_age_s": None}))
     assert "? steps/s" in unknown and "age ? s" in unknown
+
+
+def test_each_confirmation_opens_with_one_line_of_what_happens_and_what_is_lost() -> None:
+    kill = {
+        "pgid": 40,
+        "members": [{"pid": 40, "cmdline": ["python"]}, {"pid": 41, "cmdline": ["python"]}],
+        "grace_s": 10.0,
+        "step": 137,
+        "last_verified_step": 120,
+    }
+    assert REGISTRY["kill"].headline(kill, "") == (
+        "kills process group 40 (2 processes, SIGTERM, then SIGKILL after 10 s); "
+        "loses 17 steps (at step 137, last verified checkpoint at step 120)"
+    )
+    assert (
+        REGISTRY["kill"]
+        .headline(kill | {"last_verified_step": None}, "")
+        .endswith("; loses all 137 steps: no verified checkpoint yet")
+    )
+    assert REGISTRY["kill"].headline(kill | {"members": []}, "") == (
+        "nothing of process group 40 is left to kill: only checks the GPU memory was released; "
+        "nothing is lost"
+    )
+    targeted = kill | {"pgid": 0, "label": "pid 77, the other trainer", "finding": "DUPLICATE_TRAINER:x"}
+    assert REGISTRY["kill"].headline(targeted, "") == (
+        "kills pid 77, the other trainer (2 processes, SIGTERM, then SIGKILL after 10 s), "
+        "what DUPLICATE_TRAINER:x names; the trainer is left alone"
+    )
+    prune = {
+        "root": "/ck",
+        "bytes_to_free": 3 * GiB,
+        "delete": [{"step": s, "path": f"/ck/{s}", "bytes": GiB} for s in (30, 10, 20)],
+        "kept": [{"step": 40, "why": "latest"}],
+    }
+    assert REGISTRY["prune"].headline(prune, "") == (
+        "deletes 3 checkpoints (steps 10 to 30) under /ck for good, 3.0 GiB freed; keeps 1"
+    )
+    reclaim = {"method": "drop_caches", "page_cache_bytes": 6 * GiB}
+    assert (
+        REGISTRY["reclaim"]
+        .headline(reclaim, "")
+        .startswith("drops the whole machine's page cache (6.0 GiB), every process's")
+    )
+    resume = {"attempt": 2, "checkpoint": "/ck/300", "step": 300, "died_at_step": 322, "steps_lost": 22}
+    assert REGISTRY["resume"].headline(resume, "") == (
+        "starts attempt 2 from /ck/300 (step 300); the 22 steps after it, up to step 322, are trained again"
+    )
+    woken = {"pgid": 40, "members": [{"pid": 40, "cmdline": ["python", "t.py"]}]}
+    assert REGISTRY["continue"].headline(woken, "").startswith("sends SIGCONT to 1 stopped process ")
+    assert REGISTRY["continue"].plan_lines(woken) == ["    pid 40  python t.py"]
+    # An action without a headline of its own opens with the keeper's summary.
+    assert REGISTRY["verify"].headline({"path": "/ck/300"}, "verify /ck/300") == "verify /ck/300"
+
+
+def test_an_outcome_is_said_in_words_once() -> None:
+    assert words.outcome("kill", True, "gone", {}) == "kill: done"
+    assert words.outcome("kill", False, "cancelled the wait for VRAM after 3 s", {}) == "kill: cancelled"
+    # The processes are gone but the driver still holds their memory: not "not done".
+    assert words.outcome("kill", False, "gone; but the driver still holds", {"members": 0}) == (
+        "kill: done in part"
+    )
+    assert words.outcome("resume", False, "resume refused: no checkpoint", {}) == "resume: refused"
+    assert words.outcome("verify", False, "the keeper could not be reached", {}) == "verify: not done"
+    assert verdict("resume", False, "resume refused: no checkpoint", {}) == "resume refused: no checkpoint"
+
+
+def test_a_dumps_stacks_are_blocks_labelled_by_rank_never_inline_figures() -> None:
+    after = {
+        "method": "faulthandler",
+        "ranks": [
+            {
+                "rank": 0,
+                "pid": 11,
+                "method": "faulthandler",
+                "message": "",
+                "stacks": "Thread 0x1\n  File a\n",
+            },
+            {"rank": 1, "pid": 12, "method": None, "message": "pid 12 is stopped", "stacks": ""},
+        ],
+    }
+    assert words.blocks(after) == [
+        ("rank 0 (pid 11), read by faulthandler", "Thread 0x1\n  File a\n"),
+        ("rank 1 (pid 12)", "(pid 12 is stopped)"),
+    ]
+    assert words.evidence(after) == "method faulthandler"
+    one = {"method": "py-spy", "stacks": "Thread 1\n  main\n"}
+    assert words.blocks(one) == [("stacks (read by py-spy)", "Thread 1\n  main\n")]
+    assert words.evidence(one) == "method py-spy"

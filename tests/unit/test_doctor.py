@@ -400,7 +400,10 @@ def test_stack_dumps_py_spy_and_ptrace_rights(
 
 
 def test_stack_dumps_without_py_spy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainroom.core.ops import stacks
+
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(stacks, "py_spy_path", lambda: None)  # nor beside the interpreter
     check = hc.check_stacks(str(_proc(tmp_path)))
     assert check.status == "degraded" and check.facts["py_spy"] is None and "py-spy" in check.fix
 

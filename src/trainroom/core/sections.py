@@ -109,6 +109,7 @@ class Keys(Section):
     search: str | None = None
     log_scale: str | None = None
     recent_window: str | None = None
+    cancel: str | None = None
 
     def given(self) -> dict[str, str]:
         """The commands this file remaps, by their name in the file."""

@@ -31,7 +31,7 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
 from . import figures, theming, verdict
-from .action_flow import ActionFlow
+from .action_flow import ActionFlow, CancelKey
 from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
@@ -71,7 +71,7 @@ RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 STRIP_COMMANDS = ("next_panel", "zoom", "runs", "search")  # on the key strip when there is room
 
 
-class ControlRoom(App[int]):
+class ControlRoom(CancelKey, App[int]):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
@@ -440,7 +440,7 @@ class ControlRoom(App[int]):
 
     def _key_strip(self, refusals: dict[str, str | None]) -> KeyStripView:
         rows = self.findings_now.open if self.findings_now is not None else ()
-        keys: list[tuple[str, str]] = []
+        keys: list[tuple[str, str]] = self.flow.strip_keys()
         # The fixes the findings offer first, then every other action that can act, then the
         # control room's own.
         for r in rows:

@@ -38,6 +38,13 @@ class Command:
 # The keeper's actions first, then the control room's own commands.
 COMMANDS: tuple[Command, ...] = (
     *(Command(a.name, a.name, a.key, a.name, a.description) for a in SPECS),
+    Command(
+        "cancel",
+        "cancel_action",
+        "X",
+        "cancel",
+        "Cancel the action running now where it can be (a kill's wait for the GPU memory, a bench)",
+    ),
     Command("runs", "runs", "o", "runs", "The runs overview: every run, sortable; Enter opens one"),
     Command(
         "next_panel",

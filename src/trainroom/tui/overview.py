@@ -169,6 +169,15 @@ SORTS: dict[str, tuple[Callable[[RunRow], Any], bool]] = {
 SORT_ORDER: tuple[str, ...] = ("age", "state", "worst", "step", "loss", "steps/s", "run")
 
 
+def matches(r: RunRow, text: str) -> bool:
+    """Whether the overview's filter keeps `r`: `text` (any case) in its name, state, worst
+    finding or command; every row for no text."""
+    if not text:
+        return True
+    hay = " ".join([r.name, r.state, r.worst_code or "", r.command, r.error or ""]).lower()
+    return text.lower() in hay
+
+
 def ordered(rows: list[RunRow], by: str, reverse: bool = False) -> list[RunRow]:
     key, descending = SORTS[by]
     return sorted(rows, key=key, reverse=descending != reverse)

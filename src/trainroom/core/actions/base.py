@@ -235,10 +235,19 @@ class Action(Generic[A, W]):
     def what_changed(self, confirmed: object, now: object) -> str:
         return f"confirmed {confirmed!r}, now {now!r}"
 
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        """The one line a confirmation opens with: what will happen to what, and what is lost
+        (`summary`: the keeper's one-line plan, the default). The details follow: `plan_lines`."""
+        return summary
+
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         """The plan (`Reply.plan`) as a person reads it under its one-line summary: what happens
         to what and what is lost first, then the details in words and units (actions/words.py)."""
         return words.fields(plan)
+
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        """The plan's lines under its `headline`: `plan_lines` less what the headline says."""
+        return self.plan_lines(plan)
 
     def as_confirmed(self, plan: Plan[W], confirmed: dict[str, Any]) -> Plan[W]:
         """The plan to carry out, cut to what the client confirmed (`confirmed`: the plan it

@@ -210,8 +210,14 @@ class Kill(Action[KillArgs, KillWork]):
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        return kill_headline(plan)
+
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         return kill_lines(plan)
+
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        return kill_lines(plan, lost=False)  # the headline says the steps lost
 
     def target(self, plan: dict[str, Any]) -> object:
         return (
@@ -241,8 +247,38 @@ def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:
     return {"grace_s": grace, "vram_timeout_s": float(cfg.vram_timeout_s)}
 
 
-def kill_lines(plan: dict[str, Any]) -> list[str]:
-    """A kill plan for a person: the signals and their timing, what is lost, then each process."""
+def kill_headline(plan: dict[str, Any]) -> str:
+    """A kill plan in one line: what is signalled, how, and what is lost."""
+    members = plan.get("members") or []
+    who = plan.get("label") or f"process group {plan.get('pgid')}"
+    if not members:
+        return f"nothing of {who} is left to kill: only checks the GPU memory was released; nothing is lost"
+    grace = plan.get("grace_s")
+    how = (
+        f"SIGTERM, then SIGKILL after {grace:g} s"
+        if isinstance(grace, (int, float))
+        else "SIGTERM, then SIGKILL"
+    )
+    n = f"{len(members)} process{'es' if len(members) != 1 else ''}"
+    if plan.get("finding"):
+        return f"kills {who} ({n}, {how}), what {plan.get('finding')} names; the trainer is left alone"
+    return f"kills {who} ({n}, {how}); {_lost(plan.get('step'), plan.get('last_verified_step'))}"
+
+
+def _lost(step: Any, last: Any) -> str:
+    if not isinstance(step, int):
+        return "the steps since the last verified checkpoint are lost"
+    if isinstance(last, int):
+        n = max(step - last, 0)
+        return (
+            f"loses {n} step{'s' if n != 1 else ''} (at step {step}, last verified checkpoint at step {last})"
+        )
+    return f"loses all {step} steps: no verified checkpoint yet"
+
+
+def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
+    """A kill plan for a person: the signals and their timing, what is lost (unless `lost` is
+    False: said elsewhere), then each process."""
     members = plan.get("members") or []
     grace, wait = plan.get("grace_s"), plan.get("vram_timeout_s")
     who = plan.get("label") or f"process group {plan.get('pgid')}"
@@ -257,7 +293,7 @@ def kill_lines(plan: dict[str, Any]) -> list[str]:
     if isinstance(wait, float):
         out.append(f"  then waits up to {wait:g} s for the GPU memory to be released")
     step, last = plan.get("step"), plan.get("last_verified_step")
-    if isinstance(step, int) and members:
+    if isinstance(step, int) and members and lost:
         if isinstance(last, int):
             out.append(
                 f"  loses {max(step - last, 0)} step(s): at step {step}, last verified checkpoint at step {last}"

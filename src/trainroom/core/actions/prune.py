@@ -144,6 +144,23 @@ class Prune(Action[PruneArgs, PruneWork]):
             return f"confirmed {len(was)} checkpoint(s) to delete, now {len(is_)}"
         return super().what_changed(confirmed, now)
 
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        delete, kept = plan.get("delete") or [], plan.get("kept") or []
+        if not delete:
+            return f"deletes nothing under {plan.get('root')}: every checkpoint is kept"
+        steps = sorted(d.get("step") for d in delete if isinstance(d.get("step"), int))
+        which = (
+            f" (steps {steps[0]} to {steps[-1]})"
+            if len(steps) > 1
+            else f" ({words.steps(steps)})"
+            if steps
+            else ""
+        )
+        return (
+            f"deletes {len(delete)} checkpoint{'s' if len(delete) != 1 else ''}{which} under "
+            f"{plan.get('root')} for good, {fmt_bytes(plan.get('bytes_to_free'))} freed; keeps {len(kept)}"
+        )
+
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         # The counts and what is kept first: a person reads them before the next save, the
         # paths after.
@@ -161,6 +178,9 @@ class Prune(Action[PruneArgs, PruneWork]):
             for d in delete
         ]
         return out
+
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        return self.plan_lines(plan)[1:]  # the headline says the count, the bytes and the root
 
     def as_confirmed(self, plan: Plan[PruneWork], confirmed: dict[str, Any]) -> Plan[PruneWork]:
         shown = {str(d.get("path")): d.get("step") for d in confirmed.get("delete") or []}

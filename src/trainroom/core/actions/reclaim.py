@@ -42,6 +42,18 @@ class Reclaim(Action[ReclaimArgs, ReclaimPlan]):
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        cache = fmt_bytes(plan.get("page_cache_bytes"))
+        if plan.get("method") == "drop_caches":
+            return (
+                f"drops the whole machine's page cache ({cache}), every process's: their files are "
+                "read from disk again; no data is lost"
+            )
+        return (
+            f"reclaims the page cache of cgroup {plan.get('cgroup')} ({cache} cached on the machine): "
+            "its files are read from disk again; no data is lost"
+        )
+
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
         cache = fmt_bytes(plan.get("page_cache_bytes"))
         if plan.get("method") == "drop_caches":
@@ -51,11 +63,16 @@ class Reclaim(Action[ReclaimArgs, ReclaimPlan]):
             )
         else:
             what = f"  reclaims the page cache of cgroup {plan.get('cgroup')} ({cache} on the machine now)"
-        out = [what, f"  writes {plan.get('value')!s} to {plan.get('target')}"]
+        asked = plan.get("bytes_requested")
+        size = f" ({fmt_bytes(asked)} to reclaim)" if isinstance(asked, int) else ""
+        out = [what, f"  writes {plan.get('value')!s}{size} to {plan.get('target')}"]
         out += [f"  not used: {why}" for why in plan.get("passed_over") or []]
         if plan.get("wsl_note"):
             out.append(f"  {plan.get('wsl_note')}")
         return out
+
+    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+        return self.plan_lines(plan)[1:]  # the headline says whose page cache, and how much
 
     def target(self, plan: dict[str, Any]) -> object:
         return (plan.get("method"), plan.get("target"))

@@ -20,6 +20,7 @@ from trainroom.core.actions.base import (
 )
 from trainroom.core.ops.resume import ResumePlan
 from trainroom.core.run.state import RunState
+from trainroom.core.units import fmt_bytes
 
 # How long a resume waits for checkpoints still being verified (the newest may be among them).
 RESUME_WAIT_S = 120.0
@@ -75,3 +76,43 @@ class Resume(Action[ResumeArgs, ResumePlan]):
 
     def target(self, plan: dict[str, Any]) -> object:
         return (plan.get("checkpoint"), plan.get("step"), plan.get("digest"), plan.get("argv"))
+
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        lost, died = plan.get("steps_lost"), plan.get("died_at_step")
+        again = (
+            f"the {lost} step{'s' if lost != 1 else ''} after it, up to step {died}, are trained again"
+            if isinstance(lost, int) and lost > 0
+            else "nothing is trained again"
+        )
+        return (
+            f"starts attempt {plan.get('attempt')} from {plan.get('checkpoint')} "
+            f"(step {plan.get('step')}); {again}"
+        )
+
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        return resume_lines(plan)
+
+
+def resume_lines(plan: dict[str, Any]) -> list[str]:
+    """A resume plan for a person: from what, with which command, what the checks found."""
+    size = plan.get("checkpoint_bytes")
+    out = [
+        f"  from {plan.get('checkpoint')}, saved at step {plan.get('step')}"
+        + (f" ({fmt_bytes(size)})" if isinstance(size, int) else "")
+    ]
+    if plan.get("restore_from"):
+        out.append(f"  restored first from its verified copy {plan.get('restore_from')}")
+    argv = plan.get("argv") or []
+    if argv:
+        how = f" (resume template from {plan.get('template_from')})" if plan.get("template_from") else ""
+        out.append(f"  runs {' '.join(str(a) for a in argv)}{how}")
+    if isinstance(plan.get("died_at_step"), int):
+        out.append(f"  the last attempt reached step {plan.get('died_at_step')}")
+    if isinstance(plan.get("driver_bytes"), int):
+        out.append(f"  the driver holds {fmt_bytes(plan.get('driver_bytes'))} for the old attempt")
+    if isinstance(plan.get("mem_available_bytes"), int):
+        out.append(f"  host memory available: {fmt_bytes(plan.get('mem_available_bytes'))}")
+    if plan.get("note"):
+        out.append(f"  note: {plan.get('note')}")
+    out += [f"  refused: {why}" for why in plan.get("refusals") or []]
+    return out

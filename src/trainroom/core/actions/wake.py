@@ -60,6 +60,19 @@ class Continue(Action[ContinueArgs, WakePlan]):
         result = await asyncio.to_thread(execute_wake, plan.work)
         return Outcome(result.ok, result.message, after=as_builtins(result))
 
+    def headline(self, plan: dict[str, Any], summary: str) -> str:
+        n = len(plan.get("members") or [])
+        return (
+            f"sends SIGCONT to {n} stopped process{'es' if n != 1 else ''} of the trainer: they run on "
+            "from where they stopped; nothing is lost"
+        )
+
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        return [
+            f"    pid {m.get('pid')}  {' '.join(m.get('cmdline') or [])[:100]}"
+            for m in plan.get("members") or []
+        ]
+
     def target(self, plan: dict[str, Any]) -> object:
         return sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or [])
 

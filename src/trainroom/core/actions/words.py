@@ -46,7 +46,9 @@ def figure(key: str, value: Any) -> str:
 def evidence(d: dict[str, Any]) -> str:
     """A before/after record as "members 2, vram 1.2 GiB" (bookkeeping and unknowns left out)."""
     return ", ".join(
-        f"{label(k)} {figure(k, v)}" for k, v in d.items() if k not in BOOKKEEPING and v is not None
+        f"{label(k)} {figure(k, v)}"
+        for k, v in d.items()
+        if k not in BOOKKEEPING and v is not None and not is_block(v)
     )
 
 
@@ -59,3 +61,56 @@ def steps(xs: Any) -> str:
     """Checkpoint steps as "steps 100, 200" ("step ?" for one without a step)."""
     got = ["?" if s is None else str(s) for s in xs]
     return ("step " if len(got) == 1 else "steps ") + ", ".join(got)
+
+
+def verdict(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
+    """An action's outcome in one line: ok / slow / refused, said once (a keeper's "resume
+    refused: ..." is not prefixed again)."""
+    if ok:
+        return ("slow: " if after.get("verdict") == "slow" else "ok: ") + message
+    said = message.startswith((f"{action} refused", f"{action}:", "refused", "cancel"))
+    return message if said else "refused: " + message
+
+
+def outcome(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
+    """What became of an action, in two or three words after its name: done, refused,
+    cancelled, or done in part (a kill whose processes are gone while the driver still holds
+    their memory)."""
+    if ok:
+        return f"{action}: done" + (", but slow" if after.get("verdict") == "slow" else "")
+    if message.startswith("cancel") or after.get("vram_wait_cancelled"):
+        return f"{action}: cancelled"
+    if message.startswith((f"{action} refused", "refused")):
+        return f"{action}: refused"
+    if after.get("members") == 0:
+        return f"{action}: done in part"
+    return f"{action}: not done"
+
+
+def is_block(value: Any) -> bool:
+    """A result's field that is read as a block of its own, not a figure: a many-line text (a
+    dump's stacks) or a list of rank blocks (a torchrun dump's)."""
+    if isinstance(value, str):
+        return "\n" in value.strip()
+    return isinstance(value, list) and any(isinstance(v, dict) and "stacks" in v for v in value)
+
+
+def blocks(after: dict[str, Any]) -> list[tuple[str, str]]:
+    """(heading, text) of each block a result carries, each rank's under its own heading
+    ("rank 1 (pid 4242), read by faulthandler"), a rank that could not be read with why."""
+    out: list[tuple[str, str]] = []
+    for key, value in after.items():
+        if not is_block(value):
+            continue
+        if isinstance(value, str):
+            how = after.get("method")
+            out.append((label(key) + (f" (read by {how})" if how else ""), value))
+            continue
+        for item in value:
+            if not isinstance(item, dict):
+                continue
+            who = f"rank {item.get('rank')} (pid {item.get('pid')})"
+            text = str(item.get("stacks") or "")
+            how = f", read by {item.get('method')}" if item.get("method") and text else ""
+            out.append((who + how, text or f"({item.get('message') or 'nothing read'})"))
+    return out

@@ -116,20 +116,18 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
         print(verdict(r.action, r.ok, r.message, r.after))
         if r.before:
             print(f"  before: {words.evidence(r.before)}")
-        if r.after:
+        if r.after and words.evidence(r.after):
             print(f"  after:  {words.evidence(r.after)}")
+        for heading, text in words.blocks(r.after):
+            print(f"\n{heading}:\n{text.rstrip()}")
     # The same exit code with or without a keeper: a bench below its floor is 1 either way.
     passed = r.ok and (r.action != "bench" or r.after.get("verdict") == "ok")
     return 0 if passed else 1
 
 
 def verdict(action: str, ok: bool, message: str, after: dict[str, Any]) -> str:
-    """One verdict a line: ok / slow / refused, said once (a keeper's "resume refused: ..." is
-    not prefixed again)."""
-    if ok:
-        return ("slow: " if after.get("verdict") == "slow" else "ok: ") + message
-    said = message.startswith((f"{action} refused", f"{action}:", "refused", "cancel"))
-    return message if said else "refused: " + message
+    """One verdict a line (actions/words.py: the control room's result says the same)."""
+    return words.verdict(action, ok, message, after)
 
 
 def bench_here(args: argparse.Namespace) -> int:

@@ -48,7 +48,10 @@ def _worse(a: Overrun | None, b: Overrun | None) -> Overrun | None:
 
 
 def hung_finding(message: str, evidence: Evidence) -> Finding:
-    return Finding(code="HUNG", severity="critical", message=message, action="dump", evidence=evidence)
+    # The fix that fits the cause: a stopped process runs on after SIGCONT (its stacks are
+    # where it stopped: nothing to learn from a dump); any other hang is read from its stacks.
+    action = "continue" if evidence.get("cause") == "stopped" else "dump"
+    return Finding(code="HUNG", severity="critical", message=message, action=action, evidence=evidence)
 
 
 def _stalled(a: AttemptView, reason: str, message: str, evidence: Evidence, ctx: WatchContext) -> Judgement:

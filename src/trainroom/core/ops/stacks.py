@@ -4,8 +4,12 @@
   writing to stderr, which is the trainer log. We note the log's size, send SIGUSR1, and read back
   the block faulthandler wrote after that offset. faulthandler writes from its C signal handler,
   so it answers even when the main thread is stuck inside a C call (a collective, a lock).
-- Otherwise: `py-spy dump --pid` when it is installed (it reads the process from outside, even a
-  stopped one), else how to install it.
+- Otherwise: `py-spy dump --pid` (a dependency of the default install on Linux: it reads the
+  process from outside, even a stopped one), else how to install it.
+- A stopped process (SIGSTOP, a debugger) runs no code: its stacks are where it stopped, read
+  by py-spy without pausing it. Whatever can be read, the answer says it is stopped and that a
+  continue (SIGCONT) lets it run on: a stopped trainer is not a failed dump.
+- A torchrun run: each worker in turn (`dump_targets`), labelled by its rank.
 
 SIGUSR1's default action terminates a process, so it is sent only to a process whose kernel
 signal mask says it catches SIGUSR1 (SigCgt in /proc/<pid>/status): a wrong `instrumented` flag
@@ -24,6 +28,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,8 +41,8 @@ DEFAULT_TIMEOUT_S = 5.0
 QUIET_S = 0.25
 POLL_S = 0.05
 PY_SPY_INSTALL = (
-    "py-spy is not installed: `pip install py-spy` (any environment: it reads the trainer from "
-    "outside), then dump again; it needs ptrace rights over the trainer (the same user with "
+    "py-spy is not installed (the default install brings it on Linux): `pip install py-spy` (any "
+    "environment: it reads the trainer from outside), then dump again; it needs ptrace rights over the trainer (the same user with "
     "kernel.yama.ptrace_scope=0, or root / CAP_SYS_PTRACE)"
 )
 
@@ -49,6 +54,30 @@ class StackDump(msgspec.Struct, kw_only=True):
     text: str = ""
     method: DumpMethod | None = None  # None: nothing could be dumped
     message: str = ""
+
+
+class DumpTarget(msgspec.Struct, kw_only=True, frozen=True):
+    """One rank's process to dump: its rank, pid, and whether its reporter (faulthandler) runs."""
+
+    rank: int
+    pid: int
+    instrumented: bool
+
+
+def dump_targets(
+    targets: list[DumpTarget],
+    log_path: str | os.PathLike[str] | None,
+    say: Callable[[str], None] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> list[tuple[DumpTarget, StackDump]]:
+    """Each target's stacks, one after the other: the ranks share the trainer log that
+    faulthandler writes to, and one block at a time keeps each rank's block whole."""
+    out = []
+    for i, t in enumerate(targets):
+        if say is not None:
+            say(f"rank {t.rank} (pid {t.pid}): reading its stacks ({i + 1} of {len(targets)})")
+        out.append((t, dump_stacks(t.pid, log_path, t.instrumented, timeout)))
+    return out
 
 
 # CAP_SYS_PTRACE's bit in /proc/<pid>/status CapEff (linux/capability.h).
@@ -72,9 +101,7 @@ def ptrace_access(proc_root: str = "/proc", py_spy: str | None = None) -> Ptrace
     Yama's scope: 0 any same-user process; 1 only descendants (py-spy is not the trainer's
     ancestor), so CAP_SYS_PTRACE is needed; 2 only with CAP_SYS_PTRACE; 3 never, root included.
     """
-    import shutil
-
-    path = py_spy if py_spy is not None else shutil.which("py-spy")
+    path = py_spy if py_spy is not None else py_spy_path()
     scope = _read_int(Path(proc_root, "sys", "kernel", "yama", "ptrace_scope"))
     cap = _has_cap(Path(proc_root, "self", "status"), CAP_SYS_PTRACE)
     if scope == 3:
@@ -88,6 +115,19 @@ def ptrace_access(proc_root: str = "/proc", py_spy: str | None = None) -> Ptrace
         why = "only a descendant" if scope == 1 else "only CAP_SYS_PTRACE"
         allowed, reason = False, f"kernel.yama.ptrace_scope={scope}: {why} may ptrace, and py-spy is neither"
     return PtraceAccess(py_spy=path, scope=scope, cap_sys_ptrace=cap, allowed=allowed, reason=reason)
+
+
+def py_spy_path() -> str | None:
+    """py-spy on PATH, else beside this interpreter: the default install brings it into the
+    environment trainroom runs from, which need not be activated (a venv's bin/trainroom)."""
+    import shutil
+    import sys
+
+    found = shutil.which("py-spy")
+    if found is None:
+        beside = Path(sys.executable).parent / "py-spy"
+        found = str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+    return found
 
 
 def _read_int(path: Path) -> int | None:
@@ -160,8 +200,22 @@ def dump_stacks(
     # A stopped process cannot be paused again (py-spy's default), but it holds still: read it
     # without pausing, which is exact while it stays stopped.
     spied = _py_spy(pid, timeout=max(timeout, 10.0), nonblocking=stopped)
+    if stopped:
+        return _stopped(pid, state, spied)
     spied.message = "; ".join([*notes, spied.message])
     return spied
+
+
+def _stopped(pid: int, state: str, spied: StackDump) -> StackDump:
+    """A stopped process's answer: it is stopped, and its stacks where it stopped when py-spy
+    could read them (or why not); a continue is what lets it run."""
+    why = "being traced by a debugger" if state == psutil.STATUS_TRACING_STOP else "SIGSTOP"
+    said = f"pid {pid} is stopped ({why}): it runs no code until SIGCONT; continue (U) lets it run on"
+    if spied.ok:
+        return _result(
+            True, spied.text, spied.method, f"{said}; its stacks where it stopped, {spied.message}"
+        )
+    return _result(True, "", None, f"{said}; its stacks could not be read ({spied.message})")
 
 
 def catches_signal(pid: int, sig: int, proc_root: str = "/proc") -> bool:
@@ -273,8 +327,11 @@ def _tgkill() -> Any:
 def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
     import sh  # external commands go through sh
 
+    path = py_spy_path()
+    if path is None:
+        return _result(False, "", None, PY_SPY_INSTALL)
     try:
-        py_spy = sh.Command("py-spy")
+        py_spy = sh.Command(path)
     except sh.CommandNotFound:
         return _result(False, "", None, PY_SPY_INSTALL)
     try:

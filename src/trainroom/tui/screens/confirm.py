@@ -1,14 +1,16 @@
-"""The confirmation of a destructive action: the question names the target, then the keeper's
-plan in words (the target first), then its own words; yes/no.
+"""The confirmation of a destructive action, in one fixed shape read at a glance: the question,
+then one line saying what will happen to what and what is lost (the action's `headline`), then
+the details in words and units (the action's own lines, the ones the CLI prints, less what the
+headline said: `detail_lines`), then yes/no. What runs on yes is exactly this plan: the keeper refuses a target that changed since.
 
-Cancel has the focus: a stray Enter never kills a process group. The plan scrolls (j/k, the
-arrows, PgUp/PgDn) with the buttons always in view.
+Cancel has the focus: a stray Enter never kills a process group. The details scroll (j/k, the
+arrows, PgUp/PgDn) with the headline and the buttons always in view.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -16,7 +18,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from trainroom.tui.evidence import plan_lines
+from trainroom.core.actions.registry import REGISTRY
+from trainroom.tui.evidence import plan_lines as generic_lines
 from trainroom.tui.screens.wrapped import WrappedLines
 
 QUESTIONS = {
@@ -35,6 +38,23 @@ SCROLL_BINDINGS: list[BindingType] = [
 ]
 
 
+def confirmation(action: str, plan: Mapping[str, object], summary: str) -> tuple[str, list[str]]:
+    """(headline, detail lines) of a plan, as the action words them; a plan no action words (an
+    action this control room does not know) as its fields in words under the keeper's summary."""
+    known = REGISTRY.get(action)
+    shown: dict[str, Any] = dict(plan)
+    if known is None:
+        return summary, generic_lines(plan)
+    try:
+        lines = known.detail_lines(shown)
+        head = known.headline(shown, summary)
+    except (TypeError, ValueError, AttributeError):
+        # A plan of another shape (an older keeper's): its fields in words, never a traceback.
+        return summary, generic_lines(plan)
+    # The details one step in from the headline: the actions indent them for the CLI.
+    return head or summary, [line[2:] if line.startswith("  ") else line for line in lines]
+
+
 class ConfirmAction(ModalScreen[bool]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "confirm", "yes", id="trainroom.confirm.yes", tooltip="Carry out the action"),
@@ -49,17 +69,15 @@ class ConfirmAction(ModalScreen[bool]):
         self.action_name = action
         self.plan = plan
         self.message = message
-        self.question = question or QUESTIONS.get(action, f"{action}?")
+        self.question = question or QUESTIONS.get(action, f"{action.capitalize()}?")
+        self.headline, self.lines = confirmation(action, plan, message)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box", classes="modal-box"):
             yield Label(self.question, id="confirm-question", markup=False)
-            # The target first, then the keeper's words, scrolling together; the buttons stay in view.
+            yield Static(WrappedLines([self.headline or "(the keeper sent no plan)"]), id="confirm-headline")
             with VerticalScroll(id="confirm-plan"):
-                lines = plan_lines(self.plan) or ["(the keeper sent no details)"]
-                yield Static(WrappedLines(lines), id="confirm-details")
-                if self.message:
-                    yield Static(WrappedLines([self.message]), id="confirm-message", classes="modal-hint")
+                yield Static(WrappedLines(self.lines or ["(no details)"]), id="confirm-details")
             with Horizontal(classes="modal-buttons"):
                 yield Button(f"yes, {self.action_name} (y)", variant="error", id="confirm-yes")
                 yield Button("cancel (n)", variant="primary", id="confirm-no")

@@ -1,5 +1,9 @@
 """The runs overview (k9s-like): every run under the state dir in one line each, sortable;
-Enter opens one in the control room, Esc goes back to the run watched before."""
+Enter opens one in the control room, Esc goes back to the run watched before.
+
+k9s habits: j/k move the cursor, g/G go to the first / last row, `/` filters (what is typed is
+looked for in each row's name, state, worst finding and command; Enter keeps it, Esc drops it);
+the column the rows are sorted by carries an arrow in its header."""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Label
+from textual.widgets import DataTable, Input, Label
 
 from trainroom.tui import fmt
-from trainroom.tui.overview import SORT_ORDER, RunRow, ordered
+from trainroom.tui.overview import SORT_ORDER, SORTS, RunRow, matches, ordered
 from trainroom.tui.verdict import SEVERITY_LEVEL
 
 COLUMNS = ("run", "state", "step", "loss", "steps/s", "worst", "age", "command")
@@ -26,6 +30,13 @@ class RunsScreen(Screen[str | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(
             "escape,o", "back", "back", id="trainroom.runs.back", tooltip="Back to the run watched before"
+        ),
+        Binding("j", "move(1)", "down", show=False, id="trainroom.runs.down", tooltip="The next run"),
+        Binding("k", "move(-1)", "up", show=False, id="trainroom.runs.up", tooltip="The run above"),
+        Binding("g", "edge(0)", "top", show=False, id="trainroom.runs.top", tooltip="The first run"),
+        Binding("G", "edge(-1)", "bottom", show=False, id="trainroom.runs.bottom", tooltip="The last run"),
+        Binding(
+            "slash", "filter", "filter", id="trainroom.runs.filter", tooltip="Show only the runs that match"
         ),
         Binding("s", "sort", "sort", id="trainroom.runs.sort", tooltip="Sort by the next column"),
         Binding("S", "reverse", "reverse", id="trainroom.runs.reverse", tooltip="Reverse the order"),
@@ -40,14 +51,18 @@ class RunsScreen(Screen[str | None]):
         self.title_text = title
         self.sort_by = "age"
         self.reverse = False
+        self.filter = ""
         self._style: dict[str, Style] = {}
+        self._ready = False  # the table has its columns (rows that come before wait for them)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="runs-box"):
             yield Label(self._title(), id="runs-title")
             yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=False)
+            yield Input(placeholder="filter: part of a run, a state, a finding, a command", id="runs-filter")
             yield Label(
-                "enter: open · s: sort by the next column · S: reverse · esc: back · q: quit",
+                "enter: open · j/k g/G: move · /: filter · s: sort by the next column · S: reverse · "
+                "esc: back · q: quit",
                 id="runs-hint",
                 classes="modal-hint",
             )
@@ -60,31 +75,49 @@ class RunsScreen(Screen[str | None]):
             for level in ("ok", "info", "warn", "crit", "dim")
             if f"trainroom-{level}" in css
         }
-        table = self.query_one(DataTable)
-        for c in COLUMNS:
-            table.add_column(c, key=c)
+        self.query_one("#runs-filter", Input).display = False
+        self._ready = True
         self._fill()
-        table.focus()
+        self.query_one(DataTable).focus()
 
     def _title(self) -> str:
         live = sum(1 for r in self.rows if r.keeper)
         base = self.title_text or f"runs: {len(self.rows)}, {live} live"
-        way = "descending" if not self.reverse else "reversed"
-        return f"{base} · sorted by {self.sort_by} ({way})"
+        shown = self.shown()
+        if self.filter:
+            base += f" · {len(shown)} match {self.filter!r} (esc: all)"
+        return base
+
+    def shown(self) -> list[RunRow]:
+        """The rows the table holds: those matching the filter, in the chosen order."""
+        return ordered([r for r in self.rows if matches(r, self.filter)], self.sort_by, self.reverse)
 
     def update_rows(self, rows: list[RunRow], now: float) -> None:
         self.rows, self.now = rows, now
-        self._fill()
+        if self._ready:  # else on_mount fills the table once it has its columns
+            self._fill()
+
+    def _header(self, column: str) -> Text:
+        """A column's header; the sorted one with an arrow for the way its rows go."""
+        if column != self.sort_by:
+            return Text(column)
+        descending = SORTS[column][1] != self.reverse
+        return Text(f"{column} {'▼' if descending else '▲'}", style="bold")
 
     def _fill(self) -> None:
         table = self.query_one(DataTable)
         keep = self._cursor_run()
-        table.clear()
-        for r in ordered(self.rows, self.sort_by, self.reverse):
+        # The columns again with the rows: the header says the order the rows are in.
+        table.clear(columns=True)
+        for c in COLUMNS:
+            table.add_column(self._header(c), key=c)
+        rows = self.shown()
+        for r in rows:
             table.add_row(*self._cells(r), key=r.run_id)
-        if keep is not None and keep in {r.run_id for r in self.rows}:
+        ids = {r.run_id for r in rows}
+        if keep is not None and keep in ids:
             table.move_cursor(row=table.get_row_index(keep))
-        elif self.current is not None and self.current in {r.run_id for r in self.rows}:
+        elif self.current is not None and self.current in ids:
             table.move_cursor(row=table.get_row_index(self.current))
         self.query_one("#runs-title", Label).update(self._title())
 
@@ -118,6 +151,30 @@ class RunsScreen(Screen[str | None]):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.dismiss(str(event.row_key.value))
 
+    def action_move(self, by: int) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count:
+            table.move_cursor(row=max(0, min(table.cursor_row + by, table.row_count - 1)))
+
+    def action_edge(self, end: int) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count:
+            table.move_cursor(row=0 if end == 0 else table.row_count - 1)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#runs-filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter = event.value.strip()
+        self._fill()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        # Enter keeps the filter and gives the table the keys back.
+        event.input.display = bool(self.filter)
+        self.query_one(DataTable).focus()
+
     def action_sort(self) -> None:
         i = SORT_ORDER.index(self.sort_by)
         self.sort_by = SORT_ORDER[(i + 1) % len(SORT_ORDER)]
@@ -128,6 +185,13 @@ class RunsScreen(Screen[str | None]):
         self._fill()
 
     def action_back(self) -> None:
+        box = self.query_one("#runs-filter", Input)
+        if self.filter or box.has_focus:
+            # A filter first: Esc drops it (k9s), the next Esc goes back.
+            box.value, self.filter, box.display = "", "", False
+            self._fill()
+            self.query_one(DataTable).focus()
+            return
         self.dismiss(None)
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
