@@ -315,3 +315,19 @@ async def test_a_dead_run_says_its_rate_as_the_last_one(tmp_path) -> None:
         await settle(app, pilot)
         text = screen_text(app)
     assert "was 2 steps/s" in text and "killed by SIGKILL (9)" in text
+
+
+@in_loop
+async def test_a_number_key_over_the_runs_overview_does_not_move_the_room_behind_it(tmp_path) -> None:
+    from trainroom.tui.screens.runs import RunsScreen
+
+    app, _, _ = make_app(str(tmp_path), healthy_records(steps=10))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("o")
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen), "the runs overview")
+        await pilot.press("3")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, RunsScreen), "the overview closing")
+        await pilot.pause()
+        assert app.focused is app.query_one(FindingsPanel) and app.screen.maximized is None

@@ -86,7 +86,8 @@ class Navigation:
         """A number key: the panel whose border shows that number (1..9, then 0 for the tenth)."""
         order = self.host.panels().in_order()
         i = (n - 1) % 10
-        if i < len(order):
+        # Over another screen (the runs overview) a digit is that screen's, not a jump behind it.
+        if i < len(order) and order[i].screen is self.app.screen:
             self.show_panel(order[i])
 
     def move_focus(self, step: int) -> None:
