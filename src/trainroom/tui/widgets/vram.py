@@ -68,7 +68,8 @@ class VramPanel(Panel[VramView]):
         return t
 
     def _processes(self, t: Text, view: VramView) -> None:
-        t.append("\n\n")
+        t.rstrip()
+        t.append("\n\n")  # one blank line under the figures
         if not view.driver_ok:
             t.append("no process table: the driver view is unavailable", style=self.style("dim"))
             return
