@@ -357,6 +357,7 @@ def test_every_binding_has_an_id_and_a_tooltip_and_nothing_destructive_is_a_move
             "t",
             "question_mark",
             "q",
+            *"1234567890",  # the number keys to the panels
         ]
     )
     for b in bindings():

@@ -238,8 +238,9 @@ def test_the_y_range_is_the_curves_own_and_a_log_scale_spreads_late_training() -
 
     late = range(15, 30)  # the second half of the run
     assert len(rows_hit(log, late)) > len(rows_hit(lin, late))
-    # Labels are values, not logs: the log scale's bottom is above zero, the linear one's below.
-    assert float(log.y_labels[-1][1]) > 0 > float(lin.y_labels[-1][1])
+    # Labels are values, not logs: the log scale's bottom is above zero; the linear one's is
+    # zero, never the negative tick its padding would give a loss that is never negative.
+    assert float(log.y_labels[-1][1]) > 0 == float(lin.y_labels[-1][1])
     assert float(log.y_labels[0][1]) > 10.0
 
 

@@ -128,7 +128,7 @@ def test_run_app_refuses_an_unknown_theme_or_run(tmp_path, monkeypatch, capsys) 
     monkeypatch.setenv("TRAINROOM_HOME", str(tmp_path))
     assert run_app(argparse.Namespace(run=None, theme="mauve")) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "unknown theme 'mauve'" in err and "trainroom-light" in err
+    assert err.count("\n") == 1 and "unknown theme 'mauve'" in err and "dark, light, high-contrast" in err
     assert run_app(argparse.Namespace(run="nope", theme=None)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown run 'nope'" in err
@@ -159,3 +159,46 @@ def test_every_app_variable_is_a_colour(name: str) -> None:
     variables = app.get_css_variables()
     for key in app.get_theme_variable_defaults():
         Color.parse(variables[key])
+
+
+@in_loop
+async def test_the_theme_t_chose_is_said_by_its_theme_flag_name_and_kept_for_the_next_session(
+    tmp_path, private_settings
+) -> None:
+    from trainroom.tui import theming
+
+    app, _, _ = make_app(str(tmp_path), dead_run_records())
+    said: list[str] = []
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        assert app.theme == "trainroom-dark"
+        app.notify = lambda message, **kw: said.append(str(message))  # type: ignore[method-assign]
+        await pilot.press("t")
+        await pilot.pause()
+        assert app.theme == "trainroom-light"
+    # The name `--theme` takes, not the file's full name.
+    assert said == ["theme: light"]
+    assert theming.settings_path().parent == private_settings  # the person's state dir, not a run's
+    assert theming.remembered() == "light"
+    again, _, _ = make_app(str(tmp_path), dead_run_records())
+    async with again.run_test(size=(80, 24)) as pilot:
+        await settle(again, pilot)
+        assert again.theme == "trainroom-light"
+    # `--theme` still wins over what was kept.
+    flagged, _, _ = make_app(str(tmp_path), dead_run_records(), theme="high-contrast")
+    async with flagged.run_test(size=(80, 24)) as pilot:
+        await settle(flagged, pilot)
+        assert flagged.theme == "trainroom-contrast"
+
+
+def test_a_settings_file_that_cannot_be_read_is_forgotten_not_an_error(private_settings) -> None:
+    from trainroom.tui import theming
+
+    theming.settings_path().write_text("{not json")
+    assert theming.remembered() is None
+    assert theming.remember("trainroom-contrast") == "" and theming.remembered() == "high-contrast"
+    assert [theming.short_name(n) for n in ("trainroom-dark", "trainroom-light", "trainroom-contrast")] == [
+        "dark",
+        "light",
+        "high-contrast",
+    ]

@@ -51,7 +51,7 @@ from .widgets.disk import DiskPanel
 from .widgets.findings import FindingsPanel
 from .widgets.header import RunHeader
 from .widgets.host import HostPanel
-from .widgets.keystrip import KeyStrip, KeyStripView
+from .widgets.keystrip import KeyStrip, key_strip_view
 from .widgets.logtail import LogTailPanel
 from .widgets.loss import LossPanel
 from .widgets.lr import LrPanel
@@ -68,7 +68,6 @@ ROUTINE_INTERVAL_S = 1.0
 RENDER_INTERVAL_S = URGENT_INTERVAL_S  # (the name tests and callers pass)
 TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arrives
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
-STRIP_COMMANDS = ("next_panel", "zoom", "runs", "search")  # on the key strip when there is room
 
 
 class ControlRoom(CancelKey, App[int]):
@@ -78,9 +77,9 @@ class ControlRoom(CancelKey, App[int]):
     CSS_PATH = "control_room.tcss"
     TITLE = "trainroom"
     BINDINGS: ClassVar[list[BindingType]] = list(bindings())
-    # Nothing has the focus at first: a kill key then acts on what the findings name (see
-    # `key_target`), and Tab starts at the findings.
-    AUTO_FOCUS = None
+    # The findings have the focus at first (their cursor on the worst), as a k9s or lazygit list
+    # does: a fix key acts on the finding under the cursor (see `key_target`).
+    AUTO_FOCUS = "#findings"
     # A zoomed panel keeps the header (the verdict) and the key strip in sight.
     ALLOW_IN_MAXIMIZED_VIEW = "#header, #bottom-bar"
     # Not ClassVars: Textual declares them `ClassVar[...] | None`, which type-checks as an
@@ -138,7 +137,11 @@ class ControlRoom(CancelKey, App[int]):
         for t in self.loaded_themes.themes:
             self.register_theme(t)
         self.theme, self._theme_note = theming.initial_theme(
-            self.loaded_themes, theme, no_color=self.no_color, builtin=self.available_themes.get
+            self.loaded_themes,
+            theme,
+            no_color=self.no_color,
+            builtin=self.available_themes.get,
+            remembered=theming.remembered(),
         )
 
     # ------------------------------------------------------------------ themes
@@ -150,7 +153,8 @@ class ControlRoom(CancelKey, App[int]):
         names = self.loaded_themes.names() or list(self.available_themes)
         i = names.index(self.theme) if self.theme in names else -1
         self.theme = names[(i + 1) % len(names)]
-        self.notify(f"theme: {self.theme}", timeout=2)
+        said = theming.remember(self.theme)  # the next session opens with it
+        self.notify(f"theme: {theming.short_name(self.theme)}" + (f" ({said})" if said else ""), timeout=2)
 
     # ------------------------------------------------------------------ layout
 
@@ -425,7 +429,9 @@ class ControlRoom(CancelKey, App[int]):
         p.loss.view, p.ranks.view = loss, ranks
         p.log.view = self.log_lines or None
         p.banner.view = banner
-        p.keys.view = self._key_strip(refusals)
+        p.keys.view = key_strip_view(
+            self.findings_now.open, refusals, self.key_text, first=self.flow.strip_keys()
+        )
 
     def _kill_keys(self, rows: tuple[FindingRow, ...]) -> tuple[FindingRow, ...]:
         """A targeted kill shows the kill key only on the finding the key acts on now; another
@@ -437,23 +443,6 @@ class ControlRoom(CancelKey, App[int]):
                 r = replace(r, key=None, why_not="select it in the findings (tab, j/k), or Enter: its detail")
             out.append(r)
         return tuple(out)
-
-    def _key_strip(self, refusals: dict[str, str | None]) -> KeyStripView:
-        rows = self.findings_now.open if self.findings_now is not None else ()
-        keys: list[tuple[str, str]] = self.flow.strip_keys()
-        # The fixes the findings offer first, then every other action that can act, then the
-        # control room's own.
-        for r in rows:
-            if r.key and r.fix and (r.key, r.fix) not in keys:
-                keys.append((r.key, r.fix))
-        offered = {r.action for r in rows if r.key}
-        keys += [
-            (self.key_text(a), a) for a in KEEPER_ACTIONS if refusals.get(a) is None and a not in offered
-        ]
-        keys += [(self.key_text(c.action), c.label) for c in COMMANDS if c.action in STRIP_COMMANDS]
-        return KeyStripView(
-            keys=tuple(keys), tail=((self.key_text("help"), "help"), (self.key_text("quit"), "quit"))
-        )
 
     def _banner_view(self, state: RunState, now: float) -> BannerView | None:
         if self.connected or self.gone_since is None:
@@ -497,6 +486,9 @@ class ControlRoom(CancelKey, App[int]):
 
     def action_runs(self) -> None:
         self.nav.runs()
+
+    def action_jump(self, n: int) -> None:
+        self.nav.jump(n)
 
     # ------------------------------------------------------------------ which actions apply
 

@@ -71,6 +71,10 @@ COMMANDS: tuple[Command, ...] = (
 BY_ACTION: dict[str, Command] = {c.action: c for c in COMMANDS}
 
 
+# The number keys: 1..9, then 0, to the panels in Tab's order (each border shows its number).
+JUMP_KEYS: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "0")
+
+
 def binding_id(command: Command) -> str:
     return ID_PREFIX + command.name
 
@@ -90,6 +94,16 @@ def bindings() -> list[Binding]:
             priority=c.name in ("next_panel", "previous_panel"),
         )
         for c in COMMANDS
+    ] + [
+        Binding(
+            key,
+            f"jump({i})",
+            f"panel {key}",
+            show=False,
+            id=f"{ID_PREFIX}jump_{key}",
+            tooltip=f"Focus the panel numbered {key} in its border (zoomed when the layout hides it)",
+        )
+        for i, key in enumerate(JUMP_KEYS, start=1)
     ]
 
 
@@ -105,7 +119,7 @@ def keymap_of(keys: Keys, source: str = "trainroom.toml") -> dict[str, str]:
         ID_PREFIX + name: ",".join(_key_name(k.strip()) for k in value.split(","))
         for name, value in given.items()
     }
-    taken: dict[str, str] = {}
+    taken: dict[str, str] = dict.fromkeys(JUMP_KEYS, "the panel numbers")
     for c in COMMANDS:
         for k in keymap.get(binding_id(c), c.key).split(","):
             other = taken.get(k)

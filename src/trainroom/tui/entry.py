@@ -33,7 +33,7 @@ def run_app(args: argparse.Namespace) -> int:
         loaded = theming.load_themes(theming.default_dirs())
         if loaded.find(theme) is None:
             print(
-                f"trainroom: unknown theme {theme!r} (available: {', '.join(loaded.names())})",
+                f"trainroom: unknown theme {theme!r} (available: {', '.join(loaded.short_names())})",
                 file=sys.stderr,
             )
             return 2

@@ -30,6 +30,8 @@ from .lossplot import Mark, plot_points
 Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 
 SPARK_POINTS = 64
+# States in which the trainer lives but does not step: its last rate is history, not a figure.
+HALTED = ("stalled", "hung")
 
 
 def _worst_level(findings: Iterable[Finding]) -> Level:
@@ -72,7 +74,12 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
         return TrainerView(
             None, None, False, None, "no attempt yet", "dim", "none", " ".join(state.argv), None, None
         )
-    if a.alive:
+    if a.alive and state.status in HALTED:
+        # Alive but not stepping: never "running" beside a rate that stopped moving.
+        age = step_age(state, now)
+        since = f"last step {fmt.duration(age)} ago" if age is not None else "no step yet"
+        exit_text, level, uptime = f"{state.status}: {since}", "crit", now - a.started_at
+    elif a.alive:
         exit_text, level, uptime = "running", "ok", now - a.started_at
     else:
         uptime = (a.ended_at or now) - a.started_at
@@ -126,6 +133,19 @@ def _telemetry(state: RunState) -> str:
 
 
 @dataclass(frozen=True)
+class GpuProcessRow:
+    """One compute process the driver lists (the zoomed VRAM panel's table, as nvitop's first
+    screen): whose it is, and what the driver says it holds."""
+
+    pid: int
+    device: int
+    who: str  # "this run · rank 0", "this run", "another process", "gone: memory left behind"
+    used_bytes: float | None  # None: the driver gives no per-process figure (WSL2, MIG)
+    ours: bool
+    gone: bool
+
+
+@dataclass(frozen=True)
 class VramView:
     driver_ok: bool
     driver_reason: str  # why the driver view is unavailable ("" when it is there)
@@ -141,6 +161,55 @@ class VramView:
     util_percent: float | None
     power_w: float | None
     level: Level
+    processes: tuple[GpuProcessRow, ...] = ()  # the run's first, then the most memory first
+
+
+def gpu_process_rows(state: RunState) -> tuple[GpuProcessRow, ...]:
+    """Every process the GPU probe listed: the run's own first (by rank), then the rest by the
+    memory they hold. A rank is named from the reporter's pids and the workers the probe saw."""
+    gpu = state.probe.gpu if state.probe is not None else None
+    if gpu is None or not gpu.available:
+        return ()
+    rank_of = {w.pid: w.rank for w in state.workers.values()}
+    rank_of.update({r.pid: r.rank for r in state.ranks.values() if r.pid})
+    rows = []
+    for x in gpu.processes:
+        rank = rank_of.get(x.pid)
+        if x.gone:
+            who = "gone: memory left behind"
+        elif x.ours:
+            who = f"this run · rank {rank}" if rank is not None else "this run"
+        else:
+            who = "another process"
+        used = float(x.used_bytes) if x.used_bytes is not None else None
+        rows.append(GpuProcessRow(x.pid, x.device, who, used, x.ours, x.gone))
+    rows.sort(key=lambda r: (not r.ours, -(r.used_bytes or 0.0), r.pid))
+    return tuple(rows)
+
+
+_VENDOR_WORDS = ("NVIDIA ", "GeForce ", "Tesla ", "Quadro ")
+
+
+def vram_title(total: float | None, device: str, width: int) -> str:
+    """The VRAM panel's title in `width` columns: the total and the device, the vendor's words
+    dropped first and then the middle of the name, never its end ("(fake)", "(+1)": what the
+    figures are of)."""
+    head = "VRAM" + (f" {fmt.nbytes(total)}" if total is not None else "")
+    if not device:
+        return head
+    name = device
+    for word in _VENDOR_WORDS:
+        if len(f"{head} · {name}") <= width:
+            break
+        name = name.replace(word, "")
+    room = width - len(f"{head} · ")
+    if len(name) > room:
+        tail = name[name.rfind(" (") :] if name.endswith(")") and " (" in name else ""
+        keep = room - len(tail) - 1
+        if keep < 3:
+            return f"{head} · {tail.strip()}" if tail and len(f"{head} · {tail.strip()}") <= width else head
+        name = name[: len(name) - len(tail)][:keep].rstrip() + "…" + tail
+    return f"{head} · {name}"
 
 
 def vram_view(state: RunState) -> VramView:
@@ -160,6 +229,7 @@ def vram_view(state: RunState) -> VramView:
         util_percent=v.util_percent,
         power_w=v.power_w,
         level=_worst_level(_findings(state, *PANEL_CODES["vram"])),
+        processes=gpu_process_rows(state),
     )
 
 
@@ -175,6 +245,7 @@ class CadenceView:
     bound_s: float  # the watchdog's stall bound the age is drawn against (or the current phase's own)
     phase: str
     stopped: bool  # the attempt ended: the age no longer grows
+    halted: str  # "stalled" or "hung" while alive but not stepping (the rates are the last seen), else ""
     intervals: tuple[float, ...]
     level: Level
 
@@ -205,6 +276,7 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
         bound_s=bound,
         phase=phase,
         stopped=stopped,
+        halted=state.status if not stopped and state.status in HALTED else "",
         intervals=intervals,
         level=level,
     )
@@ -260,6 +332,8 @@ class LossView:
     worst: float | None
     ranks: int
     level: Level
+    curve: str = "median"  # whose loss the curve is: "rank 0" or the ranks' "median"
+    curve_last: float | None = None  # where the curve ends: the headline beside it says this figure
 
 
 def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView:
@@ -281,6 +355,8 @@ def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView
         worst=worst,
         ranks=len(state.ranks),
         level=_worst_level(_findings(state, *PANEL_CODES["loss"])),
+        curve=plot.source,
+        curve_last=plot.points[-1][1] if plot.points else None,
     )
 
 

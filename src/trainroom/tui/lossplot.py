@@ -26,17 +26,22 @@ class PlotPoints:
     points: tuple[tuple[float, float], ...]  # (tokens or step, loss), finite losses only
     marks: tuple[Mark, ...]
     x_label: str  # "tokens" or "step"
+    source: str = "median"  # whose loss the curve is: "rank 0" (the run's series) or the ranks' "median"
 
 
 def plot_points(state: RunState, series: SeriesSnapshot | None = None) -> PlotPoints:
     points: list[tuple[float, float]] = []
     marks: list[Mark] = []
     x_label = "tokens"
+    source = "rank 0"  # the series folds rank 0's steps
     if series is not None:
         points, marks, x_label = _series_points(series)
     if len(points) < 2:
         points, marks, x_label = _recent_points(state)
-    return PlotPoints(points=tuple(thin(points, LOSS_POINTS)), marks=tuple(marks), x_label=x_label)
+        source = "median"
+    return PlotPoints(
+        points=tuple(thin(points, LOSS_POINTS)), marks=tuple(marks), x_label=x_label, source=source
+    )
 
 
 def thin(points: list[tuple[float, float]], most: int) -> list[tuple[float, float]]:

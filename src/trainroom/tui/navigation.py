@@ -1,5 +1,5 @@
 """Moving through the control room: Tab between the panels (one the layout has no room for opens
-zoomed), the zoom key, the log search, the loss plot's scale, and the runs overview. The control
+zoomed), the number keys to a panel, the zoom key (and the focus back in sight after it), the log search, the loss plot's scale, and the runs overview. The control
 room holds it as a part and hands it its panels and its run."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from .link import OverviewReader
 from .overview import RunRow, row_of
 from .screens.runs import RunsScreen
 from .screens.search import SearchPrompt
-from .widgets.base import Panel
 from .widgets.logtail import LogTailPanel
 from .widgets.loss import LossPanel
 
@@ -80,6 +79,16 @@ class Navigation:
     def __init__(self, app: App[int], host: NavigationHost) -> None:
         self.app = app
         self.host = host
+        self._watched: set[object] = set()  # the screens whose zoom is watched
+        self._home: Widget | None = None  # the panel in sight focused before a zoom
+
+    def jump(self, n: int) -> None:
+        """A number key: the panel whose border shows that number (1..9, then 0 for the tenth)."""
+        order = self.host.panels().in_order()
+        i = (n - 1) % 10
+        # Over another screen (the runs overview) a digit is that screen's, not a jump behind it.
+        if i < len(order) and order[i].screen is self.app.screen:
+            self.show_panel(order[i])
 
     def move_focus(self, step: int) -> None:
         """Tab (1) and shift+tab (-1): the next or previous panel."""
@@ -96,7 +105,7 @@ class Navigation:
         rows), else in its place."""
         screen = self.app.screen
         if not laid_out(panel):
-            screen.maximize(panel, container=False)
+            self._maximize(panel)
         elif screen.maximized is not None:
             screen.minimize()
         panel.focus()
@@ -107,10 +116,38 @@ class Navigation:
             screen.minimize()
             return
         focused = self.app.focused
-        if not isinstance(focused, Panel):
+        if focused not in self.host.panels().in_order():
             self.app.notify("zoom: focus a panel first (tab moves between them)", timeout=3)
             return
-        screen.maximize(focused, container=False)
+        assert focused is not None
+        self._maximize(focused)
+
+    def _maximize(self, panel: Widget) -> None:
+        """Zoom `panel`; once it is put back (z or escape), the focus is on a panel in sight."""
+        screen = self.app.screen
+        if screen not in self._watched:
+            self._watched.add(screen)
+            screen.watch(screen, "maximized", self._zoom_changed, init=False)
+        focused = self.app.focused
+        if focused is not None and laid_out(focused) and focused in self.host.panels().in_order():
+            self._home = focused
+        screen.maximize(panel, container=False)
+
+    def _zoom_changed(self, maximized: Widget | None) -> None:
+        if maximized is None:
+            self.app.call_after_refresh(self._focus_in_sight)
+
+    def _focus_in_sight(self) -> None:
+        """After a zoom ends: a panel the layout hides (the log at 24 rows) gives the focus back
+        to the panel focused before the zoom, else to the first one in sight."""
+        focused = self.app.focused
+        if self.app.screen.maximized is not None or (focused is not None and laid_out(focused)):
+            return
+        order = self.host.panels().in_order()
+        home = self._home if self._home is not None and laid_out(self._home) else None
+        target = home or next((p for p in order if laid_out(p)), None)
+        if target is not None:
+            target.focus()
 
     def search(self) -> None:
         log = self.host.panels().log

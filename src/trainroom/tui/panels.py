@@ -10,6 +10,7 @@ from textual.app import App
 from textual.widget import Widget
 
 from .widgets.banner import DisconnectBanner
+from .widgets.base import PANEL_ORDER
 from .widgets.cadence import CadencePanel
 from .widgets.disk import DiskPanel
 from .widgets.findings import FindingsPanel
@@ -22,9 +23,6 @@ from .widgets.lr import LrPanel
 from .widgets.ranks import RanksPanel
 from .widgets.trainer import TrainerPanel
 from .widgets.vram import VramPanel
-
-# Tab's order: reading order, the panels the compact layout hides last.
-PANEL_ORDER = ("findings", "trainer", "vram", "cadence", "lr", "loss", "host", "disk", "ranks", "log")
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,20 @@ def _label(v: float) -> str:
     return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.1e}"
 
 
+def _y_range(ys: Sequence[float], log_y: bool) -> tuple[float, float]:
+    """The y range: the values' own, padded a little. Values that are never negative (a loss)
+    are never given a negative bottom (a tick of -0.008) by the padding; under a log scale the
+    values are logs already and may be."""
+    y_min, y_max = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    if y_max - y_min < 1e-12:
+        y_min, y_max = y_min - 0.5, y_max + 0.5
+    pad = (y_max - y_min) * 0.04
+    lo, hi = y_min - pad, y_max + pad
+    if not log_y and ys and min(ys) >= 0:
+        lo = max(lo, 0.0)
+    return lo, hi
+
+
 def chart(
     points: Sequence[tuple[float, float]],
     cols: int,
@@ -100,12 +114,8 @@ def chart(
         guides = {k: math.log10(v) for k, v in guides.items() if v > 0}
     ys = [y for _, y in finite] or list(guides.values())
     xs = [x for x, _ in finite] + [x for x, _ in marks if math.isfinite(x)]
-    y_min, y_max = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    y_min, y_max = _y_range(ys, log_y)
     x_min, x_max = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    if y_max - y_min < 1e-12:
-        y_min, y_max = y_min - 0.5, y_max + 0.5
-    pad = (y_max - y_min) * 0.04
-    y_min, y_max = y_min - pad, y_max + pad
     guides = {k: v for k, v in guides.items() if y_min <= v <= y_max}
     if x_max - x_min < 1e-12:
         x_max = x_min + 1.0

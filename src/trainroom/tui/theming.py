@@ -72,6 +72,10 @@ class LoadedThemes:
     def names(self) -> list[str]:
         return [t.name for t in self.themes]
 
+    def short_names(self) -> list[str]:
+        """The names `--theme` takes (`dark`, `light`, `high-contrast`, a user theme's)."""
+        return [short_name(t.name) for t in self.themes]
+
     def find(self, name: str) -> Theme | None:
         """By full name, or by the short name (`light` for `trainroom-light`, `high-contrast`)."""
         name = ALIASES.get(name, name)
@@ -160,23 +164,77 @@ def load_themes(dirs: Iterable[Path | Traversable]) -> LoadedThemes:
     return loaded
 
 
+def short_name(name: str) -> str:
+    """What `--theme` takes and `t` says: `dark`, `light`, `high-contrast` for the shipped themes,
+    a user theme's own name without the app's prefix."""
+    if name == CONTRAST_THEME:
+        return "high-contrast"
+    return name.removeprefix(APP_VARIABLE_PREFIX)
+
+
 def initial_theme(
-    loaded: LoadedThemes, requested: str | None, *, no_color: bool, builtin: Callable[[str], Theme | None]
+    loaded: LoadedThemes,
+    requested: str | None,
+    *,
+    no_color: bool,
+    builtin: Callable[[str], Theme | None],
+    remembered: str | None = None,
 ) -> tuple[str, str]:
     """The theme to open with, and what to say about the request (empty when nothing): the
     requested one (a file's, by full or short name, or one of Textual's via `builtin`), else the
+    one `t` last chose (`remembered`; NO_COLOR asks for the contrast theme this once), else the
     default (the contrast theme under NO_COLOR)."""
     note = ""
     if requested:
         found = loaded.find(requested) or builtin(requested)
         if found is not None:
             return found.name, note
-        note = f"unknown theme {requested!r}; available: {', '.join(loaded.names())}"
+        note = f"unknown theme {requested!r}; available: {', '.join(loaded.short_names())}"
+    if remembered and not no_color:
+        found = loaded.find(remembered) or builtin(remembered)
+        if found is not None:
+            return found.name, note
     preferred = CONTRAST_THEME if no_color else DEFAULT_THEME
     for name in (preferred, DEFAULT_THEME):
         if loaded.find(name) is not None:
             return name, note
     return "textual-dark", note
+
+
+# --------------------------------------------------------------------------- the theme `t` chose
+
+SETTINGS_NAME = "control-room.json"  # in the state dir: the person's setting, not a run's
+
+
+class RoomSettings(msgspec.Struct, kw_only=True):
+    theme: str | None = None
+
+
+def settings_path() -> Path:
+    return state_dir() / SETTINGS_NAME
+
+
+def remembered() -> str | None:
+    """The theme `t` last chose (its short name), or None: no file, or one that cannot be read
+    (a setting that cannot be read is forgotten, never an error that stops the room)."""
+    try:
+        return msgspec.json.decode(settings_path().read_bytes(), type=RoomSettings).theme
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+
+
+def remember(theme: str) -> str:
+    """Keep `theme` for the next session (written whole, then renamed, so a reader never sees
+    half a file); the empty string when kept, else why not, in words."""
+    path = settings_path()
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(msgspec.json.encode(RoomSettings(theme=short_name(theme))) + b"\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        return f"not kept for next time: {exc.strerror or exc}"
+    return ""
 
 
 def app_variables(theme: Theme) -> dict[str, str]:

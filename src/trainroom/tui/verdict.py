@@ -18,8 +18,11 @@ from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.ended import attempt_ended
+from trainroom.core.run.figures import stall_bound, step_age
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import ShownState, StateName
+
+from . import fmt
 
 Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 
@@ -97,6 +100,25 @@ def _ended(state: RunState) -> str:
 # --------------------------------------------------------------------------- the header
 
 
+def live_reason(state: RunState, now: float) -> str:
+    """The state's reason with the last step's age as of `now`. The keeper words a stall once, by
+    its bound ("no step within 10 s"); while the trainer stays stalled or hung the header says how
+    long it has been, so the figure on screen ages with the clock."""
+    reason = state.status_reason
+    a = state.attempt
+    if state.status not in ("stalled", "hung") or a is None or not a.alive:
+        return reason
+    age = step_age(state, now)
+    if age is None:
+        return reason
+    bound, _ = stall_bound(state)
+    live = f"no step for {fmt.duration(age)} (bound {fmt.duration(bound)})"
+    cut = reason.find("no step within")
+    if cut >= 0:
+        return reason[:cut] + live
+    return f"{reason}; {live}" if reason else live
+
+
 @dataclass(frozen=True)
 class HeaderView:
     run_id: str
@@ -136,7 +158,7 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
         attempt=a.n if a else None,
         attempts=len(state.attempts),
         state=state.status,
-        reason=state.status_reason,
+        reason=live_reason(state, now),
         state_age_s=float(round(now - state.status_since)) if state.status_since else None,
         step=step,
         connected=connected,

@@ -273,7 +273,9 @@ def _before_first_step(a: AttemptView, ranks: list[RankView], now: float, ctx: W
         return "starting", f"{r.phase} phase (bound {fmt_duration(pb)})", []
     if not a.instrumented:
         if now - a.started_at <= th.start_grace_s:
-            return "starting", "no step seen yet (uninstrumented: watching the log)", []
+            # Not "uninstrumented" yet: an instrumented trainer's reporter connects only once
+            # its imports are done, seconds in.
+            return "starting", "no step yet: waiting for the first report or a step in the log", []
         return "running", "uninstrumented: no step telemetry in the log; watching life only", []
     ref = max([a.started_at] + [r.phase_since for r in ranks if r.phase_since is not None])
     waited = now - ref

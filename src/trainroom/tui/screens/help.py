@@ -1,5 +1,7 @@
-"""The help screen: every key, what it does and whether it applies right now (and why not). It
-scrolls (j/k, the arrows, PgUp/PgDn): at 80x24 not every key fits."""
+"""The help screen: every key, what it does and whether it applies right now (and why not), one
+line a key in groups (act on the run, move, the loss plot, the room, a focused panel's own), as
+k9s and lazygit list theirs. A line that does not fit ends in an ellipsis rather than wrapping
+(at 80x24 a wrapped table held four keys a screen); the table scrolls (j/k, PgUp/PgDn, g/G)."""
 
 from __future__ import annotations
 
@@ -7,13 +9,21 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from trainroom.tui.bindings import COMMANDS, DESTRUCTIVE, key_label, key_of
+from trainroom.tui.bindings import COMMANDS, DESTRUCTIVE, JUMP_KEYS, KEEPER_ACTIONS, key_label, key_of
+
+# The control room's own commands by group, in the order the help lists them.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("move", ("next_panel", "previous_panel", "zoom", "search", "runs")),
+    ("loss plot", ("log_scale", "recent_window")),
+    ("the room", ("next_theme", "help", "quit")),
+)
 
 # The panels' own keys (a focused panel takes them first).
 PANEL_KEYS = (
@@ -58,14 +68,34 @@ class HelpScreen(ModalScreen[None]):
         self.keymap = keymap
 
     def compose(self) -> ComposeResult:
-        table = Table(box=None, padding=(0, 2, 0, 0), show_header=True, header_style="bold", expand=True)
-        table.add_column("key", no_wrap=True)
-        table.add_column("does", ratio=1)
-        table.add_column("now", ratio=1)
-        for c in COMMANDS:
-            why = self.why_not.get(c.action)
-            does = c.tooltip + (" (asks first)" if c.action in DESTRUCTIVE else "")
-            table.add_row(key_label(key_of(c.action, self.keymap)), does, f"not now: {why}" if why else "")
+        table = Table(box=None, padding=(0, 2, 0, 0), show_header=False, expand=True)
+        table.add_column("key", no_wrap=True, min_width=9, max_width=12)
+        table.add_column("does", ratio=1, no_wrap=True, overflow="ellipsis")
+        table.add_column("now", ratio=1, no_wrap=True, overflow="ellipsis")
+        by_action = {c.action: c for c in COMMANDS}
+
+        def heading(title: str) -> None:
+            table.add_row("", Text(title, style="bold"), "")
+
+        heading("act on the run (each asks first)")
+        for action in KEEPER_ACTIONS:
+            c = by_action[action]
+            why = self.why_not.get(action)
+            does = c.tooltip + (" (asks first)" if action in DESTRUCTIVE else "")
+            now = Text(f"not now: {why}", style="dim") if why else Text("ready")
+            table.add_row(key_label(key_of(action, self.keymap)), does, now)
+        for title, actions in GROUPS:
+            heading(title)
+            for action in actions:
+                c = by_action[action]
+                table.add_row(key_label(key_of(action, self.keymap)), c.tooltip, "")
+            if title == "move":
+                table.add_row(
+                    f"{JUMP_KEYS[0]}-{JUMP_KEYS[-2]} {JUMP_KEYS[-1]}",
+                    "Focus the panel with that number in its border (0: the tenth)",
+                    "",
+                )
+        heading("in a focused panel")
         for key, does in PANEL_KEYS:
             table.add_row(key, does, "")
         with Vertical(id="help-box", classes="modal-box"):
@@ -73,7 +103,7 @@ class HelpScreen(ModalScreen[None]):
             with VerticalScroll(id="help-scroll"):
                 yield Static(table, id="help-table")
                 yield Static(NOTE, id="help-note", classes="modal-hint", markup=False)
-            yield Label("esc: close · j/k, PgUp/PgDn: scroll", classes="modal-hint")
+            yield Label("esc: close · j/k, PgUp/PgDn, g/G: scroll", classes="modal-hint")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -17,8 +17,9 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
+from textual.content import ContentType
 from textual.reactive import reactive
-from textual.widget import Widget
+from textual.widget import Widget, _BorderTitle
 
 # Levels a figure is drawn at, and the drawing parts the panels share; each is a component
 # class styled in control_room.tcss from the theme's variables.
@@ -43,6 +44,39 @@ PANEL_STYLES = (
 
 WHEEL_LINES = 3
 
+# Tab's order through the panels (by widget id), the compact layout's hidden ones last; the
+# number keys follow it (1..9, then 0), and each border shows its number before the title, as
+# btop marks its boxes.
+PANEL_ORDER = ("findings", "trainer", "vram", "cadence", "lr", "loss", "host", "disk", "ranks", "log")
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def jump_mark(panel_id: str | None) -> str:
+    """The number a panel's border shows ("³" for the third panel), or "" for none."""
+    if panel_id not in PANEL_ORDER:
+        return ""
+    return str((PANEL_ORDER.index(panel_id) + 1) % 10).translate(_SUPERSCRIPT)
+
+
+class _NumberedTitle(_BorderTitle):
+    """A panel's border title with its number before it. Read back without the number, so a panel
+    compares its own words; set only when the words change (setting repaints)."""
+
+    def __set__(self, obj: Widget, title: Text | ContentType | None) -> None:
+        mark = jump_mark(obj.id)
+        if mark and isinstance(title, str) and title and not title.startswith(mark):
+            title = mark + title
+        old = getattr(obj, self._internal_name, None)
+        if isinstance(title, str) and old is not None and old.markup == title:
+            return
+        super().__set__(obj, title)
+
+    def __get__(self, obj: Widget, objtype: type[Widget] | None = None) -> str | None:
+        title = super().__get__(obj, objtype)
+        mark = jump_mark(obj.id)
+        return title.removeprefix(mark) if title is not None and mark else title
+
+
 ViewT = TypeVar("ViewT")
 
 
@@ -61,6 +95,8 @@ class Panel(Widget, Generic[ViewT], can_focus=True):
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"panel--{name}" for name in PANEL_STYLES}
     TITLE: ClassVar[str] = ""
     WAITING: ClassVar[str] = "waiting for the keeper…"
+
+    border_title = _NumberedTitle()
 
     view: reactive[ViewT | None] = reactive(None)
     """The frozen view; None until the first snapshot arrives."""

@@ -12,14 +12,20 @@ from textual.widgets import Sparkline
 from trainroom.tui import fmt
 from trainroom.tui.figures import CadenceView
 
-from .base import Panel
+from .base import Panel, jump_mark
 
 
 class CadenceFigures(Panel[CadenceView], can_focus=False):
     def render_view(self, view: CadenceView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))
-        t.append("  " + fmt.rate(view.interval_s, "s/step"), style=self.style("value"))
+        if view.halted or view.stopped:
+            # The rate of steps that no longer come: said as the last one seen, never as now.
+            if view.halted:
+                t.append(f"{view.halted.upper()}  ", style=self.style("crit"))
+            t.append("was " + fmt.rate(view.steps_per_s, "steps/s"), style=self.style("dim"))
+        else:
+            t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))
+            t.append("  " + fmt.rate(view.interval_s, "s/step"), style=self.style("value"))
         t.append("\n")
         age = view.last_step_age_s
         if view.stopped:
@@ -35,7 +41,8 @@ class CadenceFigures(Panel[CadenceView], can_focus=False):
             t.append(f"\n{fmt.count(view.tokens_per_s)} tok/s", style=self.style("value"))
         if view.last_step_age_s is not None and not view.stopped:
             t.append("\n")
-            width = max(min(self.inner_width, 40), 4)
+            t.append("to stall ", style=self.style("label"))  # the last step's age against the bound
+            width = max(min(self.inner_width - 9, 40), 4)
             bar = fmt.bar(view.last_step_age_s / view.bound_s, width)
             filled = len(bar.rstrip("░"))
             t.append(bar[:filled], style=self.style(view.level))
@@ -53,7 +60,7 @@ class CadencePanel(Vertical, can_focus=True):
         yield Sparkline([], id="cadence-spark")
 
     def on_mount(self) -> None:
-        self.border_title = "cadence"
+        self.border_title = jump_mark(self.id) + "cadence"
 
     def watch_view(self, view: CadenceView | None) -> None:
         self.query_one(CadenceFigures).view = view

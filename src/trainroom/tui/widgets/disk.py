@@ -1,4 +1,7 @@
-"""The disk guard: checkpoint filesystem usage, time to full, and each checkpoint's state."""
+"""The disk guard: checkpoint filesystem usage (a labelled bar), time to full, and each
+checkpoint on disk with its state, newest first. The checkpoint rows scroll under the figures, and
+the border says what they count (the title "disk guard · 92 checkpoints", the bottom "checkpoints 1–5
+of 92, newest first"), never a count of lines."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from trainroom.tui import fmt
-from trainroom.tui.figures import DiskView
+from trainroom.tui.figures import CheckpointRow, DiskView
 
 from .base import Panel
 
@@ -36,31 +39,75 @@ class DiskPanel(Panel[DiskView]):
             if view.path:
                 t.append("  " + view.path, style=self.style("dim"))
             t.append("\n")
+            if view.used_fraction is not None:
+                t.append("disk ", style=self.style("label"))  # what the bar is: the filesystem in use
+                bar = fmt.bar(view.used_fraction, max(min(self.inner_width - 5, 40), 4))
+                filled = len(bar.rstrip("░"))
+                t.append(bar[:filled], style=self.style(level if level != "value" else "bar-driver"))
+                t.append(bar[filled:] + "\n", style=self.style("bar-empty"))
         else:
             t.append("no disk probe yet\n", style=self.style("dim"))
         if view.finding:
             t.append(view.finding + "\n", style=self.style(view.level))
-        if not view.checkpoints:
+        rows = view.checkpoints
+        self.border_title = disk_title(len(rows), view.pruned)
+        if not rows:
             t.append("no checkpoints yet", style=self.style("dim"))
+            self._set_subtitle("")
+            return t
         room = max(self.inner_height - t.plain.count("\n"), 1)
-        for row in view.checkpoints[:room]:
-            step = f"step {row.step}" if row.step is not None else row.name
-            t.append(step.ljust(11), style=self.style("value"))
-            t.append(row.state.ljust(9), style=self.style(_STATE_LEVEL.get(row.state, "dim")))
-            size = " " + fmt.nbytes(row.size_bytes)
-            latest = "  ← latest" if row.latest else ""
-            # Narrow: the size makes way for the `latest` mark rather than cutting it in half.
-            if 20 + len(size) + len(latest) <= self.inner_width or not latest:
-                t.append(size, style=self.style("label"))
-            else:
-                latest = latest[1:]
-            if row.eval_figure is not None:
-                t.append(f"  eval {row.eval_figure:.4g}", style=self.style("value"))
-            if latest:
-                t.append(latest, style=self.style("ok"))
-            if row.reason:
-                t.append(f"  {row.reason}", style=self.style(_REASON_LEVEL.get(row.state, "label")))
-            t.append("\n")
-        if view.pruned:
-            t.append(f"{view.pruned} pruned", style=self.style("dim"))
+        start = min(self.scroll_at, max(len(rows) - room, 0))
+        shown = rows[start : start + room]
+        for row in shown:
+            self._row(t, row)
+        t.rstrip()
+        self._rows_total = len(rows)
+        self._rows_room = room
+        self._set_subtitle(checkpoints_subtitle(start, len(shown), len(rows)))
         return t
+
+    def _row(self, t: Text, row: CheckpointRow) -> None:
+        step = f"step {row.step}" if row.step is not None else row.name
+        t.append(step.ljust(11), style=self.style("value"))
+        t.append(row.state.ljust(9), style=self.style(_STATE_LEVEL.get(row.state, "dim")))
+        size = " " + fmt.nbytes(row.size_bytes)
+        latest = "  ← latest" if row.latest else ""
+        # Narrow: the size makes way for the `latest` mark rather than cutting it in half.
+        if 20 + len(size) + len(latest) <= self.inner_width or not latest:
+            t.append(size, style=self.style("label"))
+        else:
+            latest = latest[1:]
+        if row.eval_figure is not None:
+            t.append(f"  eval {row.eval_figure:.4g}", style=self.style("value"))
+        if latest:
+            t.append(latest, style=self.style("ok"))
+        if row.reason:
+            t.append(f"  {row.reason}", style=self.style(_REASON_LEVEL.get(row.state, "label")))
+        t.append("\n")
+
+    def window(self, content: RenderableType) -> RenderableType:
+        """The panel scrolls its checkpoint rows itself (`render_view`): the figures stay on top."""
+        return content
+
+    _rows_total = 0
+    _rows_room = 1
+
+    @property
+    def max_scroll(self) -> int:
+        return max(self._rows_total - self._rows_room, 0)
+
+
+def disk_title(on_disk: int, pruned: int) -> str:
+    """The title counts the checkpoints on disk (every one the keeper tracks, pruned ones left
+    out), so a short panel still says how many there are."""
+    if not on_disk and not pruned:
+        return "disk guard"
+    title = f"disk guard · {on_disk} checkpoint{'s' if on_disk != 1 else ''}"
+    return title + (f", {pruned} pruned" if pruned else "")
+
+
+def checkpoints_subtitle(start: int, shown: int, total: int) -> str:
+    """Which of the checkpoints the rows show, when not all of them fit."""
+    if shown >= total:
+        return ""
+    return f"checkpoints {start + 1}–{start + shown} of {total}, newest first"

@@ -31,7 +31,8 @@ class HostPanel(Panel[HostView]):
             t.append(hint, style=self.style("dim"))  # left out whole where it does not fit
         t.append("\n")
         if view.total and view.available is not None:
-            width = max(min(self.inner_width, 40), 4)
+            t.append("host RAM ", style=self.style("label"))  # what the bar is: the host's memory in use
+            width = max(min(self.inner_width - 9, 40), 4)
             bar = fmt.bar(1 - view.available / view.total, width)
             filled = len(bar.rstrip("░"))
             t.append(bar[:filled], style=self.style(view.level if view.level != "ok" else "bar-driver"))

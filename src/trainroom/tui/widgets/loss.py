@@ -34,11 +34,20 @@ class LossPanel(Panel[LossView]):
 
     def render_view(self, view: LossView) -> RenderableType:
         modes = [m for m, on in (("log", self.log_y), ("recent fifth", self.recent)) if on]
+        if view.ranks > 1:
+            modes.insert(0, view.curve)
         title = f"loss vs {view.x_label}" + "".join(f" · {m}" for m in modes)
         if self.border_title != title:
             self.border_title = title
         t = Text(no_wrap=True, overflow="crop")
-        self.pair(t, "median", fmt.loss(view.median), view.level if view.level != "ok" else "value")
+        level = view.level if view.level != "ok" else "value"
+        if view.ranks > 1 and view.curve != "median" and view.curve_last is not None:
+            # The headline is the curve's own figure, named for whose it is: a median of the ranks
+            # above rank 0's curve would say a figure the plot does not show (with one rank off,
+            # the median of two is neither curve).
+            self.pair(t, view.curve, fmt.loss(view.curve_last), level)
+        else:
+            self.pair(t, "median", fmt.loss(view.median), level)
         if view.ranks > 1 and view.worst_rank is not None:
             self.pair(t, "  worst", f"r{view.worst_rank} {fmt.loss(view.worst)}", view.level)
         if view.ln_v is not None:

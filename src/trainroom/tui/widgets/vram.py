@@ -2,7 +2,9 @@
 
 The gap between the two bars is ghost memory (scenario 9: a driver holding ~2x what PyTorch
 uses); without a driver view the allocator bar stands alone and the panel says why. Both bars
-share one scale (the device's total), so their lengths compare.
+share one scale (the device's total), so their lengths compare, and each is labelled with what it
+measures. Zoomed (`z`), the panel adds every process the driver lists, as nvitop's first screen:
+pid, whose it is, the memory it holds, the run's own marked.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from trainroom.tui import fmt
-from trainroom.tui.figures import VramView
+from trainroom.tui.figures import VramView, vram_title
 
 from .base import Panel
 
-LABEL = 7
+LABEL = 10  # "allocator " before the bar
 FIGURE = 9  # "11.0 GiB" right-aligned after the bar
 
 
@@ -35,12 +37,8 @@ class VramPanel(Panel[VramView]):
 
     def render_view(self, view: VramView) -> RenderableType:
         t = Text(no_wrap=True, overflow="ellipsis")
-        title = "VRAM"
-        if view.driver_total is not None:
-            title += f" {fmt.nbytes(view.driver_total)}"
-        if view.device:
-            title += f" · {view.device}"
-        self.border_title = title
+        # The border's corners, the number before the title and a space either side.
+        self.border_title = vram_title(view.driver_total, view.device, max(self.size.width - 7, 12))
         if view.driver_ok:
             attributed = view.run_bytes if view.per_process else view.driver_used
             scale = view.driver_total or max(attributed or 0, view.alloc_reserved or 0) or None
@@ -52,7 +50,7 @@ class VramPanel(Panel[VramView]):
             if len(line) > self.inner_width:
                 line = f"driver view unavailable:\n {view.driver_reason}"
             t.append(line + "\n", style=self.style("dim"))
-        self._bar(t, "alloc", view.alloc_reserved, scale, "bar-allocator")
+        self._bar(t, "allocator", view.alloc_reserved, scale, "bar-allocator")
         self.pair(t, "ratio", fmt.ratio(view.ratio), view.level if view.ratio is not None else "dim")
         t.append(" driver/alloc", style=self.style("label"))
         t.append("\n")
@@ -65,4 +63,29 @@ class VramPanel(Panel[VramView]):
                 self.pair(t, "util", f"{view.util_percent:.0f}%")
             if view.power_w is not None:
                 self.pair(t, "  power", f"{view.power_w:.0f} W")
+        if self.is_maximized:
+            self._processes(t, view)
         return t
+
+    def _processes(self, t: Text, view: VramView) -> None:
+        t.rstrip()
+        t.append("\n\n")  # one blank line under the figures
+        if not view.driver_ok:
+            t.append("no process table: the driver view is unavailable", style=self.style("dim"))
+            return
+        if not view.processes:
+            t.append("the driver lists no compute process", style=self.style("dim"))
+            return
+        devices = len({r.device for r in view.processes}) > 1
+        head = f"{'pid':>8}  {'gpu ' if devices else ''}{'memory':>9}  whose"
+        t.append(head + "\n", style=self.style("label"))
+        for row in view.processes:
+            level = "value" if row.ours else ("crit" if row.gone else "label")
+            t.append(f"{row.pid:>8}  ", style=self.style(level))
+            if devices:
+                t.append(f"{row.device:<4}", style=self.style(level))
+            used = fmt.nbytes(row.used_bytes) if row.used_bytes is not None else "n/a"
+            t.append(f"{used:>9}  ", style=self.style(level))
+            t.append(("● " if row.ours else "  ") + row.who + "\n", style=self.style(level))
+        if not view.per_process:
+            t.append("memory n/a: the driver gives no per-process figure here", style=self.style("dim"))
