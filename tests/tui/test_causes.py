@@ -87,8 +87,7 @@ async def test_the_cursor_stays_on_its_finding_when_a_new_one_arrives_above_it(t
     async with app.run_test(size=(100, 30)) as pilot:
         await settle(app, pilot)
         panel = app.query_one(FindingsPanel)
-        await pilot.press("tab")
-        assert app.focused is panel
+        assert app.focused is panel  # the findings have the focus from the start
         # With the focus, the cursor is on a finding (the first), not on a place in the list.
         assert panel.selected == "DISK_HIGH"
         await pilot.press("j")
@@ -127,7 +126,7 @@ async def test_the_detail_says_what_follows_and_keeps_a_tensors_underscores(tmp_
     app, _, _ = make_app(str(tmp_path), [*healthy_records(steps=10), rejected(0, T0 + 5)])
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(app, pilot)
-        await pilot.press("tab", "enter")
+        await pilot.press("enter")  # the findings have the focus from the start
         await until(pilot, lambda: isinstance(app.screen, FindingDetail), "the detail")
         await pilot.pause()
         text = screen_text(app)
@@ -135,7 +134,7 @@ async def test_the_detail_says_what_follows_and_keeps_a_tensors_underscores(tmp_
     app, _, _ = make_app(str(tmp_path), nan_run(3))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(app, pilot)
-        await pilot.press("tab", "enter")
+        await pilot.press("enter")  # the findings have the focus from the start
         await until(pilot, lambda: isinstance(app.screen, FindingDetail), "the detail")
         await pilot.pause()
         text = screen_text(app)

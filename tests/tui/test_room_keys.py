@@ -452,6 +452,11 @@ async def test_routine_telemetry_waits_for_the_routine_frame_and_a_verdict_does_
     app, link, _ = make_app(str(tmp_path), healthy_records(steps=5), routine_interval_s=3600.0)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(app, pilot)
+        # The focus given at start is drawn (what a key acts on follows it) before the count starts.
+        await until(
+            pilot, lambda: app._aim == (app.focused, app.panels().findings.selected), "the focus drawn"
+        )
+        await pilot.pause()
         drawn = app.renders
         link.push([p.Received(attempt=1, rank=0, t=T0 + 30, msg=p.Step(step=99, t=T0 + 30, loss=2.0))])
         await until(
