@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
 
 def test_the_catalogue_has_every_code_once_and_nothing_else() -> None:
     assert list(vocab.CATALOGUE) == list(vocab.FINDING_CODES)
-    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 31
+    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 32
 
 
 def test_every_code_a_source_file_raises_is_in_the_catalogue() -> None:
@@ -67,6 +67,7 @@ def test_the_groups_are_read_off_the_catalogue() -> None:
         "DISK_FULL_SOON",
         "DRVFS_CHECKPOINTS",
         "CKPT_REJECTED",
+        "CKPT_INCOMPLETE",
     }
     assert set(vocab.PANEL_CODES["loss"]) == {
         "LOSS_SPIKE",

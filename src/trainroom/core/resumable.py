@@ -71,28 +71,35 @@ class Completeness(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
         return out
 
 
-def losses(c: Completeness, *, step: int | None = None, fp16: bool = False) -> list[str]:
+def part_losses(c: Completeness, *, step: int | None = None, fp16: bool = False) -> dict[PartName, str]:
     """What a resume from a checkpoint holding `c` loses or resets, a line a missing part, in the
     order a person weighs them. `step`: the checkpoint's step (the batches seen again); `fp16`:
     the run keeps a loss scale, so a missing scaler is a loss too."""
-    out = []
+    out: dict[PartName, str] = {}
     if "model" in c.parts and not c.holds("model"):
-        out.append("model weights absent: nothing to resume from but the initialisation")
+        out["model"] = "model weights absent: nothing to resume from but the initialisation"
     if "optimizer" in c.parts and not c.holds("optimizer"):
-        out.append("optimizer moments reset: Adam restarts cold (no optimizer state in the checkpoint)")
+        out["optimizer"] = (
+            "optimizer moments reset: Adam restarts cold (no optimizer state in the checkpoint)"
+        )
     if "scheduler" in c.parts and not c.holds("scheduler"):
-        out.append("scheduler absent: the LR restarts at warm-up")
+        out["scheduler"] = "scheduler absent: the LR restarts at warm-up"
     if fp16 and not c.holds("scaler"):
-        out.append("loss scaler absent: the fp16 loss scale restarts at its initial value")
+        out["scaler"] = "loss scaler absent: the fp16 loss scale restarts at its initial value"
     if "data" in c.parts and not c.holds("data"):
         seen = f"batches 0–{step} seen again" if step else "the data starts over from its first batch"
         why = c.parts["data"].seen
-        out.append(f"data position absent: {seen}" + (f" ({why})" if why else ""))
+        out["data"] = f"data position absent: {seen}" + (f" ({why})" if why else "")
     if "rng" in c.parts and not c.holds("rng"):
-        out.append("RNG absent: a different data order and dropout from here on")
+        out["rng"] = "RNG absent: a different data order and dropout from here on"
     if "step" in c.parts and not c.holds("step"):
-        out.append("step counter absent: the trainer counts from 0 again")
+        out["step"] = "step counter absent: the trainer counts from 0 again"
     return out
+
+
+def losses(c: Completeness, *, step: int | None = None, fp16: bool = False) -> list[str]:
+    """`part_losses`' lines: the resume plan's "lost" lines."""
+    return list(part_losses(c, step=step, fp16=fp16).values())
 
 
 def completeness_json(c: Completeness | None) -> dict[str, object] | None:

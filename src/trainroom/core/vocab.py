@@ -99,6 +99,7 @@ FindingCode = Literal[
     "STATE_DISK_LOW",
     "CKPT_REJECTED",
     "CKPT_OUTSIDE_ROOT",
+    "CKPT_INCOMPLETE",
     "JOURNAL_WRITE_FAILED",
     "RANK_CLAIMED",
     "FIELD_REFUSED",
@@ -174,6 +175,12 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
     "CKPT_REJECTED": FindingKind("checkpoint", "critical", "a checkpoint failed verification", "disk"),
     "CKPT_OUTSIDE_ROOT": FindingKind(
         "checkpoint", "warning", "an announced checkpoint outside the run's checkpoint root"
+    ),
+    "CKPT_INCOMPLETE": FindingKind(
+        "checkpoint",
+        "warning",
+        "a checkpoint lacks part of a faithful resume (optimizer, scheduler...) the run's others hold",
+        "disk",
     ),
     "JOURNAL_WRITE_FAILED": FindingKind("keeper", "critical", "the keeper cannot write the journal"),
     "RANK_CLAIMED": FindingKind("keeper", "warning", "two reporters claim the same rank"),

@@ -401,6 +401,8 @@ class CheckpointRow:
     reason: str | None
     latest: bool  # the newest verified: what a resume would use
     name: str
+    # What it holds of a faithful resume, "model opt -sched rng data" ("" where not read).
+    parts: str = ""
 
 
 @dataclass(frozen=True)
@@ -432,7 +434,13 @@ def disk_view(state: RunState) -> DiskView:
     latest = state.last_verified()
     rows = tuple(
         CheckpointRow(
-            c.step, c.state, c.size_bytes, c.reason, c is latest, c.path.rstrip("/").rsplit("/", 1)[-1]
+            c.step,
+            c.state,
+            c.size_bytes,
+            c.reason,
+            c is latest,
+            c.path.rstrip("/").rsplit("/", 1)[-1],
+            c.report.completeness.marks() if c.report is not None and c.report.completeness else "",
         )
         for c in sorted(state.checkpoints, key=lambda c: (c.step or -1, c.t), reverse=True)
         if c.state != "pruned"

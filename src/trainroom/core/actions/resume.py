@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from trainroom.core.actions import words
 from trainroom.core.actions.base import (
     Action,
     ActionSpec,
@@ -66,12 +67,20 @@ class Resume(Action[ResumeArgs, ResumePlan]):
         if not plan.ok:
             return Refused("; ".join(plan.refusals), target)
         note = f"; {plan.note}" if plan.note else ""
+        lost = f"; not a faithful resume: {len(plan.lost)} part(s) lost or reset" if plan.lost else ""
         return Plan(
-            f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){note}", target, plan
+            f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){lost}{note}",
+            target,
+            plan,
         )
 
     async def execute(self, k: Keeper, args: ResumeArgs, plan: Plan[ResumePlan], call: Call) -> Outcome:
         return await k.resume_start(plan.work, call.say)
+
+    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+        # What the checkpoint cannot give back comes first, a line each: what a person weighs.
+        lost = [f"  lost: {x}" for x in plan.get("lost") or []]
+        return lost + words.fields({k: v for k, v in plan.items() if k != "lost"})
 
     def target(self, plan: dict[str, Any]) -> object:
         return (plan.get("checkpoint"), plan.get("step"), plan.get("digest"), plan.get("argv"))

@@ -47,6 +47,8 @@ class DiskPanel(Panel[DiskView]):
                 latest = latest[1:]
             if latest:
                 t.append(latest, style=self.style("ok"))
+            for mark in row.parts.split():  # what it holds of a faithful resume; "-opt" it lacks
+                t.append(" " + mark, style=self.style("warn" if mark.startswith("-") else "label"))
             if row.reason:
                 t.append(f"  {row.reason}", style=self.style("crit" if row.state == "rejected" else "label"))
             t.append("\n")
