@@ -51,7 +51,7 @@ def ckpt_incomplete(run: RunState) -> Finding | None:
     c, comp, lacks = lacking[-1]  # the newest: the one a resume would reach first
     fp16 = "scaler" in lacks
     lost = [x for n, x in part_losses(comp, step=c.step, fp16=fp16).items() if n in lacks]
-    older = f" (and {len(lacking) - 1} older checkpoint(s))" if len(lacking) > 1 else ""
+    older = f" (and {len(lacking) - 1} other checkpoint(s))" if len(lacking) > 1 else ""
     because = "; ".join(sorted({want[n] for n in lacks}))
     where = f"step {c.step} " if c.step is not None else ""
     return Finding(

@@ -47,7 +47,12 @@ class DiskPanel(Panel[DiskView]):
                 latest = latest[1:]
             if latest:
                 t.append(latest, style=self.style("ok"))
-            for mark in row.parts.split():  # what it holds of a faithful resume; "-opt" it lacks
+            # What it holds of a faithful resume, "-opt" for what it lacks; narrow: the lacks only.
+            marks = row.parts.split()
+            used = len(t.plain) - t.plain.rfind("\n") - 1
+            if used + len(row.parts) + 1 > self.inner_width:
+                marks = [m for m in marks if m.startswith("-")]
+            for mark in marks:
                 t.append(" " + mark, style=self.style("warn" if mark.startswith("-") else "label"))
             if row.reason:
                 t.append(f"  {row.reason}", style=self.style("crit" if row.state == "rejected" else "label"))
