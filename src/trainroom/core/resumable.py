@@ -31,7 +31,7 @@ MARKS: dict[PartName, str] = {
 }
 
 
-class Part(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+class Part(msgspec.Struct, kw_only=True, frozen=True):
     """One part as the checkpoint holds it: `seen` says what was read ("AdamW moments for 28
     params"), or for an absent part what stands in for it, if anything."""
 
