@@ -78,6 +78,50 @@ def test_a_bare_state_dict_and_a_lone_safetensors_file_are_a_model_only(tmp_path
         assert set(c.lacks()) == {"optimizer", "scheduler", "rng", "data", "step", "config", "code"}
 
 
+def test_an_fp16_training_state_holds_every_part_the_scaler_and_each_generator(tmp_path: Path) -> None:
+    """What a careful trainer saves: weights, AdamW, its LinearLR, the fp16 GradScaler after a
+    real scaled step, torch/numpy/python RNG states, the sampler's position, the step and config."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, total_iters=10)
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.ones(2, 4)).sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    sched.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "lr_scheduler": sched.state_dict(),
+        "scaler": scaler.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "sampler": {"epoch": 1, "batches_seen": 7},
+        "step": 7,
+        "config": {"lr": 1e-3, "git_commit": "feedfacecafe0001"},
+    }
+    torch.save(state, tmp_path / "state.pt")
+    c = _parts(tmp_path / "state.pt")
+    assert c.lacks() == [] and c.marks() == "model opt sched rng data"
+    assert c.parts["scaler"].seen == f"scaler: loss scale {scaler.get_scale():g}"
+    assert c.parts["rng"].seen == "rng: torch, numpy, python"
+    assert c.parts["scheduler"].seen == "lr_scheduler: at step 1"
+    assert c.parts["data"].seen == "sampler" and c.parts["code"].seen == "git_commit feedfacecafe"
+    assert losses(c, step=7, fp16=True) == []
+    # Without its scaler, an fp16 run loses its loss scale on a resume.
+    del state["scaler"]
+    torch.save(state, tmp_path / "no-scaler.pt")
+    assert losses(_parts(tmp_path / "no-scaler.pt"), step=7, fp16=True) == [
+        "loss scaler absent: the fp16 loss scale restarts at its initial value"
+    ]
+
+
 # --------------------------------------------------------------------------- Hugging Face
 
 
@@ -104,6 +148,20 @@ def test_an_hf_checkpoint_holds_every_part_from_its_files(hf_runs: tuple[Path, P
     assert c.parts["config"].seen == "config.json, training_args.bin"
     assert c.lacks() == ["code"] and c.marks() == "model opt sched rng data"
     assert losses(c, step=2) == []
+
+
+def test_an_hf_checkpoint_of_an_fp16_run_holds_its_scaler_pt(
+    hf_runs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The Trainer writes the accelerator's GradScaler state as scaler.pt (fp16 on a GPU): the
+    same torch.save of a real scaler's state here."""
+    import shutil
+
+    ckpt = tmp_path / "checkpoint-2"
+    shutil.copytree(hf_runs[0], ckpt)
+    torch.save(torch.amp.GradScaler("cpu").state_dict(), ckpt / "scaler.pt")
+    c = _parts(ckpt)
+    assert c.parts["scaler"].seen == "scaler.pt: loss scale 65536"
 
 
 def test_an_hf_checkpoint_saved_with_save_only_model_lacks_optimizer_scheduler_rng(
