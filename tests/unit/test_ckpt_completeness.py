@@ -257,3 +257,23 @@ def test_completeness_never_breaks_a_verify_of_an_odd_state(tmp_path: Path) -> N
     c = _parts(tmp_path / "odd.pt")
     assert c.holds("rng") and c.parts["step"].seen == "step 7" and c.holds("data")
     assert not c.holds("optimizer") and not c.holds("scheduler")
+
+
+def test_the_demo_trainers_layout_counts_tokens_seen_as_its_data_position(tmp_path: Path) -> None:
+    """The bundled demo saves model, optimizer, scheduler, step, tokens and config: no RNG."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "step": 40,
+        "tokens": 40 * 2048,
+        "config": {"lr": 1e-3},
+    }
+    torch.save(state, tmp_path / "step-000040.pt")
+    c = _parts(tmp_path / "step-000040.pt")
+    assert c.marks() == "model opt sched -rng data" and c.parts["data"].seen == "tokens 81920"
+    assert c.parts["optimizer"].seen == "optimizer: state empty (no step taken yet), 1 param group(s)"
