@@ -40,3 +40,24 @@ async def test_the_checkpoint_table_shows_the_missing_optimizer(tmp_path) -> Non
     row = next(line for line in text.splitlines() if "step 300" in line and "verified" in line)
     # The panel is narrower than the whole column: what the checkpoint lacks stays.
     assert row.rstrip(" │").endswith("← latest -opt"), row
+
+
+def test_the_resume_confirmation_names_what_is_lost_right_after_the_checkpoint() -> None:
+    from trainroom.tui.evidence import plan_lines
+
+    plan = {
+        "ok": True,
+        "attempt": 2,
+        "argv": ["python", "train.py"],
+        "checkpoint": "/ck/step-000300/ckpt.pt",
+        "step": 300,
+        "mem_available_bytes": 1 << 30,
+        "lost": [
+            "optimizer moments reset: Adam restarts cold (no optimizer state in the checkpoint)",
+            "RNG absent: a different data order and dropout from here on",
+        ],
+    }
+    lines = plan_lines(plan)
+    at = next(i for i, line in enumerate(lines) if line.startswith("lost"))
+    assert lines[at - 1].startswith("step") and lines[at + 1].strip().startswith("optimizer moments reset")
+    assert lines[at + 2].strip().startswith("RNG absent")
