@@ -209,6 +209,40 @@ def test_a_lightning_checkpoint_with_and_without_its_optimizer(lightning_runs: t
     )
 
 
+def test_a_lightning_fit_with_a_stateful_loader_holds_its_data_position(tmp_path: Path) -> None:
+    """A loader with state_dict/load_state_dict: Lightning keeps its state under the fit loop's
+    `combined_loader`, and a mid-epoch resume goes on where it was."""
+    pytest.importorskip("lightning")
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tests.support.ckpt_makers.lightning_fit import TinyLM
+
+    class Stateful(torch.utils.data.DataLoader[torch.Tensor]):
+        def state_dict(self) -> dict[str, int]:
+            return {"batches": 2}
+
+        def load_state_dict(self, sd: dict[str, int]) -> None:
+            pass
+
+    g = torch.Generator().manual_seed(0)
+    loader = Stateful(torch.randint(0, 64, (64, 8), generator=g), batch_size=8)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path), filename="{step}", every_n_train_steps=2, save_top_k=-1)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        devices=1,
+        callbacks=[ckpt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyLM(), loader)
+    c = _parts(tmp_path / "step=2.ckpt")
+    assert c.parts["data"].seen == "loops: epoch 0, 2 batches processed, the loader's state"
+    assert c.marks() == "model opt sched -rng data"
+
+
 # --------------------------------------------------------------------------- DCP
 
 
