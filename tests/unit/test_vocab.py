@@ -63,11 +63,11 @@ def test_the_groups_are_read_off_the_catalogue() -> None:
     assert vocab.PANEL_CODES["lr"] == ("LR_MISMATCH",)
     assert vocab.PANEL_CODES["host"] == ("HOST_RAM_LOW",)
     assert set(vocab.PANEL_CODES["disk"]) == {
+        "CKPT_INCOMPLETE",
         "DISK_HIGH",
         "DISK_FULL_SOON",
         "DRVFS_CHECKPOINTS",
         "CKPT_REJECTED",
-        "CKPT_INCOMPLETE",
     }
     assert set(vocab.PANEL_CODES["loss"]) == {
         "LOSS_SPIKE",

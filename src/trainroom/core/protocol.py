@@ -17,9 +17,9 @@ from typing import Annotated, Any, Generic, Literal, TypeVar, Union
 
 import msgspec
 
+from trainroom.core import resumable
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
-from trainroom.core.resumable import Completeness
 from trainroom.core.salvage import NotAMessage, RefusedField, salvage
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
@@ -308,7 +308,7 @@ class CheckpointReport(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=
     promoted_dir: str | None = None  # the step directory it was promoted to
     promoted_file: str | None = None  # the checkpoint file in it (what a resume loads)
     source: str | None = None  # the watched file a verified copy was taken from
-    completeness: Completeness | None = None  # what it holds of a faithful resume (None: not read)
+    completeness: resumable.Completeness | None = None  # what it holds of a faithful resume (None: not read)
 
 
 class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=True):

@@ -59,6 +59,15 @@ class Completeness(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
         """The table's column: "model opt sched rng data", a missing part as "-opt"."""
         return " ".join(m if self.holds(n) else f"-{m}" for n, m in MARKS.items())
 
+    def as_json(self) -> dict[str, object]:
+        """`status --json`'s form: what it holds and lacks, the table's marks, each part as seen."""
+        return {
+            "holds": self.held(),
+            "lacks": self.lacks(),
+            "marks": self.marks(),
+            "parts": {n: {"present": p.present, "seen": p.seen or None} for n, p in self.parts.items()},
+        }
+
     def lines(self) -> list[str]:
         """One line a part, for people: `optimizer: AdamW moments for 28 params`."""
         out = []
@@ -100,15 +109,3 @@ def part_losses(c: Completeness, *, step: int | None = None, fp16: bool = False)
 def losses(c: Completeness, *, step: int | None = None, fp16: bool = False) -> list[str]:
     """`part_losses`' lines: the resume plan's "lost" lines."""
     return list(part_losses(c, step=step, fp16=fp16).values())
-
-
-def completeness_json(c: Completeness | None) -> dict[str, object] | None:
-    """`status --json`'s form: what it holds and lacks, the table's marks, each part as seen."""
-    if c is None:
-        return None
-    return {
-        "holds": c.held(),
-        "lacks": c.lacks(),
-        "marks": c.marks(),
-        "parts": {n: {"present": p.present, "seen": p.seen or None} for n, p in c.parts.items()},
-    }

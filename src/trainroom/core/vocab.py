@@ -98,8 +98,8 @@ FindingCode = Literal[
     "DRVFS_CHECKPOINTS",
     "STATE_DISK_LOW",
     "CKPT_REJECTED",
-    "CKPT_OUTSIDE_ROOT",
     "CKPT_INCOMPLETE",
+    "CKPT_OUTSIDE_ROOT",
     "JOURNAL_WRITE_FAILED",
     "RANK_CLAIMED",
     "FIELD_REFUSED",
@@ -173,14 +173,14 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
     "DRVFS_CHECKPOINTS": FindingKind("disk", "warning", "checkpoints on a slow Windows drive (WSL)", "disk"),
     "STATE_DISK_LOW": FindingKind("disk", "critical", "the disk holding the journal is nearly full"),
     "CKPT_REJECTED": FindingKind("checkpoint", "critical", "a checkpoint failed verification", "disk"),
-    "CKPT_OUTSIDE_ROOT": FindingKind(
-        "checkpoint", "warning", "an announced checkpoint outside the run's checkpoint root"
-    ),
     "CKPT_INCOMPLETE": FindingKind(
         "checkpoint",
         "warning",
         "a checkpoint lacks part of a faithful resume (optimizer, scheduler...) the run's others hold",
         "disk",
+    ),
+    "CKPT_OUTSIDE_ROOT": FindingKind(
+        "checkpoint", "warning", "an announced checkpoint outside the run's checkpoint root"
     ),
     "JOURNAL_WRITE_FAILED": FindingKind("keeper", "critical", "the keeper cannot write the journal"),
     "RANK_CLAIMED": FindingKind("keeper", "warning", "two reporters claim the same rank"),

@@ -440,7 +440,7 @@ def disk_view(state: RunState) -> DiskView:
             c.reason,
             c is latest,
             c.path.rstrip("/").rsplit("/", 1)[-1],
-            c.report.completeness.marks() if c.report is not None and c.report.completeness else "",
+            parts=c.report.completeness.marks() if c.report is not None and c.report.completeness else "",
         )
         for c in sorted(state.checkpoints, key=lambda c: (c.step or -1, c.t), reverse=True)
         if c.state != "pruned"

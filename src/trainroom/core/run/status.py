@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 
 from trainroom.core.probes.procs import state_name
-from trainroom.core.resumable import completeness_json
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState, WorkerView
 from trainroom.core.units import signal_name
@@ -192,12 +191,14 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 "step": c.step,
                 "path": c.path,
                 "state": c.state,
+                # What it holds of a faithful resume; null where its verification did not read it.
+                "completeness": c.report.completeness.as_json()
+                if c.report is not None and c.report.completeness is not None
+                else None,
                 "reason": c.reason,
                 "size_bytes": c.size_bytes,
                 "digest": c.digest,
                 "promoted": c.report.promoted_file if c.report is not None else None,
-                # What it holds of a faithful resume; null where its verification did not read it.
-                "completeness": completeness_json(c.report.completeness if c.report is not None else None),
             }
             for c in st.checkpoints
         ],
