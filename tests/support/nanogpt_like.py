@@ -95,6 +95,9 @@ def main() -> int:
     ap.add_argument("--out_dir", default="out")
     ap.add_argument("--init_from", default="scratch", choices=("scratch", "resume"))
     ap.add_argument("--die-at", type=int, default=None, help="SIGKILL itself after this iteration")
+    ap.add_argument(
+        "--drop-optimizer-from", type=int, default=None, help="save without the optimizer from this iteration"
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -152,6 +155,8 @@ def main() -> int:
                 "best_val_loss": best_val_loss,
                 "config": config,
             }
+            if args.drop_optimizer_from is not None and it >= args.drop_optimizer_from:
+                del checkpoint["optimizer"]  # a save that keeps the weights only
             print(f"saving checkpoint to {out}", flush=True)
             torch.save(checkpoint, out / "ckpt.pt")  # in place, over the previous version
             saves += 1

@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
 
 def test_the_catalogue_has_every_code_once_and_nothing_else() -> None:
     assert list(vocab.CATALOGUE) == list(vocab.FINDING_CODES)
-    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 33
+    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 34
 
 
 def test_every_code_a_source_file_raises_is_in_the_catalogue() -> None:
@@ -63,6 +63,7 @@ def test_the_groups_are_read_off_the_catalogue() -> None:
     assert vocab.PANEL_CODES["lr"] == ("LR_MISMATCH",)
     assert vocab.PANEL_CODES["host"] == ("HOST_RAM_LOW",)
     assert set(vocab.PANEL_CODES["disk"]) == {
+        "CKPT_INCOMPLETE",
         "DISK_HIGH",
         "DISK_FULL_SOON",
         "DRVFS_CHECKPOINTS",

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from trainroom.core import resumable
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.framing import HEADER as HEADER
@@ -313,6 +314,7 @@ class CheckpointReport(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=
     promoted_dir: str | None = None  # the step directory it was promoted to
     promoted_file: str | None = None  # the checkpoint file in it (what a resume loads)
     source: str | None = None  # the watched file a verified copy was taken from
+    completeness: resumable.Completeness | None = None  # what it holds of a faithful resume (None: not read)
 
 
 class EvalFigure(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):

@@ -99,6 +99,7 @@ FindingCode = Literal[
     "DRVFS_CHECKPOINTS",
     "STATE_DISK_LOW",
     "CKPT_REJECTED",
+    "CKPT_INCOMPLETE",
     "CKPT_OUTSIDE_ROOT",
     "EVAL_REGRESSED",
     "JOURNAL_WRITE_FAILED",
@@ -175,6 +176,12 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
     "DRVFS_CHECKPOINTS": FindingKind("disk", "warning", "checkpoints on a slow Windows drive (WSL)", "disk"),
     "STATE_DISK_LOW": FindingKind("disk", "critical", "the disk holding the journal is nearly full"),
     "CKPT_REJECTED": FindingKind("checkpoint", "critical", "a checkpoint failed verification", "disk"),
+    "CKPT_INCOMPLETE": FindingKind(
+        "checkpoint",
+        "warning",
+        "a checkpoint lacks part of a faithful resume (optimizer, scheduler...) the run's others hold",
+        "disk",
+    ),
     "CKPT_OUTSIDE_ROOT": FindingKind(
         "checkpoint", "warning", "an announced checkpoint outside the run's checkpoint root"
     ),

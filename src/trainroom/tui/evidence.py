@@ -25,6 +25,7 @@ _TARGET_FIRST = (
     "command",
     "checkpoint",
     "step",
+    "lost",  # what a resume from that checkpoint loses (ResumePlan.lost): weighed before the rest
     "pgid",
     "members",
     "pids",

@@ -478,6 +478,8 @@ class CheckpointRow:
     latest: bool  # the newest verified: what a resume would use
     name: str
     eval_figure: float | None = None  # the trainer's own evaluation before promotion ([eval])
+    # What it holds of a faithful resume, "model opt -sched rng data" ("" where not read).
+    parts: str = ""
 
 
 @dataclass(frozen=True)
@@ -516,6 +518,7 @@ def disk_view(state: RunState) -> DiskView:
             c is latest,
             c.path.rstrip("/").rsplit("/", 1)[-1],
             c.eval.figure if c.eval is not None else None,
+            parts=c.report.completeness.marks() if c.report is not None and c.report.completeness else "",
         )
         for c in sorted(state.checkpoints, key=lambda c: (c.step or -1, c.t), reverse=True)
         if c.state != "pruned"

@@ -84,8 +84,20 @@ class WaitVerified(Callback):
             time.sleep(0.1)
 
 
-def make_trainer(dirpath: str, max_steps: int, every: int, extra: list[Callback] | None = None) -> L.Trainer:
-    ckpt = ModelCheckpoint(dirpath=dirpath, filename="{step}", every_n_train_steps=every, save_top_k=-1)
+def make_trainer(
+    dirpath: str,
+    max_steps: int,
+    every: int,
+    extra: list[Callback] | None = None,
+    weights_only: bool = False,
+) -> L.Trainer:
+    ckpt = ModelCheckpoint(
+        dirpath=dirpath,
+        filename="{step}",
+        every_n_train_steps=every,
+        save_top_k=-1,
+        save_weights_only=weights_only,
+    )
     return L.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
@@ -98,9 +110,15 @@ def make_trainer(dirpath: str, max_steps: int, every: int, extra: list[Callback]
     )
 
 
-def fit(dirpath: str, max_steps: int = 2, every: int = 1, ckpt_path: str | None = None) -> L.Trainer:
+def fit(
+    dirpath: str,
+    max_steps: int = 2,
+    every: int = 1,
+    ckpt_path: str | None = None,
+    weights_only: bool = False,
+) -> L.Trainer:
     torch.manual_seed(0)
-    trainer = make_trainer(dirpath, max_steps, every)
+    trainer = make_trainer(dirpath, max_steps, every, weights_only=weights_only)
     trainer.fit(TinyLM(), loader(), ckpt_path=ckpt_path)
     return trainer
 

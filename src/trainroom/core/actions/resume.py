@@ -67,8 +67,11 @@ class Resume(Action[ResumeArgs, ResumePlan]):
         if not plan.ok:
             return Refused("; ".join(plan.refusals), target)
         note = f"; {plan.note}" if plan.note else ""
+        lost = f"; not a faithful resume: {len(plan.lost)} part(s) lost or reset" if plan.lost else ""
         return Plan(
-            f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){note}", target, plan
+            f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){lost}{note}",
+            target,
+            plan,
         )
 
     async def execute(self, k: Keeper, args: ResumeArgs, plan: Plan[ResumePlan], call: Call) -> Outcome:
@@ -84,13 +87,16 @@ class Resume(Action[ResumeArgs, ResumePlan]):
             if isinstance(lost, int) and lost > 0
             else "nothing is trained again"
         )
+        parts = plan.get("lost") or []
+        faithful = f"; not a faithful resume: {len(parts)} part(s) lost or reset" if parts else ""
         return (
             f"starts attempt {plan.get('attempt')} from {plan.get('checkpoint')} "
-            f"(step {plan.get('step')}); {again}"
+            f"(step {plan.get('step')}); {again}{faithful}"
         )
 
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
-        return resume_lines(plan)
+        # What the checkpoint cannot give back comes first, a line each: what a person weighs.
+        return [f"  lost: {x}" for x in plan.get("lost") or []] + resume_lines(plan)
 
 
 def resume_lines(plan: dict[str, Any]) -> list[str]:

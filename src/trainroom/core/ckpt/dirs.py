@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainroom.core import protocol as p
+from trainroom.core.ckpt import completeness as completeness
 from trainroom.core.ckpt import formats as formats
 from trainroom.core.ckpt import inventory as inventory
 from trainroom.core.ckpt import targets as targets
@@ -39,6 +40,7 @@ from trainroom.core.ckpt.filecheck import FileCheck, check_file
 from trainroom.core.ckpt.report import Arch, Expected, FileVerdict, Format, NonFinite, Role, VerifyReport
 from trainroom.core.ckpt.rules import load_need_bytes
 from trainroom.core.probes.host import read_meminfo
+from trainroom.core.resumable import Completeness
 from trainroom.core.units import fmt_bytes
 from trainroom.core.vocab import DirKind
 
@@ -93,6 +95,9 @@ class _Totals:
         self.model_files: list[str] = []
         self.json: dict[str, object] = {}
         self.present: set[str] = set()
+        # (name, role, tensors, what a loaded file holds) of each file; the whole checkpoint's.
+        self.holds: list[tuple[str, str, int, Completeness | None]] = []
+        self.completeness: Completeness | None = None
 
     def add(self, rel: str, check: FileCheck) -> None:
         rep = check.report()
@@ -107,6 +112,7 @@ class _Totals:
         self.notes += [f"{rel}: {x}" for x in rep.notes]
         self.deferred = self.deferred or rep.deferred
         self.present.add(rel)
+        self.holds.append((rel, check.role, rep.tensors, check.holds))
         if check.role == "model" and check.inv is not None:
             self.model_files.append(rel)
             if self.weights is None:
@@ -163,6 +169,9 @@ def verify_hf(path: Path, exp: Expected, meminfo_path: str) -> VerifyReport:
         totals.problems.append(
             f"incomplete: no {targets.HF_STATE} (the Trainer writes it last: the save did not finish)"
         )
+    totals.completeness = completeness.safely(
+        completeness.of_hf, totals.holds, totals.json.get(targets.HF_STATE)
+    )
     if totals.weights is not None:
         config = totals.json.get("config.json")
         _judge_weights(totals, totals.weights, exp, config if isinstance(config, Mapping) else None)
@@ -246,6 +255,7 @@ def _report(
         step_source=source if step is not None else None,
         files=totals.files,
         notes=totals.notes,
+        completeness=totals.completeness,
     )
 
 
@@ -411,6 +421,10 @@ def verify_dcp(path: Path, exp: Expected, meminfo_path: str) -> VerifyReport:
                 step, source = found[0], f"its {found[1]}"
     if step is None and (hint := targets.step_hint(path)) is not None:
         step, source = hint.step, hint.source
+    if md is not None and totals.completeness is None:  # not loaded: what its keys say
+        totals.completeness = completeness.safely(
+            completeness.of_state, completeness.dcp_skeleton(md), framework="dcp"
+        )
     return _report(
         path,
         exp,
@@ -439,6 +453,9 @@ def _scan_dcp(
     for name, t in _dcp_tensors(state):
         inv.add(name, t)
     check._judge(inv, state)
+    totals.completeness = completeness.safely(
+        completeness.of_state, state, model_key=check.model_key, framework="dcp"
+    )
     totals.weights = check
     totals.tensors, totals.params, totals.dtypes = inv.tensors, inv.params, inv.dtypes
     totals.nonfinite, totals.nonfinite_metadata = inv.nonfinite, inv.nonfinite_metadata

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt import archive as archive
+from trainroom.core.ckpt import completeness as completeness
 from trainroom.core.ckpt import formats as formats
 from trainroom.core.ckpt import inventory as inventory
 from trainroom.core.ckpt import targets as targets
@@ -34,6 +35,7 @@ from trainroom.core.ckpt.report import (
 )
 from trainroom.core.ckpt.rules import load_need_bytes
 from trainroom.core.probes.host import read_meminfo
+from trainroom.core.resumable import Completeness
 from trainroom.core.units import fmt_bytes
 
 # An mmap load reads pages through the page cache; statistics copy at most a few chunks.
@@ -99,6 +101,7 @@ class FileCheck:
         self.outliers: list[Outlier] = []
         self.arch = Arch()
         self.parsed: object = None  # a JSON file's content (the directory check reads it)
+        self.holds: Completeness | None = None  # what the loaded state holds of a faithful resume
 
     def digest_only(self) -> None:
         """Size, digest and format of a file that is listed, not loaded (a tokenizer, a shard of
@@ -169,6 +172,13 @@ class FileCheck:
         self.model_key = inventory.model_prefix(obj) if self.role in ("auto", "model") else None
         self.framework = _framework(obj)
         self._find_step(obj)
+        # Read off the object just loaded (keys and a few scalars): no second read of the file.
+        self.holds = completeness.safely(
+            completeness.of_state,
+            obj,
+            model_key="" if self.format == "safetensors" else self.model_key,
+            framework=self.framework,
+        )
         previous = self.exp.previous
         inv = self.inv = inventory.Inventory(self.model_key, previous.stds if previous else {}, self.role)
         try:
@@ -315,6 +325,7 @@ class FileCheck:
             framework=self.framework,
             step_source=self.step_source if self.step is not None else None,
             notes=self.notes,
+            completeness=self.holds if self.whole else None,
         )
 
 

@@ -28,6 +28,7 @@ import msgspec
 from trainroom.core.ckpt.digest import DIGEST_ALGO
 from trainroom.core.ckpt.report import Arch, NonFinite, Outlier, Previous, VerifyReport
 from trainroom.core.probes.procs import pid_alive
+from trainroom.core.resumable import Completeness
 
 ENV_ROOT = "TRAINROOM_CKPT_ROOT"
 QUARANTINE = ".quarantine"
@@ -71,6 +72,7 @@ class ManifestReport(msgspec.Struct, kw_only=True, frozen=True):
     model_key: str | None = None
     seconds: float = 0.0
     step: int | None = None
+    completeness: Completeness | None = None  # what it holds of a faithful resume
 
 
 class Manifest(msgspec.Struct, kw_only=True, frozen=True):

@@ -61,6 +61,7 @@ def _manifest_report(report: VerifyReport) -> layout.ManifestReport:
         model_key=report.model_key,
         seconds=report.seconds,
         step=report.step,
+        completeness=report.completeness,
     )
 
 

@@ -16,6 +16,7 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.digest import DIGEST_ALGO
+from trainroom.core.resumable import Completeness
 from trainroom.core.vocab import CkptFormat
 
 # What a checkpoint is: a file's format from its first bytes (formats.sniff_format), or a
@@ -149,6 +150,9 @@ class VerifyReport(msgspec.Struct, kw_only=True, frozen=True):
     step_source: str | None = None  # where `step` was read: trainer_state.json, global_step, the name...
     files: list[FileVerdict] = []  # a directory checkpoint's files, each checked
     notes: list[str] = []  # what was found and reported, not rejected
+    # What it holds of a faithful resume (model, optimizer, scheduler, RNG, data position...),
+    # read from what the load already gave: None where the load did not get that far.
+    completeness: Completeness | None = None
 
 
 def failure_report(path: str | os.PathLike[str], reason: str, *, deferred: bool = False) -> VerifyReport:
@@ -194,4 +198,5 @@ def journal_report(
         notes=list(report.notes),
         promoted_dir=promoted_dir,
         promoted_file=promoted_file,
+        completeness=report.completeness,
     )

@@ -59,6 +59,11 @@ def _human(rep: VerifyReport) -> str:
         tensors = f", tensors {f.tensors}" if f.tensors else ""
         lines.append(f"  {mark:8} {f.name}  {f.role}, {fmt_bytes(f.size_bytes)}{tensors}")
     lines += [f"  note: {x}" for x in rep.notes]
+    if rep.completeness is not None:
+        c = rep.completeness
+        lacks = c.lacks()
+        lines.append(f"  holds: {', '.join(c.held()) or 'nothing'}; lacks: {', '.join(lacks) or 'nothing'}")
+        lines += [f"    {x}" for x in c.lines()]
     if rep.tensors:
         dtypes = ", ".join(f"{k} {v}" for k, v in sorted(rep.dtypes.items(), key=lambda kv: -kv[1]))
         nan = sum(v.nan for v in rep.nonfinite.values())

@@ -25,6 +25,7 @@ from typing import Generic, TypeVar
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
+from trainroom.core.health.completeness import ckpt_incomplete
 from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.health.crash import attempt_masked_error, repeat_death
 from trainroom.core.health.detectors import Detectors
@@ -118,6 +119,7 @@ WATCHDOG: tuple[Rule[Watched], ...] = (
     Rule("watchdog.host_ram", lambda w, now: [host_ram_low_now(w.run, w.ctx)]),
     Rule("watchdog.locks", lambda w, now: stale_locks(w.run, w.ctx)),
     Rule("watchdog.duplicates", lambda w, now: duplicate_findings(w.ctx)),
+    Rule("watchdog.ckpt_incomplete", lambda w, now: [ckpt_incomplete(w.run)]),
 )
 
 SANITY: tuple[Rule[Detectors], ...] = (

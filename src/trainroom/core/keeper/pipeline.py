@@ -368,7 +368,11 @@ class CheckpointPipeline:
                 size_bytes=size,
                 digest=report.digest,
                 report=p.CheckpointReport(
-                    ok=True, promoted_dir=str(target), promoted_file=str(copy), source=path
+                    ok=True,
+                    promoted_dir=str(target),
+                    promoted_file=str(copy),
+                    source=path,
+                    completeness=report.completeness,
                 ),
             )
         )

@@ -25,6 +25,7 @@ from trainroom.core.health.host import host_ram_low
 from trainroom.core.ops.members import Lifetime, live_members
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.locks import lock_holders
+from trainroom.core.resumable import Completeness, losses
 from trainroom.core.run.state import AttemptView, RunState
 from trainroom.core.units import fmt_bytes
 
@@ -59,6 +60,8 @@ class ResumePlan(msgspec.Struct, kw_only=True):
     # command's script, core/frameworks).
     template_from: str | None = None
     note: str = ""  # what the user should know before saying yes (shown with the plan)
+    # What the checkpoint lacks of a faithful resume, as what the run loses or resets (a line each).
+    lost: list[str] = []
     died_at_step: int | None = None
     steps_lost: int | None = None
     driver_bytes: int | None = None
@@ -116,6 +119,7 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
             if inputs.template_hint:
                 plan.note += f"; {inputs.template_hint}"
         plan.argv = _argv(plan, inputs)
+        plan.lost = resume_losses(state, plan)
     plan.died_at_step = a.last_step
     if a.last_step is not None and plan.step is not None:
         plan.steps_lost = max(0, a.last_step - plan.step)
@@ -254,10 +258,34 @@ def fall_back(plan: ResumePlan, state: RunState, inputs: ResumeInputs, failed: s
         .rstrip(";")
     )
     new.argv = _argv(new, inputs)
+    new.lost = resume_losses(state, new)
     a = state.attempt
     if a is not None and a.last_step is not None and new.step is not None:
         new.steps_lost = max(0, a.last_step - new.step)
     return new
+
+
+def checkpoint_completeness(state: RunState, ckpt: Path) -> Completeness | None:
+    """What a verified checkpoint holds of a faithful resume: from the run's record of its
+    verification, else its manifest (None for one verified before completeness was read)."""
+    for c in state.checkpoints:
+        r = c.report
+        if c.state != "verified" or r is None or r.completeness is None:
+            continue
+        if Path(c.path) == ckpt or (r.promoted_file and Path(r.promoted_file) == ckpt):
+            return r.completeness
+    manifest = read_manifest(ckpt.parent)
+    return manifest.report.completeness if manifest is not None and manifest.file == ckpt.name else None
+
+
+def resume_losses(state: RunState, plan: ResumePlan) -> list[str]:
+    """What a resume from the plan's checkpoint loses or resets, a line a missing part."""
+    where = plan.restore_from or plan.checkpoint
+    c = checkpoint_completeness(state, Path(where)) if where else None
+    if c is None:
+        return []
+    fp16 = any(r.loss_scale is not None for r in state.ranks.values())
+    return losses(c, step=plan.step, fp16=fp16)
 
 
 def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:

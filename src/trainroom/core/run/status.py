@@ -217,6 +217,10 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 "step": c.step,
                 "path": c.path,
                 "state": c.state,
+                # What it holds of a faithful resume; null where its verification did not read it.
+                "completeness": c.report.completeness.as_json()
+                if c.report is not None and c.report.completeness is not None
+                else None,
                 "reason": c.reason,
                 "size_bytes": c.size_bytes,
                 "digest": c.digest,

@@ -81,6 +81,13 @@ class DiskPanel(Panel[DiskView]):
             t.append(f"  eval {row.eval_figure:.4g}", style=self.style("value"))
         if latest:
             t.append(latest, style=self.style("ok"))
+        # What it holds of a faithful resume, "-opt" for what it lacks; narrow: the lacks only.
+        marks = row.parts.split()
+        used = len(t.plain) - t.plain.rfind("\n") - 1
+        if used + len(row.parts) + 1 > self.inner_width:
+            marks = [m for m in marks if m.startswith("-")]
+        for mark in marks:
+            t.append(" " + mark, style=self.style("warn" if mark.startswith("-") else "label"))
         if row.reason:
             t.append(f"  {row.reason}", style=self.style(_REASON_LEVEL.get(row.state, "label")))
         t.append("\n")
