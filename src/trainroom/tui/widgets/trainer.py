@@ -10,7 +10,7 @@ from trainroom.tui.figures import TrainerView
 
 from .base import Panel
 
-_TELEMETRY = {"waiting": "not heard yet", "none": "none"}
+_TELEMETRY = {"waiting": "not heard yet", "none": "none", "unrecognised": "log not recognised: --log-pattern"}
 
 
 class TrainerPanel(Panel[TrainerView]):
