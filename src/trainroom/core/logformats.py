@@ -220,6 +220,8 @@ class LightningBar(Recogniser):
     def restart(self) -> None:
         self.batches = 0  # the largest per-epoch total seen: an epoch's length
         self.pending: LogStep | None = None
+        self.n: tuple[int, int] = (0, 0)  # the (epoch, batch) the last bar drew
+        self.pending_n = self.n  # the batch the held step was read at
         self.emitted = 0
         self.attach = False  # the last bar drawn is the held step's: a wrapped metric line is its
 
@@ -244,6 +246,7 @@ class LightningBar(Recogniser):
         epoch, n, total, values = parsed
         self.batches = max(self.batches, total)
         self.attach = n > 0
+        self.n = (epoch, n)
         acc = self.accumulate or 1
         # Lightning steps the optimizer every `acc` batches and once more on an epoch's last
         # batch when the epoch does not divide evenly.
@@ -261,11 +264,14 @@ class LightningBar(Recogniser):
         if s.step < self.emitted:
             return []  # a stale redraw (the bar is never behind the steps already read)
         out: list[LogStep] = []
+        n = self.n
         if self.pending is not None and self.pending.step != s.step:
             out = self.end()
+        elif self.pending is not None and n != self.pending_n:
+            return []  # the next micro-batch of the same optimizer step: the step's is kept
         elif self.pending is not None and s.loss is None:
             s = msgspec.structs.replace(s, loss=self.pending.loss)  # a redraw without the metrics
-        self.pending = s
+        self.pending, self.pending_n = s, n
         return out
 
     def _continuation(self, line: str) -> list[LogStep]:

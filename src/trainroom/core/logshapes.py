@@ -70,6 +70,8 @@ class PlainLoop(Recogniser):
     """A hand-written loop's tqdm bar and printed or logged lines (see the module's words)."""
 
     def __init__(self) -> None:
+        # What gives the step, once seen: "bar" or "lines" (kept across attempts: the same loop).
+        self.stepper: str | None = None
         self.restart()
 
     @property
@@ -81,7 +83,6 @@ class PlainLoop(Recogniser):
         return {"bar": BAR_COUNT, "lines": PRINTED_STEPS}.get(self.stepper or "", LOG_LINES)
 
     def restart(self) -> None:
-        self.stepper: str | None = None  # "bar" or "lines": what gives the step, once seen
         self.bar_key: tuple[str, int] | None = None  # the followed bar: (its desc less digits, total)
         self.bar_n = 0
         self.base = 0  # the counts of the bars (epochs) already ended
