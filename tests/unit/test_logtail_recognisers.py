@@ -329,6 +329,10 @@ def test_evaluation_lines_and_other_bars_are_not_steps() -> None:
     assert r.feed("Loading checkpoint shards: 50%|█████     | 1/2 [00:01<00:01, 1.0s/it]") == []
     assert r.feed("eval: 50%|█████     | 5/10 [00:00<00:00, 99it/s, loss=2.0]") == []
     assert r.feed("Learning rate: 0.001") == []  # an LR with no step is a setting, not a step
+    # Lightning's Rich bar with its metrics on the same line (a wide terminal) is Lightning's.
+    assert (
+        r.feed("Epoch 0/-2 ━━━━━━━━━━ 3/40 0:00:00 • 0:00:01 47.91it/s v_num: 0.000 train_loss: 4.194") == []
+    )
 
 
 def test_loss_lines_without_a_step_are_counted_in_log_lines() -> None:
@@ -409,3 +413,44 @@ def test_lightning_bars_count_batches_when_the_accumulation_is_not_known(capture
     assert steps[-1].step == 100  # 100 batches (the run stepped its optimizer on each)
     assert step_words(720, "batches") == "batch 720 (the log counts batches, not optimizer steps)"
     assert step_words(74, "optimizer steps") == "step 74"
+
+
+def run_with_log(*recs: p.Record) -> RunState:
+    st = RunState(run_id="r", argv=["python"], cwd="/", created=0.0)
+    st.apply(p.AttemptStarted(n=1, t=0.0, pid=1, pgid=1, start_time=0.0, argv=["python"], cwd="/"))
+    for r in recs:
+        st.apply(r)
+    return st
+
+
+def test_the_trainer_panel_says_the_log_was_not_recognised() -> None:
+    from trainroom.tui.figures import trainer_view
+    from trainroom.tui.widgets.trainer import _TELEMETRY
+
+    assert trainer_view(run_with_log(), 1.0).telemetry == "waiting"
+    view = trainer_view(run_with_log(p.LogRecognised(t=1.0, attempt=1, name="none", lines=200)), 1.0)
+    assert view.telemetry == "unrecognised" and "--log-pattern" in _TELEMETRY[view.telemetry]
+
+
+@pytest.mark.parametrize(
+    ("unit", "words", "lost"),
+    [
+        (
+            "batches",
+            "at batch 92 (the log counts batches, not optimizer steps); the last verified checkpoint is at step 20; steps lost not known",
+            None,
+        ),
+        ("optimizer steps", "at step 92; 72 steps lost since the last verified checkpoint (step 20)", 72),
+    ],
+)
+def test_steps_lost_are_counted_only_in_optimizer_steps(unit: str, words: str, lost: int | None) -> None:
+    from trainroom.core.health.life import _lost
+
+    st = run_with_log(
+        p.LogRecognised(t=1.0, attempt=1, name="lightning", unit=unit),
+        p.CheckpointState(path="/c/epoch=1-step=20.ckpt", step=20, state="verified", t=1.0),
+        p.Received(attempt=1, rank=0, t=2.0, msg=p.Step(step=92, t=2.0, loss=1.0, source="log")),
+    )
+    a = st.attempt
+    assert a is not None and a.last_step == 92
+    assert _lost(st, a) == (words, lost)

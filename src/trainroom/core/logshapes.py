@@ -40,6 +40,7 @@ _PAIR = re.compile(
     r"(?P<value>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)(?![\d.])",
     re.I,
 )
+_RICH_BAR = "━╸╺"
 STEP_KEYS = ("step", "global_step", "iter", "iteration", "train_step", "update")
 GRAD_KEYS = ("grad_norm", "gnorm", "grad-norm", "gradnorm")
 _EVAL_KEY = re.compile(r"^(?:val|valid|validation|eval|evaluation|test)(?:$|[_/ .-])")
@@ -129,6 +130,8 @@ class PlainLoop(Recogniser):
     def feed(self, line: str) -> list[LogStep]:
         if "|" in line and "%" in line and _TQDM.match(line):
             return self._from_bar(line)
+        if any(c in line for c in _RICH_BAR):
+            return []  # a Rich bar (Lightning's): its metrics are the bar's reader's
         values = pairs(line)
         if not values or any(_EVAL_KEY.match(k) for k in values):
             return []
