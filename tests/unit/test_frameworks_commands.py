@@ -131,6 +131,13 @@ LIGHTNING_SCRIPT = "import lightning as L\n"
         (HF_SCRIPT + "n = args.logging_steps\n", [], None, ""),  # set some other way
         (HF_SCRIPT, ["--logging_steps", "0.1"], None, ""),  # a ratio of the run, not a spacing
         (HF_SCRIPT, ["--logging_strategy", "epoch"], None, ""),
+        # Built in code: no template, the hints all the same.
+        (
+            "import transformers\nTrainingArguments(logging_steps=10)\n",
+            [],
+            10,
+            "logging_steps=10 in the script",
+        ),
     ],
 )
 def test_hf_logging_steps_are_read_from_the_command_or_the_script(
@@ -139,6 +146,7 @@ def test_hf_logging_steps_are_read_from_the_command_or_the_script(
     (tmp_path / "train.py").write_text(source)
     r = recognise(["python", "train.py", *args], str(tmp_path))
     assert r is not None and r.framework == "hf"
+    assert (r.resume_template is None) is ("HfArgumentParser" not in source)
     assert (r.log_hints.logging_steps, r.log_hints.evidence) == (every, evidence)
 
 

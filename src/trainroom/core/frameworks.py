@@ -5,7 +5,8 @@
 `python -m torch.distributed.run` or `accelerate launch`), reads its source, and offers
 
 - Hugging Face, a script that parses `TrainingArguments` with `HfArgumentParser`: the command
-  with `--resume_from_checkpoint {ckpt_dir}` (the `checkpoint-N/` directory);
+  with `--resume_from_checkpoint {ckpt_dir}` (the `checkpoint-N/` directory); one that builds
+  them in code is recognised with no template (its options are its own);
 - nanoGPT's train.py (its `configurator.py` and `init_from`): `--init_from=resume --out_dir={ckpt_dir}`;
 - a `LightningCLI` script run with `fit`: `--ckpt_path {ckpt}`. A plain Lightning script takes
   `ckpt_path` in code (`trainer.fit(model, ckpt_path=os.environ.get("TRAINROOM_RESUME"))`), so no
@@ -176,6 +177,17 @@ def recognise(argv: list[str], cwd: str) -> Recognised | None:
             evidence="parses TrainingArguments with HfArgumentParser",
             resume_template=_template(
                 argv, ("--resume_from_checkpoint",), ["--resume_from_checkpoint {ckpt_dir}"]
+            ),
+            log_hints=_hf_hints(argv, src),
+        )
+    if "TrainingArguments" in src and re.search(r"^\s*(?:from|import) transformers", src, re.M):
+        return Recognised(
+            framework="hf",
+            script=script,
+            evidence="builds TrainingArguments in code",
+            note=(
+                "no template: the script's own arguments are not the Trainer's; pass --resume-template, "
+                "or trainer.train(resume_from_checkpoint=os.environ.get('TRAINROOM_RESUME'))"
             ),
             log_hints=_hf_hints(argv, src),
         )
