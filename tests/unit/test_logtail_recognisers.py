@@ -306,6 +306,7 @@ def test_logging_lines_give_step_loss_and_lr(tmp_path: Path, fmt: str, message: 
         ("[step 10] train_loss=2.31 lr=3e-4", 10, 2.31),
         ("epoch 0 | iteration 10 | train loss 2.31", 10, 2.31),
         ("global_step=10 train/loss=2.31", 10, 2.31),
+        ("step 10 loss tensor(2.3100, grad_fn=<MseLossBackward0>)", 10, 2.31),
     ],
 )
 def test_printed_pair_shapes(line: str, step: int, loss: float) -> None:
@@ -470,3 +471,18 @@ def test_a_kill_plan_over_a_log_counting_batches_gives_the_batch_not_steps_lost(
     words = "  stops at batch 92 (the log counts batches, not optimizer steps); last verified checkpoint at step 20"
     assert f"{words}: the steps lost are not known" in lines
     assert not any("loses" in x for x in lines)
+
+
+def test_a_bare_bar_alone_is_a_bar_count_until_a_trainer_dict_shows_it_is_hfs(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    tail = LogTail(log, None)
+    log.write_text("\r 10%|█         | 10/100 [00:01<00:09, 9.9it/s]")
+    recs = tail.records(1, 0.0, tail.read())
+    assert recs[0] == p.LogRecognised(t=0.0, attempt=1, name="tqdm", unit="bar count")
+    with open(log, "a") as f:
+        f.write(
+            "\n{'loss': 2.5, 'learning_rate': 0.0001, 'epoch': 0.1}\n\r 11%|█         | 11/100 [00:01<00:09, 9.9it/s]\n"
+        )
+    recs = tail.records(1, 1.0, tail.read())
+    assert recs[0] == p.LogRecognised(t=1.0, attempt=1, name="hf", unit="optimizer steps")
+    assert (tail.recogniser, tail.recognition.unit) == ("hf", "optimizer steps")

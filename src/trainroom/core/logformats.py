@@ -9,7 +9,8 @@ tried in order until one reads a step, and that one is kept for the run. Built i
   'learning_rate': 5e-05, 'epoch': 0.5}`; transformers 5 prints the values as strings) carry no
   step: the step is the training bar's count drawn right after the dict (tqdm.write redraws the
   bar at once; the bar drawn before it can be several steps stale). The bar alone (`45%|...|
-  45/100 [`) moves the step between dicts. Both count optimizer steps. With no bar
+  45/100 [`) moves the step between dicts. Both count optimizer steps; until a dict comes, a
+  bare bar could be any loop's and is named `tqdm`, its unit the bar count. With no bar
   (`disable_tqdm`) a dict's own `step`/`global_step` is its step; else the dicts are counted and,
   when the command says its `logging_steps` (LogHints), multiplied by it; else the unit is said:
   logged dicts, not steps.
@@ -37,6 +38,7 @@ import msgspec
 from trainroom.core.loglines import (
     _EPOCH,
     _TQDM,
+    BAR_COUNT,
     BATCHES,
     LOG_LINES,
     LOGGED_DICTS,
@@ -111,18 +113,22 @@ class PatternLog(Recogniser):
 class HfTrainerLog(Recogniser):
     """Hugging Face `Trainer`: logged dicts, stepped by the training bar drawn after them."""
 
-    name = "hf"
-
     def __init__(self, hints: LogHints | None = None) -> None:
         self.every = hints.logging_steps if hints is not None else None
-        self.stepped = False  # a dict carried its own step
+        # What was seen, kept across attempts (the same trainer): a dict with its own step, a
+        # training bar, a logged dict. A bar with no dict yet is any loop's bare bar.
+        self.stepped = self.barred = self.logged = False
         self.restart()
 
     @property
+    def name(self) -> str:  # type: ignore[override]
+        return "hf" if self.logged else "tqdm"
+
+    @property
     def unit(self) -> str:  # type: ignore[override]
-        if self.total is not None or self.stepped or self.every:
-            return OPTIMIZER_STEPS
-        return LOGGED_DICTS
+        if self.barred:
+            return OPTIMIZER_STEPS if self.logged else BAR_COUNT
+        return OPTIMIZER_STEPS if self.stepped or self.every else LOGGED_DICTS
 
     def restart(self) -> None:
         self.total: int | None = None  # the training bar's total (an eval bar has another)
@@ -139,7 +145,7 @@ class HfTrainerLog(Recogniser):
             return None  # the Trainer's bar has no postfix: a loss there is a plain loop's
         total = int(m.group("total"))
         if self.total is None:
-            self.total = total
+            self.total, self.barred = total, True
         return int(m.group("n")) if total == self.total else None
 
     def feed(self, line: str) -> list[LogStep]:
@@ -189,7 +195,7 @@ class HfTrainerLog(Recogniser):
         values = {str(k): v for k, x in raw.items() if (v := number(x)) is not None}
         if "loss" not in values:
             return []  # eval and end-of-training summaries: no training step
-        self.dicts += 1
+        self.dicts, self.logged = self.dicts + 1, True
         own = pick(values, ("step", "global_step"))
         if own is not None and own >= 0 and own == int(own):
             self.stepped, step = True, int(own)

@@ -6,8 +6,9 @@ configuration (core/logformats tries it after the framework recognisers).
   Bars that load, map, download or evaluate are someone else's; `Epoch N:` bars are Lightning's.
 - Lines of pairs naming a step and a loss, LR or grad norm: `key=value`, `key: value` or
   `key value` (`step 10 loss 2.31 lr 3e-4`, `iter 10: loss 2.3100, time 12.0ms, mfu 3.2%`,
-  `Step 10/100 | Loss: 2.31`), behind a logging prefix or none (`INFO:root:`,
-  `2026-12-04 10:00:00,123 INFO name:`, `[rank0]:`): the pairs are found wherever they are.
+  `Step 10/100 | Loss: 2.31`, a printed tensor `loss tensor(2.3100, grad_fn=...)`), behind a
+  logging prefix or none (`INFO:root:`, `2026-12-04 10:00:00,123 INFO name:`, `[rank0]:`): the
+  pairs are found wherever they are.
 - Lines with a training loss and no step (not indented: that continues another line): each is
   the next step, or the bar's step when a bar is drawn.
 
@@ -36,7 +37,7 @@ from trainroom.core.loglines import (
 # `[train ]key[ =|: ]value`: a qualifier word before the key (`val loss 2.5`) belongs to it.
 _PAIR = re.compile(
     r"(?<![\w.])(?P<qual>(?:train|training|val|valid|validation|eval|evaluation|test)[ \t]+)?"
-    r"(?P<key>[A-Za-z_][\w/.-]*?)(?:\s*[=:]\s*|\s+)"
+    r"(?P<key>[A-Za-z_][\w/.-]*?)(?:\s*[=:]\s*|\s+)(?:tensor\()?"
     r"(?P<value>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)(?![\d.])",
     re.I,
 )
