@@ -114,3 +114,67 @@ def test_the_flag_then_the_toml_then_the_recognised_template(tmp_path: Path) -> 
     template, source = settings_for(tmp_path, LaunchOptions(), Config())
     assert template == "python train.py --init_from=resume --out_dir={ckpt_dir}"
     assert source is not None and source.startswith("recognised: nanoGPT")
+
+
+HF_SCRIPT = "from transformers import HfArgumentParser, TrainingArguments\n"
+LIGHTNING_SCRIPT = "import lightning as L\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "args", "every", "evidence"),
+    [
+        (HF_SCRIPT, ["--logging_steps", "10"], 10, "--logging_steps 10 in the command"),
+        (HF_SCRIPT, ["--logging_steps=25"], 25, "--logging_steps 25 in the command"),
+        (HF_SCRIPT + "args.logging_steps = 50\n", [], 50, "logging_steps=50 in the script"),
+        (HF_SCRIPT, [], 500, "logging_steps is not set: the default 500"),
+        (HF_SCRIPT, ["config.json"], None, ""),  # the file may set it
+        (HF_SCRIPT + "n = args.logging_steps\n", [], None, ""),  # set some other way
+        (HF_SCRIPT, ["--logging_steps", "0.1"], None, ""),  # a ratio of the run, not a spacing
+        (HF_SCRIPT, ["--logging_strategy", "epoch"], None, ""),
+        # Built in code: no template, the hints all the same.
+        (
+            "import transformers\nTrainingArguments(logging_steps=10)\n",
+            [],
+            10,
+            "logging_steps=10 in the script",
+        ),
+    ],
+)
+def test_hf_logging_steps_are_read_from_the_command_or_the_script(
+    tmp_path: Path, source: str, args: list[str], every: int | None, evidence: str
+) -> None:
+    (tmp_path / "train.py").write_text(source)
+    r = recognise(["python", "train.py", *args], str(tmp_path))
+    assert r is not None and r.framework == "hf"
+    assert (r.resume_template is None) is ("HfArgumentParser" not in source)
+    assert (r.log_hints.logging_steps, r.log_hints.evidence) == (every, evidence)
+
+
+@pytest.mark.parametrize(
+    ("source", "args", "accumulate"),
+    [
+        (LIGHTNING_SCRIPT + "L.Trainer(accumulate_grad_batches=4)\n", [], 4),
+        (
+            LIGHTNING_SCRIPT + "L.Trainer(accumulate_grad_batches=a.acc)\n",
+            ["--accumulate_grad_batches", "8"],
+            8,
+        ),
+        (LIGHTNING_SCRIPT + "L.Trainer(accumulate_grad_batches=a.acc)\n", [], None),
+        (LIGHTNING_SCRIPT + "L.Trainer()\n", [], 1),
+        (LIGHTNING_SCRIPT + "from x import GradientAccumulationScheduler\n", [], None),
+        (LIGHTNING_CLI, ["fit", "--trainer.accumulate_grad_batches=2"], 2),
+        (LIGHTNING_CLI, ["fit", "--config", "c.yaml"], None),
+    ],
+)
+def test_lightning_accumulation_is_read_from_the_command_or_the_script(
+    tmp_path: Path, source: str, args: list[str], accumulate: int | None
+) -> None:
+    (tmp_path / "train.py").write_text(source)
+    r = recognise(["python", "train.py", *args], str(tmp_path))
+    assert r is not None and r.framework == "lightning"
+    assert r.log_hints.accumulate == accumulate
+    argv = ["python", "train.py", *args]
+    settings = resolve(
+        LaunchOptions(), Config(), cwd=str(tmp_path), run_dir=tmp_path / "run", env={}, argv=argv
+    )
+    assert settings.log_hints == r.log_hints  # what the keeper's log reader is given

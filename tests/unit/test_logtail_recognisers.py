@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from trainroom.core import protocol as p
 from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.logformats import (
     HfTrainerLog,
     LightningBar,
+    LogHints,
     LogStep,
     PatternLog,
+    PlainLoop,
     Recogniser,
     Recognition,
     recognition,
 )
+from trainroom.core.loglines import step_words, unread_words
+from trainroom.core.run.state import RunState
 
 CAPTURED = Path(__file__).resolve().parents[1] / "support" / "trainers" / "captured"
 
@@ -201,3 +208,280 @@ def test_lightning_validation_and_sanity_bars_are_not_training_steps() -> None:
     assert r.feed("Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 99it/s]") == []
     assert r.feed("Validation DataLoader 0:  50%|█████     | 5/10 [00:00<00:00, 99it/s]") == []
     assert r.pending is None
+
+
+# --------------------------------------------------------------------------- plain loops
+
+
+def tqdm_run(path: Path, steps: int, **bar: Any) -> dict[int, float]:
+    """A real tqdm loop writing its bar to `path` as it would to a trainer's stderr; the losses
+    it set in the postfix, by step (the bar's count once the step is done)."""
+    tqdm = pytest.importorskip("tqdm").tqdm
+    losses: dict[int, float] = {}
+    with open(path, "w") as f:
+        epochs = bar.pop("epochs", 1)
+        per = steps // epochs
+        for epoch in range(epochs):
+            desc = bar.get("desc")
+            kw = {**bar, "desc": desc.format(epoch) if desc else None}
+            pbar = tqdm(range(per), file=f, **kw)
+            for i in pbar:
+                n = epoch * per + i + 1
+                losses[n] = round(3.0 / n, 4)
+                pbar.set_postfix(loss=f"{losses[n]:.4f}", lr=3e-4)
+    return losses
+
+
+@pytest.mark.parametrize(
+    "bar",
+    [{}, {"desc": "train"}, {"mininterval": 0, "miniters": 1}, {"desc": "epoch {}", "epochs": 3}],
+    ids=["bare", "desc", "every-draw", "per-epoch"],
+)
+def test_a_tqdm_loop_gives_its_steps_with_the_postfix_loss(tmp_path: Path, bar: dict[str, Any]) -> None:
+    losses = tqdm_run(tmp_path / "t.log", 60, **bar)
+    tail, steps = read_all(tmp_path / "t.log", chunk=53)
+    assert tail.recogniser == "tqdm" and tail.recognition.unit == "bar count"
+    got = [s.step for s in steps]
+    assert got == sorted(set(got)) and got[-1] == 60
+    for s in steps:  # each loss is the one the loop set for the step the bar counted
+        assert s.loss == losses[s.step] and s.lr == 3e-4, s
+    if bar.get("miniters") == 1:
+        assert got == list(range(1, 61))
+
+
+def test_a_bare_bar_is_the_loops_own_once_its_printed_loss_lines_come(tmp_path: Path) -> None:
+    """A bare bar with no postfix looks like HF's; the loop's `tqdm.write` lines show it is not."""
+    tqdm = pytest.importorskip("tqdm").tqdm
+    with open(tmp_path / "t.log", "w") as f:
+        for n in tqdm(range(1, 41), file=f, mininterval=0, miniters=1):
+            if n % 10 == 0:
+                tqdm.write(f"step {n} loss {1 / n:.4f}", file=f)
+    tail, steps = read_all(tmp_path / "t.log", chunk=31)
+    assert tail.recogniser == "lines" and tail.recognition.unit == "printed steps"
+    assert [(s.step, s.loss) for s in steps if s.loss is not None] == [
+        (n, round(1 / n, 4)) for n in (10, 20, 30, 40)
+    ]
+
+
+def logging_run(path: Path, fmt: str, message: str, steps: int = 30) -> None:
+    """Real `logging` records written as a loop's logger would, in the format given."""
+    logger = logging.getLogger(f"train-{path.stem}")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(fmt))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("starting: 8 params, batch size 16")
+        for n in range(1, steps + 1):
+            logger.info(message, n, 2.0 / n, 3e-4)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "message"),
+    [
+        (logging.BASIC_FORMAT, "step %d loss %.4f lr %g"),  # INFO:root:step 10 loss 0.2000 lr 0.0003
+        ("%(asctime)s %(levelname)s %(name)s: %(message)s", "step=%d, loss=%.4f, lr=%.2e"),
+        ("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", "Step: %d | Loss: %.4f | LR: %.1e"),
+        ("[rank0]:%(levelname)s:%(name)s:%(message)s", "iteration %d: loss %.4f, lr %g, time 12.00ms"),
+    ],
+    ids=["basic", "asctime", "hydra", "rank-prefix"],
+)
+def test_logging_lines_give_step_loss_and_lr(tmp_path: Path, fmt: str, message: str) -> None:
+    logging_run(tmp_path / "t.log", fmt, message)
+    tail, steps = read_all(tmp_path / "t.log", chunk=41)
+    assert tail.recogniser == "lines" and tail.recognition.unit == "printed steps"
+    assert [s.step for s in steps] == list(range(1, 31))
+    for s in steps:
+        assert s.loss == pytest.approx(2.0 / s.step, abs=1e-4) and s.lr == pytest.approx(3e-4, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("line", "step", "loss"),
+    [
+        ("Step 10/100 | Loss: 2.3100 | LR: 3.00e-04", 10, 2.31),
+        ("step: 10, loss: 2.31, grad_norm: 0.5", 10, 2.31),
+        ("[step 10] train_loss=2.31 lr=3e-4", 10, 2.31),
+        ("epoch 0 | iteration 10 | train loss 2.31", 10, 2.31),
+        ("global_step=10 train/loss=2.31", 10, 2.31),
+        ("step 10 loss tensor(2.3100, grad_fn=<MseLossBackward0>)", 10, 2.31),
+    ],
+)
+def test_printed_pair_shapes(line: str, step: int, loss: float) -> None:
+    r = recognition(None)
+    assert [(s.step, s.loss) for s in r.feed(line)] == [(step, loss)]
+    assert r.name == "lines"
+
+
+def test_nanogpts_own_lines_stay_nanogpts_and_its_eval_lines_are_not_steps() -> None:
+    r = recognition(None)
+    assert r.feed("step 0: train loss 4.2000, val loss 4.2100") == []
+    assert [s.step for s in r.feed("iter 0: loss 4.1712, time 120.00ms, mfu -100.00%")] == [0]
+    assert r.name == "nanogpt" and r.unit == "optimizer steps"
+
+
+def test_evaluation_lines_and_other_bars_are_not_steps() -> None:
+    r = PlainLoop()
+    assert r.feed("epoch 1 step 100 val_loss=2.3") == []
+    assert r.feed("step 100: eval loss 2.5") == []
+    assert r.feed("Map: 100%|██████████| 1000/1000 [00:00<00:00, 9999 examples/s]") == []
+    assert r.feed("Loading checkpoint shards: 50%|█████     | 1/2 [00:01<00:01, 1.0s/it]") == []
+    assert r.feed("eval: 50%|█████     | 5/10 [00:00<00:00, 99it/s, loss=2.0]") == []
+    assert r.feed("Learning rate: 0.001") == []  # an LR with no step is a setting, not a step
+    # Lightning's Rich bar with its metrics on the same line (a wide terminal) is Lightning's.
+    assert (
+        r.feed("Epoch 0/-2 ━━━━━━━━━━ 3/40 0:00:00 • 0:00:01 47.91it/s v_num: 0.000 train_loss: 4.194") == []
+    )
+
+
+def test_loss_lines_without_a_step_are_counted_in_log_lines() -> None:
+    r = recognition(None)
+    assert [(s.step, s.loss) for s in r.feed("loss=2.5")] == [(1, 2.5)]
+    assert [(s.step, s.loss) for s in r.feed("loss=2.25")] == [(2, 2.25)]
+    assert r.name == "lines" and r.unit == "log lines"
+
+
+def test_a_kept_recogniser_that_read_a_loss_is_not_taken_over() -> None:
+    r = recognition(None)
+    r.feed(" 10%|█         | 10/100 [00:01<00:09, 9.9it/s]")
+    r.feed("{'loss': 2.5, 'learning_rate': 0.0001, 'epoch': 0.1}")
+    assert [(s.step, s.loss) for s in r.feed(" 11%|█         | 11/100 [00:01<00:09, 9.9it/s]")] == [(11, 2.5)]
+    assert r.feed("step 5 loss 9.0") == [] and r.name == "hf"
+
+
+def test_nothing_recognised_in_200_lines_is_said_once_then_cleared_by_a_step(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    tail = LogTail(log, None)
+    log.write_text("".join(f"batch {i} processed in 0.01 s, queue depth {i % 7}\n" for i in range(199)))
+    assert tail.records(1, 0.0, tail.read()) == []
+    with open(log, "a") as f:
+        f.write("batch 199 processed\nbatch 200 processed\n")
+    recs = tail.records(1, 1.0, tail.read())
+    assert recs == [p.LogRecognised(t=1.0, attempt=1, name="none", lines=201)]
+    assert tail.records(1, 2.0, tail.read()) == []  # said once
+    st = RunState(run_id="r", argv=["python"], cwd="/", created=0.0)
+    st.apply(recs[0])
+    assert st.log_unread_lines == 201 and st.log_recogniser is None
+    assert unread_words(201) == "log read but no step or loss recognised in 201 lines: pass --log-pattern"
+    with open(log, "a") as f:
+        f.write("step 1 loss 2.5\n")
+    steps = tail.read()
+    recs = tail.records(1, 3.0, steps)
+    assert recs[0] == p.LogRecognised(t=3.0, attempt=1, name="lines", unit="printed steps")
+    st.apply(recs[0])
+    assert st.log_unread_lines is None and (st.log_recogniser, st.log_unit) == ("lines", "printed steps")
+
+
+# --------------------------------------------------------------------------- step units
+
+
+def test_hf_dicts_without_a_bar_are_optimizer_steps_when_logging_steps_is_known() -> None:
+    lines = [f"{{'loss': {3 - i / 10}, 'learning_rate': 5e-05, 'epoch': {i / 4}}}" for i in range(3)]
+    known = Recognition([HfTrainerLog(LogHints(logging_steps=10))])
+    assert [s.step for line in lines for s in known.feed(line)] == [10, 20, 30]
+    assert known.unit == "optimizer steps"
+    unknown = Recognition([HfTrainerLog()])
+    assert [s.step for line in lines for s in unknown.feed(line)] == [1, 2, 3]
+    assert unknown.unit == "logged dicts"
+    own = Recognition([HfTrainerLog()])
+    assert [s.step for s in own.feed("{'loss': 2.5, 'step': 740, 'epoch': 1.2}")] == [740]
+    assert own.unit == "optimizer steps"
+
+
+def lightning_bars(epochs: int, batches: int) -> list[str]:
+    bar = "Epoch {e}: {pct}%|███| {n}/{batches} [00:00<00:00, 9.9it/s, v_num=0, train_loss={n}.0]"
+    return [
+        bar.format(e=e, pct=n * 100 // batches, n=n, batches=batches)
+        for e in range(epochs)
+        for n in range(batches + 1)
+    ]
+
+
+def test_lightning_batches_become_optimizer_steps_with_accumulate_grad_batches_known() -> None:
+    r = Recognition([LightningBar(LogHints(accumulate=4))])
+    steps = [s for line in lightning_bars(2, 10) for s in r.feed(line)] + r.end()
+    # 10 batches an epoch, 4 a step: steps after batches 4, 8 and the epoch's last (10): 3 an epoch.
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5, 6]
+    assert [s.loss for s in steps] == [4.0, 8.0, 10.0, 4.0, 8.0, 10.0]  # the step's last batch
+    assert r.unit == "optimizer steps"
+
+
+def test_lightning_bars_count_batches_when_the_accumulation_is_not_known(captured: Path) -> None:
+    tail, steps = read_all(captured / "lightning_tqdm.log", chunk=97)
+    assert (tail.recogniser, tail.recognition.unit) == ("lightning", "batches")
+    assert steps[-1].step == 100  # 100 batches (the run stepped its optimizer on each)
+    assert step_words(720, "batches") == "batch 720 (the log counts batches, not optimizer steps)"
+    assert step_words(74, "optimizer steps") == "step 74"
+
+
+def run_with_log(*recs: p.Record) -> RunState:
+    st = RunState(run_id="r", argv=["python"], cwd="/", created=0.0)
+    st.apply(p.AttemptStarted(n=1, t=0.0, pid=1, pgid=1, start_time=0.0, argv=["python"], cwd="/"))
+    for r in recs:
+        st.apply(r)
+    return st
+
+
+def test_the_trainer_panel_says_the_log_was_not_recognised() -> None:
+    from trainroom.tui.figures import trainer_view
+
+    assert trainer_view(run_with_log(), 1.0).telemetry == "waiting"
+    view = trainer_view(run_with_log(p.LogRecognised(t=1.0, attempt=1, name="none", lines=200)), 1.0)
+    assert view.telemetry == "unrecognised"
+
+
+@pytest.mark.parametrize(
+    ("unit", "words", "lost"),
+    [
+        (
+            "batches",
+            "at batch 92 (the log counts batches, not optimizer steps); the last verified checkpoint is at step 20; steps lost not known",
+            None,
+        ),
+        ("optimizer steps", "at step 92; 72 steps lost since the last verified checkpoint (step 20)", 72),
+    ],
+)
+def test_steps_lost_are_counted_only_in_optimizer_steps(unit: str, words: str, lost: int | None) -> None:
+    from trainroom.core.health.life import _lost
+
+    st = run_with_log(
+        p.LogRecognised(t=1.0, attempt=1, name="lightning", unit=unit),
+        p.CheckpointState(path="/c/epoch=1-step=20.ckpt", step=20, state="verified", t=1.0),
+        p.Received(attempt=1, rank=0, t=2.0, msg=p.Step(step=92, t=2.0, loss=1.0, source="log")),
+    )
+    a = st.attempt
+    assert a is not None and a.last_step == 92
+    assert _lost(st, a) == (words, lost)
+
+
+def test_a_kill_plan_over_a_log_counting_batches_gives_the_batch_not_steps_lost() -> None:
+    from trainroom.core.actions.registry import REGISTRY
+
+    plan = {
+        "pgid": 40,
+        "members": [{"pid": 40, "cmdline": ["python", "train.py"]}],
+        "step": 92,
+        "last_verified_step": 20,
+        "step_unit": "batches",
+    }
+    lines = REGISTRY["kill"].plan_lines(plan)
+    words = "  stops at batch 92 (the log counts batches, not optimizer steps); last verified checkpoint at step 20"
+    assert f"{words}: the steps lost are not known" in lines
+    assert not any("loses" in x for x in lines)
+
+
+def test_a_bare_bar_alone_is_a_bar_count_until_a_trainer_dict_shows_it_is_hfs(tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    tail = LogTail(log, None)
+    log.write_text("\r 10%|█         | 10/100 [00:01<00:09, 9.9it/s]")
+    recs = tail.records(1, 0.0, tail.read())
+    assert recs[0] == p.LogRecognised(t=0.0, attempt=1, name="tqdm", unit="bar count")
+    with open(log, "a") as f:
+        f.write(
+            "\n{'loss': 2.5, 'learning_rate': 0.0001, 'epoch': 0.1}\n\r 11%|█         | 11/100 [00:01<00:09, 9.9it/s]\n"
+        )
+    recs = tail.records(1, 1.0, tail.read())
+    assert recs[0] == p.LogRecognised(t=1.0, attempt=1, name="hf", unit="optimizer steps")
+    assert (tail.recogniser, tail.recognition.unit) == ("hf", "optimizer steps")

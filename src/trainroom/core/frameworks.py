@@ -5,11 +5,17 @@
 `python -m torch.distributed.run` or `accelerate launch`), reads its source, and offers
 
 - Hugging Face, a script that parses `TrainingArguments` with `HfArgumentParser`: the command
-  with `--resume_from_checkpoint {ckpt_dir}` (the `checkpoint-N/` directory);
+  with `--resume_from_checkpoint {ckpt_dir}` (the `checkpoint-N/` directory); one that builds
+  them in code is recognised with no template (its options are its own);
 - nanoGPT's train.py (its `configurator.py` and `init_from`): `--init_from=resume --out_dir={ckpt_dir}`;
 - a `LightningCLI` script run with `fit`: `--ckpt_path {ckpt}`. A plain Lightning script takes
   `ckpt_path` in code (`trainer.fit(model, ckpt_path=os.environ.get("TRAINROOM_RESUME"))`), so no
   template is offered: the checkpoint reaches it in TRAINROOM_RESUME.
+
+It also reads how the trainer's log counts (LogHints, for the log recognisers): HF's
+`logging_steps` (a logged dict every N optimizer steps) and Lightning's `accumulate_grad_batches`
+(batches per optimizer step), from the command's options, else a literal in the script, else the
+framework's default when the script never names them; a value set any other way is not known.
 
 Only the first MAX_SOURCE_BYTES of the script are read; a script that cannot be read is not
 recognised (the run goes on without a template, as before).
@@ -22,6 +28,8 @@ import re
 import shlex
 
 import msgspec
+
+from trainroom.core.loglines import LogHints
 
 MAX_SOURCE_BYTES = 512 << 10
 _PYTHON = re.compile(r"^python[\d.]*$")
@@ -37,6 +45,8 @@ class Recognised(msgspec.Struct, kw_only=True, frozen=True):
     resume_template: str | None = None
     # Why there is no template, or how the trainer must take the checkpoint.
     note: str | None = None
+    # How its log counts steps, where the command or script says (core/logformats).
+    log_hints: LogHints = msgspec.field(default_factory=LogHints)
 
 
 def script_of(argv: list[str]) -> str | None:
@@ -110,6 +120,49 @@ def _template(argv: list[str], drop: tuple[str, ...], extra: list[str]) -> str:
     return shlex.join(kept) + " " + " ".join(extra)
 
 
+def _option(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last `--name value` or `--name=value` among `names` (None: not given)."""
+    found: str | None = None
+    for i, w in enumerate(argv):
+        name, eq, value = w.partition("=")
+        if name in names:
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return found
+
+
+def _count(
+    argv: list[str], src: str, names: tuple[str, ...], field: str, default: int
+) -> tuple[int | None, str]:
+    """A whole-number setting: from the command, else the script's one literal `field=N`, else
+    the default when neither names it and no config file could (None: set some other way)."""
+    given = _option(argv, names)
+    if given is not None:
+        return (int(given), f"{names[0]} {given} in the command") if given.isdigit() else (None, "")
+    literals = set(re.findall(rf"\b{field}\s*=\s*(\d+)\b", src))
+    if len(literals) == 1:
+        n = literals.pop()
+        return int(n), f"{field}={n} in the script"
+    configs = any(w.endswith((".json", ".yaml", ".yml")) or w.startswith("--config") for w in argv[1:])
+    if field not in src and not configs:
+        return default, f"{field} is not set: the default {default}"
+    return None, ""
+
+
+def _hf_hints(argv: list[str], src: str) -> LogHints:
+    if "logging_strategy" in src or _option(argv, ("--logging_strategy",)) not in (None, "steps"):
+        return LogHints()  # logged per epoch, or not at all: no spacing in steps
+    n, why = _count(argv, src, ("--logging_steps",), "logging_steps", 500)
+    return LogHints(logging_steps=n, evidence=why) if n else LogHints()
+
+
+def _lightning_hints(argv: list[str], src: str) -> LogHints:
+    if "GradientAccumulationScheduler" in src:
+        return LogHints()  # the factor changes with the epoch
+    names = ("--accumulate_grad_batches", "--trainer.accumulate_grad_batches", "--accumulate-grad-batches")
+    n, why = _count(argv, src, names, "accumulate_grad_batches", 1)
+    return LogHints(accumulate=n, evidence=why) if n else LogHints()
+
+
 def recognise(argv: list[str], cwd: str) -> Recognised | None:
     script = script_of(argv)
     if script is None:
@@ -125,6 +178,18 @@ def recognise(argv: list[str], cwd: str) -> Recognised | None:
             resume_template=_template(
                 argv, ("--resume_from_checkpoint",), ["--resume_from_checkpoint {ckpt_dir}"]
             ),
+            log_hints=_hf_hints(argv, src),
+        )
+    if "TrainingArguments" in src and re.search(r"^\s*(?:from|import) transformers", src, re.M):
+        return Recognised(
+            framework="hf",
+            script=script,
+            evidence="builds TrainingArguments in code",
+            note=(
+                "no template: the script's own arguments are not the Trainer's; pass --resume-template, "
+                "or trainer.train(resume_from_checkpoint=os.environ.get('TRAINROOM_RESUME'))"
+            ),
+            log_hints=_hf_hints(argv, src),
         )
     if "init_from" in src and "configurator.py" in src:
         return Recognised(
@@ -142,12 +207,14 @@ def recognise(argv: list[str], cwd: str) -> Recognised | None:
                 script=script,
                 evidence="a LightningCLI script",
                 note="no template: the command has no `fit` subcommand to take --ckpt_path",
+                log_hints=_lightning_hints(argv, src),
             )
         return Recognised(
             framework="lightning",
             script=script,
             evidence="a LightningCLI script run with `fit`",
             resume_template=_template(argv, ("--ckpt_path",), ["--ckpt_path {ckpt}"]),
+            log_hints=_lightning_hints(argv, src),
         )
     if re.search(
         r"^\s*(?:import lightning|from lightning|import pytorch_lightning|from pytorch_lightning)", src, re.M
@@ -160,5 +227,6 @@ def recognise(argv: list[str], cwd: str) -> Recognised | None:
                 "no template: a Lightning script takes ckpt_path in code, e.g. "
                 "trainer.fit(model, ckpt_path=os.environ.get('TRAINROOM_RESUME'))"
             ),
+            log_hints=_lightning_hints(argv, src),
         )
     return None

@@ -8,11 +8,21 @@ tried in order until one reads a step, and that one is kept for the run. Built i
 - `hf`: Hugging Face `Trainer`. Its logged dicts (`{'loss': 2.3, 'grad_norm': 0.9,
   'learning_rate': 5e-05, 'epoch': 0.5}`; transformers 5 prints the values as strings) carry no
   step: the step is the training bar's count drawn right after the dict (tqdm.write redraws the
-  bar at once; the bar drawn before it can be several steps stale), or, with no bar, the dicts
-  are counted. The bar alone (`45%|...| 45/100 [`) moves the step between dicts.
+  bar at once; the bar drawn before it can be several steps stale). The bar alone (`45%|...|
+  45/100 [`) moves the step between dicts. Both count optimizer steps; until a dict comes, a
+  bare bar could be any loop's and is named `tqdm`, its unit the bar count. With no bar
+  (`disable_tqdm`) a dict's own `step`/`global_step` is its step; else the dicts are counted and,
+  when the command says its `logging_steps` (LogHints), multiplied by it; else the unit is said:
+  logged dicts, not steps.
 - `lightning`: PyTorch Lightning's TQDM (`Epoch 1:  45%|...| 18/40 [..., train_loss=2.3]`) and Rich
-  (`Epoch 1/9 ━━━ 18/40 0:00:01 • ... train_loss: 2.3`) bars; the step is epoch x batches + n.
-- `nanogpt`: `iter 100: loss 2.3456, time ...`.
+  (`Epoch 1/9 ━━━ 18/40 0:00:01 • ... train_loss: 2.3`) bars. The bar counts batches: with
+  `accumulate_grad_batches` known (LogHints) they become optimizer steps, else the unit is batches.
+- `nanogpt`: `iter 100: loss 2.3456, time ...` (optimizer steps).
+- `tqdm` and `lines`: plain loops (core/logshapes): tqdm bars with or without a description or a
+  postfix, and printed or logged lines of `step`/`iter` with a loss or LR.
+
+Until the recogniser kept has read a loss, the others go on reading: one that reads a loss takes
+over (a bare bar is read as HF's until a plain loop's loss lines show it is not).
 
 A user's pattern (`--log-pattern`, trainroom.toml's `[log] pattern`) replaces them all: named
 groups `step`, `loss`, `lr`, `grad_norm`; without a `step` group each matching line is a step.
@@ -25,82 +35,49 @@ import re
 
 import msgspec
 
+from trainroom.core.loglines import (
+    _EPOCH,
+    _TQDM,
+    BAR_COUNT,
+    BATCHES,
+    LOG_LINES,
+    LOGGED_DICTS,
+    LOSS_KEYS,
+    LR_KEYS,
+    OPTIMIZER_STEPS,
+    PRINTED_STEPS,
+    LogHints,
+    LogStep,
+    Recogniser,
+    metrics,
+    number,
+    pick,
+)
+from trainroom.core.logshapes import PlainLoop
+
+# The primitives live in core/loglines; the rest of trainroom reads them from here too.
+__all__ = [
+    "ANSI",
+    "NANOGPT_PATTERN",
+    "HfTrainerLog",
+    "LightningBar",
+    "LogHints",
+    "LogStep",
+    "PatternLog",
+    "PlainLoop",
+    "Recogniser",
+    "Recognition",
+    "builtin",
+    "number",
+    "recognition",
+]
+
 NANOGPT_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf))"
 # A logged dict longer than this is not a step's few numbers (literal_eval must stay cheap).
 MAX_DICT_CHARS = 4096
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?(?:nan|inf)$", re.I)
-# tqdm's bar: `[desc: ]NN%|bar| n/total [elapsed<left, rate, postfix]`.
-_TQDM = re.compile(r"^(?P<desc>.*?)\s*\d+%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<rest>[^\]]*)")
 # Rich's bar as Lightning lays it out: `Epoch 3/9 ━━━╸━━ 18/40 0:00:01 • 0:00:02 12.3it/s metrics`.
 _RICH = re.compile(r"^Epoch (?P<epoch>\d+)(?:/-?\d+)?\s+[━╸╺─ ]+\s+(?P<n>\d+)/(?P<total>\d+)\s+(?P<rest>.*)$")
-_EPOCH = re.compile(r"^Epoch (?P<epoch>\d+):?$")
-# `name=value` (tqdm postfix) or `name: value` (Rich metrics).
-_METRIC = re.compile(r"(?P<key>[A-Za-z_][\w/.-]*)\s*(?:=|:\s)\s*(?P<value>[-+]?[\w.]+)")
-LOSS_KEYS = ("loss", "train_loss", "train_loss_step", "loss_step", "training_loss")
-LR_KEYS = ("learning_rate", "lr")
-
-
-class LogStep(msgspec.Struct, frozen=True):
-    step: int
-    loss: float | None = None
-    lr: float | None = None
-    grad_norm: float | None = None
-
-
-def number(value: object) -> float | None:
-    """A logged value as a float: a number, or a string that spells one (transformers 5 logs
-    `'loss': '3.919'`); None for anything else. nan and inf are kept: a diverged loss is news."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and _NUMBER.match(value.strip()):
-        return float(value)
-    return None
-
-
-def pick(values: dict[str, float], keys: tuple[str, ...], suffix: str | None = None) -> float | None:
-    """The first of `keys` present; else (with `suffix`) a training key ending in it."""
-    for k in keys:
-        if k in values:
-            return values[k]
-    if suffix is not None:
-        for k, v in values.items():
-            low = k.lower()
-            if low.endswith((suffix, suffix + "_step")) and not low.startswith(("val", "eval", "test")):
-                return v
-    return None
-
-
-def metrics(text: str) -> dict[str, float]:
-    """`a=1.5, b=2` or `a: 1.5 b: 2` as numbers (what is not a number is left out)."""
-    out: dict[str, float] = {}
-    for m in _METRIC.finditer(text):
-        v = number(m.group("value"))
-        if v is not None:
-            out[m.group("key")] = v
-    return out
-
-
-class Recogniser:
-    """Reads steps from lines. `feed` takes one whole line; `peek` the unfinished last line (it
-    may be fed again once finished, so peeking never consumes it); `end` says the attempt ended
-    (emit what was held back); `restart` forgets the attempt's counts."""
-
-    name = "?"
-
-    def feed(self, line: str) -> list[LogStep]:
-        raise NotImplementedError
-
-    def peek(self, line: str) -> list[LogStep]:
-        return []
-
-    def end(self) -> list[LogStep]:
-        return []
-
-    def restart(self) -> None:
-        return None
 
 
 class PatternLog(Recogniser):
@@ -112,6 +89,7 @@ class PatternLog(Recogniser):
         self.name = name
         self.counted = "step" not in self.regex.groupindex
         self.count = 0
+        self.unit = LOG_LINES if self.counted else PRINTED_STEPS
 
     def feed(self, line: str) -> list[LogStep]:
         m = self.regex.search(line)
@@ -135,10 +113,22 @@ class PatternLog(Recogniser):
 class HfTrainerLog(Recogniser):
     """Hugging Face `Trainer`: logged dicts, stepped by the training bar drawn after them."""
 
-    name = "hf"
-
-    def __init__(self) -> None:
+    def __init__(self, hints: LogHints | None = None) -> None:
+        self.every = hints.logging_steps if hints is not None else None
+        # What was seen, kept across attempts (the same trainer): a dict with its own step, a
+        # training bar, a logged dict. A bar with no dict yet is any loop's bare bar.
+        self.stepped = self.barred = self.logged = False
         self.restart()
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "hf" if self.logged else "tqdm"
+
+    @property
+    def unit(self) -> str:  # type: ignore[override]
+        if self.barred:
+            return OPTIMIZER_STEPS if self.logged else BAR_COUNT
+        return OPTIMIZER_STEPS if self.stepped or self.every else LOGGED_DICTS
 
     def restart(self) -> None:
         self.total: int | None = None  # the training bar's total (an eval bar has another)
@@ -151,9 +141,11 @@ class HfTrainerLog(Recogniser):
         m = _TQDM.match(line)
         if m is None or m.group("desc").strip():
             return None  # a described bar is someone else's (checkpoint shards, Lightning)
+        if pick(metrics(m.group("rest")), LOSS_KEYS, suffix="loss") is not None:
+            return None  # the Trainer's bar has no postfix: a loss there is a plain loop's
         total = int(m.group("total"))
         if self.total is None:
-            self.total = total
+            self.total, self.barred = total, True
         return int(m.group("n")) if total == self.total else None
 
     def feed(self, line: str) -> list[LogStep]:
@@ -203,11 +195,18 @@ class HfTrainerLog(Recogniser):
         values = {str(k): v for k, x in raw.items() if (v := number(x)) is not None}
         if "loss" not in values:
             return []  # eval and end-of-training summaries: no training step
-        self.dicts += 1
-        held = LogStep(self.dicts, values["loss"], pick(values, LR_KEYS), values.get("grad_norm"))
+        self.dicts, self.logged = self.dicts + 1, True
+        own = pick(values, ("step", "global_step"))
+        if own is not None and own >= 0 and own == int(own):
+            self.stepped, step = True, int(own)
+        else:
+            step = self.dicts * (self.every or 1)
+        held = LogStep(step, values["loss"], pick(values, LR_KEYS), values.get("grad_norm"))
         out = self.end() if self.pending is not None else []
         if self.total is None:
-            return [*out, held]  # no bar at all (disable_tqdm): the dicts are counted
+            # No bar at all (disable_tqdm): the dict's own step, or the dicts counted (times
+            # logging_steps when the command says it).
+            return [*out, held]
         self.pending = held
         return out
 
@@ -219,12 +218,16 @@ class LightningBar(Recogniser):
 
     name = "lightning"
 
-    def __init__(self) -> None:
+    def __init__(self, hints: LogHints | None = None) -> None:
+        self.accumulate = hints.accumulate if hints is not None else None
+        self.unit = OPTIMIZER_STEPS if self.accumulate else BATCHES
         self.restart()
 
     def restart(self) -> None:
         self.batches = 0  # the largest per-epoch total seen: an epoch's length
         self.pending: LogStep | None = None
+        self.n: tuple[int, int] = (0, 0)  # the (epoch, batch) the last bar drew
+        self.pending_n = self.n  # the batch the held step was read at
         self.emitted = 0
         self.attach = False  # the last bar drawn is the held step's: a wrapped metric line is its
 
@@ -249,10 +252,16 @@ class LightningBar(Recogniser):
         epoch, n, total, values = parsed
         self.batches = max(self.batches, total)
         self.attach = n > 0
-        if n == 0:
+        self.n = (epoch, n)
+        acc = self.accumulate or 1
+        # Lightning steps the optimizer every `acc` batches and once more on an epoch's last
+        # batch when the epoch does not divide evenly.
+        within = n // acc + (1 if n == total and n % acc else 0)
+        if within == 0:
             return None  # a bar reset at an epoch's start: nothing new has stepped
         loss = pick(values, LOSS_KEYS, suffix="loss")
-        return LogStep(epoch * self.batches + n, loss, pick(values, LR_KEYS), values.get("grad_norm"))
+        per_epoch = -(-self.batches // acc)
+        return LogStep(epoch * per_epoch + within, loss, pick(values, LR_KEYS), values.get("grad_norm"))
 
     def feed(self, line: str) -> list[LogStep]:
         s = self._step(line)
@@ -261,11 +270,14 @@ class LightningBar(Recogniser):
         if s.step < self.emitted:
             return []  # a stale redraw (the bar is never behind the steps already read)
         out: list[LogStep] = []
+        n = self.n
         if self.pending is not None and self.pending.step != s.step:
             out = self.end()
+        elif self.pending is not None and n != self.pending_n:
+            return []  # the next micro-batch of the same optimizer step: the step's is kept
         elif self.pending is not None and s.loss is None:
             s = msgspec.structs.replace(s, loss=self.pending.loss)  # a redraw without the metrics
-        self.pending = s
+        self.pending, self.pending_n = s, n
         return out
 
     def _continuation(self, line: str) -> list[LogStep]:
@@ -292,24 +304,34 @@ class LightningBar(Recogniser):
         return [held]
 
 
-def builtin() -> list[Recogniser]:
+def builtin(hints: LogHints | None = None) -> list[Recogniser]:
     """The recognisers tried, in order, when the run names no pattern of its own."""
-    return [HfTrainerLog(), LightningBar(), PatternLog(NANOGPT_PATTERN, name="nanogpt")]
+    nanogpt = PatternLog(NANOGPT_PATTERN, name="nanogpt")
+    nanogpt.unit = OPTIMIZER_STEPS  # iter_num counts optimizer steps (accumulation is inside one)
+    return [HfTrainerLog(hints), LightningBar(hints), nanogpt, PlainLoop()]
 
 
 class Recognition:
-    """Tries its recognisers in order until one reads a step, then keeps that one. A recogniser
-    that raises on a line costs that line only: the error is counted and reading goes on."""
+    """Tries its recognisers in order until one reads a step, then keeps that one. Until the one
+    kept has read a loss, all are fed each line and one that reads a loss takes over (the first
+    that does, in order). A recogniser that raises on a line costs that line only: the error is
+    counted and reading goes on."""
 
     def __init__(self, recognisers: list[Recogniser]) -> None:
         self.candidates = recognisers
         self.chosen: Recogniser | None = recognisers[0] if len(recognisers) == 1 else None
+        self.settled = self.chosen is not None  # the one kept read a loss: the others stop
         self.errors = 0
         self.last_error: str | None = None
 
     @property
     def name(self) -> str | None:
         return self.chosen.name if self.chosen is not None else None
+
+    @property
+    def unit(self) -> str | None:
+        """What the kept recogniser's steps count (None before one read a step)."""
+        return self.chosen.unit if self.chosen is not None else None
 
     def _call(self, r: Recogniser, method: str, *args: str) -> list[LogStep]:
         try:
@@ -321,14 +343,18 @@ class Recognition:
         return [s for s in out if s.step >= 0]
 
     def _each(self, method: str, *args: str) -> list[LogStep]:
-        if self.chosen is not None:
+        if self.chosen is not None and self.settled:
             return self._call(self.chosen, method, *args)
-        for r in self.candidates:
-            out = self._call(r, method, *args)
-            if out:
-                self.chosen = r
-                return out
-        return []
+        outs = [(r, self._call(r, method, *args)) for r in self.candidates]
+        with_loss = [r for r, out in outs if any(s.loss is not None for s in out)]
+        mine = [out for r, out in outs if r is self.chosen]
+        if with_loss and not any(s.loss is not None for s in (mine[0] if mine else [])):
+            self.chosen = with_loss[0]
+        elif self.chosen is None:
+            self.chosen = next((r for r, out in outs if out), None)
+        out = next((out for r, out in outs if r is self.chosen), [])
+        self.settled = any(s.loss is not None for s in out)
+        return out
 
     def feed(self, line: str) -> list[LogStep]:
         return self._each("feed", ANSI.sub("", line))
@@ -347,6 +373,6 @@ class Recognition:
         return out
 
 
-def recognition(pattern: str | None) -> Recognition:
+def recognition(pattern: str | None, hints: LogHints | None = None) -> Recognition:
     """The run's pattern alone when it names one, else the built-in recognisers."""
-    return Recognition([PatternLog(pattern)] if pattern else builtin())
+    return Recognition([PatternLog(pattern)] if pattern else builtin(hints))

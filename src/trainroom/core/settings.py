@@ -20,6 +20,7 @@ import msgspec
 from trainroom.core import config as cfg
 from trainroom.core import sections
 from trainroom.core.frameworks import Recognised, recognise
+from trainroom.core.loglines import LogHints
 from trainroom.core.units import redact_command, redact_url
 
 DEFAULT_LINGER_S = 3600.0
@@ -195,6 +196,11 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     notify: sections.Notify = msgspec.field(default_factory=sections.Notify)
     # The framework the command's script is built on (core/frameworks), when recognised.
     recognised: Recognised | None = None
+
+    @property
+    def log_hints(self) -> LogHints | None:
+        """How the trainer's log counts steps, where its command or script says (frameworks)."""
+        return self.recognised.log_hints if self.recognised is not None else None
 
     def auto_resume_delay(self, n: int) -> float:
         """The wait before automatic resume number n (1-based)."""

@@ -62,7 +62,7 @@ class TrainerView:
     uptime_s: float | None
     exit_text: str
     exit_level: Level
-    telemetry: str  # "reporter" | "log lines" | "waiting" (nothing heard yet) | "none"
+    telemetry: str  # "reporter" | "log lines" | "waiting" (nothing heard yet) | "unrecognised" | "none"
     command: str
     crash: str | None  # the innermost error of the attempt's crash chain
     resume_from: str | None
@@ -126,6 +126,8 @@ def _telemetry(state: RunState) -> str:
         return "reporter"
     if a.last_step is not None:
         return "log lines"
+    if state.log_unread_lines:
+        return "unrecognised"  # the log was read: nothing in it is a step (--log-pattern)
     return "waiting" if a.alive else "none"
 
 

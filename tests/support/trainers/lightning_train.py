@@ -3,6 +3,7 @@ model over random tokens), `ModelCheckpoint`, a `CSVLogger` (the framework's own
 logged metrics), the progress bar Lightning picks (Rich; `--tqdm` for TQDM). `--adapter` adds trainroom's one line.
 
     python lightning_train.py --out out --max-steps 100 --every 20 [--adapter] [--tqdm] [--ckpt-path P]
+        [--accumulate_grad_batches N]
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def main() -> int:
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--stop-at", type=int, default=0, help="SIGSTOP itself after this global step")
     ap.add_argument("--ckpt-path", default=None)
+    ap.add_argument("--accumulate_grad_batches", type=int, default=1, help="batches per optimizer step")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = torch.randint(0, 64, (args.batches * 4, 17), generator=torch.Generator().manual_seed(0))
@@ -92,6 +94,7 @@ def main() -> int:
         devices=1,
         logger=CSVLogger(args.out, name="csv", version=0),
         log_every_n_steps=1,
+        accumulate_grad_batches=args.accumulate_grad_batches,
         callbacks=callbacks,
         enable_model_summary=False,
     )

@@ -26,6 +26,7 @@ from trainroom.core.actions.base import (
     not_running,
 )
 from trainroom.core.findings import Finding
+from trainroom.core.loglines import NOT_STEPS, step_words
 from trainroom.core.ops.kill import KILL_CONFIRM_S, KillPlan, execute_kill, plan_kill
 from trainroom.core.ops.target_kill import plan_target_kill
 from trainroom.core.ops.vram import run_vram_probe
@@ -134,7 +135,12 @@ class Kill(Action[KillArgs, KillWork]):
                 f"pids {', '.join(map(str, pids))}"
             )
         last = st.last_verified()
-        lost = {"step": a.last_step, "last_verified_step": last.step if last is not None else None}
+        lost: dict[str, Any] = {
+            "step": a.last_step,
+            "last_verified_step": last.step if last is not None else None,
+        }
+        if not a.instrumented and st.log_unit in NOT_STEPS:  # the log counts batches or dicts
+            lost["step_unit"] = st.log_unit
         return self._planned(plan, summary, sorted({a.pid, *pids}), a, _timing(k, args) | lost)
 
     async def _plan_target(self, k: Keeper, f: Finding, args: KillArgs) -> Plan[KillWork] | Refused:
@@ -262,12 +268,15 @@ def kill_headline(plan: dict[str, Any]) -> str:
     n = f"{len(members)} process{'es' if len(members) != 1 else ''}"
     if plan.get("finding"):
         return f"kills {who} ({n}, {how}), what {plan.get('finding')} names; the trainer is left alone"
-    return f"kills {who} ({n}, {how}); {_lost(plan.get('step'), plan.get('last_verified_step'))}"
+    lost = _lost(plan.get("step"), plan.get("last_verified_step"), plan.get("step_unit"))
+    return f"kills {who} ({n}, {how}); {lost}"
 
 
-def _lost(step: Any, last: Any) -> str:
+def _lost(step: Any, last: Any, unit: Any = None) -> str:
     if not isinstance(step, int):
         return "the steps since the last verified checkpoint are lost"
+    if isinstance(unit, str):  # the log counts batches or logged dicts: no subtraction holds
+        return f"stops at {step_words(step, unit)}: the steps lost since the last verified checkpoint are not known"
     if isinstance(last, int):
         n = max(step - last, 0)
         return (
@@ -292,9 +301,16 @@ def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
         out.append(f"  nothing of {who} is left to signal")
     if isinstance(wait, float):
         out.append(f"  then waits up to {wait:g} s for the GPU memory to be released")
-    step, last = plan.get("step"), plan.get("last_verified_step")
+    step, last, unit = plan.get("step"), plan.get("last_verified_step"), plan.get("step_unit")
     if isinstance(step, int) and members and lost:
-        if isinstance(last, int):
+        if isinstance(unit, str):  # no subtraction from a checkpoint's step holds
+            ck = (
+                f"last verified checkpoint at step {last}"
+                if isinstance(last, int)
+                else "no verified checkpoint"
+            )
+            out.append(f"  stops at {step_words(step, unit)}; {ck}: the steps lost are not known")
+        elif isinstance(last, int):
             out.append(
                 f"  loses {max(step - last, 0)} step(s): at step {step}, last verified checkpoint at step {last}"
             )

@@ -11,6 +11,7 @@ import signal
 
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
+from trainroom.core.loglines import NOT_STEPS, step_words
 from trainroom.core.run.ended import clean_exit, how_ended
 from trainroom.core.run.state import AttemptView, RunState, WorkerView
 from trainroom.core.units import fmt_bytes, signal_name
@@ -74,6 +75,11 @@ def _lost(run: RunState, a: AttemptView) -> tuple[str, int | None]:
     verified = run.last_verified()
     if a.last_step is None:
         return "before its first step", None
+    if not a.instrumented and run.log_unit in NOT_STEPS:
+        # The log counts batches or logged dicts: no subtraction from a checkpoint's step holds.
+        ck = f"the last verified checkpoint is at step {verified.step}" if verified is not None else ""
+        ck = ck or "no verified checkpoint"
+        return f"at {step_words(a.last_step, run.log_unit)}; {ck}; steps lost not known", None
     if verified is not None and verified.step is not None:
         lost = max(0, a.last_step - verified.step)
         return (

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
+from trainroom.core.loglines import unread_words
 from trainroom.core.run.figures import median_interval, phase_bound, progress_bound, warmup_bound
 from trainroom.core.run.state import AttemptView, RankView, RunState
 from trainroom.core.samples import GONE_STATES, Worker
@@ -517,7 +518,10 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> Judge
         if hung is not None:
             return "hung", hung.reason, [hung_finding(hung.message, hung.evidence)]
     if not stepped:
-        return _before_first_step(a, ranks, now, ctx)
+        shown, reason, found = _before_first_step(a, ranks, now, ctx)
+        if not a.instrumented and run.log_unread_lines:  # the log is there, its shape unknown
+            reason = f"uninstrumented: {unread_words(run.log_unread_lines)}"
+        return shown, reason, found
     worst = _worst_gap(a, stepped, bound, grace, median, now, th)
     if worst is not None:
         return _judge_gap(run, a, worst, bound if bound is not None else grace, ctx, mem, now)

@@ -20,13 +20,15 @@ import re
 from pathlib import Path
 
 from trainroom.core import protocol as p
-from trainroom.core.logformats import LogStep, Recognition, recognition
+from trainroom.core.logformats import LogHints, LogStep, Recognition, recognition
 
 READ_CHUNK = 1 << 20
 KEEP_LINES = 400
 MAX_LINE_BYTES = 64 << 10
 MAX_BACKLOG = 4 * READ_CHUNK
 MARK_BYTES = 64  # the bytes just before the offset: changed under it, the file was rewritten
+# Lines an attempt may print with no step recognised before the run is told to pass a pattern.
+UNRECOGNISED_LINES = 200
 _LINE_END = re.compile(rb"[\r\n]")
 
 __all__ = ["LogStep", "LogTail"]
@@ -35,7 +37,7 @@ __all__ = ["LogStep", "LogTail"]
 class LogTail:
     """Reads trainer.log from where it last stopped (the end of the file when created)."""
 
-    def __init__(self, path: Path, pattern: str | None) -> None:
+    def __init__(self, path: Path, pattern: str | None, hints: LogHints | None = None) -> None:
         self.path = path
         self.offset = 0
         self._fd: int | None = None
@@ -45,12 +47,14 @@ class LogTail:
         # What happened to the file (truncated, rotated, a burst skipped): the keeper notes them.
         self.notices: list[str] = []
         self._open(at_end=True)
-        self.recognition: Recognition = recognition(pattern)
+        self.recognition: Recognition = recognition(pattern, hints)
         self._rest = b""
         self._skipping = False  # inside an over-long line, past its first MAX_LINE_BYTES
         self.lines: list[str] = []
-        self._announced: str | None = None
+        self._announced: tuple[str, str] | None = None
         self._errors_told = 0
+        self.unread = 0  # lines of this attempt read before any step was recognised
+        self._unread_told = False
 
     @property
     def recogniser(self) -> str | None:
@@ -59,13 +63,18 @@ class LogTail:
 
     def records(self, attempt: int, t: float, steps: list[LogStep], rank: int = 0) -> list[p.Record]:
         """What an uninstrumented attempt's steps become in the journal: the recogniser that read
-        them (once), a warning for the first line a recogniser failed on, and each step, filed
-        under `rank` (the rank the attempt's workers say prints them: 0 for a single process)."""
+        them and its unit (again when either changes), once that nothing was recognised in the
+        first UNRECOGNISED_LINES lines, a warning for the first line a recogniser failed on, and
+        each step, filed under `rank` (the rank the attempt's workers say prints them: 0 for a
+        single process)."""
         out: list[p.Record] = []
-        name = self.recogniser
-        if steps and name is not None and name != self._announced:
-            self._announced = name
-            out.append(p.LogRecognised(t=t, attempt=attempt, name=name))
+        name, unit = self.recogniser, self.recognition.unit
+        if steps and name is not None and unit is not None and (name, unit) != self._announced:
+            self._announced = (name, unit)
+            out.append(p.LogRecognised(t=t, attempt=attempt, name=name, unit=unit))
+        elif name is None and self.unread >= UNRECOGNISED_LINES and not self._unread_told:
+            self._unread_told = True
+            out.append(p.LogRecognised(t=t, attempt=attempt, name="none", lines=self.unread))
         r = self.recognition
         if r.errors and not self._errors_told:
             self._errors_told = r.errors
@@ -176,6 +185,7 @@ class LogTail:
                 out += self._line(self._rest)
             self._rest, self._skipping = b"", False
             out += self.recognition.end()
+            self.unread, self._unread_told = 0, False  # the next attempt is counted afresh
         elif self._rest:
             out += self.recognition.peek(self._rest.decode("utf-8", "replace"))
         del self.lines[:-KEEP_LINES]
@@ -208,6 +218,8 @@ class LogTail:
         self.lines.append(line)
         if len(self.lines) > 2 * KEEP_LINES:
             del self.lines[:-KEEP_LINES]
+        if self.recognition.chosen is None:
+            self.unread += 1
         return self.recognition.feed(line)
 
 

@@ -89,7 +89,7 @@ class Keeper:
         self._log_path = run_dir / runs.LOG_NAME
         self.proc: asyncio.subprocess.Process | None = None
         self.attempt_n = 0
-        self.tail = LogTail(self._log_path, self._settings.log_pattern)
+        self.tail = LogTail(self._log_path, self._settings.log_pattern, self._settings.log_hints)
         self.stop_event = asyncio.Event()
         self.idle_since: float | None = None
         self._finding_journaled: dict[str, float] = {}

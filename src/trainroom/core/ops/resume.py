@@ -22,6 +22,7 @@ from trainroom.core.ckpt.promote import intact
 from trainroom.core.ckpt.targets import BEFORE_RESUME_SUFFIX
 from trainroom.core.ckpt.verify import load_need_bytes
 from trainroom.core.health.host import host_ram_low
+from trainroom.core.loglines import NOT_STEPS
 from trainroom.core.ops.members import Lifetime, live_members
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.locks import lock_holders
@@ -121,7 +122,8 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
         plan.argv = _argv(plan, inputs)
         plan.lost = resume_losses(state, plan)
     plan.died_at_step = a.last_step
-    if a.last_step is not None and plan.step is not None:
+    # Only a step in optimizer steps compares with a checkpoint's (not a log's batches or dicts).
+    if a.last_step is not None and plan.step is not None and _in_steps(state, a):
         plan.steps_lost = max(0, a.last_step - plan.step)
     plan.note = plan.note.strip().rstrip(";")
     plan.ok = not plan.refusals
@@ -159,6 +161,11 @@ def held_locks(paths: Sequence[str]) -> list[str]:
             text += f" through a descriptor taken by {dead}"
         out.append(text)
     return out
+
+
+def _in_steps(state: RunState, a: AttemptView) -> bool:
+    """Whether the attempt's step counts optimizer steps (a log may count batches or dicts)."""
+    return a.instrumented or state.log_unit not in NOT_STEPS
 
 
 def _promoted_step(state: RunState, ckpt: Path) -> int | None:
@@ -260,7 +267,7 @@ def fall_back(plan: ResumePlan, state: RunState, inputs: ResumeInputs, failed: s
     new.argv = _argv(new, inputs)
     new.lost = resume_losses(state, new)
     a = state.attempt
-    if a is not None and a.last_step is not None and new.step is not None:
+    if a is not None and a.last_step is not None and new.step is not None and _in_steps(state, a):
         new.steps_lost = max(0, a.last_step - new.step)
     return new
 

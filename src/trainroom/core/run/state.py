@@ -202,6 +202,8 @@ class RunState(msgspec.Struct, kw_only=True):
     # Which log recogniser read an uninstrumented attempt's steps (LogRecognised), and the resume
     # template with where it came from (KeeperStarted).
     log_recogniser: str | None = None
+    log_unit: str | None = None  # what its steps count (logformats: optimizer steps, batches, ...)
+    log_unread_lines: int | None = None  # the log was read, nothing recognised in these lines
     resume_template: str | None = None
     resume_template_from: str | None = None
     # The batches around each loss spike, divergence or non-finite value (BatchLog), the newest
@@ -504,7 +506,10 @@ class RunState(msgspec.Struct, kw_only=True):
         self.resume_template, self.resume_template_from = r.resume_template, r.resume_template_from
 
     def _log_recognised(self, r: p.LogRecognised) -> None:
-        self.log_recogniser = r.name
+        if r.name == "none":
+            self.log_unread_lines = r.lines
+            return
+        self.log_recogniser, self.log_unit, self.log_unread_lines = r.name, r.unit or None, None
 
     def _journal_damaged(self, r: p.JournalDamaged) -> None:
         d = self.journal_damage

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.loglines import unread_words
 from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
@@ -268,7 +269,13 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         ],
         "steps_total": st.steps_total,
         # Log-line telemetry: the recogniser that read the steps (hf, lightning, nanogpt, pattern).
-        "log": {"recogniser": st.log_recogniser},
+        "log": {
+            "recogniser": st.log_recogniser,
+            # What `step` counts when log lines give it: optimizer steps, batches, logged dicts...
+            "unit": st.log_unit,
+            # Said when the log was read and nothing in it was recognised (pass --log-pattern).
+            "unrecognised": unread_words(st.log_unread_lines) if st.log_unread_lines else None,
+        },
         "resume": {"template": st.resume_template, "from": st.resume_template_from},
         # Alerts the keeper sent (core/notify): outcome counts, and the last deliveries, newest
         # last. Channel names are redacted; a target's secret never appears here.

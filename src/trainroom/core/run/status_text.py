@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trainroom.core.loglines import NOT_STEPS
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes
@@ -38,6 +39,11 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         f"  step {d['step']}  age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
         f"  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
     ]
+    log = d.get("log") or {}
+    if log.get("unit") in NOT_STEPS:  # the step is a count of something else: said beside it
+        lines[1] = lines[1].replace(f"step {d['step']} ", f"step {d['step']} ({log['unit']}) ", 1)
+    if log.get("unrecognised"):
+        lines.append(f"  {log['unrecognised']}")
     if d["keeper"] != "alive" and d.get("state_reason"):
         lines.append(f"  {d['state_reason']}")  # what the journal cannot say: read from /proc
     v = d["vram"]

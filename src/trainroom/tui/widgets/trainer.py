@@ -10,7 +10,7 @@ from trainroom.tui.figures import TrainerView
 
 from .base import Panel
 
-_TELEMETRY = {"waiting": "not heard yet", "none": "none"}
+_TELEMETRY = {"waiting": "not heard yet", "none": "none", "unrecognised": "no step"}
 
 
 class TrainerPanel(Panel[TrainerView]):
@@ -32,5 +32,7 @@ class TrainerPanel(Panel[TrainerView]):
         if view.resume_from:
             self.pair(t, "  from", view.resume_from.rstrip("/").rsplit("/", 1)[-1])
         t.append("\n")
+        if view.telemetry == "unrecognised":  # lines of their own: the panel is narrow
+            t.append("log read, no step or loss in it:\npass --log-pattern\n", style=self.style("warn"))
         t.append(fmt.shorten(view.command, self.inner_width * 2), style=self.style("dim"))
         return t

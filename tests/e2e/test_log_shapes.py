@@ -1,0 +1,137 @@
+"""Uninstrumented trainers read from their logs with no --log-pattern, under a real keeper: a
+hand-written loop printing a tqdm bar, logging lines or plain prints shows its step and loss in
+`status`; a log with nothing recognisable says so; and a step counts optimizer steps (or says
+what it counts) where the framework's log counts something else: Lightning's bar with
+accumulate_grad_batches=4 (batches), HF with disable_tqdm (logged dicts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support.helpers import run_cli, status
+from tests.support.waiting import wait_for
+from trainroom.core.run.launch import launch
+
+TRAINERS = Path(__file__).resolve().parents[1] / "support" / "trainers"
+START_S = 240  # importing torch (and lightning, transformers) on a loaded 2-core machine
+
+
+def ended(s: dict[str, Any]) -> bool:
+    return s["state"] in ("exited", "dead")
+
+
+def recorded(path: Path) -> dict[int, float]:
+    """The loop's own record of each step's loss, as it printed it."""
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.parametrize(
+    ("mode", "recogniser", "unit"),
+    [
+        ("tqdm", "tqdm", "bar count"),
+        ("tqdm-desc", "tqdm", "bar count"),
+        ("tqdm-write", "lines", "printed steps"),
+        ("logging", "lines", "printed steps"),
+        ("logging-time", "lines", "printed steps"),
+        ("print", "lines", "printed steps"),
+    ],
+)
+def test_a_plain_loop_shows_its_step_and_loss_without_a_pattern(
+    trhome: Path, tmp_path: Path, mode: str, recogniser: str, unit: str
+) -> None:
+    rec = tmp_path / "losses.jsonl"
+    argv = [
+        sys.executable,
+        str(TRAINERS / "plain_train.py"),
+        "--mode",
+        mode,
+        "--steps",
+        "60",
+        "--record",
+        str(rec),
+    ]
+    info = launch(argv, cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the loop ended")
+    assert d["state"] == "exited" and d["exit"]["code"] == 0, d["state_reason"]
+    assert d["instrumented"] is False
+    assert d["step"] == 60
+    assert d["loss"] == recorded(rec)[60]
+    assert d["log"] == {"recogniser": recogniser, "unit": unit, "unrecognised": None}
+
+
+def test_a_log_with_nothing_recognisable_says_to_pass_a_pattern(trhome: Path, tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    argv = [sys.executable, str(TRAINERS / "plain_train.py"), "--mode", "nothing", "--hold", str(hold)]
+    argv += ["--record", str(tmp_path / "losses.jsonl")]
+    info = launch(argv, cwd=str(tmp_path))
+    words = "log read but no step or loss recognised in 2"  # 200 lines or a few more, as read
+    d = wait_for(
+        lambda: (
+            words in ((s := status(info))["log"]["unrecognised"] or "") and words in s["state_reason"] and s
+        ),
+        timeout=START_S,
+        what="the log said to be unrecognised",
+    )
+    assert d["state"] in ("starting", "running") and d["step"] is None
+    assert d["log"]["unrecognised"].endswith("pass --log-pattern") and d["log"]["recogniser"] is None
+    out = run_cli("status", info.run_id)
+    assert out.returncode == 0 and "pass --log-pattern" in out.stdout, out.stdout
+    hold.touch()
+    wait_for(lambda: ended(status(info)), timeout=60, what="the trainer ended")
+
+
+def test_lightning_accumulating_4_batches_counts_optimizer_steps_and_the_steps_lost(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """accumulate_grad_batches=4 in the command: the bar's batches are read as optimizer steps, so
+    a kill -9 after step 23 is dead at step 23 with 3 steps lost since the checkpoint at 20 (the
+    batch count would say 92 and 72)."""
+    pytest.importorskip("lightning")
+    argv = [sys.executable, str(TRAINERS / "lightning_train.py"), "--out", str(tmp_path / "out"), "--tqdm"]
+    argv += ["--max-steps", "200", "--every", "10", "--stop-at", "23", "--accumulate_grad_batches", "4"]
+    info = launch(argv, {"watch_ckpt": ["out/ckpt/epoch=*.ckpt"]}, cwd=str(tmp_path))
+    pid = wait_for(lambda: status(info)["pid"], timeout=30, what="the trainer's pid")
+    wait_for(
+        lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, timeout=START_S, what="stopped at 23"
+    )
+    wait_for(
+        lambda: any(c["step"] == 20 and c["state"] == "verified" for c in status(info)["checkpoints"]),
+        timeout=START_S,
+        what="the step-20 checkpoint verified",
+    )
+    os.kill(pid, signal.SIGKILL)
+    d = wait_for(lambda: (s := status(info))["state"] == "dead" and s, timeout=60, what="dead")
+    assert d["step"] == 23  # epoch 2 (10 steps an epoch), batch 12 of 40: 20 + 12 // 4
+    assert d["log"]["recogniser"] == "lightning" and d["log"]["unit"] == "optimizer steps"
+    dead = next(f for f in d["findings"] if f["code"] == "DEAD")
+    assert dead["evidence"]["last_verified_step"] == 20
+    assert dead["evidence"]["steps_lost"] == 3, dead["message"]
+    assert "3 steps lost since the last verified checkpoint (step 20)" in dead["message"]
+
+
+def test_hf_with_disable_tqdm_counts_optimizer_steps_by_its_logging_steps(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """No bar: the Trainer prints a dict every logging_steps (5, in the command) optimizer steps;
+    the step is the dicts times 5, what trainer_state.json says, not the dicts counted."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    argv = [sys.executable, str(TRAINERS / "hf_train.py"), "--output_dir", str(tmp_path / "out"), "--use_cpu"]
+    argv += ["--per_device_train_batch_size", "4", "--logging_steps", "5", "--save_steps", "20"]
+    argv += ["--max_steps", "60", "--disable_tqdm", "True"]
+    info = launch(argv, cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    state = json.loads((tmp_path / "out" / "checkpoint-60" / "trainer_state.json").read_text())
+    last = [h for h in state["log_history"] if "loss" in h][-1]
+    assert d["state"] == "exited" and d["exit"]["code"] == 0, d["state_reason"]
+    assert d["step"] == state["global_step"] == last["step"] == 60
+    assert d["loss"] == pytest.approx(last["loss"], rel=1e-3)
+    assert d["log"]["recogniser"] == "hf" and d["log"]["unit"] == "optimizer steps"
