@@ -336,6 +336,7 @@ class LossView:
     level: Level
     curve: str = "median"  # whose loss the curve is: "rank 0" or the ranks' "median"
     curve_last: float | None = None  # where the curve ends: the headline beside it says this figure
+    evals: tuple[tuple[float, float], ...] = ()  # each promoted checkpoint's evaluation figure
 
 
 def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView:
@@ -359,6 +360,7 @@ def loss_view(state: RunState, series: SeriesSnapshot | None = None) -> LossView
         level=_worst_level(_findings(state, *PANEL_CODES["loss"])),
         curve=plot.source,
         curve_last=plot.points[-1][1] if plot.points else None,
+        evals=plot.evals,
     )
 
 

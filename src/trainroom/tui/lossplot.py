@@ -19,6 +19,7 @@ RECENT_SHARE = 0.2  # the recent window: the last fifth of the run's x range
 class Mark:
     x: float
     kind: str  # checkpoint | restart | lr-change | loss-scale | nonfinite
+    step: int | None = None  # a checkpoint's step (its evaluation figure is drawn at its x)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class PlotPoints:
     marks: tuple[Mark, ...]
     x_label: str  # "tokens" or "step"
     source: str = "median"  # whose loss the curve is: "rank 0" (the run's series) or the ranks' "median"
+    # The trainer's own evaluation of each promoted checkpoint ([eval]), at its checkpoint's x.
+    evals: tuple[tuple[float, float], ...] = ()
 
 
 def plot_points(state: RunState, series: SeriesSnapshot | None = None) -> PlotPoints:
@@ -39,8 +42,18 @@ def plot_points(state: RunState, series: SeriesSnapshot | None = None) -> PlotPo
     if len(points) < 2:
         points, marks, x_label = _recent_points(state)
         source = "median"
+    figures = {
+        c.step: c.eval.figure
+        for c in state.checkpoints
+        if c.step is not None and c.eval is not None and c.eval.figure is not None and c.state == "verified"
+    }
+    evals = sorted({(m.x, figures[m.step]) for m in marks if m.kind == "checkpoint" and m.step in figures})
     return PlotPoints(
-        points=tuple(thin(points, LOSS_POINTS)), marks=tuple(marks), x_label=x_label, source=source
+        points=tuple(thin(points, LOSS_POINTS)),
+        marks=tuple(marks),
+        x_label=x_label,
+        source=source,
+        evals=tuple(evals),
     )
 
 
@@ -84,7 +97,7 @@ def _series_points(series: SeriesSnapshot) -> tuple[list[tuple[float, float]], l
     from its min to its max at its centre, so a spike inside a bucket stays visible."""
     points: list[tuple[float, float]] = []
     col = series.loss
-    marks = [Mark(m.x, m.kind) for m in series.marks]
+    marks = [Mark(m.x, m.kind, m.step) for m in series.marks]
     for k, x in enumerate(series.centres()):
         lo = col.lo[k] if k < len(col.lo) else None
         hi = col.hi[k] if k < len(col.hi) else None
@@ -123,7 +136,7 @@ def _recent_points(state: RunState) -> tuple[list[tuple[float, float]], list[Mar
                 marks.append(Mark(x_of[k], "restart"))
             seen_attempts.add(k[0])
     marks += [
-        Mark(step_x[c.step], "checkpoint")
+        Mark(step_x[c.step], "checkpoint", c.step)
         for c in state.checkpoints
         if c.step is not None and c.step in step_x
     ]

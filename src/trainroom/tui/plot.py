@@ -101,18 +101,23 @@ def chart(
     guides: Mapping[str, float] | None = None,
     marks: Sequence[tuple[float, str]] = (),
     log_y: bool = False,
+    dots: Sequence[tuple[float, float]] = (),
 ) -> Chart:
     """Draw `points` (x ascending) into `cols` x `rows` cells, with horizontal `guides` (name ->
     y) and `marks` ((x, kind)) placed on a row under the plot. The y range is the curve's own:
     a guide is drawn where it falls inside it, never stretching it (ln V above a late run's loss
-    would flatten the curve to the bottom row). `log_y`: a log10 scale (positive values only)."""
+    would flatten the curve to the bottom row). `dots` ((x, y)) are drawn as `•` over the curve
+    (a checkpoint's evaluation figure) and kept inside the y range. `log_y`: a log10 scale
+    (positive values only)."""
     cols, rows = max(cols, 1), max(rows, 1)
     guides = {k: v for k, v in (guides or {}).items() if v is not None and math.isfinite(v)}
     finite = [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
+    spots = [(x, y) for x, y in dots if math.isfinite(x) and math.isfinite(y)]
     if log_y:
         finite = [(x, math.log10(y)) for x, y in finite if y > 0]
         guides = {k: math.log10(v) for k, v in guides.items() if v > 0}
-    ys = [y for _, y in finite] or list(guides.values())
+        spots = [(x, math.log10(y)) for x, y in spots if y > 0]
+    ys = [y for _, y in finite + spots] or list(guides.values())
     xs = [x for x, _ in finite] + [x for x, _ in marks if math.isfinite(x)]
     y_min, y_max = _y_range(ys, log_y)
     x_min, x_max = (min(xs), max(xs)) if xs else (0.0, 1.0)
@@ -148,6 +153,9 @@ def chart(
             else:
                 row.append((" ", "blank"))
         grid.append(tuple(row))
+    for x, y in spots:
+        c, r = min(max(px(x) // 2, 0), cols - 1), min(max(py(y) // 4, 0), rows - 1)
+        grid[r] = (*grid[r][:c], ("•", "eval"), *grid[r][c + 1 :])
     mark_cells: list[Cell] = [(" ", "blank")] * cols
     best: dict[int, int] = {}
     for x, kind in marks:

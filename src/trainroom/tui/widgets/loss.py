@@ -70,6 +70,7 @@ class LossPanel(Panel[LossView]):
             guides={"lnv": view.ln_v} if view.ln_v else None,
             marks=[(m.x, m.kind) for m in view.marks if x_lo is None or m.x >= x_lo],
             log_y=self.log_y,
+            dots=[(x, y) for x, y in view.evals if x_lo is None or x >= x_lo],
         )
         labels = dict(c.y_labels)
         styles = {k: self.style(k) for k in ("curve", "lnv", "axis", "mark")}
@@ -79,7 +80,15 @@ class LossPanel(Panel[LossView]):
             _append_runs(
                 t,
                 row,
-                lambda kind: styles["curve" if kind == "curve" else "lnv" if kind == "lnv" else "axis"],
+                lambda kind: styles[
+                    "curve"
+                    if kind == "curve"
+                    else "lnv"
+                    if kind == "lnv"
+                    else "mark"
+                    if kind == "eval"
+                    else "axis"
+                ],
             )
             t.append("\n")
         t.append(" " * GUTTER + "└", style=styles["axis"])
@@ -87,7 +96,10 @@ class LossPanel(Panel[LossView]):
         t.append("\n")
         lo_text, hi_text = _x(c.x_min, view.x_label), _x(c.x_max, view.x_label)
         kinds = sorted({m.kind for m in view.marks})
-        legend = " ".join(f"{MARK_SYMBOLS.get(k, '*')} {k}" for k in kinds)
+        legend = " ".join(f"{MARK_SYMBOLS.get(k, '*')} {k}" for k in kinds) + (
+            " • eval" if view.evals else ""
+        )
+        legend = legend.strip()
         space = cols - len(lo_text) - len(hi_text)
         middle = f" {legend} " if legend and len(legend) + 2 <= space else ""
         t.append(" " * GUTTER + " " + lo_text, style=self.style("axis"))
