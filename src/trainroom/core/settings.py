@@ -22,7 +22,7 @@ from trainroom.core import sections
 from trainroom.core.frameworks import Recognised, recognise
 from trainroom.core.units import redact_command, redact_url
 
-DEFAULT_LINGER_S = 3600.0
+DEFAULT_LINGER_S = 60.0
 ENV_CKPT_ROOT = "TRAINROOM_CKPT_ROOT"
 ENV_SYS_ROOT = "TRAINROOM_SYS_ROOT"
 ENV_PROC_ROOT = "TRAINROOM_PROC_ROOT"

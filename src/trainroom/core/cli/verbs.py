@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainroom.core import argtypes
-from trainroom.core.cli import act, bridge, ckpt, doctor, events, export, job, notify, show
+from trainroom.core.cli import act, bridge, ckpt, doctor, events, export, job, notify, show, stopkeeper
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 
@@ -76,4 +76,5 @@ VERBS: tuple[Verb, ...] = (
     lambda sub, _: doctor.add_parser(sub),
     job.add_parser,
     lambda sub, _: bridge.add_parser(sub),
+    lambda sub, _: stopkeeper.add_parser(sub),
 )

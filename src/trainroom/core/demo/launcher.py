@@ -22,6 +22,11 @@ from trainroom.core.run.status_text import status_lines
 from trainroom.core.settings import LaunchOptions
 
 NVML_FAULTS = {"ghost-memory", "orphan-context"}
+# The demo ends by itself: this many steps (at the default --step-delay, a few minutes on a CPU),
+# and always DEMO_STEPS_PAST_FAULT past a later --fault-step, so the fault plays out before the end.
+DEMO_STEPS = 3000
+DEMO_STEPS_PAST_FAULT = 1000
+FOREVER_STEPS = 10**12
 
 
 def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
@@ -38,8 +43,9 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
         "--steps",
         type=argtypes.count(1, 10**9),
         default=None,
-        help="stop after this many steps (default: run on)",
+        help=f"stop after this many steps (default {DEMO_STEPS}, a few minutes on a CPU; past --fault-step)",
     )
+    sp.add_argument("--forever", action="store_true", help="train until stopped (`trainroom kill`)")
     sp.add_argument(
         "--ranks",
         type=argtypes.count(1, 64),
@@ -98,7 +104,7 @@ def demo_command(args: argparse.Namespace) -> list[str]:
     for flag, val in (
         ("--fault", args.fault),
         ("--fault-step", args.fault_step),
-        ("--steps", args.steps),
+        ("--steps", demo_steps(args)),
         ("--lr", args.lr),
         ("--step-delay", args.step_delay),
         ("--ckpt-every", args.ckpt_every),
@@ -120,6 +126,15 @@ def demo_command(args: argparse.Namespace) -> list[str]:
             *trainer,
         ]
     return [sys.executable, *trainer]
+
+
+def demo_steps(args: argparse.Namespace) -> int:
+    """The steps the demo trains: --steps, else a bounded default past the fault (--forever: no end)."""
+    if getattr(args, "forever", False):
+        return FOREVER_STEPS
+    if args.steps is not None:
+        return int(args.steps)
+    return max(DEMO_STEPS, (args.fault_step or 0) + DEMO_STEPS_PAST_FAULT)
 
 
 def demo_dir() -> Any:

@@ -37,6 +37,7 @@ from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
+from trainroom.core.keeper.rest import Quiet, at_rest, rest_timeout
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
@@ -54,6 +55,7 @@ TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest w
 PROBE_S = 1.0
 FINDING_REJOURNAL_S = 10.0
 FINDING_REFRESH_S = 1.0
+REST_NOTE = "the run has ended and nothing is in flight: the keeper rests (no probes) and exits {linger:.0f} s after the last client leaves"
 FLOOR_WAIT_S = 5.0  # the longest an attempt's start waits to read the devices' memory floor
 
 
@@ -90,6 +92,12 @@ class Keeper:
         self.tail = LogTail(self._log_path, self._settings.log_pattern)
         self.stop_event = asyncio.Event()
         self.idle_since: float | None = None
+        # Resting (keeper.rest): set by whatever can change the run, it wakes the tick loop;
+        # `active` is clear while the keeper rests, and the probe loop waits on it.
+        self.wake = asyncio.Event()
+        self.active = asyncio.Event()
+        self.active.set()
+        self._ending: asyncio.Task[None] | None = None
         self._finding_journaled: dict[str, float] = {}
         self._finding_sent: dict[str, float] = {}
         if self._settings.fake_nvml:
@@ -106,6 +114,7 @@ class Keeper:
             else None
         )
         self.server = Server(self, self.actions)
+        self.server.changed = self.wake.set
         # Alerts observe what is emitted and deliver off the loop (core/notify); `notify --test`
         # reaches them as an action.
         self.alerts = Alerts.for_run(self._settings.notify, cwd=rec.cwd, sink=self, state=lambda: self.state)
@@ -162,6 +171,7 @@ class Keeper:
         if journal:
             self.journal.append(rec)
         self.server.queue(rec)
+        self.wake.set()
 
     def flush(self, *, fsync: bool = False) -> None:
         self.journal.flush(fsync=fsync)
@@ -331,7 +341,7 @@ class Keeper:
         )
         self.emit(started)
         self.flush()
-        asyncio.get_running_loop().create_task(self._wait_attempt(n, proc))
+        self._ending = asyncio.get_running_loop().create_task(self._wait_attempt(n, proc))
         return started
 
     def _could_not_start(
@@ -387,8 +397,43 @@ class Keeper:
 
     async def tick_loop(self) -> None:
         while not self.stop_event.is_set():
-            self._tick(time.time())
-            await asyncio.sleep(TICK_S)
+            now = time.time()
+            self._tick(now)
+            if self.stop_event.is_set():
+                return
+            if self._at_rest():
+                await self._rest(now)
+            else:
+                self.active.set()
+                await asyncio.sleep(TICK_S)
+
+    def quiet(self) -> Quiet:
+        return Quiet(
+            trainer=self.trainer_alive() or (self.state.attempt is not None and self.state.attempt.alive),
+            ending=self._ending is not None and not self._ending.done(),
+            acting=self.actions.busy,
+            verifying=bool(self.pipeline.in_flight()),
+        )
+
+    def _at_rest(self) -> bool:
+        a = self.state.attempt
+        return at_rest(self.quiet(), a.ended_at if a is not None else None, self.state.probe)
+
+    async def _rest(self, now: float) -> None:
+        """No tick and no probe until something can change the run, or the linger is over."""
+        if self.active.is_set():
+            self.active.clear()
+            linger = self._settings.linger_s
+            self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(linger=linger)))
+            self.server.flush()
+            self.flush()
+            self.journal.write_summary()  # `runs` and the picker read the ended run at once
+        self.wake.clear()
+        timeout = rest_timeout(self._settings.linger_s, self.idle_since, now, self.server.has_clients())
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def _tick(self, now: float) -> None:
         """Each step guarded on its own: nothing that raises may end the loop that sees deaths."""
@@ -403,6 +448,7 @@ class Keeper:
     async def probe_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self.stop_event.is_set():
+            await self.active.wait()
             t0 = time.monotonic()
             try:
                 targets = self.supervision.targets()
@@ -432,7 +478,7 @@ class Keeper:
         return sample
 
     def _check_linger(self, now: float) -> None:
-        if self.proc is not None or self.server.has_clients():
+        if not self.quiet().idle or self.server.has_clients():
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now

@@ -1,0 +1,56 @@
+"""When a keeper may rest (keeper.rest) and what "live" means (run.live): the pure parts."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainroom.core import protocol as p
+from trainroom.core.keeper.rest import Quiet, at_rest, rest_timeout
+from trainroom.core.run.live import runs_trainer
+from trainroom.core.run.summary import RunSummary
+from trainroom.core.samples import Leftover, ProcsSample
+
+IDLE = Quiet(trainer=False, ending=False, acting=False, verifying=False)
+
+
+@pytest.mark.parametrize("busy", ["trainer", "ending", "acting", "verifying"])
+def test_anything_still_running_or_owed_keeps_the_keeper_awake(busy: str) -> None:
+    q = Quiet(**{**dict.fromkeys(("trainer", "ending", "acting", "verifying"), False), busy: True})
+    assert not q.idle
+    assert not at_rest(q, 10.0, p.ProbeSample(t=11.0))
+
+
+def test_it_rests_only_after_a_probe_taken_after_the_end() -> None:
+    assert IDLE.idle
+    assert not at_rest(IDLE, 10.0, None)
+    assert not at_rest(IDLE, 10.0, p.ProbeSample(t=9.9))
+    assert at_rest(IDLE, 10.0, p.ProbeSample(t=10.5, procs=ProcsSample()))
+    assert at_rest(IDLE, None, None)  # no attempt ever ran
+
+
+def test_a_process_of_the_run_left_behind_is_watched_on() -> None:
+    left = ProcsSample(leftovers=[Leftover(pid=42, attempt=1, cmdline=["python"])])
+    assert not at_rest(IDLE, 10.0, p.ProbeSample(t=11.0, procs=left))
+
+
+def test_the_rest_lasts_the_linger_or_until_woken_while_a_client_is_connected() -> None:
+    assert rest_timeout(60.0, None, 100.0, clients=True) is None
+    assert rest_timeout(60.0, 100.0, 130.0, clients=False) == pytest.approx(30.01)
+    assert rest_timeout(60.0, None, 130.0, clients=False) == pytest.approx(60.01)
+    assert rest_timeout(60.0, 0.0, 130.0, clients=False) == pytest.approx(0.01)
+
+
+def _summary(**kw: object) -> RunSummary:
+    return RunSummary(run_id="r", created=0.0, status="running", **kw)  # type: ignore[arg-type]
+
+
+def test_live_means_a_trainer_runs() -> None:
+    assert not runs_trainer(False, None, False, False)  # no keeper: never live
+    assert runs_trainer(True, None, False, False)  # a keeper without a summary yet
+    ended = _summary(attempt=1, attempt_ended=True)
+    assert not runs_trainer(True, ended, True, False)
+    # An ended summary the journal has outgrown may predate a new attempt: still counted.
+    assert runs_trainer(True, ended, False, False)
+    running = _summary(attempt=1, attempt_ended=False, pid=1234)
+    assert runs_trainer(True, running, False, True)
+    assert not runs_trainer(True, running, False, False)  # its pid is gone: it ended since
