@@ -327,6 +327,14 @@ async def test_the_one_run_training_opens_directly_past_lingering_keepers(tmp_pa
     assert app.run_id == "training"
 
 
+def test_an_overview_row_is_live_only_while_its_trainer_runs(tmp_path) -> None:
+    info = run_info("r", str(tmp_path), created=T0)
+    assert row_of(info, build_state(healthy_records(steps=3)), True).training
+    ended = row_of(info, build_state(dead_run_records()), True)  # its keeper stays after the death
+    assert ended.keeper and not ended.training
+    assert not row_of(info, build_state(healthy_records(steps=3)), False).training
+
+
 def test_the_runs_overview_reads_a_finished_runs_summary_not_its_journal(tmp_path) -> None:
     infos = [
         run_info("run-a", str(tmp_path), alive=False, created=T0),

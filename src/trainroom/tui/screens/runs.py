@@ -67,7 +67,7 @@ class RunsScreen(Screen[str | None]):
         table.focus()
 
     def _title(self) -> str:
-        live = sum(1 for r in self.rows if r.keeper)
+        live = sum(1 for r in self.rows if r.training)
         base = self.title_text or f"runs: {len(self.rows)}, {live} live"
         way = "descending" if not self.reverse else "reversed"
         return f"{base} · sorted by {self.sort_by} ({way})"
