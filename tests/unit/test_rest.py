@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainroom.core import protocol as p
-from trainroom.core.keeper.rest import Quiet, at_rest, rest_timeout
+from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, rest_timeout
 from trainroom.core.run.live import runs_trainer
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.samples import Leftover, ProcsSample
@@ -33,11 +33,21 @@ def test_a_process_of_the_run_left_behind_is_watched_on() -> None:
     assert not at_rest(IDLE, 10.0, p.ProbeSample(t=11.0, procs=left))
 
 
-def test_the_rest_lasts_the_linger_or_until_woken_while_a_client_is_connected() -> None:
-    assert rest_timeout(60.0, None, 100.0, clients=True) is None
-    assert rest_timeout(60.0, 100.0, 130.0, clients=False) == pytest.approx(30.01)
-    assert rest_timeout(60.0, None, 130.0, clients=False) == pytest.approx(60.01)
-    assert rest_timeout(60.0, 0.0, 130.0, clients=False) == pytest.approx(0.01)
+def test_the_rest_lasts_the_linger_or_until_woken_while_a_viewer_is_attached() -> None:
+    assert rest_timeout(60.0, None, 100.0, viewers=True, others=True) is None
+    assert rest_timeout(60.0, 100.0, 130.0, viewers=False, others=False) == pytest.approx(30.01)
+    assert rest_timeout(60.0, 100.0, 130.0, viewers=False, others=True) == pytest.approx(30.01)
+    assert rest_timeout(60.0, None, 130.0, viewers=False, others=False) == pytest.approx(60.01)
+    assert rest_timeout(60.0, 0.0, 130.0, viewers=False, others=False) == pytest.approx(0.01)
+    # Past the linger with a `status` still being answered: it waits for that client to leave.
+    assert rest_timeout(60.0, 0.0, 130.0, viewers=False, others=True) is None
+
+
+def test_only_the_linger_without_a_client_being_answered_ends_the_keeper() -> None:
+    assert not linger_over(60.0, None, 1000.0, others=False)
+    assert not linger_over(60.0, 950.0, 1000.0, others=False)
+    assert linger_over(60.0, 900.0, 1000.0, others=False)
+    assert not linger_over(60.0, 900.0, 1000.0, others=True)
 
 
 def _summary(**kw: object) -> RunSummary:

@@ -37,7 +37,7 @@ from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.rest import Quiet, at_rest, rest_timeout
+from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, rest_timeout
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
@@ -55,7 +55,7 @@ TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest w
 PROBE_S = 1.0
 FINDING_REJOURNAL_S = 10.0
 FINDING_REFRESH_S = 1.0
-REST_NOTE = "the run has ended and nothing is in flight: the keeper rests (no probes) and exits {linger:.0f} s after the last client leaves"
+REST_NOTE = "the run has ended and nothing is in flight: the keeper rests (no probes) and exits once {linger:.0f} s pass with no viewer attached"
 FLOOR_WAIT_S = 5.0  # the longest an attempt's start waits to read the devices' memory floor
 
 
@@ -429,7 +429,13 @@ class Keeper:
             self.flush()
             self.journal.write_summary()  # `runs` and the picker read the ended run at once
         self.wake.clear()
-        timeout = rest_timeout(self._settings.linger_s, self.idle_since, now, self.server.has_clients())
+        timeout = rest_timeout(
+            self._settings.linger_s,
+            self.idle_since,
+            now,
+            viewers=self.server.has_viewers(),
+            others=self.server.has_clients(),
+        )
         try:
             await asyncio.wait_for(self.wake.wait(), timeout)
         except TimeoutError:
@@ -478,11 +484,11 @@ class Keeper:
         return sample
 
     def _check_linger(self, now: float) -> None:
-        if not self.quiet().idle or self.server.has_clients():
+        if not self.quiet().idle or self.server.has_viewers():
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
-        elif now - self.idle_since > self._settings.linger_s:
+        elif linger_over(self._settings.linger_s, self.idle_since, now, others=self.server.has_clients()):
             self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._settings.linger_s:.0f} s idle"))
             self.stop_event.set()
 

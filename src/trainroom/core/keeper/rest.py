@@ -39,10 +39,22 @@ def at_rest(q: Quiet, ended_at: float | None, probe: p.ProbeSample | None) -> bo
     return procs is None or not (procs.leftovers or procs.duplicates or procs.states)
 
 
-def rest_timeout(linger_s: float, idle_since: float | None, now: float, clients: bool) -> float | None:
-    """How long a resting keeper sleeps before it looks at its linger again: until the linger
-    is over, or (None) until something wakes it while a client is connected."""
-    if clients:
+def rest_timeout(
+    linger_s: float, idle_since: float | None, now: float, *, viewers: bool, others: bool
+) -> float | None:
+    """How long a resting keeper sleeps before it looks at its linger again: until the linger is
+    over, or (None) until something wakes it: while a viewer (a live subscription) is attached,
+    and past the linger while another client (a `status`, an action's plan) is still answered."""
+    if viewers:
         return None
     since = now if idle_since is None else idle_since
-    return max(0.0, since + linger_s - now) + 0.01
+    left = since + linger_s - now
+    if left <= 0 and others:
+        return None
+    return max(0.0, left) + 0.01
+
+
+def linger_over(linger_s: float, idle_since: float | None, now: float, *, others: bool) -> bool:
+    """The keeper exits: idle for its linger with no viewer, and no other client being answered.
+    Only a viewer restarts the linger: a `runs` or `status` that reads the run does not."""
+    return idle_since is not None and now - idle_since > linger_s and not others
