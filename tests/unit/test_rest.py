@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainroom.core import protocol as p
-from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, rest_timeout
+from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_timeout
 from trainroom.core.run.live import runs_trainer
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.samples import Leftover, ProcsSample
@@ -26,6 +26,13 @@ def test_it_rests_only_after_a_probe_taken_after_the_end() -> None:
     assert not at_rest(IDLE, 10.0, p.ProbeSample(t=9.9))
     assert at_rest(IDLE, 10.0, p.ProbeSample(t=10.5, procs=ProcsSample()))
     assert at_rest(IDLE, None, None)  # no attempt ever ran
+
+
+def test_a_finding_about_the_machine_keeps_the_probes_going_until_it_clears() -> None:
+    assert machine_open(["ORPHAN_CONTEXT"]) and machine_open(["NONFINITE", "DISK_HIGH"])
+    assert not machine_open(["NONFINITE", "CKPT_REJECTED", "DEAD"])
+    assert not at_rest(IDLE, 10.0, p.ProbeSample(t=11.0), machine=True)
+    assert at_rest(IDLE, 10.0, p.ProbeSample(t=11.0), machine=False)
 
 
 def test_a_process_of_the_run_left_behind_is_watched_on() -> None:

@@ -37,7 +37,7 @@ from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, rest_timeout
+from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_timeout
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
@@ -416,8 +416,12 @@ class Keeper:
         )
 
     def _at_rest(self) -> bool:
+        q = self.quiet()
+        if not q.idle:
+            return False  # the common case, each tick of a training run: nothing more to read
         a = self.state.attempt
-        return at_rest(self.quiet(), a.ended_at if a is not None else None, self.state.probe)
+        machine = machine_open(f.code for f in self.state.findings.values())
+        return at_rest(q, a.ended_at if a is not None else None, self.state.probe, machine=machine)
 
     async def _rest(self, now: float) -> None:
         """No tick and no probe until something can change the run, or the linger is over."""

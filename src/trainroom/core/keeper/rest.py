@@ -7,9 +7,16 @@ linger unless a client is connected. Pure: the keeper gathers the facts on its l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.vocab import CATALOGUE, FindingCode
+
+# Findings about the machine (GPU memory still held, a stale lock, a full disk) can clear by
+# themselves after the run ended: while one is open the probes go on, so it is seen to clear.
+MACHINE_FAMILIES = frozenset({"gpu", "host", "disk"})
 
 
 class Quiet(msgspec.Struct, kw_only=True, frozen=True):
@@ -26,10 +33,16 @@ class Quiet(msgspec.Struct, kw_only=True, frozen=True):
         return not (self.trainer or self.ending or self.acting or self.verifying)
 
 
-def at_rest(q: Quiet, ended_at: float | None, probe: p.ProbeSample | None) -> bool:
-    """Idle, and a probe taken after the end found no process of the run left (a leftover or a
-    duplicate can still release memory or take the run's files: those are watched on)."""
-    if not q.idle:
+def machine_open(codes: Iterable[FindingCode]) -> bool:
+    """Whether one of these open findings is about the machine (MACHINE_FAMILIES)."""
+    return any(CATALOGUE[c].family in MACHINE_FAMILIES for c in codes if c in CATALOGUE)
+
+
+def at_rest(q: Quiet, ended_at: float | None, probe: p.ProbeSample | None, *, machine: bool = False) -> bool:
+    """Idle, no finding about the machine open (`machine`), and a probe taken after the end found
+    no process of the run left (a leftover or a duplicate can still release memory or take the
+    run's files: those are watched on)."""
+    if not q.idle or machine:
         return False
     if ended_at is None:
         return True  # no attempt ever started (could not start): nothing to watch
