@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainroom.core import protocol as p
-from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_timeout
+from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_wait
 from trainroom.core.run.live import runs_trainer
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.samples import Leftover, ProcsSample
@@ -40,14 +40,30 @@ def test_a_process_of_the_run_left_behind_is_watched_on() -> None:
     assert not at_rest(IDLE, 10.0, p.ProbeSample(t=11.0, procs=left))
 
 
-def test_the_rest_lasts_the_linger_or_until_woken_while_a_viewer_is_attached() -> None:
-    assert rest_timeout(60.0, None, 100.0, viewers=True, others=True) is None
-    assert rest_timeout(60.0, 100.0, 130.0, viewers=False, others=False) == pytest.approx(30.01)
-    assert rest_timeout(60.0, 100.0, 130.0, viewers=False, others=True) == pytest.approx(30.01)
-    assert rest_timeout(60.0, None, 130.0, viewers=False, others=False) == pytest.approx(60.01)
-    assert rest_timeout(60.0, 0.0, 130.0, viewers=False, others=False) == pytest.approx(0.01)
-    # Past the linger with a `status` still being answered: it waits for that client to leave.
-    assert rest_timeout(60.0, 0.0, 130.0, viewers=False, others=True) is None
+def test_it_rests_only_after_a_probe_that_read_the_last_checkpoint_verdict() -> None:
+    # A verdict at 12 s after an end at 10 s: the probe at 11 s predates it (the latest checkpoint
+    # and the disk it read are stale), the one at 12.5 s does not.
+    assert not at_rest(IDLE, 10.0, p.ProbeSample(t=11.0, procs=ProcsSample()), settled_at=12.0)
+    assert at_rest(IDLE, 10.0, p.ProbeSample(t=12.5, procs=ProcsSample()), settled_at=12.0)
+    assert at_rest(IDLE, 10.0, p.ProbeSample(t=12.5, procs=ProcsSample()), settled_at=3.0)
+
+
+def test_a_resting_keeper_looks_again_each_rest_probe_or_when_its_linger_ends() -> None:
+    # A viewer attached: the rest cadence, however long past the linger.
+    assert rest_wait(5.0, 60.0, 0.0, 1000.0, viewers=True, others=True) == 5.0
+    # The linger ends in 30 s: the next look is a rest probe away.
+    assert rest_wait(5.0, 60.0, 100.0, 130.0, viewers=False, others=False) == 5.0
+    # The linger ends in 2 s: the look is then, not a rest probe away.
+    assert rest_wait(5.0, 60.0, 100.0, 158.0, viewers=False, others=False) == pytest.approx(2.01)
+    assert rest_wait(5.0, 60.0, 0.0, 130.0, viewers=False, others=False) == pytest.approx(0.01)
+    # Past the linger with a `status` still being answered: it looks again at the rest cadence
+    # (the client's close wakes it sooner).
+    assert rest_wait(5.0, 60.0, 0.0, 130.0, viewers=False, others=True) == 5.0
+
+
+def test_a_watched_checkpoint_still_settling_is_in_flight() -> None:
+    q = Quiet(trainer=False, ending=False, acting=False, verifying=True)
+    assert not q.idle and not at_rest(q, 10.0, p.ProbeSample(t=11.0))
 
 
 def test_only_the_linger_without_a_client_being_answered_ends_the_keeper() -> None:

@@ -170,6 +170,8 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The run's own log pattern; None: the built-in recognisers (core/logformats).
     log_pattern: str | None
     linger_s: float
+    # Seconds between the probes of a resting keeper (keeper.rest).
+    rest_probe_s: float
     auto_resume: int
     auto_resume_delay_s: float | None
     auto_resume_policy: cfg.AutoResume
@@ -214,7 +216,7 @@ def resolve(
     script may offer a resume template (core/frameworks) when neither names one."""
     lock_files = list(options.lock_files)
     lock_files += [f for f in config.lock_files if f not in lock_files]
-    linger = options.linger_s if options.linger_s is not None else DEFAULT_LINGER_S
+    linger = options.linger_s if options.linger_s is not None else config.keeper.linger_s
     recognised = recognise(list(argv), cwd) if argv else None
     template, template_from = resume_template(options, config, recognised)
     return RunSettings(
@@ -225,6 +227,7 @@ def resolve(
         keep_verified_copies=options.keep_verified_copies,
         log_pattern=options.log_pattern or config.log.pattern,
         linger_s=linger if math.isfinite(linger) else DEFAULT_LINGER_S,
+        rest_probe_s=config.keeper.rest_probe_s,
         auto_resume=options.auto_resume if options.auto_resume is not None else config.auto_resume.max,
         auto_resume_delay_s=options.auto_resume_delay_s,
         auto_resume_policy=config.auto_resume,

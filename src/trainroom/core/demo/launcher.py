@@ -37,37 +37,88 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
         default="cpu",
         help="cpu (default), or cuda / cuda:N: train on that GPU, faults included",
     )
-    sp.add_argument("--fault", choices=FAULTS, default="none", help="reproduce one scenario of SCENARIOS.md")
-    sp.add_argument("--fault-step", type=argtypes.count(1, 10**9), default=None)
+    sp.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default="none",
+        metavar="NAME",
+        help="play one failure trainroom catches, for real: " + ", ".join(FAULTS) + " (docs/scenarios.md)",
+    )
+    sp.add_argument(
+        "--fault-step",
+        type=argtypes.count(1, 10**9),
+        default=None,
+        metavar="N",
+        help="the step the fault fires at (default 30)",
+    )
     sp.add_argument(
         "--steps",
         type=argtypes.count(1, 10**9),
         default=None,
-        help=f"stop after this many steps (default {DEMO_STEPS}, a few minutes on a CPU; past --fault-step)",
+        metavar="N",
+        help=f"end after N steps (default {DEMO_STEPS}, a few minutes on a CPU; "
+        f"{DEMO_STEPS_PAST_FAULT} past --fault-step when that is later)",
     )
-    sp.add_argument("--forever", action="store_true", help="train until stopped (`trainroom kill`)")
+    sp.add_argument(
+        "--forever", action="store_true", help="train until stopped (`trainroom kill RUN`), not N steps"
+    )
     sp.add_argument(
         "--ranks",
         type=argtypes.count(1, 64),
         default=None,
-        help="run under torchrun with this many CPU ranks (gloo)",
+        metavar="N",
+        help="run under torchrun with N CPU ranks (gloo; default 1, 2 for --fault rank-outlier)",
     )
-    sp.add_argument("--lr", type=argtypes.positive(10.0), default=None)
+    sp.add_argument(
+        "--lr",
+        type=argtypes.positive(10.0),
+        default=None,
+        help="the learning rate (default 3e-3; 1e-4 under --fault lr-override)",
+    )
     sp.add_argument(
         "--step-delay",
         type=argtypes.seconds(0, 60),
         default=0.05,
-        help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)",
+        metavar="SECONDS",
+        help="sleep per step, so the demo is watchable (default 0.05; 0 = flat out)",
     )
-    sp.add_argument("--ckpt-every", type=argtypes.count(1, 10**9), default=None)
-    sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
+    sp.add_argument(
+        "--ckpt-every",
+        type=argtypes.count(1, 10**9),
+        default=None,
+        metavar="N",
+        help="save a checkpoint every N steps (default 50)",
+    )
+    sp.add_argument(
+        "--tracer", action="store_true", help="name the first module whose output goes non-finite"
+    )
     sp.add_argument(
         "--no-tui", action="store_true", help="print status lines instead of opening the control room"
     )
-    sp.add_argument("--detach", action="store_true", help="print the run id and return")
-    sp.add_argument("--auto-resume", type=argtypes.count(0, 100), default=None, metavar="N")
-    sp.add_argument("--linger", dest="linger_s", type=argtypes.seconds(0, 30 * 86400), default=None)
-    sp.add_argument("--theme", dest="watch_theme")
+    sp.add_argument(
+        "--detach", action="store_true", help="print the run id and return (`trainroom watch RUN` opens it)"
+    )
+    sp.add_argument(
+        "--auto-resume",
+        type=argtypes.count(0, 100),
+        default=None,
+        metavar="N",
+        help="resume by itself from the last verified checkpoint, at most N times (default 0: off)",
+    )
+    sp.add_argument(
+        "--linger",
+        dest="linger_s",
+        type=argtypes.seconds(0, 30 * 86400),
+        default=None,
+        metavar="SECONDS",
+        help="how long the keeper stays after the trainer ends with no control room attached (default 60)",
+    )
+    sp.add_argument(
+        "--theme",
+        dest="watch_theme",
+        metavar="NAME",
+        help="the control room's theme (trainroom-dark, trainroom-light, trainroom-contrast, ...)",
+    )
     sp.set_defaults(func=func)
 
 

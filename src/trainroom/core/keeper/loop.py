@@ -15,6 +15,7 @@ processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -37,7 +38,7 @@ from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_timeout
+from trainroom.core.keeper.rest import Quiet, at_rest, awake_why, linger_over, machine_open, rest_wait
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
@@ -55,7 +56,11 @@ TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest w
 PROBE_S = 1.0
 FINDING_REJOURNAL_S = 10.0
 FINDING_REFRESH_S = 1.0
-REST_NOTE = "the run has ended and nothing is in flight: the keeper rests (no probes) and exits once {linger:.0f} s pass with no viewer attached"
+REST_NOTE = (
+    "the run has ended and nothing is in flight: the keeper rests (a probe every {rest:.0f} s) and exits"
+    " once {linger:.0f} s pass with no viewer attached"
+)
+AWAKE_NOTE = "the keeper stops resting and probes each second again: "
 FLOOR_WAIT_S = 5.0  # the longest an attempt's start waits to read the devices' memory floor
 
 
@@ -92,8 +97,8 @@ class Keeper:
         self.tail = LogTail(self._log_path, self._settings.log_pattern)
         self.stop_event = asyncio.Event()
         self.idle_since: float | None = None
-        # Resting (keeper.rest): set by whatever can change the run, it wakes the tick loop;
-        # `active` is clear while the keeper rests, and the probe loop waits on it.
+        # Resting (keeper.rest): `wake` is set by whatever can change the run and wakes the tick
+        # loop; `active` is clear while the keeper rests, and the probe loop slows down then.
         self.wake = asyncio.Event()
         self.active = asyncio.Event()
         self.active.set()
@@ -403,16 +408,19 @@ class Keeper:
                 return
             if self._at_rest():
                 await self._rest(now)
-            else:
+                continue
+            if not self.active.is_set():
                 self.active.set()
-                await asyncio.sleep(TICK_S)
+                self.note(AWAKE_NOTE + self._awake_why())
+            await asyncio.sleep(TICK_S)
 
     def quiet(self) -> Quiet:
+        pipe = self.pipeline
         return Quiet(
             trainer=self.trainer_alive() or (self.state.attempt is not None and self.state.attempt.alive),
             ending=self._ending is not None and not self._ending.done(),
             acting=self.actions.busy,
-            verifying=bool(self.pipeline.in_flight()),
+            verifying=bool(pipe.in_flight()) or pipe.settling(),
         )
 
     def _at_rest(self) -> bool:
@@ -421,24 +429,28 @@ class Keeper:
             return False  # the common case, each tick of a training run: nothing more to read
         a = self.state.attempt
         machine = machine_open(f.code for f in self.state.findings.values())
-        return at_rest(q, a.ended_at if a is not None else None, self.state.probe, machine=machine)
+        ended = a.ended_at if a is not None else None
+        return at_rest(q, ended, self.state.probe, machine=machine, settled_at=self.pipeline.settled_at)
+
+    def _awake_why(self) -> str:
+        machine = machine_open(f.code for f in self.state.findings.values())
+        return awake_why(self.quiet(), self.state.probe, machine=machine)
 
     async def _rest(self, now: float) -> None:
-        """No tick and no probe until something can change the run, or the linger is over."""
+        """A tick after each slow probe, or sooner when something can change the run, or when
+        the linger is over."""
+        rest_s = self._settings.rest_probe_s
         if self.active.is_set():
             self.active.clear()
             linger = self._settings.linger_s
-            self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(linger=linger)))
+            self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(rest=rest_s, linger=linger)))
             self.server.flush()
             self.flush()
             self.journal.write_summary()  # `runs` and the picker read the ended run at once
         self.wake.clear()
-        timeout = rest_timeout(
-            self._settings.linger_s,
-            self.idle_since,
-            now,
-            viewers=self.server.has_viewers(),
-            others=self.server.has_clients(),
+        viewers, others = self.server.has_viewers(), self.server.has_clients()
+        timeout = rest_wait(
+            rest_s, self._settings.linger_s, self.idle_since, now, viewers=viewers, others=others
         )
         try:
             await asyncio.wait_for(self.wake.wait(), timeout)
@@ -458,7 +470,6 @@ class Keeper:
     async def probe_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self.stop_event.is_set():
-            await self.active.wait()
             t0 = time.monotonic()
             try:
                 targets = self.supervision.targets()
@@ -468,8 +479,14 @@ class Keeper:
                 why = f"host probe failed: {type(exc).__name__}: {exc}"
                 sample = p.ProbeSample(t=now, host=HostSample(t=now, available=False, reason=why))
             self.emit(sample, journal=False)
-            # Re-arm only after the previous probe ended, so probes never overlap.
-            await asyncio.sleep(max(0.05, PROBE_S - (time.monotonic() - t0)))
+            # Re-arm only after the previous probe ended, so probes never overlap; a resting
+            # keeper probes every rest_probe_s, and at once when it stops resting.
+            if self.active.is_set():
+                await asyncio.sleep(max(0.05, PROBE_S - (time.monotonic() - t0)))
+                continue
+            with contextlib.suppress(TimeoutError):
+                left = self._settings.rest_probe_s - (time.monotonic() - t0)
+                await asyncio.wait_for(self.active.wait(), max(0.05, left))
 
     def _probe(self, targets: object) -> p.ProbeSample:
         """One probe cycle (worker thread): the sweep, then the checkpoint disk."""
