@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from trainroom.core import protocol as p
+from trainroom.core.ckpt import watch
+from trainroom.core.ckpt.report import VerifyReport
+from trainroom.core.keeper.pipeline import settling
 from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_wait
 from trainroom.core.run.live import runs_trainer
 from trainroom.core.run.summary import RunSummary
@@ -31,6 +34,7 @@ def test_it_rests_only_after_a_probe_taken_after_the_end() -> None:
 def test_a_finding_about_the_machine_keeps_the_probes_going_until_it_clears() -> None:
     assert machine_open(["ORPHAN_CONTEXT"]) and machine_open(["NONFINITE", "DISK_HIGH"])
     assert not machine_open(["NONFINITE", "CKPT_REJECTED", "DEAD"])
+    assert not machine_open(["DRVFS_CHECKPOINTS"])  # a mount that never changes by itself
     assert not at_rest(IDLE, 10.0, p.ProbeSample(t=11.0), machine=True)
     assert at_rest(IDLE, 10.0, p.ProbeSample(t=11.0), machine=False)
 
@@ -87,3 +91,19 @@ def test_live_means_a_trainer_runs() -> None:
     running = _summary(attempt=1, attempt_ended=False, pid=1234)
     assert runs_trainer(True, running, False, True)
     assert not runs_trainer(True, running, False, False)  # its pid is gone: it ended since
+
+
+def test_a_watched_checkpoint_owes_a_verdict_from_its_first_sighting_to_its_verdict() -> None:
+    seen = [watch.Sighting(path="/o/ckpt.pt", size=100, mtime_ns=1, ino=7)]
+    state, _requests, _recs = watch.poll(watch.WatchState(), seen, 10.0)
+    assert settling(state)  # sighted, still settling
+    state, requests, _recs = watch.poll(state, seen, 10.0 + watch.SETTLE_S)
+    assert requests and settling(state)  # asked to be verified
+    state, _recs, stood = watch.record_verdict(state, requests[0], _report(), seen[0], 13.0)
+    assert stood and not settling(state)  # judged: nothing owed
+    empty = [watch.Sighting(path="/o/empty.pt", size=0, mtime_ns=1, ino=8)]
+    assert not settling(watch.poll(watch.WatchState(), empty, 10.0)[0])  # never verified, owes nothing
+
+
+def _report() -> VerifyReport:
+    return VerifyReport(path="/o/ckpt.pt", ok=True)

@@ -103,6 +103,13 @@ def outside_root(path: str, why: str) -> Finding:
     )
 
 
+def settling(state: watch.WatchState) -> bool:
+    """A watched checkpoint still being written or settling (a non-empty version not yet judged),
+    or being verified: a verdict is owed, so the keeper does not rest meanwhile. An empty file
+    is never verified (`watch.poll`): it owes nothing."""
+    return any(f.state == "verifying" or (f.state == "settling" and f.size > 0) for f in state.files.values())
+
+
 class _Job(msgspec.Struct, kw_only=True):
     key: str
     path: str
@@ -159,12 +166,8 @@ class CheckpointPipeline:
         return sorted(((j.path, j.queued_at) for j in self._jobs.values()), key=lambda x: x[1])
 
     def settling(self) -> bool:
-        """A watched checkpoint is still being written or settling (a non-empty version not yet
-        verified): it will be verified, so the keeper does not rest meanwhile."""
-        return any(
-            f.state == "verifying" or (f.state == "settling" and f.size > 0)
-            for f in self.watch_state.files.values()
-        )
+        """A watched checkpoint is still being written, settling or verified: see `settling`."""
+        return settling(self.watch_state)
 
     async def wait_in_flight(self, bound_s: float, say: Callable[[str], None]) -> list[tuple[str, float]]:
         """A checkpoint saved just before a death may still be in the verifier: a resume waits for

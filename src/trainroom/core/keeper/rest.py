@@ -23,6 +23,8 @@ from trainroom.core.vocab import CATALOGUE, FindingCode
 # Findings about the machine (GPU memory still held, a stale lock, a full disk) can clear by
 # themselves after the run ended: while one is open the probes keep their full cadence.
 MACHINE_FAMILIES = frozenset({"gpu", "host", "disk"})
+# ...but not one that never changes by itself: checkpoints on a Windows drive stay there.
+NEVER_CLEARS: frozenset[FindingCode] = frozenset({"DRVFS_CHECKPOINTS"})
 
 
 class Quiet(msgspec.Struct, kw_only=True, frozen=True):
@@ -41,7 +43,9 @@ class Quiet(msgspec.Struct, kw_only=True, frozen=True):
 
 def machine_open(codes: Iterable[FindingCode]) -> bool:
     """Whether one of these open findings is about the machine (MACHINE_FAMILIES)."""
-    return any(CATALOGUE[c].family in MACHINE_FAMILIES for c in codes if c in CATALOGUE)
+    return any(
+        CATALOGUE[c].family in MACHINE_FAMILIES for c in codes if c in CATALOGUE and c not in NEVER_CLEARS
+    )
 
 
 def at_rest(
