@@ -252,3 +252,20 @@ def test_the_demo_ends_by_itself(trhome: Path) -> None:
     done = run_cli("demo", "--no-tui", "--steps", "20", "--step-delay", "0", timeout=START_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "EXITED (exited 0)" in done.stdout and "step 20" in done.stdout, done.stdout
+
+
+def test_trainroom_toml_sets_the_linger_the_longer_linger_after_a_death_and_the_rest_probe(
+    trhome: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "trainroom.toml").write_text(
+        "[keeper]\nlinger_s = 1\ndead_linger_s = 600\nrest_probe_s = 2\n"
+    )
+    script = tmp_path / "dies.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    info = launch([sys.executable, str(script)], LaunchOptions(), cwd=str(tmp_path))
+    rest = wait_for(lambda: _rested(info), timeout=60, what="the dead run's keeper to rest")
+    # Died: it waits for a resume the dead linger, not the 1 s of an ended run.
+    assert "a probe every 2 s" in rest.message and "once 600 s pass" in rest.message, rest.message
+    assert status(info)["state"] == "dead" and _keeper_alive(info)
+    done = run_cli("stop-keeper", info.run_id)
+    assert done.returncode == 0 and "exited" in done.stdout, done

@@ -279,6 +279,9 @@ class KeeperTimes(_Section):
     # Seconds a keeper stays after its trainer ended with no viewer attached (`--linger` overrides);
     # a status or runs read does not extend it, a control room or `events --follow` does.
     linger_s: NonNegative = 60.0
+    # The same for a run whose trainer died (DEAD): its resume needs the keeper, and a person
+    # reading an alert comes back later than a minute. A resting keeper costs ~0.1 % of a core.
+    dead_linger_s: NonNegative = 3600.0
     # Seconds between the probes of a resting keeper (its run ended, nothing in flight): it still
     # sees a leftover process, GPU memory released, a checkpoint written after the end.
     rest_probe_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0

@@ -170,6 +170,8 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The run's own log pattern; None: the built-in recognisers (core/logformats).
     log_pattern: str | None
     linger_s: float
+    # The linger of a run whose trainer died (DEAD): its resume is the next step, often later.
+    dead_linger_s: float
     # Seconds between the probes of a resting keeper (keeper.rest).
     rest_probe_s: float
     auto_resume: int
@@ -217,6 +219,7 @@ def resolve(
     lock_files = list(options.lock_files)
     lock_files += [f for f in config.lock_files if f not in lock_files]
     linger = options.linger_s if options.linger_s is not None else config.keeper.linger_s
+    dead_linger = options.linger_s if options.linger_s is not None else config.keeper.dead_linger_s
     recognised = recognise(list(argv), cwd) if argv else None
     template, template_from = resume_template(options, config, recognised)
     return RunSettings(
@@ -227,6 +230,7 @@ def resolve(
         keep_verified_copies=options.keep_verified_copies,
         log_pattern=options.log_pattern or config.log.pattern,
         linger_s=linger if math.isfinite(linger) else DEFAULT_LINGER_S,
+        dead_linger_s=dead_linger if math.isfinite(dead_linger) else DEFAULT_LINGER_S,
         rest_probe_s=config.keeper.rest_probe_s,
         auto_resume=options.auto_resume if options.auto_resume is not None else config.auto_resume.max,
         auto_resume_delay_s=options.auto_resume_delay_s,

@@ -111,7 +111,8 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
         type=argtypes.seconds(0, 30 * 86400),
         default=None,
         metavar="SECONDS",
-        help="how long the keeper stays after the trainer ends with no control room attached (default 60)",
+        help="how long the keeper stays after the trainer ends with no control room attached "
+        "(default 60; 3600 after a death, for its resume)",
     )
     sp.add_argument(
         "--theme",

@@ -442,15 +442,14 @@ class Keeper:
         rest_s = self._settings.rest_probe_s
         if self.active.is_set():
             self.active.clear()
-            linger = self._settings.linger_s
-            self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(rest=rest_s, linger=linger)))
+            self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(rest=rest_s, linger=self._linger_s())))
             self.server.flush()
             self.flush()
             self.journal.write_summary()  # `runs` and the picker read the ended run at once
         self.wake.clear()
         viewers, others = self.server.has_viewers(), self.server.has_clients()
         timeout = rest_wait(
-            rest_s, self._settings.linger_s, self.idle_since, now, viewers=viewers, others=others
+            rest_s, self._linger_s(), self.idle_since, now, viewers=viewers, others=others
         )
         try:
             await asyncio.wait_for(self.wake.wait(), timeout)
@@ -504,13 +503,17 @@ class Keeper:
             self.state_disk = None
         return sample
 
+    def _linger_s(self) -> float:
+        """A run whose trainer died waits longer for its resume (resting, it costs little)."""
+        return self._settings.dead_linger_s if self.state.status == "dead" else self._settings.linger_s
+
     def _check_linger(self, now: float) -> None:
         if not self.quiet().idle or self.server.has_viewers():
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
-        elif linger_over(self._settings.linger_s, self.idle_since, now, others=self.server.has_clients()):
-            self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._settings.linger_s:.0f} s idle"))
+        elif linger_over(self._linger_s(), self.idle_since, now, others=self.server.has_clients()):
+            self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._linger_s():.0f} s idle"))
             self.stop_event.set()
 
     # ------------------------------------------------------------------ main
