@@ -195,14 +195,17 @@ def test_a_checkpoint_written_just_before_the_end_is_verified_and_promoted(
         cwd=str(tmp_path),
     )
     ckpt = tmp_path / "out" / "ckpt.pt"
+    root = str(runs.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir))
+
+    def copies(d: dict[str, Any]) -> list[dict[str, Any]]:
+        return [c for c in d["checkpoints"] if c["state"] == "verified" and root in c["path"]]
+
     d = wait_for(
-        lambda: (s := status(info))["state"] == "exited" and _verified(s, ckpt) and s,
+        lambda: (s := status(info))["state"] == "exited" and _verified(s, ckpt) and copies(s) and s,
         timeout=START_S,
-        what="the run exited and its last checkpoint verified",
+        what="the run exited, its last checkpoint verified and a verified copy kept",
     )
-    root = runs.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir)
-    copies = [c for c in d["checkpoints"] if c["state"] == "verified" and str(root) in c["path"]]
-    assert copies and Path(copies[0]["path"]).is_file(), d["checkpoints"]
+    assert Path(copies(d)[0]["path"]).is_file(), d["checkpoints"]
     rest = wait_for(lambda: _rested(info), timeout=60, what="the keeper to rest")
     verdict = next(
         r

@@ -406,35 +406,36 @@ class Keeper:
             self._tick(now)
             if self.stop_event.is_set():
                 return
-            if self._at_rest():
+            # Guarded like the tick: a rest decision that raises is a fault, never the loop's end.
+            failed: str | None = "the rest check failed"
+            why = self.supervision.guard.call("keeper.rest", self._awake_why, failed)
+            if why is None:
                 await self._rest(now)
                 continue
             if not self.active.is_set():
                 self.active.set()
-                self.note(AWAKE_NOTE + self._awake_why())
+                self.note(AWAKE_NOTE + why)
             await asyncio.sleep(TICK_S)
 
     def quiet(self) -> Quiet:
-        pipe = self.pipeline
+        pipe, a = self.pipeline, self.state.attempt
         return Quiet(
-            trainer=self.trainer_alive() or (self.state.attempt is not None and self.state.attempt.alive),
+            trainer=self.trainer_alive() or (a is not None and a.alive),
             ending=self._ending is not None and not self._ending.done(),
             acting=self.actions.busy,
             verifying=bool(pipe.in_flight()) or pipe.settling(),
         )
 
-    def _at_rest(self) -> bool:
-        q = self.quiet()
+    def _awake_why(self) -> str | None:
+        """None: the keeper may rest (keeper.rest); else why it may not, in words."""
+        q, a, probe = self.quiet(), self.state.attempt, self.state.probe
         if not q.idle:
-            return False  # the common case, each tick of a training run: nothing more to read
-        a = self.state.attempt
+            return awake_why(q, probe, machine=False)  # each tick of a training run: read no more
         machine = machine_open(f.code for f in self.state.findings.values())
         ended = a.ended_at if a is not None else None
-        return at_rest(q, ended, self.state.probe, machine=machine, settled_at=self.pipeline.settled_at)
-
-    def _awake_why(self) -> str:
-        machine = machine_open(f.code for f in self.state.findings.values())
-        return awake_why(self.quiet(), self.state.probe, machine=machine)
+        if at_rest(q, ended, probe, machine=machine, settled_at=self.pipeline.settled_at):
+            return None
+        return awake_why(q, probe, machine=machine)
 
     async def _rest(self, now: float) -> None:
         """A tick after each slow probe, or sooner when something can change the run, or when
@@ -443,18 +444,16 @@ class Keeper:
         if self.active.is_set():
             self.active.clear()
             self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(rest=rest_s, linger=self._linger_s())))
-            self.server.flush()
-            self.flush()
-            self.journal.write_summary()  # `runs` and the picker read the ended run at once
+            g = self.supervision.guard
+            g.call("server.flush", self.server.flush, None)
+            g.call("journal.flush", self.flush, None)
+            # `runs` and the picker read the ended run at once.
+            g.call("journal.summary", self.journal.write_summary, None)
         self.wake.clear()
         viewers, others = self.server.has_viewers(), self.server.has_clients()
-        timeout = rest_wait(
-            rest_s, self._linger_s(), self.idle_since, now, viewers=viewers, others=others
-        )
-        try:
+        timeout = rest_wait(rest_s, self._linger_s(), self.idle_since, now, viewers=viewers, others=others)
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)
-        except TimeoutError:
-            pass
 
     def _tick(self, now: float) -> None:
         """Each step guarded on its own: nothing that raises may end the loop that sees deaths."""
