@@ -8,7 +8,7 @@ from trainroom.core import protocol as p
 from trainroom.core.ckpt import watch
 from trainroom.core.ckpt.report import VerifyReport
 from trainroom.core.keeper.pipeline import settling
-from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_wait
+from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open, rest_wait, why_awake
 from trainroom.core.run.live import runs_trainer
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.samples import Leftover, ProcsSample
@@ -107,3 +107,15 @@ def test_a_watched_checkpoint_owes_a_verdict_from_its_first_sighting_to_its_verd
 
 def _report() -> VerifyReport:
     return VerifyReport(path="/o/ckpt.pt", ok=True)
+
+
+def test_why_the_keeper_stays_awake_is_said_in_words() -> None:
+    ended, probe = 10.0, p.ProbeSample(t=11.0, procs=ProcsSample())
+    assert why_awake(IDLE, ended, probe, [], None) is None  # it rests
+    running = Quiet(trainer=True, ending=False, acting=False, verifying=False)
+    assert why_awake(running, ended, probe, [], None) == "a trainer runs"
+    assert why_awake(IDLE, ended, probe, ["GHOST_MEMORY"], None) == "a finding about the machine is open"
+    left = p.ProbeSample(
+        t=11.0, procs=ProcsSample(leftovers=[Leftover(pid=42, attempt=1, cmdline=["python"])])
+    )
+    assert why_awake(IDLE, ended, left, [], None) == "a process of the run is left behind"

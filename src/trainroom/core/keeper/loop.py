@@ -38,7 +38,7 @@ from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.rest import Quiet, at_rest, awake_why, linger_over, machine_open, rest_wait
+from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_over, rest_wait, why_awake
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.notify.alerts import Alerts
@@ -56,11 +56,6 @@ TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest w
 PROBE_S = 1.0
 FINDING_REJOURNAL_S = 10.0
 FINDING_REFRESH_S = 1.0
-REST_NOTE = (
-    "the run has ended and nothing is in flight: the keeper rests (a probe every {rest:.0f} s) and exits"
-    " once {linger:.0f} s pass with no viewer attached"
-)
-AWAKE_NOTE = "the keeper stops resting and probes each second again: "
 FLOOR_WAIT_S = 5.0  # the longest an attempt's start waits to read the devices' memory floor
 
 
@@ -428,14 +423,9 @@ class Keeper:
 
     def _awake_why(self) -> str | None:
         """None: the keeper may rest (keeper.rest); else why it may not, in words."""
-        q, a, probe = self.quiet(), self.state.attempt, self.state.probe
-        if not q.idle:
-            return awake_why(q, probe, machine=False)  # each tick of a training run: read no more
-        machine = machine_open(f.code for f in self.state.findings.values())
+        a, codes = self.state.attempt, [f.code for f in self.state.findings.values()]
         ended = a.ended_at if a is not None else None
-        if at_rest(q, ended, probe, machine=machine, settled_at=self.pipeline.settled_at):
-            return None
-        return awake_why(q, probe, machine=machine)
+        return why_awake(self.quiet(), ended, self.state.probe, codes, self.pipeline.settled_at)
 
     async def _rest(self, now: float) -> None:
         """A tick after each slow probe, or sooner when something can change the run, or when
@@ -479,12 +469,13 @@ class Keeper:
             self.emit(sample, journal=False)
             # Re-arm only after the previous probe ended, so probes never overlap; a resting
             # keeper probes every rest_probe_s, and at once when it stops resting.
-            if self.active.is_set():
-                await asyncio.sleep(max(0.05, PROBE_S - (time.monotonic() - t0)))
+            resting = not self.active.is_set()
+            left = max(0.05, (self._settings.rest_probe_s if resting else PROBE_S) - (time.monotonic() - t0))
+            if not resting:
+                await asyncio.sleep(left)
                 continue
             with contextlib.suppress(TimeoutError):
-                left = self._settings.rest_probe_s - (time.monotonic() - t0)
-                await asyncio.wait_for(self.active.wait(), max(0.05, left))
+                await asyncio.wait_for(self.active.wait(), left)
 
     def _probe(self, targets: object) -> p.ProbeSample:
         """One probe cycle (worker thread): the sweep, then the checkpoint disk."""

@@ -27,6 +27,13 @@ MACHINE_FAMILIES = frozenset({"gpu", "host", "disk"})
 NEVER_CLEARS: frozenset[FindingCode] = frozenset({"DRVFS_CHECKPOINTS"})
 
 
+REST_NOTE = (
+    "the run has ended and nothing is in flight: the keeper rests (a probe every {rest:.0f} s) and exits"
+    " once {linger:.0f} s pass with no viewer attached"
+)
+AWAKE_NOTE = "the keeper stops resting and probes each second again: "
+
+
 class Quiet(msgspec.Struct, kw_only=True, frozen=True):
     """What could still change the run, as the keeper knows it at one moment."""
 
@@ -86,6 +93,22 @@ def awake_why(q: Quiet, probe: p.ProbeSample | None, *, machine: bool) -> str:
         if busy:
             return why
     return "something changed"
+
+
+def why_awake(
+    q: Quiet,
+    ended_at: float | None,
+    probe: p.ProbeSample | None,
+    open_codes: Iterable[FindingCode],
+    settled_at: float | None,
+) -> str | None:
+    """None: the keeper may rest (`at_rest`); else why it may not, in words (`awake_why`)."""
+    if not q.idle:
+        return awake_why(q, probe, machine=False)  # each tick of a training run: read no more
+    machine = machine_open(open_codes)
+    if at_rest(q, ended_at, probe, machine=machine, settled_at=settled_at):
+        return None
+    return awake_why(q, probe, machine=machine)
 
 
 def rest_wait(
