@@ -59,6 +59,7 @@ def _launch(fault: str, trainer_extra: list[str], **kw: Any) -> runs.RunInfo:
         fault=fault,
         fault_step=kw.get("fault_step"),
         steps=kw.get("steps"),
+        forever=kw.get("steps") is None,
         lr=kw.get("lr"),
         step_delay=kw.get("step_delay"),
         ckpt_every=kw.get("ckpt_every"),

@@ -216,7 +216,7 @@ def test_tmux_demo_dead_resume_quit_reopen_kill(
     pane = pane_factory(size)
     pane.start(
         f"{shlex.quote(script)} demo --fault silent-death --fault-step {FAULT_STEP} "
-        f"--ckpt-every {CKPT_EVERY} --step-delay 0.02"
+        f"--ckpt-every {CKPT_EVERY} --step-delay 0.02 --forever"  # attempt 2 still runs at the kill
     )
     pane.wait(" DEAD ")
     assert pane.pane_size() == size

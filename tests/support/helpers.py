@@ -31,6 +31,7 @@ def start_demo(
         fault=fault,
         fault_step=fault_step,
         steps=steps,
+        forever=steps is None,  # a test's run without --steps trains until the test ends it
         lr=kw.pop("lr", None),
         step_delay=step_delay,
         ckpt_every=kw.pop("ckpt_every", None),

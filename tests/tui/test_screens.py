@@ -292,10 +292,47 @@ async def test_several_live_runs_open_the_runs_overview_to_pick_from(tmp_path) -
         await until(pilot, lambda: isinstance(app.screen, RunsScreen), "the runs overview")
         await pilot.pause()
         text = screen_text(app)
-        assert "2 live runs (of 2): pick one" in text and "run-newer" in text and "run-older" in text
+        assert "2 runs training (of 2): pick one" in text and "run-newer" in text and "run-older" in text
         await pilot.press("enter")  # the newest is highlighted first
         await until(pilot, lambda: app.state is not None, "the picked run's snapshot")
     assert app.run_id == "run-newer"
+
+
+@in_loop
+async def test_the_one_run_training_opens_directly_past_lingering_keepers(tmp_path) -> None:
+    # Three keepers live; two of them stay after their trainer ended (their fresh summaries say
+    # so): "live" is a trainer that runs, so the control room opens the one training run, no picker.
+    from trainroom.core.run import summary as summaries
+    from trainroom.core.run.store import JOURNAL_NAME
+
+    infos = []
+    for i, name in enumerate(("ended-a", "training", "ended-b")):
+        d = tmp_path / name
+        d.mkdir()
+        infos.append(run_info(name, str(d), created=T0 + i))
+        if name != "training":
+            (d / JOURNAL_NAME).write_bytes(b"x")
+            mark = summaries.journal_mark(d / JOURNAL_NAME)
+            summaries.write(
+                d,
+                RunSummary(run_id=name, created=T0 + i, status="exited", attempt=1, journal=mark),
+            )
+    links = {i.run_id: FakeLink(build_state(healthy_records(steps=2), run_id=i.run_id)) for i in infos}
+    app = ControlRoom(
+        None, source=FakeRuns(infos, links), clock=lambda: T0 + 100, theme_dirs=shipped_themes()
+    )
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state is not None, "the training run's snapshot")
+        assert not isinstance(app.screen, RunsScreen)
+    assert app.run_id == "training"
+
+
+def test_an_overview_row_is_live_only_while_its_trainer_runs(tmp_path) -> None:
+    info = run_info("r", str(tmp_path), created=T0)
+    assert row_of(info, build_state(healthy_records(steps=3)), True).training
+    ended = row_of(info, build_state(dead_run_records()), True)  # its keeper stays after the death
+    assert ended.keeper and not ended.training
+    assert not row_of(info, build_state(healthy_records(steps=3)), False).training
 
 
 def test_the_runs_overview_reads_a_finished_runs_summary_not_its_journal(tmp_path) -> None:

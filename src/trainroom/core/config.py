@@ -294,6 +294,18 @@ class Bench(_Section):
     seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
 
 
+class KeeperTimes(_Section):
+    # Seconds a keeper stays after its trainer ended with no viewer attached (`--linger` overrides);
+    # a status or runs read does not extend it, a control room or `events --follow` does.
+    linger_s: NonNegative = 60.0
+    # The same for a run whose trainer died (DEAD): its resume needs the keeper, and a person
+    # reading an alert comes back later than a minute. A resting keeper costs ~0.1 % of a core.
+    dead_linger_s: NonNegative = 3600.0
+    # Seconds between the probes of a resting keeper (its run ended, nothing in flight): it still
+    # sees a leftover process, GPU memory released, a checkpoint written after the end.
+    rest_probe_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
+
+
 class Log(_Section):
     # Log-line telemetry for uninstrumented trainers: a regex with named groups `step`, `loss`,
     # `lr`, `grad_norm` (without `step`, each matching line is a step). Unset: the built-in
@@ -323,6 +335,7 @@ class Config(_Section):
     hosts: dict[str, Host] = {}
     keys: Keys = msgspec.field(default_factory=Keys)
     journal: JournalPolicy = msgspec.field(default_factory=JournalPolicy)
+    keeper: KeeperTimes = msgspec.field(default_factory=KeeperTimes)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""

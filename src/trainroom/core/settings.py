@@ -23,7 +23,7 @@ from trainroom.core.frameworks import Recognised, recognise
 from trainroom.core.loglines import LogHints
 from trainroom.core.units import redact_command, redact_url
 
-DEFAULT_LINGER_S = 3600.0
+DEFAULT_LINGER_S = 60.0
 ENV_CKPT_ROOT = "TRAINROOM_CKPT_ROOT"
 ENV_SYS_ROOT = "TRAINROOM_SYS_ROOT"
 ENV_PROC_ROOT = "TRAINROOM_PROC_ROOT"
@@ -173,6 +173,10 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The run's own log pattern; None: the built-in recognisers (core/logformats).
     log_pattern: str | None
     linger_s: float
+    # The linger of a run whose trainer died (DEAD): its resume is the next step, often later.
+    dead_linger_s: float
+    # Seconds between the probes of a resting keeper (keeper.rest).
+    rest_probe_s: float
     auto_resume: int
     auto_resume_delay_s: float | None
     auto_resume_policy: cfg.AutoResume
@@ -224,7 +228,8 @@ def resolve(
     script may offer a resume template (core/frameworks) when neither names one."""
     lock_files = list(options.lock_files)
     lock_files += [f for f in config.lock_files if f not in lock_files]
-    linger = options.linger_s if options.linger_s is not None else DEFAULT_LINGER_S
+    linger = options.linger_s if options.linger_s is not None else config.keeper.linger_s
+    dead_linger = options.linger_s if options.linger_s is not None else config.keeper.dead_linger_s
     recognised = recognise(list(argv), cwd) if argv else None
     template, template_from = resume_template(options, config, recognised)
     return RunSettings(
@@ -235,6 +240,8 @@ def resolve(
         keep_verified_copies=options.keep_verified_copies,
         log_pattern=options.log_pattern or config.log.pattern,
         linger_s=linger if math.isfinite(linger) else DEFAULT_LINGER_S,
+        dead_linger_s=dead_linger if math.isfinite(dead_linger) else DEFAULT_LINGER_S,
+        rest_probe_s=config.keeper.rest_probe_s,
         auto_resume=options.auto_resume if options.auto_resume is not None else config.auto_resume.max,
         auto_resume_delay_s=options.auto_resume_delay_s,
         auto_resume_policy=config.auto_resume,

@@ -26,6 +26,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from trainroom.core.run.live import trainer_runs
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
@@ -214,20 +215,19 @@ class ControlRoom(CancelKey, App[int]):
             self.call_from_thread(self._open_run, info)
             return
         runs = self.source.list_runs()
-        live = [r for r in runs if r.alive]
+        live = [r for r in runs if trainer_runs(r)]  # a trainer runs: a lingering keeper is not live
         if len(live) == 1:
             self.call_from_thread(self._open_run, live[0])
         elif len(live) > 1:
             rows = self.overview.rows()
-            self.call_from_thread(self._pick_run, rows)
+            self.call_from_thread(self._pick_run, rows, len(live))
         elif runs:
             self.call_from_thread(self._open_run, max(runs, key=lambda r: r.created))
         else:
             self.call_from_thread(self._no_runs)
 
-    def _pick_run(self, rows: list[RunRow]) -> None:
-        live = sum(1 for r in rows if r.keeper)
-        title = f"{live} live runs (of {len(rows)}): pick one"
+    def _pick_run(self, rows: list[RunRow], live: int) -> None:
+        title = f"{live} runs training (of {len(rows)}): pick one"
         self.push_screen(RunsScreen(rows, self.clock(), None, title), self._picked)
 
     def _picked(self, run_id: str | None) -> None:

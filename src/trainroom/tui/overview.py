@@ -39,6 +39,7 @@ class RunRow:
     error: str | None = None  # why the run could not be read
     job: str | None = None  # the job this run is a node of
     nodes: int = 1  # a job's row stands for this many runs (its nodes here)
+    training: bool = False  # a trainer runs: what "live" means (a keeper staying after the end is not)
 
     @property
     def name(self) -> str:
@@ -63,6 +64,7 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
         run_id=info.run_id,
         state=status,
         keeper=keeper_alive,
+        training=keeper_alive and a is not None and a.alive,
         attempt=a.n if a else None,
         step=state.current_step() if state.ranks else (a.last_step if a else None),
         loss=loss,
@@ -124,6 +126,7 @@ def _job_row(nodes: list[RunRow]) -> RunRow:
         steps_per_s=min(rates) if rates else None,
         findings=sum(r.findings for r in nodes),
         keeper=any(r.keeper for r in nodes),
+        training=any(r.training for r in nodes),
         created=min(r.created for r in nodes),
         command="nodes: " + ", ".join(r.run_id for r in nodes),
         nodes=len(nodes),

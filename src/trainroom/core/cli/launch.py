@@ -109,7 +109,8 @@ def add_launch_options(sp: argparse.ArgumentParser) -> None:
         "--linger",
         dest="linger_s",
         type=argtypes.seconds(0, MAX_LINGER_S),
-        help="seconds the keeper stays after the trainer ends with no client (default 3600)",
+        help="seconds the keeper stays after the trainer ends with no viewer attached (default 60; "
+        "3600 after a death, for its resume; trainroom.toml [keeper])",
     )
     sp.add_argument(
         "--auto-resume",

@@ -98,6 +98,8 @@ def _runs_rows() -> list[dict[str, Any]]:
             {
                 "run": r.run_id,
                 "alive": keeper != "gone",
+                # live: a trainer runs (a keeper staying after its trainer ended is not live)
+                "training": keeper != "gone" and not s.attempt_ended,
                 "state": s.shown_state(keeper_alive=keeper != "gone"),
                 "argv": r.argv,
                 "run_dir": r.run_dir,
@@ -137,7 +139,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         state = row["state"] or "?"
         step = "" if row.get("step") is None else f"step {row['step']}"
         worst = (row.get("worst_finding") or {}).get("code", "")
-        keeper = "keeper up" if row["alive"] else "keeper gone"
+        keeper = "training" if row.get("training") else "keeper up" if row["alive"] else "keeper gone"
         print(
             f"{row['run']:40} {state:9} {keeper:12} {step:>12} {worst:18} {' '.join(row.get('argv') or [])[:40]}"
         )

@@ -11,7 +11,20 @@ from collections.abc import Callable
 from typing import Any
 
 from trainroom.core import argtypes
-from trainroom.core.cli import act, bridge, ckpt, doctor, evaluate, events, export, job, notify, replay, show
+from trainroom.core.cli import (
+    act,
+    bridge,
+    ckpt,
+    doctor,
+    evaluate,
+    events,
+    export,
+    job,
+    notify,
+    replay,
+    show,
+    stopkeeper,
+)
 from trainroom.core.cli.launch import add_launch_options, cmd_launch
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 
@@ -78,4 +91,5 @@ VERBS: tuple[Verb, ...] = (
     lambda sub, _: doctor.add_parser(sub),
     job.add_parser,
     lambda sub, _: bridge.add_parser(sub),
+    lambda sub, _: stopkeeper.add_parser(sub),
 )

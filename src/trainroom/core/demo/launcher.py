@@ -23,6 +23,11 @@ from trainroom.core.run.status_text import status_lines
 from trainroom.core.settings import LaunchOptions
 
 NVML_FAULTS = {"ghost-memory", "orphan-context"}
+# The demo ends by itself: this many steps (at the default --step-delay, a few minutes on a CPU),
+# and always DEMO_STEPS_PAST_FAULT past a later --fault-step, so the fault plays out before the end.
+DEMO_STEPS = 3000
+DEMO_STEPS_PAST_FAULT = 1000
+FOREVER_STEPS = 10**12
 
 
 def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None:
@@ -33,29 +38,61 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
         default="cpu",
         help="cpu (default), or cuda / cuda:N: train on that GPU, faults included",
     )
-    sp.add_argument("--fault", choices=FAULTS, default="none", help="reproduce one scenario of SCENARIOS.md")
-    sp.add_argument("--fault-step", type=argtypes.count(1, 10**9), default=None)
+    sp.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default="none",
+        metavar="NAME",
+        help="play one failure trainroom catches, for real: " + ", ".join(FAULTS) + " (docs/scenarios.md)",
+    )
+    sp.add_argument(
+        "--fault-step",
+        type=argtypes.count(1, 10**9),
+        default=None,
+        metavar="N",
+        help="the step the fault fires at (default 30)",
+    )
     sp.add_argument(
         "--steps",
         type=argtypes.count(1, 10**9),
         default=None,
-        help="stop after this many steps (default: run on)",
+        metavar="N",
+        help=f"end after N steps (default {DEMO_STEPS}, a few minutes on a CPU; "
+        f"{DEMO_STEPS_PAST_FAULT} past --fault-step when that is later)",
+    )
+    sp.add_argument(
+        "--forever", action="store_true", help="train until stopped (`trainroom kill RUN`), not N steps"
     )
     sp.add_argument(
         "--ranks",
         type=argtypes.count(1, 64),
         default=None,
-        help="run under torchrun with this many CPU ranks (gloo)",
+        metavar="N",
+        help="run under torchrun with N CPU ranks (gloo; default 1, 2 for --fault rank-outlier)",
     )
-    sp.add_argument("--lr", type=argtypes.positive(10.0), default=None)
+    sp.add_argument(
+        "--lr",
+        type=argtypes.positive(10.0),
+        default=None,
+        help="the learning rate (default 3e-3; 1e-4 under --fault lr-override)",
+    )
     sp.add_argument(
         "--step-delay",
         type=argtypes.seconds(0, 60),
         default=0.05,
-        help="seconds of sleep per step, so the demo is watchable (default 0.05; 0 = flat out)",
+        metavar="SECONDS",
+        help="sleep per step, so the demo is watchable (default 0.05; 0 = flat out)",
     )
-    sp.add_argument("--ckpt-every", type=argtypes.count(1, 10**9), default=None)
-    sp.add_argument("--tracer", action="store_true", help="name the first non-finite module")
+    sp.add_argument(
+        "--ckpt-every",
+        type=argtypes.count(1, 10**9),
+        default=None,
+        metavar="N",
+        help="save a checkpoint every N steps (default 50)",
+    )
+    sp.add_argument(
+        "--tracer", action="store_true", help="name the first module whose output goes non-finite"
+    )
     sp.add_argument(
         "--eval",
         action="store_true",
@@ -65,10 +102,31 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
     sp.add_argument(
         "--no-tui", action="store_true", help="print status lines instead of opening the control room"
     )
-    sp.add_argument("--detach", action="store_true", help="print the run id and return")
-    sp.add_argument("--auto-resume", type=argtypes.count(0, 100), default=None, metavar="N")
-    sp.add_argument("--linger", dest="linger_s", type=argtypes.seconds(0, 30 * 86400), default=None)
-    sp.add_argument("--theme", dest="watch_theme")
+    sp.add_argument(
+        "--detach", action="store_true", help="print the run id and return (`trainroom watch RUN` opens it)"
+    )
+    sp.add_argument(
+        "--auto-resume",
+        type=argtypes.count(0, 100),
+        default=None,
+        metavar="N",
+        help="resume by itself from the last verified checkpoint, at most N times (default 0: off)",
+    )
+    sp.add_argument(
+        "--linger",
+        dest="linger_s",
+        type=argtypes.seconds(0, 30 * 86400),
+        default=None,
+        metavar="SECONDS",
+        help="how long the keeper stays after the trainer ends with no control room attached "
+        "(default 60; 3600 after a death, for its resume)",
+    )
+    sp.add_argument(
+        "--theme",
+        dest="watch_theme",
+        metavar="NAME",
+        help="the control room's theme (trainroom-dark, trainroom-light, trainroom-contrast, ...)",
+    )
     sp.set_defaults(func=func)
 
 
@@ -105,7 +163,7 @@ def demo_command(args: argparse.Namespace) -> list[str]:
     for flag, val in (
         ("--fault", args.fault),
         ("--fault-step", args.fault_step),
-        ("--steps", args.steps),
+        ("--steps", demo_steps(args)),
         ("--lr", args.lr),
         ("--step-delay", args.step_delay),
         ("--ckpt-every", args.ckpt_every),
@@ -127,6 +185,15 @@ def demo_command(args: argparse.Namespace) -> list[str]:
             *trainer,
         ]
     return [sys.executable, *trainer]
+
+
+def demo_steps(args: argparse.Namespace) -> int:
+    """The steps the demo trains: --steps, else a bounded default past the fault (--forever: no end)."""
+    if getattr(args, "forever", False):
+        return FOREVER_STEPS
+    if args.steps is not None:
+        return int(args.steps)
+    return max(DEMO_STEPS, (args.fault_step or 0) + DEMO_STEPS_PAST_FAULT)
 
 
 def demo_dir() -> Any:

@@ -1,7 +1,7 @@
 """The demo trainer: a small char-level transformer on CPU (or on a GPU with `--device cuda[:N]`),
 trained for real on the corpus the
 project ships, with AdamW, a torch LR scheduler, checkpoints through the SDK, the reporter wired in,
-and `--fault NAME` reproducing each row of SCENARIOS.md for real.
+and `--fault NAME` reproducing each failure of docs/scenarios.md for real.
 
 Run it under a keeper with `trainroom demo`, or by hand: `python -m trainroom.core.demo.train`.
 
@@ -257,7 +257,7 @@ class DemoRun:
             if ends_earlier_run:
                 print(
                     f"the earlier run ends at step {self.step} (lr {self.opt.param_groups[0]['lr']:.3g}, saved); "
-                    "resume it (r, or `trainroom resume --yes`) for the session",
+                    "resume it (R in the control room, or `trainroom resume --yes`) for the session",
                     flush=True,
                 )
                 break

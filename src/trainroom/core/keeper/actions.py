@@ -49,6 +49,11 @@ class Actions:
         self._busy: set[str] = set()
         self._running: dict[str, asyncio.Task[None]] = {}  # action -> the task carrying it out
 
+    @property
+    def busy(self) -> bool:
+        """A confirmed action is being carried out: the keeper does not rest or exit meanwhile."""
+        return bool(self._busy or self._running)
+
     async def serve(self, req: p.Request, reply: Reply, client: str) -> None:
         if req.action == "cancel":
             self._cancel(req, reply)

@@ -15,6 +15,7 @@ processes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -38,6 +39,7 @@ from trainroom.core.keeper.batches import BatchWindow
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
+from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_over, rest_wait, why_awake
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.keeper.workers import crash_rank, log_rank
@@ -92,6 +94,12 @@ class Keeper:
         self.tail = LogTail(self._log_path, self._settings.log_pattern, self._settings.log_hints)
         self.stop_event = asyncio.Event()
         self.idle_since: float | None = None
+        # Resting (keeper.rest): `wake` is set by whatever can change the run and wakes the tick
+        # loop; `active` is clear while the keeper rests, and the probe loop slows down then.
+        self.wake = asyncio.Event()
+        self.active = asyncio.Event()
+        self.active.set()
+        self._ending: asyncio.Task[None] | None = None
         self._finding_journaled: dict[str, float] = {}
         self._finding_sent: dict[str, float] = {}
         if self._settings.fake_nvml:
@@ -109,6 +117,7 @@ class Keeper:
             else None
         )
         self.server = Server(self, self.actions)
+        self.server.changed = self.wake.set
         # Alerts observe what is emitted and deliver off the loop (core/notify); `notify --test`
         # reaches them as an action.
         self.alerts = Alerts.for_run(self._settings.notify, cwd=rec.cwd, sink=self, state=lambda: self.state)
@@ -166,6 +175,7 @@ class Keeper:
         if journal:
             self.journal.append(rec)
         self.server.queue(rec)
+        self.wake.set()
 
     def flush(self, *, fsync: bool = False) -> None:
         self.journal.flush(fsync=fsync)
@@ -340,7 +350,7 @@ class Keeper:
         )
         self.emit(started)
         self.flush()
-        asyncio.get_running_loop().create_task(self._wait_attempt(n, proc))
+        self._ending = asyncio.get_running_loop().create_task(self._wait_attempt(n, proc))
         return started
 
     def _could_not_start(
@@ -401,8 +411,53 @@ class Keeper:
 
     async def tick_loop(self) -> None:
         while not self.stop_event.is_set():
-            self._tick(time.time())
+            now = time.time()
+            self._tick(now)
+            if self.stop_event.is_set():
+                return
+            # Guarded like the tick: a rest decision that raises is a fault, never the loop's end.
+            failed: str | None = "the rest check failed"
+            why = self.supervision.guard.call("keeper.rest", self._awake_why, failed)
+            if why is None:
+                await self._rest(now)
+                continue
+            if not self.active.is_set():
+                self.active.set()
+                self.note(AWAKE_NOTE + why)
             await asyncio.sleep(TICK_S)
+
+    def quiet(self) -> Quiet:
+        pipe, a = self.pipeline, self.state.attempt
+        return Quiet(
+            trainer=self.trainer_alive() or (a is not None and a.alive),
+            ending=self._ending is not None and not self._ending.done(),
+            acting=self.actions.busy,
+            verifying=bool(pipe.in_flight()) or pipe.settling(),
+        )
+
+    def _awake_why(self) -> str | None:
+        """None: the keeper may rest (keeper.rest); else why it may not, in words."""
+        a, codes = self.state.attempt, [f.code for f in self.state.findings.values()]
+        ended = a.ended_at if a is not None else None
+        return why_awake(self.quiet(), ended, self.state.probe, codes, self.pipeline.settled_at)
+
+    async def _rest(self, now: float) -> None:
+        """A tick after each slow probe, or sooner when something can change the run, or when
+        the linger is over."""
+        rest_s = self._settings.rest_probe_s
+        if self.active.is_set():
+            self.active.clear()
+            self.emit(p.KeeperNote(t=now, message=REST_NOTE.format(rest=rest_s, linger=self._linger_s())))
+            g = self.supervision.guard
+            g.call("server.flush", self.server.flush, None)
+            g.call("journal.flush", self.flush, None)
+            # `runs` and the picker read the ended run at once.
+            g.call("journal.summary", self.journal.write_summary, None)
+        self.wake.clear()
+        viewers, others = self.server.has_viewers(), self.server.has_clients()
+        timeout = rest_wait(rest_s, self._linger_s(), self.idle_since, now, viewers=viewers, others=others)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout)
 
     def _tick(self, now: float) -> None:
         """Each step guarded on its own: nothing that raises may end the loop that sees deaths."""
@@ -426,8 +481,15 @@ class Keeper:
                 why = f"host probe failed: {type(exc).__name__}: {exc}"
                 sample = p.ProbeSample(t=now, host=HostSample(t=now, available=False, reason=why))
             self.emit(sample, journal=False)
-            # Re-arm only after the previous probe ended, so probes never overlap.
-            await asyncio.sleep(max(0.05, PROBE_S - (time.monotonic() - t0)))
+            # Re-arm only after the previous probe ended, so probes never overlap; a resting
+            # keeper probes every rest_probe_s, and at once when it stops resting.
+            resting = not self.active.is_set()
+            left = max(0.05, (self._settings.rest_probe_s if resting else PROBE_S) - (time.monotonic() - t0))
+            if not resting:
+                await asyncio.sleep(left)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.active.wait(), left)
 
     def _probe(self, targets: object) -> p.ProbeSample:
         """One probe cycle (worker thread): the sweep, then the checkpoint disk."""
@@ -445,13 +507,17 @@ class Keeper:
             self.state_disk = None
         return sample
 
+    def _linger_s(self) -> float:
+        """A run whose trainer died waits longer for its resume (resting, it costs little)."""
+        return self._settings.dead_linger_s if self.state.status == "dead" else self._settings.linger_s
+
     def _check_linger(self, now: float) -> None:
-        if self.proc is not None or self.server.has_clients():
+        if not self.quiet().idle or self.server.has_viewers():
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
-        elif now - self.idle_since > self._settings.linger_s:
-            self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._settings.linger_s:.0f} s idle"))
+        elif linger_over(self._linger_s(), self.idle_since, now, others=self.server.has_clients()):
+            self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._linger_s():.0f} s idle"))
             self.stop_event.set()
 
     # ------------------------------------------------------------------ main

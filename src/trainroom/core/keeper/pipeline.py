@@ -104,6 +104,13 @@ def outside_root(path: str, why: str) -> Finding:
     )
 
 
+def settling(state: watch.WatchState) -> bool:
+    """A watched checkpoint still being written or settling (a non-empty version not yet judged),
+    or being verified: a verdict is owed, so the keeper does not rest meanwhile. An empty file
+    is never verified (`watch.poll`): it owes nothing."""
+    return any(f.state == "verifying" or (f.state == "settling" and f.size > 0) for f in state.files.values())
+
+
 class _Job(msgspec.Struct, kw_only=True):
     key: str
     path: str
@@ -149,6 +156,7 @@ class CheckpointPipeline:
         self._started = False
         self.outside: dict[str, str] = {}  # path -> why the keeper would not touch it
         self.gate = EvalGate(settings, recorder, run)
+        self.settled_at: float | None = None  # when the last queued checkpoint got its verdict
 
     @property
     def verifying(self) -> frozenset[str]:
@@ -158,6 +166,10 @@ class CheckpointPipeline:
     def in_flight(self) -> list[tuple[str, float]]:
         """(path, since when) of every checkpoint queued or being verified, oldest first."""
         return sorted(((j.path, j.queued_at) for j in self._jobs.values()), key=lambda x: x[1])
+
+    def settling(self) -> bool:
+        """A watched checkpoint is still being written, settling or verified: see `settling`."""
+        return settling(self.watch_state)
 
     async def wait_in_flight(self, bound_s: float, say: Callable[[str], None]) -> list[tuple[str, float]]:
         """A checkpoint saved just before a death may still be in the verifier: a resume waits for
@@ -231,6 +243,7 @@ class CheckpointPipeline:
             finally:
                 self._jobs.pop(job.key, None)
                 self._verifying = frozenset(j.path for j in self._jobs.values())
+                self.settled_at = time.time()
                 self.recorder.flush()
                 if job.again and os.path.exists(job.path):
                     self._schedule(job.path, job.request)

@@ -153,6 +153,8 @@ class Server:
         self.rank_owners: dict[tuple[int, int], int] = {}
         self.rank_claims: list[RankClaim] = []
         self.refused_fields: dict[tuple[int, int, str], FieldRefusal] = {}
+        # Told of each connection, message and close: a resting keeper wakes on it.
+        self.changed: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -189,6 +191,10 @@ class Server:
     def has_clients(self) -> bool:
         return any(c.role == "client" for c in self.conns)
 
+    def has_viewers(self) -> bool:
+        """A live subscription is open (a control room, `events --follow`)."""
+        return any(c.live for c in self.conns)
+
     # ------------------------------------------------------------------ live deltas
 
     def queue(self, rec: p.Record) -> None:
@@ -217,6 +223,7 @@ class Server:
     # ------------------------------------------------------------------ connections
 
     def _close(self, c: Conn, reason: str | None) -> None:
+        self.changed()
         if c in self.conns:
             self.conns.discard(c)
             if reason:
@@ -268,6 +275,7 @@ class Server:
             peer_uid = -1
         c = Conn(writer, peer_pid)
         self.conns.add(c)
+        self.changed()
         if peer_uid != self.uid:
             self._close(c, f"refused peer pid {peer_pid}: uid {peer_uid} is not the keeper's uid {self.uid}")
             return
@@ -366,6 +374,7 @@ class Server:
             )
 
     async def _on_message(self, c: Conn, msg: p.InboundMsg) -> None:
+        self.changed()
         if c.role is None and not await self._first_message(c, msg):
             return
         if c.role == "trainer":

@@ -81,7 +81,7 @@ class RunsScreen(Screen[str | None]):
         self.query_one(DataTable).focus()
 
     def _title(self) -> str:
-        live = sum(1 for r in self.rows if r.keeper)
+        live = sum(1 for r in self.rows if r.training)
         base = self.title_text or f"runs: {len(self.rows)}, {live} live"
         shown = self.shown()
         if self.filter:
