@@ -227,8 +227,8 @@ def test_tmux_demo_dead_resume_quit_reopen_kill(
     assert badge_background(header, " DEAD ") == theme_rgb("trainroom-state-dead"), header
 
     pane.keys("R")
-    # (at 24 rows the plan scrolls: its first fields and the buttons are what shows)
-    pane.wait("Resume the run as a new attempt?", "command: ", "yes, resume (y)", timeout=60)
+    # (at 24 rows the details scroll: the question, the headline and the buttons are what shows)
+    pane.wait("Resume the run as a new attempt?", "starts attempt 2 from", "yes, resume (y)", timeout=60)
     pane.keys("y")
     text = pane.wait("resume: done", "before → after", "esc / enter: close")
     assert re.search(r"attempt\s+1\s+→\s+2", text), text

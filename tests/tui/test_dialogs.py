@@ -209,3 +209,34 @@ async def test_a_plan_that_waits_says_what_it_waits_for(tmp_path) -> None:
             release.set()
         screen = await _result(app, pilot)
         assert screen.title_text == "resume: refused"
+
+
+@in_loop
+async def test_at_24_rows_a_long_plan_scrolls_and_the_buttons_stay_in_view(tmp_path) -> None:
+    from tests.support.tui_fakes import dead_run_records
+    from trainroom.tui.screens.confirm import ConfirmAction
+
+    long_note = "no resume template: the command is unchanged and the checkpoint is only named in " * 3
+
+    def resume_plan(action: str, args: dict[str, Any], confirm: bool) -> list[p.Reply]:
+        plan = {
+            "attempt": 2,
+            "checkpoint": "/a/long/path/runs/20261204-163302-train-f5d1/checkpoints/step-000020/step-000020.pt",
+            "step": 20,
+            "died_at_step": 25,
+            "steps_lost": 5,
+            "argv": ["/usr/bin/python3.11", "-m", "trainroom.core.demo.train", "--fault", "silent-death"],
+            "lost": ["RNG absent: a different data order and dropout from here on"] * 3,
+            "note": long_note,
+        }
+        return [p.Reply(id=1, action=action, stage="plan", plan=plan)]
+
+    app, _, _ = make_app(str(tmp_path), dead_run_records(), replier=resume_plan)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmAction), "the confirmation")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "Resume the run as a new attempt?" in text
+        assert "yes, resume (y)" in text and "cancel (n)" in text, text

@@ -212,6 +212,9 @@ class DemoRun:
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
         self.step, self.tokens = int(ckpt["step"]), int(ckpt.get("tokens", 0))
+        if "rng" in ckpt:
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            self.gen.set_state(ckpt["rng"]["sampler"])
         print(f"resumed from {resume} at step {self.step}", flush=True)
         if self.forgets_reimpose or self.args.no_reimpose_lr:
             print(
@@ -371,6 +374,8 @@ class DemoRun:
             "scheduler": self.sched.state_dict(),
             "step": step,
             "tokens": self.tokens,
+            # The generators a faithful resume restores: torch's own and this rank's sampler's.
+            "rng": {"torch": torch.get_rng_state(), "sampler": self.gen.get_state()},
             "config": {"lr": self.session_lr, "vocab_size": self.vocab, **self.arch},
         }
         pad = args.ckpt_pad_mb or (8.0 if self.fault == "disk-fill" else 0.0)
