@@ -85,7 +85,17 @@ def _gone(pid: int) -> bool:
 
 def _pump_pids(info: runs.RunInfo) -> list[int]:
     keeper = psutil.Process(runs.read_record(Path(info.run_dir)).keeper_pid)
-    return [c.pid for c in keeper.children() if "trainroom.core.keeper.outpump" in " ".join(c.cmdline())]
+    out = []
+    for c in keeper.children():
+        try:
+            if (
+                "trainroom.core.keeper.outpump" in " ".join(c.cmdline())
+                and c.status() != psutil.STATUS_ZOMBIE
+            ):
+                out.append(c.pid)
+        except psutil.Error:
+            continue  # gone, or a zombie not yet reaped: no pump
+    return out
 
 
 def test_a_full_state_disk_costs_the_printing_trainer_lines_never_its_life(
@@ -162,3 +172,35 @@ def test_the_pump_or_the_keeper_killed_leaves_the_trainer_printing(trhome: Path,
         lambda: "stopped at" in log.read_text(errors="replace"), timeout=60, what="the trainer's last line"
     )
     wait_for(lambda: _gone(pump), timeout=30, what="the pump's end with the pipe's")
+
+
+# Uninstrumented: its steps are read from trainer.log only.
+LOG_PRINTER = """
+    import time
+    step = 0
+    while True:
+        step += 1
+        print(f"iter {step}: loss 2.0", flush=True)
+        time.sleep(0.05)
+"""
+
+
+def test_a_log_renamed_away_is_written_anew_under_its_name_and_followed(trhome: Path, tmp_path: Path) -> None:
+    """logrotate without copytruncate: trainer.log renamed, nothing created in its place. The
+    pump writes the trainer's next lines to a new trainer.log, and the keeper's reader follows."""
+    script = tmp_path / "printer.py"
+    script.write_text(textwrap.dedent(LOG_PRINTER))
+    info = launch([sys.executable, str(script)], LaunchOptions(linger_s=120), cwd=str(tmp_path))
+    log = Path(info.run_dir) / runs.LOG_NAME
+    wait_for(lambda: (status(info)["step"] or 0) >= 20, timeout=60, what="log steps")
+    os.rename(log, log.with_name("trainer.log.1"))
+    wait_for(
+        lambda: log.exists() and "iter " in log.read_text(errors="replace"), timeout=60, what="a new log"
+    )
+    first_new = int(log.read_text(errors="replace").split("iter ", 1)[1].split(":")[0])
+    d = wait_for(
+        lambda: (s := status(info)) and (s["step"] or 0) >= first_new + 20 and s,
+        timeout=60,
+        what="steps read",
+    )
+    assert d["state"] == "running" and "STALLED" not in {f["code"] for f in d["findings"]}

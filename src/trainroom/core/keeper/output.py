@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import sys
+import termios
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -22,6 +24,16 @@ from trainroom.core.health.statedisk import OutputLoss
 from trainroom.core.keeper.outpump import widen
 
 DRAIN_WAIT_S = 2.0  # the longest an ended attempt waits for its last output to reach the file
+DRAIN_STEP_S = 0.02
+
+
+def _unread(fd: int) -> int | None:
+    """Bytes waiting in the pipe (FIONREAD); None where it cannot be asked."""
+    try:
+        got = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return None
+    return int.from_bytes(got, sys.byteorder)
 
 
 class _Pipe:
@@ -50,7 +62,13 @@ class TrainerOutput:
     async def open(self, n: int) -> int | None:
         """The write end for attempt `n`'s stdout and stderr (the caller closes it once the
         trainer has it), or None: no pump could start, the trainer writes to the file."""
-        r, w = os.pipe()
+        try:
+            r, w = os.pipe()
+        except OSError as exc:
+            self._note(
+                f"no pipe for the trainer's output ({exc}): the trainer writes to {self.log_path}", "warning"
+            )
+            return None
         widen(w)
         pipe = _Pipe(n, r)
         if not await self._start_pump(pipe):
@@ -134,14 +152,20 @@ class TrainerOutput:
         pipe.done.set()
 
     async def drained(self, n: int, timeout: float = DRAIN_WAIT_S) -> None:
-        """Wait (at most `timeout`) until attempt `n`'s output is all in the file: its pump read
-        the pipe's end. A child the trainer left holding its stdout keeps the pipe open: then
-        what reached the file by the timeout is what the keeper reads."""
+        """Wait (at most `timeout`) until attempt `n`'s output is in the file: its pump read the
+        pipe's end, or (a child the trainer left holds its stdout open) nothing is left unread
+        in the pipe and the pump had a moment to write what it read."""
         pipe = self._pipes.get(n)
         if pipe is None:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(pipe.done.wait(), timeout)
+        deadline = time.monotonic() + timeout
+        while not pipe.done.is_set() and time.monotonic() < deadline:
+            if _unread(pipe.spare) == 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(pipe.done.wait(), DRAIN_STEP_S)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pipe.done.wait(), DRAIN_STEP_S)
 
     def close(self) -> None:
         """The keeper exits: the pumps go on draining whatever still writes, on their own."""
