@@ -135,10 +135,12 @@ def test_a_full_state_disk_costs_the_printing_trainer_lines_never_its_life(
     wait_for(lambda: _last_step_in_log(log) > before_free, timeout=60, what="trainer.log written again")
     stop.touch()
     ended = wait_for(
-        lambda: (s := status(info))["state"] != "running" and s, timeout=60, what="the trainer's end"
+        lambda: (s := status(info))["state"] in ("exited", "dead") and s, timeout=60, what="the trainer's end"
     )
     assert ended["state"] == "exited", ended
-    assert f"stopped at {ended['step']}" in log.read_text(errors="replace")
+    # Its last line reached the file (the keeper may have taken its last step frame or not).
+    last = log.read_text(errors="replace").rsplit("stopped at ", 1)
+    assert len(last) == 2 and int(last[1].split()[0]) >= ended["step"], last[-1][-200:]
     notes = [
         r.message for r in read_journal(Path(info.run_dir) / runs.JOURNAL_NAME) if isinstance(r, p.KeeperNote)
     ]
