@@ -1,6 +1,7 @@
-"""The exporter's shared collection: concurrent scrapes within its window ask the keepers once,
-each format is encoded once, and the window's end brings a new collection. A real HTTP server
-on 127.0.0.1 and real scrapes."""
+"""The exporter's shared collections: concurrent scrapes ask the keepers once per round (the
+ones arriving during a collection share the next), each format is encoded once, and a scrape
+never gets a collection that started before it arrived. A real HTTP server on 127.0.0.1 and real
+scrapes."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Counting(Collector):
 
 def test_concurrent_scrapes_share_one_collection_and_each_gets_the_figures() -> None:
     inner = Counting()
-    cache = CachedExposition(inner, ttl=60.0)
+    cache = CachedExposition(inner)
     server, thread = serve(0, "127.0.0.1", cache)
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
     bodies: list[bytes] = []
@@ -53,15 +54,17 @@ def test_concurrent_scrapes_share_one_collection_and_each_gets_the_figures() -> 
     finally:
         server.shutdown()
         thread.join(5)
-    assert len(bodies) == 100 and all(b"trainroom_runs_live 1.0" in b for b in bodies)
-    assert inner.calls == 1 and cache.collections == 1
+    assert len(bodies) == 100 and all(b"trainroom_runs_live" in b for b in bodies)
+    # The first scrape's collection, then one for all that arrived while it ran (a loaded machine
+    # may spread the arrivals over a third).
+    assert 1 <= inner.calls <= 3 and cache.collections == inner.calls
     assert om and all(c.startswith("application/openmetrics-text") for c in om)
     assert sum(b.endswith(b"# EOF\n") for b in bodies) == 50  # each format as asked
 
 
-def test_a_collection_older_than_its_window_is_taken_again() -> None:
+def test_a_scrape_after_a_collection_gets_a_new_one() -> None:
     inner = Counting()
-    cache = CachedExposition(inner, ttl=0.0)
+    cache = CachedExposition(inner)
     first, _ = cache.body(None)
     second, _ = cache.body(None)
     assert b"trainroom_runs_live 1.0" in first and b"trainroom_runs_live 2.0" in second

@@ -8,10 +8,11 @@ KeeperClient (as `status` does) and reads the figures `status --json` reports; a
 measured is left out, never exported as 0. Labels: run, job (the trainer's script or module
 name), host, and rank (per-rank figures). Binds to loopback unless told otherwise.
 
-Many scrapers at once (several Prometheus servers, a dashboard's refreshes, a probe) share one
-collection: the keepers are asked once per CACHE_S whatever the number of scrapes, each format is
-encoded once per collection, and the server (a thread per request) listens with a deep backlog,
-so a burst of connections waits in the queue rather than in SYN retries.
+Many scrapers at once (several Prometheus servers, a dashboard's refreshes, a probe) share
+collections: the scrapes that arrive while one runs are all answered by the next, so the keepers
+are asked once per round whatever the number of scrapes, each format is encoded once per
+collection, and the server (a thread per request) listens with a deep backlog, so a burst of
+connections waits in the queue rather than in SYN retries.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from trainroom.core.run.status import status_dict
 STATES = vocab.WATCH_STATES  # export reads live keepers: their watchdog states
 CHECKPOINT_STATES = vocab.CKPT_STATES
 SNAPSHOT_TIMEOUT_S = 2.0  # one keeper that does not answer must not hold the whole scrape
-CACHE_S = 1.0  # concurrent scrapes within this share one collection (figures at most this old)
 BACKLOG = 1024  # connections the kernel queues while every thread is busy
 RUN_LABELS = ["run", "job", "host"]
 RANK_LABELS = ["run", "job", "host", "rank"]
@@ -266,34 +266,52 @@ def _num(x: Any) -> float | None:
 
 
 class CachedExposition:
-    """One collection shared by every scrape within CACHE_S: the first scrape collects (the
-    others wait on it, not on their own), each format is encoded once per collection."""
+    """Scrapes that arrive together share one collection: a scrape is answered from a collection
+    that started after it arrived (never older figures than a scrape of its own would give), and
+    every scrape waiting for that one gets it; each format is encoded once per collection."""
 
-    def __init__(self, collector: Collector, ttl: float = CACHE_S) -> None:
+    def __init__(self, collector: Collector) -> None:
         self.collector = collector
-        self.ttl = ttl
-        self._lock = threading.Lock()
-        self._at = float("-inf")
+        self._cond = threading.Condition()
+        self._running = False
+        self._started = 0  # collections started so far
+        self._finished = 0  # the latest collection finished (its number)
         self._families: list[Metric] = []
         self._encoded: dict[str, bytes] = {}
         self.collections = 0
 
     def collect(self) -> Iterable[Metric]:
-        """The registry an encoder reads: this collection's families."""
+        """The registry an encoder reads: the latest collection's families."""
         return self._families
 
     def body(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
-        with self._lock:
-            if time.monotonic() - self._at >= self.ttl:
-                self._families = list(self.collector.collect())
-                self._encoded = {}
-                self._at = time.monotonic()
+        with self._cond:
+            need = self._started + 1  # a collection that starts after this scrape arrived
+            while self._finished < need:
+                if self._running:
+                    self._cond.wait()
+                    continue
+                self._running = True
+                self._started += 1
+                mine = self._started
+                self._cond.release()
+                try:
+                    families = list(self.collector.collect())
+                except BaseException:
+                    self._cond.acquire()
+                    self._running = False
+                    self._cond.notify_all()
+                    raise
+                self._cond.acquire()
+                self._families, self._encoded, self._finished = families, {}, mine
                 self.collections += 1
+                self._running = False
+                self._cond.notify_all()
             out = self._encoded.get(content_type)
             if out is None:
                 out = self._encoded[content_type] = encoder(self)
-        return out, content_type
+            return out, content_type
 
 
 class _Server(ThreadingMixIn, WSGIServer):

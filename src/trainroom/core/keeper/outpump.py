@@ -20,6 +20,7 @@ What it tells the keeper goes to its stdout, one line each, never blocking (the 
 stopped; a line that does not fit is dropped, the next carries the totals):
   `lost TOTAL SINCE`   bytes dropped so far, and when the first of this loss was dropped
   `resumed TOTAL SINCE UNTIL`   writing works again after a loss
+  `eof`   every writer closed the pipe and all it carried was written (or counted lost)
 Imports only the standard library: it starts in tens of milliseconds.
 """
 
@@ -124,6 +125,7 @@ class Pump:
             self.write(data)
         if self.since is not None:
             self._tell(f"lost {self.lost} {self.since:.3f}\n")
+        self._tell("eof\n")  # everything the trainer wrote is in the file (or counted lost)
 
 
 def widen(fd: int) -> None:

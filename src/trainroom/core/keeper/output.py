@@ -25,6 +25,7 @@ from trainroom.core.keeper.outpump import widen
 
 DRAIN_WAIT_S = 2.0  # the longest an ended attempt waits for its last output to reach the file
 DRAIN_STEP_S = 0.02
+QUIET_S = 0.25
 
 
 def _unread(fd: int) -> int | None:
@@ -43,7 +44,7 @@ class _Pipe:
         self.n = n
         self.spare = spare
         self.pump: asyncio.subprocess.Process | None = None
-        self.done = asyncio.Event()  # the pump reached the end of the pipe
+        self.done = asyncio.Event()  # the pump reached the end of the pipe and wrote all
         self.lost_before = 0  # what pumps of this pipe that died had lost
         self.lost = 0  # what the live pump has lost (its own total)
 
@@ -123,6 +124,9 @@ class TrainerOutput:
         return self._lost_closed + sum(p.lost_before + p.lost for p in self._pipes.values())
 
     def _told(self, pipe: _Pipe, words: list[str]) -> None:
+        if words == ["eof"]:
+            pipe.done.set()
+            return
         try:
             total, since = int(words[1]), float(words[2])
         except (IndexError, ValueError):
@@ -152,18 +156,22 @@ class TrainerOutput:
         pipe.done.set()
 
     async def drained(self, n: int, timeout: float = DRAIN_WAIT_S) -> None:
-        """Wait (at most `timeout`) until attempt `n`'s output is in the file: its pump read the
-        pipe's end, or (a child the trainer left holds its stdout open) nothing is left unread
-        in the pipe and the pump had a moment to write what it read."""
+        """Wait (at most `timeout`) until attempt `n`'s output is in the file: its pump wrote all
+        the pipe carried up to its end. A child the trainer left holding its stdout keeps that end
+        away: then it is enough that the pipe held nothing unread for QUIET_S (the pump had the
+        time to write what it read)."""
         pipe = self._pipes.get(n)
         if pipe is None:
             return
         deadline = time.monotonic() + timeout
+        quiet_since: float | None = None
         while not pipe.done.is_set() and time.monotonic() < deadline:
             if _unread(pipe.spare) == 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(pipe.done.wait(), DRAIN_STEP_S)
-                return
+                quiet_since = quiet_since if quiet_since is not None else time.monotonic()
+                if time.monotonic() - quiet_since >= QUIET_S:
+                    return
+            else:
+                quiet_since = None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pipe.done.wait(), DRAIN_STEP_S)
 
