@@ -145,7 +145,9 @@ class Keeper:
         return self._log_path
 
     def trainer_alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        # Until its last output is in trainer.log, an attempt that just ended is judged as it was.
+        ending = self.attempt_n in self.output.ending
+        return self.proc is not None and (self.proc.returncode is None or ending)
 
     def trainer_python(self) -> str:
         argv = self.record.argv

@@ -58,6 +58,9 @@ class TrainerOutput:
         self.loss = OutputLoss(path=str(log_path))
         self._pipes: dict[int, _Pipe] = {}
         self._lost_closed = 0  # what the pipes already closed lost
+        # Attempts whose process ended and whose last output is still on its way to the file: the
+        # keeper judges them once it is there (their traceback is the cause of their death).
+        self.ending: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def open(self, n: int) -> int | None:
@@ -163,6 +166,13 @@ class TrainerOutput:
         pipe = self._pipes.get(n)
         if pipe is None:
             return
+        self.ending.add(n)
+        try:
+            await self._drain(pipe, timeout)
+        finally:
+            self.ending.discard(n)
+
+    async def _drain(self, pipe: _Pipe, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         quiet_since: float | None = None
         while not pipe.done.is_set() and time.monotonic() < deadline:
