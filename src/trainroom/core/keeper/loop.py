@@ -86,11 +86,11 @@ class Keeper:
         self.state_disk: StateDisk | None = None
         self.sock_path = run_dir / runs.SOCKET_NAME
         self._log_path = run_dir / runs.LOG_NAME
+        # The trainer's stdout/stderr reach trainer.log through a pump: no write error reaches it.
+        self.output = TrainerOutput(self._log_path, self.note)
         self.proc: asyncio.subprocess.Process | None = None
         self.attempt_n = 0
         self.tail = LogTail(self._log_path, self._settings.log_pattern)
-        # The trainer's stdout/stderr reach trainer.log through a pump: no write error reaches it.
-        self.output = TrainerOutput(self._log_path, self.note)
         self.stop_event = asyncio.Event()
         self.idle_since: float | None = None
         self._finding_journaled: dict[str, float] = {}
