@@ -9,9 +9,11 @@ with mutated fields (negative steps, NaN times, huge strings, wrong types), Hell
 their pid or claim a rank (refused: the fuzzer is no process of the run), and client requests for
 unknown actions or with bad arguments. At the end it reports frames and connections sent, whether
 the keeper is alive and still answers `status`, whether the trainer kept stepping, the keeper's RSS
-and open fds before and after, and what the journal grew by. Then two hostile hosts' cases: 300
-idle live subscriptions from one process (the keeper's RSS with them, and the latency of a `kill`
-plan under them), and a run whose journal is a FIFO (how long `runs` and its `status` take).
+and open fds before and after, and what the journal grew by. Then the hostile hosts' cases: 100, 300
+and 1000 idle live subscriptions, from one process and spread over ten (the keeper's RSS with them
+and after them, and the latency of a `kill` plan and of a snapshot under them), and runs whose
+journal is a FIFO, a directory or 32 MiB of zeros (how long `runs` and each `status` take, and the
+live keeper's RSS and action latency while they are listed over and over).
 
 What a healthy keeper shows: alive, status answers, steps advanced at the stepper's pace (50 a
 second; a Hello taken from the fuzzer would hold the run's step, the slowest rank's, back), RSS and
@@ -27,10 +29,13 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -126,65 +131,177 @@ def _plan_latency(sock: str) -> float | None:
     return time.monotonic() - t0 if reply.stage == "plan" else None
 
 
-def idle_subscriptions(sock: str, keeper: int, n: int = 300) -> dict[str, Any]:
-    """`n` live subscriptions that never read, from this one process: the keeper's RSS with them
-    open, and how long a `kill` plan takes under them (per-peer caps: it must get through)."""
-    from trainroom.core import protocol as p
+def _latencies(sock: str, tries: int = 5) -> dict[str, float | None]:
+    """A `kill` plan and a snapshot (what `status` asks), `tries` times: median and worst."""
+    from trainroom.core.run.client import KeeperClient, KeeperGone
 
-    rss0 = psutil.Process(keeper).memory_info().rss
-    quiet = _plan_latency(sock)
-    idle: list[socket.socket] = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(2.0)
+    plans = [_plan_latency(sock) for _ in range(tries)]
+    snaps: list[float | None] = []
+    for _ in range(tries):
+        t0 = time.monotonic()
         try:
-            s.connect(sock)
-            s.sendall(p.frame(p.Subscribe(client="idle", live=True)))
-            idle.append(s)
-        except OSError:
-            s.close()
-    time.sleep(1.0)  # let the keeper take them in (and refuse what is over the caps)
-    loaded = _plan_latency(sock)
-    rss1 = psutil.Process(keeper).memory_info().rss
-    held = len(psutil.Process(keeper).net_connections(kind="unix"))
-    for s in idle:
-        s.close()
+            client = KeeperClient(sock, timeout_s=30)
+            try:
+                client.subscribe(client="fuzz-status", live=False)
+            finally:
+                client.close()
+            snaps.append(time.monotonic() - t0)
+        except (KeeperGone, OSError):
+            snaps.append(None)
+    got = [x for x in plans if x is not None]
+    snap = [x for x in snaps if x is not None]
     return {
-        "subscriptions": n,
-        "keeper_connections_held": held,
-        "rss_before_bytes": rss0,
-        "rss_with_them_bytes": rss1,
-        "kill_plan_s_quiet": quiet,
-        "kill_plan_s_under_them": loaded,
+        "kill_plan_s": statistics.median(got) if len(got) == tries else None,
+        "kill_plan_max_s": max(got) if len(got) == tries else None,
+        "snapshot_s": statistics.median(snap) if len(snap) == tries else None,
+        "snapshot_max_s": max(snap) if len(snap) == tries else None,
     }
 
 
-def fifo_journal(run_dir: str) -> dict[str, Any]:
-    """A second run whose journal is a FIFO beside the real one: how long `runs` and that run's
-    `status` take (a FIFO read plainly would block both for ever)."""
+HOLDER = """
+import socket, sys
+from trainroom.core import protocol as p
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2.0)
+    try:
+        s.connect(sys.argv[1])
+        s.sendall(p.frame(p.Subscribe(client="idle", live=True)))
+        held.append(s)
+    except OSError:
+        s.close()
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def idle_subscriptions(sock: str, keeper: int, counts: tuple[int, ...] = (100, 300, 1000)) -> dict[str, Any]:
+    """Live subscriptions that never read, `n` from this one process, then `n` spread over 10
+    processes (the per-peer cap does not hold those back: the keeper's own bounds must): with
+    each, the keeper's RSS, the connections it holds, and how long a `kill` plan and a snapshot
+    take (median and worst of 5) while the trainer steps and the keeper's deltas pile up in
+    sockets nobody reads; then its RSS once they are gone."""
+    from trainroom.core import protocol as p
+
+    proc = psutil.Process(keeper)
+    out: dict[str, Any] = {"quiet": _latencies(sock), "rss_quiet_bytes": proc.memory_info().rss, "cases": []}
+    for n in counts:
+        for spread in (1, 10):
+            holders: list[subprocess.Popen[str]] = []
+            idle: list[socket.socket] = []
+            if spread == 1:
+                for _ in range(n):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.settimeout(2.0)
+                    try:
+                        s.connect(sock)
+                        s.sendall(p.frame(p.Subscribe(client="idle", live=True)))
+                        idle.append(s)
+                    except OSError:
+                        s.close()
+                opened = len(idle)
+            else:
+                holders = [
+                    subprocess.Popen(
+                        [sys.executable, "-c", HOLDER, sock, str(n // spread)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    for _ in range(spread)
+                ]
+                opened = sum(int((h.stdout.readline() if h.stdout else "0") or 0) for h in holders)
+            time.sleep(3.0)  # the trainer steps on: deltas queue for subscribers that never read
+            case: dict[str, Any] = {
+                "subscriptions": n,
+                "peers": spread,
+                "opened": opened,
+                "keeper_connections_held": len(proc.net_connections(kind="unix")),
+                "rss_with_them_bytes": proc.memory_info().rss,
+                **_latencies(sock),
+            }
+            for s in idle:
+                s.close()
+            for h in holders:
+                if h.stdin is not None:
+                    h.stdin.close()
+                h.wait(timeout=30)
+            time.sleep(2.0)  # the keeper notices the closes and lets their queues go
+            case["rss_after_bytes"] = proc.memory_info().rss
+            out["cases"].append(case)
+    return out
+
+
+def _hostile_journals(run_dir: str) -> list[Path]:
+    """Three runs beside the real one whose journal is a FIFO, a directory, 32 MiB of zeros."""
+    from trainroom.core.run import store as runs
+
+    src = Path(run_dir)
+    made: list[Path] = []
+    for kind in ("fifo", "dir", "zeros"):
+        fake = src.with_name(f"{src.name}-{kind}")
+        fake.mkdir(mode=0o700)
+        shutil.copy(src / runs.RECORD_NAME, fake / runs.RECORD_NAME)
+        journal = fake / runs.JOURNAL_NAME
+        if kind == "fifo":
+            os.mkfifo(journal)
+        elif kind == "dir":
+            journal.mkdir()
+        else:
+            with open(journal, "wb") as f:
+                f.truncate(32 << 20)
+        made.append(fake)
+    return made
+
+
+def fifo_journal(run_dir: str, sock: str, keeper: int) -> dict[str, Any]:
+    """Runs whose journal is a FIFO, a directory or 32 MiB of zeros beside the real one: how long
+    `runs` and each one's `status` take (a FIFO read plainly would block both for ever), and the
+    live keeper's RSS and action latency while `runs` lists them over and over."""
     from trainroom.core.cli.show import _runs_rows
     from trainroom.core.run import store as runs
     from trainroom.core.run.client import read_run
 
-    src = Path(run_dir)
-    fake = src.with_name(src.name + "-fifo")
-    fake.mkdir(mode=0o700)
-    shutil.copy(src / runs.RECORD_NAME, fake / runs.RECORD_NAME)
-    os.mkfifo(fake / runs.JOURNAL_NAME)
-    t0 = time.monotonic()
-    rows = _runs_rows()
-    listed = time.monotonic() - t0
-    t0 = time.monotonic()
+    made = _hostile_journals(run_dir)
+    out: dict[str, Any] = {}
     try:
-        read_run(
-            runs.RunInfo(run_id=fake.name, run_dir=str(fake), sock="", created=0.0, argv=[], alive=False)
-        )
-        said = "read"
-    except runs.RunError as exc:
-        said = str(exc)
-    status_s = time.monotonic() - t0
-    shutil.rmtree(fake)
-    return {"runs_listed": len(rows), "runs_s": listed, "status_s": status_s, "status_said": said}
+        t0 = time.monotonic()
+        rows = _runs_rows()
+        out |= {"runs_listed": len(rows), "runs_s": time.monotonic() - t0, "status": {}}
+        for fake in made:
+            t0 = time.monotonic()
+            try:
+                read_run(
+                    runs.RunInfo(
+                        run_id=fake.name, run_dir=str(fake), sock="", created=0.0, argv=[], alive=False
+                    )
+                )
+                said = "read"
+            except runs.RunError as exc:
+                said = str(exc)
+            out["status"][fake.name.rsplit("-", 1)[1]] = {"s": time.monotonic() - t0, "said": said}
+        stop = threading.Event()
+        listings = [0]
+
+        def lister() -> None:
+            while not stop.is_set():
+                _runs_rows()
+                listings[0] += 1
+
+        th = threading.Thread(target=lister, daemon=True)
+        th.start()
+        try:
+            time.sleep(1.0)
+            out |= {"rss_under_them_bytes": psutil.Process(keeper).memory_info().rss, **_latencies(sock)}
+        finally:
+            stop.set()
+            th.join(60)
+        out["listings_meanwhile"] = listings[0]
+    finally:
+        for fake in made:
+            shutil.rmtree(fake, ignore_errors=True)
+    return out
 
 
 def fuzz(seconds: float, seed: int) -> dict[str, Any]:
@@ -235,7 +352,7 @@ def fuzz(seconds: float, seed: int) -> dict[str, Any]:
         time.sleep(2.0)  # let the keeper close what we left
         alive = psutil.pid_exists(keeper)
         idle = idle_subscriptions(info.sock, keeper) if alive else {}
-        fifo = fifo_journal(info.run_dir)
+        fifo = fifo_journal(info.run_dir, info.sock, keeper)
         alive = psutil.pid_exists(keeper)
         after_status = _status(info.run_id) if alive else {}
         after = (_usage(keeper) if alive else {}) | {
@@ -292,17 +409,30 @@ def main() -> int:
         print(f"journal {b['journal_bytes'] / mib:.2f} -> {a['journal_bytes'] / mib:.2f} MiB")
         i, f = r["idle_subscriptions"], r["fifo_journal"]
         if i:
+            q = i["quiet"]
             print(
-                f"{i['subscriptions']} idle subscriptions: keeper holds {i['keeper_connections_held']} connections, "
-                f"RSS {i['rss_before_bytes'] / mib:.1f} -> {i['rss_with_them_bytes'] / mib:.1f} MiB; kill plan "
-                f"{_secs(i['kill_plan_s_quiet'])} quiet, {_secs(i['kill_plan_s_under_them'])} under them"
+                f"quiet: RSS {i['rss_quiet_bytes'] / mib:.1f} MiB; kill plan {_secs(q['kill_plan_s'])} "
+                f"(worst {_secs(q['kill_plan_max_s'])}), snapshot {_secs(q['snapshot_s'])}"
             )
+            for c in i["cases"]:
+                print(
+                    f"{c['subscriptions']} idle subscriptions from {c['peers']} peer(s) ({c['opened']} opened): "
+                    f"keeper holds {c['keeper_connections_held']} connections, RSS "
+                    f"{c['rss_with_them_bytes'] / mib:.1f} MiB with them, {c['rss_after_bytes'] / mib:.1f} MiB after; "
+                    f"kill plan {_secs(c['kill_plan_s'])} (worst {_secs(c['kill_plan_max_s'])}), "
+                    f"snapshot {_secs(c['snapshot_s'])} (worst {_secs(c['snapshot_max_s'])})"
+                )
+        said = ", ".join(f"{k} {v['s']:.2f} s" for k, v in f["status"].items())
+        print(f"hostile journals: runs in {f['runs_s']:.2f} s; status of each: {said}")
         print(
-            f"FIFO journal: runs in {f['runs_s']:.2f} s, its status in {f['status_s']:.2f} s ({f['status_said']})"
+            f"  while `runs` lists them ({f['listings_meanwhile']} times): keeper RSS "
+            f"{f['rss_under_them_bytes'] / mib:.1f} MiB, kill plan {_secs(f['kill_plan_s'])} "
+            f"(worst {_secs(f['kill_plan_max_s'])}), snapshot {_secs(f['snapshot_s'])}"
         )
     i = r["idle_subscriptions"]
     ok = r["keeper_alive"] and r["status_answers"] and r["steps_advanced"] > 0
-    ok = ok and bool(i) and i["kill_plan_s_under_them"] is not None
+    ok = ok and bool(i) and all(c["kill_plan_s"] is not None for c in i["cases"])
+    ok = ok and r["fifo_journal"]["kill_plan_s"] is not None
     return 0 if ok else 1
 
 

@@ -27,6 +27,7 @@ import msgspec
 
 from trainroom.core.ckpt.digest import DIGEST_ALGO
 from trainroom.core.ckpt.report import Arch, NonFinite, Outlier, Previous, VerifyReport
+from trainroom.core.probes import listing
 from trainroom.core.probes.procs import pid_alive
 from trainroom.core.resumable import Completeness
 
@@ -387,18 +388,23 @@ def point_latest(root: Path, target: Path) -> bool:
     return True
 
 
+def _step_dir(e: listing.Entry) -> bool:
+    return bool(STEP_DIR_RE.match(e.name)) and e.is_dir and not e.is_symlink
+
+
 def verified_checkpoints(root: str | os.PathLike[str]) -> list[VerifiedCheckpoint]:
     """Promoted checkpoints, oldest first (by save time, then step)."""
     root = Path(root)
     out: list[VerifiedCheckpoint] = []
     try:
-        entries = list(root.iterdir())
+        entries = listing.select(root, "step-dirs", _step_dir)  # cached while the root does not change
     except FileNotFoundError:
         return out
-    for d in entries:
-        m = STEP_DIR_RE.match(d.name)
-        if not m or d.is_symlink() or not d.is_dir():
+    for e in entries:
+        m = STEP_DIR_RE.match(e.name)
+        if not m:
             continue
+        d = root / e.name
         manifest = read_manifest(d)
         if not manifest or not manifest.ok:
             continue

@@ -7,22 +7,31 @@ per scrape). On each scrape the collector asks each live keeper for a snapshot t
 KeeperClient (as `status` does) and reads the figures `status --json` reports; a figure nobody
 measured is left out, never exported as 0. Labels: run, job (the trainer's script or module
 name), host, and rank (per-rank figures). Binds to loopback unless told otherwise.
+
+Many scrapers at once (several Prometheus servers, a dashboard's refreshes, a probe) share
+collections: the scrapes that arrive while one runs are all answered by the next, so the keepers
+are asked once per round whatever the number of scrapes, each format is encoded once per
+collection, and the server (a thread per request) listens with a deep backlog, so a burst of
+connections waits in the queue rather than in SYN retries.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psutil
-from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
 
 from trainroom.core import vocab
 from trainroom.core.cli.errors import CliError
@@ -34,6 +43,7 @@ from trainroom.core.run.status import status_dict
 STATES = vocab.WATCH_STATES  # export reads live keepers: their watchdog states
 CHECKPOINT_STATES = vocab.CKPT_STATES
 SNAPSHOT_TIMEOUT_S = 2.0  # one keeper that does not answer must not hold the whole scrape
+BACKLOG = 1024  # connections the kernel queues while every thread is busy
 RUN_LABELS = ["run", "job", "host"]
 RANK_LABELS = ["run", "job", "host", "rank"]
 
@@ -255,13 +265,101 @@ def _num(x: Any) -> float | None:
     return x if isinstance(x, (int, float)) else None
 
 
+class CachedExposition:
+    """Scrapes that arrive together share one collection: a scrape is answered from a collection
+    that started after it arrived (never older figures than a scrape of its own would give), and
+    every scrape waiting for that one gets it; each format is encoded once per collection."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self._cond = threading.Condition()
+        self._running = False
+        self._started = 0  # collections started so far
+        self._finished = 0  # the latest collection finished (its number)
+        self._families: list[Metric] = []
+        self._encoded: dict[str, bytes] = {}
+        self.collections = 0
+
+    def collect(self) -> Iterable[Metric]:
+        """The registry an encoder reads: the latest collection's families."""
+        return self._families
+
+    def body(self, accept: str | None) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept or "")
+        with self._cond:
+            need = self._started + 1  # a collection that starts after this scrape arrived
+            while self._finished < need:
+                if self._running:
+                    self._cond.wait()
+                    continue
+                self._running = True
+                self._started += 1
+                mine = self._started
+                self._cond.release()
+                try:
+                    families = list(self.collector.collect())
+                except BaseException:
+                    self._cond.acquire()
+                    self._running = False
+                    self._cond.notify_all()
+                    raise
+                self._cond.acquire()
+                self._families, self._encoded, self._finished = families, {}, mine
+                self.collections += 1
+                self._running = False
+                self._cond.notify_all()
+            out = self._encoded.get(content_type)
+            if out is None:
+                out = self._encoded[content_type] = encoder(self)
+            return out, content_type
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    request_queue_size = BACKLOG
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def wsgi_app(cache: CachedExposition) -> Callable[..., list[bytes]]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO") == "/favicon.ico":
+            start_response("404 Not Found", [("Content-Length", "0")])
+            return [b""]
+        body, content_type = cache.body(environ.get("HTTP_ACCEPT"))
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            body = gzip.compress(body, compresslevel=1)
+            headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Content-Length", str(len(body))))
+        start_response("200 OK", headers)
+        return [body]
+
+    return app
+
+
+def serve(port: int, bind: str, cache: CachedExposition) -> tuple[WSGIServer, threading.Thread]:
+    """The exporter's HTTP server on its own thread (IPv6 when `bind` is an IPv6 address)."""
+    family = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(_Server):
+        address_family = family
+
+    server = make_server(bind, port, wsgi_app(cache), Server, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return server, thread
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port {args.port}: expected 0..65535")
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunsCollector())
+    cache = CachedExposition(RunsCollector())
     try:
-        server, thread = start_http_server(args.port, addr=args.bind, registry=registry)
+        server, thread = serve(args.port, args.bind, cache)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CliError(f"cannot listen on {args.bind}:{args.port}: {why}") from None

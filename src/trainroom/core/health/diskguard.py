@@ -20,6 +20,7 @@ import msgspec
 
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding, Severity
+from trainroom.core.probes import listing
 from trainroom.core.samples import DiskSample
 from trainroom.core.units import fmt_bytes, fmt_duration
 
@@ -146,13 +147,8 @@ def budget_usage(root: str | os.PathLike[str], budget_bytes: int, used_bytes: in
     were a disk of its own: the same DISK_HIGH / DISK_FULL_SOON rules apply to it. `used_bytes`
     defaults to what the root holds (by lstat, symlinks not followed)."""
     if used_bytes is None:
-        used_bytes = 0
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-                try:
-                    used_bytes += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
+        # Listings cached while unchanged; a large directory of other data re-measured slowly.
+        used_bytes = listing.tree_bytes(root)
     return DiskUsage(
         path=str(root),
         total_bytes=budget_bytes,

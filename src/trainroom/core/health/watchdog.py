@@ -20,7 +20,8 @@ Wiring (the keeper, one Watchdog per run, all on the event-loop thread except th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -37,7 +38,7 @@ from trainroom.core.health.progress import Judgement, progress
 from trainroom.core.health.rules import WATCHDOG, Watched, judge
 from trainroom.core.run.ended import attempt_ended, clean_exit
 from trainroom.core.run.figures import median_interval, progress_bound
-from trainroom.core.run.state import RunState
+from trainroom.core.run.state import INTERVALS, RunState
 from trainroom.core.samples import ProcsSample
 
 STATES = vocab.WATCH_STATES
@@ -46,6 +47,23 @@ STATES = vocab.WATCH_STATES
 # keeper journals a finding again whenever its message changes, so their message keeps the
 # figures of first detection while the cause and severity stay; the evidence stays live.
 VOLATILE = vocab.VOLATILE
+
+# The keeper's own stall: two evaluations this far apart (monotonic; they run every tick) mean
+# the keeper itself did not run (SIGSTOP, a debugger, swap, a blocked loop). What it missed (the
+# frames waiting on its socket, a fresh probe) is read first, for SETTLE_S and until a probe newer
+# than the resume, at most SETTLE_MAX_S: until then its own gap is not the trainer's.
+PAUSE_S = 2.0
+SETTLE_S = 2.0
+SETTLE_MAX_S = 10.0
+JUDGED_STATES = frozenset({"hung", "stalled", "slow"})
+JUDGED_CODES = frozenset({"HUNG", "STALLED", "SLOW"})
+
+
+class Pause(msgspec.Struct, kw_only=True, frozen=True):
+    """The keeper itself did not run for `gap_s`, until `t` (wall clock)."""
+
+    t: float
+    gap_s: float
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -57,11 +75,22 @@ class Verdict(msgspec.Struct, kw_only=True):
 class Watchdog:
     """Runs every rule; keeps the little that must persist between calls (see Memory)."""
 
-    def __init__(self, guard: Guard | None = None) -> None:
+    def __init__(self, guard: Guard | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.guard = guard if guard is not None else Guard()
         self._last: tuple[vocab.WatchState, str] = ("starting", "no attempt yet")
         self.memory = Memory()
         self._pinned: dict[str, tuple[str, str, str, str]] = {}  # ident -> (severity, cause, fix, message)
+        self._clock = clock
+        self._mono: float | None = None  # the last evaluation, on the monotonic clock
+        self._pause: Pause | None = None  # the latest stall of the keeper itself, while settling
+        self._settle_until = 0.0
+        self._settle_max = 0.0
+        self._before: tuple[vocab.WatchState, str] = self._last  # the verdict before the stall
+        # rank -> steps_seen from which SLOW judges again: the intervals around the stall (its gap,
+        # then a burst of frames read at once) are not the trainer's cadence until they rolled out.
+        self._slow_from: dict[int, int] = {}
+        self._slow_attempt = 0
+        self.pauses: list[Pause] = []  # stalls seen, for the keeper to say (it clears the list)
 
     def _pin(self, findings: list[Finding]) -> None:
         pinned: dict[str, tuple[str, str, str, str]] = {}
@@ -109,16 +138,65 @@ class Watchdog:
         """Every rule, each through the guard: one that raises is an INTERNAL_ERROR finding and
         the others still judge (the life rules above all: a dead trainer is DEAD regardless)."""
         g = self.guard
+        self._own_gap(now)
         g.call("watchdog.memory", lambda: self.observe(run, ctx, now), None)
         judged = g.call("watchdog.state", lambda: self._state(run, ctx, now), None)
         if judged is not None:
-            state, reason, findings = judged
+            state, reason, findings = self._rebaselined(run, ctx, judged)
             self._last = (state, reason)
         else:
             state, reason, findings = self._fallback_state(run, ctx)
         findings += judge(g, WATCHDOG, Watched(run=run, ctx=ctx, memory=self.memory), now)
         self._pin(findings)
         return Verdict(state=state, reason=reason, findings=findings)
+
+    # ------------------------------------------------------------------ the keeper's own stall
+
+    def _own_gap(self, now: float) -> None:
+        mono = self._clock()
+        gap = mono - self._mono if self._mono is not None else 0.0
+        self._mono = mono
+        if gap <= PAUSE_S:
+            return
+        if self._pause is None:
+            self._before = self._last
+        self._pause = Pause(t=now, gap_s=gap)
+        self.pauses.append(self._pause)
+        self._settle_until, self._settle_max = mono + SETTLE_S, mono + SETTLE_MAX_S
+
+    def _settling(self, ctx: WatchContext) -> bool:
+        if self._pause is None:
+            return False
+        mono = self._mono or 0.0
+        stale_probe = ctx.probe_t is not None and ctx.probe_t <= self._pause.t
+        if mono < self._settle_until or (stale_probe and mono < self._settle_max):
+            return True
+        self._pause = None
+        return False
+
+    def _rebaselined(self, run: RunState, ctx: WatchContext, judged: Judgement) -> Judgement:
+        """A stalled/hung/slow verdict that only the keeper's own stall could have made is not
+        given: the verdict from before the stall stands while it catches up, and SLOW waits until
+        the intervals around the stall have rolled out of each rank's window."""
+        state, _reason, findings = judged
+        a = run.attempt
+        n = a.n if a is not None else 0
+        if n != self._slow_attempt:
+            self._slow_attempt, self._slow_from = n, {}
+        if self._settling(ctx):
+            self._slow_from = {k: r.steps_seen + INTERVALS for k, r in run.ranks.items()}
+            if state in JUDGED_STATES and self._before[0] not in JUDGED_STATES:
+                gap = self._pause.gap_s if self._pause is not None else 0.0
+                why = f"the keeper itself did not run for {gap:.0f} s; catching up before judging"
+                return self._before[0], f"{self._before[1]} ({why})", _unjudged(findings)
+            return judged
+        if state == "slow" and any(r.steps_seen < self._slow_from.get(k, 0) for k, r in run.ranks.items()):
+            return (
+                "running",
+                "steps flowing (the cadence is measured again after the keeper's own stall)",
+                [f for f in findings if f.code != "SLOW"],
+            )
+        return judged
 
     def _state(self, run: RunState, ctx: WatchContext, now: float) -> Judgement:
         a = run.attempt
@@ -151,6 +229,10 @@ class Watchdog:
             return state, reason, found
         state, reason = self._last
         return state, f"{reason} (the state rule failed: last known)", []
+
+
+def _unjudged(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.code not in JUDGED_CODES]
 
 
 def context_from_probe(
@@ -194,6 +276,7 @@ def context_from_probe(
 __all__ = [
     "STATES",
     "Memory",
+    "Pause",
     "Verdict",
     "WatchContext",
     "Watchdog",

@@ -37,6 +37,7 @@ from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
 from trainroom.core.keeper.logtail import LogStep, LogTail
+from trainroom.core.keeper.output import TrainerOutput
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
 from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_over, rest_wait, why_awake
@@ -89,6 +90,8 @@ class Keeper:
         self.state_disk: StateDisk | None = None
         self.sock_path = run_dir / runs.SOCKET_NAME
         self._log_path = run_dir / runs.LOG_NAME
+        # The trainer's stdout/stderr reach trainer.log through a pump: no write error reaches it.
+        self.output = TrainerOutput(self._log_path, self.note)
         self.proc: asyncio.subprocess.Process | None = None
         self.attempt_n = 0
         self.tail = LogTail(self._log_path, self._settings.log_pattern, self._settings.log_hints)
@@ -154,7 +157,9 @@ class Keeper:
         return self._log_path
 
     def trainer_alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        # Until its last output is in trainer.log, an attempt that just ended is judged as it was.
+        ending = self.attempt_n in self.output.ending
+        return self.proc is not None and (self.proc.returncode is None or ending)
 
     def trainer_python(self) -> str:
         argv = self.record.argv
@@ -314,13 +319,14 @@ class Keeper:
         except TimeoutError:
             floor = None
         now = time.time()
+        out = await self.output.open(n)
         with open(self._log_path, "ab", buffering=0) as log:
             _log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
                     stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=log if out is None else out,
                     stderr=asyncio.subprocess.STDOUT,
                     cwd=self.record.cwd,
                     env=env,
@@ -329,6 +335,9 @@ class Keeper:
             except OSError as exc:
                 _log_line(log, f"could not start: {exc}")
                 return self._could_not_start(n, now, argv, resume_from, exc)
+            finally:
+                if out is not None:
+                    os.close(out)  # the trainer holds it now: the pipe ends when the trainer's side does
         try:
             start_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -368,6 +377,7 @@ class Keeper:
     async def _wait_attempt(self, n: int, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
         now = time.time()
+        await self.output.drained(n)  # the last lines (a traceback) are in trainer.log
         g = self.supervision.guard
         # Read what the trainer wrote last before calling it: a traceback there is the cause.
         g.call("keeper.read_log", lambda: self._read_log(now, final=True), None)
@@ -501,7 +511,7 @@ class Keeper:
         budget = bool(self._settings.disk_budget_bytes)
         try:
             self.state_disk = observe_state_disk(
-                self._run_dir, self.journal.usage(), self._settings.ckpt_root, budget
+                self._run_dir, self.journal.usage(), self._settings.ckpt_root, budget, self.output.loss
             )
         except OSError:
             self.state_disk = None
@@ -557,6 +567,7 @@ class Keeper:
             t.cancel()
         await self.server.close()
         self.supervision.close()
+        self.output.close()
         await self.alerts.close()
         self.journal.close()
         return 0

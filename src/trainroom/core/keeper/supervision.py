@@ -52,6 +52,7 @@ class Supervision:
         on_fault: FaultSink | None = None,
     ) -> None:
         self.run = run
+        self._recorder = recorder
         # The rank processes (torchrun workers) and how each ended: journaled through `recorder`.
         self.workers = WorkerWatch(recorder, run) if recorder is not None else None
         self.thresholds = settings.thresholds
@@ -100,7 +101,19 @@ class Supervision:
             attempt=a.n if a else None,
         )
         verdict = self.watchdog.evaluate(st, ctx, now)
+        self._say_pauses()
         return verdict.state, verdict.reason, [*verdict.findings, *self.sanity.findings(now)]
+
+    def _say_pauses(self) -> None:
+        """The keeper's own stalls, said once each: why nothing was judged for that while."""
+        pauses, self.watchdog.pauses = self.watchdog.pauses, []
+        for pause in pauses:
+            if self._recorder is not None:
+                self._recorder.note(
+                    f"the keeper itself did not run for {pause.gap_s:.1f} s (stopped, swapped out or "
+                    "blocked): the trainer is judged again once what it sent meanwhile is read",
+                    "warning",
+                )
 
     def _probe_faults(self, sample: p.ProbeSample | None) -> None:
         """A probe that raised in the worker thread is a fault like a rule's (once per sample)."""

@@ -24,6 +24,7 @@ import msgspec
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.promote import intact
+from trainroom.core.probes import listing
 
 DEFAULT_KEEP = 2
 LAST_GOOD = "the newest that verifies now (those kept no longer match their verified digest)"
@@ -88,21 +89,34 @@ def _unlisted(root: Path, listed: set[str]) -> list[Kept]:
     directory without a verified manifest, a framework's own checkpoint."""
     out: list[Kept] = []
     try:
-        entries = sorted(root.iterdir())
+        entries = listing.select(root, "prune-unlisted", _maybe_unlisted)
     except FileNotFoundError:
         return out
-    units = set(targets.units_in(root))
-    for e in entries:
-        if e.name in listed or e.name in (layout.LATEST, layout.QUARANTINE) or e.name.startswith("."):
+    units = {u.name for u in targets.units_in(root)}
+    for entry in entries:
+        name = entry.name
+        if name in listed or (
+            not entry.is_symlink and not layout.STEP_DIR_RE.match(name) and name not in units
+        ):
             continue
-        if e.is_symlink():
+        e = root / name
+        if entry.is_symlink:
             out.append(Kept(path=str(e), step=None, why=f"symlink to {os.readlink(e)}: never followed"))
-        elif layout.STEP_DIR_RE.match(e.name):
+        elif layout.STEP_DIR_RE.match(name):
             out.append(Kept(path=str(e), step=None, why="no verified manifest: not a promoted checkpoint"))
-        elif e in units:
+        elif name in units:
             hint = targets.step_hint(e)
             out.append(Kept(path=str(e), step=hint.step if hint else None, why=_FOREIGN))
     return out
+
+
+def _maybe_unlisted(e: listing.Entry) -> bool:
+    """Entries prune may have to say it keeps (told by the entry alone): not the pointer, the
+    quarantine or a hidden file; a symlink, a directory, or a file a framework may have saved."""
+    if e.name in (layout.LATEST, layout.QUARANTINE) or e.name.startswith("."):
+        return False
+    shaped = e.is_dir or e.name.endswith(targets.CHECKPOINT_SUFFIXES)
+    return e.is_symlink or shaped or bool(layout.STEP_DIR_RE.match(e.name))
 
 
 def _rejected(root: Path, root_real: str, protected: set[str]) -> list[PruneTarget]:
