@@ -269,7 +269,7 @@ def test_tmux_demo_dead_resume_quit_reopen_kill(
     pane.keys("C-k")
     pane.wait(
         "Kill the trainer's process group?",
-        f"process group: {first['pgid']}",
+        f"kills process group {first['pgid']}",
         f"pid {first['pid']}",
         "yes, kill (y)",
         timeout=60,
