@@ -43,6 +43,7 @@ fi
 nvidia-smi >>"$LOG" 2>&1
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
 
+if [ -z "${ONLY_DEMOS:-}" ]; then  # ONLY_DEMOS=1: the demos alone (a second, shorter try)
 say "gpu_check.py"
 timeout 180 "$PY" scripts/gpu_check.py --json --budget-s 160 >"$OUT/gpu_check.json" 2>>"$LOG"
 echo "gpu_check exit $?" | tee -a "$LOG"
@@ -54,6 +55,7 @@ for o in r["outcomes"]:
     figs = {k: v for k, v in o["figures"].items() if v is not None}
     print(f"{o['result'].upper():4} {o['name']:<15} {o['detail'][:300]}  {figs}")
 EOF
+fi
 
 export TRAINROOM_HOME
 TRAINROOM_HOME=$(mktemp -d /tmp/trgs.XXXX)
@@ -99,6 +101,7 @@ if [ -n "${RUN:-}" ]; then
   "${TR[@]}" status "$RUN" --json 2>&1 | "$PY" -c "import json,sys; d=json.load(sys.stdin); print('after the kill: state', d['state'], 'vram', d['vram'])" 2>&1 | tee -a "$LOG"
 fi
 
+if [ -z "${ONLY_DEMOS:-}" ]; then
 say "demo --device $DEVICE --fault ghost-memory"
 GRUN=$(timeout 120 "${TR[@]}" demo --device "$DEVICE" --fault ghost-memory --fault-step 30 --detach --step-delay 0.02 --ckpt-every 200 2>>"$LOG")
 echo "run ${GRUN:-none}" | tee -a "$LOG"
@@ -112,6 +115,7 @@ if [ -n "${GRUN:-}" ]; then
     "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print('targeted kill:', d.get('ok'), d.get('message'))" "$OUT/ghost_kill.json" 2>&1 | tee -a "$LOG"
   fi
   timed_kill "$GRUN" >>"$LOG" 2> >(tee -a "$LOG" >&2)
+fi
 fi
 
 say "demo --device $DEVICE --fault spike --eval: gated promotion, eval, replay"
@@ -129,7 +133,7 @@ if [ -n "${SRUN:-}" ]; then
 fi
 
 say "bench_eval.py (CPU trainer, with and without an evaluation)"
-timeout 240 "$PY" scripts/bench_eval.py --steps 600 --ckpt-every 50 --pairs 2 >"$OUT/bench_eval.txt" 2>>"$LOG"
+timeout "${BENCH_S:-240}" "$PY" scripts/bench_eval.py --steps 600 --ckpt-every 50 --pairs "${BENCH_PAIRS:-2}" >"$OUT/bench_eval.txt" 2>>"$LOG"
 cat "$OUT/bench_eval.txt" | tee -a "$LOG"
 
 say "clean-up"

@@ -34,7 +34,7 @@ class CharGPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
         mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
-        x = self.tok(idx) + self.pos(torch.arange(t))
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for b in self.blocks:
             x = b(x, mask)
         return self.lm_head(self.ln_f(x))
