@@ -91,3 +91,14 @@ def test_without_cuda_in_torch_the_demo_exits_non_zero_with_one_line(tmp_path: P
     assert len(lines) == 1 and lines[0].startswith("trainroom demo: --device cuda"), done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing launched
+
+
+def test_the_demo_model_makes_every_tensor_on_its_inputs_device() -> None:
+    """The causal mask and the position ids follow the input: the meta device stands in for a GPU
+    here (a tensor made on the CPU beside it is refused, as CUDA refuses it)."""
+    torch = pytest.importorskip("torch")
+    from trainroom.core.demo.model import CharGPT
+
+    model = CharGPT(45, 64, 2, 2, 32).to("meta")
+    out = model(torch.zeros((4, 32), dtype=torch.long, device="meta"))
+    assert out.shape == (4, 32, 45) and out.device.type == "meta"

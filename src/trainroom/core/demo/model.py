@@ -33,7 +33,7 @@ class CharGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
-        mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        mask = torch.triu(torch.full((t, t), float("-inf"), device=idx.device), diagonal=1)
         x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
         for b in self.blocks:
             x = b(x, mask)
