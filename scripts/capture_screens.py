@@ -3,8 +3,8 @@
 Starts `trainroom demo --fault silent-death` (scenario 1) detached, opens `trainroom watch RUN` in
 one tmux pane per size, waits until the run is DEAD with its last checkpoint verified, and writes
 what each pane shows (`tmux capture-pane -p`) to OUT/main-COLSxROWS.txt; then, at 80x24, the DEAD
-finding opened (Tab, Enter: finding-80x24.txt), the runs overview (o: runs-80x24.txt) and the
-trainer log reached with Tab where the layout has no room for it (log-80x24.txt).
+finding opened (Enter: finding-80x24.txt), the runs overview (o: runs-80x24.txt) and the
+trainer log reached with its number where the layout has no room for it (0: log-80x24.txt).
 
     python scripts/capture_screens.py [--out docs/screenshots] [--fault-step 120]
 """
@@ -115,9 +115,9 @@ def main() -> int:
             path.write_text(text)
             print(f"{path}: {len(text.splitlines())} lines")
         for name, keys, back in (
-            ("finding", ["Tab", "Enter"], ["Escape"]),
+            ("finding", ["Enter"], ["Escape"]),  # the findings have the focus from the start
             ("runs", ["o"], ["Escape"]),
-            ("log", ["BTab"], ["Escape"]),
+            ("log", ["0"], ["Escape"]),  # its number: a hidden panel opens zoomed
         ):
             target = "80x24:"
             for key in keys:
