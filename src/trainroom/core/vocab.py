@@ -250,7 +250,11 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     "LR_MISMATCH": (Follows("RESUME_FROM_SCRATCH"),),
     "GRAD_EXPLOSION": (Follows("LR_MISMATCH", after=True),),
     "WHITE_MODEL": (Follows("LR_MISMATCH", after=True),),
-    "LOSS_SPIKE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    "LOSS_SPIKE": (
+        Follows("EXPLODED_START", after=True),
+        Follows("LR_MISMATCH", after=True),
+        Follows("GRAD_EXPLOSION", after=True),
+    ),
     "DIVERGENCE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
     "NONFINITE": (
         Follows("LR_MISMATCH", after=True),
@@ -274,6 +278,7 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
         Follows("DIVERGENCE", shown_by="outliers", after=True),
         Follows("GRAD_EXPLOSION", shown_by="outliers", after=True),
         Follows("LOSS_SPIKE", shown_by="outliers", after=True),
+        Follows("EXPLODED_START", shown_by="outliers", after=True),
         Follows("DISK_HIGH"),
         Follows("DRVFS_CHECKPOINTS"),
     ),

@@ -30,6 +30,10 @@ class ResumeArgs(Args, kw_only=True):
     pass
 
 
+# Open findings under which the keeper refuses a resume (a lock held, GPU memory not released).
+BLOCKING = frozenset({"ORPHAN_CONTEXT", "STALE_LOCK"})
+
+
 class Resume(Action[ResumeArgs, ResumePlan]):
     spec = ActionSpec(
         name="resume",
@@ -53,6 +57,11 @@ class Resume(Action[ResumeArgs, ResumePlan]):
         # offers a resume only from a checkpoint the run verified.
         if state.attempt is not None and not any(c.state == "verified" for c in state.checkpoints):
             return "no verified checkpoint to resume from: start it again from scratch (`trainroom launch`)"
+        # What the keeper refuses a resume for while the old attempt's processes hold on (its
+        # lock, its GPU memory): the fix is the kill those findings offer, not a resume.
+        holding = sorted({f.code for f in state.findings.values() if f.code in BLOCKING})
+        if holding:
+            return f"the old attempt's processes still hold on ({', '.join(holding)}): kill them first"
         return None
 
     async def plan(self, k: Keeper, args: ResumeArgs, call: Call) -> Plan[ResumePlan] | Refused:

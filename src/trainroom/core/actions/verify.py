@@ -49,8 +49,10 @@ class Verify(Action[VerifyArgs, Expected | None]):
         return None
 
     def not_offered(self, state: RunState, args: VerifyArgs) -> str | None:
-        if not any(c.state in ("candidate", "verified") for c in state.checkpoints):
-            return "no checkpoint to verify yet"
+        # The keeper verifies `latest` (or the newest watched checkpoint): a run whose every
+        # checkpoint was rejected has none, and the keeper would refuse.
+        if not any(c.state == "verified" for c in state.checkpoints):
+            return "no verified checkpoint to verify yet (`latest` points nowhere)"
         return None
 
     async def plan(self, k: Keeper, args: VerifyArgs, call: Call) -> Plan[Expected | None] | Refused:
