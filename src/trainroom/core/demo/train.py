@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainroom.core import sdk
+from trainroom.core.demo.evaluate import checkpoint_file
 from trainroom.core.demo.faults import DIVERGE_LR_FACTOR, EARLIER_RUN_LR, FAULTS, SESSION_LR_AFTER_OVERRIDE
 from trainroom.core.demo.model import CharGPT
 from trainroom.core.sdk import CheckpointWontFit, NonFiniteTracer, reimpose_lr, save_checkpoint
@@ -207,7 +208,7 @@ class DemoRun:
 
     def _load(self, resume: str) -> None:
         with self.rep.phase("checkpoint-load"):
-            ckpt = torch.load(_checkpoint_file(resume), map_location="cpu", weights_only=False)
+            ckpt = torch.load(checkpoint_file(resume), map_location="cpu", weights_only=False)
         self.model.load_state_dict(ckpt["model"])
         self.opt.load_state_dict(ckpt["optimizer"])
         self.sched.load_state_dict(ckpt["scheduler"])
@@ -384,16 +385,6 @@ class DemoRun:
         _save(
             state, step, self.ckpt_root, truncate=self.fault == "truncated-ckpt" and step >= args.fault_step
         )
-
-
-def _checkpoint_file(path: str) -> str:
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(x for x in p.iterdir() if x.suffix in (".pt", ".pth", ".bin"))
-        if not files:
-            raise FileNotFoundError(f"no checkpoint file in {p}")
-        return str(files[0])
-    return str(p)
 
 
 def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
