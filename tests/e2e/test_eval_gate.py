@@ -47,7 +47,12 @@ def test_a_regressing_checkpoint_is_held_and_latest_stays_on_the_last_that_passe
         linger_s=600,
         extra={"eval_command": demo_eval_command()},
     )
-    d = wait_for(lambda: _done(s := status(info)) and s, timeout=TORCH_START_S * 2, what="every verdict")
+    # Every verdict in, and the held one's finding raised (the keeper judges it on its next tick).
+    d = wait_for(
+        lambda: _done(s := status(info)) and "EVAL_REGRESSED" in codes(s) and s,
+        timeout=TORCH_START_S * 2,
+        what="every verdict and EVAL_REGRESSED",
+    )
     cs = d["checkpoints"]
     held = [c for c in cs if c["state"] == "held"]
     verified = [c for c in cs if c["state"] == "verified"]
