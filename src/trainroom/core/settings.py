@@ -253,11 +253,7 @@ def resolve(
         thresholds=config.thresholds,
         kill=config.kill,
         bench=config.bench,
-        eval=(
-            msgspec.structs.replace(config.eval, command=options.eval_command)
-            if options.eval_command
-            else config.eval
-        ),
+        eval=eval_policy(options, config),
         journal=config.journal,
         roots=HostRoots(
             proc=env.get(ENV_PROC_ROOT, "/proc"),
@@ -267,6 +263,14 @@ def resolve(
         notify=notify_settings(options.notify, config.notify),
         recognised=recognised,
     )
+
+
+def eval_policy(options: LaunchOptions, config: cfg.Config) -> cfg.Eval:
+    """The evaluation a run's promotion is gated by: `--eval-command` over trainroom.toml's [eval]
+    (the keeper gates by it; `trainroom eval` re-runs it)."""
+    if options.eval_command:
+        return msgspec.structs.replace(config.eval, command=options.eval_command)
+    return config.eval
 
 
 def resume_template(

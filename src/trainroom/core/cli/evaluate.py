@@ -12,14 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from trainroom.core.cli.errors import CliError
 from trainroom.core.config import Eval, load_config
 from trainroom.core.ops.evaluate import evaluate
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import CheckpointView
 from trainroom.core.sections import ConfigError
+from trainroom.core.settings import eval_policy
 from trainroom.core.units import to_json
 
 # Two figures agree when they round to the same 4th decimal (half a unit of it apart at most).
@@ -47,10 +46,7 @@ def policy_of(rec: runs.RunRecord) -> Eval:
         config, _ = load_config(rec.cwd, runs.state_dir())
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    policy = config.eval
-    if rec.options.eval_command:
-        policy = msgspec.structs.replace(policy, command=rec.options.eval_command)
-    return policy
+    return eval_policy(rec.options, config)
 
 
 def pick(checkpoints: list[CheckpointView], step: int | None) -> CheckpointView:
