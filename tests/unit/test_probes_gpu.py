@@ -110,6 +110,7 @@ def test_a_healthy_sample_per_process(tmp_path: Path) -> None:
             total_bytes=12 * GIB,
             util_percent=80,
             power_w=150.0,
+            pci_bus_id="0000:01:00.0",  # the fake's default for device 0 (no health keys: NotSupported)
         )
     ]
     mine, gone = s.processes

@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
 
 def test_the_catalogue_has_every_code_once_and_nothing_else() -> None:
     assert list(vocab.CATALOGUE) == list(vocab.FINDING_CODES)
-    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 34
+    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 39
 
 
 def test_every_code_a_source_file_raises_is_in_the_catalogue() -> None:
@@ -42,7 +42,15 @@ def test_every_code_a_source_file_raises_is_in_the_catalogue() -> None:
 
 
 def test_the_groups_are_read_off_the_catalogue() -> None:
-    assert {"STALLED", "HUNG", "SLOW", "GHOST_MEMORY", "HOST_RAM_LOW", "ORPHAN_CONTEXT"} == watchdog.VOLATILE
+    assert {
+        "STALLED",
+        "HUNG",
+        "SLOW",
+        "GHOST_MEMORY",
+        "HOST_RAM_LOW",
+        "ORPHAN_CONTEXT",
+        "GPU_THROTTLED",
+    } == watchdog.VOLATILE
     assert set(sanity.CODES) == {
         "LR_MISMATCH",
         "EXPLODED_START",

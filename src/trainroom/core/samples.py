@@ -32,6 +32,52 @@ class GpuDevice(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     total_bytes: int | None = None
     util_percent: int | None = None  # junk over 100 (zombie contexts) is dropped by the probe
     power_w: float | None = None
+    # Its PCI address as the kernel writes it ("0000:3b:00.0": probes.xid.norm_bus), from
+    # nvmlDeviceGetPciInfo(h).busId ("00000000:3B:00.0").
+    pci_bus_id: str | None = None
+    # NVML said GPU_IS_LOST for one of its fields: it fell off the bus.
+    lost: bool = False
+    health: GpuHealth | None = None  # None: not read (the driver gave none of it)
+
+
+class GpuHealth(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A device's health figures (probes.gpuhealth); None: NotSupported on this device or
+    driver, a normal answer (no ECC on a GeForce, no row remapping before Ampere)."""
+
+    ecc_volatile_sbe: int | None = None  # corrected (single-bit) since the driver loaded
+    ecc_volatile_dbe: int | None = None  # uncorrected (double-bit) since the driver loaded
+    ecc_aggregate_sbe: int | None = None  # over the device's life
+    ecc_aggregate_dbe: int | None = None
+    retired_sbe: int | None = None  # pages retired for repeated single-bit errors
+    retired_dbe: int | None = None  # pages retired for a double-bit error
+    retired_pending: bool | None = None  # a retirement waits for the next GPU reset
+    remap_correctable: int | None = None  # rows remapped (Ampere and later)
+    remap_uncorrectable: int | None = None
+    remap_pending: bool | None = None  # a remap waits for the next GPU reset
+    remap_failed: bool | None = None  # a remap failed: the device needs service
+    clock_reasons: int | None = None  # nvmlClocksEventReason* bits (nvmlClocksThrottleReason* of old)
+    temp_c: int | None = None
+    temp_slowdown_c: int | None = None  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    temp_shutdown_c: int | None = None  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+    power_limit_w: float | None = None  # the enforced limit
+    power_default_limit_w: float | None = None  # the board's default limit
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+
+
+class GpuEvent(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """An Xid or a fall off the bus, from the kernel log or NVML's events (probes.gpuevents)."""
+
+    t: float
+    source: str  # "/dev/kmsg", "journalctl -k" or "nvml events"
+    bus_id: str | None = None  # normalised ("0000:3b:00.0"); None: the line named none
+    xid: int | None = None  # None: "GPU has fallen off the bus" without an Xid number
+    lost: bool = False  # Xid 79 or "fallen off the bus"
+    text: str = ""  # the kernel's line (bounded)
+    device: int | None = None  # the NVML index of its bus; None: no device of NVML's has it
+    ours: bool = False  # that device runs this run's processes
 
 
 class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -66,6 +112,10 @@ class GpuSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     notes: list[str] = []
     devices: list[GpuDevice] = []
     processes: list[GpuProcess] = []
+    # Xids and falls off the bus seen during this attempt (bounded, oldest dropped), and where
+    # they were read from: "/dev/kmsg", "journalctl -k", or why neither ("" before a watch).
+    events: list[GpuEvent] = []
+    kernel_log: str = ""
 
     @property
     def ours(self) -> list[GpuProcess]:

@@ -91,6 +91,11 @@ FindingCode = Literal[
     "LOSS_SCALE",
     "GHOST_MEMORY",
     "ORPHAN_CONTEXT",
+    "GPU_LOST",
+    "GPU_XID",
+    "GPU_ECC",
+    "GPU_THROTTLED",
+    "GPU_LINK_DEGRADED",
     "HOST_RAM_LOW",
     "STALE_LOCK",
     "DUPLICATE_TRAINER",
@@ -168,6 +173,24 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
     "ORPHAN_CONTEXT": FindingKind(
         "gpu", "critical", "a process of an earlier attempt still holds the GPU", "vram", volatile=True
     ),
+    "GPU_LOST": FindingKind(
+        "gpu", "critical", "the run's GPU fell off the bus (Xid 79) or NVML says it is lost: drain the node"
+    ),
+    "GPU_XID": FindingKind(
+        "gpu", "critical", "the driver reported an Xid on the run's GPU (kernel log or NVML), with what to do"
+    ),
+    "GPU_ECC": FindingKind(
+        "gpu", "critical", "uncorrectable ECC errors, or a page retirement or row remap waiting for a reset"
+    ),
+    "GPU_THROTTLED": FindingKind(
+        "gpu",
+        "warning",
+        "the run's GPU clocks are held down (thermal, hardware slowdown, a lowered power cap)",
+        volatile=True,
+    ),
+    "GPU_LINK_DEGRADED": FindingKind(
+        "gpu", "warning", "the GPU's PCIe link trained below its max width, or its generation under load"
+    ),
     "HOST_RAM_LOW": FindingKind("host", "critical", "the host runs out of memory", "host", volatile=True),
     "STALE_LOCK": FindingKind("host", "critical", "a lock file held by a process that is gone"),
     "DUPLICATE_TRAINER": FindingKind("host", "warning", "another trainer of the same run is running"),
@@ -233,12 +256,18 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     # A host out of memory fails an allocation behind an error that hides ENOMEM. (A death is
     # not folded: DEAD is the run's state, and its own row keeps the resume it offers.)
     "MASKED_ERROR": (Follows("HOST_RAM_LOW"),),
+    # A GPU that fell off the bus or raised an Xid kills or wedges the trainer on it: the death
+    # or the hang is its consequence (a standing condition: the kernel's line may be read a
+    # moment after the keeper reaped the trainer). DEAD's own resume is then refused onto that
+    # device (actions/resume.py).
+    "DEAD": (Follows("GPU_LOST"), Follows("GPU_XID")),
     # The progress verdicts: a trainer waiting on a lock a dead process holds stalls, then hangs;
     # one that hangs has stopped stepping; two trainers on one GPU slow each other; a host that
     # swaps slows the steps.
-    "HUNG": (Follows("STALE_LOCK"),),
-    "STALLED": (Follows("STALE_LOCK"), Follows("HUNG")),
+    "HUNG": (Follows("STALE_LOCK"), Follows("GPU_LOST"), Follows("GPU_XID")),
+    "STALLED": (Follows("STALE_LOCK"), Follows("HUNG"), Follows("GPU_LOST"), Follows("GPU_XID")),
     "SLOW": (
+        Follows("GPU_THROTTLED", after=True),
         Follows("HUNG"),
         Follows("STALLED"),
         Follows("DUPLICATE_TRAINER"),
@@ -263,8 +292,10 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     ),
     "LOSS_SCALE": (Follows("NONFINITE", after=True), Follows("GRAD_EXPLOSION", after=True)),
     # The GPU: memory of the run its allocator cannot see, while a context of an earlier attempt
-    # outlives its process, is that context's.
+    # outlives its process, is that context's. An Xid follows a lost GPU's fall, and an ECC
+    # error's Xid (48, 63, 94, 95) the ECC finding.
     "GHOST_MEMORY": (Follows("ORPHAN_CONTEXT"),),
+    "GPU_XID": (Follows("GPU_LOST"), Follows("GPU_ECC")),
     # A second trainer of the run claims the ranks the first holds.
     "RANK_CLAIMED": (Follows("DUPLICATE_TRAINER"),),
     # The disks: a full disk or a Windows drive under WSL lands a save short; a full state disk
@@ -306,4 +337,5 @@ COUNTED: dict[FindingCode, tuple[str, str]] = {
     "MASKED_ERROR": ("masked error", "masked errors"),
     "INTERNAL_ERROR": ("rule failed", "rules failed"),
     "DEAD": ("death", "deaths"),
+    "GPU_XID": ("Xid", "Xids"),
 }

@@ -34,6 +34,40 @@ class ResumeArgs(Args, kw_only=True):
 BLOCKING = frozenset({"ORPHAN_CONTEXT", "STALE_LOCK"})
 
 
+def sick_gpu(state: RunState) -> str | None:
+    """Why a resume would land on a GPU that cannot take it (lost: GPU_LOST; a page retirement
+    or row remap waiting for a reset: GPU_ECC), naming the devices that are healthy; None: none."""
+    sick: dict[int, str] = {}
+    for f in state.open_findings():
+        ev = f.evidence
+        dev = ev.get("device")
+        if not isinstance(dev, int):
+            continue
+        bus = f" ({ev['bus_id']})" if ev.get("bus_id") else ""
+        if f.code == "GPU_LOST":
+            sick.setdefault(dev, f"GPU {dev}{bus} is lost (GPU_LOST)")
+        elif f.code == "GPU_ECC" and (
+            ev.get("retired_pending") or ev.get("remap_pending") or ev.get("remap_failed")
+        ):
+            sick.setdefault(
+                dev, f"GPU {dev}{bus} has a page retirement or row remap waiting for a reset (GPU_ECC)"
+            )
+    if not sick:
+        return None
+    gpu = state.probe.gpu if state.probe is not None else None
+    healthy = [
+        f"GPU {d.index}" + (f" ({d.pci_bus_id})" if d.pci_bus_id else "")
+        for d in (gpu.devices if gpu is not None else [])
+        if d.index not in sick and not d.lost
+    ]
+    where = (
+        f"healthy: {', '.join(healthy)} (resume there: CUDA_VISIBLE_DEVICES, or another node)"
+        if healthy
+        else "no healthy GPU on this host: resume on another node"
+    )
+    return f"{'; '.join(sick[k] for k in sorted(sick))}: a resume here would start on it; {where}"
+
+
 class Resume(Action[ResumeArgs, ResumePlan]):
     spec = ActionSpec(
         name="resume",
@@ -50,7 +84,7 @@ class Resume(Action[ResumeArgs, ResumePlan]):
         a = state.attempt
         if a is not None and live_attempt(state):
             return f"attempt {a.n} is still running: kill it first"
-        return None
+        return sick_gpu(state)
 
     def not_offered(self, state: RunState, args: ResumeArgs) -> str | None:
         # The keeper also finds a `latest` under the root that this run never saw; a client

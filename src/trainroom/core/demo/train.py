@@ -553,18 +553,15 @@ def _drive_fake_nvml(
         # one: the driver never lists more in use than the device has.
         procs.append({"pid": 4_194_000 + (pid % 1000), "used_bytes": FAKE_ORPHAN_BYTES})
         util, power = 100, 60.0
-    scenario = {
-        "devices": [
-            {
-                "name": "NVIDIA GeForce RTX 3060 (fake)",
-                "total_bytes": FAKE_DEVICE_BYTES,
-                "used_bytes": sum(p["used_bytes"] for p in procs),
-                "util_percent": util,
-                "power_w": power,
-            }
-        ],
-        "processes": procs,
-    }
+    try:  # what the trainer does not drive (a test's bus id, health figures, events) is kept
+        with open(path) as f:
+            kept = json.load(f)
+        dev = dict((kept.get("devices") or [{}])[0])
+    except (OSError, ValueError, AttributeError, IndexError, TypeError):
+        kept, dev = {}, {}
+    dev.update(name=dev.get("name", "NVIDIA GeForce RTX 3060 (fake)"), total_bytes=FAKE_DEVICE_BYTES)
+    dev.update(used_bytes=sum(p["used_bytes"] for p in procs), util_percent=util, power_w=power)
+    scenario = {**kept, "devices": [dev], "processes": procs}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(scenario, f)

@@ -30,6 +30,7 @@ from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.health.crash import attempt_masked_error, repeat_death
 from trainroom.core.health.detectors import Detectors
 from trainroom.core.health.gpu import ghost_finding, ghost_measure, orphan_findings
+from trainroom.core.health.gpufaults import ecc_findings, gpu_event_findings, link_findings, throttle_findings
 from trainroom.core.health.guard import Guard
 from trainroom.core.health.host import duplicate_findings, host_ram_low_now, stale_locks
 from trainroom.core.health.keeper import (
@@ -116,6 +117,10 @@ WATCHDOG: tuple[Rule[Watched], ...] = (
     Rule("watchdog.rank_restarted", lambda w, now: [rank_restarted(w.run)]),
     Rule("watchdog.ghost", _ghost),
     Rule("watchdog.orphan", lambda w, now: orphan_findings(w.run, w.ctx, w.memory)),
+    Rule("watchdog.gpu_events", lambda w, now: gpu_event_findings(w.ctx)),
+    Rule("watchdog.gpu_ecc", lambda w, now: ecc_findings(w.ctx)),
+    Rule("watchdog.gpu_throttle", lambda w, now: throttle_findings(w.ctx)),
+    Rule("watchdog.gpu_link", lambda w, now: link_findings(w.ctx)),
     Rule("watchdog.host_ram", lambda w, now: [host_ram_low_now(w.run, w.ctx)]),
     Rule("watchdog.locks", lambda w, now: stale_locks(w.run, w.ctx)),
     Rule("watchdog.duplicates", lambda w, now: duplicate_findings(w.ctx)),

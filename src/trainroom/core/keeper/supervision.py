@@ -18,6 +18,7 @@ from trainroom.core.health.watchdog import Watchdog, context_from_probe, crash_f
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.keeper.workers import WorkerWatch
 from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.probes.gpuevents import GpuEventWatch
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.state import RunState
 from trainroom.core.settings import RunSettings
@@ -60,6 +61,9 @@ class Supervision:
             lock_paths=settings.lock_files,
             host_process_names=settings.host_processes,
         )
+        # Xids from the kernel log and NVML's events: started by the first probe cycle.
+        self.sweep.gpu_events = GpuEventWatch(self.sweep.gpu.nvml)
+        self._kernel_log_said = False
         # One guard for every rule, observer, probe and the log reader: what raises is an
         # INTERNAL_ERROR finding (`findings`), the rest goes on.
         self.guard = Guard(on_fault)
@@ -94,6 +98,7 @@ class Supervision:
         st = self.run.state
         a = st.attempt
         self._probe_faults(st.probe)
+        self._say_kernel_log(st.probe)
         ctx = context_from_probe(
             st.probe,
             thresholds=self.thresholds,
@@ -114,6 +119,15 @@ class Supervision:
                     "blocked): the trainer is judged again once what it sent meanwhile is read",
                     "warning",
                 )
+
+    def _say_kernel_log(self, sample: p.ProbeSample | None) -> None:
+        """Where the GPU's Xids are read from (or why they cannot be), said once."""
+        gpu = sample.gpu if sample is not None else None
+        if self._kernel_log_said or gpu is None or not gpu.kernel_log or self._recorder is None:
+            return
+        self._kernel_log_said = True
+        bad = gpu.kernel_log.startswith("unavailable")
+        self._recorder.note(f"GPU Xids: kernel log {gpu.kernel_log}", "warning" if bad else "info")
 
     def _probe_faults(self, sample: p.ProbeSample | None) -> None:
         """A probe that raised in the worker thread is a fault like a rule's (once per sample)."""

@@ -21,10 +21,22 @@ Scenario (every key optional):
         "name": "NVIDIA GeForce RTX 3060", "total_bytes": 12884901888, "used_bytes": 11811160064,
         "util_percent": 100, "util_memory_percent": 3, "power_w": 60.0,
         "persistence_mode": 1,                # 0 disabled, 1 enabled (the default)
+        "pci_bus_id": "00000000:3B:00.0",     # nvmlDeviceGetPciInfo(h).busId (default: by index)
+        # The health fields: a key left out is NotSupported on this device (a normal answer).
+        "ecc": {"volatile": [0, 0], "aggregate": [0, 0]},   # [corrected, uncorrected]
+        "retired_pages": [0, 0], "retired_pending": 0,      # [multiple single-bit, double-bit]
+        "remapped_rows": [0, 0, 0, 0],        # corrected, uncorrected, pending, failure
+        "clock_reasons": 0,                   # nvmlClocksEventReason* bits (Throttle* too)
+        "temp_c": 45, "temp_slowdown_c": 87, "temp_shutdown_c": 92,
+        "power_limit_w": 700.0, "power_default_limit_w": 700.0,
+        "pcie": [5, 5, 16, 16],               # current gen, max gen, current width, max width
+        "events_supported": true,             # nvmlDeviceRegisterEvents (default true)
         "errors": {"nvmlDeviceGetPowerUsage": 3},  # per device
         "processes": [{"pid": 4242, "used_bytes": null}]
       }],
-      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0}]   # device defaults to 0
+      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0}],  # device defaults to 0
+      "events": [{"device": 0, "xid": 79}]    # critical-Xid events, each delivered once to every
+                                              # event set created before it was appended
     }
 
 `used_bytes: null` is what nvidia-ml-py returns for N/A (None); the integer 18446744073709551615
@@ -36,12 +48,15 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 import pynvml
 from pynvml import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
     NVML_ERROR_UNINITIALIZED,
     NVMLError,
 )
@@ -54,6 +69,7 @@ globals().update({n: getattr(pynvml, n) for n in _REAL_NAMES})
 ENV = "TRAINROOM_FAKE_NVML"
 ULLONG_MAX = (1 << 64) - 1
 _API_ORDER = ("v1", "v2", "v3")
+XID_CRITICAL = pynvml.nvmlEventTypeXidCriticalError
 
 
 class _Handle:
@@ -64,6 +80,27 @@ class _Handle:
 
     def __repr__(self) -> str:
         return f"<fake nvmlDevice {self.index}>"
+
+
+class _PciInfo:
+    def __init__(self, bus_id: str) -> None:
+        self.busId = bus_id.encode()  # a c_char array: bytes, as nvidia-ml-py returns it
+        self.busIdLegacy = self.busId
+
+
+class _EventData:
+    def __init__(self, handle: _Handle, xid: int) -> None:
+        self.device = handle
+        self.eventType = XID_CRITICAL
+        self.eventData = xid
+        self.gpuInstanceId = 0xFFFFFFFF
+        self.computeInstanceId = 0xFFFFFFFF
+
+
+class _EventSet:
+    def __init__(self, cursor: int) -> None:
+        self.cursor = cursor  # events before it were appended before the set existed
+        self.devices: set[int] = set()
 
 
 class _Memory:
@@ -248,6 +285,121 @@ class FakeNvml:
         self._enter("nvmlDeviceGetGraphicsRunningProcesses", dev)
         return []
 
+    # ------------------------------------------------------------------ health
+
+    def _health(self, handle: object, fn: str, key: str) -> Any:
+        """The device's `key`, or NotSupported when the scenario leaves it out."""
+        _, dev, _ = self._device(handle)
+        self._enter(fn, dev)
+        if dev.get(key) is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return dev[key]
+
+    def nvmlDeviceGetPciInfo(self, handle: object) -> _PciInfo:
+        _, dev, i = self._device(handle)
+        self._enter("nvmlDeviceGetPciInfo", dev)
+        return _PciInfo(str(dev.get("pci_bus_id", f"00000000:{i + 1:02X}:00.0")))
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: object, errorType: int, counterType: int) -> int:
+        ecc = self._health(handle, "nvmlDeviceGetTotalEccErrors", "ecc")
+        return int(ecc["aggregate" if counterType == 1 else "volatile"][1 if errorType == 1 else 0])
+
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, handle: object, errorType: int, counterType: int, locationType: int
+    ) -> int:
+        ecc = self._health(handle, "nvmlDeviceGetMemoryErrorCounter", "ecc")
+        if locationType != pynvml.NVML_MEMORY_LOCATION_DRAM:
+            return 0  # every error of the scenario is in device memory
+        return int(ecc["aggregate" if counterType == 1 else "volatile"][1 if errorType == 1 else 0])
+
+    def nvmlDeviceGetRetiredPages(self, handle: object, sourceFilter: int) -> list[int]:
+        pages = self._health(handle, "nvmlDeviceGetRetiredPages", "retired_pages")
+        return [0x1000 * (k + 1) for k in range(int(pages[1 if sourceFilter == 1 else 0]))]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: object) -> int:
+        return int(self._health(handle, "nvmlDeviceGetRetiredPagesPendingStatus", "retired_pending"))
+
+    def nvmlDeviceGetRemappedRows(self, handle: object) -> tuple[int, int, int, int]:
+        rows = self._health(handle, "nvmlDeviceGetRemappedRows", "remapped_rows")
+        return (int(rows[0]), int(rows[1]), int(rows[2]), int(rows[3]))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: object) -> int:
+        return int(self._health(handle, "nvmlDeviceGetCurrentClocksEventReasons", "clock_reasons"))
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: object) -> int:
+        return int(self._health(handle, "nvmlDeviceGetCurrentClocksThrottleReasons", "clock_reasons"))
+
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return int(self._health(handle, "nvmlDeviceGetTemperature", "temp_c"))
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: object, threshold: int) -> int:
+        key = {0: "temp_shutdown_c", 1: "temp_slowdown_c"}.get(threshold)
+        if key is None:
+            _, dev, _ = self._device(handle)
+            self._enter("nvmlDeviceGetTemperatureThreshold", dev)
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return int(self._health(handle, "nvmlDeviceGetTemperatureThreshold", key))
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: object) -> int:
+        return round(float(self._health(handle, "nvmlDeviceGetEnforcedPowerLimit", "power_limit_w")) * 1000)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: object) -> int:
+        w = self._health(handle, "nvmlDeviceGetPowerManagementDefaultLimit", "power_default_limit_w")
+        return round(float(w) * 1000)
+
+    def _pcie(self, handle: object, fn: str, k: int) -> int:
+        return int(self._health(handle, fn, "pcie")[k])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: object) -> int:
+        return self._pcie(handle, "nvmlDeviceGetCurrPcieLinkGeneration", 0)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: object) -> int:
+        return self._pcie(handle, "nvmlDeviceGetMaxPcieLinkGeneration", 1)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: object) -> int:
+        return self._pcie(handle, "nvmlDeviceGetCurrPcieLinkWidth", 2)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: object) -> int:
+        return self._pcie(handle, "nvmlDeviceGetMaxPcieLinkWidth", 3)
+
+    # ------------------------------------------------------------------ events
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        sc = self._enter("nvmlEventSetCreate")
+        return _EventSet(len(sc.get("events") or []))
+
+    def nvmlDeviceRegisterEvents(self, handle: object, eventTypes: int, eventSet: _EventSet) -> None:
+        _, dev, i = self._device(handle)
+        self._enter("nvmlDeviceRegisterEvents", dev)
+        if not dev.get("events_supported", True):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if eventTypes & XID_CRITICAL:
+            eventSet.devices.add(i)
+
+    def nvmlEventSetWait(self, eventSet: _EventSet, timeoutms: int) -> _EventData:
+        """The next critical-Xid event of a registered device, else Timeout after `timeoutms`."""
+        deadline = time.monotonic() + max(0, timeoutms) / 1000.0
+        while True:
+            sc = self._enter("nvmlEventSetWait")
+            events = sc.get("events") or []
+            while eventSet.cursor < len(events):
+                ev = events[eventSet.cursor]
+                eventSet.cursor += 1
+                if int(ev.get("device", 0)) in eventSet.devices:
+                    return _EventData(_Handle(int(ev.get("device", 0))), int(ev["xid"]))
+            if time.monotonic() >= deadline:
+                raise NVMLError(NVML_ERROR_TIMEOUT)
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def nvmlEventSetWait_v2(self, eventSet: _EventSet, timeoutms: int) -> _EventData:
+        return self.nvmlEventSetWait(eventSet, timeoutms)
+
+    def nvmlEventSetFree(self, eventSet: _EventSet) -> None:
+        self._enter("nvmlEventSetFree")
+        eventSet.devices.clear()
+
 
 def write_scenario(path: str | os.PathLike[str], scenario: dict[str, Any]) -> None:
     """Write a scenario so a reader never sees half of it: a temp file beside it, then rename."""
@@ -277,6 +429,27 @@ nvmlDeviceGetComputeRunningProcesses = DEFAULT.nvmlDeviceGetComputeRunningProces
 nvmlDeviceGetComputeRunningProcesses_v2 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v2
 nvmlDeviceGetComputeRunningProcesses_v3 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v3
 nvmlDeviceGetGraphicsRunningProcesses = DEFAULT.nvmlDeviceGetGraphicsRunningProcesses
+nvmlDeviceGetPciInfo = DEFAULT.nvmlDeviceGetPciInfo
+nvmlDeviceGetTotalEccErrors = DEFAULT.nvmlDeviceGetTotalEccErrors
+nvmlDeviceGetMemoryErrorCounter = DEFAULT.nvmlDeviceGetMemoryErrorCounter
+nvmlDeviceGetRetiredPages = DEFAULT.nvmlDeviceGetRetiredPages
+nvmlDeviceGetRetiredPagesPendingStatus = DEFAULT.nvmlDeviceGetRetiredPagesPendingStatus
+nvmlDeviceGetRemappedRows = DEFAULT.nvmlDeviceGetRemappedRows
+nvmlDeviceGetCurrentClocksEventReasons = DEFAULT.nvmlDeviceGetCurrentClocksEventReasons
+nvmlDeviceGetCurrentClocksThrottleReasons = DEFAULT.nvmlDeviceGetCurrentClocksThrottleReasons
+nvmlDeviceGetTemperature = DEFAULT.nvmlDeviceGetTemperature
+nvmlDeviceGetTemperatureThreshold = DEFAULT.nvmlDeviceGetTemperatureThreshold
+nvmlDeviceGetEnforcedPowerLimit = DEFAULT.nvmlDeviceGetEnforcedPowerLimit
+nvmlDeviceGetPowerManagementDefaultLimit = DEFAULT.nvmlDeviceGetPowerManagementDefaultLimit
+nvmlDeviceGetCurrPcieLinkGeneration = DEFAULT.nvmlDeviceGetCurrPcieLinkGeneration
+nvmlDeviceGetMaxPcieLinkGeneration = DEFAULT.nvmlDeviceGetMaxPcieLinkGeneration
+nvmlDeviceGetCurrPcieLinkWidth = DEFAULT.nvmlDeviceGetCurrPcieLinkWidth
+nvmlDeviceGetMaxPcieLinkWidth = DEFAULT.nvmlDeviceGetMaxPcieLinkWidth
+nvmlEventSetCreate = DEFAULT.nvmlEventSetCreate
+nvmlDeviceRegisterEvents = DEFAULT.nvmlDeviceRegisterEvents
+nvmlEventSetWait = DEFAULT.nvmlEventSetWait
+nvmlEventSetWait_v2 = DEFAULT.nvmlEventSetWait_v2
+nvmlEventSetFree = DEFAULT.nvmlEventSetFree
 
 __all__ = [  # the real error names first: the fake raises pynvml's own classes
     *_REAL_NAMES,

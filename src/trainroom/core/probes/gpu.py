@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Protocol, TypeVar
 
+from trainroom.core.probes.gpuhealth import read_bus_id, read_health
 from trainroom.core.probes.procs import PROC, read_stat
 from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespace, VramFloor
 
@@ -232,6 +233,8 @@ class GpuProbe:
             )
             gpu_util = None
         power = self._field(notes, i, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        bus_id, lost = read_bus_id(nvml, handle)
+        health, lost_now = read_health(nvml, handle, i, notes)
         return GpuDevice(
             index=i,
             name=_text(name) if name is not None else None,
@@ -239,6 +242,9 @@ class GpuProbe:
             total_bytes=int(mem.total) if mem is not None else None,
             util_percent=gpu_util,
             power_w=round(int(power) / 1000.0, 1) if power is not None else None,  # NVML says milliwatts
+            pci_bus_id=bus_id,
+            lost=lost or lost_now,
+            health=health,
         )
 
     def _processes(self, notes: list[str], i: int, handle: object, ours: set[int]) -> list[GpuProcess]:

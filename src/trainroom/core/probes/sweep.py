@@ -17,6 +17,7 @@ import msgspec
 from trainroom.core import failpoints
 from trainroom.core import protocol as p
 from trainroom.core.probes.gpu import GpuProbe, Nvml
+from trainroom.core.probes.gpuevents import GpuEventWatch
 from trainroom.core.probes.host import HostProbe
 from trainroom.core.probes.leftovers import run_leftovers
 from trainroom.core.probes.locks import lock_holders
@@ -70,6 +71,7 @@ class ProbeSweep:
         proc_root: str = PROC,
         clock: Callable[[], float] = time.time,
         duplicate_every: int = 2,
+        gpu_events: GpuEventWatch | None = None,
     ) -> None:
         self.lock_paths = list(lock_paths)
         self.host_process_names = list(host_process_names)
@@ -83,6 +85,8 @@ class ProbeSweep:
         self._leftovers: list[Leftover] = []
         self._scanned_live: int | None = None  # the live attempt the last leftover scan knew
         self.workers = WorkerFinder(proc_root)
+        # The kernel log's and NVML's Xids (threads of its own; the keeper's sweep has one).
+        self.gpu_events = gpu_events
 
     def procs(self, targets: ProbeTargets) -> ProcsSample:
         states: dict[int, str] = {}
@@ -150,6 +154,12 @@ class ProbeSweep:
             gpu = GpuSample(
                 t=t, available=False, reason=f"driver view unavailable: {type(exc).__name__}: {exc}"
             )
+        if self.gpu_events is not None:
+            try:
+                failpoints.check("probe.gpu_events")
+                gpu = self.gpu_events.take(gpu, targets.attempt)
+            except Exception as exc:
+                faults["probe.gpu_events"] = _fault_text(exc)
         try:
             failpoints.check("probe.host")
             host = self.host.sample()
@@ -162,6 +172,8 @@ class ProbeSweep:
         return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs, faults=faults)
 
     def close(self) -> None:
+        if self.gpu_events is not None:
+            self.gpu_events.close()
         self.gpu.close()
 
 

@@ -15,6 +15,7 @@ from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState, WorkerView
+from trainroom.core.samples import GpuSample
 from trainroom.core.units import signal_name
 from trainroom.core.vocab import ShownState
 
@@ -45,6 +46,17 @@ def _worker_state(w: WorkerView | None, letters: dict[int, str], keeper_alive: b
     if letter is None or not keeper_alive:
         return None
     return state_name(letter)
+
+
+def gpu_status(gpu: GpuSample | None) -> dict[str, Any]:
+    """The driver's devices (bus id, lost, health), this attempt's Xids and the kernel log's source."""
+    if gpu is None:
+        return {"devices": [], "events": [], "kernel_log": None}
+    return {
+        "devices": [msgspec.to_builtins(d) for d in gpu.devices],
+        "events": [msgspec.to_builtins(e) for e in gpu.events],
+        "kernel_log": gpu.kernel_log or None,
+    }
 
 
 def journal_damage(st: RunState) -> dict[str, Any] | None:
@@ -201,6 +213,9 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             "allocator_allocated_bytes": v.allocated_bytes,
             "allocator_reserved_bytes": v.reserved_bytes,
         },
+        # Added: each device's PCI bus id and health figures, the Xids seen this attempt, and
+        # where the kernel's word on the GPU is read from (probes.gpuevents).
+        "gpu": gpu_status(st.probe.gpu if st.probe is not None else None),
         "host": {
             "mem_available_bytes": host.mem_available_bytes if host is not None else None,
             "page_cache_bytes": host.page_cache_bytes if host is not None else None,
