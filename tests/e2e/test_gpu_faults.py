@@ -11,7 +11,6 @@ and the kernel's word written to the real /dev/kmsg as root (an injected line's 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -116,8 +115,19 @@ def test_an_xid_79_for_the_runs_bus_is_gpu_lost_and_another_bus_is_not_this_runs
     assert "no healthy GPU on this host" in said, said
 
 
-def _place(gpu: Path, **keys: Any) -> None:
-    """Merge `keys` into device 0 of the scenario (the trainer keeps what it does not drive)."""
-    sc = json.loads(gpu.read_text())
-    sc["devices"][0].update(keys)
-    write_scenario(gpu, sc)
+def test_a_thermal_throttle_with_a_rate_drop_is_named_as_slows_cause(trhome: Path) -> None:
+    # The demo's gpu-throttle fault: from step 40 its (fake) GPU reports thermal slowdown at
+    # 91 °C and its steps take 8x longer, as a GPU at its slowdown temperature does.
+    info = start_demo(fault="gpu-throttle", fault_step=40, step_delay=0.1)
+    d = wait_for(lambda: _with(info, "SLOW"), timeout=START_S, what="SLOW")
+    hot = _finding(d, "GPU_THROTTLED")
+    assert hot is not None, d["findings"]
+    assert (
+        "thermal slowdown (software), thermal slowdown (hardware) at 91 °C (slowdown at 87 °C)"
+        in (hot["message"])
+    )
+    slow = _finding(d, "SLOW")
+    assert slow is not None and slow["evidence"]["cause"] == "GPU throttled"
+    assert "the GPU is throttled (GPU 0 thermal slowdown" in slow["message"]
+    row = next(r for r in d["finding_rows"] if r["code"] == "GPU_THROTTLED")
+    assert [k["code"] for k in row["consequences"]] == ["SLOW"]

@@ -16,6 +16,7 @@ FAULTS = (
     "rank-outlier",
     "ghost-memory",
     "orphan-context",
+    "gpu-throttle",
     "disk-fill",
     "truncated-ckpt",
     "masked-enomem",

@@ -22,7 +22,7 @@ from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
 from trainroom.core.settings import LaunchOptions
 
-NVML_FAULTS = {"ghost-memory", "orphan-context"}
+NVML_FAULTS = {"ghost-memory", "orphan-context", "gpu-throttle"}
 # The demo ends by itself: this many steps (at the default --step-delay, a few minutes on a CPU),
 # and always DEMO_STEPS_PAST_FAULT past a later --fault-step, so the fault plays out before the end.
 DEMO_STEPS = 3000

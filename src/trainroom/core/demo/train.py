@@ -265,8 +265,9 @@ class DemoRun:
                     flush=True,
                 )
                 break
-            if args.step_delay:
-                time.sleep(args.step_delay)
+            if args.step_delay:  # gpu-throttle: a GPU held at its thermal slowdown runs 8x slower
+                throttled = self.fault == "gpu-throttle" and self.step >= args.fault_step
+                time.sleep(args.step_delay * (8 if throttled else 1))
         self.rep.close("finished")
         if self.world > 1:
             import torch.distributed as dist
@@ -561,6 +562,8 @@ def _drive_fake_nvml(
         kept, dev = {}, {}
     dev.update(name=dev.get("name", "NVIDIA GeForce RTX 3060 (fake)"), total_bytes=FAKE_DEVICE_BYTES)
     dev.update(used_bytes=sum(p["used_bytes"] for p in procs), util_percent=util, power_w=power)
+    if args.fault == "gpu-throttle" and step >= args.fault_step:  # hot: thermal slowdown at 91 °C
+        dev.update(clock_reasons=0x20 | 0x40, temp_c=91, temp_slowdown_c=87, temp_shutdown_c=92)
     scenario = {**kept, "devices": [dev], "processes": procs}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

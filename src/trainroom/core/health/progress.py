@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
+from trainroom.core.health.gpufaults import throttled_devices
 from trainroom.core.loglines import unread_words
 from trainroom.core.run.figures import median_interval, phase_bound, progress_bound, warmup_bound
 from trainroom.core.run.state import AttemptView, RankView, RunState
@@ -527,5 +528,10 @@ def progress(run: RunState, ctx: WatchContext, now: float, mem: Memory) -> Judge
         return _judge_gap(run, a, worst, bound if bound is not None else grace, ctx, mem, now)
     slow = slow_check(stepped, th)
     if slow is not None:
+        hot = throttled_devices(ctx)
+        if hot:  # the step rate fell with the GPU's clocks: that is the cause, in its words
+            why = "; ".join(f"GPU {d.index} {words}" for d, words in hot)
+            slow.message = slow.message.split("; ghost VRAM")[0] + f": the GPU is throttled ({why})"
+            slow.evidence |= {"cause": "GPU throttled", "throttled": why}
         return "slow", f"steps slower than {th.slow_factor:g} x the median", [slow]
     return "running", "steps flowing", []
