@@ -438,6 +438,7 @@ def test_report_with_a_gpu_the_cpu_torch_cannot_use_is_missing_cuda(tmp_path: Pa
         "config",
         "nvml",
         "cuda",
+        "gpu_health",
         "wsl",
         "ckpt_fs",
         "disk",

@@ -15,6 +15,7 @@ from tests.support.waiting import wait_for
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
 from trainroom.core.health.gpufaults import ecc_findings, gpu_event_findings, link_findings, throttle_findings
+from trainroom.core.ops.gpu_checks import check_gpu_health
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.gpuevents import GpuEventWatch
@@ -161,3 +162,21 @@ def test_a_death_or_hang_folds_under_a_lost_gpu(consequence: str) -> None:
     rows = fold([_f(consequence, t), _f("GPU_LOST", t + 0.5, device=0)])  # the line read just after
     assert [r.cause.code for r in rows] == ["GPU_LOST"]
     assert [k.code for k in rows[0].consequences] == [consequence]
+
+
+def test_doctor_judges_every_device_of_the_host_and_the_xids_left_in_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(
+        "4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+        "4,2,2,-;NVRM: Xid (PCI:0000:99:00): 13, another host's bus in a shared test log\n"
+    )
+    ok = check_gpu_health(_sample(tmp_path).gpu, kmsg=str(tmp_path / "none"))
+    assert ok.status == "ok" and "no ECC error pending, no throttling" in ok.detail
+    assert "a keeper reads Xids from" in ok.detail
+    path = tmp_path / "gpu.json"
+    write_scenario(path, {"devices": [{**H100, "ecc": {"volatile": [0, 1], "aggregate": [0, 1]}}]})
+    bad = check_gpu_health(GpuProbe(FakeNvml(path)).sample(), kmsg=str(log))  # no process: every device
+    assert bad.status == "degraded"
+    assert "1 uncorrectable (double-bit) ECC errors" in bad.detail
+    assert "0000:3b:00.0 fell off the bus (still in the kernel's log): drain the node" in bad.detail
+    assert "0000:99:00" not in bad.detail

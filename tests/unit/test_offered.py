@@ -60,3 +60,34 @@ def test_the_checkpoints_of_a_model_that_exploded_at_its_start_fold_under_it() -
     root = next(r for r in rows if r.cause.code == "EXPLODED_START")
     assert [(k.code, k.count) for k in root.consequences] == [("CKPT_REJECTED", 5)]
     assert not any(r.cause.code == "CKPT_REJECTED" for r in rows)
+
+
+def test_resume_is_refused_onto_a_lost_gpu_or_one_with_a_pending_remap_naming_the_healthy_one() -> None:
+    from trainroom.core.samples import GpuDevice, GpuSample
+
+    resume = REGISTRY["resume"]
+    gpu = GpuSample(
+        t=T0 + 299,
+        available=True,
+        devices=[
+            GpuDevice(index=0, pci_bus_id="0000:3b:00.0"),
+            GpuDevice(index=1, pci_bus_id="0000:5e:00.0"),
+        ],
+    )
+    base = [*dead_run_records(), _verified(100), p.ProbeSample(t=T0 + 299, gpu=gpu)]
+    assert resume.precondition(build_state(base), resume.Args()) is None
+    lost = _raised("GPU_LOST", T0 + 300, key="0000:3b:00.0", evidence={"device": 0, "bus_id": "0000:3b:00.0"})
+    why = resume.precondition(build_state([*base, lost]), resume.Args())
+    assert why == (
+        "GPU 0 (0000:3b:00.0) is lost (GPU_LOST): a resume here would start on it; "
+        "healthy: GPU 1 (0000:5e:00.0) (resume there: CUDA_VISIBLE_DEVICES, or another node)"
+    )
+    ecc = {"device": 1, "bus_id": "0000:5e:00.0", "remap_pending": True}
+    why = resume.precondition(
+        build_state([*base, lost, _raised("GPU_ECC", T0 + 301, key="1", evidence=ecc)]), resume.Args()
+    )
+    assert why is not None and why.endswith("no healthy GPU on this host: resume on another node")
+    assert "GPU 1 (0000:5e:00.0) has a page retirement or row remap waiting for a reset (GPU_ECC)" in why
+    # Counted ECC errors with nothing pending do not block a resume (a reset already applied them).
+    done = _raised("GPU_ECC", T0 + 301, key="1", evidence={"device": 1, "ecc_volatile_dbe": 2})
+    assert resume.precondition(build_state([*base, done]), resume.Args()) is None

@@ -44,6 +44,11 @@ def run_devices(gpu: GpuSample) -> list[GpuDevice]:
     return list(gpu.devices) if len(gpu.devices) == 1 else []
 
 
+def _judged(gpu: GpuSample, every: bool) -> list[GpuDevice]:
+    """The run's devices, or (`every`: `doctor` for the host) all of them."""
+    return list(gpu.devices) if every else run_devices(gpu)
+
+
 def _name(dev: int | None, bus: str | None, gpu: GpuSample | None) -> str:
     named = next((d.name for d in (gpu.devices if gpu else []) if d.index == dev and d.name), None)
     where = ", ".join(x for x in (bus, named) if x)
@@ -118,14 +123,14 @@ def _unique(fs: list[Finding]) -> list[Finding]:
 # --------------------------------------------------------------------------- NVML health
 
 
-def ecc_findings(ctx: WatchContext) -> list[Finding]:
+def ecc_findings(ctx: WatchContext, every: bool = False) -> list[Finding]:
     """GPU_ECC: uncorrectable errors since the driver loaded, a retirement or remap pending (it
     takes effect at the next reset: until then the bad memory is still in use), a remap failed."""
     gpu = ctx.gpu
     if gpu is None or not gpu.available:
         return []
     out = []
-    for d in run_devices(gpu):
+    for d in _judged(gpu, every):
         h = d.health
         if h is None:
             continue
@@ -196,17 +201,17 @@ def throttle_words(d: GpuDevice) -> str | None:
     return ", ".join(reasons) + (f" at {', '.join(figures)}" if figures else "")
 
 
-def throttled_devices(ctx: WatchContext) -> list[tuple[GpuDevice, str]]:
+def throttled_devices(ctx: WatchContext, every: bool = False) -> list[tuple[GpuDevice, str]]:
     gpu = ctx.gpu
     if gpu is None or not gpu.available:
         return []
-    return [(d, w) for d in run_devices(gpu) if (w := throttle_words(d)) is not None]
+    return [(d, w) for d in _judged(gpu, every) if (w := throttle_words(d)) is not None]
 
 
-def throttle_findings(ctx: WatchContext) -> list[Finding]:
+def throttle_findings(ctx: WatchContext, every: bool = False) -> list[Finding]:
     out = []
     gpu = ctx.gpu
-    for d, words in throttled_devices(ctx):
+    for d, words in throttled_devices(ctx, every):
         h = d.health
         assert h is not None
         out.append(
@@ -235,12 +240,12 @@ def throttle_findings(ctx: WatchContext) -> list[Finding]:
     return out
 
 
-def link_findings(ctx: WatchContext) -> list[Finding]:
+def link_findings(ctx: WatchContext, every: bool = False) -> list[Finding]:
     gpu = ctx.gpu
     if gpu is None or not gpu.available:
         return []
     out = []
-    for d in run_devices(gpu):
+    for d in _judged(gpu, every):
         h = d.health
         if h is None:
             continue

@@ -26,6 +26,7 @@ import msgspec
 
 from trainroom.core.config import Config
 from trainroom.core.ops import host_checks as hc
+from trainroom.core.ops.gpu_checks import check_gpu_health
 from trainroom.core.ops.host_checks import Check, Fact, absent
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
@@ -84,6 +85,7 @@ class NvmlView(msgspec.Struct, kw_only=True):
     notes: list[str] = []
     process_calls: list[ProcessCall] = []  # on device 0, newest first
     probe_cycle_ms: float | None = None  # the median of a few GpuProbe samples
+    sample: GpuSample | None = None  # the probe's own sample: the health figures gpu_health judges
 
     @property
     def process_api(self) -> ProcessApi | None:
@@ -170,6 +172,7 @@ def nvml_view(nvml: Any = None, *, proc_root: str = "/proc") -> NvmlView:
             notes=list(sample.notes),
             process_calls=calls,
             probe_cycle_ms=round(statistics.median(cycles), 3),
+            sample=sample,
         )
     finally:
         probe.close()
@@ -432,6 +435,7 @@ def run_doctor(options: DoctorOptions, *, nvml: Any = None, sudo: hc.SudoProbe =
         config_check,
         check_nvml(nv, needed, wsl),
         check_cuda(torch, needed),
+        check_gpu_health(nv.sample),
         hc.check_wsl(roots.proc),
         hc.check_ckpt_fs(root, os.path.join(roots.proc, "mounts")),
         hc.check_disk(root, config.thresholds),
