@@ -180,3 +180,21 @@ def test_doctor_judges_every_device_of_the_host_and_the_xids_left_in_the_log(tmp
     assert "1 uncorrectable (double-bit) ECC errors" in bad.detail
     assert "0000:3b:00.0 fell off the bus (still in the kernel's log): drain the node" in bad.detail
     assert "0000:99:00" not in bad.detail
+
+
+def test_bench_says_when_throttling_explains_a_low_figure(tmp_path: Path) -> None:
+    from trainroom.core.ops.bench import BenchResult, explain, verdict
+
+    word, text = verdict(40.0, "Hopper/Blackwell data-centre GPU", 100.0)
+    low = BenchResult(ok=True, device="cuda:0", tflops=40.0, verdict=word, message=text)
+    hot = _sample(tmp_path, clock_reasons=0x4, power_limit_w=200.0, power_w=199.0).gpu
+    said = explain(low, hot)
+    assert (
+        said.throttled
+        == "GPU 0 power cap at 64 °C (slowdown at 87 °C), 199 W of a 200 W limit, default 700 W"
+    )
+    assert said.message == (
+        "below the 100 TFLOPS floor of its class (Hopper/Blackwell data-centre GPU): throttling explains it "
+        f"({said.throttled})"
+    )
+    assert explain(low, _sample(tmp_path).gpu) == low  # at its default cap: not the explanation

@@ -21,6 +21,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from trainroom.core.health.gpufaults import throttle_words
+from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.samples import GpuSample
+
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 # (name pattern, device class, floor in TFLOPS); the first match wins.
 GPU_FLOORS: list[tuple[str, str, float]] = [
@@ -54,6 +58,9 @@ class BenchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     message: str = ""
     threads: int | None = None
     torch: str | None = None
+    # What held the GPU's clocks down as it measured (NVML's clock event reasons), in words: the
+    # likely reason for a figure below its floor. None: nothing did, or not read.
+    throttled: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -224,11 +231,39 @@ def run_bench(
     done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     lines = done.stdout.strip().splitlines()
     try:
-        return with_floor(msgspec.json.decode(lines[-1], type=BenchResult), floor_tflops)
+        result = with_floor(msgspec.json.decode(lines[-1], type=BenchResult), floor_tflops)
     except (IndexError, msgspec.DecodeError, msgspec.ValidationError):
         pass
+    else:
+        return explain(result, gpu_health() if result.verdict == "slow" and "cuda" in device else None)
     tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     return failed(device, f"the bench failed: {tail}")
+
+
+def gpu_health() -> GpuSample | None:
+    """The driver's view now (the fake NVML where $TRAINROOM_FAKE_NVML names one), or None."""
+    probe = GpuProbe()
+    try:
+        return probe.sample()
+    except Exception:
+        return None
+    finally:
+        probe.close()
+
+
+def explain(result: BenchResult, gpu: GpuSample | None) -> BenchResult:
+    """A low figure with the GPU throttled says so: the clocks, not a wedge, explain it."""
+    if gpu is None or not gpu.available or result.verdict != "slow":
+        return result
+    hot = [f"GPU {d.index} {w}" for d in gpu.devices if (w := throttle_words(d)) is not None]
+    if not hot:
+        return result
+    said = "; ".join(hot)
+    return msgspec.structs.replace(
+        result,
+        throttled=said,
+        message=f"{result.message.split(': the device is slow')[0]}: throttling explains it ({said})",
+    )
 
 
 def with_floor(result: BenchResult, floor_tflops: float | None) -> BenchResult:
