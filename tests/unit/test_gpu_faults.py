@@ -198,3 +198,50 @@ def test_bench_says_when_throttling_explains_a_low_figure(tmp_path: Path) -> Non
         f"({said.throttled})"
     )
     assert explain(low, _sample(tmp_path).gpu) == low  # at its default cap: not the explanation
+
+
+def test_export_gauges_carry_dcgm_labels_and_pass_promtool(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trainroom.core.cli.export import _Families
+    from trainroom.core.cli.export_gpu import gpu_metrics
+    from trainroom.core.run.status import gpu_status
+
+    ctx = _sample(tmp_path, clock_reasons=0x40, ecc={"volatile": [1, 2], "aggregate": [3, 4]}, temp_c=90)
+    f = _Families()
+    gpu_metrics(f.put, {"run": "r1"}, gpu_status(ctx.gpu))
+
+    class _C:
+        def collect(self) -> Any:
+            return iter(f.all.values())
+
+    reg = CollectorRegistry()
+    reg.register(_C())  # type: ignore[arg-type]
+    text = generate_latest(reg).decode()
+    got = {
+        (
+            s.name,
+            tuple(sorted((k, v) for k, v in s.labels.items() if k in ("type", "counter", "reason"))),
+        ): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.labels.get("gpu") == "0" and s.labels.get("pci_bus_id") == "00000000:3B:00.0"
+    }
+    assert got[("trainroom_gpu_temperature_celsius", ())] == 90
+    assert got[("trainroom_gpu_ecc_errors", (("counter", "volatile"), ("type", "dbe")))] == 2
+    assert got[("trainroom_gpu_ecc_errors", (("counter", "aggregate"), ("type", "sbe")))] == 3
+    assert got[("trainroom_gpu_clock_event_active", (("reason", "hw_thermal_slowdown"),))] == 1
+    assert got[("trainroom_gpu_clock_event_active", (("reason", "sw_power_cap"),))] == 0
+    assert got[("trainroom_gpu_pcie_link_width", ())] == 16 and got[("trainroom_gpu_lost", ())] == 0
+    assert 'model_name="NVIDIA H100 80GB HBM3"' in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: prometheus); the figures above were checked")
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

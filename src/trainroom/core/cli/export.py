@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from trainroom.core import vocab
 from trainroom.core.cli.errors import CliError
+from trainroom.core.cli.export_gpu import gpu_metrics
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.state import RunState
@@ -228,6 +229,7 @@ def _run_metrics(f: _Families, base: dict[str, str], st: RunState) -> None:
     for outcome, n in sorted(st.notify_outcomes.items()):
         alerts.add_metric([*base.values(), outcome], n)
     _rank_metrics(f, base, st)
+    gpu_metrics(f.put, base, d["gpu"])
 
 
 def _rank_metrics(f: _Families, base: dict[str, str], st: RunState) -> None:
