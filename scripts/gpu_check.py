@@ -17,6 +17,7 @@ Each check is PASS, FAIL or SKIP, with its figures:
                    released on the basis the keeper names (per-process rows, or the launch floor)
   stale_lock       a stopped straggler keeps the dead trainer's flock: STALE_LOCK names it
   orphan_context   ... and its CUDA context: ORPHAN_CONTEXT names it
+  kernel_log, gpu_health, xid_events, power_cap: the GPU's own faults (gpu_check_health.py)
   cleanup          every process the script started is gone
 
 Without NVML the NVML checks skip; without a CUDA device in --python's torch the CUDA checks say
@@ -42,6 +43,7 @@ from typing import Any, Literal
 import msgspec
 import psutil
 import pynvml
+from gpu_check_health import health_checks
 from gpu_check_session import Session
 
 from trainroom.core.ops.bench import run_bench
@@ -475,6 +477,7 @@ def run_checks(s: Session, args: argparse.Namespace, torch: TorchView, out: list
     nvml = load_nvml()
     out += [check_nvml_init(nvml), check_process_calls(nvml, args.device), check_probe_cycle(nvml)]
     cuda = torch.cuda_available and args.device < torch.device_count
+    out += [Outcome(**o) for o in health_checks(nvml, args.device, s.python, cuda)]
     if not cuda and not args.cpu_rehearsal:
         why = f"no CUDA device (torch {torch.version or 'not importable'} in {torch.python}"
         why += f": {torch.error})" if torch.error else (": a CPU build)" if torch.cuda_build is None else ")")

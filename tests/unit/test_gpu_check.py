@@ -214,7 +214,12 @@ def test_the_script_against_the_fake_passes_nvml_skips_cuda_and_leaves_nothing(t
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     results = {o["name"]: o for o in report["outcomes"]}
-    assert list(results) == ["nvml_init", "process_calls", "probe_cycle", *gc.CUDA_CHECKS, "cleanup"]
+    health = ["kernel_log", "gpu_health", "xid_events", "power_cap"]
+    assert list(results) == ["nvml_init", "process_calls", "probe_cycle", *health, *gc.CUDA_CHECKS, "cleanup"]
+    # The fake device has no health key (every figure NotSupported): nothing to judge, said so.
+    assert results["gpu_health"]["detail"] == "skipped: device 0 gave no health figure"
+    assert results["xid_events"]["result"] == "pass"
+    assert results["power_cap"]["detail"] == "skipped: no CUDA device"
     assert [results[n]["result"] for n in ("nvml_init", "process_calls", "probe_cycle", "cleanup")] == [
         "pass"
     ] * 4

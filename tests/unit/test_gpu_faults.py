@@ -245,3 +245,22 @@ def test_export_gauges_carry_dcgm_labels_and_pass_promtool(tmp_path: Path) -> No
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_gpu_check_reads_health_without_a_false_finding_and_fails_a_sick_device(tmp_path: Path) -> None:
+    import sys
+
+    scripts = str(Path(__file__).resolve().parents[2] / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import gpu_check_health as gch
+
+    path = tmp_path / "gpu.json"
+    write_scenario(path, {"devices": [H100]})
+    healthy = gch.check_gpu_health(FakeNvml(path), 0)
+    assert healthy["result"] == "pass" and healthy["figures"]["pcie"] == "gen5/5 x16/16"
+    assert gch.check_xid_events(FakeNvml(path), 0)["result"] == "pass"
+    write_scenario(path, {"devices": [{**H100, "remapped_rows": [0, 0, 0, 1], "events_supported": False}]})
+    sick = gch.check_gpu_health(FakeNvml(path), 0)
+    assert sick["result"] == "fail" and "GPU_ECC" in sick["detail"] and "a row remap failed" in sick["detail"]
+    assert gch.check_xid_events(FakeNvml(path), 0)["result"] == "skip"
