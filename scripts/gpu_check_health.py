@@ -1,4 +1,4 @@
-"""gpu_check.py's GPU health checks (issue 34), on a real GPU:
+"""gpu_check.py's checks of the GPU's own faults, on a real GPU:
 
   gpu_health       the keeper's health rules over the device's real figures (ECC, pending
                    retirements/remaps, clock event reasons, temperature and power against their
