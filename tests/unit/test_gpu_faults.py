@@ -264,3 +264,21 @@ def test_gpu_check_reads_health_without_a_false_finding_and_fails_a_sick_device(
     sick = gch.check_gpu_health(FakeNvml(path), 0)
     assert sick["result"] == "fail" and "GPU_ECC" in sick["detail"] and "a row remap failed" in sick["detail"]
     assert gch.check_xid_events(FakeNvml(path), 0)["result"] == "skip"
+
+
+def test_where_kmsg_cannot_be_read_the_journal_is_followed_and_an_overlong_line_skipped() -> None:
+    long = "x" * 5000  # past the line bound: its tail must not be read as a line of its own
+    script = (
+        f"echo '{long}NVRM: Xid (PCI:0000:aa:00): 13, hidden in an over-long line'; "
+        "echo '[ 5.1] host kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=9, GPU has fallen off the bus.'; "
+        "exec sleep 30"
+    )
+    watch = GpuEventWatch(None, kmsg="/nonexistent/kmsg", journalctl=("sh", "-c", script))
+    try:
+        assert watch.start() == "journalctl -k"
+        ev = wait_for(lambda: watch.feed.q.get(timeout=0.1) if not watch.feed.q.empty() else None, timeout=10)
+        assert (ev.bus_id, ev.xid, ev.lost, ev.source) == ("0000:3b:00.0", 79, True, "journalctl -k")
+        time.sleep(0.3)
+        assert watch.feed.q.empty()
+    finally:
+        watch.close()
