@@ -32,6 +32,7 @@ CHECKS = [
     "config",
     "nvml",
     "cuda",
+    "gpu_health",
     "wsl",
     "ckpt_fs",
     "disk",
