@@ -141,3 +141,29 @@ async def test_the_detail_says_what_follows_and_keeps_a_tensors_underscores(tmp_
         assert "CRIT NONFINITE" in text and "what follows from it" in text
         assert "3 checkpoints rejected since NONFINITE at step 31" in text
         assert "checkpoint step 45 (step-000045.pt) rejected" in text
+
+
+@in_loop
+async def test_the_header_names_a_lost_gpu_with_its_device_and_the_death_folds_under_it(tmp_path) -> None:
+    from tests.support.tui_fakes import dead_run_records
+
+    lost = raised(
+        "GPU_LOST",
+        "critical",
+        "GPU 0 (0000:3b:00.0, NVIDIA H100 80GB HBM3) fell off the bus (Xid 79, read from /dev/kmsg): ...",
+        T0 + 299,
+        key="0000:3b:00.0",
+        evidence={"device": 0, "bus_id": "0000:3b:00.0", "xid": 79},
+    )
+    app, _link, _ = make_app(str(tmp_path), [*dead_run_records(), lost])
+    async with app.run_test(size=(100, 24)) as pilot:
+        await settle(app, pilot)
+        header = app.query_one(RunHeader)
+        assert header.view is not None and header.view.state == "dead"
+        assert (header.view.worst_code, header.view.worst_where) == ("GPU_LOST", "GPU 0 (0000:3b:00.0)")
+        top = screen_text(app).splitlines()[0]
+        assert "DEAD" in top and "GPU_LOST GPU 0 (0000:3b:00.0)" in top, top
+        panel = app.query_one(FindingsPanel)
+        assert panel.view is not None and panel.view.open[0].code == "GPU_LOST"
+        assert [f.code for f in panel.view.open[0].follow] == ["DEAD"]
+        assert "DEAD" not in [r.code for r in panel.view.open]

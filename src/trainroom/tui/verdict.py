@@ -134,6 +134,8 @@ class HeaderView:
     worst_code: str | None  # the worst open root cause at warning or above, named beside the badge
     worst_level: Level
     more: int  # how many more rows of findings are open besides its own
+    # Where the worst cause is, when it is one device's (a GPU fault): "GPU 0 (0000:3b:00.0)".
+    worst_where: str = ""
 
 
 def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
@@ -167,7 +169,17 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
         worst_code=worst.code if worst else None,
         worst_level=worst_level,
         more=len(named) - 1 if named else 0,
+        worst_where=_device_of(worst),
     )
+
+
+def _device_of(f: Finding | None) -> str:
+    ev = f.evidence if f is not None else {}
+    dev = ev.get("device")
+    if f is None or not f.code.startswith("GPU_") or not isinstance(dev, int) or isinstance(dev, bool):
+        return ""
+    bus = ev.get("bus_id")
+    return f"GPU {dev}" + (f" ({bus})" if isinstance(bus, str) and bus else "")
 
 
 # --------------------------------------------------------------------------- findings

@@ -52,7 +52,10 @@ class RunHeader(Panel[HeaderView], can_focus=False):
         )
         if view.worst_code is not None:
             extra = f" +{view.more}" if view.more else ""
-            parts.append((1, [(" ", label), (view.worst_code, self.style(view.worst_level)), (extra, label)]))
+            where = [(f" {view.worst_where}", self.style(view.worst_level))] if view.worst_where else []
+            parts.append(
+                (1, [(" ", label), (view.worst_code, self.style(view.worst_level)), *where, (extra, label)])
+            )
         if not view.connected:
             said = " KEEPER BUSY " if view.keeper_busy else " KEEPER GONE "
             parts.append((1, [(" ", label), (said, self.get_component_rich_style("header--offline"))]))
