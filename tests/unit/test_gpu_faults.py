@@ -282,3 +282,26 @@ def test_where_kmsg_cannot_be_read_the_journal_is_followed_and_an_overlong_line_
         assert watch.feed.q.empty()
     finally:
         watch.close()
+
+
+def test_nvmls_gpu_is_lost_on_the_runs_device_is_gpu_lost_without_a_kernel_line(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    procs = [{"pid": os.getpid(), "used_bytes": 1 << 30, "device": 1}]
+    scenario = {"devices": [H100, {**H100, "pci_bus_id": "00000000:5E:00.0"}], "processes": procs}
+    write_scenario(path, scenario)
+    nv = FakeNvml(path)
+    watch = GpuEventWatch(nv, kmsg=str(tmp_path / "none"), journalctl=None)
+    try:
+        assert _watch_sample(watch, nv).events == []
+        write_scenario(path, {**scenario, "devices": [H100, {**H100, "lost": True}]})
+        s = _watch_sample(watch, nv)
+        assert s.devices[1].lost and not s.devices[0].lost
+        [f] = gpu_event_findings(WatchContext(gpu=s))
+        assert f.code == "GPU_LOST" and f.evidence["device"] == 1 and f.evidence["bus_id"] == "0000:5e:00.0"
+        assert f.message.startswith("GPU 1 (0000:5e:00.0) fell off the bus (the driver, read from nvml)")
+        # NVML will not even count the devices now: still the run's one device, said once.
+        write_scenario(path, {**scenario, "errors": {"nvmlDeviceGetCount": 15}})
+        s = _watch_sample(watch, nv)
+        assert not s.available and [e.device for e in s.events] == [1]
+    finally:
+        watch.close()

@@ -31,6 +31,7 @@ Scenario (every key optional):
         "power_limit_w": 700.0, "power_default_limit_w": 700.0,
         "pcie": [5, 5, 16, 16],               # current gen, max gen, current width, max width
         "events_supported": true,             # nvmlDeviceRegisterEvents (default true)
+        "lost": false,                        # true: every call on it raises GPU_IS_LOST
         "errors": {"nvmlDeviceGetPowerUsage": 3},  # per device
         "processes": [{"pid": 4242, "used_bytes": null}]
       }],
@@ -54,6 +55,7 @@ from typing import Any
 import pynvml
 from pynvml import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
@@ -188,6 +190,8 @@ class FakeNvml:
         code = (sc.get("errors") or {}).get(fn)
         if code is None and device is not None:
             code = (device.get("errors") or {}).get(fn)
+        if code is None and device is not None and device.get("lost"):
+            code = NVML_ERROR_GPU_IS_LOST  # fallen off the bus: every call on it says so
         if code is not None:
             raise NVMLError(int(code))
         return sc
@@ -231,8 +235,10 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
         sc = self._enter("nvmlDeviceGetHandleByIndex")
-        if not 0 <= index < len(sc.get("devices") or []):
+        devices = sc.get("devices") or []
+        if not 0 <= index < len(devices):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        self._enter("nvmlDeviceGetHandleByIndex", devices[index])
         return _Handle(index)
 
     def nvmlDeviceGetName(self, handle: object) -> str:

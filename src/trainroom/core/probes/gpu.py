@@ -27,6 +27,7 @@ from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespac
 # /proc/self/ns/pid of the initial PID namespace (PROC_PID_INIT_INO in the kernel).
 HOST_PID_NS_INODE = 0xEFFFFFFC
 ULLONG_MAX = (1 << 64) - 1
+LOST_WORDS = "GPU is lost"  # str(NVMLError_GpuIsLost)
 PROCESS_FUNCTIONS = (
     "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -185,8 +186,8 @@ class GpuProbe:
         ours = set(our_pids)
         for i in range(count):
             handle = self._field(notes, i, "handle", nvml.nvmlDeviceGetHandleByIndex, i)
-            if handle is None:
-                devices.append(GpuDevice(index=i))
+            if handle is None:  # NVML's GPU_IS_LOST for it: the device fell off the bus
+                devices.append(GpuDevice(index=i, lost=bool(notes) and notes[-1].endswith(LOST_WORDS)))
                 continue
             devices.append(self._device(notes, i, handle))
             processes += self._processes(notes, i, handle, ours)

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core.probes.gpu import Nvml
+from trainroom.core.probes.gpu import LOST_WORDS, Nvml
 from trainroom.core.probes.xid import LINE_MAX, LOST_XIDS, norm_bus, parse_kernel_line
 from trainroom.core.samples import GpuEvent, GpuSample
 
@@ -292,7 +292,8 @@ class GpuEventWatch:
         return "; ".join(s for s in (self.kernel.source, nv) if s)
 
     def take(self, gpu: GpuSample, attempt: int) -> GpuSample:
-        """The sample with this attempt's events (new ones resolved) and the log's source."""
+        """The sample with this attempt's events (each resolved with what is known now) and the
+        log's source."""
         if not self._started:
             self.start()
         if attempt != self._attempt:
@@ -308,20 +309,33 @@ class GpuEventWatch:
                 new.append(self.feed.q.get_nowait())
             except queue.Empty:
                 break
-        for d in gpu.devices:  # NVML itself said GPU_IS_LOST for a device of the run
-            if d.lost and d.index in self._run_devices and d.index not in self._lost_said:
-                self._lost_said.add(d.index)
-                text = f"NVML: GPU is lost (device {d.index})"
-                new.append(GpuEvent(t=gpu.t, source="nvml", bus_id=d.pci_bus_id, lost=True, text=text))
+        bus_of = {i: b for b, i in self._bus_to_index.items()}
+        lost_now = {d.index: d.pci_bus_id or bus_of.get(d.index) for d in gpu.devices if d.lost}
+        if not gpu.available and LOST_WORDS in gpu.reason and len(self._run_devices) == 1:
+            # NVML will not even count the devices: the run's one device is the lost one.
+            (only,) = self._run_devices
+            lost_now[only] = bus_of.get(only)
+        for index, bus in lost_now.items():  # NVML itself said GPU_IS_LOST
+            if index in self._run_devices and index not in self._lost_said:
+                self._lost_said.add(index)
+                text = f"NVML: GPU is lost (device {index})"
+                new.append(GpuEvent(t=gpu.t, source="nvml", bus_id=bus, lost=True, text=text))
         for ev in new:
-            device = self._bus_to_index.get(ev.bus_id) if ev.bus_id else None
-            ours = device is not None and device in self._run_devices
-            ev = msgspec.structs.replace(ev, device=device, ours=ours)
-            if any(_same(ev, old) for old in self._events):
-                continue  # the kernel and NVML telling of one Xid, or an Xid repeated: the first kept
-            self._events.append(ev)
+            if not any(_same(ev, old) for old in self._events):
+                self._events.append(ev)  # the kernel and NVML telling of one Xid, or a repeat: the first kept
         del self._events[:-KEEP]
-        return msgspec.structs.replace(gpu, events=list(self._events), kernel_log=self.source)
+        return msgspec.structs.replace(
+            gpu, events=[self._resolved(e) for e in self._events], kernel_log=self.source
+        )
+
+    def _resolved(self, ev: GpuEvent) -> GpuEvent:
+        """Its device (by bus id) and whether the run is on it, as known now: a line read before
+        the run's processes were first listed counts once they are."""
+        device = self._bus_to_index.get(ev.bus_id) if ev.bus_id else None
+        runs = self._run_devices or (
+            set(self._bus_to_index.values()) if len(self._bus_to_index) == 1 else set()
+        )
+        return msgspec.structs.replace(ev, device=device, ours=device is not None and device in runs)
 
     def close(self) -> None:
         self.kernel.close()
