@@ -72,7 +72,21 @@ def test_an_xid_79_for_the_runs_bus_is_gpu_lost_and_another_bus_is_not_this_runs
     dom, bus, other = _buses()
     gpu = tmp_path / "gpu.json"
     nvml_bus = f"{dom:08X}:{bus:02X}:00.0"  # as nvmlDeviceGetPciInfo(h).busId spells it
-    write_scenario(gpu, {"devices": [{"name": "NVIDIA H100 80GB HBM3", "pci_bus_id": nvml_bus}]})
+    # A healthy H100's figures (the trainer keeps what it does not drive): they raise nothing.
+    healthy = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": nvml_bus,
+        "ecc": {"volatile": [0, 0], "aggregate": [2, 0]},
+        "remapped_rows": [0, 0, 0, 0],
+        "clock_reasons": 0x4,  # at its default power cap under load: by design
+        "temp_c": 61,
+        "temp_slowdown_c": 87,
+        "temp_shutdown_c": 92,
+        "power_limit_w": 700.0,
+        "power_default_limit_w": 700.0,
+        "pcie": [5, 5, 16, 16],
+    }
+    write_scenario(gpu, {"devices": [healthy]})
     monkeypatch.setenv(FAKE_NVML, str(gpu))
     info = start_demo(step_delay=0.05)
     ours = f"{dom:04x}:{bus:02x}:00.0"
@@ -85,6 +99,10 @@ def test_an_xid_79_for_the_runs_bus_is_gpu_lost_and_another_bus_is_not_this_runs
 
     d = wait_for(placed, timeout=START_S, what="the trainer's rows on its bus in the driver view")
     assert d["gpu"]["kernel_log"].startswith("/dev/kmsg")
+    assert d["gpu"]["devices"][0]["health"]["pcie_width_max"] == 16  # the rules read these figures
+    step = d["step"] or 0
+    d = wait_for(lambda: (s := status(info))["step"] >= step + 20 and s, timeout=START_S, what="steps")
+    assert [f["code"] for f in d["findings"] if f["code"].startswith("GPU_")] == []
     _kmsg(f"NVRM: Xid (PCI:{other:04x}:{bus:02x}:00): 79, pid=1, name=python, GPU has fallen off the bus.")
     _kmsg(f"NVRM: Xid (PCI:{dom:04x}:{bus:02x}:00): 79, pid=2, name=python, GPU has fallen off the bus.")
     t0 = time.monotonic()
