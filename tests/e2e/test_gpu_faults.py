@@ -22,8 +22,12 @@ import pytest
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
+from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
+from trainroom.core.run import store as runs
+from trainroom.core.run.store import RunInfo
 
 START_S = 90.0
 SEEN_S = 30.0  # generous on a loaded machine; the keeper probes once a second
@@ -52,6 +56,11 @@ def _kmsg(line: str) -> None:
 
 def _finding(d: dict[str, Any], code: str) -> dict[str, Any] | None:
     return next((f for f in d["findings"] if f["code"] == code), None)
+
+
+def _notes(info: RunInfo) -> list[str]:
+    recs = read_journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+    return [r.message for r in recs if isinstance(r, p.KeeperNote)]
 
 
 def _with(info: Any, code: str) -> dict[str, Any] | None:
@@ -88,7 +97,7 @@ def test_an_xid_79_for_the_runs_bus_is_gpu_lost_and_another_bus_is_not_this_runs
     }
     write_scenario(gpu, {"devices": [healthy]})
     monkeypatch.setenv(FAKE_NVML, str(gpu))
-    info = start_demo(step_delay=0.05)
+    info = start_demo(step_delay=0.05, auto_resume=1, extra={"auto_resume_delay_s": 0.5})
     ours = f"{dom:04x}:{bus:02x}:00.0"
 
     def placed() -> dict[str, Any] | None:
@@ -126,6 +135,14 @@ def test_an_xid_79_for_the_runs_bus_is_gpu_lost_and_another_bus_is_not_this_runs
     row = next(r for r in d["finding_rows"] if r["code"] == "GPU_LOST")
     assert [k["code"] for k in row["consequences"]] == ["DEAD"]
     assert not any(r["code"] == "DEAD" for r in d["finding_rows"])
+    # Auto-resume does not start again on the lost GPU either, and says why.
+    stopped = wait_for(
+        lambda: next((n for n in _notes(info) if n.startswith("auto-resume stopped")), None),
+        timeout=SEEN_S,
+        what="auto-resume's verdict",
+    )
+    assert f"GPU 0 ({ours}) is lost (GPU_LOST)" in stopped, stopped
+    assert any(n.startswith("GPU Xids: kernel log /dev/kmsg") for n in _notes(info))
     r = run_cli("resume", info.run_id, "--yes", timeout=120)
     said = r.stdout + r.stderr
     assert r.returncode != 0, said

@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.actions.resume import sick_gpu
 from trainroom.core.ckpt.layout import QUARANTINE, CheckpointError
 from trainroom.core.ckpt.promote import restore_copy, set_aside
 from trainroom.core.ckpt.report import Expected
@@ -223,6 +224,10 @@ class AutoResume:
             a = self.run.state.attempt
             if a is None or a.n != n:
                 return  # somebody resumed by hand meanwhile
+            sick = sick_gpu(self.run.state)
+            if sick is not None:  # the death was the GPU's: a resume would land on it again
+                self._stop(sick)
+                return
             verifying = sorted(self.resumer.pipeline.verifying)
             if verifying:
                 # A checkpoint saved just before the death is still being verified: it may be the
