@@ -133,6 +133,7 @@ def check_power_cap(nvml: Any, index: int, python: str) -> dict[str, Any]:
         seen: list[int] = []
         words: list[str] = []
         result: list[Any] = []
+        during: GpuSample | None = None  # the last sample taken under the load
         try:
             t = threading.Thread(
                 target=lambda: result.append(run_bench(f"cuda:{index}", python=python, seconds=8.0))
@@ -140,7 +141,7 @@ def check_power_cap(nvml: Any, index: int, python: str) -> dict[str, Any]:
             t.start()
             probe = GpuProbe(nvml)
             while t.is_alive():
-                s = probe.sample()
+                s = during = probe.sample()
                 d = next((x for x in s.devices if x.index == index), None)
                 if d is not None and d.health is not None and d.health.clock_reasons is not None:
                     seen.append(d.health.clock_reasons)
@@ -152,7 +153,7 @@ def check_power_cap(nvml: Any, index: int, python: str) -> dict[str, Any]:
         finally:
             restored = _smi_pl(index, was_w)
         capped = any(r & SW_POWER_CAP for r in seen)
-        bench = explain(result[0], None) if result else None
+        bench = explain(result[0], during) if result else None
         ok = capped and any("power cap" in w for w in words) and restored.returncode == 0
         return _o(
             "power_cap",
