@@ -305,3 +305,30 @@ def test_nvmls_gpu_is_lost_on_the_runs_device_is_gpu_lost_without_a_kernel_line(
         assert not s.available and [e.device for e in s.events] == [1]
     finally:
         watch.close()
+
+
+def test_an_applications_xid_names_its_process_and_another_ones_is_not_this_runs(tmp_path: Path) -> None:
+    from trainroom.core.probes.gpu import pid_namespace
+
+    if pid_namespace() != "host":
+        pytest.skip("the kernel's pids are not this namespace's: the filter is off here, by design")
+    path, log = tmp_path / "gpu.json", tmp_path / "kmsg"
+    log.write_text("")
+    write_scenario(path, {"devices": [H100], "processes": [{"pid": os.getpid(), "used_bytes": 1 << 30}]})
+    nv = FakeNvml(path)
+    watch = GpuEventWatch(nv, kmsg=str(log), journalctl=None)
+    try:
+        _watch_sample(watch, nv)
+        with open(log, "a") as f:
+            f.write("4,1,1,-;NVRM: Xid (PCI:0000:3b:00): 13, pid=999999, name=other, Graphics Exception\n")
+            f.write(f"4,2,2,-;NVRM: Xid (PCI:0000:3b:00): 31, pid={os.getpid()}, name=python, MMU Fault\n")
+            f.write("4,3,3,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=999999, name=other, DBE\n")
+        s = wait_for(lambda: len((x := _watch_sample(watch, nv)).events) == 3 and x, timeout=10)
+        ours = {e.xid: e.ours for e in s.events}
+        assert ours == {13: False, 31: True, 48: True}  # a double-bit error is the device's, whoever hit it
+        assert sorted(f.key for f in gpu_event_findings(WatchContext(gpu=s))) == [
+            "0000:3b:00.0:31",
+            "0000:3b:00.0:48",
+        ]
+    finally:
+        watch.close()

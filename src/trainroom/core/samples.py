@@ -76,6 +76,7 @@ class GpuEvent(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     xid: int | None = None  # None: "GPU has fallen off the bus" without an Xid number
     lost: bool = False  # Xid 79 or "fallen off the bus"
     text: str = ""  # the kernel's line (bounded)
+    pid: int | None = None  # the process the line names (an application's fault: 13, 31, 43...)
     device: int | None = None  # the NVML index of its bus; None: no device of NVML's has it
     ours: bool = False  # that device runs this run's processes
 

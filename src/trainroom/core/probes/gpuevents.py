@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core.probes.gpu import LOST_WORDS, Nvml
-from trainroom.core.probes.xid import LINE_MAX, LOST_XIDS, norm_bus, parse_kernel_line
+from trainroom.core.probes.xid import LINE_MAX, LOST_XIDS, norm_bus, parse_kernel_line, xid_kind
 from trainroom.core.samples import GpuEvent, GpuSample
 
 KMSG = "/dev/kmsg"
@@ -115,6 +115,7 @@ class KernelLog:
                 xid=parsed.xid,
                 lost=parsed.lost,
                 text=parsed.text[:500],
+                pid=parsed.pid,
             )
         )
 
@@ -276,6 +277,8 @@ class GpuEventWatch:
         self._events: list[GpuEvent] = []
         self._bus_to_index: dict[str, int] = {}  # the last NVML answer (kept when it fails)
         self._run_devices: set[int] = set()  # devices the attempt's processes were seen on
+        self._run_pids: set[int] = set()  # the attempt's processes the driver listed
+        self._host_pids = True  # the keeper's pids are the kernel's (the host PID namespace)
         self._lost_said: set[int] = set()
 
     def start(self) -> str:
@@ -298,11 +301,14 @@ class GpuEventWatch:
             self.start()
         if attempt != self._attempt:
             self._attempt, self._events, self._run_devices, self._lost_said = attempt, [], set(), set()
+            self._run_pids = set()
         if gpu.available:
             for d in gpu.devices:
                 if d.pci_bus_id:
                     self._bus_to_index[d.pci_bus_id] = d.index
             self._run_devices |= {x.device for x in gpu.processes if x.ours}
+            self._run_pids |= {x.pid for x in gpu.processes if x.ours}
+            self._host_pids = gpu.pid_namespace == "host"
         new: list[GpuEvent] = []
         while True:
             try:
@@ -335,7 +341,18 @@ class GpuEventWatch:
         runs = self._run_devices or (
             set(self._bus_to_index.values()) if len(self._bus_to_index) == 1 else set()
         )
-        return msgspec.structs.replace(ev, device=device, ours=device is not None and device in runs)
+        ours = device is not None and device in runs
+        if (
+            ours
+            and ev.pid is not None
+            and self._host_pids
+            and self._run_pids
+            and not xid_kind(ev.xid).critical
+        ):
+            # An application's own fault (13, 31, 43...) names its process: another one's, on a
+            # shared GPU, is not this run's.
+            ours = ev.pid in self._run_pids
+        return msgspec.structs.replace(ev, device=device, ours=ours)
 
     def close(self) -> None:
         self.kernel.close()

@@ -25,6 +25,7 @@ LINE_MAX = 2048
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d{1,5})"
 )
+_PID = re.compile(r"\bpid=(\d{1,10})\b")
 _BUS = re.compile(r"(?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)")
 FELL_OFF = "fallen off the bus"
 LOST_XIDS = frozenset({79})
@@ -38,6 +39,7 @@ class KernelGpuLine(NamedTuple):
     xid: int | None
     lost: bool
     text: str
+    pid: int | None = None  # the process the driver names ("pid=1234"), newer drivers only
 
 
 def norm_bus(raw: str | bytes | None) -> str | None:
@@ -76,7 +78,9 @@ def parse_kernel_line(line: str) -> KernelGpuLine | None:
     m = _XID.search(msg)
     if m is not None:
         xid = int(m.group(2))
-        return KernelGpuLine(norm_bus(m.group(1)), xid, xid in LOST_XIDS or FELL_OFF in msg, msg)
+        pid = _PID.search(msg, m.end())
+        lost = xid in LOST_XIDS or FELL_OFF in msg
+        return KernelGpuLine(norm_bus(m.group(1)), xid, lost, msg, int(pid.group(1)) if pid else None)
     if FELL_OFF in msg:
         b = _BUS.search(msg)
         return KernelGpuLine(norm_bus(b.group(1)) if b else None, None, True, msg)
