@@ -32,6 +32,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     total_bytes: int | None = None
     util_percent: int | None = None  # junk over 100 (zombie contexts) is dropped by the probe
     power_w: float | None = None
+    temperature_c: int | None = None
 
 
 class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -48,6 +49,9 @@ class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     # command line (the first 4 KiB), so a finding can name what holds the memory.
     start_ticks: int | None = None
     cmdline: list[str] = []
+    # The driver's SM utilisation of this process over its last sample (nvmlDeviceGetProcessUtilization);
+    # None: the driver gave no sample for it.
+    util_percent: int | None = None
 
     @property
     def gone(self) -> bool:
@@ -196,6 +200,25 @@ class Worker(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     wait_status: int | None = None
 
 
+class ProcRow(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One process of the live attempt's tree (probes.ptable): the leader (the agent), the rank
+    workers and every child of theirs (DataLoader workers, async savers), as nvitop lists them.
+    Every figure is read from /proc or the driver this cycle; None is "not measured"."""
+
+    pid: int
+    ppid: int
+    start_ticks: int  # with the pid, the process's identity (what a signal of it proves)
+    role: str  # "agent" (the attempt's leader), "rank" (a worker), "child" (under either)
+    state: str  # the kernel's letter
+    elapsed_s: float  # since the process started
+    cmdline: list[str] = []  # the first 4 KiB of /proc/<pid>/cmdline
+    rank: int | None = None  # its own rank, or the rank of the worker it runs under
+    cpu_percent: float | None = None  # of one core, since the previous cycle (None: first sight)
+    rss_bytes: int | None = None
+    gpu_bytes: int | None = None  # what the driver lists for it (None: not listed, or N/A)
+    gpu_util_percent: int | None = None
+
+
 class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     attempt: int = 0  # the attempt these states were read for
     pgid: int = 0
@@ -207,6 +230,8 @@ class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     duplicates: list[Duplicate] = []
     leftovers: list[Leftover] = []  # live processes of this run of no live attempt
     error: str | None = None  # the process probe itself failed
+    # Every process of the live attempt as a tree (probes.ptable), parents before children.
+    table: list[ProcRow] = []
 
 
 # --------------------------------------------------------------------------- the checkpoint disk (keeper pipeline)

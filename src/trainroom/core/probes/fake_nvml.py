@@ -19,12 +19,13 @@ Scenario (every key optional):
                                               # "v2" -> _v3 is FunctionNotFound, "v1" -> _v2 too
       "devices": [{
         "name": "NVIDIA GeForce RTX 3060", "total_bytes": 12884901888, "used_bytes": 11811160064,
-        "util_percent": 100, "util_memory_percent": 3, "power_w": 60.0,
+        "util_percent": 100, "util_memory_percent": 3, "power_w": 60.0, "temperature_c": 61,
         "persistence_mode": 1,                # 0 disabled, 1 enabled (the default)
         "errors": {"nvmlDeviceGetPowerUsage": 3},  # per device
         "processes": [{"pid": 4242, "used_bytes": null}]
       }],
-      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0}]   # device defaults to 0
+      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0,   # device defaults to 0
+                     "util_percent": 87}]      # its nvmlDeviceGetProcessUtilization smUtil
     }
 
 `used_bytes: null` is what nvidia-ml-py returns for N/A (None); the integer 18446744073709551615
@@ -36,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 import pynvml
@@ -74,6 +76,12 @@ class _Memory:
 class _Utilization:
     def __init__(self, gpu: int, memory: int) -> None:
         self.gpu, self.memory = gpu, memory
+
+
+class _UtilSample:
+    def __init__(self, pid: int, stamp: int, sm: int) -> None:
+        self.pid, self.timeStamp, self.smUtil = pid, stamp, sm
+        self.memUtil = self.encUtil = self.decUtil = 0
 
 
 class _ProcessInfo:
@@ -223,6 +231,26 @@ class FakeNvml:
         self._enter("nvmlDeviceGetPersistenceMode", dev)
         return int(dev.get("persistence_mode", 1))  # NVML_FEATURE_ENABLED
 
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
+        _, dev, _ = self._device(handle)
+        self._enter("nvmlDeviceGetTemperature", dev)
+        if "temperature_c" not in dev:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(dev["temperature_c"])
+
+    def nvmlDeviceGetProcessUtilization(self, handle: object, last_seen: int) -> list[_UtilSample]:
+        """A sample per process with `util_percent` in the scenario, stamped now (NOT_FOUND, as
+        the driver says, when there is none)."""
+        sc, dev, index = self._device(handle)
+        self._enter("nvmlDeviceGetProcessUtilization", dev)
+        rows = list(dev.get("processes") or [])
+        rows += [p for p in sc.get("processes") or [] if int(p.get("device", 0)) == index]
+        stamp = max(int(time.time() * 1e6), int(last_seen) + 1)
+        out = [_UtilSample(int(p["pid"]), stamp, int(p["util_percent"])) for p in rows if "util_percent" in p]
+        if not out:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
+
     def _processes(self, handle: object, fn: str, version: str) -> list[_ProcessInfo]:
         sc, dev, index = self._device(handle)
         self._enter(fn, dev)
@@ -277,6 +305,8 @@ nvmlDeviceGetComputeRunningProcesses = DEFAULT.nvmlDeviceGetComputeRunningProces
 nvmlDeviceGetComputeRunningProcesses_v2 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v2
 nvmlDeviceGetComputeRunningProcesses_v3 = DEFAULT.nvmlDeviceGetComputeRunningProcesses_v3
 nvmlDeviceGetGraphicsRunningProcesses = DEFAULT.nvmlDeviceGetGraphicsRunningProcesses
+nvmlDeviceGetTemperature = DEFAULT.nvmlDeviceGetTemperature
+nvmlDeviceGetProcessUtilization = DEFAULT.nvmlDeviceGetProcessUtilization
 
 __all__ = [  # the real error names first: the fake raises pynvml's own classes
     *_REAL_NAMES,
