@@ -83,7 +83,10 @@ def test_the_table_lists_every_rank_and_a_signal_reaches_only_its_process(trhome
     # Not the run's: refused, nothing sent (this test's own process, under another tree).
     refused = run_cli("kill", info.run_id, "--pid", str(os.getpid()), "--signal", "STOP", "--yes", "--json")
     assert refused.returncode != 0
-    assert "not proven this run's" in refused.stdout + refused.stderr or "refusing" in refused.stdout + refused.stderr
+    assert (
+        "not proven this run's" in refused.stdout + refused.stderr
+        or "refusing" in refused.stdout + refused.stderr
+    )
     assert _letter(os.getpid()) != "T"
 
     def journaled() -> list[p.ActionRecord] | None:

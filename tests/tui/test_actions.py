@@ -348,6 +348,7 @@ def test_every_binding_has_an_id_and_a_tooltip_and_nothing_destructive_is_a_move
             "b",
             "X",
             "o",
+            "p",
             "tab",
             "shift+tab",
             "z",

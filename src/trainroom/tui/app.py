@@ -39,6 +39,7 @@ from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
 from .navigation import Navigation
 from .overview import RunRow
 from .panels import Panels
+from .processes import ProcessesKey
 from .reader import series_for
 from .screens.finding import FindingDetail
 from .screens.help import HelpScreen
@@ -71,7 +72,7 @@ TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arriv
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 
 
-class ControlRoom(CancelKey, App[int]):
+class ControlRoom(CancelKey, ProcessesKey, App[int]):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 

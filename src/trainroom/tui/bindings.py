@@ -47,6 +47,13 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("runs", "runs", "o", "runs", "The runs overview: every run, sortable; Enter opens one"),
     Command(
+        "processes",
+        "processes",
+        "p",
+        "processes",
+        "Every process of the run as a tree: CPU, memory, GPU, state, command; signal one (asks first)",
+    ),
+    Command(
         "next_panel",
         "next_panel",
         "tab",
