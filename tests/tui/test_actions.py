@@ -349,6 +349,8 @@ def test_every_binding_has_an_id_and_a_tooltip_and_nothing_destructive_is_a_move
             "X",
             "o",
             "p",
+            "h",
+            "O",
             "tab",
             "shift+tab",
             "z",

@@ -215,6 +215,7 @@ class ProcRow(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     rank: int | None = None  # its own rank, or the rank of the worker it runs under
     cpu_percent: float | None = None  # of one core, since the previous cycle (None: first sight)
     rss_bytes: int | None = None
+    write_bps: float | None = None  # bytes it wrote to storage per second since the previous cycle
     gpu_bytes: int | None = None  # what the driver lists for it (None: not listed, or N/A)
     gpu_util_percent: int | None = None
 
@@ -252,3 +253,26 @@ class DiskSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     prunable_bytes: int | None = None
     latest: str | None = None  # the file a resume loads
     error: str | None = None  # the disk could not be read
+
+
+# --------------------------------------------------------------------------- history (run.vitals)
+
+
+class VitalsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True, array_like=True):
+    """The figures the history graphs draw, read from one probe cycle (and the ranks' latest
+    allocator figures), journaled every few seconds (`protocol.Vitals`). None: not measured."""
+
+    t: float
+    mem_used_bytes: int | None = None  # host RAM in use (total less available)
+    mem_total_bytes: int | None = None
+    page_cache_bytes: int | None = None
+    vram_used_bytes: int | None = None  # the driver's, summed over devices
+    vram_total_bytes: int | None = None
+    alloc_reserved_bytes: int | None = None  # torch's caching allocator, summed over ranks
+    alloc_allocated_bytes: int | None = None
+    gpu_util_percent: int | None = None  # the busiest device
+    gpu_power_w: float | None = None  # summed over devices
+    gpu_temp_c: int | None = None  # the hottest device
+    cpu_percent: float | None = None  # the run's processes together (100 = one core)
+    disk_free_bytes: int | None = None  # the checkpoint disk (or what its budget leaves)
+    disk_write_bps: float | None = None  # what the run's processes wrote per second

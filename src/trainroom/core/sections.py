@@ -104,6 +104,8 @@ class Keys(Section):
     theme: str | None = None
     runs: str | None = None
     processes: str | None = None
+    history: str | None = None
+    options: str | None = None
     zoom: str | None = None
     next_panel: str | None = None
     previous_panel: str | None = None

@@ -54,6 +54,14 @@ COMMANDS: tuple[Command, ...] = (
         "Every process of the run as a tree: CPU, memory, GPU, state, command; signal one (asks first)",
     ),
     Command(
+        "history",
+        "history",
+        "h",
+        "history",
+        "History graphs over the run: RAM, page cache, VRAM, GPU, CPU, disk (w: 5 min / 1 h / all)",
+    ),
+    Command("options", "options", "O", "options", "Options: refresh rate, units, graph style (kept)"),
+    Command(
         "next_panel",
         "next_panel",
         "tab",

@@ -44,6 +44,18 @@ def read_cmdline(pid: int, proc_root: str = PROC) -> list[str]:
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
+def written_bytes(pid: int, proc_root: str = PROC) -> int | None:
+    """/proc/<pid>/io `write_bytes`: what the process caused to be written to storage."""
+    try:
+        with open(f"{proc_root}/{pid}/io") as f:
+            for line in f:
+                if line.startswith("write_bytes:"):
+                    return int(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def uptime_s(proc_root: str = PROC) -> float | None:
     try:
         with open(f"{proc_root}/uptime") as f:
@@ -82,6 +94,7 @@ class ProcessTable:
         self._ticks: dict[tuple[int, int], int] = {}
         self._at: float | None = None
         self._cmd: dict[tuple[int, int], list[str]] = {}
+        self._written: dict[tuple[int, int], int] = {}
 
     def rows(
         self, table: Sequence[ProcStat], leader: int, pgid: int, workers: Sequence[Worker]
@@ -100,6 +113,7 @@ class ProcessTable:
         worker_rank = {w.pid: w.rank for w in workers}
         rank_of: dict[int, int] = {}
         ticks: dict[tuple[int, int], int] = {}
+        written: dict[tuple[int, int], int] = {}
         out = []
         for st in ordered:
             key = (st.pid, st.start_ticks)
@@ -109,6 +123,15 @@ class ProcessTable:
             cpu = (
                 round(100.0 * (used - before) / CLK_TCK / dt, 1)
                 if before is not None and dt is not None and dt > 0
+                else None
+            )
+            wrote = written_bytes(st.pid, self.proc_root)
+            if wrote is not None:
+                written[key] = wrote
+            was = self._written.get(key)
+            write_bps = (
+                round(max(wrote - was, 0) / dt, 1)
+                if wrote is not None and was is not None and dt is not None and dt > 0
                 else None
             )
             if key not in self._cmd:
@@ -133,9 +156,10 @@ class ProcessTable:
                     cmdline=self._cmd[key],
                     cpu_percent=cpu,
                     rss_bytes=st.rss_pages * PAGE_SIZE if st.rss_pages > 0 else None,
+                    write_bps=write_bps,
                 )
             )
-        self._ticks, self._at = ticks, now
+        self._ticks, self._at, self._written = ticks, now, written
         self._cmd = {k: v for k, v in self._cmd.items() if k in ticks}
         return out
 
