@@ -230,9 +230,16 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, App[int]):
 
     def _pick_run(self, rows: list[RunRow], live: int) -> None:
         title = f"{live} runs training (of {len(rows)}): pick one"
-        self.push_screen(RunsScreen(rows, self.clock(), None, title), self._picked)
+        screen = RunsScreen(rows, self.clock(), None, title)
+        self.push_screen(screen, partial(self._picked, rows))
+        self.nav.refresh_overview(screen)  # live figures, as the overview's
 
-    def _picked(self, run_id: str | None) -> None:
+    def _picked(self, rows: list[RunRow], run_id: str | None) -> None:
+        # Esc is back, never a silent quit: to the newest run training, said (q quits).
+        live = [r for r in rows if r.training]
+        if run_id is None and live:
+            run_id = max(live, key=lambda r: r.created).run_id
+            self.notify(f"no run picked: watching the newest run training, {run_id} (o: the runs)", timeout=6)
         if run_id is None:
             self.exit(0)
         else:

@@ -81,6 +81,8 @@ class Navigation:
         self.host = host
         self._watched: set[object] = set()  # the screens whose zoom is watched
         self._home: Widget | None = None  # the panel in sight focused before a zoom
+        # The runs overview's filter and order, kept from one opening to the next (k9s keeps them).
+        self._runs_view: tuple[str, str, bool] = ("", "age", False)
 
     def jump(self, n: int) -> None:
         """A number key: the panel whose border shows that number (1..9, then 0 for the tenth)."""
@@ -186,7 +188,13 @@ class Navigation:
     def runs(self) -> None:
         host = self.host
         screen = RunsScreen([], host.clock(), host.run_info.run_id if host.run_info else None)
-        self.app.push_screen(screen, self._overview_closed)
+        screen.filter, screen.sort_by, screen.reverse = self._runs_view
+        self.app.push_screen(screen, partial(self._overview_closed, screen))
+        self.refresh_overview(screen)
+
+    def refresh_overview(self, screen: RunsScreen) -> None:
+        """Its rows again now, then every OVERVIEW_INTERVAL_S while it is open (the startup
+        picker's too: its figures move as the runs do)."""
         self._refresh_overview(screen)
 
     def _refresh_overview(self, screen: RunsScreen) -> None:
@@ -211,6 +219,7 @@ class Navigation:
             screen.update_rows(rows, self.host.clock())
             self.app.set_timer(OVERVIEW_INTERVAL_S, partial(self._refresh_overview, screen))
 
-    def _overview_closed(self, run_id: str | None) -> None:
+    def _overview_closed(self, screen: RunsScreen, run_id: str | None) -> None:
+        self._runs_view = (screen.filter, screen.sort_by, screen.reverse)
         if run_id is not None:
             self.host.switch_run(run_id)
