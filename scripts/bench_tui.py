@@ -12,7 +12,7 @@ table shows them over time, then the goals:
 
     python scripts/bench_tui.py [--seconds 60] [--ranks 10] [--rate 100] [--size 160x48]
     python scripts/bench_tui.py --ranks 1 --rate 10 --size 80x24
-    python scripts/bench_tui.py --ranks 1 --rate 10 --keys h   # idle with the history graphs drawn
+    python scripts/bench_tui.py --ranks 1 --rate 10 --keys H   # idle with the history graphs drawn
 
 The machine's load average and its overall CPU use are printed with each row: on a shared
 machine the figures mean little without them.
@@ -157,7 +157,7 @@ def main() -> int:
     ap.add_argument(
         "--keys",
         default="",
-        help="keys sent to the control room once it shows the run, space-separated (h: the history graphs)",
+        help="keys sent to the control room once it shows the run, space-separated (H: the history graphs)",
     )
     ap.add_argument("--tui-goal", type=float, default=None, help="%% of a core (default: by the rate)")
     ap.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""The history screen (`h`) and the options (`O`) through Pilot: the graphs of the journal's
+"""The history screen (`H`) and the options (`O`) through Pilot: the graphs of the journal's
 samples over 5 min / 1 h / the whole run (`w`), a figure nobody measured said so with its reason
 once, the options cycled and kept in control-room.json, the graphs redrawn in the chosen units
 and style, the refresh rate applied."""
@@ -66,7 +66,7 @@ async def test_h_draws_the_history_w_zooms_and_the_options_are_kept(tmp_path, pr
         await until(
             pilot, lambda: app.series is not None and len(app.series.vitals.samples) == 176, "the samples"
         )
-        await pilot.press("h")
+        await pilot.press("H")
         await until(pilot, lambda: isinstance(app.screen, HistoryScreen), "the history screen")
         await pilot.pause()
         text = screen_text(app)

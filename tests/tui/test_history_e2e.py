@@ -41,7 +41,7 @@ def _vitals(info: runs.RunInfo) -> list[p.Vitals]:
 
 
 async def _history(run_id: str, least: int) -> tuple[int, str]:
-    """Open the control room on the run, then its history (`h`), the whole run (`w` twice): the
+    """Open the control room on the run, then its history (`H`), the whole run (`w` twice): the
     number of samples it draws (at least `least`) and the screen."""
     app = ControlRoom(run_id)
     async with app.run_test(size=(160, 48)) as pilot:
@@ -49,7 +49,7 @@ async def _history(run_id: str, least: int) -> tuple[int, str]:
             if app.state is not None:
                 break
             await pilot.pause(0.05)
-        await pilot.press("h")
+        await pilot.press("H")
         await pilot.pause()
         assert isinstance(app.screen, HistoryScreen)
         await pilot.press("w", "w")

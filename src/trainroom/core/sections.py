@@ -106,6 +106,7 @@ class Keys(Section):
     processes: str | None = None
     history: str | None = None
     options: str | None = None
+    command: str | None = None
     zoom: str | None = None
     next_panel: str | None = None
     previous_panel: str | None = None

@@ -56,11 +56,18 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "history",
         "history",
-        "h",
+        "H",
         "history",
         "History graphs over the run: RAM, page cache, VRAM, GPU, CPU, disk (w: 5 min / 1 h / all)",
     ),
     Command("options", "options", "O", "options", "Options: refresh rate, units, graph style (kept)"),
+    Command(
+        "command",
+        "command_line",
+        "colon",
+        ":",
+        "The command line: a command by name, with arguments (:prune keep 3, :theme light); tab completes",
+    ),
     Command(
         "next_panel",
         "next_panel",

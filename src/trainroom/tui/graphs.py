@@ -1,4 +1,4 @@
-"""The history key (`h`: btop's graphs of the run's life) and the options key (`O`: refresh rate,
+"""The history key (`H`: btop's graphs of the run's life) and the options key (`O`: refresh rate,
 units, graph style, kept in control-room.json). A mixin, so the app stays the size it is: the
 screens read the samples the reader folds (under its lock) and the options the person chose."""
 

@@ -93,7 +93,12 @@ class Navigation:
             self.show_panel(order[i])
 
     def move_focus(self, step: int) -> None:
-        """Tab (1) and shift+tab (-1): the next or previous panel."""
+        """Tab (1) and shift+tab (-1): the next or previous panel; over the command line (whose
+        own tab binding this priority one would shadow), its completion."""
+        complete = getattr(self.app.screen, "complete_on_tab", None)
+        if callable(complete):
+            complete()
+            return
         order = self.host.panels().in_order()
         focused = self.app.focused
         if focused in order:
@@ -185,10 +190,13 @@ class Navigation:
 
     # ------------------------------------------------------------------ the runs overview
 
-    def runs(self) -> None:
+    def runs(self, filter_text: str | None = None) -> None:
+        """The runs overview, with the filter and order it had when last closed (or `filter_text`)."""
         host = self.host
         screen = RunsScreen([], host.clock(), host.run_info.run_id if host.run_info else None)
         screen.filter, screen.sort_by, screen.reverse = self._runs_view
+        if filter_text is not None:
+            screen.filter = filter_text
         self.app.push_screen(screen, partial(self._overview_closed, screen))
         self.refresh_overview(screen)
 

@@ -23,7 +23,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("while an action runs", ("cancel_action",)),
     ("move", ("next_panel", "previous_panel", "zoom", "search", "runs", "processes", "history")),
     ("loss plot", ("log_scale", "recent_window")),
-    ("the room", ("next_theme", "options", "help", "quit")),
+    ("the room", ("command_line", "next_theme", "options", "help", "quit")),
 )
 
 # The panels' own keys (a focused panel takes them first).

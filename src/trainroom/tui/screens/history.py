@@ -27,7 +27,7 @@ STYLES = {"title": "bold", "graph": "", "axis": "dim", "missing": "dim italic"}
 class HistoryScreen(Screen[None]):
     AUTO_FOCUS = None
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,h", "back", "back", id="trainroom.history.back", tooltip="Back to the control room"),
+        Binding("escape,H", "back", "back", id="trainroom.history.back", tooltip="Back to the control room"),
         Binding(
             "w",
             "window",
