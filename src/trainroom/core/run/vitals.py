@@ -1,7 +1,7 @@
 """The history graphs' figures (btop's): host RAM and page cache, VRAM (the driver's and the
 allocator's), GPU utilisation, power and temperature, the run's CPU, disk free and write rate.
 
-The keeper takes one `VitalsSample` from its latest probe every `VITALS_S` and journals it
+While the trainer runs, the keeper takes one `VitalsSample` from its latest probe every `VITALS_S` and journals it
 (`protocol.Vitals`), so the history is the journal's: every reader folds the same records
 (`VitalsHistory.observe`) and a control room opened later, or after the keeper is gone, draws the
 whole run. The store is bounded: the last hour at full resolution, older samples thinned by half
@@ -109,6 +109,8 @@ class VitalsClock:
 
     def due(self, st: RunState) -> VitalsSample | None:
         probe = st.probe
+        if st.attempt is None or not st.attempt.alive:
+            return None  # a resting keeper (the trainer ended) journals nothing new
         if probe is None or (self._last is not None and probe.t - self._last < self.every_s):
             return None
         self._last = probe.t

@@ -40,7 +40,7 @@ class CommandLine(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="cmd-box"):
-            yield Label(self.crumb, id="cmd-crumb")
+            yield Label(f"{self.crumb} · enter: run · tab: complete · esc: cancel", id="cmd-crumb")
             yield Input(
                 placeholder="a command: kill, resume, prune keep 3, runs, job, theme NAME … (tab completes)",
                 suggester=SuggestFromList(self.suggestions, case_sensitive=False),
