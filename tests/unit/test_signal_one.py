@@ -74,3 +74,12 @@ def test_the_arguments_are_checked_before_anything_is_planned() -> None:
     assert "give its pid" in (kill.validate(KillArgs(signal="STOP")) or "")
     assert "not both" in (kill.validate(KillArgs(pid=42, finding="X")) or "")
     assert kill.validate(KillArgs(pid=42, signal="usr1")) is None
+
+
+def test_a_signal_the_cli_does_not_know_is_one_line_and_exit_2(tmp_path, monkeypatch) -> None:
+    from tests.support.helpers import run_cli
+
+    monkeypatch.setenv("TRAINROOM_HOME", str(tmp_path))
+    out = run_cli("kill", "somerun", "--pid", "42", "--signal", "HUP")
+    assert out.returncode == 2 and "'HUP' is not one of TERM, INT, KILL, USR1, STOP, CONT" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

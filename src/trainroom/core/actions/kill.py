@@ -89,6 +89,7 @@ class Kill(Action[KillArgs, KillWork]):
         ap.add_argument(
             "--signal",
             metavar="NAME",
+            type=_signal_arg,
             help=f"with --pid: the signal to send, one of {', '.join(SIGNALS)} (default TERM)",
         )
 
@@ -316,6 +317,14 @@ class Kill(Action[KillArgs, KillWork]):
             is_ = [pid for pid, _ in now[1]]
             return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
         return super().what_changed(confirmed, now)
+
+
+def _signal_arg(text: str) -> str:
+    """`--signal`: a name of SIGNALS (any case, SIG or not); argparse says a bad one and exits 2."""
+    name = signal_name(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
+    return name
 
 
 def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:
