@@ -88,3 +88,8 @@ async def test_h_draws_the_history_w_zooms_and_the_options_are_kept(tmp_path, pr
         await until(pilot, lambda: not isinstance(app.screen, HistoryScreen), "back to the room")
     kept = json.loads((private_settings / "control-room.json").read_text())
     assert kept == {"refresh_s": 2.0, "units": "decimal", "graph": "blocks"}
+    # The next session opens with them.
+    again, _, _ = make_app(str(tmp_path), healthy_records(steps=10))
+    async with again.run_test(size=(80, 24)) as pilot:
+        await settle(again, pilot)
+        assert again.routine_interval_s == 2.0 and again.room_options.graph == "blocks"
