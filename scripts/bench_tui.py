@@ -12,6 +12,7 @@ table shows them over time, then the goals:
 
     python scripts/bench_tui.py [--seconds 60] [--ranks 10] [--rate 100] [--size 160x48]
     python scripts/bench_tui.py --ranks 1 --rate 10 --size 80x24
+    python scripts/bench_tui.py --ranks 1 --rate 10 --keys H   # idle with the history graphs drawn
 
 The machine's load average and its overall CPU use are printed with each row: on a shared
 machine the figures mean little without them.
@@ -84,6 +85,16 @@ def publish(ranks: int, rate: float, seconds: float) -> int:
 # ---------------------------------------------------------------------------- the bench
 
 
+def _send_keys(tsock: str, keys: str) -> None:
+    """Once the control room shows the run (60 s at most), the keys (space-separated), if any."""
+    if not keys:
+        return
+    shown = time.monotonic() + 60
+    while time.monotonic() < shown and "RUNNING" not in _tmux(tsock, "capture-pane", "-p", "-t", "bench"):
+        time.sleep(0.5)
+    _tmux(tsock, "send-keys", "-t", "bench", *keys.split())
+
+
 def _tmux(sock: str, *args: str) -> str:
     out = subprocess.run(
         ["tmux", "-S", sock, *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
@@ -143,6 +154,11 @@ def main() -> int:
     ap.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     ap.add_argument("--size", default="160x48", help="the tmux pane, COLSxROWS")
     ap.add_argument("--show", action="store_true", help="print the control room's last screen")
+    ap.add_argument(
+        "--keys",
+        default="",
+        help="keys sent to the control room once it shows the run, space-separated (H: the history graphs)",
+    )
     ap.add_argument("--tui-goal", type=float, default=None, help="%% of a core (default: by the rate)")
     ap.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -208,6 +224,7 @@ def main() -> int:
             time.sleep(0.2)
         if trainer is None:
             raise RuntimeError("the publisher never started")
+        _send_keys(tsock, args.keys)
         procs = {"keeper": keeper, "tui": tui, "publisher": trainer}
         for p in procs.values():
             p.cpu_percent(None)

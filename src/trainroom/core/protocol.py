@@ -26,7 +26,7 @@ from trainroom.core.framing import FrameReader as FrameReader
 from trainroom.core.framing import ProtocolError as ProtocolError
 from trainroom.core.framing import encode as encode
 from trainroom.core.framing import frame as frame
-from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VramFloor
+from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VitalsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
 PROTOCOL_VERSION = 1
@@ -382,6 +382,12 @@ class ProbeSample(msgspec.Struct, tag="probe", kw_only=True, omit_defaults=True)
     faults: dict[str, str] = {}
 
 
+class Vitals(msgspec.Struct, tag="vitals", kw_only=True):
+    """The history graphs' figures from one probe cycle, journaled every few seconds (run.vitals)."""
+
+    v: VitalsSample
+
+
 class RunStatus(msgspec.Struct, tag="status", kw_only=True, omit_defaults=True):
     """The watchdog's verdict changed (`vocab.StateName`), or the launch failed."""
 
@@ -508,6 +514,7 @@ Record = Union[
     ConnectionClosed,
     TrainerDisconnected,
     ProbeSample,
+    Vitals,
     RunStatus,
     KeeperStarted,
     KeeperNote,
@@ -530,6 +537,7 @@ class Snapshot(msgspec.Struct, tag="snapshot", kw_only=True):
     # run.series.SeriesSnapshot, as builtins: the plot series is a fold of the same records,
     # kept beside the state (the client keeps folding live records into both).
     series: Any = None
+    vitals: Any = None  # run.vitals.VitalsHistory's samples, as builtins: the history graphs
 
 
 class Delta(msgspec.Struct, tag="delta", kw_only=True):

@@ -32,6 +32,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     total_bytes: int | None = None
     util_percent: int | None = None  # junk over 100 (zombie contexts) is dropped by the probe
     power_w: float | None = None
+    temperature_c: int | None = None  # health.temp_c, kept beside it for the history graphs
     # Its PCI address as the kernel writes it ("0000:3b:00.0": probes.xid.norm_bus), from
     # nvmlDeviceGetPciInfo(h).busId ("00000000:3B:00.0").
     pci_bus_id: str | None = None
@@ -95,6 +96,9 @@ class GpuProcess(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     # command line (the first 4 KiB), so a finding can name what holds the memory.
     start_ticks: int | None = None
     cmdline: list[str] = []
+    # The driver's SM utilisation of this process over its last sample (nvmlDeviceGetProcessUtilization);
+    # None: the driver gave no sample for it.
+    util_percent: int | None = None
 
     @property
     def gone(self) -> bool:
@@ -247,6 +251,26 @@ class Worker(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     wait_status: int | None = None
 
 
+class ProcRow(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """One process of the live attempt's tree (probes.ptable): the leader (the agent), the rank
+    workers and every child of theirs (DataLoader workers, async savers), as nvitop lists them.
+    Every figure is read from /proc or the driver this cycle; None is "not measured"."""
+
+    pid: int
+    ppid: int
+    start_ticks: int  # with the pid, the process's identity (what a signal of it proves)
+    role: str  # "agent" (the attempt's leader), "rank" (a worker), "child" (under either)
+    state: str  # the kernel's letter
+    elapsed_s: float  # since the process started
+    cmdline: list[str] = []  # the first 4 KiB of /proc/<pid>/cmdline
+    rank: int | None = None  # its own rank, or the rank of the worker it runs under
+    cpu_percent: float | None = None  # of one core, since the previous cycle (None: first sight)
+    rss_bytes: int | None = None
+    write_bps: float | None = None  # bytes it wrote to storage per second since the previous cycle
+    gpu_bytes: int | None = None  # what the driver lists for it (None: not listed, or N/A)
+    gpu_util_percent: int | None = None
+
+
 class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     attempt: int = 0  # the attempt these states were read for
     pgid: int = 0
@@ -258,6 +282,8 @@ class ProcsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     duplicates: list[Duplicate] = []
     leftovers: list[Leftover] = []  # live processes of this run of no live attempt
     error: str | None = None  # the process probe itself failed
+    # Every process of the live attempt as a tree (probes.ptable), parents before children.
+    table: list[ProcRow] = []
 
 
 # --------------------------------------------------------------------------- the checkpoint disk (keeper pipeline)
@@ -278,3 +304,26 @@ class DiskSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     prunable_bytes: int | None = None
     latest: str | None = None  # the file a resume loads
     error: str | None = None  # the disk could not be read
+
+
+# --------------------------------------------------------------------------- history (run.vitals)
+
+
+class VitalsSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True, array_like=True):
+    """The figures the history graphs draw, read from one probe cycle (and the ranks' latest
+    allocator figures), journaled every few seconds (`protocol.Vitals`). None: not measured."""
+
+    t: float
+    mem_used_bytes: int | None = None  # host RAM in use (total less available)
+    mem_total_bytes: int | None = None
+    page_cache_bytes: int | None = None
+    vram_used_bytes: int | None = None  # the driver's, summed over devices
+    vram_total_bytes: int | None = None
+    alloc_reserved_bytes: int | None = None  # torch's caching allocator, summed over ranks
+    alloc_allocated_bytes: int | None = None
+    gpu_util_percent: int | None = None  # the busiest device
+    gpu_power_w: float | None = None  # summed over devices
+    gpu_temp_c: int | None = None  # the hottest device
+    cpu_percent: float | None = None  # the run's processes together (100 = one core)
+    disk_free_bytes: int | None = None  # the checkpoint disk (or what its budget leaves)
+    disk_write_bps: float | None = None  # what the run's processes wrote per second

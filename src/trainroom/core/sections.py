@@ -103,6 +103,10 @@ class Keys(Section):
     quit: str | None = None
     theme: str | None = None
     runs: str | None = None
+    processes: str | None = None
+    history: str | None = None
+    options: str | None = None
+    command: str | None = None
     zoom: str | None = None
     next_panel: str | None = None
     previous_panel: str | None = None

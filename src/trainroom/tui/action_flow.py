@@ -168,6 +168,18 @@ class ActionFlow:
         self.app.refresh_bindings()
         self._in_worker(self._request_plan, action, args, question)
 
+    def start_args(self, action: str, args: dict[str, object], question: str | None = None) -> None:
+        """Ask the keeper for the plan of `action` with `args` (the processes screen's signal of
+        one process: kill with pid, start tick and signal), confirmed as every plan is."""
+        why = self.host.why_not(action)
+        if why is not None:
+            self.app.notify(f"{action}: not now, {why}", severity="warning", timeout=4, markup=False)
+            return
+        self.current = action
+        self._progress(f"{action}: asking the keeper for the plan…")
+        self.app.refresh_bindings()
+        self._in_worker(self._request_plan, action, args, question)
+
     def _in_worker(self, fn: Callable[..., None], *args: object) -> None:
         self.app.run_worker(
             partial(fn, *args), thread=True, exclusive=True, group=ACTION_GROUP, exit_on_error=False

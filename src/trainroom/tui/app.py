@@ -34,11 +34,14 @@ from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 from . import figures, theming, verdict
 from .action_flow import ActionFlow, CancelKey
 from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
+from .cmdline import CommandLineKey
+from .graphs import HistoryKeys
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
 from .navigation import Navigation
 from .overview import RunRow
 from .panels import Panels
+from .processes import ProcessesKey
 from .reader import series_for
 from .screens.finding import FindingDetail
 from .screens.help import HelpScreen
@@ -71,7 +74,7 @@ TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arriv
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 
 
-class ControlRoom(CancelKey, App[int]):
+class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
@@ -228,9 +231,16 @@ class ControlRoom(CancelKey, App[int]):
 
     def _pick_run(self, rows: list[RunRow], live: int) -> None:
         title = f"{live} runs training (of {len(rows)}): pick one"
-        self.push_screen(RunsScreen(rows, self.clock(), None, title), self._picked)
+        screen = RunsScreen(rows, self.clock(), None, title)
+        self.push_screen(screen, partial(self._picked, rows))
+        self.nav.refresh_overview(screen)  # live figures, as the overview's
 
-    def _picked(self, run_id: str | None) -> None:
+    def _picked(self, rows: list[RunRow], run_id: str | None) -> None:
+        # Esc is back, never a silent quit: to the newest run training, said (q quits).
+        live = [r for r in rows if r.training]
+        if run_id is None and live:
+            run_id = max(live, key=lambda r: r.created).run_id
+            self.notify(f"no run picked: watching the newest run training, {run_id} (o: the runs)", timeout=6)
         if run_id is None:
             self.exit(0)
         else:

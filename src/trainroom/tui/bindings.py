@@ -47,6 +47,28 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("runs", "runs", "o", "runs", "The runs overview: every run, sortable; Enter opens one"),
     Command(
+        "processes",
+        "processes",
+        "p",
+        "processes",
+        "Every process of the run as a tree: CPU, memory, GPU, state, command; signal one (asks first)",
+    ),
+    Command(
+        "history",
+        "history",
+        "H",
+        "history",
+        "History graphs over the run: RAM, page cache, VRAM, GPU, CPU, disk (w: 5 min / 1 h / all)",
+    ),
+    Command("options", "options", "O", "options", "Options: refresh rate, units, graph style (kept)"),
+    Command(
+        "command",
+        "command_line",
+        "colon",
+        ":",
+        "The command line: a command by name, with arguments (:prune keep 3, :theme light); tab completes",
+    ),
+    Command(
         "next_panel",
         "next_panel",
         "tab",

@@ -81,6 +81,8 @@ class Navigation:
         self.host = host
         self._watched: set[object] = set()  # the screens whose zoom is watched
         self._home: Widget | None = None  # the panel in sight focused before a zoom
+        # The runs overview's filter and order, kept from one opening to the next (k9s keeps them).
+        self._runs_view: tuple[str, str, bool] = ("", "age", False)
 
     def jump(self, n: int) -> None:
         """A number key: the panel whose border shows that number (1..9, then 0 for the tenth)."""
@@ -91,7 +93,12 @@ class Navigation:
             self.show_panel(order[i])
 
     def move_focus(self, step: int) -> None:
-        """Tab (1) and shift+tab (-1): the next or previous panel."""
+        """Tab (1) and shift+tab (-1): the next or previous panel; over the command line (whose
+        own tab binding this priority one would shadow), its completion."""
+        complete = getattr(self.app.screen, "complete_on_tab", None)
+        if callable(complete):
+            complete()
+            return
         order = self.host.panels().in_order()
         focused = self.app.focused
         if focused in order:
@@ -183,10 +190,19 @@ class Navigation:
 
     # ------------------------------------------------------------------ the runs overview
 
-    def runs(self) -> None:
+    def runs(self, filter_text: str | None = None) -> None:
+        """The runs overview, with the filter and order it had when last closed (or `filter_text`)."""
         host = self.host
         screen = RunsScreen([], host.clock(), host.run_info.run_id if host.run_info else None)
-        self.app.push_screen(screen, self._overview_closed)
+        screen.filter, screen.sort_by, screen.reverse = self._runs_view
+        if filter_text is not None:
+            screen.filter = filter_text
+        self.app.push_screen(screen, partial(self._overview_closed, screen))
+        self.refresh_overview(screen)
+
+    def refresh_overview(self, screen: RunsScreen) -> None:
+        """Its rows again now, then every OVERVIEW_INTERVAL_S while it is open (the startup
+        picker's too: its figures move as the runs do)."""
         self._refresh_overview(screen)
 
     def _refresh_overview(self, screen: RunsScreen) -> None:
@@ -211,6 +227,7 @@ class Navigation:
             screen.update_rows(rows, self.host.clock())
             self.app.set_timer(OVERVIEW_INTERVAL_S, partial(self._refresh_overview, screen))
 
-    def _overview_closed(self, run_id: str | None) -> None:
+    def _overview_closed(self, screen: RunsScreen, run_id: str | None) -> None:
+        self._runs_view = (screen.filter, screen.sort_by, screen.reverse)
         if run_id is not None:
             self.host.switch_run(run_id)

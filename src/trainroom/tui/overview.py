@@ -20,6 +20,34 @@ from trainroom.core.vocab import ShownState
 from .verdict import STATE_LEVEL, level_of_state
 
 _LEVEL_RANK = {"crit": 4, "warn": 3, "info": 2, "ok": 1, "dim": 0}
+MOVING = frozenset({"starting", "running", "slow"})  # states whose steps/s is a rate now
+# Interpreter options that take a value (`python -X dev -W error train.py`).
+_PY_VALUE_OPTIONS = frozenset({"-X", "-W", "-Q"})
+LAUNCHERS = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+
+
+def short_command(argv: list[str]) -> str:
+    """The command as a person names it: its script (or module) and arguments, without the
+    interpreter's path and options (`train.py --lr 1e-4`, `torchrun --nproc-per-node=2 train.py`,
+    `trainroom.core.demo.train --steps 100`); as given when it is not a Python one."""
+    words = list(argv)
+    if not words:
+        return ""
+    head = words[0].rsplit("/", 1)[-1]
+    if not head.startswith("python"):
+        return " ".join([head, *words[1:]])
+    i = 1
+    while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-c"):
+        i += 2 if words[i] in _PY_VALUE_OPTIONS else 1
+    rest = words[i:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        module, args = rest[1], rest[2:]
+        return " ".join(["torchrun" if module in LAUNCHERS else module, *args])
+    if rest and rest[0] == "-c":
+        return " ".join(["python -c", *rest[1:]])
+    if rest:
+        return " ".join([rest[0].rsplit("/", 1)[-1], *rest[1:]])
+    return head
 
 
 @dataclass(frozen=True)
@@ -59,7 +87,9 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
     if not keeper_alive and a is not None and a.ended_at is None:
         status = "unknown"  # the keeper died before its trainer: nobody watched the end (as `status`)
     loss = run_loss(state).median
-    rate = steps_per_s(state) if a is not None and a.alive else None
+    # A rate only while steps flow: a HUNG, STALLED or dead run shows none (the last one measured
+    # would say it still trains).
+    rate = steps_per_s(state) if a is not None and a.alive and status in MOVING else None
     return RunRow(
         run_id=info.run_id,
         state=status,
@@ -73,7 +103,7 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
         worst_severity=worst.severity if worst else None,
         findings=len(found),
         created=info.created,
-        command=" ".join(info.argv),
+        command=short_command(info.argv),
         job=state.options.job.name if state.options.job is not None else None,
     )
 
@@ -92,7 +122,7 @@ def row_of_summary(info: RunInfo, s: RunSummary) -> RunRow:
         worst_severity=s.worst.severity if s.worst else None,
         findings=s.findings,
         created=info.created,
-        command=" ".join(info.argv),
+        command=short_command(info.argv),
         job=s.job,
     )
 
@@ -146,7 +176,7 @@ def unreadable(info: RunInfo, error: str) -> RunRow:
         worst_severity=None,
         findings=0,
         created=info.created,
-        command=" ".join(info.argv),
+        command=short_command(info.argv),
         error=error,
     )
 

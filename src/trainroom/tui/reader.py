@@ -28,6 +28,7 @@ def series_for(view: RunView) -> Series:
         return view.series
     state = view.state
     series = Series()
+    series.vitals = view.series.vitals  # the history graphs' samples, whatever the curve's
     a = state.attempt
     if a is not None:
         series.set_loss_baseline(a.requested.vocab_size)
@@ -54,7 +55,7 @@ def routine(rec: object) -> bool:
     """Telemetry that flows all the time: a step, a heartbeat, a probe sample."""
     if isinstance(rec, p.Received):
         return isinstance(rec.msg, (p.Step, p.Heartbeat))
-    return isinstance(rec, p.ProbeSample)
+    return isinstance(rec, (p.ProbeSample, p.Vitals))
 
 
 class KeeperReader(threading.Thread):

@@ -206,8 +206,50 @@ def initial_theme(
 SETTINGS_NAME = "control-room.json"  # in the state dir: the person's setting, not a run's
 
 
-class RoomSettings(msgspec.Struct, kw_only=True):
+REFRESH_CHOICES = (0.5, 1.0, 2.0, 5.0)
+UNITS_CHOICES = ("binary", "decimal")
+GRAPH_CHOICES = ("braille", "blocks")
+
+
+class RoomSettings(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The control room's own settings (control-room.json in the state dir): the theme `t` chose
+    and the options screen's (`O`) refresh, units and graph style."""
+
     theme: str | None = None
+    refresh_s: float = 1.0  # how often routine figures and the history graphs are redrawn
+    units: str = "binary"  # bytes as GiB (binary) or GB (decimal)
+    graph: str = "braille"  # the history graphs drawn as braille lines or block bars
+
+    def checked(self) -> RoomSettings:
+        """Itself, with any value outside its choices back at the default."""
+        return RoomSettings(
+            theme=self.theme,
+            refresh_s=self.refresh_s if self.refresh_s in REFRESH_CHOICES else 1.0,
+            units=self.units if self.units in UNITS_CHOICES else "binary",
+            graph=self.graph if self.graph in GRAPH_CHOICES else "braille",
+        )
+
+
+def room_settings() -> RoomSettings:
+    """What control-room.json holds (defaults where it holds nothing usable)."""
+    try:
+        return msgspec.json.decode(settings_path().read_bytes(), type=RoomSettings).checked()
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return RoomSettings()
+
+
+def keep_settings(settings: RoomSettings) -> str:
+    """Write the settings whole, then rename (a reader never sees half a file); the empty string
+    when kept, else why not, in words."""
+    path = settings_path()
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(msgspec.json.encode(settings) + b"\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        return f"not kept for next time: {exc.strerror or exc}"
+    return ""
 
 
 def settings_path() -> Path:
@@ -226,15 +268,7 @@ def remembered() -> str | None:
 def remember(theme: str) -> str:
     """Keep `theme` for the next session (written whole, then renamed, so a reader never sees
     half a file); the empty string when kept, else why not, in words."""
-    path = settings_path()
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(msgspec.json.encode(RoomSettings(theme=short_name(theme))) + b"\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        return f"not kept for next time: {exc.strerror or exc}"
-    return ""
+    return keep_settings(msgspec.structs.replace(room_settings(), theme=short_name(theme)))
 
 
 def app_variables(theme: Theme) -> dict[str, str]:

@@ -1,5 +1,7 @@
 """kill: the trainer's process group (SIGTERM, grace, SIGKILL), or with `finding` what that open
-finding targets (a duplicate trainer, a lock holder, leftovers); then confirm the VRAM fell."""
+finding targets (a duplicate trainer, a lock holder, leftovers); then confirm the VRAM fell. With
+`pid` and `signal`: one process of the run, the chosen signal only (the processes table's kill,
+ops/signal_one.py), proven by its pid, start tick and membership in the live attempt."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from trainroom.core.actions.base import (
 from trainroom.core.findings import Finding
 from trainroom.core.loglines import NOT_STEPS, step_words
 from trainroom.core.ops.kill import KILL_CONFIRM_S, KillPlan, execute_kill, plan_kill
+from trainroom.core.ops.members import Lifetime
+from trainroom.core.ops.signal_one import ENDS, SIGNALS, SignalPlan, execute_signal, plan_signal, signal_name
 from trainroom.core.ops.target_kill import plan_target_kill
 from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.run.state import AttemptView, RunState
@@ -39,6 +43,9 @@ STOP_MARGIN_S = 10.0
 class KillArgs(Args, kw_only=True):
     grace_s: float | None = None  # seconds between SIGTERM and SIGKILL ([kill] grace_s when None)
     finding: str | None = None  # kill what this open finding targets, not the trainer
+    pid: int | None = None  # signal only this process of the run
+    start_ticks: int | None = None  # ... which started at this tick (the row a person chose)
+    signal: str | None = None  # with `pid`: TERM, INT, KILL, USR1, STOP or CONT
 
 
 @dataclass
@@ -46,6 +53,7 @@ class KillWork:
     plan: KillPlan
     vram_pids: list[int]
     stopping: AttemptView | None
+    one: SignalPlan | None = None  # one process's signal, in place of the kill
 
 
 class Kill(Action[KillArgs, KillWork]):
@@ -73,13 +81,34 @@ class Kill(Action[KillArgs, KillWork]):
             help="kill what this open finding targets (its ident in `status --json`, e.g. "
             "DUPLICATE_TRAINER:trainer), not the trainer",
         )
+        ap.add_argument(
+            "--pid",
+            type=argtypes.count(2, 4_194_304),
+            help="signal only this process of the run (its pid in the control room's processes table)",
+        )
+        ap.add_argument(
+            "--signal",
+            metavar="NAME",
+            type=_signal_arg,
+            help=f"with --pid: the signal to send, one of {', '.join(SIGNALS)} (default TERM)",
+        )
 
     def validate(self, args: KillArgs) -> str | None:
         if args.grace_s is not None and argtypes.checked(args.grace_s, 0, 3600) is None:
             return f"grace_s must be seconds in [0, 3600], got {args.grace_s!r}"
+        if args.signal is not None and signal_name(args.signal) is None:
+            return f"signal must be one of {', '.join(SIGNALS)}, got {args.signal!r}"
+        if args.pid is None and (args.signal is not None or args.start_ticks is not None):
+            return "a signal or a start tick names one process: give its pid too"
+        if args.pid is not None and args.pid <= 1:
+            return f"pid must be a process of the run (> 1), got {args.pid}"
+        if args.pid is not None and args.finding is not None:
+            return "give a finding or a pid, not both"
         return None
 
     def precondition(self, state: RunState, args: KillArgs) -> str | None:
+        if args.pid is not None:
+            return None if live_attempt(state) else not_running(state)
         if args.finding is not None:
             f = state.findings.get(args.finding)
             if f is None:
@@ -105,6 +134,8 @@ class Kill(Action[KillArgs, KillWork]):
 
     async def plan(self, k: Keeper, args: KillArgs, call: Call) -> Plan[KillWork] | Refused:
         st = k.run.state
+        if args.pid is not None:
+            return await self._plan_one(k, args)
         f = st.findings.get(args.finding) if args.finding is not None else None
         if f is not None and f.target is not None:
             return await self._plan_target(k, f, args)
@@ -164,6 +195,31 @@ class Kill(Action[KillArgs, KillWork]):
         extra = _timing(k, args) | {"finding": f.ident}
         return self._planned(plan, summary, sorted(set(pids) | set(f.target.pids)), None, extra)
 
+    async def _plan_one(self, k: Keeper, args: KillArgs) -> Plan[KillWork] | Refused:
+        st = k.run.state
+        a = st.attempt
+        assert a is not None and args.pid is not None
+        sig = signal_name(args.signal or "TERM") or "TERM"
+        life = Lifetime(run_id=k.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks)
+        one = await asyncio.to_thread(
+            plan_signal,
+            args.pid,
+            sig,
+            start_ticks=args.start_ticks,
+            life=life,
+            keeper_pid=os.getpid(),
+            label=process_label(st, args.pid),
+        )
+        target = one.as_dict()
+        if not one.ok:
+            return Refused("; ".join(one.refusals), target)
+        # The trainer's own end, caused by this signal, is "stopped", not a death (see `execute`).
+        ends_leader = args.pid == a.pid and sig in ENDS
+        work = KillWork(
+            KillPlan(pgid=0, leader_pid=0, leader_start_time=0.0), [], a if ends_leader else None, one
+        )
+        return Plan(f"send SIG{sig} to {one.label}", target, work)
+
     @staticmethod
     def _planned(
         plan: KillPlan,
@@ -182,6 +238,15 @@ class Kill(Action[KillArgs, KillWork]):
         grace = float(args.grace_s if args.grace_s is not None else cfg.grace_s)
         work = plan.work
         stopping = work.stopping
+        if work.one is not None:
+            if stopping is not None and stopping.alive:
+                now = time.time()
+                k.recorder.emit(
+                    p.AttemptStopping(n=stopping.n, t=now, by=call.client, until=now + STOP_MARGIN_S)
+                )
+                k.recorder.flush(fsync=True)
+            ok, message, before, after = await asyncio.to_thread(execute_signal, work.one)
+            return Outcome(ok, message, before, after)
         if stopping is not None and stopping.alive and work.plan.members:
             # Journaled before the first signal: the end this causes is "stopped", not a death.
             now = time.time()
@@ -226,6 +291,13 @@ class Kill(Action[KillArgs, KillWork]):
         return kill_lines(plan, lost=False)  # the headline says the steps lost
 
     def target(self, plan: dict[str, Any]) -> object:
+        if plan.get("signal"):  # one process, one signal: both are what was confirmed
+            members = plan.get("members") or []
+            return (
+                "signal",
+                plan.get("signal"),
+                sorted((m.get("pid"), m.get("start_ticks")) for m in members),
+            )
         return (
             plan.get("pgid"),
             sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or []),
@@ -235,16 +307,24 @@ class Kill(Action[KillArgs, KillWork]):
         # Processes that ended on their own (a job's other node killed first, a rank exited):
         # signalling the rest acts on nothing unconfirmed. A process added, or a pid with another
         # start tick, is a change.
-        if isinstance(confirmed, tuple) and isinstance(now, tuple):
+        if isinstance(confirmed, tuple) and isinstance(now, tuple) and len(confirmed) == len(now) == 2:
             return bool(confirmed[0] == now[0] and set(now[1]) <= set(confirmed[1]))
         return False
 
     def what_changed(self, confirmed: object, now: object) -> str:
-        if isinstance(confirmed, tuple) and isinstance(now, tuple):
+        if isinstance(confirmed, tuple) and isinstance(now, tuple) and len(confirmed) == len(now) == 2:
             was = [pid for pid, _ in confirmed[1]]
             is_ = [pid for pid, _ in now[1]]
             return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
         return super().what_changed(confirmed, now)
+
+
+def _signal_arg(text: str) -> str:
+    """`--signal`: a name of SIGNALS (any case, SIG or not); argparse says a bad one and exits 2."""
+    name = signal_name(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
+    return name
 
 
 def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:
@@ -257,6 +337,11 @@ def kill_headline(plan: dict[str, Any]) -> str:
     """A kill plan in one line: what is signalled, how, and what is lost."""
     members = plan.get("members") or []
     who = plan.get("label") or f"process group {plan.get('pgid')}"
+    if plan.get("signal"):
+        what = SIGNAL_WORDS.get(str(plan.get("signal")), "")
+        return (
+            f"sends SIG{plan.get('signal')} to {who} only{what}; every other process of the run is left alone"
+        )
     if not members:
         return f"nothing of {who} is left to kill: only checks the GPU memory was released; nothing is lost"
     grace = plan.get("grace_s")
@@ -292,7 +377,9 @@ def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
     grace, wait = plan.get("grace_s"), plan.get("vram_timeout_s")
     who = plan.get("label") or f"process group {plan.get('pgid')}"
     out: list[str] = []
-    if members:
+    if plan.get("signal"):
+        out.append(f"  SIG{plan.get('signal')} to {who}, once; no SIGKILL follows")
+    elif members:
         out.append(
             f"  SIGTERM to {who} ({len(members)} process(es)), "
             + (f"SIGKILL to any left after {grace:g} s" if isinstance(grace, float) else "then SIGKILL")
@@ -322,6 +409,31 @@ def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
     out += [f"  left alone: pid {x.get('pid')} ({x.get('why')})" for x in plan.get("strangers") or []]
     out += [f"  refused: {why}" for why in plan.get("refusals") or [] if not plan.get("nothing_left")]
     return out
+
+
+SIGNAL_WORDS = {
+    "TERM": " (it should end; an ending rank may end the attempt)",
+    "INT": " (as ^C would: it should end)",
+    "KILL": " (it ends at once, without a chance to save)",
+    "USR1": " (what it does with it is the program's: often a stack dump)",
+    "STOP": " (it stops until a CONT: its peers will wait on it)",
+    "CONT": " (a stopped process runs again)",
+}
+
+
+def process_label(st: RunState, pid: int) -> str:
+    """`pid 4242 (rank 1)` / `(the agent)` where the probe's table knows it."""
+    procs = st.probe.procs if st.probe is not None else None
+    row = next((r for r in (procs.table if procs is not None else []) if r.pid == pid), None)
+    if row is None:
+        return f"pid {pid}"
+    if row.role == "rank":
+        return f"pid {pid} (rank {row.rank})"
+    if row.role == "agent":
+        return f"pid {pid} (the trainer's leader)"
+    return (
+        f"pid {pid} (a child of rank {row.rank})" if row.rank is not None else f"pid {pid} (a child process)"
+    )
 
 
 def _live_trainer(st: RunState) -> set[int]:

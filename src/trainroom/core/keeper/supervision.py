@@ -21,6 +21,7 @@ from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.probes.gpuevents import GpuEventWatch
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.state import RunState
+from trainroom.core.run.vitals import VitalsClock
 from trainroom.core.settings import RunSettings
 
 
@@ -70,6 +71,7 @@ class Supervision:
         self.watchdog = Watchdog(self.guard)
         self.sanity = SanityTracker(settings.thresholds, self.guard)
         self._probe_faults_t: float | None = None
+        self.vitals = VitalsClock()  # the history graphs' samples, journaled every few seconds
 
     @property
     def gpu(self) -> GpuProbe:
@@ -99,6 +101,7 @@ class Supervision:
         a = st.attempt
         self._probe_faults(st.probe)
         self._say_kernel_log(st.probe)
+        self.guard.call("vitals.journal", self._journal_vitals, None)
         ctx = context_from_probe(
             st.probe,
             thresholds=self.thresholds,
@@ -108,6 +111,11 @@ class Supervision:
         verdict = self.watchdog.evaluate(st, ctx, now)
         self._say_pauses()
         return verdict.state, verdict.reason, [*verdict.findings, *self.sanity.findings(now)]
+
+    def _journal_vitals(self) -> None:
+        v = self.vitals.due(self.run.state)
+        if v is not None and self._recorder is not None:
+            self._recorder.emit(p.Vitals(v=v))
 
     def _say_pauses(self) -> None:
         """The keeper's own stalls, said once each: why nothing was judged for that while."""

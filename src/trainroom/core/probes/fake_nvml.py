@@ -35,7 +35,8 @@ Scenario (every key optional):
         "errors": {"nvmlDeviceGetPowerUsage": 3},  # per device
         "processes": [{"pid": 4242, "used_bytes": null}]
       }],
-      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0}],  # device defaults to 0
+      "processes": [{"pid": 4242, "used_bytes": 8589934592, "device": 0,   # device defaults to 0
+                     "util_percent": 87}],     # its nvmlDeviceGetProcessUtilization smUtil
       "events": [{"device": 0, "xid": 79}]    # critical-Xid events, each delivered once to every
                                               # event set created before it was appended
     }
@@ -113,6 +114,12 @@ class _Memory:
 class _Utilization:
     def __init__(self, gpu: int, memory: int) -> None:
         self.gpu, self.memory = gpu, memory
+
+
+class _UtilSample:
+    def __init__(self, pid: int, stamp: int, sm: int) -> None:
+        self.pid, self.timeStamp, self.smUtil = pid, stamp, sm
+        self.memUtil = self.encUtil = self.decUtil = 0
 
 
 class _ProcessInfo:
@@ -265,6 +272,19 @@ class FakeNvml:
         _, dev, _ = self._device(handle)
         self._enter("nvmlDeviceGetPersistenceMode", dev)
         return int(dev.get("persistence_mode", 1))  # NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetProcessUtilization(self, handle: object, last_seen: int) -> list[_UtilSample]:
+        """A sample per process with `util_percent` in the scenario, stamped now (NOT_FOUND, as
+        the driver says, when there is none)."""
+        sc, dev, index = self._device(handle)
+        self._enter("nvmlDeviceGetProcessUtilization", dev)
+        rows = list(dev.get("processes") or [])
+        rows += [p for p in sc.get("processes") or [] if int(p.get("device", 0)) == index]
+        stamp = max(int(time.time() * 1e6), int(last_seen) + 1)
+        out = [_UtilSample(int(p["pid"]), stamp, int(p["util_percent"])) for p in rows if "util_percent" in p]
+        if not out:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
 
     def _processes(self, handle: object, fn: str, version: str) -> list[_ProcessInfo]:
         sc, dev, index = self._device(handle)
@@ -456,6 +476,7 @@ nvmlDeviceRegisterEvents = DEFAULT.nvmlDeviceRegisterEvents
 nvmlEventSetWait = DEFAULT.nvmlEventSetWait
 nvmlEventSetWait_v2 = DEFAULT.nvmlEventSetWait_v2
 nvmlEventSetFree = DEFAULT.nvmlEventSetFree
+nvmlDeviceGetProcessUtilization = DEFAULT.nvmlDeviceGetProcessUtilization
 
 __all__ = [  # the real error names first: the fake raises pynvml's own classes
     *_REAL_NAMES,

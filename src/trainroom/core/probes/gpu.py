@@ -132,6 +132,10 @@ class GpuProbe:
         # Once the driver has given a per-process figure it gives them all along: a later empty
         # process list then means nobody holds memory, not that nobody can tell.
         self.reports_per_process = False
+        # Per device, the newest per-process utilisation sample seen (NVML's microseconds): the
+        # next call asks only for samples after it.
+        self._util_seen: dict[int, int] = {}
+        self.process_util_note: str | None = None  # why the driver gives no per-process utilisation
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -246,11 +250,41 @@ class GpuProbe:
             pci_bus_id=bus_id,
             lost=lost or lost_now,
             health=health,
+            temperature_c=health.temp_c if health is not None else None,
         )
+
+    def _process_util(self, i: int, handle: object) -> dict[int, int]:
+        """pid -> the SM utilisation of its newest sample since the last call (NVML keeps a
+        ring of samples per process); empty when the driver has none or no such function."""
+        fn = getattr(self.nvml, "nvmlDeviceGetProcessUtilization", None)
+        if fn is None:
+            self.process_util_note = "per-process utilisation: not in this NVML binding"
+            return {}
+        try:
+            samples = list(fn(handle, self._util_seen.get(i, 0)))
+        except self.nvml.NVMLError as exc:
+            # NOT_FOUND: no process ran a kernel since the last call (an idle GPU), not an error.
+            not_found = getattr(self.nvml, "NVMLError_NotFound", None)
+            if not_found is None or not isinstance(exc, not_found):
+                self.process_util_note = f"per-process utilisation unavailable: {exc}"
+            return {}
+        except Exception as exc:
+            self.process_util_note = f"per-process utilisation unavailable: {type(exc).__name__}: {exc}"
+            return {}
+        newest: dict[int, tuple[int, int]] = {}
+        for smp in samples:
+            pid, ts, sm = int(smp.pid), int(smp.timeStamp), int(smp.smUtil)
+            if 0 <= sm <= 100 and (pid not in newest or ts > newest[pid][0]):
+                newest[pid] = (ts, sm)
+            self._util_seen[i] = max(self._util_seen.get(i, 0), ts)
+        self.process_util_note = None
+        return {pid: sm for pid, (_, sm) in newest.items()}
 
     def _processes(self, notes: list[str], i: int, handle: object, ours: set[int]) -> list[GpuProcess]:
         out = []
-        for proc in self._compute_processes(notes, i, handle):
+        listed = self._compute_processes(notes, i, handle)
+        util = self._process_util(i, handle) if listed else {}
+        for proc in listed:
             pid = int(proc.pid)
             used = getattr(proc, "usedGpuMemory", None)
             st = read_stat(pid, self.proc_root) if pid > 0 else None
@@ -266,6 +300,7 @@ class GpuProbe:
                     # processes holds memory, and a targeted kill proves it by its start.
                     start_ticks=st.start_ticks if st is not None and pid in ours else None,
                     cmdline=_cmdline(pid, self.proc_root) if st is not None and pid in ours else [],
+                    util_percent=util.get(pid),
                 )
             )
         return out

@@ -52,6 +52,9 @@ class ProcStat(NamedTuple):
     # field 52 (Linux >= 3.5): the wait status a zombie left for its parent; 0 while it runs, and
     # 0 where the kernel hides it from us (another user's process).
     wait_status: int | None = None
+    utime: int = 0  # fields 14 and 15: CPU time in user and kernel mode, in clock ticks
+    stime: int = 0
+    rss_pages: int = 0  # field 24: resident set size, in pages
 
 
 def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
@@ -76,6 +79,9 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
             sid=int(fields[3]),
             start_ticks=int(fields[19]),
             wait_status=int(fields[49]) if len(fields) > 49 else None,
+            utime=int(fields[11]),
+            stime=int(fields[12]),
+            rss_pages=int(fields[21]),
         )
     except (IndexError, ValueError):
         return None

@@ -29,6 +29,7 @@ from trainroom.core.probes.procs import (
     scan,
     trainer_duplicates,
 )
+from trainroom.core.probes.ptable import ProcessTable, with_gpu
 from trainroom.core.probes.workers import WorkerFinder
 from trainroom.core.samples import (
     GONE_STATES,
@@ -36,6 +37,7 @@ from trainroom.core.samples import (
     GpuSample,
     HostSample,
     Leftover,
+    ProcRow,
     ProcsSample,
     Worker,
 )
@@ -87,14 +89,17 @@ class ProbeSweep:
         self.workers = WorkerFinder(proc_root)
         # The kernel log's and NVML's Xids (threads of its own; the keeper's sweep has one).
         self.gpu_events = gpu_events
+        self.table = ProcessTable(proc_root)
 
     def procs(self, targets: ProbeTargets) -> ProcsSample:
         states: dict[int, str] = {}
         workers: list[Worker] = []
+        rows: list[ProcRow] = []
         if targets.alive and targets.pgid > 0:
             table = scan(self.proc_root)  # one walk: the group, and the tree below the leader
             states = group_states(targets.pgid, self.proc_root, table)
             workers = self.workers.find(table, targets.pid)
+            rows = self.table.rows(table, targets.pid, targets.pgid, workers)
         running = {w.pid for w in workers if w.state not in GONE_STATES}
         watched = sorted(({targets.pid, *targets.rank_pids} & set(states)) | running)
         live_now = targets.attempt if targets.alive else None
@@ -125,6 +130,7 @@ class ProbeSweep:
             locks=lock_holders(self.lock_paths, proc_root=self.proc_root),
             duplicates=self._duplicates,
             leftovers=self._leftovers,
+            table=rows,
         )
 
     def sample(self, targets: ProbeTargets) -> p.ProbeSample:
@@ -168,6 +174,8 @@ class ProbeSweep:
             host = HostSample(
                 t=t, available=False, reason=f"host memory view unavailable: {type(exc).__name__}: {exc}"
             )
+        if procs.table:
+            procs = msgspec.structs.replace(procs, table=with_gpu(procs.table, gpu))
         self._cycle += 1
         return p.ProbeSample(t=t, gpu=gpu, host=host, procs=procs, faults=faults)
 

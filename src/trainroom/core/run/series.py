@@ -23,6 +23,8 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.run.figures import ln_v
+from trainroom.core.run.vitals import VitalsHistory
+from trainroom.core.samples import VitalsSample
 
 METRICS = ("loss", "lr", "grad_norm", "step_time")
 MarkKind = Literal["checkpoint", "restart", "lr-change", "loss-scale"]
@@ -69,6 +71,7 @@ class SeriesSnapshot(msgspec.Struct, kw_only=True, omit_defaults=True):
     loss_baseline: float | None = None  # ln V, drawn as a line on the loss plot when V is known
     total_points: int = 0
     max_buckets: int = 2000
+    vitals: list[VitalsSample] = []  # the history graphs' samples (run.vitals)
 
     def centres(self) -> list[float]:
         return [(a + b) / 2 for a, b in zip(self.x_lo, self.x_hi, strict=True)]
@@ -105,6 +108,7 @@ class SeriesState(msgspec.Struct, kw_only=True, omit_defaults=True, array_like=T
     lr: float | None
     lr_flat: bool
     scale: float | None
+    vitals: list[VitalsSample] = []
 
 
 def _log_step(msg: object) -> bool:
@@ -147,6 +151,7 @@ class Series:
         self._lr: float | None = None
         self._lr_flat = False
         self._scale: float | None = None
+        self.vitals = VitalsHistory()  # the history graphs: host, GPU, CPU and disk over the run
 
     # ------------------------------------------------------------------ inputs
 
@@ -209,7 +214,11 @@ class Series:
     def observe_record(self, rec: Any) -> None:
         """Fold one keeper record (what it journals, in order): rank 0's steps (or the log's) are
         the curve, a new attempt is a restart mark, a verified checkpoint and a re-imposed LR are
-        marks, and a known vocab size draws ln V. Anything else is ignored."""
+        marks, and a known vocab size draws ln V; a Vitals record goes to the history graphs.
+        Anything else is ignored."""
+        if isinstance(rec, p.Vitals):
+            self.vitals.add(rec.v)
+            return
         if isinstance(rec, p.AttemptStarted):
             if rec.n > 1:
                 self.mark("restart", label=f"attempt {rec.n}")
@@ -283,6 +292,7 @@ class Series:
             loss_baseline=self.loss_baseline,
             total_points=self.total_points,
             max_buckets=self.max_buckets,
+            vitals=list(self.vitals.samples),
         )
 
     def to_builtins(self) -> dict[str, object]:
@@ -315,6 +325,7 @@ class Series:
                 if col.nonfinite and k < len(col.nonfinite):
                     s._bad[m][i] = col.nonfinite[k]
         s.marks = [msgspec.structs.replace(m) for m in snap.marks]
+        s.vitals = VitalsHistory(snap.vitals)
         if snap.index:
             s._last_x = snap.x_hi[-1]
         return s
@@ -348,6 +359,7 @@ class Series:
             lr=self._lr,
             lr_flat=self._lr_flat,
             scale=self._scale,
+            vitals=list(self.vitals.samples),
         )
 
     @classmethod
@@ -375,6 +387,7 @@ class Series:
         s._last_x, s._last_step, s._last_t = st.last_x, st.last_step, st.last_t
         s._tok_step, s._tok_rate = st.tok_step, st.tok_rate
         s._lr, s._lr_flat, s._scale = st.lr, st.lr_flat, st.scale
+        s.vitals = VitalsHistory(st.vitals)
         return s
 
     # ------------------------------------------------------------------ internals

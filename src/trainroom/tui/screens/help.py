@@ -21,9 +21,9 @@ from trainroom.tui.bindings import COMMANDS, DESTRUCTIVE, JUMP_KEYS, KEEPER_ACTI
 # The control room's own commands by group, in the order the help lists them.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("while an action runs", ("cancel_action",)),
-    ("move", ("next_panel", "previous_panel", "zoom", "search", "runs")),
+    ("move", ("next_panel", "previous_panel", "zoom", "search", "runs", "processes", "history")),
     ("loss plot", ("log_scale", "recent_window")),
-    ("the room", ("next_theme", "help", "quit")),
+    ("the room", ("command_line", "next_theme", "options", "help", "quit")),
 )
 
 # The panels' own keys (a focused panel takes them first).

@@ -22,6 +22,10 @@ from trainroom.tui.overview import SORT_ORDER, SORTS, RunRow, matches, ordered
 from trainroom.tui.verdict import SEVERITY_LEVEL
 
 COLUMNS = ("run", "state", "step", "loss", "steps/s", "worst", "age", "command")
+# Under 120 columns the worst finding comes right after the state, so 80 columns still show it
+# (the rest scrolls sideways).
+NARROW_COLUMNS = ("run", "state", "worst", "step", "steps/s", "loss", "age", "command")
+NARROW_BELOW = 120
 
 
 class RunsScreen(Screen[str | None]):
@@ -54,6 +58,7 @@ class RunsScreen(Screen[str | None]):
         self.filter = ""
         self._style: dict[str, Style] = {}
         self._ready = False  # the table has its columns (rows that come before wait for them)
+        self._drawn_columns: tuple[str, ...] = ()
 
     def compose(self) -> ComposeResult:
         with Vertical(id="runs-box"):
@@ -75,7 +80,9 @@ class RunsScreen(Screen[str | None]):
             for level in ("ok", "info", "warn", "crit", "dim")
             if f"trainroom-{level}" in css
         }
-        self.query_one("#runs-filter", Input).display = False
+        box = self.query_one("#runs-filter", Input)
+        box.value = self.filter  # a filter kept from the last opening
+        box.display = bool(self.filter)
         self._ready = True
         self._fill()
         self.query_one(DataTable).focus()
@@ -109,17 +116,27 @@ class RunsScreen(Screen[str | None]):
         keep = self._cursor_run()
         # The columns again with the rows: the header says the order the rows are in.
         table.clear(columns=True)
-        for c in COLUMNS:
+        columns = self.columns()
+        for c in columns:
             table.add_column(self._header(c), key=c)
         rows = self.shown()
         for r in rows:
-            table.add_row(*self._cells(r), key=r.run_id)
+            cells = dict(zip(COLUMNS, self._cells(r), strict=True))
+            table.add_row(*(cells[c] for c in columns), key=r.run_id)
         ids = {r.run_id for r in rows}
         if keep is not None and keep in ids:
             table.move_cursor(row=table.get_row_index(keep))
         elif self.current is not None and self.current in ids:
             table.move_cursor(row=table.get_row_index(self.current))
         self.query_one("#runs-title", Label).update(self._title())
+        self._drawn_columns = columns
+
+    def columns(self) -> tuple[str, ...]:
+        return NARROW_COLUMNS if 0 < self.size.width < NARROW_BELOW else COLUMNS
+
+    def on_resize(self) -> None:
+        if self._ready and self._drawn_columns != self.columns():
+            self._fill()
 
     def _cursor_run(self) -> str | None:
         table = self.query_one(DataTable)
@@ -145,7 +162,7 @@ class RunsScreen(Screen[str | None]):
             Text(fmt.rate(r.steps_per_s, "") if r.steps_per_s else "—", justify="right"),
             worst,
             Text(fmt.duration(max(self.now - r.created, 0.0)), justify="right"),
-            Text(fmt.shorten(r.error or r.command, 60), style="dim"),
+            Text(fmt.shorten(r.error or r.command, 80), style="dim"),
         ]
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
