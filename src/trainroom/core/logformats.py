@@ -37,7 +37,6 @@ import msgspec
 
 from trainroom.core.loglines import (
     _EPOCH,
-    _TQDM,
     BAR_COUNT,
     BATCHES,
     LOG_LINES,
@@ -52,6 +51,7 @@ from trainroom.core.loglines import (
     metrics,
     number,
     pick,
+    tqdm_bar,
 )
 from trainroom.core.logshapes import PlainLoop
 
@@ -72,12 +72,16 @@ __all__ = [
     "recognition",
 ]
 
-NANOGPT_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf))"
+NANOGPT_PATTERN = r"iter (?P<step>\d{1,18}+): loss (?P<loss>[-+]?(?:\d{1,24}+(?:\.\d{0,24}+)?(?:[eE][-+]?\d{1,4}+)?|nan|inf))"
 # A logged dict longer than this is not a step's few numbers (literal_eval must stay cheap).
 MAX_DICT_CHARS = 4096
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}+[A-Za-z]")
 # Rich's bar as Lightning lays it out: `Epoch 3/9 ━━━╸━━ 18/40 0:00:01 • 0:00:02 12.3it/s metrics`.
-_RICH = re.compile(r"^Epoch (?P<epoch>\d+)(?:/-?\d+)?\s+[━╸╺─ ]+\s+(?P<n>\d+)/(?P<total>\d+)\s+(?P<rest>.*)$")
+# Linear: the bar and the spaces around it are one possessive run (checked for a glyph after).
+_RICH = re.compile(
+    r"^Epoch (?P<epoch>\d{1,9}+)(?:/-?\d{1,9}+)?(?P<bar>[━╸╺─\s]++)(?P<n>\d{1,18}+)/(?P<total>\d{1,18}+)\s(?P<rest>.*)$"
+)
+_RICH_GLYPHS = "━╸╺─"
 
 
 class PatternLog(Recogniser):
@@ -138,15 +142,15 @@ class HfTrainerLog(Recogniser):
         self.dicts = 0
 
     def _bar(self, line: str) -> int | None:
-        m = _TQDM.match(line)
-        if m is None or m.group("desc").strip():
+        m = tqdm_bar(line)
+        if m is None or m.desc.strip():
             return None  # a described bar is someone else's (checkpoint shards, Lightning)
-        if pick(metrics(m.group("rest")), LOSS_KEYS, suffix="loss") is not None:
+        if pick(metrics(m.rest), LOSS_KEYS, suffix="loss") is not None:
             return None  # the Trainer's bar has no postfix: a loss there is a plain loop's
-        total = int(m.group("total"))
+        total = m.total
         if self.total is None:
             self.total, self.barred = total, True
-        return int(m.group("n")) if total == self.total else None
+        return m.n if total == self.total else None
 
     def feed(self, line: str) -> list[LogStep]:
         text = line.strip()
@@ -232,18 +236,19 @@ class LightningBar(Recogniser):
         self.attach = False  # the last bar drawn is the held step's: a wrapped metric line is its
 
     def _parse(self, line: str) -> tuple[int, int, int, dict[str, float]] | None:
-        m = _TQDM.match(line)
-        if m is not None:
-            e = _EPOCH.match(m.group("desc").strip())
+        b = tqdm_bar(line)
+        if b is not None:
+            e = _EPOCH.match(b.desc.strip())
             if e is None:
                 return None  # validation, sanity checking, someone else's bar
-            epoch, rest = int(e.group("epoch")), m.group("rest")
-        else:
-            m = _RICH.match(line.strip())
-            if m is None:
-                return None
-            epoch, rest = int(m.group("epoch")), m.group("rest")
-        return epoch, int(m.group("n")), int(m.group("total")), metrics(rest)
+            return int(e.group("epoch")), b.n, b.total, metrics(b.rest)
+        m = _RICH.match(line.strip())
+        bar = m.group("bar") if m is not None else ""
+        if m is None or not (
+            bar[:1].isspace() and bar[-1:].isspace() and any(c in bar for c in _RICH_GLYPHS)
+        ):
+            return None
+        return int(m.group("epoch")), int(m.group("n")), int(m.group("total")), metrics(m.group("rest"))
 
     def _step(self, line: str) -> LogStep | None:
         parsed = self._parse(line)

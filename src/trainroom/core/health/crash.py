@@ -95,10 +95,10 @@ _CHAIN = {
     "The above exception was the direct cause of the following exception:": "cause",
     "During handling of the above exception, another exception occurred:": "context",
 }
-_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank line prefix
-_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_PREFIX = re.compile(r"^\[(?:rank|default)\d{1,9}+\]:\s?")  # torchrun's per-rank line prefix
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,255}+)(?::\s?(?P<msg>.*))?$")
 _EXC_WORDS = ("Error", "Exception", "Interrupt", "Exit")
-_ERRNO = re.compile(r"\[Errno (?P<n>-?\d+)\]")
+_ERRNO = re.compile(r"\[Errno (?P<n>-?\d{1,9}+)\]")
 # torch elastic's own exception once a worker failed: what the launcher says, not the cause.
 _LAUNCHER_ERROR = "ChildFailedError"
 # A line another writer logged (a launcher's timestamped or glog line, a `logging` record): it
