@@ -86,3 +86,20 @@ def test_kill_9_is_dead_at_the_step_it_reached(trhome: Path, tmp_path: Path, ada
     dead = [f for f in d["findings"] if f["code"] == "DEAD"]
     assert dead and f"step {d['step']}" in dead[0]["message"], dead
     assert d["log"]["recogniser"] == (None if adapter else "hf")
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["uninstrumented", "adapter"])
+def test_a_dataloader_worker_crash_under_the_bar_names_the_workers_exception(
+    trhome: Path, tmp_path: Path, adapter: bool
+) -> None:
+    """The dataset raises KeyError in a DataLoader worker at about step 30: the traceback starts on
+    the bar's last redraw (`...it/s]Traceback (most recent call last):`), and torch wraps the
+    worker's exception ("Caught KeyError in DataLoader worker process 0." and its frames). DEAD
+    names the worker's own exception first, with where it was raised."""
+    extra = ["--max_steps", "200", "--dataloader_num_workers", "1", "--fail_after", "120"]
+    info = start(tmp_path, *extra, adapter=adapter)
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "dead" and d["exit"]["code"] == 1, d["state_reason"]
+    dead = next(f for f in d["findings"] if f["code"] == "DEAD")
+    assert "(KeyError: 'boom' (in DataLoader worker process 0))" in dead["message"], dead["message"]
+    assert "Original Traceback" not in dead["message"]

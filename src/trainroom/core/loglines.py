@@ -92,6 +92,30 @@ def step_words(step: int, unit: str | None) -> str:
     return f"{one} {step} (the log counts {unit}, not optimizer steps)"
 
 
+# torch's ExceptionWrapper: a DataLoader worker's exception re-raised in the main process carries
+# the worker's own traceback in its message, after its first line.
+_ORIGINAL = "\nOriginal Traceback (most recent call last):\n"
+_EXC_HEAD = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,255}+)(?::\s?(?P<msg>.*))?$")
+
+
+def worker_original(message: str) -> tuple[str, str, str] | None:
+    """A DataLoader worker's wrapped exception (`Caught KeyError in DataLoader worker process 0.`
+    then `Original Traceback ...` and its frames) as (the wrapper's first line, the worker's
+    exception type, its message); None when `message` wraps nothing."""
+    at = message.find(_ORIGINAL)
+    if at < 0:
+        return None
+    lines = message[at + len(_ORIGINAL) :].splitlines()
+    i = 0
+    while i < len(lines) and lines[i][:1] in (" ", "\t"):
+        i += 1  # the worker's frames
+    m = _EXC_HEAD.match(lines[i]) if i < len(lines) else None
+    if m is None:
+        return None
+    rest = [m.group("msg") or "", *lines[i + 1 :]]
+    return message[:at].strip(), m.group("type"), "\n".join(rest).strip()
+
+
 class LogHints(msgspec.Struct, frozen=True, kw_only=True):
     """What the command or its script says about how its log counts (core/frameworks): None is
     not known."""
