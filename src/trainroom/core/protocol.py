@@ -19,7 +19,6 @@ import msgspec
 from trainroom.core import resumable
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
-from trainroom.core.loglines import worker_original
 from trainroom.core.framing import HEADER as HEADER
 from trainroom.core.framing import MAX_INBOUND_FRAME as MAX_INBOUND_FRAME
 from trainroom.core.framing import MAX_OUTBOUND_FRAME as MAX_OUTBOUND_FRAME
@@ -27,6 +26,7 @@ from trainroom.core.framing import FrameReader as FrameReader
 from trainroom.core.framing import ProtocolError as ProtocolError
 from trainroom.core.framing import encode as encode
 from trainroom.core.framing import frame as frame
+from trainroom.core.loglines import worker_original
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
