@@ -38,6 +38,10 @@ MAX_LINE_BYTES = PARSE_CHARS  # 4 KiB: what of a line is kept and read; the rest
 # read of an ended attempt gets FINAL_BUDGET_S, then keeps the remaining lines unrecognised.
 READ_BUDGET_S = 0.05
 FINAL_BUDGET_S = 1.0
+# A step read from the log past JUMP_FACTOR times the one before (and past JUMP_FLOOR) waits for a
+# later line to go on from it before it is believed (class Jumps).
+JUMP_FACTOR = 10
+JUMP_FLOOR = 1000
 MAX_BACKLOG = 4 * READ_CHUNK
 MARK_BYTES = 64  # the bytes just before the offset: changed under it, the file was rewritten
 # Lines an attempt may print with no step recognised before the run is told to pass a pattern.
@@ -71,6 +75,11 @@ class LogTail:
         self._ended = False  # the last read was an attempt's final one
         self.deferred = 0  # reads that left lines for the next tick (their time budget spent)
         self.lines: list[str] = []
+        self.times: list[float] = []  # when each of `lines` was read
+        self._now = 0.0
+        self._seen = 0  # lines read in all
+        self._step_at = -1  # the index (of _seen) of the last line a step was read from
+        self.jumps = Jumps()
         self._announced: tuple[str, str] | None = None
         self._errors_told = 0
         self.unread = 0  # lines of this attempt read before any step was recognised
@@ -123,8 +132,23 @@ class LogTail:
         if self.truncated > self._truncated_told and (not self._truncated_told or self._ended):
             self._truncated_told = self.truncated
             out.append(p.KeeperNote(t=t, message=self.truncated_words(), kind="warning"))
+        steps = self.jumps.take(steps)
+        if self._ended:
+            self.jumps.end()
+        out += [p.KeeperNote(t=t, message=why, kind="warning") for why in self.jumps.notes]
+        self.jumps.notes.clear()
         out += [p.Received(attempt=attempt, rank=rank, t=t, msg=log_step(s, t)) for s in steps]
         return out
+
+    def cause_lines(self, last_step_t: float | None) -> list[str]:
+        """The last lines a death's cause may be read from: from the last line a step was read
+        from (an uninstrumented attempt), else those read since the attempt's last step (its
+        reporter's); a traceback printed and handled before the last step is not the cause."""
+        if self._step_at >= 0 and self._seen - self._step_at <= len(self.lines):
+            return self.lines[len(self.lines) - (self._seen - self._step_at) :]
+        if last_step_t is not None:
+            return [ln for ln, t in zip(self.lines, self.times, strict=True) if t >= last_step_t]
+        return list(self.lines)
 
     def truncated_words(self) -> str:
         return (
@@ -227,7 +251,7 @@ class LogTail:
         (an instrumented attempt). At most `budget_s` (FINAL_BUDGET_S when final) is spent
         recognising: the lines left are read on the next call (final: kept, not recognised)."""
         deadline = time.monotonic() + (FINAL_BUDGET_S if final else budget_s)
-        self._ended = final
+        self._ended, self._now = final, time.time()
         out: list[LogStep] = []
         for _ in range(4 if final else 1):  # final: to the file's end (at most 4 backlogs)
             if self._pos >= len(self._buf):
@@ -254,8 +278,12 @@ class LogTail:
         elif self._rest and recognise and not self._peeked:
             self._peeked = True  # once per change: a bar's last redraw is not read again each tick
             out += self.recognition.peek(self._rest.decode("utf-8", "replace"))
-        del self.lines[:-KEEP_LINES]
+        self._trim(KEEP_LINES)
         return out
+
+    def _trim(self, keep: int) -> None:
+        del self.lines[:-keep]
+        del self.times[:-keep]
 
     def _split(self, deadline: float | None, recognise: bool) -> list[LogStep]:
         """Cuts the buffer into lines from where the last call stopped, until its end or the
@@ -292,13 +320,61 @@ class LogTail:
             return []  # `\r\n`, a bar's blank redraw
         line = raw.decode("utf-8", "replace")
         self.lines.append(line)
+        self.times.append(self._now)
+        self._seen += 1
         if len(self.lines) > 2 * KEEP_LINES:
-            del self.lines[:-KEEP_LINES]
+            self._trim(KEEP_LINES)
         if not recognise:
             return []
         if self.recognition.chosen is None:
             self.unread += 1
-        return self.recognition.feed(line)
+        got = self.recognition.feed(line)
+        if got:
+            self._step_at = self._seen - 1
+        return got
+
+
+class Jumps:
+    """Steps read from the log that jump implausibly far (past JUMP_FACTOR times the step before,
+    and past JUMP_FLOOR): one line saying `iter 999999999` is not believed until a later line goes
+    on from it; a later line that goes on from the step before drops it. Either way it is said
+    (`notes`), with the line's step and the one before."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.held: LogStep | None = None
+        self.notes: list[str] = []
+
+    def take(self, steps: list[LogStep]) -> list[LogStep]:
+        out: list[LogStep] = []
+        for s in steps:
+            if self.held is not None:
+                held, self.held = self.held, None
+                if s.step >= held.step:
+                    out.append(held)
+                    self.last = held.step
+                    self.notes.append(f"a later line went on from step {held.step}: it is taken")
+                else:
+                    self._dropped(held, f"a later line went on from step {s.step}")
+            if self.last is not None and s.step > JUMP_FACTOR * max(self.last, JUMP_FLOOR):
+                self.held = s
+                self.notes.append(
+                    f"trainer.log said step {s.step} right after step {self.last}: not believed yet (a jump "
+                    f"past {JUMP_FACTOR}x the step before); taken once a later line goes on from it"
+                )
+                continue
+            out.append(s)
+            self.last = s.step
+        return out
+
+    def _dropped(self, held: LogStep, why: str) -> None:
+        self.notes.append(f"trainer.log's step {held.step} (after step {self.last}) dropped: {why}")
+
+    def end(self) -> None:
+        """The attempt ended: a step still held is dropped; the next attempt starts afresh."""
+        if self.held is not None:
+            self._dropped(self.held, "no later line went on from it before the attempt ended")
+        self.held, self.last = None, None
 
 
 def log_step(s: LogStep, t: float) -> p.Step:

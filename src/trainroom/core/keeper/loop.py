@@ -387,13 +387,12 @@ class Keeper:
         self.emit(ended)
         a = self.state.attempt
         if a is not None and a.n == n and rc != 0 and a.crash is None:
+            lines = self.tail.cause_lines(a.last_step_t)  # a traceback before the last step is not it
             crash = g.call(
-                "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(self.tail.lines)), None
+                "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(lines)), None
             )
             if crash is not None:
-                self.emit(
-                    p.Received(attempt=n, rank=crash_rank(self.state, self.tail.lines, now), t=now, msg=crash)
-                )
+                self.emit(p.Received(attempt=n, rank=crash_rank(self.state, lines, now), t=now, msg=crash))
         self.flush(fsync=True)
         if self.proc is proc:
             self.proc = None
