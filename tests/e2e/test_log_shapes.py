@@ -135,3 +135,14 @@ def test_hf_with_disable_tqdm_counts_optimizer_steps_by_its_logging_steps(
     assert d["step"] == state["global_step"] == last["step"] == 60
     assert d["loss"] == pytest.approx(last["loss"], rel=1e-3)
     assert d["log"]["recogniser"] == "hf" and d["log"]["unit"] == "optimizer steps"
+
+
+def test_an_lr_with_an_exponent_in_a_tqdm_postfix_is_read(trhome: Path, tmp_path: Path) -> None:
+    """tqdm prints a small LR as `lr=3e-5` (its `.3g`, `-0` dropped): the exponent is kept."""
+    rec = tmp_path / "losses.jsonl"
+    argv = [sys.executable, str(TRAINERS / "plain_train.py"), "--mode", "tqdm", "--steps", "30"]
+    info = launch([*argv, "--lr", "3e-5", "--record", str(rec)], cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the loop ended")
+    assert d["state"] == "exited" and d["step"] == 30
+    assert "lr=3e-5" in (Path(info.run_dir) / "trainer.log").read_text()
+    assert d["lr"]["effective"] == [3e-5]

@@ -28,12 +28,12 @@ import torch
 class Loop:
     """A tiny linear model fit by SGD; each step's loss (as printed) is recorded."""
 
-    def __init__(self, record: str, delay: float) -> None:
+    def __init__(self, record: str, delay: float, lr: float = 0.05) -> None:
         torch.manual_seed(0)
         self.x = torch.randn(256, 8)
         self.y = self.x @ torch.randn(8, 1) + 0.1 * torch.randn(256, 1)
         self.model = torch.nn.Linear(8, 1)
-        self.lr = 0.05
+        self.lr = lr
         self.opt = torch.optim.SGD(self.model.parameters(), lr=self.lr)
         self.record = open(record, "w")  # noqa: SIM115 (held for the whole loop)
         self.delay = delay
@@ -95,6 +95,7 @@ def main() -> int:
     ap.add_argument("--record", required=True)
     ap.add_argument("--hold", default="")
     ap.add_argument("--step-delay", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=0.05)  # 3e-5: tqdm's postfix shows `lr=3e-5`
     args = ap.parse_args()
     if args.mode == "nothing":
         for i in range(250):
@@ -102,7 +103,7 @@ def main() -> int:
         while args.hold and not os.path.exists(args.hold):
             time.sleep(0.05)
         return 0
-    loop = Loop(args.record, args.step_delay)
+    loop = Loop(args.record, args.step_delay, args.lr)
     if args.mode.startswith("tqdm"):
         bars(args.mode, loop, args.steps)
     else:

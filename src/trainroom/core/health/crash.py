@@ -235,8 +235,9 @@ def _from_header(line: str) -> str:
 
 
 def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
-    """REPEAT_DEATH: the last two deaths within the window of the same step. Cleared once a later
-    attempt gets past that region."""
+    """REPEAT_DEATH: the last two deaths within the window of the same step (an attempt a user
+    stopped with `trainroom kill` is not a death). Cleared once a later attempt gets past that
+    region."""
     dead = [
         a
         for a in run.attempts
@@ -244,6 +245,7 @@ def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
         and a.last_step is not None
         and a.error is None
         and not (a.exit_code == 0 and a.exit_signal is None)
+        and not a.stopped  # a user's `trainroom kill` is a stop, not a death
     ]
     if len(dead) < 2:
         return None
