@@ -44,7 +44,7 @@ class Loop:
         loss.backward()
         self.opt.step()
         value = float(f"{loss.item():.4f}")
-        self.record.write(json.dumps({"step": n, "loss": value}) + "\n")
+        self.record.write(json.dumps({"step": n, "loss": value, "t": time.time()}) + "\n")
         self.record.flush()
         time.sleep(self.delay)
         return value
@@ -84,6 +84,11 @@ def lines(mode: str, loop: Loop, steps: int) -> None:
     elif mode == "print":
         for n in range(1, steps + 1):
             print(f"Step {n}/{steps} | Loss: {loop.step(n):.4f} | LR: {loop.lr:.2e}", flush=True)
+    elif mode == "print-every-10":  # nanoGPT's habit: a line every log_interval steps
+        for n in range(1, steps + 1):
+            loss = loop.step(n)
+            if n % 10 == 0:
+                print(f"step {n} loss {loss:.4f}", flush=True)
     else:
         raise SystemExit(f"unknown mode {mode}")
 
