@@ -83,3 +83,32 @@ def test_kill_9_is_dead_at_the_step_it_reached(trhome: Path, tmp_path: Path, ada
     assert d["step"] == 57  # epoch 1, batch 17 of 40
     assert d["loss"] is not None  # (the CSVLogger had not flushed: the loss is checked above)
     assert d["log"]["recogniser"] == (None if adapter else "lightning")
+
+
+def test_the_adapter_under_accumulation_reports_each_optimizer_step_once_undivided(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """accumulate_grad_batches=4: Lightning divides the batch's loss by 4 for the backward pass and
+    logs it undivided, once per optimizer step. The adapter sends the same: one step record per
+    optimizer step, each loss the one Lightning logged for it."""
+    from trainroom.core import protocol as p
+    from trainroom.core.journal.file import read_journal
+    from trainroom.core.run import store as runs
+
+    info = start(
+        tmp_path, "--max-steps", "30", "--every", "10", "--accumulate_grad_batches", "4", adapter=True
+    )
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "exited" and d["exit"]["code"] == 0, d["state_reason"]
+    metrics = logged(tmp_path)  # {global step: the loss Lightning logged at it}
+    journal = read_journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+    sent = [
+        (r.msg.step, r.msg.loss)
+        for r in journal
+        if isinstance(r, p.Received) and isinstance(r.msg, p.Step) and r.msg.source != "log"
+    ]
+    steps = [s for s, _ in sent]
+    assert steps == sorted(set(steps)) == list(range(1, 31)), steps  # once each, none at a micro-batch
+    for step, loss in sent:
+        assert loss == pytest.approx(metrics[step], rel=1e-5), (step, loss, metrics[step])
+    assert d["loss"] == pytest.approx(metrics[30], rel=1e-5)
