@@ -112,3 +112,30 @@ def test_the_adapter_under_accumulation_reports_each_optimizer_step_once_undivid
     for step, loss in sent:
         assert loss == pytest.approx(metrics[step], rel=1e-5), (step, loss, metrics[step])
     assert d["loss"] == pytest.approx(metrics[30], rel=1e-5)
+
+
+@pytest.mark.parametrize("bar", ["rich", "tqdm-unsized"])
+def test_the_bar_recogniser_reaches_max_steps(trhome: Path, tmp_path: Path, bar: str) -> None:
+    """Uninstrumented, max_steps=90 over 40-batch epochs: the Rich bar (Lightning's default, drawn
+    only at the end when its output is not a terminal) and the TQDM bar of an IterableDataset
+    (its total is the steps left: 90, 50, 10, not the epoch's 40) both end at step 90, with the
+    loss Lightning logged for it."""
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "--out",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "90",
+        "--every",
+        "1000",
+    ]
+    argv += ["--tqdm", "--iterable"] if bar == "tqdm-unsized" else []
+    info = launch(argv, cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "exited" and d["exit"]["code"] == 0, d["state_reason"]
+    assert d["log"]["recogniser"] == "lightning"
+    assert d["step"] == 90
+    assert d["loss"] == pytest.approx(logged(tmp_path)[90], abs=5.1e-3)  # the bar shows 3 digits
+    if bar == "tqdm-unsized":
+        assert "| 40/90 [" in (Path(info.run_dir) / "trainer.log").read_text()  # the total: steps left

@@ -23,7 +23,7 @@ _NUMBER = re.compile(
     r"^[-+]?(?:\d{1,24}+(?:\.\d{0,24}+)?|\.\d{1,24}+)(?:[eE][-+]?\d{1,4}+)?$|^[-+]?(?:nan|inf)$", re.I
 )
 # tqdm's bar: `[desc: ]NN%|bar| n/total [elapsed<left, rate, postfix]`, found from its `%|`.
-_BAR_COUNT = re.compile(r"(?<!\s)\s*+(?P<n>\d{1,18}+)/(?P<total>\d{1,18}+)\s*+\[(?P<rest>[^\]]{0,4096}+)")
+_BAR_COUNT = re.compile(r"(?<!\s)\s*+(?P<n>\d{1,18}+)/(?P<total>\d{1,18}+|\?)\s*+\[(?P<rest>[^\]]{0,4096}+)")
 _EPOCH = re.compile(r"^Epoch (?P<epoch>\d{1,9}):?$")
 # `name=value` (tqdm postfix) or `name: value` (Rich metrics), read token by token: a run of name
 # characters, a run of spaces, or one other character (each token consumed once: linear).
@@ -35,12 +35,12 @@ _VALUE = re.compile(r"(?<![\w.+-])[-+]?[\w.]{1,64}+(?:(?<=[eE])[-+]\d{1,4}+)?(?!
 
 
 class Bar(NamedTuple):
-    """A tqdm bar's parts: its description (before the percentage), count, total and the text
-    in its brackets (elapsed, rate, postfix)."""
+    """A tqdm bar's parts: its description (before the percentage), count, total (None: `n/?`,
+    not known) and the text in its brackets (elapsed, rate, postfix)."""
 
     desc: str
     n: int
-    total: int
+    total: int | None
     rest: str
 
 
@@ -51,7 +51,7 @@ def tqdm_bar(line: str) -> Bar | None:
     for _ in range(8):  # a line with more `%|` than a bar has is not a bar
         j = line.find("%|", start)
         if j < 0:
-            return None
+            return _unsized_bar(line) if start == 0 else None
         k = j
         while k > 0 and line[k - 1].isdigit() and j - k < 3:
             k -= 1
@@ -60,9 +60,20 @@ def tqdm_bar(line: str) -> Bar | None:
             return None
         m = _BAR_COUNT.match(line, close + 1)
         if k < j and m is not None:
-            return Bar(line[:k].rstrip(), int(m["n"]), int(m["total"]), m["rest"])
+            total = int(m["total"]) if m["total"] != "?" else None
+            return Bar(line[:k].rstrip(), int(m["n"]), total, m["rest"])
         start = j + 2
     return None
+
+
+def _unsized_bar(line: str) -> Bar | None:
+    """A bar whose total is not known draws no percentage: `Epoch 1: |   | 175/? [...`."""
+    j = line.find(": |")
+    close = line.find("|", j + 3) if j >= 0 else -1
+    m = _BAR_COUNT.match(line, close + 1) if close >= 0 else None
+    if m is None or m["total"] != "?":
+        return None
+    return Bar(line[: j + 1], int(m["n"]), None, m["rest"])
 
 
 LOSS_KEYS = ("loss", "train_loss", "train_loss_step", "loss_step", "training_loss")

@@ -88,7 +88,7 @@ class PlainLoop(Recogniser):
         return {"bar": BAR_COUNT, "lines": PRINTED_STEPS}.get(self.stepper or "", LOG_LINES)
 
     def restart(self) -> None:
-        self.bar_key: tuple[str, int] | None = None  # the followed bar: (its desc less digits, total)
+        self.bar_key: tuple[str, int | None] | None = None  # the followed bar: (its desc less digits, total)
         self.bar_n = 0
         self.base = 0  # the counts of the bars (epochs) already ended
         self.emitted = -1
@@ -113,7 +113,7 @@ class PlainLoop(Recogniser):
         if key != self.bar_key:
             return None
         if n < self.bar_n:
-            self.base += total  # the bar restarted: the next epoch
+            self.base += total if total is not None else self.bar_n  # the bar restarted: the next epoch
         self.bar_n = n
         return self.base + n, metrics(m.rest)
 
