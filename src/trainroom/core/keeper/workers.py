@@ -172,6 +172,13 @@ class WorkerWatch:
 
     def _ended(self, w: WorkerView, status: ExitStatus | None, source: p.WorkerEndSource, t: float) -> None:
         self._disarm(w.pid)
+        a = self.run.state.attempt
+        if status is None and a is not None and w.pid == a.pid and w.attempt == a.n:
+            # The process the keeper started (Lightning's rank 0 is it): the keeper reaps it, so
+            # its status is the attempt's own, known once the attempt has ended (sync then).
+            if a.ended_at is None:
+                return
+            status, source = ExitStatus(a.exit_code, a.exit_signal), "wait-status"
         self.recorder.emit(
             p.WorkerEnded(
                 attempt=w.attempt,
