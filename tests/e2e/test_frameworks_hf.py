@@ -86,3 +86,44 @@ def test_kill_9_is_dead_at_the_step_it_reached(trhome: Path, tmp_path: Path, ada
     dead = [f for f in d["findings"] if f["code"] == "DEAD"]
     assert dead and f"step {d['step']}" in dead[0]["message"], dead
     assert d["log"]["recogniser"] == (None if adapter else "hf")
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["uninstrumented", "adapter"])
+def test_a_dataloader_worker_crash_under_the_bar_names_the_workers_exception(
+    trhome: Path, tmp_path: Path, adapter: bool
+) -> None:
+    """The dataset raises KeyError in a DataLoader worker at about step 30: the traceback starts on
+    the bar's last redraw (`...it/s]Traceback (most recent call last):`), and torch wraps the
+    worker's exception ("Caught KeyError in DataLoader worker process 0." and its frames). DEAD
+    names the worker's own exception first, with where it was raised."""
+    extra = ["--max_steps", "200", "--dataloader_num_workers", "1", "--fail_after", "120"]
+    info = start(tmp_path, *extra, adapter=adapter)
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "dead" and d["exit"]["code"] == 1, d["state_reason"]
+    dead = next(f for f in d["findings"] if f["code"] == "DEAD")
+    assert "(KeyError: 'boom' (in DataLoader worker process 0))" in dead["message"], dead["message"]
+    assert "Original Traceback" not in dead["message"]
+
+
+def test_the_adapter_sends_one_lr_per_step_the_one_the_trainer_logged(trhome: Path, tmp_path: Path) -> None:
+    """The linear schedule moves the LR every step: the step's record (on_step_end) and its log's
+    (on_log) carry the LR that step used, the Trainer's own `learning_rate`, not the next one."""
+    from trainroom.core import protocol as p
+    from trainroom.core.journal.file import read_journal
+    from trainroom.core.run import store as runs
+
+    info = start(tmp_path, "--max_steps", "20", adapter=True)
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "exited", d["state_reason"]
+    lrs: dict[int, set[float]] = {}
+    for r in read_journal(Path(info.run_dir) / runs.JOURNAL_NAME):
+        if isinstance(r, p.Received) and isinstance(r.msg, p.Step) and r.msg.source != "log":
+            lrs.setdefault(r.msg.step, set()).update(r.msg.lr)
+    assert sorted(lrs) == list(range(1, 21))
+    assert all(len(v) == 1 for v in lrs.values()), lrs  # one LR a step
+    state = json.loads((tmp_path / "out" / "checkpoint-20" / "trainer_state.json").read_text())
+    logged = {h["step"]: h["learning_rate"] for h in state["log_history"] if "learning_rate" in h}
+    assert logged and all(next(iter(lrs[s])) == pytest.approx(lr, rel=1e-9) for s, lr in logged.items()), (
+        logged,
+        lrs,
+    )

@@ -83,3 +83,59 @@ def test_kill_9_is_dead_at_the_step_it_reached(trhome: Path, tmp_path: Path, ada
     assert d["step"] == 57  # epoch 1, batch 17 of 40
     assert d["loss"] is not None  # (the CSVLogger had not flushed: the loss is checked above)
     assert d["log"]["recogniser"] == (None if adapter else "lightning")
+
+
+def test_the_adapter_under_accumulation_reports_each_optimizer_step_once_undivided(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """accumulate_grad_batches=4: Lightning divides the batch's loss by 4 for the backward pass and
+    logs it undivided, once per optimizer step. The adapter sends the same: one step record per
+    optimizer step, each loss the one Lightning logged for it."""
+    from trainroom.core import protocol as p
+    from trainroom.core.journal.file import read_journal
+    from trainroom.core.run import store as runs
+
+    info = start(
+        tmp_path, "--max-steps", "30", "--every", "10", "--accumulate_grad_batches", "4", adapter=True
+    )
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "exited" and d["exit"]["code"] == 0, d["state_reason"]
+    metrics = logged(tmp_path)  # {global step: the loss Lightning logged at it}
+    journal = read_journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+    sent = [
+        (r.msg.step, r.msg.loss)
+        for r in journal
+        if isinstance(r, p.Received) and isinstance(r.msg, p.Step) and r.msg.source != "log"
+    ]
+    steps = [s for s, _ in sent]
+    assert steps == sorted(set(steps)) == list(range(1, 31)), steps  # once each, none at a micro-batch
+    for step, loss in sent:
+        assert loss == pytest.approx(metrics[step], rel=1e-5), (step, loss, metrics[step])
+    assert d["loss"] == pytest.approx(metrics[30], rel=1e-5)
+
+
+@pytest.mark.parametrize("bar", ["rich", "tqdm-unsized"])
+def test_the_bar_recogniser_reaches_max_steps(trhome: Path, tmp_path: Path, bar: str) -> None:
+    """Uninstrumented, max_steps=90 over 40-batch epochs: the Rich bar (Lightning's default, drawn
+    only at the end when its output is not a terminal) and the TQDM bar of an IterableDataset
+    (its total is the steps left: 90, 50, 10, not the epoch's 40) both end at step 90, with the
+    loss Lightning logged for it."""
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "--out",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "90",
+        "--every",
+        "1000",
+    ]
+    argv += ["--tqdm", "--iterable"] if bar == "tqdm-unsized" else []
+    info = launch(argv, cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "exited" and d["exit"]["code"] == 0, d["state_reason"]
+    assert d["log"]["recogniser"] == "lightning"
+    assert d["step"] == 90
+    assert d["loss"] == pytest.approx(logged(tmp_path)[90], abs=5.1e-3)  # the bar shows 3 digits
+    if bar == "tqdm-unsized":
+        assert "| 40/90 [" in (Path(info.run_dir) / "trainer.log").read_text()  # the total: steps left

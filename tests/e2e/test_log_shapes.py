@@ -135,3 +135,28 @@ def test_hf_with_disable_tqdm_counts_optimizer_steps_by_its_logging_steps(
     assert d["step"] == state["global_step"] == last["step"] == 60
     assert d["loss"] == pytest.approx(last["loss"], rel=1e-3)
     assert d["log"]["recogniser"] == "hf" and d["log"]["unit"] == "optimizer steps"
+
+
+def test_an_lr_with_an_exponent_in_a_tqdm_postfix_is_read(trhome: Path, tmp_path: Path) -> None:
+    """tqdm prints a small LR as `lr=3e-5` (its `.3g`, `-0` dropped): the exponent is kept."""
+    rec = tmp_path / "losses.jsonl"
+    argv = [sys.executable, str(TRAINERS / "plain_train.py"), "--mode", "tqdm", "--steps", "30"]
+    info = launch([*argv, "--lr", "3e-5", "--record", str(rec)], cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the loop ended")
+    assert d["state"] == "exited" and d["step"] == 30
+    assert "lr=3e-5" in (Path(info.run_dir) / "trainer.log").read_text()
+    assert d["lr"]["effective"] == [3e-5]
+
+
+def test_steps_per_s_counts_the_steps_each_log_record_covers(trhome: Path, tmp_path: Path) -> None:
+    """A loop printing every 10th step: steps/s is the steps between records over the time between
+    them, near the loop's own pace (its record of each step's time), not one record's worth."""
+    rec = tmp_path / "losses.jsonl"
+    argv = [sys.executable, str(TRAINERS / "plain_train.py"), "--mode", "print-every-10", "--steps", "400"]
+    info = launch([*argv, "--step-delay", "0.02", "--record", str(rec)], cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the loop ended")
+    assert d["state"] == "exited" and d["step"] == 400
+    rows = [json.loads(x) for x in rec.read_text().splitlines()]
+    window = [r for r in rows if r["step"] >= 400 - 31 * 10]  # the records the rate is read over
+    true = (window[-1]["step"] - window[0]["step"]) / (window[-1]["t"] - window[0]["t"])
+    assert d["steps_per_s"] == pytest.approx(true, rel=0.35), (d["steps_per_s"], true)

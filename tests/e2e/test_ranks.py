@@ -155,6 +155,13 @@ def test_lightning_ddp_a_stopped_then_killed_rank_1_is_named(
     assert f"rank 1 killed by SIGKILL (pid {pids[1]})" in f["message"], f["message"]
     assert "Connection reset" not in f["message"]  # what followed from it, not its cause
     assert f"rank 0 (pid {pids[0]}, the process started)" in f["message"]
+    # Rank 0 is the process the keeper started: its exit is its own wait status, not "gone".
+    rank0 = next(r for r in s["ranks"] if r["rank"] == 0)
+    assert rank0["exit"] is not None and (rank0["exit"]["code"], rank0["exit"]["signal"]) == (
+        s["exit"]["code"],
+        s["exit"]["signal"],
+    ), (rank0, s["exit"])
+    assert s["exit"]["code"] is not None or s["exit"]["signal"] is not None
 
 
 def test_a_lightning_lr_warmup_is_no_lr_mismatch(trhome: Path, tmp_path: Path) -> None:

@@ -656,3 +656,33 @@ def test_configured_host_processes_reach_the_probe_sweep(trhome: Path, tmp_path:
         for t in twins:
             t.kill()
             t.wait(timeout=10)
+
+
+def test_a_users_kill_is_not_counted_as_a_repeat_death(trhome: Path) -> None:
+    """Attempt 1 dies at step 25, auto-resume starts attempt 2 from step 20; the user stops it with
+    `trainroom kill` near step 25: a stop, not a second death in the same place."""
+    ns = argparse.Namespace(
+        fault="silent-death",
+        fault_step=25,
+        steps=400,
+        lr=None,
+        step_delay=0.05,
+        ckpt_every=10,
+        tracer=False,
+        ranks=None,
+        auto_resume=1,
+        linger_s=None,
+    )
+    opts = msgspec.structs.replace(demo_options(ns), auto_resume_delay_s=0.5)
+    info = launch(demo_command(ns), opts, cwd=str(demo_dir()))
+    wait_for(
+        lambda: (s := status(info))["attempt"] == 2 and (s["step"] or 0) >= 26 and s,
+        timeout=2 * START_S,
+        what="attempt 2 past step 25",
+    )
+    out = run_cli("kill", info.run_id, "--grace", "2", "--yes")
+    assert out.returncode == 0, out.stderr
+    d = wait_for(lambda: (s := status(info))["state"] != "running" and s, timeout=START_S, what="stopped")
+    assert [a["last_step"] is not None for a in d["attempts"]] == [True, True]
+    assert abs(d["attempts"][1]["last_step"] - 25) <= 50  # within REPEAT_DEATH's window of attempt 1's
+    assert _code(d, "REPEAT_DEATH") is None, d["findings"]

@@ -49,3 +49,35 @@ def test_a_launchers_lines_after_a_workers_exception_are_not_its_message() -> No
         "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'a'\nINFO:root:shutting down\n"
     )
     assert plain is not None and plain.chain[0].message == "'a'"
+
+
+def test_a_traceback_printed_after_a_bars_redraw_is_read(tmp_path: Path) -> None:
+    """tqdm's last redraw has no line end: the traceback's header follows it on the same line."""
+    text = _output_of(
+        tmp_path,
+        "import sys\n"
+        "sys.stderr.write('\\r 14%|#4        | 29/200 [00:05<00:35,  4.85it/s]')\n"
+        "raise ValueError('bad shard')\n",
+    )
+    assert "it/s]Traceback (most recent call last):" in text
+    crash = crash_from_log(text)
+    assert crash is not None and [(x.type, x.message) for x in crash.chain] == [("ValueError", "bad shard")]
+
+
+def test_a_dataloader_workers_exception_is_the_innermost_link(tmp_path: Path) -> None:
+    """torch re-raises a worker's exception with the worker's traceback inside its message: the
+    wrapper keeps its first line, the worker's own exception follows it (what DEAD names)."""
+    text = _output_of(
+        tmp_path,
+        "import torch\n"
+        "class D(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 4\n"
+        "    def __getitem__(self, i): raise KeyError('boom')\n"
+        "next(iter(torch.utils.data.DataLoader(D(), num_workers=1)))\n",
+    )
+    crash = crash_from_log(text)
+    assert crash is not None
+    assert [(x.type, x.message) for x in crash.chain] == [
+        ("KeyError", "Caught KeyError in DataLoader worker process 0."),
+        ("KeyError", "'boom' (in DataLoader worker process 0)"),
+    ]

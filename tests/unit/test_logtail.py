@@ -66,6 +66,8 @@ def test_the_last_lines_are_kept_for_the_crash_reader(tmp_path: Path) -> None:
     log, tail = fresh(tmp_path)
     append(log, b"".join(b"line %d\r" % i for i in range(3 * KEEP_LINES)))
     tail.read()
+    while tail.behind:  # (a loaded machine may spend a read's time budget first)
+        tail.read()
     assert len(tail.lines) == KEEP_LINES and tail.lines[-1] == f"line {3 * KEEP_LINES - 1}"
 
 

@@ -485,3 +485,20 @@ def test_a_bare_bar_alone_is_a_bar_count_until_a_trainer_dict_shows_it_is_hfs(tm
     recs = tail.records(1, 1.0, tail.read())
     assert recs[0] == p.LogRecognised(t=1.0, attempt=1, name="hf", unit="optimizer steps")
     assert (tail.recogniser, tail.recognition.unit) == ("hf", "optimizer steps")
+
+
+def test_lightnings_bar_with_no_known_total_counts_across_epochs() -> None:
+    """Lightning's TQDM bar format with total None draws `Epoch 1: |   | 3/? [...`: each epoch's
+    count goes on from where the one before ended."""
+    from trainroom.core.logformats import LightningBar
+
+    bar = LightningBar()
+    out = []
+    for epoch, last in ((0, 40), (1, 25)):
+        for n in range(1, last + 1):
+            out += bar.feed(
+                f"Epoch {epoch}: |          | {n}/? [00:01<?, 30.0it/s, v_num=0, train_loss={n}.000]"
+            )
+    out += bar.end()
+    assert [s.step for s in out] == list(range(1, 66))
+    assert out[-1].loss == 25.0

@@ -37,7 +37,6 @@ import msgspec
 
 from trainroom.core.loglines import (
     _EPOCH,
-    _TQDM,
     BAR_COUNT,
     BATCHES,
     LOG_LINES,
@@ -52,6 +51,7 @@ from trainroom.core.loglines import (
     metrics,
     number,
     pick,
+    tqdm_bar,
 )
 from trainroom.core.logshapes import PlainLoop
 
@@ -72,12 +72,19 @@ __all__ = [
     "recognition",
 ]
 
-NANOGPT_PATTERN = r"iter (?P<step>\d+): loss (?P<loss>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf))"
+NANOGPT_PATTERN = r"iter (?P<step>\d{1,18}+): loss (?P<loss>[-+]?(?:\d{1,24}+(?:\.\d{0,24}+)?(?:[eE][-+]?\d{1,4}+)?|nan|inf))"
 # A logged dict longer than this is not a step's few numbers (literal_eval must stay cheap).
 MAX_DICT_CHARS = 4096
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}+[A-Za-z]")
 # Rich's bar as Lightning lays it out: `Epoch 3/9 ━━━╸━━ 18/40 0:00:01 • 0:00:02 12.3it/s metrics`.
-_RICH = re.compile(r"^Epoch (?P<epoch>\d+)(?:/-?\d+)?\s+[━╸╺─ ]+\s+(?P<n>\d+)/(?P<total>\d+)\s+(?P<rest>.*)$")
+# Linear: the bar and the spaces around it are one possessive run (checked for a glyph after).
+_RICH = re.compile(
+    r"^Epoch (?P<epoch>\d{1,9}+)(?:/-?\d{1,9}+)?(?P<bar>[━╸╺─\s]++)(?P<n>\d{1,18}+)/(?P<total>\d{1,18}+)\s(?P<rest>.*)$"
+)
+_RICH_GLYPHS = "━╸╺─"
+_AFTER_STOP = (-1, -1)
+# Lightning's own word that the run ended at max_steps.
+_MAX_STEPS = re.compile(r"`Trainer\.fit` stopped: `max_steps=(?P<n>\d{1,18}+)` reached")
 
 
 class PatternLog(Recogniser):
@@ -138,15 +145,17 @@ class HfTrainerLog(Recogniser):
         self.dicts = 0
 
     def _bar(self, line: str) -> int | None:
-        m = _TQDM.match(line)
-        if m is None or m.group("desc").strip():
+        m = tqdm_bar(line)
+        if m is None or m.desc.strip():
             return None  # a described bar is someone else's (checkpoint shards, Lightning)
-        if pick(metrics(m.group("rest")), LOSS_KEYS, suffix="loss") is not None:
+        if pick(metrics(m.rest), LOSS_KEYS, suffix="loss") is not None:
             return None  # the Trainer's bar has no postfix: a loss there is a plain loop's
-        total = int(m.group("total"))
+        total = m.total
+        if total is None:
+            return None  # the Trainer's bar knows its total (max_steps)
         if self.total is None:
             self.total, self.barred = total, True
-        return int(m.group("n")) if total == self.total else None
+        return m.n if total == self.total else None
 
     def feed(self, line: str) -> list[LogStep]:
         text = line.strip()
@@ -224,46 +233,66 @@ class LightningBar(Recogniser):
         self.restart()
 
     def restart(self) -> None:
-        self.batches = 0  # the largest per-epoch total seen: an epoch's length
+        self.epoch: int | None = None  # the epoch the last bar drew
+        self.epoch_end = 0  # its length so far: the largest count drawn
+        self.base = 0  # the optimizer steps of the epochs before it
+        self.final: int | None = None  # `max_steps=N` reached: the step the run ended at
         self.pending: LogStep | None = None
         self.n: tuple[int, int] = (0, 0)  # the (epoch, batch) the last bar drew
         self.pending_n = self.n  # the batch the held step was read at
         self.emitted = 0
         self.attach = False  # the last bar drawn is the held step's: a wrapped metric line is its
 
-    def _parse(self, line: str) -> tuple[int, int, int, dict[str, float]] | None:
-        m = _TQDM.match(line)
-        if m is not None:
-            e = _EPOCH.match(m.group("desc").strip())
+    def _parse(self, line: str) -> tuple[int, int, int | None, dict[str, float]] | None:
+        b = tqdm_bar(line)
+        if b is not None:
+            e = _EPOCH.match(b.desc.strip())
             if e is None:
                 return None  # validation, sanity checking, someone else's bar
-            epoch, rest = int(e.group("epoch")), m.group("rest")
-        else:
-            m = _RICH.match(line.strip())
-            if m is None:
-                return None
-            epoch, rest = int(m.group("epoch")), m.group("rest")
-        return epoch, int(m.group("n")), int(m.group("total")), metrics(rest)
+            return int(e.group("epoch")), b.n, b.total, metrics(b.rest)
+        m = _RICH.match(line.strip())
+        bar = m.group("bar") if m is not None else ""
+        if m is None or not (
+            bar[:1].isspace() and bar[-1:].isspace() and any(c in bar for c in _RICH_GLYPHS)
+        ):
+            return None
+        return int(m.group("epoch")), int(m.group("n")), int(m.group("total")), metrics(m.group("rest"))
 
     def _step(self, line: str) -> LogStep | None:
         parsed = self._parse(line)
         if parsed is None:
             return None
         epoch, n, total, values = parsed
-        self.batches = max(self.batches, total)
+        acc = self.accumulate or 1
+        if epoch != self.epoch:
+            # Each epoch's steps are counted from where the one before ended: the largest count
+            # its bar drew (Lightning draws each batch; under max_steps an iterable's total is the
+            # steps left, not the epoch's length, and an unsized one is `n/?`).
+            if self.epoch is not None and epoch > self.epoch:
+                self.base += (epoch - self.epoch) * -(-self.epoch_end // acc)
+            elif self.epoch is None:
+                self.base = epoch * -(-(total or n) // acc)  # first seen mid-run: a resume
+            self.epoch, self.epoch_end = epoch, 0
+        self.epoch_end = max(self.epoch_end, n)
         self.attach = n > 0
         self.n = (epoch, n)
-        acc = self.accumulate or 1
         # Lightning steps the optimizer every `acc` batches and once more on an epoch's last
         # batch when the epoch does not divide evenly.
         within = n // acc + (1 if n == total and n % acc else 0)
         if within == 0:
             return None  # a bar reset at an epoch's start: nothing new has stepped
         loss = pick(values, LOSS_KEYS, suffix="loss")
-        per_epoch = -(-self.batches // acc)
-        return LogStep(epoch * per_epoch + within, loss, pick(values, LR_KEYS), values.get("grad_norm"))
+        step = self.base + within
+        if self.final is not None:
+            step = max(step, self.final)
+        return LogStep(step, loss, pick(values, LR_KEYS), values.get("grad_norm"))
 
     def feed(self, line: str) -> list[LogStep]:
+        at = line.find("`Trainer.fit` stopped: `max_steps=")  # its own line, or after the bar's last redraw
+        stopped = _MAX_STEPS.match(line, at) if at >= 0 else None
+        if stopped is not None:
+            before = self.feed(line[:at]) if at > 0 else []
+            return before + self._stopped(int(stopped.group("n")))
         s = self._step(line)
         if s is None:
             return self._continuation(line)
@@ -273,12 +302,23 @@ class LightningBar(Recogniser):
         n = self.n
         if self.pending is not None and self.pending.step != s.step:
             out = self.end()
-        elif self.pending is not None and n != self.pending_n:
+        elif self.pending is not None and n != self.pending_n and self.pending_n != _AFTER_STOP:
             return []  # the next micro-batch of the same optimizer step: the step's is kept
         elif self.pending is not None and s.loss is None:
             s = msgspec.structs.replace(s, loss=self.pending.loss)  # a redraw without the metrics
         self.pending, self.pending_n = s, n
         return out
+
+    def _stopped(self, n: int) -> list[LogStep]:
+        """`Trainer.fit` stopped: `max_steps=N` reached.`: the run's last step is N (a Rich bar,
+        drawn only at the end, and a bar whose total was the steps left say less)."""
+        self.final = n
+        if self.pending is None or self.pending.step < n:
+            held = self.end() if self.pending is not None and self.pending.step < n else []
+            self.pending = LogStep(n)
+            self.pending_n = _AFTER_STOP  # the next bar's metrics are this step's
+            return held
+        return []
 
     def _continuation(self, line: str) -> list[LogStep]:
         """Rich wraps the metrics onto a line of their own under the bar."""

@@ -21,7 +21,6 @@ import re
 
 from trainroom.core.loglines import (
     _EPOCH,
-    _TQDM,
     BAR_COUNT,
     LOG_LINES,
     LOSS_KEYS,
@@ -32,13 +31,17 @@ from trainroom.core.loglines import (
     metrics,
     number,
     pick,
+    tqdm_bar,
 )
 
 # `[train ]key[ =|: ]value`: a qualifier word before the key (`val loss 2.5`) belongs to it.
+# Linear: a key starts only where no name character is before it and is taken whole (possessive,
+# at most 64 characters: each start costs at most that), the spaces around the separator are one
+# possessive run, the digits are capped.
 _PAIR = re.compile(
-    r"(?<![\w.])(?P<qual>(?:train|training|val|valid|validation|eval|evaluation|test)[ \t]+)?"
-    r"(?P<key>[A-Za-z_][\w/.-]*?)(?:\s*[=:]\s*|\s+)(?:tensor\()?"
-    r"(?P<value>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)(?![\d.])",
+    r"(?<![\w.])(?P<qual>(?:train|training|val|valid|validation|eval|evaluation|test)[ \t]++)?"
+    r"(?P<key>[A-Za-z_][\w/.-]{0,63}+)(?:\s*+[=:]\s*+|\s++)(?:tensor\()?"
+    r"(?P<value>[-+]?(?:\d{1,24}+(?:\.\d{0,24}+)?|\.\d{1,24}+)(?:[eE][-+]?\d{1,4}+)?|nan|inf)(?![\d.])",
     re.I,
 )
 _RICH_BAR = "━╸╺"
@@ -85,7 +88,7 @@ class PlainLoop(Recogniser):
         return {"bar": BAR_COUNT, "lines": PRINTED_STEPS}.get(self.stepper or "", LOG_LINES)
 
     def restart(self) -> None:
-        self.bar_key: tuple[str, int] | None = None  # the followed bar: (its desc less digits, total)
+        self.bar_key: tuple[str, int | None] | None = None  # the followed bar: (its desc less digits, total)
         self.bar_n = 0
         self.base = 0  # the counts of the bars (epochs) already ended
         self.emitted = -1
@@ -95,13 +98,13 @@ class PlainLoop(Recogniser):
 
     def _bar(self, line: str) -> tuple[int, dict[str, float]] | None:
         """A bar of the followed kind as (step, postfix metrics); None for any other line."""
-        m = _TQDM.match(line)
+        m = tqdm_bar(line)
         if m is None:
             return None
-        desc = m.group("desc").strip().rstrip(":").strip()
-        if _EPOCH.match(m.group("desc").strip()) or (desc and _OTHER_BAR.search(desc)):
+        desc = m.desc.strip().rstrip(":").strip()
+        if _EPOCH.match(m.desc.strip()) or (desc and _OTHER_BAR.search(desc[:256])):
             return None
-        n, total = int(m.group("n")), int(m.group("total"))
+        n, total = m.n, m.total
         key = (re.sub(r"\d+", "#", desc), total)
         if self.bar_key is None:
             if n == 0:
@@ -110,9 +113,9 @@ class PlainLoop(Recogniser):
         if key != self.bar_key:
             return None
         if n < self.bar_n:
-            self.base += total  # the bar restarted: the next epoch
+            self.base += total if total is not None else self.bar_n  # the bar restarted: the next epoch
         self.bar_n = n
-        return self.base + n, metrics(m.group("rest"))
+        return self.base + n, metrics(m.rest)
 
     def _from_bar(self, line: str) -> list[LogStep]:
         got = self._bar(line)
@@ -129,7 +132,7 @@ class PlainLoop(Recogniser):
     # ------------------------------------------------------------------ lines
 
     def feed(self, line: str) -> list[LogStep]:
-        if "|" in line and "%" in line and _TQDM.match(line):
+        if "%|" in line and tqdm_bar(line) is not None:
             return self._from_bar(line)
         if any(c in line for c in _RICH_BAR):
             return []  # a Rich bar (Lightning's): its metrics are the bar's reader's

@@ -26,6 +26,7 @@ from trainroom.core.framing import FrameReader as FrameReader
 from trainroom.core.framing import ProtocolError as ProtocolError
 from trainroom.core.framing import encode as encode
 from trainroom.core.framing import frame as frame
+from trainroom.core.loglines import worker_original
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VitalsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
@@ -151,7 +152,24 @@ def error_chain(exc: BaseException) -> list[ErrorLink]:
             )
         )
         cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
-    return links
+    return unwrap_workers(links)
+
+
+def unwrap_workers(links: list[ErrorLink]) -> list[ErrorLink]:
+    """A DataLoader worker's exception wrapped by torch (its traceback inside the message) split
+    in two: the wrapper's first line, then the worker's own exception as the link after it (the
+    innermost: what a death names first)."""
+    out: list[ErrorLink] = []
+    for link in links:
+        found = worker_original(link.message)
+        if found is None:
+            out.append(link)
+            continue
+        first, kind, message = found
+        where = first.split(" in ", 1)[1].rstrip(".") if " in " in first else ""
+        out += [ErrorLink(type=link.type, message=first, errno=link.errno, errno_name=link.errno_name)]
+        out += [ErrorLink(type=kind, message=f"{message} (in {where})" if where else message)]
+    return out
 
 
 class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):

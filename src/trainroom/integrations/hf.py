@@ -1,7 +1,9 @@
 """Hugging Face `Trainer` adapter: one line, `callbacks=[TrainroomCallback()]`.
 
-- every optimizer step (`on_step_end`): the global step and the effective LR of each param group;
-- every log (`on_log`): the loss, grad norm and LR the Trainer logged, at the same global step
+- every optimizer step (`on_step_end`): the global step and the LR of each param group that step
+  used (read at `on_optimizer_step`, before the scheduler steps: what the Trainer logs as its
+  `learning_rate`), so a step's records all carry one LR;
+- every log (`on_log`): the loss, grad norm and that same LR, at the same global step
   (the Trainer's `loss` is the mean over the logging window, as in `trainer_state.json`);
 - every save (`on_save`): the `checkpoint-N/` directory as a checkpoint candidate, its step read
   from the `trainer_state.json` inside (the keeper verifies it before a resume may use it);
@@ -38,6 +40,7 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
     def __init__(self) -> None:
         AdapterBase.__init__(self)
         self._optimizer: Any = None
+        self._lrs: list[float] | None = None  # the LRs the last optimizer step used
 
     def _connect(self, args: Any, state: Any, model: Any) -> None:
         max_steps = int(getattr(state, "max_steps", 0) or 0)
@@ -64,11 +67,18 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
             self.reporter().note("epoch", step=int(state.global_step), epoch=round(epoch or 0.0, 4))
 
     @guarded
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        opt = kwargs.get("optimizer") or self._optimizer
+        self._lrs = [float(g["lr"]) for g in opt.param_groups] if opt is not None else None
+
+    @guarded
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.active:
             return
         self._optimizer = kwargs.get("optimizer") or self._optimizer
-        self.reporter().step(int(state.global_step), optimizer=self._optimizer, batch=_batch(args, state))
+        self.reporter().step(
+            int(state.global_step), optimizer=self._optimizer, lr=self._lrs, batch=_batch(args, state)
+        )
 
     @guarded
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
@@ -82,6 +92,7 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
             loss=loss,
             grad_norm=number(logs.get("grad_norm")),
             optimizer=self._optimizer,
+            lr=self._lrs,
             batch=_batch(args, state),
         )
 

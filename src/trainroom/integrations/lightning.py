@@ -1,7 +1,9 @@
 """PyTorch Lightning adapter: one line, `callbacks=[TrainroomCallback()]`.
 
-- every training batch (`on_train_batch_end`): the global step, the loss from the step's
-  outputs, the effective LR of each param group of the trainer's first optimizer, and the
+- every optimizer step (`on_train_batch_end` of the batch that stepped: under
+  `accumulate_grad_batches=N` once per N batches): the global step, the loss from that batch's
+  outputs (multiplied back by N: Lightning divides it for the backward pass, and logs it
+  undivided), the effective LR of each param group of the trainer's first optimizer, and the
   gradient norm taken just before the optimizer step (`grad_norm=False` skips that pass);
 - every checkpoint a `ModelCheckpoint` saved (its `last_model_path`, `best_model_path` and kept
   top-k, once the file is on disk): a checkpoint candidate at the global step it was saved at;
@@ -73,6 +75,7 @@ class TrainroomCallback(Callback, AdapterBase):
         self._norm: float | None = None
         self._saving_step: int | None = None
         self._seen: dict[str, int] = {}  # checkpoint path -> mtime_ns when reported
+        self._stepped: int | None = None  # the global step last reported
 
     def _connect(self, trainer: Any, pl_module: Any) -> None:
         hparams = getattr(pl_module, "hparams", {}) or {}
@@ -88,6 +91,7 @@ class TrainroomCallback(Callback, AdapterBase):
     @guarded
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._connect(trainer, pl_module)
+        self._stepped = int(trainer.global_step)
         # A resumed ModelCheckpoint already names the files of the run it resumed: not ours to report.
         for path in self._checkpoint_paths(trainer):
             with contextlib.suppress(OSError):
@@ -117,10 +121,18 @@ class TrainroomCallback(Callback, AdapterBase):
     ) -> None:
         if not self.active:
             return
+        step, accumulate = (
+            int(trainer.global_step),
+            max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
+        )
+        if accumulate > 1 and step == self._stepped:
+            return  # a micro-batch: the optimizer has not stepped yet
+        self._stepped = step
+        loss = _loss(outputs)
         opts = trainer.optimizers
         self.reporter().step(
-            int(trainer.global_step),
-            loss=_loss(outputs),
+            step,
+            loss=loss * accumulate if loss is not None else None,
             grad_norm=self._norm,
             optimizer=opts[0] if opts else None,
             batch=_batch(trainer, batch_idx),

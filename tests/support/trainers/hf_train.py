@@ -32,17 +32,22 @@ class Extra:
     vocab: int = 64
     step_delay: float = 0.0  # seconds slept after each step
     stop_at: int = 0  # SIGSTOP itself once this global step is done (and drawn): a test then kills it
+    fail_after: int = 0  # the dataset raises KeyError('boom') after this many samples (in its worker)
 
 
 class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int, seq_len: int, vocab: int) -> None:
+    def __init__(self, n: int, seq_len: int, vocab: int, fail_after: int = 0) -> None:
         g = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, vocab, (n, seq_len), generator=g)
+        self.fail_after, self.served = fail_after, 0
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        self.served += 1
+        if self.fail_after and self.served > self.fail_after:
+            raise KeyError("boom")  # a missing column, say: in the DataLoader's worker process
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
@@ -76,7 +81,7 @@ def main() -> int:
     trainer = Trainer(
         model=model,
         args=args,
-        train_dataset=RandomTokens(extra.samples, extra.seq_len, extra.vocab),
+        train_dataset=RandomTokens(extra.samples, extra.seq_len, extra.vocab, extra.fail_after),
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)

@@ -3,7 +3,7 @@ model over random tokens), `ModelCheckpoint`, a `CSVLogger` (the framework's own
 logged metrics), the progress bar Lightning picks (Rich; `--tqdm` for TQDM). `--adapter` adds trainroom's one line.
 
     python lightning_train.py --out out --max-steps 100 --every 20 [--adapter] [--tqdm] [--ckpt-path P]
-        [--accumulate_grad_batches N]
+        [--accumulate_grad_batches N] [--iterable]
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ class Pace(L.Callback):
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(self.delay)
+
+
+class Rows(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The same rows with no length: Lightning's bar cannot know its total (`175/?`)."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.data)
 
 
 class TinyLM(L.LightningModule):
@@ -67,10 +77,11 @@ def main() -> int:
     ap.add_argument("--stop-at", type=int, default=0, help="SIGSTOP itself after this global step")
     ap.add_argument("--ckpt-path", default=None)
     ap.add_argument("--accumulate_grad_batches", type=int, default=1, help="batches per optimizer step")
+    ap.add_argument("--iterable", action="store_true", help="an IterableDataset: the bar's total is `?`")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = torch.randint(0, 64, (args.batches * 4, 17), generator=torch.Generator().manual_seed(0))
-    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    loader = torch.utils.data.DataLoader(Rows(data) if args.iterable else data, batch_size=4)
     callbacks: list[L.Callback] = [
         ModelCheckpoint(
             dirpath=f"{args.out}/ckpt", every_n_train_steps=args.every, save_top_k=-1, save_last=True

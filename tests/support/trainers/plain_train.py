@@ -28,12 +28,12 @@ import torch
 class Loop:
     """A tiny linear model fit by SGD; each step's loss (as printed) is recorded."""
 
-    def __init__(self, record: str, delay: float) -> None:
+    def __init__(self, record: str, delay: float, lr: float = 0.05) -> None:
         torch.manual_seed(0)
         self.x = torch.randn(256, 8)
         self.y = self.x @ torch.randn(8, 1) + 0.1 * torch.randn(256, 1)
         self.model = torch.nn.Linear(8, 1)
-        self.lr = 0.05
+        self.lr = lr
         self.opt = torch.optim.SGD(self.model.parameters(), lr=self.lr)
         self.record = open(record, "w")  # noqa: SIM115 (held for the whole loop)
         self.delay = delay
@@ -44,7 +44,7 @@ class Loop:
         loss.backward()
         self.opt.step()
         value = float(f"{loss.item():.4f}")
-        self.record.write(json.dumps({"step": n, "loss": value}) + "\n")
+        self.record.write(json.dumps({"step": n, "loss": value, "t": time.time()}) + "\n")
         self.record.flush()
         time.sleep(self.delay)
         return value
@@ -84,6 +84,11 @@ def lines(mode: str, loop: Loop, steps: int) -> None:
     elif mode == "print":
         for n in range(1, steps + 1):
             print(f"Step {n}/{steps} | Loss: {loop.step(n):.4f} | LR: {loop.lr:.2e}", flush=True)
+    elif mode == "print-every-10":  # nanoGPT's habit: a line every log_interval steps
+        for n in range(1, steps + 1):
+            loss = loop.step(n)
+            if n % 10 == 0:
+                print(f"step {n} loss {loss:.4f}", flush=True)
     else:
         raise SystemExit(f"unknown mode {mode}")
 
@@ -95,6 +100,7 @@ def main() -> int:
     ap.add_argument("--record", required=True)
     ap.add_argument("--hold", default="")
     ap.add_argument("--step-delay", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=0.05)  # 3e-5: tqdm's postfix shows `lr=3e-5`
     args = ap.parse_args()
     if args.mode == "nothing":
         for i in range(250):
@@ -102,7 +108,7 @@ def main() -> int:
         while args.hold and not os.path.exists(args.hold):
             time.sleep(0.05)
         return 0
-    loop = Loop(args.record, args.step_delay)
+    loop = Loop(args.record, args.step_delay, args.lr)
     if args.mode.startswith("tqdm"):
         bars(args.mode, loop, args.steps)
     else:

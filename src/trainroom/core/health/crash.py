@@ -16,6 +16,7 @@ from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.life import death_cause
+from trainroom.core.loglines import tqdm_bar
 from trainroom.core.run.state import RunState
 from trainroom.core.units import errno_name
 
@@ -90,15 +91,16 @@ def attempt_masked_error(run: RunState, log_crash: p.Crash | None) -> Finding | 
 
 # --------------------------------------------------------------------------- tracebacks in a log
 
+_HEADER_TEXT = "Traceback (most recent call last):"
 _TB_HEAD = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _CHAIN = {
     "The above exception was the direct cause of the following exception:": "cause",
     "During handling of the above exception, another exception occurred:": "context",
 }
-_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torchrun's per-rank line prefix
-_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<msg>.*))?$")
+_PREFIX = re.compile(r"^\[(?:rank|default)\d{1,9}+\]:\s?")  # torchrun's per-rank line prefix
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,255}+)(?::\s?(?P<msg>.*))?$")
 _EXC_WORDS = ("Error", "Exception", "Interrupt", "Exit")
-_ERRNO = re.compile(r"\[Errno (?P<n>-?\d+)\]")
+_ERRNO = re.compile(r"\[Errno (?P<n>-?\d{1,9}+)\]")
 # torch elastic's own exception once a worker failed: what the launcher says, not the cause.
 _LAUNCHER_ERROR = "ChildFailedError"
 # A line another writer logged (a launcher's timestamped or glog line, a `logging` record): it
@@ -115,7 +117,7 @@ def _parse_block(
     """The exception line(s) after the frames of the traceback starting at `head` (or, for a
     cause printed without a traceback, the exception line at `head` itself); and the index just
     past the block. A message's continuation lines stop at a blank line, another traceback, a
-    chain sentence, another writer's log line, or a line whose rank prefix differs from the
+    chain sentence, another writer's log line, a progress bar, or a line whose rank prefix differs from the
     exception line's (torchrun's own lines carry none)."""
     i = head + 1 if _TB_HEAD.match(lines[head]) else head
     n = len(lines)
@@ -134,6 +136,7 @@ def _parse_block(
         and not _TB_HEAD.match(lines[j])
         and lines[j].strip() not in _CHAIN
         and not _LOG_LINE.match(lines[j])
+        and tqdm_bar(lines[j]) is None  # a progress bar's redraw (tqdm closing its bar)
         and (prefixed is None or prefixed[j] == prefixed[i])
     ):
         msg_lines.append(lines[j])
@@ -178,7 +181,7 @@ def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
     "direct cause" and "During handling" chain back to its innermost error; None if there is none.
     torchrun's ChildFailedError (its report of a failed worker) is passed over for the worker's
     own traceback before it. `t` stamps the Crash (default: now)."""
-    raw = [ln.rstrip("\r") for ln in text.splitlines()]
+    raw = [_from_header(ln.rstrip("\r")) for ln in text.splitlines()]
     prefixed = [_PREFIX.match(ln) is not None for ln in raw]
     lines = [_PREFIX.sub("", ln) for ln in raw]
     heads = [i for i, ln in enumerate(lines) if _TB_HEAD.match(ln)]
@@ -211,16 +214,30 @@ def crash_from_log(text: str, t: float | None = None) -> p.Crash | None:
         chain.append(prev_link)
         first = start
     return p.Crash(
-        t=time.time() if t is None else t, chain=chain, traceback="\n".join(lines[first:end]), source="log"
+        t=time.time() if t is None else t,
+        chain=p.unwrap_workers(chain)[:64],
+        traceback="\n".join(lines[first:end]),
+        source="log",
     )
+
+
+def _from_header(line: str) -> str:
+    """A traceback's header printed after other text on its line (a progress bar's last redraw:
+    `...11.29it/s]Traceback (most recent call last):`) starts its own line; a DataLoader worker's
+    `Original Traceback` inside a message is not a header."""
+    at = line.find(_HEADER_TEXT, 1)
+    if at < 0 or line[:at].endswith("Original "):
+        return line
+    return line[at:]
 
 
 # --------------------------------------------------------------------------- REPEAT_DEATH
 
 
 def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
-    """REPEAT_DEATH: the last two deaths within the window of the same step. Cleared once a later
-    attempt gets past that region."""
+    """REPEAT_DEATH: the last two deaths within the window of the same step (an attempt a user
+    stopped with `trainroom kill` is not a death). Cleared once a later attempt gets past that
+    region."""
     dead = [
         a
         for a in run.attempts
@@ -228,6 +245,7 @@ def repeat_death(run: RunState, th: Thresholds) -> Finding | None:
         and a.last_step is not None
         and a.error is None
         and not (a.exit_code == 0 and a.exit_signal is None)
+        and not a.stopped  # a user's `trainroom kill` is a stop, not a death
     ]
     if len(dead) < 2:
         return None

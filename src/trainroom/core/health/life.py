@@ -9,6 +9,7 @@ import os
 import re
 import signal
 
+from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
 from trainroom.core.loglines import NOT_STEPS, step_words
@@ -209,8 +210,27 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
             "rank": w.rank if w is not None else None,
             "worker": _worker_evidence(w) if w is not None else None,
             "unwatched_checkpoints": unwatched,
+            "cause_from": cause_from(w, crash),
         },
     )
+
+
+_WORKER_SOURCES = {
+    "wait-status": "the rank's own exit status",
+    "launcher": "the launcher's failure summary in trainer.log",
+    "gone": "the process probes (it was gone, how not known)",
+}
+
+
+def cause_from(w: WorkerView | None, crash: p.Crash | None) -> str:
+    """Where a death's cause was read, in words (DEAD's evidence `cause_from`)."""
+    if w is not None:
+        return _WORKER_SOURCES.get(w.end_source or "gone", str(w.end_source))
+    if crash is not None and crash.chain:
+        if crash.source == "reporter":
+            return "the trainer's reporter (the exception it raised)"
+        return "the last traceback in trainer.log after the attempt's last step"
+    return "the trainer's exit status"
 
 
 def _worker_evidence(w: WorkerView) -> dict[str, object]:

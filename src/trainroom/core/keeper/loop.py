@@ -36,7 +36,7 @@ from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
-from trainroom.core.keeper.logtail import LogStep, LogTail
+from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.keeper.output import TrainerOutput
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
@@ -387,13 +387,12 @@ class Keeper:
         self.emit(ended)
         a = self.state.attempt
         if a is not None and a.n == n and rc != 0 and a.crash is None:
+            lines = self.tail.cause_lines(a.last_step_t)  # a traceback before the last step is not it
             crash = g.call(
-                "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(self.tail.lines)), None
+                "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(lines)), None
             )
             if crash is not None:
-                self.emit(
-                    p.Received(attempt=n, rank=crash_rank(self.state, self.tail.lines, now), t=now, msg=crash)
-                )
+                self.emit(p.Received(attempt=n, rank=crash_rank(self.state, lines, now), t=now, msg=crash))
         self.flush(fsync=True)
         if self.proc is proc:
             self.proc = None
@@ -409,14 +408,12 @@ class Keeper:
         rank = log_rank(self.state, now)
         if rank is None and not final and a is not None and not a.instrumented:
             return  # a launcher's ranks not found yet: its lines are read once they are
-        none: list[LogStep] = []
-        steps = self.supervision.guard.call("log reader", lambda: self.tail.read(final=final), none)
-        for why in self.tail.notices:  # truncated, rotated, a burst skipped: said, not silent
-            self.emit(p.KeeperNote(t=now, message=why, kind="warning"))
-        self.tail.notices.clear()
-        if a is None or a.instrumented:
-            return  # the reporter's frames are exact; log lines would double them
-        for rec in self.tail.records(a.n, now, steps, rank=rank or 0):
+        n, exact = (a.n, a.instrumented) if a is not None else (None, False)
+        no: list[p.Record] = []
+        recs = self.supervision.guard.call(
+            "log reader", lambda: self.tail.collect(now, n, exact, rank or 0, final), no
+        )
+        for rec in recs:
             self.emit(rec)
 
     async def tick_loop(self) -> None:

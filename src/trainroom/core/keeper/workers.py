@@ -60,10 +60,13 @@ def log_rank(st: RunState, now: float) -> int | None:
 
 
 def crash_rank(st: RunState, lines: list[str], now: float) -> int:
-    """The rank a crash's traceback is filed under: the one its `[rankN]:` prefix names, else the
-    rank the attempt's log lines go to."""
+    """The rank a crash's traceback is filed under: the one its `[rankN]:` prefix names (in a run
+    with that rank, or under a launcher), else the rank the attempt's log lines go to."""
     found = prefixed_rank(lines[-200:])
-    if found is not None:
+    a = st.attempt
+    ranks = {w.rank for w in st.workers.values() if a is not None and w.attempt == a.n}
+    # Believed only where ranks are: a `[rank3]:` a single process printed invents no rank 3.
+    if found is not None and (found in ranks or (a is not None and _launcher_argv(a.argv))):
         return found
     rank = log_rank(st, now)
     return rank if rank is not None else 0
@@ -169,6 +172,13 @@ class WorkerWatch:
 
     def _ended(self, w: WorkerView, status: ExitStatus | None, source: p.WorkerEndSource, t: float) -> None:
         self._disarm(w.pid)
+        a = self.run.state.attempt
+        if status is None and a is not None and w.pid == a.pid and w.attempt == a.n:
+            # The process the keeper started (Lightning's rank 0 is it): the keeper reaps it, so
+            # its status is the attempt's own, known once the attempt has ended (sync then).
+            if a.ended_at is None:
+                return
+            status, source = ExitStatus(a.exit_code, a.exit_signal), "wait-status"
         self.recorder.emit(
             p.WorkerEnded(
                 attempt=w.attempt,
@@ -184,12 +194,15 @@ class WorkerWatch:
     # ------------------------------------------------------------------ torchrun's own account
 
     def _launcher_report(self, a: AttemptView) -> None:
-        """What torchrun wrote of its workers' ends, from this attempt's part of trainer.log."""
+        """What torchrun wrote of its workers' ends, from this attempt's part of trainer.log: only
+        in a run under a launcher (or with ranks found), never a summary a single process printed."""
+        st = self.run.state
+        if not _launcher_argv(a.argv) and not any(w.attempt == a.n for w in st.workers.values()):
+            return
         text = _log_tail(str(self.run.log_path))
         mark = f"=== trainroom: attempt {a.n} at"
         if mark in text:
             text = text[text.rindex(mark) :]
-        st = self.run.state
         now = time.time()
         for rep in launcher_reports(text):
             w = st.workers.get(rep.pid)

@@ -221,7 +221,7 @@ def exit_handle(pid: int, start_ticks: int, proc_root: str = PROC) -> int | None
 
 # torch.distributed's excepthook writes an uncaught exception's lines as "[rank1]: Traceback ...",
 # and c10d's own warnings as "[rank1]:[W1204 ...] ...".
-_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d{1,9}+)\]:")
 
 
 def prefixed_rank(lines: Iterable[str]) -> int | None:
@@ -242,10 +242,10 @@ def prefixed_rank(lines: Iterable[str]) -> int | None:
 #   exitcode  : -9 (pid: 767)  (SIGKILL)
 # under "Failures:" (the others it then stopped) and "Root Cause (first observed failure):", and
 # the agent's line as it happens: "failed (exitcode: -9) local_rank: 1 (pid: 767) of binary: ...".
-_RANK_LINE = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)")
-_EXIT_LINE = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
+_RANK_LINE = re.compile(r"^\s*+rank\s*+:\s*+(?P<rank>\d{1,9}+)\s*+\(local_rank:\s*+(?P<local>\d{1,9}+)\)")
+_EXIT_LINE = re.compile(r"^\s*+exitcode\s*+:\s*+(?P<code>-?\d{1,9}+)\s*+\(pid:\s*+(?P<pid>\d{1,9}+)\)")
 _AGENT_LINE = re.compile(
-    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
+    r"failed \(exitcode: (?P<code>-?\d{1,9}+)\) local_rank: (?P<local>\d{1,9}+) \(pid: (?P<pid>\d{1,9}+)\)"
 )
 _ROOT = "Root Cause (first observed failure):"
 

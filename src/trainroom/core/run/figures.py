@@ -149,8 +149,25 @@ def step_age(run: RunState, now: float) -> float | None:
     return max(0.0, ref - last)
 
 
+# The records a rank's steps/s is read over (the newest of this attempt's recent steps).
+RATE_RECORDS = 32
+
+
 def steps_per_s(run: RunState) -> float | None:
-    """Steps a second at the pace of the slowest rank (its median interval)."""
+    """Steps a second at the pace of the slowest rank: the steps between its first and last recent
+    record over the time between them (a log that prints every 10th step covers 10 steps a
+    record; many records smooth a log poll's rounding). Else 1 / its median record interval."""
+    a = run.attempt
+    rates: list[float] = []
+    for rank in {s.rank for s in run.recent_steps if a is not None and s.attempt == a.n}:
+        rows = [s for s in run.recent_steps if a is not None and s.attempt == a.n and s.rank == rank]
+        rows.sort(key=lambda s: s.t)
+        start = max((i for i in range(1, len(rows)) if rows[i].step < rows[i - 1].step), default=0)
+        rows = rows[start:][-RATE_RECORDS:]  # since the step last went back (a restart)
+        if len(rows) >= 3 and rows[-1].t > rows[0].t and rows[-1].step > rows[0].step:
+            rates.append((rows[-1].step - rows[0].step) / (rows[-1].t - rows[0].t))
+    if rates:
+        return min(rates)
     interval = run.step_interval()
     return 1.0 / interval if interval else None
 
