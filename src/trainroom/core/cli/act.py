@@ -176,6 +176,7 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
         run_id=st.run_id,
         attempt_ended_at=a.ended_at,
         workers=st.attempt_workers(),
+        attached=a.attached,
     )
     pids = [m.pid for m in plan.members]
     if not plan.ok:

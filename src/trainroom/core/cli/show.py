@@ -61,6 +61,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         d["state"] = "orphaned"
         d["state_reason"] = (
             f"keeper gone; trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` ends it"
+            if st.attempt is None or not st.attempt.attached
+            else f"keeper detached; the attached trainer pid {orphan} runs on untouched: "
+            f"`trainroom attach {orphan}` watches it again, `trainroom kill {st.run_id}` ends it"
         )
     d["journal"] = journal_dict(Path(info.run_dir))
     warning = runs.state_dir_warning()
@@ -106,6 +109,7 @@ def _runs_rows() -> list[dict[str, Any]]:
                 "created": r.created,
                 "keeper": keeper,
                 "attempt": s.attempt,
+                "attached": s.attached,
                 "step": s.step,
                 "loss": s.loss,
                 "steps_total": s.steps_total,
@@ -140,8 +144,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         step = "" if row.get("step") is None else f"step {row['step']}"
         worst = (row.get("worst_finding") or {}).get("code", "")
         keeper = "training" if row.get("training") else "keeper up" if row["alive"] else "keeper gone"
+        keeper = f"{keeper}, attached" if row.get("attached") else keeper
         print(
-            f"{row['run']:40} {state:9} {keeper:12} {step:>12} {worst:18} {' '.join(row.get('argv') or [])[:40]}"
+            f"{row['run']:40} {state:9} {keeper:20} {step:>12} {worst:18} {' '.join(row.get('argv') or [])[:40]}"
         )
     return 0
 
