@@ -108,13 +108,19 @@ def cmd_attach(args: argparse.Namespace) -> int:
         a = inspect(pid, gpu_pids=_gpu_pids)
     except AdoptRefused as exc:
         raise CliError(str(exc)) from None
-    log = args.log if args.log is not None or a.log else _ask_log(a)
+    log = args.log if args.log is not None or a.log or a.was_run else _ask_log(a)
     opts: dict[str, Any] = {}
     for key in ("resume_template", "linger_s"):
         if getattr(args, key, None) is not None:
             opts[key] = getattr(args, key)
     info = attach(a, LaunchOptions(**opts), log=log, ckpt=args.ckpt, name=args.name)
     print(info.run_id)
+    if a.was_run == info.run_id:
+        print(
+            f"took back pid {a.pid} of run {info.run_id} under a new keeper (its keeper was gone)",
+            file=sys.stderr,
+        )
+        return 0
     said = [f"attached to pid {a.pid}" + (f" (torchrun agent of worker {a.agent_of})" if a.agent_of else "")]
     said.append(
         f"log: {log or a.log} ({'--log' if log else a.log_why})" if (log or a.log) else "no log: pass --log"

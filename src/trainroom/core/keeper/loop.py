@@ -34,7 +34,7 @@ from trainroom.core.health.rules import KeeperFacts
 from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
-from trainroom.core.keeper import adopt
+from trainroom.core.keeper import adopt, takeup
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
 from trainroom.core.keeper.logtail import LogStep, LogTail
@@ -85,7 +85,8 @@ class Keeper:
             rec.options, config, cwd=rec.cwd, run_dir=run_dir, env=os.environ, config_note=note, argv=rec.argv
         )
         self.record.ckpt_root = self._settings.ckpt_root
-        self.view = runs.empty_view(rec)
+        # A run whose keeper died goes on from its journal (keeper.takeup).
+        self.view = takeup.prior_view(run_dir, rec) or runs.empty_view(rec)
         # Batches steps, writes snapshots, summary and segments (journal.writer); the file is journal.file's.
         self.journal = JournalWriter(run_dir, runs.fold_of(rec), self._settings.journal, hold=hold_from_env())
         self.state_disk: StateDisk | None = None
@@ -572,7 +573,9 @@ class Keeper:
         )
         if self._settings.config_note:
             self.emit(p.KeeperNote(t=time.time(), message=self._settings.config_note, kind="warning"))
-        if self.record.attached is not None:
+        if self.state.attempt is not None:
+            self._ending = takeup.take_up(self, self.state.attempt)  # the run's keeper had died
+        elif self.record.attached is not None:
             self._ending = adopt.begin(self, self.record.attached)  # a trainer it did not start
         else:
             await self.start_attempt()

@@ -26,6 +26,28 @@ def watch_globs(ckpt_dir: str) -> list[str]:
     return [os.path.join(ckpt_dir, g) for g in ("*.pt", "*.ckpt", "checkpoint-*")]
 
 
+def take_up(info: RunInfo, env: Mapping[str, str] | None = None, wait_s: float = KEEPER_WAIT_S) -> RunInfo:
+    """A new keeper for a run whose keeper died: same run, same journal (keeper.takeup); it
+    takes back the last attempt's process if it still runs, else waits for a resume."""
+    run_dir = Path(info.run_dir)
+    rec = runs.read_record(run_dir)
+    if runs.keeper_alive(rec):
+        return info
+    (run_dir / runs.SOCKET_NAME).unlink(missing_ok=True)  # the dead keeper's: not a sign of the new one
+    return start_keeper(run_dir, rec, env, wait_s)
+
+
+def orphan_of(a: Adoptee) -> RunInfo | None:
+    """The run this process was started by, when its keeper is gone: attaching takes that run up."""
+    if not a.was_run:
+        return None
+    try:
+        info = runs.resolve_run(a.was_run)
+    except RunError:
+        return None
+    return None if info.alive or info.remote else info
+
+
 def watched_by(a: Adoptee) -> str | None:
     """The run whose live keeper already supervises this process (its environment names it)."""
     if not a.was_run:
@@ -51,6 +73,9 @@ def attach(
     watcher = watched_by(a)
     if watcher is not None:
         raise RunError(f"pid {a.pid} is already watched by run {watcher}: `trainroom watch {watcher}`")
+    orphaned = orphan_of(a)
+    if orphaned is not None:
+        return take_up(orphaned, env, wait_s)  # its own run, under a new keeper
     if log is not None:
         log = os.path.abspath(log)
         if not os.path.isfile(log):
