@@ -28,6 +28,7 @@ from tests.support.waiting import wait_for
 from trainroom.core.run import store as runs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "nanogpt_like.py"
+DDP = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
 START_S = 120  # torch imported by the trainer (and the keeper's verifier) on a loaded machine
 MARK = "TRAINROOM_TEST_ATTACH"
 
@@ -43,11 +44,11 @@ class Outside:
     def env(self) -> dict[str, str]:
         return os.environ | {MARK: self.marker}
 
-    def start(self, *args: str, stdout: int | None = None) -> tuple[int, Path]:
+    def start(self, *args: str, stdout: int | None = None, argv: list[str] | None = None) -> tuple[int, Path]:
         """`setsid python nanogpt_like.py ARGS >log 2>&1 &` from a shell that exits at once (the
         trainer's parent is then init), or with its stdout on `stdout` (a terminal)."""
         log = self.cwd / f"train-{len(self.pids)}.log"
-        words = " ".join(shlex.quote(a) for a in (sys.executable, str(SCRIPT), *args))
+        words = " ".join(shlex.quote(a) for a in (argv or [sys.executable, str(SCRIPT), *args]))
         if stdout is None:
             cmd = f"setsid {words} > {shlex.quote(str(log))} 2>&1 & echo $!"
             out = subprocess.run(
@@ -282,3 +283,48 @@ def _attach_on_a_terminal(pid: int, answer: str) -> str:
     os.close(master)
     assert proc.returncode == 0, seen
     return out.strip()
+
+
+def test_attaching_to_a_torchrun_worker_adopts_the_agent_and_names_both_ranks(outside: Outside) -> None:
+    agent, _log = outside.start(
+        argv=[
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(DDP),
+            "--step-delay",
+            "0.1",
+        ]
+    )
+
+    def workers() -> dict[int, int] | None:
+        found = {}
+        for child in psutil.Process(agent).children():
+            rank = child.environ().get("RANK")
+            if rank is not None and has_torch(child.pid):
+                found[int(rank)] = child.pid
+        return found if sorted(found) == [0, 1] else None
+
+    ranks = wait_for(workers, timeout=START_S, what="torchrun's two workers with torch loaded")
+    out = run_cli("attach", str(ranks[1]))
+    assert out.returncode == 0, out.stderr
+    run = out.stdout.strip()
+    assert f"torchrun agent of worker {ranks[1]}" in out.stderr
+    d = wait_for(
+        lambda: (
+            (s := status_json(run))["pid"] == agent
+            and [(r["rank"], r["pid"]) for r in s["ranks"]] == sorted(ranks.items())
+            and s
+        ),
+        timeout=START_S,
+        what="both ranks named with their pids",
+    )
+    assert d["attached"] is True
+    out = run_cli("kill", run, "--yes")
+    assert out.returncode == 0, out.stdout + out.stderr
+    for pid in (agent, *ranks.values()):
+        wait_for(
+            lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", timeout=30
+        )
