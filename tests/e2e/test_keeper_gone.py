@@ -10,10 +10,15 @@ killed again and the other way is walked: `trainroom kill` without a keeper (jou
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.e2e.test_tmux import Pane, _trainroom_script
 from tests.support.helpers import run_cli, start_demo, status_json
 from tests.support.waiting import wait_for
 from trainroom.core.run import store as runs
@@ -90,3 +95,49 @@ def test_keeper_killed_the_orphan_is_taken_back_or_killed_and_the_run_resumes(tr
     d = _stepping(run, 3)
     assert d["pid"] not in (trainer, second)
     run_cli("kill", run, "--yes")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed: no real terminal")
+def test_tmux_keeper_killed_the_control_room_names_the_way_on_and_r_resumes(
+    trhome: Path,
+) -> None:
+    """The same path in a real terminal: the banner names the orphan's two ways on (R would not
+    act), `trainroom kill` in a shell ends it, the banner then offers R, and R + y starts attempt 2
+    under a new keeper, stepping."""
+    script = _trainroom_script()
+    if script is None:
+        pytest.skip("the trainroom console script is not installed (pip install -e .)")
+    info = start_demo(fault="nan", fault_step=60, ckpt_every=25, step_delay=0.05)
+    run = info.run_id
+    wait_for(
+        lambda: any(c["state"] == "verified" for c in status_json(run)["checkpoints"]),
+        timeout=START_S,
+        what="a verified checkpoint",
+    )
+    trainer = status_json(run)["pid"]
+    _kill_keeper(run)
+    pane = Pane(trhome, (160, 48))
+    try:
+        _walk(pane, script, run, trainer)
+    finally:
+        pane.close()
+    run_cli("kill", run, "--yes")
+
+
+def _walk(pane: Pane, script: str, run: str, trainer: int) -> None:
+    pane.start(f"{shlex.quote(script)} watch {run}")
+    pane.wait("keeper gone since", f"trainroom attach {trainer}", timeout=60)
+    pane.keys("R")
+    pane.wait("resume: not now", timeout=30)
+    out = run_cli("kill", run, "--yes")
+    assert out.returncode == 0, out.stdout + out.stderr
+    pane.wait("press R to resume", timeout=60)
+    pane.keys("R")
+    pane.wait("yes, resume (y)", timeout=120)
+    pane.keys("y")
+    pane.wait("resume: done", timeout=120)
+    d = _stepping(run, 2)
+    assert d["run"] == run and d["pid"] != trainer
+    pane.keys("Escape")
+    pane.wait(" RUNNING ", timeout=60)
+    pane.keys("q")

@@ -6,8 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
+from tests.support.waiting import wait_for
 from trainroom.core.keeper.adopt import UNKNOWN, kernel_cause
 from trainroom.core.probes.adopt import AdoptRefused, ckpt_dir_from, has_torch, inspect, log_of
 
@@ -52,6 +54,10 @@ def test_the_log_is_stdout_when_it_is_a_regular_file_and_said_otherwise(tmp_path
 def test_a_process_without_torch_is_refused_in_words() -> None:
     proc = subprocess.Popen(["sleep", "30"], env=os.environ | {"ADOPT_TEST_MARK": "m1"})
     try:
+        # (its command line is readable once the exec has been seen through /proc)
+        wait_for(
+            lambda: psutil.Process(proc.pid).cmdline() == ["sleep", "30"], timeout=30, what="sleep running"
+        )
         assert not has_torch(proc.pid)
         with pytest.raises(AdoptRefused, match=r"is not a trainer: no torch loaded and no GPU context"):
             inspect(proc.pid)

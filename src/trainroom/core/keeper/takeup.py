@@ -16,8 +16,7 @@ from pathlib import Path
 
 from trainroom.core import protocol as p
 from trainroom.core.keeper.adopt import Adopted, AdoptHost, watch
-from trainroom.core.probes.adopt import Adoptee
-from trainroom.core.probes.procs import process_state, same_start
+from trainroom.core.probes.adopt import Adoptee, still_runs
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import AttemptView
 from trainroom.core.run.view import RunView
@@ -31,11 +30,6 @@ def prior_view(run_dir: Path, rec: runs.RunRecord) -> RunView | None:
         return None
     view = runs.load_view(run_dir)
     return view if view.state.attempts else None
-
-
-def still_runs(pid: int, start_time: float, ticks: int | None) -> bool:
-    """The process (pid + start) still runs: not gone, not another's reused pid, not a zombie."""
-    return bool(same_start(pid, start_time, ticks)) and process_state(pid) != "Z"
 
 
 def take_up(host: AdoptHost, a: AttemptView) -> asyncio.Task[None] | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 import psutil
 
-from trainroom.core.probes.procs import PROC, start_ticks
+from trainroom.core.probes.procs import PROC, process_state, same_start, start_ticks
 
 
 class AdoptRefused(Exception):
@@ -69,6 +69,11 @@ def ckpt_dir_from(argv: Sequence[str], cwd: str) -> tuple[str | None, str | None
             value = value.strip("'\"")
             return os.path.normpath(os.path.join(cwd, os.path.expanduser(value))), word.split("=", 1)[0]
     return None, None
+
+
+def still_runs(pid: int, start_time: float, ticks: int | None) -> bool:
+    """The process (pid + start) still runs: not gone, not another's reused pid, not a zombie."""
+    return bool(same_start(pid, start_time, ticks)) and process_state(pid) != "Z"
 
 
 def has_torch(pid: int, proc_root: str = PROC) -> bool:
