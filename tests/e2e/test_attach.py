@@ -141,8 +141,11 @@ def test_attached_trainer_is_watched_hung_killed_alone_and_taken_over(outside: O
     os.kill(pid, signal.SIGSTOP)
     hung = wait_for(state_is(run, "hung"), timeout=60, what="HUNG after SIGSTOP")
     assert "stopped" in (_finding(hung, "HUNG") or {}).get("message", "")
-    os.kill(pid, signal.SIGCONT)
-    wait_for(state_is(run, "running"), timeout=60, what="running again after SIGCONT")
+    out = run_cli("continue", run, "--yes")  # SIGCONT through the keeper, the same proofs as a kill
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_for(state_is(run, "running"), timeout=60, what="running again after continue")
+    out = run_cli("dump", run, timeout=120)  # py-spy, on a process the keeper did not start
+    assert out.returncode == 0 and "nanogpt_like.py" in out.stdout, out.stdout + out.stderr
 
     # nanoGPT's ckpt.pt, watched in the directory its --out_dir names, is verified.
     ckpt = str(outside.cwd / "out" / "ckpt.pt")
@@ -328,3 +331,29 @@ def test_attaching_to_a_torchrun_worker_adopts_the_agent_and_names_both_ranks(ou
         wait_for(
             lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", timeout=30
         )
+
+
+def test_an_hf_trainer_s_checkpoint_dirs_are_found_from_its_output_dir_and_verified(outside: Outside) -> None:
+    hf = Path(__file__).resolve().parents[1] / "support" / "trainers" / "hf_train.py"
+    argv = [sys.executable, str(hf), "--output_dir", "out", "--use_cpu", "--per_device_train_batch_size", "4"]
+    argv += ["--logging_steps", "5", "--save_steps", "20", "--max_steps", "100000", "--step_delay", "0.1"]
+    pid, log = outside.start(argv=argv)
+    wait_for(
+        lambda: has_torch(pid) and log.exists() and "loss" in log.read_text(errors="replace"), timeout=START_S
+    )
+    out = run_cli("attach", str(pid))
+    assert out.returncode == 0, out.stderr
+    run = out.stdout.strip()
+    assert f"checkpoints: {outside.cwd / 'out'} (--output_dir)" in out.stderr, out.stderr
+    d = wait_for(
+        lambda: (
+            (s := status_json(run))
+            and any(c["state"] == "verified" and "checkpoint-" in c["path"] for c in s["checkpoints"])
+            and s
+        ),
+        timeout=START_S,
+        what="an HF checkpoint-N/ verified",
+    )
+    assert d["attached"] is True and d["step"] is not None
+    out = run_cli("kill", run, "--yes")
+    assert out.returncode == 0, out.stdout + out.stderr
