@@ -357,3 +357,27 @@ def test_an_hf_trainer_s_checkpoint_dirs_are_found_from_its_output_dir_and_verif
     assert d["attached"] is True and d["step"] is not None
     out = run_cli("kill", run, "--yes")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_kill_of_a_trainer_that_does_not_lead_its_group_spares_the_script_that_started_it(
+    outside: Outside,
+) -> None:
+    """`setsid bash -c 'python train.py; …'`: the script leads the group, the trainer is its child.
+    A kill of the attached trainer ends it (and what it started), never the script."""
+    words = " ".join(
+        shlex.quote(a) for a in (sys.executable, str(SCRIPT), "--iters", "100000", "--delay", "0.05")
+    )
+    script, log = outside.start(argv=["bash", "-c", f"{words}; sleep 600"])
+
+    def trainer() -> int | None:
+        kids = [c for c in psutil.Process(script).children() if c.name().startswith("python")]
+        return kids[0].pid if kids and has_torch(kids[0].pid) else None
+
+    pid = wait_for(trainer, timeout=START_S, what="the script's trainer with torch loaded")
+    assert os.getpgid(pid) == script != pid
+    run = attach(pid)
+    out = run_cli("kill", run, "--yes")
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", timeout=30)
+    assert psutil.Process(script).status() != "zombie"  # the script lives on
+    assert log.exists()
