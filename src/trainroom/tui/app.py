@@ -258,7 +258,7 @@ class ControlRoom(CancelKey, App[int]):
         self.run_watch.tail_log(Path(info.run_dir) / LOG_NAME)
         if not info.alive:
             # Gone since its journal's last write at the latest (a keeper killed -9 says no more).
-            self._keeper_gone("the keeper is not running", _last_write(info) or self.clock())
+            self._keeper_gone("the keeper is not running", runs_store.last_write(info) or self.clock())
             return
         try:
             link = self.source.connect(info)
@@ -588,13 +588,3 @@ def _key_of_action(action: str) -> Callable[[ControlRoom], None]:
 
 for _name in KEEPER_ACTIONS:
     setattr(ControlRoom, f"action_{_name}", _key_of_action(_name))
-
-
-def _last_write(info: RunInfo) -> float | None:
-    """When a local run's journal was last written (None: remote, or not there)."""
-    if info.remote:
-        return None
-    try:
-        return (Path(info.run_dir) / runs_store.JOURNAL_NAME).stat().st_mtime
-    except OSError:
-        return None

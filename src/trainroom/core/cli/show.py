@@ -35,7 +35,7 @@ def orphaned_trainer(st: RunState) -> int | None:
     return a.pid if running else None
 
 
-def keeper_gone_words(st: RunState, run_dir: Path) -> tuple[str, str] | None:
+def keeper_gone_words(st: RunState, info: runs.RunInfo) -> tuple[str, str] | None:
     """The state and the way on for a run whose keeper is gone while its journal says the attempt
     runs: its trainer still running (orphaned) or ended unseen, each with the actions that act
     and how long ago the keeper last wrote (its journal's last write: a keeper killed -9 says
@@ -43,10 +43,12 @@ def keeper_gone_words(st: RunState, run_dir: Path) -> tuple[str, str] | None:
     a = st.attempt
     if a is None or a.ended_at is not None:
         return None
-    try:
-        age = f"its journal's last write {fmt_duration(max(0.0, time.time() - (run_dir / runs.JOURNAL_NAME).stat().st_mtime))} ago"
-    except OSError:
-        age = "its journal's last write unknown"
+    written = runs.last_write(info)
+    age = (
+        f"its journal's last write {fmt_duration(max(0.0, time.time() - written))} ago"
+        if written is not None
+        else "its journal's last write unknown"
+    )
     orphan = orphaned_trainer(st)
     if orphan is not None and a.attached:
         return "orphaned", (
@@ -94,7 +96,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         state, d["state_reason"] = not_answering(st, info)
         d["state"] = state or d["state"]
     if keeper == "gone":
-        said = keeper_gone_words(st, Path(info.run_dir))
+        said = keeper_gone_words(st, info)
         if said is not None:
             d["state"], d["state_reason"] = said
     d["journal"] = journal_dict(Path(info.run_dir))

@@ -226,6 +226,17 @@ def _record_from_journal(run_dir: Path) -> RunRecord | None:
     return None
 
 
+def last_write(info: RunInfo) -> float | None:
+    """When a local run's journal was last written: the latest its keeper is known to have
+    lived, once it is gone (None: a remote run, or no journal)."""
+    if info.remote:
+        return None
+    try:
+        return (Path(info.run_dir) / JOURNAL_NAME).stat().st_mtime
+    except OSError:
+        return None
+
+
 def keeper_alive(rec: RunRecord) -> bool:
     if rec.keeper_pid is None:
         return False
