@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument(
         "--drop-optimizer-from", type=int, default=None, help="save without the optimizer from this iteration"
     )
+    ap.add_argument("--delay", type=float, default=0.0, help="seconds slept after each iteration")
+    ap.add_argument("--nan-from", type=int, default=None, help="the loss turns NaN from this iteration on")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -141,6 +143,8 @@ def main() -> int:
     for it in range(start, args.iters + 1):
         x = torch.randint(65, (4, 16))
         loss = F.cross_entropy(model(x).view(-1, 65), torch.roll(x, -1, 1).view(-1))
+        if args.nan_from is not None and it >= args.nan_from:
+            loss = loss * float("nan")  # what a diverged run's loss becomes
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -162,6 +166,8 @@ def main() -> int:
             saves += 1
             if args.wait_copies:
                 wait_for_copies(saves, 120.0)
+        if args.delay:
+            time.sleep(args.delay)
         if it == args.die_at:
             os.kill(os.getpid(), signal.SIGKILL)
     return 0

@@ -238,6 +238,9 @@ class AttemptStarted(msgspec.Struct, tag="attempt-started", kw_only=True, omit_d
     # The devices' memory just before the trainer started (None: no driver view): what a kill
     # judges the release against where the driver gives no per-process memory.
     vram_floor: VramFloor | None = None
+    # A process trainroom did not start, adopted by `trainroom attach`: the keeper is not its
+    # parent, so its exit status is never known (its death is, through a pidfd).
+    attached: bool = False
 
 
 class AttemptEnded(msgspec.Struct, tag="attempt-ended", kw_only=True, omit_defaults=True):

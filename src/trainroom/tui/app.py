@@ -26,6 +26,8 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from trainroom.core.run import store as runs_store
+from trainroom.core.run.attach import take_up
 from trainroom.core.run.live import trainer_runs
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
@@ -265,7 +267,8 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
         self.sub_title = info.run_id
         self.run_watch.tail_log(Path(info.run_dir) / LOG_NAME)
         if not info.alive:
-            self._keeper_gone("the keeper is not running", self.clock())
+            # Gone since its journal's last write at the latest (a keeper killed -9 says no more).
+            self._keeper_gone("the keeper is not running", runs_store.last_write(info) or self.clock())
             return
         try:
             link = self.source.connect(info)
@@ -467,6 +470,7 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
             now=now,
             resume_key=self.key_text("resume"),
             busy=self.keeper_busy,
+            way_on=self.why_not("resume") or "",
         )
 
     # ------------------------------------------------------------------ the keys, to the parts
@@ -533,7 +537,18 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
             return self.run_watch.link
         if self.run_info is None:
             raise RunError("no run to act on")
-        return self.source.connect(self.run_info)  # the keeper may be back; if not, this says so
+        info = self.run_info
+        resuming = self.flow.current == "resume"
+        if (
+            resuming
+            and not self.connected
+            and not info.remote
+            and not runs_store.resolve_run(info.run_id).alive
+        ):
+            # Only a resume acts with the keeper gone (verdict.refusal): a new keeper takes the
+            # run up (same run, its journal) and the resume goes through it as the next attempt.
+            info = take_up(info)
+        return self.source.connect(info)  # the keeper may be back; if not, this says so
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         """Each command once: Textual's own, less those the control room has its own key for."""

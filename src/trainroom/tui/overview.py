@@ -68,6 +68,7 @@ class RunRow:
     job: str | None = None  # the job this run is a node of
     nodes: int = 1  # a job's row stands for this many runs (its nodes here)
     training: bool = False  # a trainer runs: what "live" means (a keeper staying after the end is not)
+    attached: bool = False  # its attempt is a process `trainroom attach` adopted
 
     @property
     def name(self) -> str:
@@ -105,6 +106,7 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
         created=info.created,
         command=short_command(info.argv),
         job=state.options.job.name if state.options.job is not None else None,
+        attached=a.attached if a else False,
     )
 
 
@@ -124,6 +126,7 @@ def row_of_summary(info: RunInfo, s: RunSummary) -> RunRow:
         created=info.created,
         command=short_command(info.argv),
         job=s.job,
+        attached=s.attached,
     )
 
 

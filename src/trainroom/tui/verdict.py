@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.probes.adopt import still_runs
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.figures import stall_bound, step_age
@@ -82,6 +85,17 @@ def refusal(state: RunState | None, action: str, where: Situation, finding: str 
     act = REGISTRY[action]
     if not where.connected and act.spec.needs_keeper:
         return "the keeper is gone: resume works without it, or use `trainroom kill RUN` in a shell"
+    if not where.connected:
+        a = state.attempt
+        if a is not None and a.ended_at is None and a.pid > 0:
+            if still_runs(a.pid, a.start_time, a.start_ticks):
+                return (
+                    f"trainer pid {a.pid} still runs without its keeper: `trainroom attach {a.pid}` takes it "
+                    f"back under a new keeper, or `trainroom kill {state.run_id}` in a shell ends it (then R)"
+                )
+            # Its end was never recorded: a new keeper takes the run up and closes it first.
+            a = msgspec.structs.replace(a, ended_at=a.last_step_t or a.started_at)
+            state = msgspec.structs.replace(state, attempts=[*state.attempts[:-1], a])
     return act.refusal(state, {"finding": finding} if finding is not None else {}, offer=True)
 
 
@@ -136,6 +150,7 @@ class HeaderView:
     more: int  # how many more rows of findings are open besides its own
     # Where the worst cause is, when it is one device's (a GPU fault): "GPU 0 (0000:3b:00.0)".
     worst_where: str = ""
+    attached: bool = False  # the attempt is a process `trainroom attach` adopted
 
 
 def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
@@ -170,6 +185,7 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
         worst_level=worst_level,
         more=len(named) - 1 if named else 0,
         worst_where=_device_of(worst),
+        attached=a.attached if a else False,
     )
 
 

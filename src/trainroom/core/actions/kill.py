@@ -151,6 +151,7 @@ class Kill(Action[KillArgs, KillWork]):
             run_id=k.run.run_id,
             attempt_ended_at=a.ended_at,
             workers=st.attempt_workers(),
+            attached=a.attached,
         )
         pids = [m.pid for m in plan.members]
         if plan.nothing_left:

@@ -48,7 +48,9 @@ class Continue(Action[ContinueArgs, WakePlan]):
     async def plan(self, k: Keeper, args: ContinueArgs, call: Call) -> Plan[WakePlan] | Refused:
         a = k.run.state.attempt
         assert a is not None
-        life = Lifetime(run_id=k.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks)
+        life = Lifetime(
+            run_id=k.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks, attached=a.attached
+        )
         plan = await asyncio.to_thread(plan_wake, a.pgid, life, k.run.state.attempt_workers())
         target = {"pgid": plan.pgid, "members": [as_builtins(m) for m in plan.stopped]}
         if not plan.ok:

@@ -19,11 +19,13 @@ from trainroom.core.actions import words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
+from trainroom.core.cli.show import orphaned_trainer
 from trainroom.core.config import load_config
 from trainroom.core.journal.file import Journal
 from trainroom.core.ops.bench import describe, run_bench
 from trainroom.core.ops.kill import execute_kill, plan_kill
 from trainroom.core.run import store as runs
+from trainroom.core.run.attach import take_up
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.store import RunError
 
@@ -56,7 +58,9 @@ def cmd_action(args: argparse.Namespace) -> int:
             )
         if args.action == "kill":
             return kill_without_keeper(info, args)
-        raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
+        if args.action != "resume":
+            raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
+        info = keeper_for_resume(info, json_out=args.json)
     client = KeeperClient(info.sock)
     action = REGISTRY[args.action]
     fields = (f.name for f in msgspec.structs.fields(action.Args))
@@ -160,6 +164,23 @@ def _confirm(args: argparse.Namespace) -> bool:
     return input(f"{args.action}? [y/N] ").strip().lower() in ("y", "yes")
 
 
+def keeper_for_resume(info: runs.RunInfo, *, json_out: bool) -> runs.RunInfo:
+    """`resume` of a run whose keeper is gone: a new keeper takes the run up (same run id, its
+    journal), and the resume goes through it as the next attempt; refused while the old
+    attempt's trainer still runs (an orphan), naming the two ways on."""
+    st = runs.load_state(info.run_dir)
+    a = st.attempt
+    orphan = orphaned_trainer(st)
+    if a is not None and orphan is not None:
+        raise CliError(
+            f"attempt {a.n} (pid {orphan}) still runs without its keeper: `trainroom kill {info.run_id}` ends it "
+            f"(then resume), or `trainroom attach {orphan}` takes it back under a new keeper"
+        )
+    if not json_out:
+        print(f"the keeper of {info.run_id} is gone: a new keeper takes the run up (same run, next attempt)")
+    return take_up(info)
+
+
 def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
     """The keeper is gone but its trainer may live on (orphaned): kill the recorded attempt's
     group here, with the keeper's own proof of ownership (the run's id in each process's
@@ -176,6 +197,7 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
         run_id=st.run_id,
         attempt_ended_at=a.ended_at,
         workers=st.attempt_workers(),
+        attached=a.attached,
     )
     pids = [m.pid for m in plan.members]
     if not plan.ok:
@@ -195,8 +217,18 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
     if not _confirm(args):
         print("cancelled")
         return 1
+    by = "cli (no keeper)"
+    until = time.time() + float(args.grace_s if args.grace_s is not None else 10.0) + 10.0
     result = execute_kill(plan, grace_s=float(args.grace_s if args.grace_s is not None else 10.0))
-    _journal_kill(info, plan.as_dict(), result.as_dict())
+    ended: list[p.Record] = [p.AttemptStopping(n=a.n, t=time.time(), by=by, until=until)] if result.ok else []
+    if result.ok and a.ended_at is None:
+        # Its end, as a keeper would have journaled it: readers and the next keeper agree it is over.
+        how = "killed by `trainroom kill` while no keeper watched it (exit status unknown)"
+        ended += [
+            p.AttemptEnded(n=a.n, t=time.time(), error=how),
+            p.RunStatus(t=time.time(), state="stopped", reason=f"attempt {a.n} stopped by {by}: {how}"),
+        ]
+    _journal_kill(info, plan.as_dict(), result.as_dict(), ended)
     if args.json:
         print(to_json(result.as_dict()))
     else:
@@ -204,7 +236,9 @@ def kill_without_keeper(info: runs.RunInfo, args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _journal_kill(info: runs.RunInfo, target: dict[str, Any], result: dict[str, Any]) -> None:
+def _journal_kill(
+    info: runs.RunInfo, target: dict[str, Any], result: dict[str, Any], ended: list[p.Record]
+) -> None:
     """The kill goes into the run's journal, as the keeper would have written it (the keeper is
     gone, so this is the only writer)."""
     journal = Journal(Path(info.run_dir) / runs.JOURNAL_NAME)
@@ -221,5 +255,7 @@ def _journal_kill(info: runs.RunInfo, target: dict[str, Any], result: dict[str, 
                 client="cli-without-keeper",
             )
         )
+        for rec in ended:
+            journal.append(rec)
     finally:
         journal.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,44 @@ def orphaned_trainer(st: RunState) -> int | None:
     return a.pid if running else None
 
 
+def keeper_gone_words(st: RunState, info: runs.RunInfo) -> tuple[str, str] | None:
+    """The state and the way on for a run whose keeper is gone while its journal says the attempt
+    runs: its trainer still running (orphaned) or ended unseen, each with the actions that act
+    and how long ago the keeper last wrote (its journal's last write: a keeper killed -9 says
+    nothing more)."""
+    a = st.attempt
+    if a is None or a.ended_at is not None:
+        return None
+    written = runs.last_write(info)
+    age = (
+        f"its journal's last write {fmt_duration(max(0.0, time.time() - written))} ago"
+        if written is not None
+        else "its journal's last write unknown"
+    )
+    orphan = orphaned_trainer(st)
+    if orphan is not None and a.attached:
+        return "orphaned", (
+            f"keeper detached ({age}); the attached trainer pid {orphan} runs on untouched: "
+            f"`trainroom attach {orphan}` watches it again, `trainroom kill {st.run_id}` ends it"
+        )
+    if orphan is not None:
+        return "orphaned", (
+            f"keeper gone ({age}); trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` "
+            f"ends it (then `trainroom resume {st.run_id}`), or `trainroom attach {orphan}` takes it back "
+            "under a new keeper"
+        )
+    verified = st.last_verified()
+    frm = (
+        f"the last verified checkpoint (step {verified.step})"
+        if verified is not None
+        else "scratch (nothing verified)"
+    )
+    return "unknown", (
+        f"keeper gone ({age}) and trainer pid {a.pid} no longer runs; its end was not recorded: "
+        f"`trainroom resume {st.run_id}` starts attempt {a.n + 1} under a new keeper from {frm}"
+    )
+
+
 def not_answering(st: RunState, info: runs.RunInfo) -> tuple[str | None, str]:
     """For a keeper that lives but does not answer: the state its journal cannot know (the
     trainer ended since: "unknown") or None to keep the journal's, and why, from the facts this
@@ -56,12 +95,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if keeper == "busy":
         state, d["state_reason"] = not_answering(st, info)
         d["state"] = state or d["state"]
-    orphan = orphaned_trainer(st) if keeper == "gone" else None
-    if orphan is not None:
-        d["state"] = "orphaned"
-        d["state_reason"] = (
-            f"keeper gone; trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` ends it"
-        )
+    if keeper == "gone":
+        said = keeper_gone_words(st, info)
+        if said is not None:
+            d["state"], d["state_reason"] = said
     d["journal"] = journal_dict(Path(info.run_dir))
     warning = runs.state_dir_warning()
     if warning is not None:
@@ -106,6 +143,7 @@ def _runs_rows() -> list[dict[str, Any]]:
                 "created": r.created,
                 "keeper": keeper,
                 "attempt": s.attempt,
+                "attached": s.attached,
                 "step": s.step,
                 "loss": s.loss,
                 "steps_total": s.steps_total,
@@ -140,8 +178,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         step = "" if row.get("step") is None else f"step {row['step']}"
         worst = (row.get("worst_finding") or {}).get("code", "")
         keeper = "training" if row.get("training") else "keeper up" if row["alive"] else "keeper gone"
+        keeper = f"{keeper}, attached" if row.get("attached") else keeper
         print(
-            f"{row['run']:40} {state:9} {keeper:12} {step:>12} {worst:18} {' '.join(row.get('argv') or [])[:40]}"
+            f"{row['run']:40} {state:9} {keeper:20} {step:>12} {worst:18} {' '.join(row.get('argv') or [])[:40]}"
         )
     return 0
 

@@ -2,7 +2,8 @@
 
 A keeper stays after its trainer ends for its linger (or while a control room watches) so the run
 can be resumed, verified or pruned; this ends it now. It refuses while a trainer runs: the keeper
-is what supervises it (`trainroom kill RUN` stops the trainer first). The journal and the
+is what supervises it (`trainroom kill RUN` stops the trainer first) — except an attached run's
+(`trainroom attach`): its keeper detaches and leaves the trainer it adopted running, untouched. The journal and the
 checkpoints stay: `status`, `events` and the control room read an ended run from its journal.
 """
 
@@ -63,7 +64,7 @@ def stop_keeper(info: RunInfo) -> tuple[bool, str]:
         return True, "no keeper running (nothing to stop)"
     state, _alive = current_state(info)
     a = state.attempt
-    if a is not None and a.alive:
+    if a is not None and a.alive and not a.attached:
         return False, (
             f"refused: its trainer runs (pid {a.pid}, attempt {a.n}); `trainroom kill {info.run_id}` stops it first"
         )
@@ -80,6 +81,12 @@ def stop_keeper(info: RunInfo) -> tuple[bool, str]:
         time.sleep(0.05)
     if runs.keeper_alive(rec):
         return False, f"keeper pid {pid} was asked to exit (SIGTERM) and still runs after {EXIT_WAIT_S:.0f} s"
+    if a is not None and a.alive and a.attached:
+        # Detached: the trainer was never the keeper's child, and runs on untouched.
+        return (
+            True,
+            f"keeper pid {pid} exited (detached); the attached trainer pid {a.pid} runs on, untouched",
+        )
     return (
         True,
         f"keeper pid {pid} exited; the run's journal and checkpoints stay (`trainroom status {info.run_id}`)",

@@ -13,6 +13,7 @@ from typing import Any
 from trainroom.core import argtypes
 from trainroom.core.cli import (
     act,
+    attach,
     bridge,
     ckpt,
     doctor,
@@ -81,6 +82,7 @@ VERBS: tuple[Verb, ...] = (
     _runs,
     _watch,
     _demo,
+    lambda sub, _: attach.add_parser(sub),
     lambda sub, _: events.add_parser(sub),
     lambda sub, _: notify.add_parser(sub),
     lambda sub, _: export.add_parser(sub),

@@ -20,8 +20,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import psutil
 
@@ -34,10 +34,11 @@ from trainroom.core.health.rules import KeeperFacts
 from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
+from trainroom.core.keeper import adopt, takeup
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
 from trainroom.core.keeper.logtail import LogTail
-from trainroom.core.keeper.output import TrainerOutput
+from trainroom.core.keeper.output import TrainerOutput, log_line
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
 from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_over, rest_wait, why_awake
@@ -84,7 +85,8 @@ class Keeper:
             rec.options, config, cwd=rec.cwd, run_dir=run_dir, env=os.environ, config_note=note, argv=rec.argv
         )
         self.record.ckpt_root = self._settings.ckpt_root
-        self.view = runs.empty_view(rec)
+        # A run whose keeper died goes on from its journal (keeper.takeup).
+        self.view = takeup.prior_view(run_dir, rec) or runs.empty_view(rec)
         # Batches steps, writes snapshots, summary and segments (journal.writer); the file is journal.file's.
         self.journal = JournalWriter(run_dir, runs.fold_of(rec), self._settings.journal, hold=hold_from_env())
         self.state_disk: StateDisk | None = None
@@ -92,7 +94,7 @@ class Keeper:
         self._log_path = run_dir / runs.LOG_NAME
         # The trainer's stdout/stderr reach trainer.log through a pump: no write error reaches it.
         self.output = TrainerOutput(self._log_path, self.note)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | adopt.Adopted | None = None
         self.attempt_n = 0
         self.tail = LogTail(self._log_path, self._settings.log_pattern, self._settings.log_hints)
         self.stop_event = asyncio.Event()
@@ -160,6 +162,9 @@ class Keeper:
         # Until its last output is in trainer.log, an attempt that just ended is judged as it was.
         ending = self.attempt_n in self.output.ending
         return self.proc is not None and (self.proc.returncode is None or ending)
+
+    def adopt_child(self, handle: adopt.Adopted) -> None:
+        self.proc = handle  # an attached run's trainer, watched through a pidfd (keeper.adopt)
 
     def trainer_python(self) -> str:
         argv = self.record.argv
@@ -283,7 +288,7 @@ class Keeper:
     # ------------------------------------------------------------------ attempts
 
     def _attempt_env(self, n: int, resume_from: str | None) -> dict[str, str]:
-        env = dict(os.environ)
+        env = adopt.base_env(self.record)  # an attached run's takeover: its own environment
         env.update(
             {
                 "TRAINROOM_SOCKET": str(self.sock_path),
@@ -321,7 +326,7 @@ class Keeper:
         now = time.time()
         out = await self.output.open(n)
         with open(self._log_path, "ab", buffering=0) as log:
-            _log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
+            log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -333,7 +338,7 @@ class Keeper:
                     process_group=0,
                 )
             except OSError as exc:
-                _log_line(log, f"could not start: {exc}")
+                log_line(log, f"could not start: {exc}")
                 return self._could_not_start(n, now, argv, resume_from, exc)
             finally:
                 if out is not None:
@@ -376,17 +381,25 @@ class Keeper:
 
     async def _wait_attempt(self, n: int, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
+        await self.attempt_over(
+            n,
+            proc,
+            lambda t: p.AttemptEnded(
+                n=n, t=t, exit_code=rc if rc >= 0 else None, exit_signal=-rc if rc < 0 else None
+            ),
+        )
+
+    async def attempt_over(self, n: int, proc: object, ended_of: Callable[[float], p.AttemptEnded]) -> None:
+        """An attempt's process has ended (waited for, or an adopted one's pidfd): judge it."""
         now = time.time()
         await self.output.drained(n)  # the last lines (a traceback) are in trainer.log
         g = self.supervision.guard
         # Read what the trainer wrote last before calling it: a traceback there is the cause.
         g.call("keeper.read_log", lambda: self._read_log(now, final=True), None)
-        ended = p.AttemptEnded(
-            n=n, t=now, exit_code=rc if rc >= 0 else None, exit_signal=-rc if rc < 0 else None
-        )
+        ended = ended_of(now)
         self.emit(ended)
         a = self.state.attempt
-        if a is not None and a.n == n and rc != 0 and a.crash is None:
+        if a is not None and a.n == n and ended.exit_code != 0 and a.crash is None:
             lines = self.tail.cause_lines(a.last_step_t)  # a traceback before the last step is not it
             crash = g.call(
                 "log reader.crash", lambda: self.supervision.crash_from_log("\n".join(lines)), None
@@ -557,9 +570,15 @@ class Keeper:
         )
         if self._settings.config_note:
             self.emit(p.KeeperNote(t=time.time(), message=self._settings.config_note, kind="warning"))
-        await self.start_attempt()
+        if self.state.attempt is not None:
+            self._ending = takeup.take_up(self, self.state.attempt)  # the run's keeper had died
+        elif self.record.attached is not None:
+            self._ending = adopt.begin(self, self.record.attached)  # a trainer it did not start
+        else:
+            await self.start_attempt()
         tasks = [loop.create_task(self.tick_loop()), loop.create_task(self.probe_loop())]
         await self.stop_event.wait()
+        adopt.detach(self)
         for t in tasks:
             t.cancel()
         await self.server.close()
@@ -568,28 +587,3 @@ class Keeper:
         await self.alerts.close()
         self.journal.close()
         return 0
-
-
-def _log_line(log: BinaryIO, text: str) -> None:
-    """A keeper line in trainer.log; a full disk must not stop an attempt from starting."""
-    try:
-        log.write(f"=== trainroom: {text} ===\n".encode())
-    except OSError:
-        pass
-
-
-def run_keeper(run_dir: str) -> int:
-    keeper = Keeper(Path(run_dir))
-    return asyncio.run(keeper.main())
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 1:
-        print("usage: python -m trainroom.core.keeper RUN_DIR", file=sys.stderr)
-        return 2
-    return run_keeper(args[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

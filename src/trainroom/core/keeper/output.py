@@ -19,6 +19,7 @@ import termios
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import BinaryIO
 
 from trainroom.core.health.statedisk import OutputLoss
 from trainroom.core.keeper.outpump import widen
@@ -191,3 +192,11 @@ class TrainerOutput:
             with contextlib.suppress(OSError):
                 os.close(pipe.spare)
         self._pipes.clear()
+
+
+def log_line(log: BinaryIO, text: str) -> None:
+    """A keeper line in trainer.log; a full disk must not stop an attempt from starting."""
+    try:
+        log.write(f"=== trainroom: {text} ===\n".encode())
+    except OSError:
+        pass

@@ -62,6 +62,7 @@ class KillPlan(msgspec.Struct, kw_only=True):
     # the attempt (None: still running): a process started after it is nobody's leftover.
     run_id: str = ""
     attempt_ended_at: float | None = None
+    attached: bool = False  # an adopted attempt (members.Lifetime.attached)
     members: list[Member] = []
     strangers: list[Stranger] = []
     refusals: list[str] = []
@@ -88,6 +89,7 @@ class KillPlan(msgspec.Struct, kw_only=True):
             start_time=self.leader_start_time,
             start_ticks=self.leader_start_ticks,
             ended_at=self.attempt_ended_at,
+            attached=self.attached,
         )
 
     @property
@@ -135,6 +137,7 @@ def plan_kill(
     run_id: str,
     attempt_ended_at: float | None = None,
     workers: Sequence[tuple[int, int]] = (),
+    attached: bool = False,
 ) -> KillPlan:
     """The exact target of a kill of this attempt, or the reasons to refuse it. A process is a
     target only when proven the run's: started within the attempt's lifetime and carrying the
@@ -148,6 +151,7 @@ def plan_kill(
         leader_start_ticks=attempt_start_ticks,
         run_id=run_id,
         attempt_ended_at=attempt_ended_at,
+        attached=attached,
     )
     if attempt_pgid <= 1:
         plan.refusals.append(f"refusing pgid {attempt_pgid}: a group <= 1 is the whole system or init")
@@ -174,6 +178,10 @@ def plan_kill(
     seen = {m.pid for m in members}
     members += _strayed_descendants(roots, seen, attempt_start_time, attempt_start_ticks)
     members += recorded_workers(workers, seen)
+    if leader is not None and leader.pid not in seen:
+        # An adopted trainer that does not lead its group (started by a script): itself, not the group.
+        found = describe(leader, in_group=False)
+        members += [found] if found is not None else []
     proven = []
     for m in members:
         why = not_ours(m, plan.life)

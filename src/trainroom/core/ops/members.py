@@ -47,6 +47,9 @@ class Lifetime(msgspec.Struct, kw_only=True, frozen=True):
     start_time: float
     start_ticks: int | None = None
     ended_at: float | None = None  # None: the attempt still runs
+    # An attempt `trainroom attach` adopted: its processes never carried the run's id, so the
+    # proof is the leader (pid + start), its process group and its descendants, all started since.
+    attached: bool = False
 
 
 def not_ours(m: Member, life: Lifetime) -> str | None:
@@ -55,7 +58,7 @@ def not_ours(m: Member, life: Lifetime) -> str | None:
         return f"started at {fmt_clock(m.create_time)}, before the attempt"
     if life.ended_at is not None and m.create_time > life.ended_at + START_TIME_TOLERANCE_S:
         return f"started at {fmt_clock(m.create_time)}, after the attempt ended ({fmt_clock(life.ended_at)})"
-    if m.run != life.run_id:
+    if m.run != life.run_id and not life.attached:
         return "its environment does not name this run" if m.run is None else f"it belongs to run {m.run}"
     return None
 

@@ -135,7 +135,13 @@ def _life_refusals(a: AttemptView, run_id: str, workers: Sequence[tuple[int, int
     if a.ended_at is None:
         out.append(f"attempt {a.n} (pid {a.pid}) is still running: kill it first (k)")
     # By start time too: a stranger that reused the group number is not the old attempt.
-    life = Lifetime(run_id=run_id, start_time=a.start_time, start_ticks=a.start_ticks, ended_at=a.ended_at)
+    life = Lifetime(
+        run_id=run_id,
+        start_time=a.start_time,
+        start_ticks=a.start_ticks,
+        ended_at=a.ended_at,
+        attached=a.attached,
+    )
     live = live_members(a.pgid, life, workers)
     if live:
         out.append(

@@ -170,8 +170,8 @@ def to_text(e: Event) -> str:
         "action": f"{e.action} {'ok' if e.ok else 'refused'}: {e.message}",
         "attempt-started": f"attempt {e.attempt} pid {e.pid}"
         + (f" from {e.resume_from}" if e.resume_from else ""),
-        "attempt-ended": f"attempt {e.attempt} {how_ended(e.exit_code, e.exit_signal)}"
-        + (f" ({e.message})" if e.message else ""),
+        # `message`: why it could not start, or an adopted process's end: said as how it ended.
+        "attempt-ended": f"attempt {e.attempt} {how_ended(e.exit_code, e.exit_signal, e.message)}",
         "alert": f"{e.kind} {e.ident or ''} via {e.channel}: {e.outcome}"
         + (f" ({e.detail})" if e.detail else ""),
         "keeper-started": f"keeper pid {e.pid}",

@@ -89,6 +89,15 @@ def launch(
     check_config(cwd)
     check_options(opts)
     run_dir, rec = runs.create_run(argv, cwd, opts)
+    return start_keeper(run_dir, rec, env, wait_s)
+
+
+def start_keeper(
+    run_dir: Path, rec: runs.RunRecord, env: Mapping[str, str] | None = None, wait_s: float = KEEPER_WAIT_S
+) -> RunInfo:
+    """Start the keeper of a run already recorded (`launch`, `attach`) in its own session and
+    return once its socket is up."""
+    argv = rec.argv
     keeper_env = dict(env if env is not None else os.environ)
     if keeper_env.get("TRAINROOM_HOME"):
         # The keeper runs in its run directory: a relative home must not mean another place there.

@@ -16,6 +16,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding, order
+from trainroom.core.run.requested import merge_requested
 from trainroom.core.samples import VramFloor
 from trainroom.core.settings import LaunchOptions
 from trainroom.core.vocab import CkptState, StateName
@@ -62,6 +63,7 @@ class AttemptView(msgspec.Struct, kw_only=True):
     stop_by: str | None = None  # a user's kill is under way (AttemptStopping): who asked
     stop_until: float | None = None
     vram_floor: VramFloor | None = None  # the devices' memory before the trainer started
+    attached: bool = False  # adopted by `trainroom attach`: no exit status, and not its env's run
 
     @property
     def alive(self) -> bool:
@@ -251,6 +253,7 @@ class RunState(msgspec.Struct, kw_only=True):
                 resume_step=r.resume_step,
                 requested=r.requested,
                 vram_floor=r.vram_floor,
+                attached=r.attached,
             )
         )
         self.ranks = {}
@@ -297,7 +300,7 @@ class RunState(msgspec.Struct, kw_only=True):
             rank.disconnected_at = None
             rank.last_heartbeat_t = r.t
             if r.rank == 0 or a.requested == p.RequestedConfig():
-                a.requested = _merge_requested(a.requested, msg.config)
+                a.requested = merge_requested(a.requested, msg.config)
         elif isinstance(msg, p.Phase):
             rank.phase, rank.phase_since, rank.phase_bound_s = msg.name, r.t, msg.bound_s
             rank.last_heartbeat_t = r.t
@@ -550,16 +553,6 @@ class RunState(msgspec.Struct, kw_only=True):
 
 def _older(step: int | None, than: int | None) -> bool:
     return step is not None and than is not None and step < than
-
-
-def _merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.RequestedConfig:
-    """The trainer's own word wins over what argv parsing guessed, field by field."""
-    return p.RequestedConfig(
-        lr=new.lr if new.lr is not None else base.lr,
-        vocab_size=new.vocab_size if new.vocab_size is not None else base.vocab_size,
-        warmup_steps=new.warmup_steps if new.warmup_steps is not None else base.warmup_steps,
-        arch=new.arch or base.arch,
-    )
 
 
 def _batch_log(st: RunState, r: p.BatchLog) -> None:

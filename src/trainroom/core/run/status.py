@@ -185,6 +185,8 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         "attempt": a.n if a else None,
         "pid": a.pid if a else None,
         "pgid": a.pgid if a else None,
+        # A process trainroom did not start, adopted by `trainroom attach` (its exit status unknown).
+        "attached": a.attached if a else False,
         "argv": a.argv if a else st.argv,
         "exit": {
             "code": a.exit_code if a else None,

@@ -35,7 +35,9 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     lr = d["lr"]
     eff = lr["effective"][0] if lr["effective"] else None
     lines = [
-        f"{d['run']}  {d['state'].upper()}{end}  attempt {d['attempt']}  pid {d['pid']}  keeper {d['keeper']}",
+        f"{d['run']}  {d['state'].upper()}{end}  attempt {d['attempt']}  pid {d['pid']}"
+        + ("  attached" if d.get("attached") else "")
+        + f"  keeper {d['keeper']}",
         f"  step {d['step']}  age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
         f"  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
     ]

@@ -15,6 +15,7 @@ import psutil
 from trainroom.core import protocol as p
 from trainroom.core.journal import file as journal
 from trainroom.core.journal import replay, segments
+from trainroom.core.probes.adopt import Adoptee
 from trainroom.core.probes.procs import same_start
 from trainroom.core.run.address import is_remote
 from trainroom.core.run.fold import RunFold
@@ -49,6 +50,9 @@ class RunRecord(msgspec.Struct, kw_only=True):
     keeper_pid: int | None = None
     keeper_start_time: float | None = None
     keeper_start_ticks: int | None = None
+    # A trainer trainroom did not start, adopted by `trainroom attach` (None: a launched run): what
+    # was read of it then, which a kill proves its target against and a takeover relaunches.
+    attached: Adoptee | None = None
 
     def checkpoint_root(self, run_dir: str | Path) -> Path:
         """Where this run's checkpoints are: what its keeper resolved, else what launch was
@@ -132,23 +136,27 @@ def ensure_runs_dir() -> Path:
     return d
 
 
-def new_run_id(argv: list[str]) -> str:
-    """A sortable id that names what runs: the last `-m module` or script in the command."""
-    name = "run"
+def new_run_id(argv: list[str], name: str | None = None) -> str:
+    """A sortable id that names what runs: `name` when given, else the last `-m module` or
+    script in the command."""
+    given, name = name, "run"
     for i, a in enumerate(argv):
         if a == "-m" and i + 1 < len(argv):
             name = argv[i + 1].rsplit(".", 1)[-1]
         elif a.endswith(".py"):
             name = os.path.basename(a).removesuffix(".py")
+    name = given or name
     if name == "run" and argv:
         name = os.path.basename(argv[0])
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:24] or "run"
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
 
 
-def create_run(argv: list[str], cwd: str, options: LaunchOptions) -> tuple[Path, RunRecord]:
+def create_run(
+    argv: list[str], cwd: str, options: LaunchOptions, *, name: str | None = None
+) -> tuple[Path, RunRecord]:
     root = ensure_runs_dir()
-    run_id = new_run_id(argv)
+    run_id = new_run_id(argv, name)
     run_dir = root / run_id
     sock = run_dir / SOCKET_NAME
     if len(str(sock)) > MAX_SOCKET_PATH:
@@ -216,6 +224,17 @@ def _record_from_journal(run_dir: Path) -> RunRecord | None:
     except OSError:
         return None
     return None
+
+
+def last_write(info: RunInfo) -> float | None:
+    """When a local run's journal was last written: the latest its keeper is known to have
+    lived, once it is gone (None: a remote run, or no journal)."""
+    if info.remote:
+        return None
+    try:
+        return (Path(info.run_dir) / JOURNAL_NAME).stat().st_mtime
+    except OSError:
+        return None
 
 
 def keeper_alive(rec: RunRecord) -> bool:

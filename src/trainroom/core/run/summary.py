@@ -60,6 +60,7 @@ class RunSummary(msgspec.Struct, kw_only=True, omit_defaults=True):
     updated: float = 0.0
     journal: JournalMark | None = None
     job: str | None = None  # the job this run is a node of (launch --job, torchrun's rdzv id)
+    attached: bool = False  # its last attempt is a process `trainroom attach` adopted
 
     def shown_state(self, keeper_alive: bool) -> ShownState:
         """The state `status` would show (`unknown`: the keeper died before its trainer)."""
@@ -98,6 +99,7 @@ def summarize(st: RunState, *, updated: float = 0.0, journal: JournalMark | None
         updated=updated,
         journal=journal,
         job=st.options.job.name if st.options.job is not None else None,
+        attached=a.attached if a else False,
     )
 
 

@@ -147,7 +147,9 @@ class RunsScreen(Screen[str | None]):
 
     def _cells(self, r: RunRow) -> list[Text]:
         level = r.level
-        state = r.state.upper() + ("" if r.keeper else " · keeper gone")
+        state = (
+            r.state.upper() + (" · attached" if r.attached else "") + ("" if r.keeper else " · keeper gone")
+        )
         worst = Text(
             f"{r.worst_code}" + (f" +{r.findings - 1}" if r.findings > 1 else "") if r.worst_code else "—"
         )

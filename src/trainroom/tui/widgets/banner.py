@@ -23,6 +23,7 @@ class BannerView:
     now: float
     resume_key: str  # as the keymap has it now
     busy: bool = False  # its process lives but does not answer
+    way_on: str = ""  # why R cannot act now (an orphan to kill or take back), else empty
 
 
 class DisconnectBanner(Panel[BannerView], can_focus=False):
@@ -36,6 +37,11 @@ class DisconnectBanner(Panel[BannerView], can_focus=False):
             f"({fmt.duration(v.now - v.since)} ago)",
             style=self.style("crit"),
         )
+        if v.way_on:
+            # R would not act (a trainer runs on without its keeper): the ways on, in place of the
+            # journal's last state, which still says it runs.
+            t.append(f"\n{v.way_on}", style=self.style("info"))
+            return t
         t.append(f"  ·  press {v.resume_key} to resume", style=self.style("info"))
         t.append("\njournal's last state: ", style=self.style("label"))
         t.append(

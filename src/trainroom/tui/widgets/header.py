@@ -47,6 +47,8 @@ class RunHeader(Panel[HeaderView], can_focus=False):
                 [
                     ("  ", label),
                     (f" {view.state.upper()} ", badge),
+                    # A process trainroom did not start: said beside its state, in words.
+                    (" attached" * view.attached, label),
                 ],
             )
         )
