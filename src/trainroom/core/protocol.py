@@ -11,13 +11,15 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 
 from __future__ import annotations
 
-import errno as errno_mod
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
 from trainroom.core import resumable
 from trainroom.core.config import Thresholds
+from trainroom.core.errorchain import ErrorLink as ErrorLink
+from trainroom.core.errorchain import error_chain as error_chain
+from trainroom.core.errorchain import unwrap_workers as unwrap_workers
 from trainroom.core.findings import Finding
 from trainroom.core.framing import HEADER as HEADER
 from trainroom.core.framing import MAX_INBOUND_FRAME as MAX_INBOUND_FRAME
@@ -26,7 +28,6 @@ from trainroom.core.framing import FrameReader as FrameReader
 from trainroom.core.framing import ProtocolError as ProtocolError
 from trainroom.core.framing import encode as encode
 from trainroom.core.framing import frame as frame
-from trainroom.core.loglines import worker_original
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VitalsSample, VramFloor
 from trainroom.core.vocab import CkptFormat, CkptState, StateName
 
@@ -123,53 +124,6 @@ class Checkpoint(msgspec.Struct, tag="checkpoint", kw_only=True, omit_defaults=T
     t: Time
     size_bytes: Count | None = None
     digest: Name | None = None
-
-
-class ErrorLink(msgspec.Struct, kw_only=True, omit_defaults=True):
-    type: Text
-    message: Text
-    errno: int | None = None
-    errno_name: Name | None = None
-
-
-def error_chain(exc: BaseException) -> list[ErrorLink]:
-    """The exception and what it was raised from, outermost first, innermost last."""
-    links: list[ErrorLink] = []
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        no = getattr(cur, "errno", None)
-        no = no if isinstance(no, int) else None
-        links.append(
-            ErrorLink(
-                type=type(cur).__qualname__
-                if type(cur).__module__ == "builtins"
-                else f"{type(cur).__module__}.{type(cur).__qualname__}",
-                message=str(cur),
-                errno=no,
-                errno_name=errno_mod.errorcode.get(no) if no is not None else None,
-            )
-        )
-        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
-    return unwrap_workers(links)
-
-
-def unwrap_workers(links: list[ErrorLink]) -> list[ErrorLink]:
-    """A DataLoader worker's exception wrapped by torch (its traceback inside the message) split
-    in two: the wrapper's first line, then the worker's own exception as the link after it (the
-    innermost: what a death names first)."""
-    out: list[ErrorLink] = []
-    for link in links:
-        found = worker_original(link.message)
-        if found is None:
-            out.append(link)
-            continue
-        first, kind, message = found
-        where = first.split(" in ", 1)[1].rstrip(".") if " in " in first else ""
-        out += [ErrorLink(type=link.type, message=first, errno=link.errno, errno_name=link.errno_name)]
-        out += [ErrorLink(type=kind, message=f"{message} (in {where})" if where else message)]
-    return out
 
 
 class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):
