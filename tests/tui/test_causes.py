@@ -141,3 +141,68 @@ async def test_the_detail_says_what_follows_and_keeps_a_tensors_underscores(tmp_
         assert "CRIT NONFINITE" in text and "what follows from it" in text
         assert "3 checkpoints rejected since NONFINITE at step 31" in text
         assert "checkpoint step 45 (step-000045.pt) rejected" in text
+
+
+def diverge_records() -> list[Any]:
+    """`demo --fault diverge --eval` after the gradients came back in range: GRAD_EXPLOSION (from
+    step 134) is INFO now, the checkpoints the exploded model saved are rejected (CRIT), the loss
+    diverged and a checkpoint was held back by its evaluation, and the fp16 scaler halved."""
+    recs: list[Any] = [
+        *healthy_records(steps=10),
+        raised(
+            "GRAD_EXPLOSION",
+            "info",
+            "grad norm 2.5e+08 at step 176 (10^8), 4.81e+08x its median 0.5206 over the last 100 steps; "
+            "back in range at step 495",
+            T0 + 6,
+            evidence={"step": 134},
+        ),
+        raised("DIVERGENCE", "warning", "rolling median loss 84.12 has stayed above the best", T0 + 7),
+        raised("EVAL_REGRESSED", "warning", "checkpoint step 140 held back", T0 + 8, evidence={"step": 140}),
+        raised("LOSS_SCALE", "warning", "the fp16 loss scale halved 3 times", T0 + 9),
+    ]
+    for i in range(8):
+        step = 150 + 50 * i
+        recs.append(
+            raised(
+                "CKPT_REJECTED",
+                "critical",
+                f"checkpoint step {step} (step-{step:06d}.pt) rejected: exploded tensor: lm_head.weight",
+                T0 + 10 + i,
+                key=f"/ck/.quarantine/step-{step:06d}.pt",
+                evidence={"step": step, "outliers": {"lm_head.weight": 12.8}},
+            )
+        )
+    return recs
+
+
+@in_loop
+async def test_a_row_is_as_severe_as_the_worst_it_holds_and_its_crit_lines_stay_in_view_at_80x24(
+    tmp_path,
+) -> None:
+    from trainroom.core.run.causes import fold
+    from trainroom.core.run.status import finding_row
+
+    app, _, _ = make_app(str(tmp_path), diverge_records())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        panel = app.query_one(FindingsPanel)
+        assert panel.view is not None
+        (row,) = panel.view.open
+        # `status` and `status --json` say the row this way: the TUI says it the same.
+        (want,) = [finding_row(r) for r in fold(app.state.open_findings())]
+        assert want["severity"] == row.severity == "critical"
+        text = screen_text(app)
+        assert "CRIT GRAD_EXPLOSION" in text and "INFO GRAD_EXPLOSION" not in text, text
+        rejected = next(k for k in want["consequences"] if k["code"] == "CKPT_REJECTED")
+        assert rejected["since"] == "8 checkpoints rejected since GRAD_EXPLOSION at step 134"
+        assert f"↳ CRIT {rejected['since']}" in text, text
+        # Four consequences in a four-line panel: the CRIT one keeps its line, one line names the rest.
+        assert "↳ +2 more: EVAL_REGRESSED, LOSS_SCALE" in text, text
+    app, _, _ = make_app(str(tmp_path), diverge_records())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+        for k in want["consequences"]:
+            word = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}[k["severity"]]
+            assert f"↳ {word} {k['since']}" in text, text

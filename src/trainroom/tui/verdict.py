@@ -239,8 +239,9 @@ def findings_view(
             FindingRow(
                 ident=f.ident,
                 code=f.code,
-                severity=f.severity,
-                level=SEVERITY_LEVEL.get(f.severity, "info"),
+                # The row is as severe as the worst it holds, as `status` says it.
+                severity=row.severity,
+                level=SEVERITY_LEVEL.get(row.severity, "info"),
                 message=row.cause.said(),  # one finding's words, or how many and the newest
                 action=f.action,
                 fix=fix_text(f),
