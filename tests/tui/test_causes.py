@@ -206,3 +206,31 @@ async def test_a_row_is_as_severe_as_the_worst_it_holds_and_its_crit_lines_stay_
         for k in want["consequences"]:
             word = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}[k["severity"]]
             assert f"↳ {word} {k['since']}" in text, text
+
+
+@in_loop
+async def test_the_reclaim_an_enomem_death_needs_leads_the_findings_and_the_key_strip(tmp_path) -> None:
+    from tests.support.tui_fakes import dead_run_records
+
+    masked = raised(
+        "MASKED_ERROR",
+        "critical",
+        "`SystemError: readinto` hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`; host RAM ran "
+        "out: reclaim the page cache before a resume",
+        T0 + 210,  # seen (as a warning) before the death it explains
+        key="attempt-1",
+        action="reclaim",
+        evidence={"errno_name": "ENOMEM"},
+    )
+    app, _, _ = make_app(str(tmp_path), [*dead_run_records(), masked])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        panel = app.query_one(FindingsPanel)
+        assert panel.view is not None
+        # The host's RAM ran low (the fake's probe says so): the masked error folds under it, and
+        # that row, whose fix the resume waits on, leads.
+        assert [r.code for r in panel.view.open] == ["HOST_RAM_LOW", "DEAD"]
+        assert [k.code for k in panel.view.open[0].follow] == ["MASKED_ERROR"]
+        assert [r.key for r in panel.view.open] == ["C", "R"]
+        strip = screen_text(app).splitlines()[-1]
+        assert strip.lstrip().startswith("C reclaim  R resume"), strip

@@ -309,6 +309,18 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     ),
 }
 
+# What must be fixed before another row's fix can work: while both are open, the row of the code
+# on the left is shown (and its key offered) above the rows of the codes on the right, whatever
+# their severity and age. A resume (DEAD's fix) loads the checkpoint into host RAM and claims the
+# GPU and the lock again: the RAM an ENOMEM death hid, the memory a context left behind holds and
+# a lock a dead process holds are in its way.
+STANDS_IN_THE_WAY: dict[FindingCode, tuple[FindingCode, ...]] = {
+    "MASKED_ERROR": ("DEAD", "REPEAT_DEATH"),
+    "HOST_RAM_LOW": ("DEAD", "REPEAT_DEATH"),
+    "ORPHAN_CONTEXT": ("DEAD", "REPEAT_DEATH"),
+    "STALE_LOCK": ("DEAD", "REPEAT_DEATH"),
+}
+
 # How many findings of one code are said in words, (one, many): "14 checkpoints rejected".
 # A code not here is counted as "3 × CODE".
 COUNTED: dict[FindingCode, tuple[str, str]] = {

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainroom.core import argtypes
+from trainroom.core.actions.offered import offered_only
 from trainroom.core.demo.faults import FAULTS
 from trainroom.core.ops.doctor import TorchView, torch_view
 from trainroom.core.run import store as runs
@@ -245,7 +246,7 @@ def run_demo(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], 
                 alive = True
             except KeeperGone:
                 st, alive = runs.load_state(info.run_dir), False
-            d = status_dict(st, keeper_alive=alive)
+            d = offered_only(st, status_dict(st, keeper_alive=alive), keeper_alive=alive)
             print("\n".join(status_lines(d)), flush=True)
             if d["state"] in ("exited", "dead", "stopped") or not alive:
                 return 0 if d["state"] == "exited" else 1

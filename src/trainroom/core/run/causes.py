@@ -5,7 +5,8 @@ NONFINITE is open) is folded under that cause as one line with a count ("14 chec
 rejected since NONFINITE at step 31"); the open findings of one code are one line with their
 count and the newest in words; a cause's own cause is followed to the root, so each row is a root
 cause with everything that follows from it. Rows are ordered as findings are (`findings.order`):
-the most severe first (a row is as severe as the worst finding in it), then the newest root.
+the most severe first (a row is as severe as the worst finding in it), then the newest root; a
+row whose fix another's waits on (`vocab.STANDS_IN_THE_WAY`) comes before that one.
 
 Pure: the control room, `trainroom status` and its JSON read the same rows.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from functools import cmp_to_key
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
-from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, FindingCode, Severity
+from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, STANDS_IN_THE_WAY, FindingCode, Severity
 
 # The codes some other code may follow from: their findings fold as one (they are never told
 # apart by evidence), under the cause of the first of them.
@@ -160,7 +161,22 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
         else:
             own_kind = _kind(own)
         rows.append(Row(cause=own_kind, consequences=tuple(rest)))
-    return sorted(rows, key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
+    rows.sort(key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
+    return _fixes_first(rows)
+
+
+def _fixes_first(rows: list[Row]) -> list[Row]:
+    """`rows` with each row that stands in the way of another's fix (`vocab.STANDS_IN_THE_WAY`:
+    the reclaim an ENOMEM death needs before its resume) moved just above the first row it
+    stands in the way of; the rest keep their order."""
+    out = list(rows)
+    for row in rows:
+        blocked = STANDS_IN_THE_WAY.get(row.cause.code, ())
+        at = next((i for i, r in enumerate(out) if r.cause.code in blocked), None)
+        if at is not None and out.index(row) > at:
+            out.remove(row)
+            out.insert(at, row)
+    return out
 
 
 def root_code(findings: Iterable[Finding], code: FindingCode) -> FindingCode | None:
