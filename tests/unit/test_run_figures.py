@@ -139,3 +139,31 @@ def test_allocator_figures_end_with_the_attempt() -> None:
     assert vram["driver_used_bytes"] == 615 << 20  # the driver's side is still the device's now
     assert views.vram_view(b.run).ratio is None
     assert b.run.ranks[0].alloc_reserved == 2 * GIB  # the last report stays in the run's history
+
+
+def test_status_says_a_dead_run_s_pace_as_it_was_and_when_it_ended_never_as_now() -> None:
+    from trainroom.core.run.status_text import status_lines
+
+    b = RunBuilder()
+    b.start()
+    b.steps(40)
+    last = b.now
+    b.now = last + 0.04
+    b.end(exit_signal=9)
+    d = status_dict(b.run, now=last + 22 * 60)
+    assert d["steps_per_s"] is None and d["steps_per_s_last"] > 0
+    assert d["ended_s_ago"] == pytest.approx(22 * 60 - 0.04)
+    line = status_lines(d)[1]
+    assert "ended 21m59s ago, last step 0.0 s before the end  was " in line and " age " not in line, line
+
+
+def test_a_hung_run_has_no_live_pace() -> None:
+    from trainroom.core.run.status_text import status_lines
+
+    b = RunBuilder()
+    b.start()
+    b.steps(40)
+    b.run.status, b.run.status_reason = "hung", "stopped (SIGSTOP)"
+    d = status_dict(b.run, now=b.now + 60)
+    assert d["steps_per_s"] is None and d["steps_per_s_last"] > 0 and d["ended_s_ago"] is None
+    assert "age 60.0 s  was " in status_lines(d)[1]

@@ -33,7 +33,7 @@ from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
 from . import figures, theming, verdict
 from .action_flow import ActionFlow, CancelKey
-from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
+from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, held_by_a_box, key_label, key_of
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
 from .navigation import Navigation
@@ -149,6 +149,9 @@ class ControlRoom(CancelKey, App[int]):
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return theming.app_variables(self.current_theme)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not held_by_a_box(self.screen, action)  # a box on top owns the keyboard
 
     def action_next_theme(self) -> None:
         names = self.loaded_themes.names() or list(self.available_themes)

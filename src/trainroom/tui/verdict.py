@@ -134,6 +134,7 @@ class HeaderView:
     worst_code: str | None  # the worst open root cause at warning or above, named beside the badge
     worst_level: Level
     more: int  # how many more rows of findings are open besides its own
+    worst_age_s: float | None = None  # how long the named root cause has been open
 
 
 def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
@@ -167,6 +168,7 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
         worst_code=worst.code if worst else None,
         worst_level=worst_level,
         more=len(named) - 1 if named else 0,
+        worst_age_s=float(round(now - worst.first_seen)) if worst is not None and worst.first_seen else None,
     )
 
 

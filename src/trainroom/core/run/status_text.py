@@ -9,7 +9,7 @@ from typing import Any
 from trainroom.core.loglines import NOT_STEPS
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.status import damage_words
-from trainroom.core.units import fmt_bytes
+from trainroom.core.units import fmt_bytes, fmt_duration
 
 # Escape sequences (CSI: colours, clear screen; OSC: window title, hyperlinks) and the other
 # control characters: a trainer's text reaches a terminal through these lines, never as commands.
@@ -36,8 +36,7 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     eff = lr["effective"][0] if lr["effective"] else None
     lines = [
         f"{d['run']}  {d['state'].upper()}{end}  attempt {d['attempt']}  pid {d['pid']}  keeper {d['keeper']}",
-        f"  step {d['step']}  age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
-        f"  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
+        f"  step {d['step']}  {_pace(d)}  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
     ]
     log = d.get("log") or {}
     if log.get("unit") in NOT_STEPS:  # the step is a count of something else: said beside it
@@ -82,6 +81,21 @@ def finding_lines(d: dict[str, Any]) -> list[str]:
         out.append(f"  {r['severity'].upper():8} {r['code']}: {r['text']}{key}")
         out += [f"  {'':8}   ↳ {k['severity'].upper()} {k['text']}" for k in r["consequences"]]
     return out
+
+
+def _pace(d: dict[str, Any]) -> str:
+    """The last step's age and the pace, as the control room's cadence panel says them: live
+    while steps come; "was" once they stopped coming (hung, stalled, ended), and for an attempt
+    that ended, its last step's distance from the end and how long ago the end was."""
+    last = d.get("steps_per_s_last", d["steps_per_s"])
+    ended = d.get("ended_s_ago")
+    if isinstance(ended, (int, float)):
+        age = d["step_age_s"]
+        before = f"last step {_fig(age, '.1f')} s before the end" if age is not None else "no step"
+        return f"ended {fmt_duration(ended)} ago, {before}  was {_fig(last, '.1f')} steps/s"
+    if d["steps_per_s"] is None and last is not None:
+        return f"age {_fig(d['step_age_s'], '.1f')} s  was {_fig(last, '.1f')} steps/s"
+    return f"age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
 
 
 def _fig(x: Any, spec: str) -> str:

@@ -108,15 +108,12 @@ class FindingsPanel(Panel[FindingsView]):
         texts = [self._row_texts(row, i == cursor and self.has_focus) for i, row in enumerate(view.open)]
         wrapped = [[w for i, t in enumerate(ts) for w in self._wrap(t, width, 4 if i else 0)] for ts in texts]
         # Every finding whole when they fit; else the others one line a code and the cursor's as
-        # whole as the rest of the panel holds (its consequences' lines always).
+        # whole as the panel holds (its consequences' lines always; the list scrolls to it).
         whole = sum(len(w) for w in wrapped) <= self.inner_height
-        others = sum(len(ts) for i, ts in enumerate(texts) if i != cursor)
         for i, ts in enumerate(texts):
             if i == cursor:
                 first_line = len(lines)
-                shown = (
-                    wrapped[i] if whole else self._fitted(view.open[i], ts, width, self.inner_height - others)
-                )
+                shown = wrapped[i] if whole else self._fitted(view.open[i], ts, width, self.inner_height)
                 cursor_lines = len(shown)
                 lines.extend(shown)
             elif whole:
