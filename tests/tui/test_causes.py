@@ -5,6 +5,7 @@ rows arrive above it, and Enter opens that one; a tensor's name keeps its unders
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tests.support.tui_fakes import T0, healthy_records, in_loop, make_app, screen_text, settle, until
@@ -234,3 +235,19 @@ async def test_the_reclaim_an_enomem_death_needs_leads_the_findings_and_the_key_
         assert [r.key for r in panel.view.open] == ["C", "R"]
         strip = screen_text(app).splitlines()[-1]
         assert strip.lstrip().startswith("C reclaim  R resume"), strip
+
+
+@in_loop
+async def test_the_header_s_age_is_the_named_finding_s_not_the_state_s(tmp_path) -> None:
+    # RUNNING since T0 (3m+ by `now`); the LR finding opened 11 s before `now`.
+    now = T0 + 215
+    lr = raised("LR_MISMATCH", "warning", "effective LR 1e-06 vs requested 1e-04", now - 11, evidence={"step": 5})
+    app, _, _ = make_app(str(tmp_path), [*healthy_records(steps=10), lr], now=now)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        header = app.query_one(RunHeader)
+        assert header.view is not None and header.view.worst_code == "LR_MISMATCH"
+        assert header.view.worst_age_s is not None and 11 <= header.view.worst_age_s < 30
+        assert header.view.state_age_s is not None and header.view.state_age_s > 60
+        top = screen_text(app).splitlines()[0]
+        assert re.search(r"RUNNING  LR_MISMATCH for 1\d s", top), top
