@@ -241,7 +241,9 @@ async def test_the_reclaim_an_enomem_death_needs_leads_the_findings_and_the_key_
 async def test_the_header_s_age_is_the_named_finding_s_not_the_state_s(tmp_path) -> None:
     # RUNNING since T0 (3m+ by `now`); the LR finding opened 11 s before `now`.
     now = T0 + 215
-    lr = raised("LR_MISMATCH", "warning", "effective LR 1e-06 vs requested 1e-04", now - 11, evidence={"step": 5})
+    lr = raised(
+        "LR_MISMATCH", "warning", "effective LR 1e-06 vs requested 1e-04", now - 11, evidence={"step": 5}
+    )
     app, _, _ = make_app(str(tmp_path), [*healthy_records(steps=10), lr], now=now)
     async with app.run_test(size=(100, 30)) as pilot:
         await settle(app, pilot)

@@ -393,9 +393,9 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
             save_checkpoint(state, step, root=root)
         except CheckpointWontFit as exc:
             # The pre-save check refused before writing a byte: skip this checkpoint and train
-            # on (the keeper shows DISK_HIGH / DISK_FULL_SOON; a prune makes room again).
+            # on (the keeper shows DISK_HIGH / DISK_FULL_SOON, with the saves skipped, which
+            # save_checkpoint told it of; a prune makes room again).
             print(f"checkpoint step {step} skipped: {exc.strerror}", flush=True)
-            sdk.current().note("checkpoint-skipped", str(exc.strerror), step=step)
         return
     # DrvFs as scenario 12 saw it: the file lands short, nothing says so, and the trainer moves on.
     import io

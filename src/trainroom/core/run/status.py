@@ -218,6 +218,15 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             "used_fraction": disk.used_fraction if disk is not None else None,
             "free_bytes": disk.free_bytes if disk is not None else None,
             "time_to_full_s": disk.time_to_full_s if disk is not None else None,
+            # Added: the figures above are a byte budget for the root (`--disk-budget`), not its
+            # filesystem; the filesystem's own, said apart.
+            "budget_bytes": disk.budget_bytes if disk is not None and disk.budget else None,
+            "filesystem_used_fraction": (
+                (disk.fs_used_fraction if disk.budget else disk.used_fraction) if disk is not None else None
+            ),
+            "filesystem_free_bytes": (
+                (disk.fs_free_bytes if disk.budget else disk.free_bytes) if disk is not None else None
+            ),
         },
         "ranks": rank_rows(st, keeper_alive),
         "checkpoints": [

@@ -57,7 +57,7 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     if h["mem_available_bytes"] is not None:
         lines.append(
             f"  host available {fmt_bytes(h['mem_available_bytes'])}  page cache "
-            f"{fmt_bytes(h['page_cache_bytes'])}  disk {_fig(d['disk']['used_fraction'], '.0%')} used"
+            f"{fmt_bytes(h['page_cache_bytes'])}  {_disk(d['disk'])}"
         )
     if d.get("journal_damage"):
         lines.append("  " + damage_words(d["journal_damage"]))
@@ -81,6 +81,17 @@ def finding_lines(d: dict[str, Any]) -> list[str]:
         out.append(f"  {r['severity'].upper():8} {r['code']}: {r['text']}{key}")
         out += [f"  {'':8}   ↳ {k['severity'].upper()} {k['text']}" for k in r["consequences"]]
     return out
+
+
+def _disk(disk: dict[str, Any]) -> str:
+    """The checkpoint root's figures: under a budget, the budget's and the filesystem's apart."""
+    budget = disk.get("budget_bytes")
+    if not budget:
+        return f"disk {_fig(disk['used_fraction'], '.0%')} used"
+    fs = disk.get("filesystem_used_fraction")
+    return f"budget {_fig(disk['used_fraction'], '.0%')} used (of {fmt_bytes(budget)})" + (
+        f"  disk {_fig(fs, '.0%')} used" if fs is not None else ""
+    )
 
 
 def _pace(d: dict[str, Any]) -> str:
