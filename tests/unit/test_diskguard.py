@@ -219,7 +219,7 @@ def test_the_saves_skipped_are_counted_and_named_with_the_steps_at_risk() -> Non
         f for f in dg.disk_findings(full, None, saves, now, skipped=none) if f.code == "DISK_FULL_SOON"
     ]
     assert (
-        "1 save skipped (step 7), they do not fit; 7 steps at risk: no checkpoint has verified yet"
+        "1 save skipped (step 7), it does not fit; 7 steps at risk: no checkpoint has verified yet"
         in soon.message
     )
 

@@ -389,9 +389,8 @@ class Skipped(msgspec.Struct, kw_only=True, frozen=True):
             else f"{risk} steps at risk: no checkpoint has verified yet"
         )
         head, _, tail = f.message.partition(": the next checkpoint will not fit")
-        message = (
-            f"{head}: {n} save{'s' if n != 1 else ''} skipped ({which}), they do not fit; {at_risk}{tail}"
-        )
+        fit = "they do not fit" if n != 1 else "it does not fit"
+        message = f"{head}: {n} save{'s' if n != 1 else ''} skipped ({which}), {fit}; {at_risk}{tail}"
         evidence = {**f.evidence, "skipped": n, "skipped_first": first, "skipped_last": last}
         evidence["steps_at_risk"], evidence["last_verified_step"] = risk, since
         return msgspec.structs.replace(f, message=message, evidence=evidence)
