@@ -210,8 +210,8 @@ def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping
     assert high["action"] == "prune" and high["evidence"]["budget"] is True
     assert high["evidence"]["used_fraction"] >= 0.85 and high["evidence"]["free_bytes"] > 0
     soon = next(f for f in d["findings"] if f["code"] == "DISK_FULL_SOON")
-    # The saves the trainer skipped are counted and named, and the steps at risk grow with them
-    # (issue 33): never "the next will not fit" once they are being skipped.
+    # The saves the trainer skipped are counted and named, and the steps at risk grow with them;
+    # never "the next will not fit" once they are being skipped.
     steps = [int(m) for m in re.findall(r"checkpoint step (\d+) skipped", log)]
     first, last, ev = min(steps), max(steps), soon["evidence"]
     assert soon["severity"] == "critical" and "the next checkpoint will not fit" not in soon["message"]

@@ -1,4 +1,4 @@
-"""Fixes in causal order, keys only where they act (issue 33), with a real keeper and the demo's
+"""Fixes in causal order, keys only where they act, with a real keeper and the demo's
 masked-enomem trainer: a load that fails with ENOMEM behind `SystemError: readinto` kills attempt 1.
 
 - With a verified checkpoint: the reclaim the cause needs comes before the resume, in `status`,

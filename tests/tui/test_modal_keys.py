@@ -1,4 +1,4 @@
-"""A box open owns the keyboard (issue 33): with a result or a confirmation open, `q` does what
+"""A box open owns the keyboard: with a result or a confirmation open, `q` does what
 the box's own hint says (closes the result, says no to the confirmation) and never quits the
 room behind it; a stray key of the room (`t` for the theme, `R`, a panel's number) does nothing
 behind the box, and nothing is saved."""

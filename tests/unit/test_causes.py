@@ -169,7 +169,7 @@ def test_a_run_s_summary_names_the_root_cause_for_the_runs_overview() -> None:
     assert s.findings == 4 and s.worst is not None and s.worst.code == "NONFINITE"
 
 
-# ---------------------------------------------------------------- causes in time order (issue 33)
+# ---------------------------------------------------------------- causes in time order
 
 
 def diverge_run() -> list[Finding]:

@@ -1,4 +1,4 @@
-"""First contact (issue 33): the first `demo` makes TRAINROOM_HOME private (0700), so `status`
+"""First contact: the first `demo` makes TRAINROOM_HOME private (0700), so `status`
 never warns about a directory trainroom made itself; `demo --help` names only themes `--theme`
 takes; the demo's spike saves the checkpoint the documented `replay --step 31` replays from."""
 
