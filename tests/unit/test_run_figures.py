@@ -167,3 +167,21 @@ def test_a_hung_run_has_no_live_pace() -> None:
     d = status_dict(b.run, now=b.now + 60)
     assert d["steps_per_s"] is None and d["steps_per_s_last"] > 0 and d["ended_s_ago"] is None
     assert "age 60.0 s  was " in status_lines(d)[1]
+
+
+def test_status_names_the_device_s_vram_and_the_run_s_apart() -> None:
+    from trainroom.core.run.status_text import status_lines
+
+    b = RunBuilder()
+    b.start()
+    b.steps(5)
+    d = status_dict(b.run, now=b.now)
+    gib = 1 << 30
+    d["vram"] |= {
+        "driver_available": True,
+        "driver_used_bytes": int(11.3 * gib),
+        "driver_total_bytes": 12 * gib,
+        "driver_run_bytes": int(4.3 * gib),
+    }
+    (line,) = [x for x in status_lines(d) if x.startswith("  vram ")]
+    assert line.startswith("  vram device 11.3 GiB of 12.0 GiB used, this run 4.3 GiB  allocator "), line

@@ -47,9 +47,13 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"  {d['state_reason']}")  # what the journal cannot say: read from /proc
     v = d["vram"]
     if v["driver_available"]:
+        # The device's use and the run's own (per process), named apart: the control room's
+        # VRAM panel says the same two figures.
+        run = v.get("driver_run_bytes")
         lines.append(
-            f"  vram driver {fmt_bytes(v['driver_used_bytes'])}/{fmt_bytes(v['driver_total_bytes'])}"
-            f"  allocator {fmt_bytes(v['allocator_reserved_bytes'])}"
+            f"  vram device {fmt_bytes(v['driver_used_bytes'])} of {fmt_bytes(v['driver_total_bytes'])} used"
+            + (f", this run {fmt_bytes(run)}" if run is not None else "")
+            + f"  allocator {fmt_bytes(v['allocator_reserved_bytes'])}"
         )
     else:
         lines.append(f"  {v['driver_reason'] or 'driver view unavailable: not probed yet'}")
