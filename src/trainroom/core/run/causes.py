@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cmp_to_key
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, STANDS_IN_THE_WAY, FindingCode, Severity
@@ -155,7 +154,7 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
     rows = []
     for root, kinds in placed.items():
         own = kinds.pop(root, None)
-        rest = sorted((_kind(xs) for xs in kinds.values()), key=cmp_to_key(_earlier))
+        rest = _in_time_order([_kind(xs) for xs in kinds.values()])
         if own is None:  # (not reached: a root's findings are its own row) the earliest leads
             own_kind, rest = rest[0], rest[1:]
         else:
@@ -210,9 +209,16 @@ def _began(xs: list[Finding]) -> Onset:
     return (min(steps) if steps else None, min(f.first_seen for f in xs))
 
 
-def _earlier(a: Kind, b: Kind) -> int:
-    """-1 when kind `a` began before `b` (`_before`), else 1: the order consequences are listed in."""
-    return -1 if _before(a.code, _began(list(a.findings)), b.code, _began(list(b.findings))) else 1
+def _in_time_order(kinds: list[Kind]) -> list[Kind]:
+    """Kinds in the order they began: by first sighting, then those that name a step put in step
+    order among the places they hold (a checkpoint of step 100 judged after the spike of step 101
+    is listed before it; a kind without a step keeps its place by time)."""
+    out = sorted(kinds, key=lambda k: (k.first_seen, k.code))
+    slots = [i for i, k in enumerate(out) if _began(list(k.findings))[0] is not None]
+    stepped = sorted((out[i] for i in slots), key=lambda k: (_began(list(k.findings))[0] or 0, k.first_seen))
+    for i, k in zip(slots, stepped, strict=True):
+        out[i] = k
+    return out
 
 
 def _before(a: FindingCode, a_on: Onset, b: FindingCode, b_on: Onset) -> bool:
