@@ -82,3 +82,44 @@ def test_tmux_the_header_at_80x24_names_nonfinite_while_rejections_pile_up(
     assert "CRIT CKPT_REJECTED" not in text, text
     pane.keys("q")
     pane.wait("[control room closed: 0]", timeout=30)
+
+
+def test_tmux_a_runaway_lr_is_the_root_of_the_divergence_it_causes_at_80x24(
+    trhome: Path,
+    pane_factory: Callable[[tuple[int, int]], Pane],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """`demo --fault diverge --eval`: the LR climbs x1.05 a step from step 30 to 300x the requested
+    one. LR_RUNAWAY opens first (10x, step 78) and is the root: the spike, the held and the
+    rejected checkpoints fold under it; the row is CRIT and its CRIT line stays in view at 80x24;
+    `status` says the same row in the same words."""
+    script = _trainroom_script()
+    if script is None:
+        pytest.skip("the trainroom console script is not installed (pip install -e .)")
+    pane = pane_factory((80, 24))
+    pane.start(f"{shlex.quote(script)} demo --fault diverge --eval --step-delay 0.03")
+    folded = re.compile(r"↳ CRIT (\d+) checkpoints? rejected since LR_RUNAWAY at step (\d+)")
+    text = wait_for(
+        lambda: (t := pane.text()) and folded.search(t) and "CRIT LR_RUNAWAY" in t and t,
+        timeout=240,
+        interval=0.25,
+        what="the rejections folded under LR_RUNAWAY at 80x24",
+    )
+    run_id = re.search(r"\d{8}-\d{6}-train-[0-9a-f]{4}", text.splitlines()[0])
+    assert run_id is not None, text
+    d = status_json(run_id.group(0))
+    runaway = next(r for r in d["finding_rows"] if r["code"] == "LR_RUNAWAY")
+    assert runaway["severity"] == "critical" and d["finding_rows"][0]["code"] == "LR_RUNAWAY"
+    under = {k["code"] for k in runaway["consequences"]}
+    assert {"LOSS_SPIKE", "CKPT_REJECTED"} <= under, runaway
+    # Nothing that follows from the LR stands as a root of its own.
+    assert not {"LOSS_SPIKE", "CKPT_REJECTED", "EVAL_REGRESSED"} & {r["code"] for r in d["finding_rows"]}
+    step = next(f for f in d["findings"] if f["code"] == "LR_RUNAWAY")["evidence"]["step"]
+    m = folded.search(text)
+    assert m is not None and int(m.group(2)) == step
+    # `status` says the row and each consequence in the TUI's words.
+    out = run_cli("status", run_id.group(0))
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^\s+CRITICAL LR_RUNAWAY: effective LR ", out.stdout, re.M), out.stdout
+    assert re.search(rf"↳ CRITICAL \d+ checkpoints? rejected since LR_RUNAWAY at step {step}; ", out.stdout)
+    pane.keys("q")
+    pane.wait("[control room closed: 0]", timeout=30)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -209,7 +210,22 @@ def test_disk_fill_raises_disk_high_and_full_soon_then_prune_frees_space_keeping
     assert high["action"] == "prune" and high["evidence"]["budget"] is True
     assert high["evidence"]["used_fraction"] >= 0.85 and high["evidence"]["free_bytes"] > 0
     soon = next(f for f in d["findings"] if f["code"] == "DISK_FULL_SOON")
-    assert soon["severity"] == "critical" and "the next checkpoint will not fit" in soon["message"]
+    # The saves the trainer skipped are counted and named, and the steps at risk grow with them;
+    # never "the next will not fit" once they are being skipped.
+    steps = [int(m) for m in re.findall(r"checkpoint step (\d+) skipped", log)]
+    first, last, ev = min(steps), max(steps), soon["evidence"]
+    assert soon["severity"] == "critical" and "the next checkpoint will not fit" not in soon["message"]
+    assert (ev["skipped"], ev["skipped_first"], ev["skipped_last"]) == (len(steps), first, last)
+    last_ok = max(c["step"] for c in d["checkpoints"] if c["state"] == "verified")
+    assert ev["last_verified_step"] == last_ok and ev["steps_at_risk"] == last - last_ok
+    assert f"{len(steps)} saves skipped (steps {first}–{last}), they do not fit; " in soon["message"]
+    assert (
+        f"{last - last_ok} steps at risk since the last verified checkpoint (step {last_ok})"
+        in soon["message"]
+    )
+    # The budget and the disk said apart.
+    text = run_cli("status", info.run_id).stdout
+    assert re.search(r"  budget \d+% used \(of 160 MiB\)  disk \d+% used", text), text
     assert soon["evidence"]["prunable_bytes"] > 0 and "prune would free" in soon["message"]
     # While the trainer was writing, DISK_FULL_SOON came with a time-to-full, before the budget was full.
     recs = _journal(info)

@@ -182,9 +182,10 @@ def test_prune_keeps_and_resume_falls_back_to_the_newest_checkpoint_that_verifie
     _replace_with_nan(bad20)  # `latest` itself replaced on disk, same size
 
     out = run_cli("prune", info.run_id, "--keep", "1", "--yes", "--json")
-    assert out.returncode == 0, out.stderr
+    # Nothing to delete: said as the answer, with what is kept and why (exit 1: nothing to do).
+    assert out.returncode == 1, out.stderr
     res = json.loads(out.stdout)
-    assert res["via"] == "keeper" and res["deleted"] == [], res
+    assert res["via"] == "keeper" and res["deleted"] == [] and "nothing to delete" in res["message"], res
     kept = {Path(k["path"]).name: k["why"] for k in res["kept"]}
     assert kept["step-000020"] == "latest" and "verifies now" in kept["step-000010"], kept
     assert good10.is_file() and digest_of(good10) == ck.read_manifest(good10.parent).digest  # type: ignore[union-attr]

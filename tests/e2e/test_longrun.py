@@ -81,7 +81,16 @@ def _live(info: runs.RunInfo) -> tuple[dict[str, Any], Any]:
 
 # What the journal holds (probe readings and the live figures of a finding are sent, never
 # journaled; times move on): every other key of `status --json` must agree.
-NOT_JOURNALED = {"keeper", "step_age_s", "vram", "host", "disk", "latest_checkpoint", "journal"}
+NOT_JOURNALED = {
+    "keeper",
+    "step_age_s",
+    "ended_s_ago",
+    "vram",
+    "host",
+    "disk",
+    "latest_checkpoint",
+    "journal",
+}
 
 
 def _comparable(d: dict[str, Any]) -> dict[str, Any]:

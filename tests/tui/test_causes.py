@@ -5,6 +5,7 @@ rows arrive above it, and Enter opens that one; a tensor's name keeps its unders
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tests.support.tui_fakes import T0, healthy_records, in_loop, make_app, screen_text, settle, until
@@ -167,3 +168,114 @@ async def test_the_header_names_a_lost_gpu_with_its_device_and_the_death_folds_u
         assert panel.view is not None and panel.view.open[0].code == "GPU_LOST"
         assert [f.code for f in panel.view.open[0].follow] == ["DEAD"]
         assert "DEAD" not in [r.code for r in panel.view.open]
+
+
+def diverge_records() -> list[Any]:
+    """`demo --fault diverge --eval` after the gradients came back in range: GRAD_EXPLOSION (from
+    step 134) is INFO now, the checkpoints the exploded model saved are rejected (CRIT), the loss
+    diverged and a checkpoint was held back by its evaluation, and the fp16 scaler halved."""
+    recs: list[Any] = [
+        *healthy_records(steps=10),
+        raised(
+            "GRAD_EXPLOSION",
+            "info",
+            "grad norm 2.5e+08 at step 176 (10^8), 4.81e+08x its median 0.5206 over the last 100 steps; "
+            "back in range at step 495",
+            T0 + 6,
+            evidence={"step": 134},
+        ),
+        raised("DIVERGENCE", "warning", "rolling median loss 84.12 has stayed above the best", T0 + 7),
+        raised("EVAL_REGRESSED", "warning", "checkpoint step 140 held back", T0 + 8, evidence={"step": 140}),
+        raised("LOSS_SCALE", "warning", "the fp16 loss scale halved 3 times", T0 + 9),
+    ]
+    for i in range(8):
+        step = 150 + 50 * i
+        recs.append(
+            raised(
+                "CKPT_REJECTED",
+                "critical",
+                f"checkpoint step {step} (step-{step:06d}.pt) rejected: exploded tensor: lm_head.weight",
+                T0 + 10 + i,
+                key=f"/ck/.quarantine/step-{step:06d}.pt",
+                evidence={"step": step, "outliers": {"lm_head.weight": 12.8}},
+            )
+        )
+    return recs
+
+
+@in_loop
+async def test_a_row_is_as_severe_as_the_worst_it_holds_and_its_crit_lines_stay_in_view_at_80x24(
+    tmp_path,
+) -> None:
+    from trainroom.core.run.causes import fold
+    from trainroom.core.run.status import finding_row
+
+    app, _, _ = make_app(str(tmp_path), diverge_records())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        panel = app.query_one(FindingsPanel)
+        assert panel.view is not None
+        (row,) = panel.view.open
+        # `status` and `status --json` say the row this way: the TUI says it the same.
+        (want,) = [finding_row(r) for r in fold(app.state.open_findings())]
+        assert want["severity"] == row.severity == "critical"
+        text = screen_text(app)
+        assert "CRIT GRAD_EXPLOSION" in text and "INFO GRAD_EXPLOSION" not in text, text
+        rejected = next(k for k in want["consequences"] if k["code"] == "CKPT_REJECTED")
+        assert rejected["since"] == "8 checkpoints rejected since GRAD_EXPLOSION at step 134"
+        assert f"↳ CRIT {rejected['since']}" in text, text
+        # Four consequences in a four-line panel: the CRIT one keeps its line, one line names the rest.
+        assert "↳ +2 more: EVAL_REGRESSED, LOSS_SCALE" in text, text
+    app, _, _ = make_app(str(tmp_path), diverge_records())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+        for k in want["consequences"]:
+            word = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}[k["severity"]]
+            assert f"↳ {word} {k['since']}" in text, text
+
+
+@in_loop
+async def test_the_reclaim_an_enomem_death_needs_leads_the_findings_and_the_key_strip(tmp_path) -> None:
+    from tests.support.tui_fakes import dead_run_records
+
+    masked = raised(
+        "MASKED_ERROR",
+        "critical",
+        "`SystemError: readinto` hides `OSError: [Errno 12] Cannot allocate memory (ENOMEM)`; host RAM ran "
+        "out: reclaim the page cache before a resume",
+        T0 + 210,  # seen (as a warning) before the death it explains
+        key="attempt-1",
+        action="reclaim",
+        evidence={"errno_name": "ENOMEM"},
+    )
+    app, _, _ = make_app(str(tmp_path), [*dead_run_records(), masked])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        panel = app.query_one(FindingsPanel)
+        assert panel.view is not None
+        # The host's RAM ran low (the fake's probe says so): the masked error folds under it, and
+        # that row, whose fix the resume waits on, leads.
+        assert [r.code for r in panel.view.open] == ["HOST_RAM_LOW", "DEAD"]
+        assert [k.code for k in panel.view.open[0].follow] == ["MASKED_ERROR"]
+        assert [r.key for r in panel.view.open] == ["C", "R"]
+        strip = screen_text(app).splitlines()[-1]
+        assert strip.lstrip().startswith("C reclaim  R resume"), strip
+
+
+@in_loop
+async def test_the_header_s_age_is_the_named_finding_s_not_the_state_s(tmp_path) -> None:
+    # RUNNING since T0 (3m+ by `now`); the LR finding opened 11 s before `now`.
+    now = T0 + 215
+    lr = raised(
+        "LR_MISMATCH", "warning", "effective LR 1e-06 vs requested 1e-04", now - 11, evidence={"step": 5}
+    )
+    app, _, _ = make_app(str(tmp_path), [*healthy_records(steps=10), lr], now=now)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(app, pilot)
+        header = app.query_one(RunHeader)
+        assert header.view is not None and header.view.worst_code == "LR_MISMATCH"
+        assert header.view.worst_age_s is not None and 11 <= header.view.worst_age_s < 30
+        assert header.view.state_age_s is not None and header.view.state_age_s > 60
+        top = screen_text(app).splitlines()[0]
+        assert re.search(r"RUNNING  LR_MISMATCH for 1\d s", top), top

@@ -39,8 +39,10 @@ def test_dead_run_views_carry_the_figures() -> None:
     assert trainer.exit_text == "killed by SIGKILL (9)" and trainer.exit_level == "crit"
     assert figures.cadence_view(st, now).stopped
     rows = verdict.findings_view(st, lambda a: a.upper(), verdict.Situation(connected=True))
-    assert [f.code for f in rows] == ["DEAD", "HOST_RAM_LOW"]  # most severe first
-    assert (rows[0].key, rows[0].fix) == ("RESUME", "resume") and rows[1].key == "RECLAIM"
+    # Most severe first, but the host short of RAM stands in the way of the resume (its load
+    # is refused under the floor): its reclaim comes first (`vocab.STANDS_IN_THE_WAY`).
+    assert [f.code for f in rows] == ["HOST_RAM_LOW", "DEAD"]
+    assert (rows[1].key, rows[1].fix) == ("RESUME", "resume") and rows[0].key == "RECLAIM"
     disk = figures.disk_view(st)
     assert [c.state for c in disk.checkpoints] == ["rejected", "verified"]
     assert disk.checkpoints[1].latest and not disk.checkpoints[0].latest

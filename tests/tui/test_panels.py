@@ -194,7 +194,7 @@ async def test_every_gauge_says_what_it_measures(tmp_path, size) -> None:
     async with app.run_test(size=size) as pilot:
         await settle(app, pilot)
         text = screen_text(app)
-    labels = ["driver    █", "allocator █", "disk █"]
+    labels = ["this run  █", "allocator █", "disk █"]
     if size == (160, 48):
         # At 24 rows the host and cadence panels have room for their figures only.
         labels += ["host RAM █", "to stall █"]
@@ -334,3 +334,27 @@ async def test_a_number_key_over_the_runs_overview_does_not_move_the_room_behind
         await until(pilot, lambda: not isinstance(app.screen, RunsScreen), "the overview closing")
         await pilot.pause()
         assert app.focused is app.query_one(FindingsPanel) and app.screen.maximized is None
+
+
+@in_loop
+async def test_the_vram_panel_says_the_run_s_and_the_device_s_figures_as_status_does(tmp_path) -> None:
+    # orphan-context: the device holds 11.2 GiB, the run's own process 4 GiB (an orphan the rest).
+    import msgspec
+
+    from trainroom.core.run.status import status_dict
+    from trainroom.core.run.status_text import status_lines
+
+    recs = healthy_records(steps=10)
+    probe = next(r for r in recs if isinstance(r, p.ProbeSample))
+    gpu = msgspec.structs.replace(
+        probe.gpu, processes=[GpuProcess(pid=4242, used_bytes=4 * GiB, exists=True, ours=True)]
+    )
+    recs[recs.index(probe)] = msgspec.structs.replace(probe, gpu=gpu)
+    app, _, _ = make_app(str(tmp_path), recs)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        text = screen_text(app)
+        (line,) = [x for x in status_lines(status_dict(app.state)) if x.startswith("  vram ")]
+    assert re.search(r"this run  \S+\s+4\.0 GiB", text), text
+    assert re.search(r"device    \S+\s+11\.2 GiB", text), text
+    assert "device 11.2 GiB of 12.0 GiB used, this run 4.0 GiB" in line, line

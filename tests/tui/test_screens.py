@@ -122,10 +122,11 @@ async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
         "last line of the log",  # log tail
     ):
         assert figure in text, figure
-    # the dead run's key strip offers resume and reclaim first (the findings' fixes), not kill
+    # the dead run's key strip offers the findings' fixes first, not kill: the reclaim the host's
+    # low RAM needs before the resume that loads a checkpoint into it
     footer = text.splitlines()[-1]
     assert (
-        footer.startswith(" R resume  C reclaim")
+        footer.startswith(" C reclaim  R resume")
         and "kill" not in footer
         and footer.rstrip().endswith("? help  q quit")
     )
@@ -379,7 +380,9 @@ def test_the_nodes_of_one_job_are_one_row_in_the_overview(tmp_path) -> None:
     assert sorted(r.name for r in rows) == ["job gpt-xl (2 nodes)", "solo"]
     (job,) = [r for r in rows if r.nodes == 2]
     # The worst node speaks for the job (Enter opens it); steps are the slowest node's.
-    assert job.run_id == "n1" and job.state == "dead" and job.worst_code == "DEAD"
+    assert (
+        job.run_id == "n1" and job.state == "dead" and job.worst_code == "HOST_RAM_LOW"
+    )  # in the way of DEAD's resume
     singles = {i.run_id: row_of(i, journal[i.run_id], False) for i in infos}
     assert None not in (singles["n0"].step, singles["n1"].step)
     assert job.step == min(singles["n0"].step, singles["n1"].step)

@@ -91,9 +91,10 @@ def test_a_number_seen_before_its_cause_is_not_its_doing() -> None:
     assert [(r.cause.code, [k.code for k in r.consequences]) for r in grad_first] == [
         ("GRAD_EXPLOSION", ["LOSS_SPIKE"])
     ]
-    assert sorted((r.cause.code, r.consequences) for r in spike_first) == [
-        ("GRAD_EXPLOSION", ()),
-        ("LOSS_SPIKE", ()),
+    # The loss spiked first: the gradients that exploded after it are its consequence, never
+    # the other way round.
+    assert [(r.cause.code, [k.code for k in r.consequences]) for r in spike_first] == [
+        ("LOSS_SPIKE", ["GRAD_EXPLOSION"])
     ]
     # A rejected NaN checkpoint seen before NONFINITE opened stands alone.
     early = f("CKPT_REJECTED", T0, key="step-5.pt", nonfinite={"w": {"nan": 1}})
@@ -166,3 +167,78 @@ def test_a_run_s_summary_names_the_root_cause_for_the_runs_overview() -> None:
     recs = healthy_records(steps=5) + [p.FindingRaised(finding=x) for x in nan_run(3)]
     s = summarize(build_state(recs))
     assert s.findings == 4 and s.worst is not None and s.worst.code == "NONFINITE"
+
+
+# ---------------------------------------------------------------- causes in time order
+
+
+def diverge_run() -> list[Finding]:
+    """What `demo --fault diverge --eval` opens, in the order the keeper saw it: the LR ran away at
+    step 78, the loss spiked at 101, the checkpoint of step 100 was held back by its evaluation
+    (seen after the spike), the gradients exploded at 134, the loss diverged, and the checkpoints
+    from 150 on were rejected as exploded; the gradient finding has recovered (info)."""
+    return [
+        f("LR_RUNAWAY", T0 + 4.6, step=78),
+        f("LOSS_SPIKE", T0 + 6.0, step=101),
+        f("EVAL_REGRESSED", T0 + 6.3, key="step-100", step=100),
+        f("GRAD_EXPLOSION", T0 + 8.2, severity="info", step=134),
+        f("DIVERGENCE", T0 + 8.5),
+        *(
+            f("CKPT_REJECTED", T0 + 9 + i, key=f"s{s}", step=s, outliers={"w": 1})
+            for i, s in enumerate((150, 200))
+        ),
+    ]
+
+
+def test_a_runaway_lr_that_came_first_is_the_root_of_everything_after_it() -> None:
+    (row,) = fold(diverge_run())
+    assert row.cause.code == "LR_RUNAWAY"
+    assert [k.code for k in row.consequences] == [
+        "EVAL_REGRESSED",
+        "LOSS_SPIKE",
+        "GRAD_EXPLOSION",
+        "DIVERGENCE",
+        "CKPT_REJECTED",
+    ]
+    assert row.severity == "critical"
+    assert row.since(row.consequences[4]) == "2 checkpoints rejected since LR_RUNAWAY at step 78"
+
+
+def test_a_consequence_never_folds_under_a_cause_that_began_after_it_by_step() -> None:
+    # Without the runaway LR: the evaluation of step 100 was *seen* after the spike of step 101,
+    # but its checkpoint was saved before it: not the spike's doing, whatever the clock says.
+    fs = [x for x in diverge_run() if x.code != "LR_RUNAWAY"]
+    rows = fold(fs)
+    by_code = {r.cause.code: r for r in rows}
+    assert "EVAL_REGRESSED" in by_code and not by_code["EVAL_REGRESSED"].consequences
+    spike = by_code["LOSS_SPIKE"]
+    assert {k.code for k in spike.consequences} == {"GRAD_EXPLOSION", "DIVERGENCE", "CKPT_REJECTED"}
+    # DIVERGENCE names no step: its first sighting (after the spike's) places it.
+    assert spike.since(next(k for k in spike.consequences if k.code == "DIVERGENCE")).endswith(
+        "since LOSS_SPIKE at step 101"
+    )
+
+
+def test_of_the_causes_that_began_before_it_a_consequence_takes_the_earliest() -> None:
+    # exploded-init: the first loss exploded at step 1; the divergence and the rejection of an
+    # exploded tensor come later. The rejection is the exploded start's, not the divergence's.
+    fs = [
+        f("EXPLODED_START", T0 + 1, step=1),
+        f("DIVERGENCE", T0 + 20),
+        f("CKPT_REJECTED", T0 + 30, key="s50", step=50, outliers={"w": 1}),
+    ]
+    rows = fold(fs)
+    start = next(r for r in rows if r.cause.code == "EXPLODED_START")
+    assert [k.code for k in start.consequences] == ["CKPT_REJECTED"]
+    # A WARN root over a CRIT consequence: the row is CRIT, and leads.
+    assert start.severity == "critical" and rows[0] is start
+
+
+def test_a_row_is_as_severe_as_the_worst_it_holds_even_when_its_cause_recovered() -> None:
+    fs = [
+        f("GRAD_EXPLOSION", T0 + 1, severity="info", step=134),
+        f("CKPT_REJECTED", T0 + 5, key="s150", step=150, outliers={"w": 1}),
+    ]
+    (row,) = fold(fs)
+    assert row.cause.code == "GRAD_EXPLOSION" and row.cause.severity == "info"
+    assert row.severity == "critical"

@@ -191,3 +191,42 @@ def test_budget_usage_of_a_real_root(tmp_path: Path) -> None:
     f = dg.disk_high(u)
     assert f is not None and f.severity == "warning"  # 10000 / 11000 = 90.9 %
     assert dg.budget_usage(tmp_path, 5000).free_bytes == 0
+
+
+def test_the_saves_skipped_are_counted_and_named_with_the_steps_at_risk() -> None:
+    saves = [(1000.0 + 10 * i, int(3.9 * GB)) for i in range(5)]
+    now = saves[-1][0] + 5
+    full = usage(500 * GB, 3 * GB)
+    (soon,) = [f for f in dg.disk_findings(full, None, saves, now) if f.code == "DISK_FULL_SOON"]
+    assert "the next checkpoint will not fit" in soon.message  # nothing skipped yet
+    skipped = dg.Skipped(steps=(41, 42, 43, 44), last_verified_step=40)
+    (soon,) = [
+        f for f in dg.disk_findings(full, None, saves, now, skipped=skipped) if f.code == "DISK_FULL_SOON"
+    ]
+    assert "the next checkpoint will not fit" not in soon.message
+    assert ": 4 saves skipped (steps 41–44), they do not fit; 4 steps at risk since the last verified " in (
+        soon.message
+    )
+    assert soon.evidence["skipped"] == 4 and soon.evidence["steps_at_risk"] == 4
+    # Two more skipped: the count and the steps at risk grow with them.
+    more = dg.Skipped(steps=(41, 42, 43, 44, 45, 46), last_verified_step=40)
+    (soon,) = [
+        f for f in dg.disk_findings(full, None, saves, now, skipped=more) if f.code == "DISK_FULL_SOON"
+    ]
+    assert "6 saves skipped (steps 41–46)" in soon.message and soon.evidence["steps_at_risk"] == 6
+    none = dg.Skipped(steps=(7,), last_verified_step=None)
+    (soon,) = [
+        f for f in dg.disk_findings(full, None, saves, now, skipped=none) if f.code == "DISK_FULL_SOON"
+    ]
+    assert (
+        "1 save skipped (step 7), it does not fit; 7 steps at risk: no checkpoint has verified yet"
+        in soon.message
+    )
+
+
+def test_status_says_the_budget_and_the_disk_apart() -> None:
+    from trainroom.core.run.status_text import _disk
+
+    budget = {"used_fraction": 0.928, "budget_bytes": 160 << 20, "filesystem_used_fraction": 0.26}
+    assert _disk(budget) == "budget 93% used (of 160 MiB)  disk 26% used"
+    assert _disk({"used_fraction": 0.26, "budget_bytes": None}) == "disk 26% used"

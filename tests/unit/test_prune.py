@@ -182,8 +182,12 @@ def test_cli(
     assert cli.run_prune(_cli(["prune"])) == 2
     assert "TRAINROOM_CKPT_ROOT" in capsys.readouterr().err
     monkeypatch.setenv(ck.ENV_ROOT, str(tmp_path))
-    assert cli.run_prune(_cli(["prune", "--json", "--yes"])) == 0
-    assert json.loads(capsys.readouterr().out)["root"] == str(tmp_path)
+    # Nothing left to delete: said as the answer (exit 1, nothing to do), never a yes/no.
+    assert cli.run_prune(_cli(["prune", "--json", "--yes"])) == 1
+    said = json.loads(capsys.readouterr().out)
+    assert said["root"] == str(tmp_path) and said["message"].startswith("nothing to delete under ")
+    assert cli.run_prune(_cli(["prune"])) == 1  # no --yes, no terminal: no question asked either
+    assert "pass --yes" not in capsys.readouterr().err
 
 
 def test_cli_resolves_the_run_root(trhome: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,3 +139,49 @@ def test_allocator_figures_end_with_the_attempt() -> None:
     assert vram["driver_used_bytes"] == 615 << 20  # the driver's side is still the device's now
     assert views.vram_view(b.run).ratio is None
     assert b.run.ranks[0].alloc_reserved == 2 * GIB  # the last report stays in the run's history
+
+
+def test_status_says_a_dead_run_s_pace_as_it_was_and_when_it_ended_never_as_now() -> None:
+    from trainroom.core.run.status_text import status_lines
+
+    b = RunBuilder()
+    b.start()
+    b.steps(40)
+    last = b.now
+    b.now = last + 0.04
+    b.end(exit_signal=9)
+    d = status_dict(b.run, now=last + 22 * 60)
+    assert d["steps_per_s"] is None and d["steps_per_s_last"] > 0
+    assert d["ended_s_ago"] == pytest.approx(22 * 60 - 0.04)
+    line = status_lines(d)[1]
+    assert "ended 21m59s ago, last step 0.0 s before the end  was " in line and " age " not in line, line
+
+
+def test_a_hung_run_has_no_live_pace() -> None:
+    from trainroom.core.run.status_text import status_lines
+
+    b = RunBuilder()
+    b.start()
+    b.steps(40)
+    b.run.status, b.run.status_reason = "hung", "stopped (SIGSTOP)"
+    d = status_dict(b.run, now=b.now + 60)
+    assert d["steps_per_s"] is None and d["steps_per_s_last"] > 0 and d["ended_s_ago"] is None
+    assert "age 60.0 s  was " in status_lines(d)[1]
+
+
+def test_status_names_the_device_s_vram_and_the_run_s_apart() -> None:
+    from trainroom.core.run.status_text import status_lines
+
+    b = RunBuilder()
+    b.start()
+    b.steps(5)
+    d = status_dict(b.run, now=b.now)
+    gib = 1 << 30
+    d["vram"] |= {
+        "driver_available": True,
+        "driver_used_bytes": int(11.3 * gib),
+        "driver_total_bytes": 12 * gib,
+        "driver_run_bytes": int(4.3 * gib),
+    }
+    (line,) = [x for x in status_lines(d) if x.startswith("  vram ")]
+    assert line.startswith("  vram device 11.3 GiB of 12.0 GiB used, this run 4.3 GiB  allocator "), line

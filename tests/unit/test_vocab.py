@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
 
 def test_the_catalogue_has_every_code_once_and_nothing_else() -> None:
     assert list(vocab.CATALOGUE) == list(vocab.FINDING_CODES)
-    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 39
+    assert len(set(vocab.FINDING_CODES)) == len(vocab.FINDING_CODES) == 40
 
 
 def test_every_code_a_source_file_raises_is_in_the_catalogue() -> None:
@@ -53,6 +53,7 @@ def test_the_groups_are_read_off_the_catalogue() -> None:
     } == watchdog.VOLATILE
     assert set(sanity.CODES) == {
         "LR_MISMATCH",
+        "LR_RUNAWAY",
         "EXPLODED_START",
         "WHITE_MODEL",
         "LOSS_SPIKE",
@@ -68,7 +69,7 @@ def test_the_groups_are_read_off_the_catalogue() -> None:
         kind = vocab.CATALOGUE[code]
         assert kind.alerted_as is not None and alert.state_ident(kind.alerted_as) == code
     assert vocab.PANEL_CODES["vram"] == ("GHOST_MEMORY", "ORPHAN_CONTEXT")
-    assert vocab.PANEL_CODES["lr"] == ("LR_MISMATCH",)
+    assert vocab.PANEL_CODES["lr"] == ("LR_MISMATCH", "LR_RUNAWAY")
     assert vocab.PANEL_CODES["host"] == ("HOST_RAM_LOW",)
     assert set(vocab.PANEL_CODES["disk"]) == {
         "CKPT_INCOMPLETE",

@@ -173,6 +173,11 @@ class Thresholds(_Section):
     # undeclared warm-up, so the check waits until it stops rising.
     lr_too_low_ratio: AtLeastOne = 50.0
     lr_too_high_ratio: AtLeastOne = 2.0
+    # ---- LR_RUNAWAY: later in an attempt whose first step was in band, the effective LR above
+    # lr_runaway_ratio x the requested one. 10x, an order of magnitude: an LR range test's loss
+    # blows up within about 10x of a tuned LR (Smith 2017, "Cyclical Learning Rates"), and the
+    # demo's diverge fault spikes its loss near 30x; a schedule never climbs above its base.
+    lr_runaway_ratio: AtLeastOne = 10.0
     fresh_start_max_step: NonNegativeInt = 10
     # ---- EXPLODED_START: the first loss of an attempt over this factor x ln V (scenario 5: 96 vs 10.83).
     exploded_start_factor: AtLeastOne = 2.0

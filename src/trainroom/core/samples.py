@@ -304,6 +304,10 @@ class DiskSample(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     prunable_bytes: int | None = None
     latest: str | None = None  # the file a resume loads
     error: str | None = None  # the disk could not be read
+    # Under a budget (`budget`), the filesystem that holds the root, as df says it: the figures
+    # above are the budget's.
+    fs_used_fraction: float | None = None
+    fs_free_bytes: int | None = None
 
 
 # --------------------------------------------------------------------------- history (run.vitals)

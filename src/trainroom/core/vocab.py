@@ -81,6 +81,7 @@ FindingCode = Literal[
     "STALLED",
     "SLOW",
     "LR_MISMATCH",
+    "LR_RUNAWAY",
     "EXPLODED_START",
     "WHITE_MODEL",
     "LOSS_SPIKE",
@@ -153,6 +154,9 @@ CATALOGUE: dict[FindingCode, FindingKind] = {
         "progress", "warning", "steps slower than the median by the slow factor", volatile=True
     ),
     "LR_MISMATCH": FindingKind("sanity", "warning", "the learning rate differs from the one requested", "lr"),
+    "LR_RUNAWAY": FindingKind(
+        "sanity", "critical", "the learning rate climbed far above the one requested, mid-attempt", "lr"
+    ),
     "EXPLODED_START": FindingKind("sanity", "warning", "the first loss is far above ln V", "loss"),
     "WHITE_MODEL": FindingKind(
         "sanity", "warning", "the loss sits at ln V: the model learns nothing", "loss"
@@ -273,19 +277,31 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
         Follows("DUPLICATE_TRAINER"),
         Follows("HOST_RAM_LOW"),
     ),
-    # The numbers: an LR far from the one asked for (a schedule restarted from scratch) drives
+    # The numbers: an LR far from the one asked for (a schedule restarted from scratch, or one
+    # that climbs away mid-attempt: LR_RUNAWAY) drives
     # the loss up, the gradients with it, and on to NaN, or (far too low) leaves the model
     # learning nothing; an fp16 scaler halves on overflow.
     "LR_MISMATCH": (Follows("RESUME_FROM_SCRATCH"),),
-    "GRAD_EXPLOSION": (Follows("LR_MISMATCH", after=True),),
+    "GRAD_EXPLOSION": (
+        Follows("LR_RUNAWAY", after=True),
+        Follows("LR_MISMATCH", after=True),
+        Follows("LOSS_SPIKE", after=True),  # a loss far above its level: gradients far above theirs
+    ),
     "WHITE_MODEL": (Follows("LR_MISMATCH", after=True),),
     "LOSS_SPIKE": (
         Follows("EXPLODED_START", after=True),
+        Follows("LR_RUNAWAY", after=True),
         Follows("LR_MISMATCH", after=True),
         Follows("GRAD_EXPLOSION", after=True),
     ),
-    "DIVERGENCE": (Follows("LR_MISMATCH", after=True), Follows("GRAD_EXPLOSION", after=True)),
+    "DIVERGENCE": (
+        Follows("LR_RUNAWAY", after=True),
+        Follows("LR_MISMATCH", after=True),
+        Follows("GRAD_EXPLOSION", after=True),
+        Follows("LOSS_SPIKE", after=True),
+    ),
     "NONFINITE": (
+        Follows("LR_RUNAWAY", after=True),
         Follows("LR_MISMATCH", after=True),
         Follows("GRAD_EXPLOSION", after=True),
         Follows("DIVERGENCE", after=True),
@@ -306,6 +322,7 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     # the last verified one.
     "CKPT_REJECTED": (
         Follows("NONFINITE", shown_by="nonfinite", after=True),
+        Follows("LR_RUNAWAY", shown_by="outliers", after=True),
         Follows("DIVERGENCE", shown_by="outliers", after=True),
         Follows("GRAD_EXPLOSION", shown_by="outliers", after=True),
         Follows("LOSS_SPIKE", shown_by="outliers", after=True),
@@ -315,11 +332,24 @@ FOLLOWS: dict[FindingCode, tuple[Follows, ...]] = {
     ),
     # A model that diverged or went non-finite evaluates worse: its held checkpoints follow.
     "EVAL_REGRESSED": (
+        Follows("LR_RUNAWAY", after=True),
         Follows("NONFINITE", after=True),
         Follows("DIVERGENCE", after=True),
         Follows("GRAD_EXPLOSION", after=True),
         Follows("LOSS_SPIKE", after=True),
     ),
+}
+
+# What must be fixed before another row's fix can work: while both are open, the row of the code
+# on the left is shown (and its key offered) above the rows of the codes on the right, whatever
+# their severity and age. A resume (DEAD's fix) loads the checkpoint into host RAM and claims the
+# GPU and the lock again: the RAM an ENOMEM death hid, the memory a context left behind holds and
+# a lock a dead process holds are in its way.
+STANDS_IN_THE_WAY: dict[FindingCode, tuple[FindingCode, ...]] = {
+    "MASKED_ERROR": ("DEAD", "REPEAT_DEATH"),
+    "HOST_RAM_LOW": ("DEAD", "REPEAT_DEATH"),
+    "ORPHAN_CONTEXT": ("DEAD", "REPEAT_DEATH"),
+    "STALE_LOCK": ("DEAD", "REPEAT_DEATH"),
 }
 
 # How many findings of one code are said in words, (one, many): "14 checkpoints rejected".

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from functools import partial
 from importlib.abc import Traversable
 from pathlib import Path
@@ -35,7 +34,7 @@ from trainroom.core.run.store import LOG_NAME, RunError, RunInfo
 
 from . import figures, theming, verdict
 from .action_flow import ActionFlow, CancelKey
-from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, key_label, key_of
+from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, held_by_a_box, key_label, key_of
 from .cmdline import CommandLineKey
 from .graphs import HistoryKeys
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
@@ -154,6 +153,9 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return theming.app_variables(self.current_theme)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not held_by_a_box(self.screen, action)  # a box on top owns the keyboard
 
     def action_next_theme(self) -> None:
         names = self.loaded_themes.names() or list(self.available_themes)
@@ -436,7 +438,9 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
             loss, ranks = figures.loss_view(state, snapshot), figures.ranks_view(state)
             banner = self._banner_view(state, now)
             refusals = {a: verdict.refusal(state, a, where) for a in KEEPER_ACTIONS}
-        self.findings_now = FindingsView(open=self._kill_keys(rows), resolved=resolved)
+        self.findings_now = FindingsView(
+            open=verdict.kill_keys(rows, self._target_of(rows)), resolved=resolved
+        )
         p.header.view, p.trainer.view, p.vram.view, p.cadence.view = header, trainer, vram, cadence
         p.lr.view, p.host.view, p.disk.view, p.findings.view = lr, host, disk, self.findings_now
         p.loss.view, p.ranks.view = loss, ranks
@@ -445,17 +449,6 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
         p.keys.view = key_strip_view(
             self.findings_now.open, refusals, self.key_text, first=self.flow.strip_keys()
         )
-
-    def _kill_keys(self, rows: tuple[FindingRow, ...]) -> tuple[FindingRow, ...]:
-        """A targeted kill shows the kill key only on the finding the key acts on now; another
-        says how to reach it (Enter on it)."""
-        target = self._target_of(rows)
-        out = []
-        for r in rows:
-            if r.targeted and r.action == "kill" and r.key and (target is None or r.ident != target.ident):
-                r = replace(r, key=None, why_not="select it in the findings (tab, j/k), or Enter: its detail")
-            out.append(r)
-        return tuple(out)
 
     def _banner_view(self, state: RunState, now: float) -> BannerView | None:
         if self.connected or self.gone_since is None:

@@ -129,6 +129,24 @@ def bindings() -> list[Binding]:
     ]
 
 
+# The room's own commands a box on top holds back: while a result, a confirmation, a finding's
+# detail or the help is open, a stray `t` must not change (and save) the theme behind it, nor Tab
+# move the panels' focus. Quitting stays (the box binds `q` itself; Ctrl+Q still quits).
+HELD_BY_A_BOX: frozenset[str] = frozenset({c.action for c in COMMANDS if c.action != "quit"} | {"jump"})
+
+
+def held_by_a_box(screen: object, action: str) -> bool:
+    """Whether `action` of the room is held back because a box of ours (a modal screen, not
+    Textual's command palette) is on top."""
+    from textual.screen import ModalScreen, SystemModalScreen
+
+    return (
+        isinstance(screen, ModalScreen)
+        and not isinstance(screen, SystemModalScreen)
+        and action in HELD_BY_A_BOX
+    )
+
+
 class KeymapError(Exception):
     """A `[keys]` table that cannot be used (one line: file, the command, the key)."""
 

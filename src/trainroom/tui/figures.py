@@ -498,6 +498,8 @@ class DiskView:
     finding: str | None
     checkpoints: tuple[CheckpointRow, ...]  # newest first, pruned ones left out
     pruned: int
+    budget: bool = False  # the figures are the root's byte budget (`--disk-budget`), not its disk
+    fs_used_fraction: float | None = None  # under a budget: the filesystem's own, as df says it
 
 
 def disk_view(state: RunState) -> DiskView:
@@ -539,4 +541,6 @@ def disk_view(state: RunState) -> DiskView:
         finding=ordered[0].message if ordered else None,
         checkpoints=rows,
         pruned=sum(1 for c in state.checkpoints if c.state == "pruned"),
+        budget=bool(disk is not None and disk.budget),
+        fs_used_fraction=disk.fs_used_fraction if disk is not None and disk.budget else None,
     )

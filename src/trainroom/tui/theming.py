@@ -18,7 +18,7 @@ import msgspec
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
-from trainroom.core.run.store import state_dir
+from trainroom.core.run.store import ensure_state_dir, state_dir
 
 DEFAULT_THEME = "trainroom-dark"
 CONTRAST_THEME = "trainroom-contrast"  # the default under NO_COLOR: it reads best in grey
@@ -244,7 +244,7 @@ def keep_settings(settings: RoomSettings) -> str:
     path = settings_path()
     tmp = path.with_name(path.name + ".tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_state_dir()  # private (0700) when this is what creates it
         tmp.write_bytes(msgspec.json.encode(settings) + b"\n")
         os.replace(tmp, path)
     except OSError as exc:

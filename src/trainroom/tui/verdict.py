@@ -11,7 +11,7 @@ only a key that can act, and the key strip, the palette and the help screen show
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -151,6 +151,7 @@ class HeaderView:
     # Where the worst cause is, when it is one device's (a GPU fault): "GPU 0 (0000:3b:00.0)".
     worst_where: str = ""
     attached: bool = False  # the attempt is a process `trainroom attach` adopted
+    worst_age_s: float | None = None  # how long the named root cause has been open
 
 
 def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
@@ -186,6 +187,7 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
         more=len(named) - 1 if named else 0,
         worst_where=_device_of(worst),
         attached=a.attached if a else False,
+        worst_age_s=float(round(now - worst.first_seen)) if worst is not None and worst.first_seen else None,
     )
 
 
@@ -267,8 +269,9 @@ def findings_view(
             FindingRow(
                 ident=f.ident,
                 code=f.code,
-                severity=f.severity,
-                level=SEVERITY_LEVEL.get(f.severity, "info"),
+                # The row is as severe as the worst it holds, as `status` says it.
+                severity=row.severity,
+                level=SEVERITY_LEVEL.get(row.severity, "info"),
                 message=row.cause.said(),  # one finding's words, or how many and the newest
                 action=f.action,
                 fix=fix_text(f),
@@ -351,3 +354,14 @@ def farewell(run_id: str, state: RunState | None, connected: bool) -> str:
         else "  start again: trainroom launch -- COMMAND (no verified checkpoint to resume from)"
     )
     return f"trainroom: run {run_id} is {status} ({keeper})\n  look again: trainroom watch {run_id}\n{again}"
+
+
+def kill_keys(rows: tuple[FindingRow, ...], target: FindingRow | None) -> tuple[FindingRow, ...]:
+    """A targeted kill shows the kill key only on the finding the key acts on now (`target`);
+    another says how to reach it (Enter on it)."""
+    out = []
+    for r in rows:
+        if r.targeted and r.action == "kill" and r.key and (target is None or r.ident != target.ident):
+            r = replace(r, key=None, why_not="select it in the findings (tab, j/k), or Enter: its detail")
+        out.append(r)
+    return tuple(out)

@@ -66,6 +66,14 @@ class Prune(Action[PruneArgs, PruneWork]):
         plan = await asyncio.to_thread(
             pruning.plan, root, keep, protect=protect, include_rejected=args.include_rejected
         )
+        if not plan.delete:
+            # Nothing to ask a yes or no for: said as the answer, with what is kept and why.
+            return Refused(
+                f"nothing to delete under {plan.root}: {len(plan.kept)} checkpoint(s) kept "
+                f"(keeping {keep} verified, `latest` and pinned ones)"
+                + (f", {len(plan.skipped)} skipped" if plan.skipped else ""),
+                prune_target(plan, keep),
+            )
         msg = (
             f"prune {len(plan.delete)} checkpoint(s) under {plan.root}, keeping {keep} verified: "
             f"{fmt_bytes(plan.bytes_to_free)} to free"

@@ -138,8 +138,13 @@ class Resume(Action[ResumeArgs, ResumePlan]):
         )
 
     def plan_lines(self, plan: dict[str, Any]) -> list[str]:
-        # What the checkpoint cannot give back comes first, a line each: what a person weighs.
-        return [f"  lost: {x}" for x in plan.get("lost") or []] + resume_lines(plan)
+        # What still stands in its way first (its fix before this one), then what the checkpoint
+        # cannot give back, a line each: what a person weighs.
+        return (
+            [f"  in its way: {x}" for x in plan.get("in_the_way") or []]
+            + [f"  lost: {x}" for x in plan.get("lost") or []]
+            + resume_lines(plan)
+        )
 
 
 def resume_lines(plan: dict[str, Any]) -> list[str]:
@@ -160,7 +165,11 @@ def resume_lines(plan: dict[str, Any]) -> list[str]:
     if isinstance(plan.get("driver_bytes"), int):
         out.append(f"  the driver holds {fmt_bytes(plan.get('driver_bytes'))} for the old attempt")
     if isinstance(plan.get("mem_available_bytes"), int):
-        out.append(f"  host memory available: {fmt_bytes(plan.get('mem_available_bytes'))}")
+        need = plan.get("load_need_bytes")
+        out.append(
+            f"  host memory available: {fmt_bytes(plan.get('mem_available_bytes'))}"
+            + (f"; the load needs {fmt_bytes(need)}" if isinstance(need, int) else "")
+        )
     if plan.get("note"):
         out.append(f"  note: {plan.get('note')}")
     out += [f"  refused: {why}" for why in plan.get("refusals") or []]

@@ -58,7 +58,7 @@ class Verify(Action[VerifyArgs, Expected | None]):
     async def plan(self, k: Keeper, args: VerifyArgs, call: Call) -> Plan[Expected | None] | Refused:
         path = args.path or str(latest_checkpoint(k.ckpt_root()) or "") or (k.newest_watched() or "")
         if not path:
-            return Refused("no verified checkpoint yet (`latest` points nowhere)")
+            return Refused("nothing to verify: no checkpoint has verified yet (`latest` points nowhere)")
         expected = decode_expected(args.expected) if args.expected is not None else None
         return Plan(f"verify {path}", {"path": path}, expected)
 

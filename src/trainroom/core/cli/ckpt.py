@@ -39,6 +39,11 @@ class _BadInput(Exception):
     """One line for stderr; exit 2."""
 
 
+class _NothingToDo(Exception):
+    """The input was good, but there is nothing to verify (no checkpoint has verified yet) or the
+    keeper refused: one line for stderr that says which; exit 1."""
+
+
 # --------------------------------------------------------------------------- verify
 
 
@@ -153,7 +158,7 @@ def _via_keeper(info: runs.RunInfo, expected: Expected | None) -> VerifyReport |
         client = KeeperClient(info.sock)
         plan = client.call("verify", args, confirm=False)
         if plan.stage != "plan":
-            raise _BadInput(f"run {info.run_id}: {plan.message}")
+            raise _NothingToDo(f"run {info.run_id}: {plan.message}")
         reply = client.call("verify", {**args, "expect": plan.plan}, confirm=True)
     except KeeperGone:
         return None
@@ -172,6 +177,9 @@ def run_verify(args: argparse.Namespace) -> int:
     except _BadInput as exc:
         print(f"trainroom verify: {exc}", file=sys.stderr)
         return 2
+    except _NothingToDo as exc:
+        print(f"trainroom verify: {exc}", file=sys.stderr)
+        return 1
     except ImportError as exc:
         print(f"trainroom verify: needs torch in this environment ({exc})", file=sys.stderr)
         return 2
@@ -217,7 +225,11 @@ def _verify_run(spec: str | None, expected: Expected | None, args: argparse.Name
         last = runs.load_state(info.run_dir).last_verified()
         latest = Path(last.path) if last is not None and Path(last.path).exists() else None
     if latest is None:
-        raise _BadInput(f"run {info.run_id}: no verified checkpoint under {root} (`latest` points nowhere)")
+        raise _NothingToDo(
+            f"run {info.run_id}: nothing to verify: no checkpoint has verified yet under {root} "
+            "(`latest` points nowhere); the keeper verifies each one as it is saved (`trainroom status` "
+            "lists them)"
+        )
     return verify(latest, expected, discover=not args.no_discover)
 
 
@@ -379,6 +391,14 @@ def _on_files(args: argparse.Namespace, root: Path, keep: int) -> PruneOutcome:
         raise _BadInput(f"{root}: not a directory")
     pl = pruning.plan(root, keep, include_rejected=args.include_rejected)
     out = PruneOutcome(via="files", run=None, root=str(root), keep=keep, dry_run=bool(args.dry_run))
+    if not pl.delete:
+        out.ok = False
+        out.message = (
+            f"nothing to delete under {root}: {len(pl.kept)} checkpoint(s) kept (keeping {keep} verified, "
+            "`latest` and pinned ones)"
+        )
+        out.kept, out.skipped = list(pl.kept), list(pl.skipped)
+        return out
     summary = (
         f"prune {len(pl.delete)} checkpoint(s) under {root}, keeping {keep} verified: "
         f"{fmt_bytes(pl.bytes_to_free)} to free"

@@ -42,7 +42,10 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="trainroom", description=__doc__)
-    ap.add_argument("--theme", help="control room theme (dark, light, high-contrast, ...)")
+    ap.add_argument(
+        "--theme",
+        help="control room theme: dark (default), light, contrast, or one of yours in $TRAINROOM_HOME/themes",
+    )
     sub = ap.add_subparsers(dest="cmd")
     for verb in VERBS:
         verb(sub, open_tui)

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from trainroom.core.actions.offered import offered_only
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.journal import segments
@@ -90,7 +91,8 @@ def not_answering(st: RunState, info: runs.RunInfo) -> tuple[str | None, str]:
 def cmd_status(args: argparse.Namespace) -> int:
     info = runs.resolve_run(args.run)
     st, keeper = read_run(info)
-    d = status_dict(st, keeper_alive=keeper != "gone")
+    # An action a finding names only where it would act (the control room's keys likewise).
+    d = offered_only(st, status_dict(st, keeper_alive=keeper != "gone"), keeper_alive=keeper == "alive")
     d["keeper"] = keeper
     if keeper == "busy":
         state, d["state_reason"] = not_answering(st, info)

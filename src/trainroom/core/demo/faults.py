@@ -5,6 +5,7 @@ FAULTS = (
     "none",
     "silent-death",
     "stall",
+    "slow",
     "hang",
     "hang-lock",
     "lr-override",

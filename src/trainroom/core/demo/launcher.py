@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainroom.core import argtypes
+from trainroom.core.actions.offered import offered_only
 from trainroom.core.demo.faults import FAULTS
 from trainroom.core.ops.doctor import TorchView, torch_view
 from trainroom.core.run import store as runs
@@ -88,7 +89,8 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
         type=argtypes.count(1, 10**9),
         default=None,
         metavar="N",
-        help="save a checkpoint every N steps (default 50)",
+        help="save a checkpoint every N steps (default 50; 10 under --fault spike, so that `trainroom "
+        "replay RUN --step 31` has step 30's checkpoint to replay from)",
     )
     sp.add_argument(
         "--tracer", action="store_true", help="name the first module whose output goes non-finite"
@@ -125,7 +127,8 @@ def add_demo_parser(sub: Any, func: Callable[[argparse.Namespace], int]) -> None
         "--theme",
         dest="watch_theme",
         metavar="NAME",
-        help="the control room's theme (trainroom-dark, trainroom-light, trainroom-contrast, ...)",
+        help="the control room's theme: dark (default), light, contrast, or one of yours in "
+        "$TRAINROOM_HOME/themes (docs/control-room.md)",
     )
     sp.set_defaults(func=func)
 
@@ -155,6 +158,11 @@ def cuda_refusal(device: str, torch: TorchView) -> str | None:
     return None
 
 
+# The checkpoint cadence a fault's story needs where the default (50) would not serve it: the
+# spike's replay starts from the last verified checkpoint before the step it replays.
+SPIKE_CKPT_EVERY: dict[str | None, int] = {"spike": 10}
+
+
 def demo_command(args: argparse.Namespace) -> list[str]:
     trainer = ["-m", "trainroom.core.demo.train"]
     device = getattr(args, "device", "cpu")
@@ -166,7 +174,10 @@ def demo_command(args: argparse.Namespace) -> list[str]:
         ("--steps", demo_steps(args)),
         ("--lr", args.lr),
         ("--step-delay", args.step_delay),
-        ("--ckpt-every", args.ckpt_every),
+        (
+            "--ckpt-every",
+            args.ckpt_every if args.ckpt_every is not None else SPIKE_CKPT_EVERY.get(args.fault),
+        ),
     ):
         if val is not None and not (flag == "--fault" and val == "none"):
             trainer += [flag, str(val)]
@@ -197,8 +208,8 @@ def demo_steps(args: argparse.Namespace) -> int:
 
 
 def demo_dir() -> Any:
-    d = runs.state_dir() / "demo"
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d = runs.ensure_state_dir() / "demo"
+    d.mkdir(exist_ok=True, mode=0o700)
     return d
 
 
@@ -245,7 +256,7 @@ def run_demo(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], 
                 alive = True
             except KeeperGone:
                 st, alive = runs.load_state(info.run_dir), False
-            d = status_dict(st, keeper_alive=alive)
+            d = offered_only(st, status_dict(st, keeper_alive=alive), keeper_alive=alive)
             print("\n".join(status_lines(d)), flush=True)
             if d["state"] in ("exited", "dead", "stopped") or not alive:
                 return 0 if d["state"] == "exited" else 1

@@ -5,6 +5,9 @@ and `--fault NAME` reproducing each failure of docs/scenarios.md for real.
 
 Run it under a keeper with `trainroom demo`, or by hand: `python -m trainroom.core.demo.train`.
 
+`--fault slow`: from --fault-step on, each batch waits SLOW_EXTRA_S more (a data loader gone
+slow): SLOW, the steps still coming.
+
 A fault fires in attempt 1 only (a resumed attempt trains on cleanly) unless
 `--fault-every-attempt`. The training-sanity faults (scenarios 4-8):
   lr-override    two attempts, as in scenario 4: a fresh attempt plays the earlier run (1e-6, whatever
@@ -45,6 +48,8 @@ from trainroom.core.demo.evaluate import checkpoint_file
 from trainroom.core.demo.faults import DIVERGE_LR_FACTOR, EARLIER_RUN_LR, FAULTS, SESSION_LR_AFTER_OVERRIDE
 from trainroom.core.demo.model import CharGPT
 from trainroom.core.sdk import CheckpointWontFit, NonFiniteTracer, reimpose_lr, save_checkpoint
+
+SLOW_EXTRA_S = 0.4  # --fault slow: what each batch waits on top of the step (>= 3x a demo step)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -280,6 +285,10 @@ class DemoRun:
         args = self.args
         if self.fault == "stall" and self.step >= args.fault_step:
             _stall(self.net, self.data, args, self.gen, self.device)
+        if self.fault == "slow" and self.step >= args.fault_step:
+            # A data loader gone slow (a network filesystem, a starved worker): each batch waits
+            # SLOW_EXTRA_S, many times the step's own time; steps keep coming, slowly.
+            time.sleep(SLOW_EXTRA_S)
         x, y = self.batch_at(self.batch_seed, self.step + 1)
         if self.fault == "rank-outlier" and self.rank == 1 and self.step >= args.fault_step:
             # Scenario 8's rank 41: from the fault step on, one rank's loader hands out corrupt
@@ -394,9 +403,9 @@ def _save(state: dict[str, Any], step: int, root: Path, truncate: bool) -> None:
             save_checkpoint(state, step, root=root)
         except CheckpointWontFit as exc:
             # The pre-save check refused before writing a byte: skip this checkpoint and train
-            # on (the keeper shows DISK_HIGH / DISK_FULL_SOON; a prune makes room again).
+            # on (the keeper shows DISK_HIGH / DISK_FULL_SOON, with the saves skipped, which
+            # save_checkpoint told it of; a prune makes room again).
             print(f"checkpoint step {step} skipped: {exc.strerror}", flush=True)
-            sdk.current().note("checkpoint-skipped", str(exc.strerror), step=step)
         return
     # DrvFs as scenario 12 saw it: the file lands short, nothing says so, and the trainer moves on.
     import io

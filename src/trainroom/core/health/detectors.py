@@ -25,6 +25,7 @@ from typing import Literal
 from trainroom.core.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Guard
+from trainroom.core.health.lr_runaway import RunawayCheck
 from trainroom.core.health.ranks import RankObservations
 from trainroom.core.health.robust import Rolling, finite
 from trainroom.core.health.sanity_rules import (
@@ -384,6 +385,7 @@ class Detectors:
     def __init__(self, th: Thresholds, requested: RequestedConfig, resumed: bool) -> None:
         self.facts = Facts(th=th, requested=requested, resumed=resumed)
         self.lr = LrCheck()
+        self.runaway = RunawayCheck()
         self.first_loss = FirstLossCheck()
         self.white = WhiteCheck()
         self.spike = SpikeCheck(th)
@@ -424,6 +426,10 @@ class Detectors:
         rising = lr0 is not None and f.prev_lr is not None and lr0 > f.prev_lr * (1 + 1e-6)
         if lrs and f.requested.lr:
             guard.call("sanity.lr", lambda: self.lr.observe(f, step, t, lrs, rising), None)
+        if lr0 is not None:
+            guard.call(
+                "sanity.lr_runaway", lambda: self.runaway.observe(f.th, f.requested.lr, step, t, lr0), None
+            )
         if loss is not None and finite(loss):
             guard.call("sanity.loss", lambda: self._observe_loss(step, t, loss, rising), None)
         if grad_norm is not None and finite(grad_norm):

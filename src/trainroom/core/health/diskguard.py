@@ -355,14 +355,45 @@ def disk_findings(
     th: Thresholds = DEFAULTS,
     prunable_bytes: int | None = None,
     writing: bool = True,
+    skipped: Skipped | None = None,
 ) -> list[Finding]:
     """Every disk rule over one reading: what the keeper calls each probe cycle."""
-    out = [
-        disk_high(usage, th),
-        disk_full_soon(usage, saves, now, th=th, prunable_bytes=prunable_bytes, writing=writing),
-        drvfs_checkpoints(usage.path, mount),
-    ]
+    soon = disk_full_soon(usage, saves, now, th=th, prunable_bytes=prunable_bytes, writing=writing)
+    if soon is not None and skipped is not None and skipped.steps:
+        soon = skipped.said(soon)
+    out = [disk_high(usage, th), soon, drvfs_checkpoints(usage.path, mount)]
     return [f for f in out if f is not None]
+
+
+# The note `save_checkpoint` sends for a save it refused before writing (it would not fit).
+SKIPPED_NOTE = "checkpoint-skipped"
+
+
+class Skipped(msgspec.Struct, kw_only=True, frozen=True):
+    """The saves a trainer skipped since its last one (it said so in a `checkpoint-skipped`
+    note), and the step of the last verified checkpoint: what a death now would cost."""
+
+    steps: tuple[int, ...] = ()
+    last_verified_step: int | None = None
+
+    def said(self, f: Finding) -> Finding:
+        """DISK_FULL_SOON once saves are being skipped: how many, which, and the steps at risk
+        (every step since the last verified checkpoint), in place of "the next will not fit"."""
+        n, first, last = len(self.steps), min(self.steps), max(self.steps)
+        which = f"step {first}" if n == 1 else f"steps {first}–{last}"
+        since = self.last_verified_step
+        risk = last - since if since is not None else last
+        at_risk = (
+            f"{risk} steps at risk since the last verified checkpoint (step {since})"
+            if since is not None
+            else f"{risk} steps at risk: no checkpoint has verified yet"
+        )
+        head, _, tail = f.message.partition(": the next checkpoint will not fit")
+        fit = "they do not fit" if n != 1 else "it does not fit"
+        message = f"{head}: {n} save{'s' if n != 1 else ''} skipped ({which}), {fit}; {at_risk}{tail}"
+        evidence = {**f.evidence, "skipped": n, "skipped_first": first, "skipped_last": last}
+        evidence["steps_at_risk"], evidence["last_verified_step"] = risk, since
+        return msgspec.structs.replace(f, message=message, evidence=evidence)
 
 
 # --------------------------------------------------------------------------- the pre-save check

@@ -129,6 +129,7 @@ WATCHDOG: tuple[Rule[Watched], ...] = (
 
 SANITY: tuple[Rule[Detectors], ...] = (
     Rule("sanity.lr", lambda d, now: [d.lr.finding(d.facts, now)]),
+    Rule("sanity.lr_runaway", lambda d, now: [d.runaway.finding(d.facts.th)]),
     Rule("sanity.exploded_start", lambda d, now: [d.first_loss.finding(d.facts, now)]),
     Rule("sanity.white_model", lambda d, now: [d.white.finding(d.facts, now)]),
     Rule("sanity.loss_spike", lambda d, now: [d.spike.finding(d.facts, now)]),

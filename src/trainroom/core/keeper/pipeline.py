@@ -56,6 +56,9 @@ VERIFIER_IDLE_S = 300.0
 # Warm starts per keeper: a child that cannot start (no torch where the keeper runs) is not
 # restarted each second; a checkpoint still starts it on demand.
 WARM_STARTS = 3
+# The note a trainer's `save_checkpoint` sends for a save it skipped (it would not fit).
+SKIPPED_NOTE = diskguard.SKIPPED_NOTE
+SKIPPED_KEPT = 4096
 
 
 def expecting_checkpoints(settings: RunSettings, run_dir: Path) -> str | None:
@@ -143,6 +146,9 @@ class CheckpointPipeline:
         self.reports: dict[str, VerifyReport] = {}  # path -> the verdict of a rejected candidate
         self.deferred: dict[str, VerifyReport] = {}  # path -> a verdict that could not be reached yet
         self.saves: list[tuple[float, int]] = []  # (t, bytes) of each checkpoint that added a file
+        # The steps whose saves the trainer skipped since its last save (`save_checkpoint` refused:
+        # they would not fit), the newest SKIPPED_KEPT of them; with their count.
+        self.skipped: list[int] = []
         self.usage: diskguard.DiskUsage | None = None
         self.mount: diskguard.MountEntry | None = None
         self.prunable: int | None = None
@@ -185,6 +191,10 @@ class CheckpointPipeline:
             await asyncio.sleep(0.2)
         return self.in_flight()
 
+    def _last_verified_step(self) -> int | None:
+        last = self.run.state.last_verified()
+        return last.step if last is not None else None
+
     def writing(self) -> bool:
         """Whether a trainer is alive to write checkpoints (the disk projection needs one)."""
         return self.run.trainer_alive()
@@ -197,7 +207,11 @@ class CheckpointPipeline:
         msg = rec.msg
         if isinstance(msg, p.Hello) and msg.config.arch:
             self.declared_arch = dict(msg.config.arch)
+        elif isinstance(msg, p.Note) and msg.kind == SKIPPED_NOTE and msg.step is not None:
+            self.skipped.append(msg.step)  # a save the trainer skipped: it would not fit
+            del self.skipped[:-SKIPPED_KEPT]
         elif isinstance(msg, p.Checkpoint):
+            self.skipped.clear()  # saved again: nothing skipped since
             self.expecting = self.expecting or "the trainer saved a checkpoint"
             if msg.size_bytes:
                 self._saved(rec.t, int(msg.size_bytes))
@@ -441,8 +455,14 @@ class CheckpointPipeline:
         latest = None
         with contextlib.suppress(Exception):
             latest = str(latest_checkpoint(self.root) or "") or None
+        fs = None
+        if self.budget:
+            with contextlib.suppress(OSError):
+                fs = diskguard.disk_usage(self.root)
         return msgspec.structs.replace(
             usage.sample(self.mount),
+            fs_used_fraction=round(fs.used_fraction, 4) if fs is not None else None,
+            fs_free_bytes=fs.free_bytes if fs is not None else None,
             budget_bytes=self.budget,
             time_to_full_s=proj.time_to_full_s if proj is not None and self.writing() else None,
             prunable_bytes=self.prunable,
@@ -468,6 +488,9 @@ class CheckpointPipeline:
                 th=th,
                 prunable_bytes=self.prunable,
                 writing=self.writing(),
+                skipped=diskguard.Skipped(
+                    steps=tuple(self.skipped), last_verified_step=self._last_verified_step()
+                ),
             )
         # A rejection stays open until a newer checkpoint verifies.
         newest_ok = max(

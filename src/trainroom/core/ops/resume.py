@@ -68,6 +68,10 @@ class ResumePlan(msgspec.Struct, kw_only=True):
     driver_bytes: int | None = None
     mem_available_bytes: int | None = None
     checkpoint_bytes: int | None = None
+    load_need_bytes: int | None = None  # the RAM its load needs (the checkpoint + headroom)
+    # What still stands in its way without refusing it, a line each, the fix first: the RAM an
+    # ENOMEM death hid (the same load may fail the same way).
+    in_the_way: list[str] = []
 
 
 class ResumeInputs(msgspec.Struct, kw_only=True, frozen=True):
@@ -121,6 +125,7 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
                 plan.note += f"; {inputs.template_hint}"
         plan.argv = _argv(plan, inputs)
         plan.lost = resume_losses(state, plan)
+    plan.in_the_way = _in_the_way(state, plan)
     plan.died_at_step = a.last_step
     # Only a step in optimizer steps compares with a checkpoint's (not a log's batches or dicts).
     if a.last_step is not None and plan.step is not None and _in_steps(state, a):
@@ -311,6 +316,27 @@ def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:
         plan.refusals.append(f"{low.message} — reclaim the page cache first (c)")
     plan.mem_available_bytes = mem
     plan.checkpoint_bytes = size
+    plan.load_need_bytes = max(load_need_bytes(size), floor_bytes)
+
+
+def _in_the_way(state: RunState, plan: ResumePlan) -> list[str]:
+    """The open findings whose fix a resume waits on without being refused: the attempt died of
+    ENOMEM behind another error (MASKED_ERROR, its fix a reclaim) while RAM now reads enough."""
+    out = []
+    for f in state.open_findings():
+        if f.code == "MASKED_ERROR" and f.action == "reclaim":
+            now = (
+                f"; now {fmt_bytes(plan.mem_available_bytes)} available, the load needs "
+                f"{fmt_bytes(plan.load_need_bytes)}"
+                if plan.mem_available_bytes is not None and plan.load_need_bytes is not None
+                else ""
+            )
+            outer = (f.evidence.get("outer") or {}).get("type") or "another error"
+            out.append(
+                f"the last attempt died of ENOMEM hidden behind `{outer}`: host RAM ran short for its "
+                f"load{now}; reclaim the page cache first (C), or the same load may fail the same way"
+            )
+    return out
 
 
 def resume_argv(template: str, *, ckpt: str, step: int | None = None, run_id: str = "") -> list[str]:

@@ -5,7 +5,8 @@ NONFINITE is open) is folded under that cause as one line with a count ("14 chec
 rejected since NONFINITE at step 31"); the open findings of one code are one line with their
 count and the newest in words; a cause's own cause is followed to the root, so each row is a root
 cause with everything that follows from it. Rows are ordered as findings are (`findings.order`):
-the most severe first (a row is as severe as the worst finding in it), then the newest root.
+the most severe first (a row is as severe as the worst finding in it), then the newest root; a
+row whose fix another's waits on (`vocab.STANDS_IN_THE_WAY`) comes before that one.
 
 Pure: the control room, `trainroom status` and its JSON read the same rows.
 """
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
-from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, FindingCode, Severity
+from trainroom.core.vocab import COUNTED, FINDING_CODES, FOLLOWS, STANDS_IN_THE_WAY, FindingCode, Severity
 
 # The codes some other code may follow from: their findings fold as one (they are never told
 # apart by evidence), under the cause of the first of them.
@@ -89,8 +90,8 @@ class Row:
 
     def since(self, k: Kind) -> str:
         """One consequence in words: "14 checkpoints rejected since NONFINITE at step 31"."""
-        step = self.cause.findings[-1].evidence.get("step")
-        at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+        step = _began(list(self.cause.findings))[0]
+        at = f" at step {step}" if step is not None else ""
         return f"{k.counted()} since {self.cause.code}{at}"
 
     def consequence_line(self, k: Kind) -> str:
@@ -107,28 +108,35 @@ def counted(code: FindingCode, n: int) -> str:
 
 def fold(findings: Iterable[Finding]) -> list[Row]:
     """The open findings as rows: each root cause with what follows from it, repeats of one
-    code one kind; the most severe row first, then the newest."""
+    code one kind; the most severe row first, then the newest.
+
+    A consequence folds only under a cause that began before it: by the step each names (its
+    evidence's `step`: where a spike or a divergence began, the step a checkpoint was saved at),
+    then, where a step is missing on either side or the two are equal, by when each was first
+    seen. Of the causes that qualify, the one that began first is its cause."""
     fs = list(findings)
     by_code: dict[FindingCode, list[Finding]] = {}
     for f in fs:
         by_code.setdefault(f.code, []).append(f)
-    first = {c: min(f.first_seen for f in xs) for c, xs in by_code.items()}
+    began = {c: _began(xs) for c, xs in by_code.items()}
 
-    def cause_of(code: FindingCode, seen: float, evidence: dict[str, object] | None) -> FindingCode | None:
+    def cause_of(code: FindingCode, onset: Onset, evidence: dict[str, object] | None) -> FindingCode | None:
+        best: FindingCode | None = None
         for link in FOLLOWS.get(code, ()):
             c = link.cause
             if c == code or c not in by_code:
                 continue
             if link.shown_by is not None and (evidence is None or link.shown_by not in evidence):
                 continue
-            if link.after and not _before(c, first[c], code, seen):
-                continue  # seen before its cause was: not its doing
-            return c
-        return None
+            if link.after and not _before(c, began[c], code, onset):
+                continue  # began after it: not its doing
+            if best is None or _before(c, began[c], best, began[best]):
+                best = c
+        return best
 
     def root_of(code: FindingCode) -> FindingCode:
         path = [code]
-        while (up := cause_of(path[-1], first[path[-1]], None)) is not None and up not in path:
+        while (up := cause_of(path[-1], began[path[-1]], None)) is not None and up not in path:
             path.append(up)
         return path[-1]
 
@@ -136,9 +144,9 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
     placed: dict[FindingCode, dict[FindingCode, list[Finding]]] = {}
     for f in fs:
         if f.code in _CAUSES:
-            up = cause_of(f.code, first[f.code], None)
+            up = cause_of(f.code, began[f.code], None)
         else:
-            up = cause_of(f.code, f.first_seen, f.evidence)
+            up = cause_of(f.code, _onset(f), f.evidence)
         root = root_of(up) if up is not None else f.code
         if root == f.code:
             up = None
@@ -146,13 +154,28 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
     rows = []
     for root, kinds in placed.items():
         own = kinds.pop(root, None)
-        rest = sorted((_kind(xs) for xs in kinds.values()), key=lambda k: (k.first_seen, k.code))
+        rest = _in_time_order([_kind(xs) for xs in kinds.values()])
         if own is None:  # (not reached: a root's findings are its own row) the earliest leads
             own_kind, rest = rest[0], rest[1:]
         else:
             own_kind = _kind(own)
         rows.append(Row(cause=own_kind, consequences=tuple(rest)))
-    return sorted(rows, key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
+    rows.sort(key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
+    return _fixes_first(rows)
+
+
+def _fixes_first(rows: list[Row]) -> list[Row]:
+    """`rows` with each row that stands in the way of another's fix (`vocab.STANDS_IN_THE_WAY`:
+    the reclaim an ENOMEM death needs before its resume) moved just above the first row it
+    stands in the way of; the rest keep their order."""
+    out = list(rows)
+    for row in rows:
+        blocked = STANDS_IN_THE_WAY.get(row.cause.code, ())
+        at = next((i for i, r in enumerate(out) if r.cause.code in blocked), None)
+        if at is not None and out.index(row) > at:
+            out.remove(row)
+            out.insert(at, row)
+    return out
 
 
 def root_code(findings: Iterable[Finding], code: FindingCode) -> FindingCode | None:
@@ -167,8 +190,43 @@ def _kind(xs: list[Finding]) -> Kind:
     return Kind(tuple(sorted(xs, key=lambda f: (-f.first_seen, f.ident))))
 
 
-def _before(a: FindingCode, a_seen: float, b: FindingCode, b_seen: float) -> bool:
-    """Whether `a` was seen before `b` (the same moment: the one the catalogue lists first)."""
+# When a finding began: the step it names (None: it names none), and when it was first seen.
+Onset = tuple[int | None, float]
+
+
+def _step(f: Finding) -> int | None:
+    step = f.evidence.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _onset(f: Finding) -> Onset:
+    return (_step(f), f.first_seen)
+
+
+def _began(xs: list[Finding]) -> Onset:
+    """When the first of one code's findings began: its earliest step and earliest sighting."""
+    steps = [s for s in map(_step, xs) if s is not None]
+    return (min(steps) if steps else None, min(f.first_seen for f in xs))
+
+
+def _in_time_order(kinds: list[Kind]) -> list[Kind]:
+    """Kinds in the order they began: by first sighting, then those that name a step put in step
+    order among the places they hold (a checkpoint of step 100 judged after the spike of step 101
+    is listed before it; a kind without a step keeps its place by time)."""
+    out = sorted(kinds, key=lambda k: (k.first_seen, k.code))
+    slots = [i for i, k in enumerate(out) if _began(list(k.findings))[0] is not None]
+    stepped = sorted((out[i] for i in slots), key=lambda k: (_began(list(k.findings))[0] or 0, k.first_seen))
+    for i, k in zip(slots, stepped, strict=True):
+        out[i] = k
+    return out
+
+
+def _before(a: FindingCode, a_on: Onset, b: FindingCode, b_on: Onset) -> bool:
+    """Whether `a` began before `b`: by step where both name one and they differ, else by when
+    each was first seen (the same moment: the one the catalogue lists first)."""
+    (a_step, a_seen), (b_step, b_seen) = a_on, b_on
+    if a_step is not None and b_step is not None and a_step != b_step:
+        return a_step < b_step
     return (a_seen, _CODE_ORDER.get(a, 0)) < (b_seen, _CODE_ORDER.get(b, 0))
 
 

@@ -169,6 +169,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     host = st.probe.host if st.probe is not None else None
     disk = st.probe.disk if st.probe is not None else None
     state: ShownState = st.status
+    stepping = a is not None and a.ended_at is None and st.status not in ("stalled", "hung") and keeper_alive
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
     job = st.options.job
@@ -195,8 +196,14 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         },
         "instrumented": a.instrumented if a else None,
         "step": st.current_step(),
+        # The last step's age: as of now while the attempt lives, as of its end after (`ended_s_ago`
+        # says how long ago that was).
         "step_age_s": round(age, 3) if age is not None else None,
-        "steps_per_s": round(rate, 4) if rate else None,
+        "ended_s_ago": round(now - a.ended_at, 3) if a is not None and a.ended_at is not None else None,
+        # The pace now: null while no steps come (the attempt ended, or it is stalled or hung);
+        # `steps_per_s_last` is the pace last seen, whatever the state.
+        "steps_per_s": round(rate, 4) if rate and stepping else None,
+        "steps_per_s_last": round(rate, 4) if rate else None,
         "loss": _finite(loss),
         "loss_worst": {"rank": worst_rank, "loss": _finite(worst_loss)} if worst_rank is not None else None,
         "lr": {"effective": effective, "requested": a.requested.lr if a else None},
@@ -228,6 +235,15 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
             "used_fraction": disk.used_fraction if disk is not None else None,
             "free_bytes": disk.free_bytes if disk is not None else None,
             "time_to_full_s": disk.time_to_full_s if disk is not None else None,
+            # Added: the figures above are a byte budget for the root (`--disk-budget`), not its
+            # filesystem; the filesystem's own, said apart.
+            "budget_bytes": disk.budget_bytes if disk is not None and disk.budget else None,
+            "filesystem_used_fraction": (
+                (disk.fs_used_fraction if disk.budget else disk.used_fraction) if disk is not None else None
+            ),
+            "filesystem_free_bytes": (
+                (disk.fs_free_bytes if disk.budget else disk.free_bytes) if disk is not None else None
+            ),
         },
         "ranks": rank_rows(st, keeper_alive),
         "checkpoints": [

@@ -9,7 +9,7 @@ from typing import Any
 from trainroom.core.loglines import NOT_STEPS
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.status import damage_words
-from trainroom.core.units import fmt_bytes
+from trainroom.core.units import fmt_bytes, fmt_duration
 
 # Escape sequences (CSI: colours, clear screen; OSC: window title, hyperlinks) and the other
 # control characters: a trainer's text reaches a terminal through these lines, never as commands.
@@ -38,8 +38,7 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         f"{d['run']}  {d['state'].upper()}{end}  attempt {d['attempt']}  pid {d['pid']}"
         + ("  attached" if d.get("attached") else "")
         + f"  keeper {d['keeper']}",
-        f"  step {d['step']}  age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
-        f"  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
+        f"  step {d['step']}  {_pace(d)}  loss {loss_s}  lr {_fig(eff, '.3g')} (asked {_fig(lr['requested'], '.3g')})",
     ]
     log = d.get("log") or {}
     if log.get("unit") in NOT_STEPS:  # the step is a count of something else: said beside it
@@ -50,9 +49,13 @@ def status_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"  {d['state_reason']}")  # what the journal cannot say: read from /proc
     v = d["vram"]
     if v["driver_available"]:
+        # The device's use and the run's own (per process), named apart: the control room's
+        # VRAM panel says the same two figures.
+        run = v.get("driver_run_bytes")
         lines.append(
-            f"  vram driver {fmt_bytes(v['driver_used_bytes'])}/{fmt_bytes(v['driver_total_bytes'])}"
-            f"  allocator {fmt_bytes(v['allocator_reserved_bytes'])}"
+            f"  vram device {fmt_bytes(v['driver_used_bytes'])} of {fmt_bytes(v['driver_total_bytes'])} used"
+            + (f", this run {fmt_bytes(run)}" if run is not None else "")
+            + f"  allocator {fmt_bytes(v['allocator_reserved_bytes'])}"
         )
     else:
         lines.append(f"  {v['driver_reason'] or 'driver view unavailable: not probed yet'}")
@@ -60,7 +63,7 @@ def status_lines(d: dict[str, Any]) -> list[str]:
     if h["mem_available_bytes"] is not None:
         lines.append(
             f"  host available {fmt_bytes(h['mem_available_bytes'])}  page cache "
-            f"{fmt_bytes(h['page_cache_bytes'])}  disk {_fig(d['disk']['used_fraction'], '.0%')} used"
+            f"{fmt_bytes(h['page_cache_bytes'])}  {_disk(d['disk'])}"
         )
     if d.get("journal_damage"):
         lines.append("  " + damage_words(d["journal_damage"]))
@@ -84,6 +87,32 @@ def finding_lines(d: dict[str, Any]) -> list[str]:
         out.append(f"  {r['severity'].upper():8} {r['code']}: {r['text']}{key}")
         out += [f"  {'':8}   ↳ {k['severity'].upper()} {k['text']}" for k in r["consequences"]]
     return out
+
+
+def _disk(disk: dict[str, Any]) -> str:
+    """The checkpoint root's figures: under a budget, the budget's and the filesystem's apart."""
+    budget = disk.get("budget_bytes")
+    if not budget:
+        return f"disk {_fig(disk['used_fraction'], '.0%')} used"
+    fs = disk.get("filesystem_used_fraction")
+    return f"budget {_fig(disk['used_fraction'], '.0%')} used (of {fmt_bytes(budget)})" + (
+        f"  disk {_fig(fs, '.0%')} used" if fs is not None else ""
+    )
+
+
+def _pace(d: dict[str, Any]) -> str:
+    """The last step's age and the pace, as the control room's cadence panel says them: live
+    while steps come; "was" once they stopped coming (hung, stalled, ended), and for an attempt
+    that ended, its last step's distance from the end and how long ago the end was."""
+    last = d.get("steps_per_s_last", d["steps_per_s"])
+    ended = d.get("ended_s_ago")
+    if isinstance(ended, (int, float)):
+        age = d["step_age_s"]
+        before = f"last step {_fig(age, '.1f')} s before the end" if age is not None else "no step"
+        return f"ended {fmt_duration(ended)} ago, {before}  was {_fig(last, '.1f')} steps/s"
+    if d["steps_per_s"] is None and last is not None:
+        return f"age {_fig(d['step_age_s'], '.1f')} s  was {_fig(last, '.1f')} steps/s"
+    return f"age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
 
 
 def _fig(x: Any, spec: str) -> str:

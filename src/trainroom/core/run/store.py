@@ -117,6 +117,16 @@ def state_dir_warning() -> str | None:
     )
 
 
+def ensure_state_dir() -> Path:
+    """The state dir, created private (0700) when missing, whoever creates it first (a demo, a
+    launch, the theme `t` remembers); an existing one keeps its own mode (`state_dir_warning`)."""
+    d = state_dir()
+    if not d.exists():
+        d.parent.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
 def ensure_runs_dir() -> Path:
     """The runs directory, created if missing. Only directories created here get the private
     mode (0700); an existing state dir keeps its own (a shared 1777 /tmp/x, a project's cwd), and
@@ -124,9 +134,7 @@ def ensure_runs_dir() -> Path:
     its keeper's socket private."""
     d = runs_dir()
     try:
-        if not d.parent.exists():
-            d.parent.parent.mkdir(parents=True, exist_ok=True)
-            d.parent.mkdir(mode=0o700, exist_ok=True)
+        ensure_state_dir()
         d.mkdir(mode=0o700, exist_ok=True)
         probe = d / f".probe-{os.getpid()}"
         probe.touch()

@@ -156,10 +156,15 @@ def save_checkpoint(
     need = estimate_bytes(state)
     if budget_bytes is None:
         budget_bytes = _env_budget()
-    diskguard.check_fit(
-        q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes, root=r
-    )
     rep = reporter.current()
+    try:
+        diskguard.check_fit(
+            q.dir, need, statvfs=statvfs, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes, root=r
+        )
+    except diskguard.CheckpointWontFit as exc:
+        # The keeper counts and names the saves skipped (DISK_FULL_SOON): tell it this one.
+        rep.note(diskguard.SKIPPED_NOTE, str(exc.strerror), step=step)
+        raise
     final = layout.unique_path(q.dir / layout.candidate_name(step))
     tmp = q.dir / f".{final.name}.{os.getpid()}.tmp"
     with rep.phase("checkpoint-save"):

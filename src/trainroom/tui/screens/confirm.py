@@ -58,7 +58,7 @@ def confirmation(action: str, plan: Mapping[str, object], summary: str) -> tuple
 class ConfirmAction(ModalScreen[bool]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "confirm", "yes", id="trainroom.confirm.yes", tooltip="Carry out the action"),
-        Binding("n,escape", "cancel", "no", id="trainroom.confirm.no", tooltip="Leave everything as it is"),
+        Binding("n,escape,q", "cancel", "no", id="trainroom.confirm.no", tooltip="Leave everything as it is"),
         *SCROLL_BINDINGS,
     ]
 
@@ -81,6 +81,7 @@ class ConfirmAction(ModalScreen[bool]):
             with Horizontal(classes="modal-buttons"):
                 yield Button(f"yes, {self.action_name} (y)", variant="error", id="confirm-yes")
                 yield Button("cancel (n)", variant="primary", id="confirm-no")
+            yield Label("y: yes · n / esc / q: no · j/k: scroll", classes="modal-hint")
 
     def on_mount(self) -> None:
         self.query_one("#confirm-no", Button).focus()

@@ -92,7 +92,7 @@ class ActionResult(ModalScreen[None]):
                     if details:
                         yield Label("acted on", classes="result-heading")
                         yield Static(WrappedLines(details), id="result-details")
-            yield Label("j/k: scroll · esc / enter: close", classes="modal-hint")
+            yield Label("j/k: scroll · q / esc / enter: close", classes="modal-hint")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -32,7 +32,11 @@ class DiskPanel(Panel[DiskView]):
         t = Text(no_wrap=True, overflow="ellipsis")
         level = view.level if view.level != "ok" else "value"
         if view.known:
-            self.pair(t, "used", fmt.percent(view.used_fraction), level)
+            # Under a budget the figures are the budget's, said as such; the disk's apart.
+            what = "budget" if view.budget else "used"
+            self.pair(t, what, fmt.percent(view.used_fraction) + (" used" if view.budget else ""), level)
+            if view.budget:
+                self.pair(t, " of", fmt.nbytes(view.total))
             self.pair(t, "  free", fmt.nbytes(view.free))
             if view.time_to_full_s is not None:
                 self.pair(t, "  full in", fmt.duration(view.time_to_full_s), level)
@@ -40,11 +44,16 @@ class DiskPanel(Panel[DiskView]):
                 t.append("  " + view.path, style=self.style("dim"))
             t.append("\n")
             if view.used_fraction is not None:
-                t.append("disk ", style=self.style("label"))  # what the bar is: the filesystem in use
-                bar = fmt.bar(view.used_fraction, max(min(self.inner_width - 5, 40), 4))
+                # What the bar is: the filesystem in use, or the budget (the disk's own said after).
+                label = "budget " if view.budget else "disk "
+                t.append(label, style=self.style("label"))
+                bar = fmt.bar(view.used_fraction, max(min(self.inner_width - len(label), 40), 4))
                 filled = len(bar.rstrip("░"))
                 t.append(bar[:filled], style=self.style(level if level != "value" else "bar-driver"))
                 t.append(bar[filled:] + "\n", style=self.style("bar-empty"))
+            if view.budget and view.fs_used_fraction is not None:
+                self.pair(t, "disk", fmt.percent(view.fs_used_fraction) + " used")
+                t.append("\n")
         else:
             t.append("no disk probe yet\n", style=self.style("dim"))
         if view.finding:

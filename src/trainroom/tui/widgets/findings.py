@@ -15,6 +15,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
 
+from trainroom.core.vocab import SEVERITY_RANK
 from trainroom.tui import fmt
 from trainroom.tui.verdict import SEVERITY_LEVEL, SEVERITY_WORD, FindingRow, FindingsView
 
@@ -106,12 +107,16 @@ class FindingsPanel(Panel[FindingsView]):
         self._at = cursor
         texts = [self._row_texts(row, i == cursor and self.has_focus) for i, row in enumerate(view.open)]
         wrapped = [[w for i, t in enumerate(ts) for w in self._wrap(t, width, 4 if i else 0)] for ts in texts]
-        # Every finding whole when they fit; else the cursor's whole and the rest one line each.
+        # Every finding whole when they fit; else the others one line a code and the cursor's as
+        # whole as the panel holds (its consequences' lines always; the list scrolls to it).
         whole = sum(len(w) for w in wrapped) <= self.inner_height
         for i, ts in enumerate(texts):
             if i == cursor:
-                first_line, cursor_lines = len(lines), len(wrapped[i])
-            if whole or i == cursor:
+                first_line = len(lines)
+                shown = wrapped[i] if whole else self._fitted(view.open[i], ts, width, self.inner_height)
+                cursor_lines = len(shown)
+                lines.extend(shown)
+            elif whole:
                 lines.extend(wrapped[i])
             else:
                 for text in ts:
@@ -136,6 +141,33 @@ class FindingsPanel(Panel[FindingsView]):
         if top != self.scroll_at:
             self.set_reactive(FindingsPanel.scroll_at, max(top, 0))
         return Text("\n").join(lines)
+
+    def _fitted(self, row: FindingRow, texts: list[Text], width: int, height: int) -> list[Text]:
+        """A row in `height` lines where it can be: what follows from its cause one line each
+        (the count and the severity of each stay in view), its own words wrapped in what is left,
+        the last of them cut with an ellipsis. Where even one line each is too many, the most
+        severe consequences keep theirs, in their order, and one line names the rest."""
+        head, follow = texts[0], texts[1:]
+        wrapped = [w for i, t in enumerate(texts) for w in self._wrap(t, width, 4 if i else 0)]
+        if len(wrapped) <= height:
+            return wrapped
+        if 1 + len(follow) > height and len(follow) > 1:
+            room = max(height - 2, 0)  # the head, and the line that names the rest
+            by_worst = sorted(range(len(follow)), key=lambda i: -SEVERITY_RANK.get(row.follow[i].severity, 0))
+            kept = sorted(by_worst[:room])
+            rest = [row.follow[i] for i in sorted(by_worst[room:])]
+            more = Text("  ↳ ", style=self.style("dim"))
+            more.append(f"+{len(rest)} more: " + ", ".join(k.code for k in rest), style=self.style("dim"))
+            follow = [follow[i] for i in kept] + [more]
+        own = self._wrap(head, width, 0)
+        keep = max(1, height - len(follow))
+        if len(own) > keep:
+            own = own[:keep]
+            own[-1].truncate(max(width - 1, 1))
+            own[-1].append("…")
+        for t in follow:
+            t.truncate(width, overflow="ellipsis")
+        return [*own, *follow]
 
     def _wrap(self, text: Text, width: int, indent: int) -> list[Text]:
         """`text` wrapped to `width`, its continuation lines indented by `indent` (a line that

@@ -61,8 +61,11 @@ class RunHeader(Panel[HeaderView], can_focus=False):
         if not view.connected:
             said = " KEEPER BUSY " if view.keeper_busy else " KEEPER GONE "
             parts.append((1, [(" ", label), (said, self.get_component_rich_style("header--offline"))]))
-        if view.state_age_s is not None:
-            parts.append((5, [(f" for {fmt.duration(view.state_age_s)}", label)]))
+        # "for N" is the age of what it follows: the finding named beside the state (since it was
+        # first seen), else the state's own.
+        age = view.worst_age_s if view.worst_code is not None else view.state_age_s
+        if age is not None:
+            parts.append((5, [(f" for {fmt.duration(age)}", label)]))
         if view.step is not None:
             parts.append((3, [("  step ", label), (str(view.step), value)]))
         width = self.size.width or 10_000

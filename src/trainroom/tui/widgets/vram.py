@@ -19,6 +19,7 @@ from .base import Panel
 
 LABEL = 10  # "allocator " before the bar
 FIGURE = 9  # "11.0 GiB" right-aligned after the bar
+DEVICE_GAP = 1 << 30  # the device's use shown beside the run's when it holds this much more
 
 
 class VramPanel(Panel[VramView]):
@@ -43,7 +44,11 @@ class VramPanel(Panel[VramView]):
             attributed = view.run_bytes if view.per_process else view.driver_used
             scale = view.driver_total or max(attributed or 0, view.alloc_reserved or 0) or None
             # Without per-process figures (WSL2, MIG) the driver side is the device's whole use.
-            self._bar(t, "driver" if view.per_process else "device", attributed, scale, "bar-driver")
+            self._bar(t, "this run" if view.per_process else "device", attributed, scale, "bar-driver")
+            if view.per_process and (view.driver_used or 0) - (attributed or 0) >= DEVICE_GAP:
+                # The device holds more than the run's processes (another's, an orphan's): that
+                # figure too, labelled, on the same scale (`status` says both the same way).
+                self._bar(t, "device", view.driver_used, scale, "bar-driver")
         else:
             scale = view.alloc_peak or view.alloc_reserved
             line = f"driver view unavailable: {view.driver_reason}"
