@@ -155,14 +155,6 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
     return sorted(rows, key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
 
 
-def root_code(findings: Iterable[Finding], code: FindingCode) -> FindingCode | None:
-    """The root cause a finding of `code` is folded under, None when it is a root itself."""
-    for row in fold(findings):
-        if any(k.code == code for k in row.consequences):
-            return row.cause.code
-    return None
-
-
 def _kind(xs: list[Finding]) -> Kind:
     return Kind(tuple(sorted(xs, key=lambda f: (-f.first_seen, f.ident))))
 
