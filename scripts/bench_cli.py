@@ -37,7 +37,7 @@ async def go():
         while app.state is None:
             await pilot.pause(0.005)
         await pilot.pause()
-        print(time.time() - t0)
+        print(time.time() - t0, time.process_time())
 
 asyncio.run(go())
 """

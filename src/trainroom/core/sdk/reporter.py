@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 QUEUE_FRAMES = 4096
 SNDBUF_BYTES = 1 << 20
 # A step within HOLD_S of the last send waits (at most HOLD_S, or until HOLD_FRAMES wait) and goes
-# out with the ones after it; a step after a quiet HOLD_S goes out at once.
+# out with the ones after it; a step after a quiet HOLD_S goes out at once. While the socket is full
+# (a keeper that stopped reading) a send is tried once a window, not at every step.
 HOLD_S = 0.01
 HOLD_FRAMES = 128
 # One send carries at most this many queued frames (what a keeper that vanishes mid-send loses).
@@ -77,7 +78,8 @@ class Reporter:
         self._main = threading.main_thread()
         self._frame_key: tuple[str, int] | None = None
         self._frame_since = time.monotonic()
-        self._sent_t = 0.0  # time.time() of the last send
+        self._sent_t = 0.0  # time.time() of the last send (or try: a full socket counts)
+        self._blocked = False  # the last try left frames: the socket is full (a keeper not reading)
         self._held = False  # steps wait for the window: the heartbeat thread was woken to send them
         self._wake = threading.Event()
         self._connect()
@@ -150,7 +152,7 @@ class Reporter:
         queue.append(data)
         if self._sock is None:
             return  # queued for the next connection
-        if now - self._sent_t < HOLD_S and len(queue) < HOLD_FRAMES:
+        if now - self._sent_t < HOLD_S and (len(queue) < HOLD_FRAMES or self._blocked):
             if not self._held:
                 self._held = True
                 self._wake.set()
@@ -242,18 +244,22 @@ class Reporter:
                     self._partial = memoryview(chunk)
                 # MSG_NOSIGNAL: a keeper that went away is EPIPE here, never a SIGPIPE that
                 # kills a trainer running with SIGPIPE at its default.
-                sent = sock.send(self._partial, _NOSIGNAL)
                 self._sent_t = _clock()
+                sent = sock.send(self._partial, _NOSIGNAL)
                 if sent == len(self._partial):
                     self._partial = None
+                    self._blocked = False
                 else:
                     self._partial = self._partial[sent:]
+                    self._blocked = True
                     return
         except (BlockingIOError, InterruptedError):
+            self._blocked = True
             return
         except OSError:
             # The keeper went away: a torn frame must not reach the next connection.
             self._partial = None
+            self._blocked = False
             sock.close()
             self._sock = None
 
