@@ -3,6 +3,7 @@ and how soon the control room shows its first frame.
 
     python scripts/bench_cli.py [--pairs 15] [--src OTHER/src]
 
+Also what a trainer pays for `import trainroom; trainroom.connect()` (the SDK, outside a keeper).
 Each pair runs `python -c pass` and the command back to back (the same load on both) and takes the
 CPU (user + sys) of the child from getrusage(RUSAGE_CHILDREN); the ratio printed is the median over
 the pairs. The commands run as the console script does (`from trainroom.cli import main`), on a
@@ -25,6 +26,15 @@ import time
 from pathlib import Path
 
 CONSOLE = "import sys; from trainroom.cli import main; sys.exit(main())"
+# The README's first SDK line; a tree from before the package's top was the SDK takes its own.
+SDK = """
+import trainroom
+try:
+    trainroom.connect()
+except AttributeError:
+    from trainroom.core import sdk
+    sdk.connect()
+"""
 
 FIRST_FRAME = r"""
 import asyncio, sys, time
@@ -69,7 +79,8 @@ def finished_run(env: dict[str, str]) -> str:
     raise SystemExit(f"the keeper of {run_id} did not end within 120 s")
 
 
-def first_frame(env: dict[str, str], run_id: str) -> float:
+def first_frame(env: dict[str, str], run_id: str) -> tuple[float, float]:
+    """(wall seconds from spawning the process, its own CPU seconds) to the first frame."""
     done = subprocess.run(
         [sys.executable, "-c", FIRST_FRAME, repr(time.time()), run_id],
         env=env,
@@ -78,7 +89,8 @@ def first_frame(env: dict[str, str], run_id: str) -> float:
     )
     if done.returncode != 0:
         raise SystemExit(f"the control room failed: {done.stderr.decode()[-800:]}")
-    return float(done.stdout.decode().strip().splitlines()[-1])
+    wall, cpu = done.stdout.decode().strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
 
 
 def main() -> int:
@@ -90,14 +102,17 @@ def main() -> int:
     src = args.src or str(Path(__file__).resolve().parents[1] / "src")
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as home:
         os.chmod(home, 0o700)
-        env = {**os.environ, "PYTHONPATH": src, "TRAINROOM_HOME": home, "TRAINROOM_FAKE_NVML": ""}
-        env.pop("TRAINROOM_FAKE_NVML")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_")}
+        env |= {"PYTHONPATH": src, "TRAINROOM_HOME": home}
         run_id = finished_run(env)
         bare = [sys.executable, "-c", "pass"]
         cases = {
             "--help": [sys.executable, "-c", CONSOLE, "--help"],
             f"status {run_id}": [sys.executable, "-c", CONSOLE, "status", run_id],
             "status --json": [sys.executable, "-c", CONSOLE, "status", run_id, "--json"],
+            # What a trainer pays for the SDK (outside a keeper: connect is a no-op).
+            "import trainroom": [sys.executable, "-c", "import trainroom"],
+            "import trainroom; trainroom.connect()": [sys.executable, "-c", SDK],
         }
         ratios: dict[str, list[float]] = {k: [] for k in cases}
         cpu: dict[str, list[float]] = {k: [] for k in ("python -c pass", *cases)}
@@ -109,13 +124,15 @@ def main() -> int:
                 ratios[name].append(c / max(b, 1e-6))
         frames = [first_frame(env, run_id) for _ in range(args.frames)]
     print(f"sources: {src}; {args.pairs} pairs; CPU = user + sys of the child")
-    print(f"{'command':36s} {'CPU ms (median)':>16s} {'x bare python (median of pairs)':>32s}")
+    print(f"{'command':40s} {'CPU ms (median)':>16s} {'x bare python (median of pairs)':>32s}")
     for name, values in cpu.items():
         ratio = f"{statistics.median(ratios[name]):.2f}x" if name in ratios else "1x"
-        print(f"{name:36s} {statistics.median(values) * 1000:16.1f} {ratio:>32s}")
+        print(f"{name:40s} {statistics.median(values) * 1000:16.1f} {ratio:>32s}")
+    walls, cpus = [f[0] for f in frames], [f[1] for f in frames]
     print(
-        f"control room, process start -> first frame with the run's state (wall, {args.frames} runs): "
-        f"median {statistics.median(frames):.2f} s, max {max(frames):.2f} s"
+        f"control room, process start -> first frame with the run's state ({args.frames} runs): "
+        f"wall median {statistics.median(walls):.2f} s (max {max(walls):.2f} s), "
+        f"its own CPU median {statistics.median(cpus):.2f} s; load average {os.getloadavg()[0]:.1f}"
     )
     return 0
 
