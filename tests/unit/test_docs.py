@@ -30,6 +30,33 @@ def _layer_map() -> ModuleType:
     return module
 
 
+def _findings_table() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("findings_table", ROOT / "scripts" / "findings_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("findings_table", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------- the finding catalogue
+
+
+def test_findings_holds_the_catalogue_table() -> None:
+    ft = _findings_table()
+    doc = (ROOT / "docs" / "findings.md").read_text()
+    assert ft.block(doc) == ft.current(), (
+        "docs/findings.md is stale: run `python scripts/findings_table.py --write`"
+    )
+
+
+def test_the_findings_table_would_see_a_changed_catalogue() -> None:
+    ft = _findings_table()
+    doc = (ROOT / "docs" / "findings.md").read_text()
+    stale = doc.replace("| DEAD | the trainer died", "| DEAD | the trainer stopped", 1)
+    assert stale != doc and ft.block(stale) != ft.current()
+
+
 # ---------------------------------------------------------------------------- the layer map
 
 

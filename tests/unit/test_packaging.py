@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import trainroom
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADLESS = [
     "trainroom.core.protocol",
@@ -83,5 +85,8 @@ def test_the_wheel_installs_everything_under_trainroom(tmp_path: Path) -> None:
     ):
         assert must in names
     assert any(n.startswith("trainroom/themes/") and n.endswith(".toml") for n in names)
+    # The metadata's version is the one trainroom.__version__ says (pyproject reads it from there).
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    assert f"\nVersion: {trainroom.__version__}\n" in zipfile.ZipFile(wheel).read(meta).decode()
     entry = [n for n in names if n.endswith("entry_points.txt")]
     assert entry and "trainroom = trainroom.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()

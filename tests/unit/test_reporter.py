@@ -64,9 +64,15 @@ def test_a_stalled_keeper_never_blocks_and_the_oldest_frames_are_dropped(tmp_pat
     lis = _Listener(path)
     lis.reading.clear()  # the keeper stops reading
     rep = reporter.Reporter(path, p.Hello(pid=os.getpid()), heartbeat_s=3600)
-    n = reporter.QUEUE_FRAMES * 4
-    for i in range(n):
+    # Until the socket buffer and the bounded queue are full (steps go out in coalesced sends, so
+    # the buffer holds many), then as many again: every call returns at once.
+    n = 0
+    while rep.dropped == 0 and n < reporter.QUEUE_FRAMES * 256:
+        rep.step(n, loss=1.0, lr=[1e-3] * 8)
+        n += 1
+    for i in range(n, n + reporter.QUEUE_FRAMES):
         rep.step(i, loss=1.0, lr=[1e-3] * 8)
+    n += reporter.QUEUE_FRAMES
     # Everything fit in the socket buffer or the bounded queue; the rest was dropped, counted.
     assert rep.dropped > 0
     assert len(rep._queue) <= reporter.QUEUE_FRAMES
@@ -138,3 +144,27 @@ def test_a_keeper_that_vanishes_mid_stream_never_raises_into_the_loop(tmp_path: 
         rep.step(i)  # must neither raise nor block
     rep.step(-5)  # a step the keeper would refuse: dropped and counted, not raised
     assert rep.invalid == 1
+
+
+def test_a_step_held_for_the_send_window_goes_out_without_another_step(tmp_path: Path) -> None:
+    """Steps closer than HOLD_S share a send; the last one before the loop stops (a hang, a long
+    evaluation) is sent by the heartbeat thread after the window, not at the next heartbeat."""
+    path = str(tmp_path / "k.sock")
+    lis = _Listener(path)
+    rep = reporter.Reporter(path, p.Hello(pid=os.getpid()), heartbeat_s=3600)
+    try:
+        for i in range(1, 6):
+            rep.step(i, loss=float(i))  # the first goes at once, the rest wait for the window
+        steps = wait_for(
+            lambda: [f.step for f in lis.frames if isinstance(f, p.Step)] == [1, 2, 3, 4, 5] or None,
+            timeout=5,
+            what="the held steps, sent by the heartbeat thread",
+        )
+        assert steps and rep.dropped == 0
+        # Non-finite values are the keeper's to judge: they travel as they are.
+        rep.step(6, loss=float("nan"))
+        wait_for(lambda: any(isinstance(f, p.Step) and f.step == 6 for f in lis.frames), timeout=5)
+        (six,) = [f for f in lis.frames if isinstance(f, p.Step) and f.step == 6]
+        assert six.loss != six.loss
+    finally:
+        rep.close()

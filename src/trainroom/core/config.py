@@ -360,10 +360,6 @@ class Config(_Section):
             ),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
-
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("TRAINROOM_HOME") or Path.home() / ".local" / "state" / "trainroom")

@@ -66,11 +66,6 @@ class Notify(Section):
     # Alerts waiting per channel; past it new ones are dropped (and the drop journaled).
     queue: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
 
-    def channel_count(self) -> int:
-        return sum(len(as_list(t)) for t in (self.command, self.webhook, self.slack, self.ntfy)) + int(
-            self.desktop
-        )
-
 
 class Host(Section):
     """`[hosts.NAME]`: a machine a job's keepers run on, reached over SSH (`ssh://NAME/RUN`, or

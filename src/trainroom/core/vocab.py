@@ -64,6 +64,11 @@ Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 
+# How bad a figure, a state or a finding looks on screen (the control room's colours), from `dim`
+# (ended, nothing wrong) to `crit`.
+Level = Literal["dim", "ok", "info", "warn", "crit"]
+LEVELS: tuple[Level, ...] = get_args(Level)
+
 # The control room's figure panels a finding can colour.
 Panel = Literal["trainer", "vram", "cadence", "lr", "loss", "ranks", "host", "disk"]
 PANELS: tuple[Panel, ...] = get_args(Panel)

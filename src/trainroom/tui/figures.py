@@ -22,23 +22,24 @@ from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.figures import ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import PANEL_CODES, FindingCode
+from trainroom.core.vocab import PANEL_CODES, FindingCode, Level
 
 from . import fmt
 from .lossplot import Mark, plot_points
-
-Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
 
 SPARK_POINTS = 64
 # States in which the trainer lives but does not step: its last rate is history, not a figure.
 HALTED = ("stalled", "hung")
 
 
+_LEVEL_OF_RANK: dict[int, Level] = {-1: "ok", 0: "info", 1: "warn", 2: "crit"}
+
+
 def _worst_level(findings: Iterable[Finding]) -> Level:
     worst = -1
     for f in findings:
         worst = max(worst, SEVERITY_RANK.get(f.severity, 0))
-    return {-1: "ok", 0: "info", 1: "warn", 2: "crit"}[worst]
+    return _LEVEL_OF_RANK[worst]
 
 
 def _findings(state: RunState, *codes: FindingCode) -> list[Finding]:
@@ -74,6 +75,7 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
         return TrainerView(
             None, None, False, None, "no attempt yet", "dim", "none", " ".join(state.argv), None, None
         )
+    level: Level
     if a.alive and state.status in HALTED:
         # Alive but not stepping: never "running" beside a rate that stopped moving.
         age = step_age(state, now)
@@ -262,6 +264,7 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
     intervals = tuple(pacing.intervals[-SPARK_POINTS:]) if pacing is not None else ()
     bound, phase = stall_bound(state)
     tps = [r.tokens_per_s for r in ranks if r.tokens_per_s is not None]
+    level: Level
     if state.status in ("stalled", "hung", "dead"):
         level = "crit"
     elif state.status == "slow" or (age is not None and not stopped and age > bound / 2):

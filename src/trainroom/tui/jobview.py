@@ -13,10 +13,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from trainroom.core.vocab import SHOWN_STATES
+from trainroom.core.vocab import SHOWN_STATES, Level
 
 from . import fmt
-from .verdict import SEVERITY_LEVEL, SEVERITY_WORD, Level, level_of_state
+from .verdict import SEVERITY_LEVEL, SEVERITY_WORD, level_of_state
 
 NODE_COLUMNS = ("node", "state", "host", "step", "VRAM used", "host RAM free", "disk", "link / run")
 RANK_COLUMNS = ("rank", "node", "host", "pid", "state", "step", "heartbeat")

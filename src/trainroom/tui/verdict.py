@@ -20,17 +20,14 @@ from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.probes.adopt import still_runs
 from trainroom.core.run.causes import Kind, Row, fold
-from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.figures import stall_bound, step_age
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import ShownState, StateName
+from trainroom.core.vocab import Level, ShownState, StateName
 
 from . import fmt
 
-Level = str  # "ok" | "info" | "warn" | "crit" | "dim"
-
-SEVERITY_LEVEL = {"critical": "crit", "warning": "warn", "info": "info"}
-SEVERITY_WORD = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
+SEVERITY_LEVEL: dict[str, Level] = {"critical": "crit", "warning": "warn", "info": "info"}
+SEVERITY_WORD: dict[str, str] = {"critical": "CRIT", "warning": "WARN", "info": "INFO"}
 # How bad each state is on its own; the header takes the worse of this and the worst finding.
 STATE_LEVEL: dict[ShownState, Level] = {
     "starting": "info",
@@ -45,7 +42,7 @@ STATE_LEVEL: dict[ShownState, Level] = {
     "exited": "dim",
     "stopped": "dim",  # the user killed it: nothing is wrong
 }
-_RANK = {"dim": -1, "ok": 0, "info": 1, "warn": 2, "crit": 3}
+_RANK: dict[Level, int] = {"dim": -1, "ok": 0, "info": 1, "warn": 2, "crit": 3}
 # The verbs of a fix key, when the action acts on a finding's own target.
 _VERB = {"kill": "kill"}
 
@@ -97,18 +94,6 @@ def refusal(state: RunState | None, action: str, where: Situation, finding: str 
             a = msgspec.structs.replace(a, ended_at=a.last_step_t or a.started_at)
             state = msgspec.structs.replace(state, attempts=[*state.attempts[:-1], a])
     return act.refusal(state, {"finding": finding} if finding is not None else {}, offer=True)
-
-
-def _ended(state: RunState) -> str:
-    a = state.attempt
-    if a is None:
-        return "never started"
-    if state.status == "stopped":
-        return "was stopped"
-    if a.exit_signal is None and a.exit_code is None and not a.error:
-        return "ended"
-    how = attempt_ended(a)
-    return f"was {how}" if a.exit_signal is not None else f"ended: {how}"
 
 
 # --------------------------------------------------------------------------- the header

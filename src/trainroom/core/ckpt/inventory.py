@@ -158,11 +158,6 @@ def step_in_state(obj: object) -> tuple[int, str] | None:
     return None
 
 
-def top_level_step(obj: object) -> int | None:
-    found = step_in_state(obj)
-    return found[0] if found else None
-
-
 def in_file_config(obj: object) -> Mapping[str, object] | None:
     """The model config a training state carries beside its weights, if it names the architecture
     (nanoGPT keeps model_args; Lightning keeps hyper_parameters)."""

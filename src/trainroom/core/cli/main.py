@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
 from trainroom.core.cli import remote
 from trainroom.core.cli.errors import EXIT_BAD_INPUT, CliError
+from trainroom.core.cli.subcommands import LazySubcommands
+from trainroom.core.cli.verbindex import INDEX
 from trainroom.core.cli.verbs import VERBS, OpenTui
-from trainroom.core.remote.ssh import RemoteRefused, Unreachable
-from trainroom.core.run import store as runs
-from trainroom.core.run.client import KeeperGone
-from trainroom.core.run.store import RunError
-from trainroom.core.sections import ConfigError
+
+# The errors that are the user's input or the world's state, said in one line: where each lives.
+# Looked up among the modules this command has imported (an error of a module never imported
+# cannot have been raised), so a verb pays only for its own imports.
+ONE_LINE_ERRORS = (
+    ("trainroom.core.run.store", "RunError"),
+    ("trainroom.core.run.client", "KeeperGone"),
+    ("trainroom.core.sections", "ConfigError"),
+    ("trainroom.core.remote.ssh", "Unreachable"),
+    ("trainroom.core.remote.ssh", "RemoteRefused"),
+)
 
 _open_tui: OpenTui | None = None
 
@@ -40,23 +49,50 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def top_parser() -> argparse.ArgumentParser:
+    """`trainroom` and its own options, before any verb."""
     ap = Parser(prog="trainroom", description=__doc__)
     ap.add_argument(
         "--theme",
         help="control room theme: dark (default), light, contrast, or one of yours in $TRAINROOM_HOME/themes",
     )
-    sub = ap.add_subparsers(dest="cmd")
-    for verb in VERBS:
-        verb(sub, open_tui)
     return ap
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every verb, each loaded when argparse looks it up (`subcommands`)."""
+    ap = top_parser()
+    sub = ap.add_subparsers(dest="cmd", action=LazySubcommands)
+    assert isinstance(sub, LazySubcommands)
+    sub.offer(VERBS, INDEX, open_tui)
+    return ap
+
+
+def _one_line(exc: BaseException) -> bool:
+    if isinstance(exc, CliError):
+        return True
+    for module, name in ONE_LINE_ERRORS:
+        imported = sys.modules.get(module)
+        if imported is not None and isinstance(exc, getattr(imported, name)):
+            return True
+    return False
+
+
+def pin_home() -> None:
+    """A relative TRAINROOM_HOME means the caller's cwd, for every process it starts (the run store
+    resolves it; one already absolute and normal, or none, costs no import here)."""
+    home = os.environ.get("TRAINROOM_HOME")
+    if home and not (os.path.isabs(home) and os.path.normpath(home) == home):
+        from trainroom.core.run import store
+
+        store.pin_home()
 
 
 def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
     global _open_tui
     if open_tui is not None:
         _open_tui = open_tui
-    runs.pin_home()  # a relative TRAINROOM_HOME means the caller's cwd, for every process it starts
+    pin_home()
     ap = build_parser()
     argv = remote.as_watch(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
@@ -69,18 +105,18 @@ def main(argv: list[str] | None = None, open_tui: OpenTui | None = None) -> int:
             args.watch_theme = None
             return cmd_watch(args)
         return int(args.func(args) or 0)
-    except (CliError, RunError, KeeperGone, ConfigError, Unreachable, RemoteRefused) as exc:
-        print(f"trainroom: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if _one_line(exc):
+            print(f"trainroom: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if not isinstance(exc, OSError):
+            raise
         # A file or socket the command could not use (a permission, a full disk): one line.
         where = f": {exc.filename}" if exc.filename else ""
         print(f"trainroom: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

@@ -14,9 +14,6 @@ import argparse
 import sys
 
 from trainroom.core.cli.errors import CliError
-from trainroom.core.remote import reach, ssh
-from trainroom.core.remote.target import TargetError, resolve_target
-from trainroom.core.run import store
 from trainroom.core.run.address import SCHEME, is_remote
 
 THROUGH_BRIDGE = frozenset(
@@ -32,10 +29,16 @@ def as_watch(argv: list[str]) -> list[str]:
 def route(args: argparse.Namespace, argv: list[str]) -> int | None:
     """None: run the command here (a local run, or a remote one whose keeper the bridge reaches);
     else the exit code of the command run on the run's host."""
-    reach.install()  # the command line reaches runs on other hosts over ssh
+    from trainroom.core.remote import reach
+
+    reach.install()  # the command line reaches runs on other hosts over ssh (imports ssh when one comes)
     spec = getattr(args, "run", None)
     if not is_remote(spec) or args.cmd == "bridge":
         return None
+    from trainroom.core.remote import ssh
+    from trainroom.core.remote.target import TargetError, resolve_target
+    from trainroom.core.run import store
+
     assert spec is not None
     run: str | None = None
     if args.cmd in THROUGH_BRIDGE:

@@ -16,7 +16,7 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.robust import finite
 from trainroom.core.run.figures import ln_v
 
-REIMPOSE_HINT = "call trainroom.core.sdk.reimpose_lr(optimizer, scheduler, lr) after loading the checkpoint"
+REIMPOSE_HINT = "call trainroom.reimpose_lr(optimizer, scheduler, lr) after loading the checkpoint"
 DEFAULT_THRESHOLDS = Thresholds()
 
 
@@ -460,7 +460,7 @@ def nonfinite_finding(nf: NonFinite, tracer: TracerReport | None) -> Finding:
         evidence["module"] = tracer.module
         evidence["module_step"] = tracer.step
     else:
-        msg += "; turn on trainroom.core.sdk.NonFiniteTracer(model) to name the first non-finite module"
+        msg += "; turn on trainroom.NonFiniteTracer(model) to name the first non-finite module"
     return Finding(code="NONFINITE", severity="critical", message=msg, evidence=evidence)
 
 

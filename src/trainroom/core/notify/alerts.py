@@ -87,10 +87,6 @@ class Alerts:
         channels, unavailable = channels_from(policy, cwd=cwd, env=os.environ if env is None else env)
         return cls(policy, channels, unavailable, sink=sink, state=state)
 
-    @property
-    def channel_names(self) -> list[str]:
-        return [w.channel.name for w in self._dispatcher.workers]
-
     # ------------------------------------------------------------------ observing (loop thread)
 
     def observe(self, rec: p.Record) -> None:

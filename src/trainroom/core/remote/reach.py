@@ -1,24 +1,27 @@
 """Runs and keepers on other hosts, reached over ssh: what the read model's hooks for remote
 addresses (`run.store.REMOTE`, `run.client.DIALER`) are given in a process that may reach other
 hosts. `install` is called where such an address comes in (the command line's routing, a job's
-node list); until then the read model refuses remote addresses instead of importing ssh."""
+node list); until then the read model refuses remote addresses instead of importing ssh. Installing
+costs nothing: ssh and the target parser are imported when a remote address first comes in."""
 
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
-import msgspec
-
-from trainroom.core.remote import ssh
-from trainroom.core.remote.target import TargetError, resolve_target
 from trainroom.core.run import client, store
 from trainroom.core.run.client import KeeperGone, KeeperStatus, KeeperUnreachable
 from trainroom.core.run.store import RunError, RunInfo, RunUnreachable
-from trainroom.core.run.view import RunView
+
+if TYPE_CHECKING:
+    from trainroom.core.run.view import RunView
 
 
 class SshRuns:
     def run(self, spec: str, job: str | None) -> RunInfo:
+        from trainroom.core.remote import ssh
+        from trainroom.core.remote.target import TargetError, resolve_target
+
         try:
             target = resolve_target(spec)
             said = ssh.hello(target, job=job)
@@ -41,6 +44,12 @@ class SshRuns:
         )
 
     def view(self, address: str) -> RunView:
+        import msgspec
+
+        from trainroom.core.remote import ssh
+        from trainroom.core.remote.target import TargetError, resolve_target
+        from trainroom.core.run.view import RunView
+
         try:
             return RunView.from_snapshot(ssh.fetch_snapshot(resolve_target(address))[1])
         except ssh.Unreachable as exc:
@@ -55,6 +64,9 @@ class SshRuns:
 
 class SshDialer:
     def dial(self, address: str) -> tuple[socket.socket, KeeperStatus]:
+        from trainroom.core.remote import ssh
+        from trainroom.core.remote.target import TargetError, resolve_target
+
         try:
             sock, hello = ssh.dial(resolve_target(address))
         except ssh.Unreachable as exc:
@@ -65,6 +77,8 @@ class SshDialer:
 
     def dropped(self, sock: socket.socket) -> bool:
         """ssh's exit says which: the bridge ends cleanly when the keeper closed."""
+        from trainroom.core.remote import ssh
+
         return isinstance(sock, ssh.BridgeSocket) and sock.link_dropped()
 
 

@@ -178,14 +178,6 @@ def _fixes_first(rows: list[Row]) -> list[Row]:
     return out
 
 
-def root_code(findings: Iterable[Finding], code: FindingCode) -> FindingCode | None:
-    """The root cause a finding of `code` is folded under, None when it is a root itself."""
-    for row in fold(findings):
-        if any(k.code == code for k in row.consequences):
-            return row.cause.code
-    return None
-
-
 def _kind(xs: list[Finding]) -> Kind:
     return Kind(tuple(sorted(xs, key=lambda f: (-f.first_seen, f.ident))))
 

@@ -7,7 +7,9 @@
 
 The reporter never blocks the training loop: frames go into a bounded queue that drops the oldest
 (and counts what it dropped), and a non-blocking send drains as much as the socket takes; what a
-partial send leaves is sent first next time, so frames are never torn. A daemon thread sends a
+partial send leaves is sent first next time, so frames are never torn. Steps closer together than
+`HOLD_S` go out together, in one send (a loop at thousands of steps a second pays one system call
+per window, not per step); the heartbeat thread sends what a stopped loop left waiting. A daemon thread sends a
 heartbeat each second, carrying where the main thread is, so the keeper tells a stalled loop
 (moving, no steps) from a hung one (parked on one line, or no heartbeat at all). Uncaught exceptions
 send a Crash with the whole cause chain; SIGUSR1 dumps every thread's stack into the trainer log.
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
+from trainroom.core import framing
 from trainroom.core import protocol as p
 from trainroom.core.protocol import error_chain
 
@@ -40,6 +43,19 @@ if TYPE_CHECKING:
 
 QUEUE_FRAMES = 4096
 SNDBUF_BYTES = 1 << 20
+# A step within HOLD_S of the last send waits (at most HOLD_S, or until HOLD_FRAMES wait) and goes
+# out with the ones after it; a step after a quiet HOLD_S goes out at once. While the socket is full
+# (a keeper that stopped reading) a send is tried once a window, not at every step.
+HOLD_S = 0.01
+HOLD_FRAMES = 128
+# One send carries at most this many queued frames (what a keeper that vanishes mid-send loses).
+SEND_FRAMES = 256
+_NOSIGNAL = socket.MSG_NOSIGNAL
+_clock = time.time
+# The step's frame, built without a lookup or a call more than it needs (what `p.frame` does).
+_Step = p.Step
+_encode = framing._encoder.encode
+_header = framing.HEADER.pack
 
 
 class Reporter:
@@ -62,6 +78,10 @@ class Reporter:
         self._main = threading.main_thread()
         self._frame_key: tuple[str, int] | None = None
         self._frame_since = time.monotonic()
+        self._sent_t = 0.0  # time.time() of the last send (or try: a full socket counts)
+        self._blocked = False  # the last try left frames: the socket is full (a keeper not reading)
+        self._held = False  # steps wait for the window: the heartbeat thread was woken to send them
+        self._wake = threading.Event()
         self._connect()
         self._thread = threading.Thread(target=self._beat, name="trainroom-heartbeat", daemon=True)
         self._thread.start()
@@ -91,24 +111,27 @@ class Reporter:
         `tag`): what `trainroom replay` hands back. A step the keeper would refuse (negative,
         not an integer) is dropped and counted, never raised, and so is a batch it would refuse
         (the step goes without it): the reporter must not break the training loop."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if (type(step) is not int and (isinstance(step, bool) or not isinstance(step, int))) or step < 0:
             self.invalid += 1
             return
-        if lr is None and optimizer is not None:
-            lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        if lr is None:
+            lrs = [] if optimizer is None else [float(g["lr"]) for g in optimizer.param_groups]
         elif isinstance(lr, (int, float)):
             lrs = [float(lr)]
         else:
             lrs = list(lr or [])
         stats = alloc or _allocator_stats()
         self.last_step = step
-        ref = batch_ref(batch)
-        if ref is None and batch is not None:
-            self.invalid += 1
-        self._send(
-            p.Step(
+        ref = None
+        if batch is not None:
+            ref = batch_ref(batch)
+            if ref is None:
+                self.invalid += 1
+        now = _clock()
+        body = _encode(
+            _Step(
                 step=step,
-                t=time.time(),
+                t=now,
                 tokens=tokens,
                 loss=None if loss is None else float(loss),
                 grad_norm=None if grad_norm is None else float(grad_norm),
@@ -120,6 +143,22 @@ class Reporter:
                 batch=ref,
             )
         )
+        data = _header(len(body)) + body
+        # The hot path takes no lock: an append to the deque is atomic, and only a send (under
+        # the lock, here or in the heartbeat thread) takes frames out.
+        queue = self._queue
+        if len(queue) == QUEUE_FRAMES:
+            self.dropped += 1
+        queue.append(data)
+        if self._sock is None:
+            return  # queued for the next connection
+        if now - self._sent_t < HOLD_S and (len(queue) < HOLD_FRAMES or self._blocked):
+            if not self._held:
+                self._held = True
+                self._wake.set()
+            return
+        with self._lock:
+            self._drain()
 
     @contextlib.contextmanager
     def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
@@ -194,25 +233,33 @@ class Reporter:
         sock = self._sock
         if sock is None:
             return
+        queue = self._queue
         try:
             while True:
                 if self._partial is None:
-                    if not self._queue:
+                    n = min(len(queue), SEND_FRAMES)
+                    if not n:
                         return
-                    self._partial = memoryview(self._queue.popleft())
+                    chunk = queue.popleft() if n == 1 else b"".join([queue.popleft() for _ in range(n)])
+                    self._partial = memoryview(chunk)
                 # MSG_NOSIGNAL: a keeper that went away is EPIPE here, never a SIGPIPE that
                 # kills a trainer running with SIGPIPE at its default.
-                n = sock.send(self._partial, socket.MSG_NOSIGNAL)
-                if n == len(self._partial):
+                self._sent_t = _clock()
+                sent = sock.send(self._partial, _NOSIGNAL)
+                if sent == len(self._partial):
                     self._partial = None
+                    self._blocked = False
                 else:
-                    self._partial = self._partial[n:]
+                    self._partial = self._partial[sent:]
+                    self._blocked = True
                     return
         except (BlockingIOError, InterruptedError):
+            self._blocked = True
             return
         except OSError:
             # The keeper went away: a torn frame must not reach the next connection.
             self._partial = None
+            self._blocked = False
             sock.close()
             self._sock = None
 
@@ -258,10 +305,19 @@ class Reporter:
         return not self._closed
 
     def _beat(self) -> None:
+        next_beat = time.monotonic() + self._heartbeat_s
         while self._running():
-            time.sleep(self._heartbeat_s)
+            wait = next_beat - time.monotonic()
+            if wait > 0 and self._wake.wait(wait):
+                time.sleep(HOLD_S)  # the window held steps wait in: the loop may send them itself
+                self._wake.clear()
+                self._held = False
+                with self._lock:
+                    self._drain()
+                continue
             if not self._running():  # closed while this thread slept
                 return
+            next_beat = time.monotonic() + self._heartbeat_s
             frame, age = self._main_frame()
             with self._lock:
                 if self._sock is None:
