@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core.actions.offered import offered_only
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.journal import segments
@@ -92,7 +91,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = runs.resolve_run(args.run)
     st, keeper = read_run(info)
     # An action a finding names only where it would act (the control room's keys likewise).
-    d = offered_only(st, status_dict(st, keeper_alive=keeper != "gone"), keeper_alive=keeper == "alive")
+    d = status_dict(st, keeper_alive=keeper != "gone")
+    if any(f.action for f in st.open_findings()):
+        # Which named action acts now needs the actions' own preconditions (their registry): only
+        # loaded when a finding names one, so `status` in a loop of a healthy run stays cheap.
+        from trainroom.core.actions.offered import offered_only
+
+        d = offered_only(st, d, keeper_alive=keeper == "alive")
     d["keeper"] = keeper
     if keeper == "busy":
         state, d["state_reason"] = not_answering(st, info)
