@@ -320,7 +320,7 @@ class Keeper:
             floor = None
         now = time.time()
         out = await self.output.open(n)
-        with open(self._log_path, "ab", buffering=0) as log:
+        with self.output.log_file() as log:
             _log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
             try:
                 proc = await asyncio.create_subprocess_exec(
