@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import signal
 import subprocess
 import tempfile
@@ -22,18 +21,9 @@ from collections.abc import Mapping
 
 from trainroom.core import protocol as p
 from trainroom.core.config import Eval
+from trainroom.core.ops.figures import find_figure
 from trainroom.core.ops.resume import resume_argv
 
-# What an evaluation's output may say of its figure, the last match winning: `eval_loss=2.31`,
-# `"eval_loss": 2.31`, `val loss 2.31`, `loss: 2.31`. A name ending in loss, then = or : or space.
-_FIGURE = re.compile(
-    r"""(?ix)
-    (?:^|[^A-Za-z0-9])                       # not inside a longer word
-    (?:[A-Za-z_]*[ _])?loss["']?             # eval_loss, val loss, loss
-    \s*[:=]?\s*
-    (?P<loss>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))
-    """
-)
 TAIL_BYTES = 64 * 1024
 NICE = 19
 # Seconds between SIGTERM and SIGKILL of an evaluation past its timeout.
@@ -41,25 +31,12 @@ KILL_GRACE_S = 5.0
 
 
 def figure_in(text: str, pattern: str | None = None) -> float | None:
-    """The figure an evaluation printed: `pattern`'s group `loss` (else its first group, else the
-    whole match), or the last loss-like figure; None when none is found. Non-finite figures are
-    returned as they are (nan, inf): a NaN evaluation is a verdict, not a missing figure."""
-    rx = re.compile(pattern) if pattern else _FIGURE
-    last: str | None = None
-    for m in rx.finditer(text):
-        groups = m.groupdict()
-        if "loss" in groups and groups["loss"] is not None:
-            last = groups["loss"]
-        elif m.groups():
-            last = next((g for g in m.groups() if g is not None), None)
-        else:
-            last = m.group(0)
-    if last is None:
-        return None
-    try:
-        return float(last)
-    except ValueError:
-        return None
+    """The figure an evaluation printed (ops.figures: linear time on bounded lines; with no
+    pattern, the evaluation's own loss by name precedence); None when none is found. Non-finite
+    figures are returned as they are (nan, inf): a NaN evaluation is a verdict, not a missing
+    figure."""
+    found = find_figure(text, pattern)
+    return found.value if found is not None else None
 
 
 def judge(figure: float | None, best: float | None, policy: Eval) -> tuple[bool, str]:
