@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from trainroom.core.ops.evaluate import figure_in
 from trainroom.core.ops.figures import MAX_FIGURE_LINE, default_figure, find_figure
@@ -49,3 +50,34 @@ def test_hostile_megabyte_lines_are_read_in_bounded_time() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_a_bogus_best_is_not_held_against_a_plausible_figure() -> None:
+    from trainroom.core.config import Eval
+    from trainroom.core.ops.evaluate import judge
+
+    pol = Eval(command="x", margin=0.05)
+    ok, why = judge(2.0, -1e9, pol, history=[-1e9])
+    assert ok and "the best promoted figure -1e+09 is implausible" in why
+    ok, why = judge(-1e9, 2.0, pol, history=[2.1, 2.0])
+    assert not ok and why.startswith("evaluated -1e+09, implausible beside this run's 2 other figure(s)")
+    assert judge(0.5, 2.0, pol, history=[2.1, 2.0])[0]  # a real improvement is plausible
+    assert not judge(2.5, 2.0, pol, history=[2.0])[0]  # worse by more than the margin: held
+
+
+def test_files_an_evaluation_adds_to_a_directory_checkpoint_are_moved_out(tmp_path: Path) -> None:
+    from trainroom.core.keeper.evaltree import move_out, tree_state
+
+    ck = tmp_path / "checkpoint-20"
+    ck.mkdir()
+    (ck / "model.safetensors").write_bytes(b"w" * 10)
+    before = tree_state(str(ck))
+    (ck / "eval_results.json").write_text("{}")
+    (ck / "runs").mkdir()
+    (ck / "runs" / "events").write_text("e")
+    after = tree_state(str(ck))
+    added = sorted(k for k in after if k not in before)
+    assert added == ["eval_results.json", "runs", "runs/events"]
+    assert move_out(ck, added, tmp_path / "out") == 2
+    assert tree_state(str(ck)) == before
+    assert (tmp_path / "out" / "runs" / "events").read_text() == "e"

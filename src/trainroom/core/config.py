@@ -262,8 +262,10 @@ class Eval(_Section):
     # The trainer's own evaluation, run on each verified candidate before it is promoted, e.g.
     # "python eval.py --ckpt {ckpt}"; placeholders as [resume]'s. None: promotion is not gated.
     command: str | None = None
-    # A regex whose group `loss` (else its first group) is the figure; None: the last loss-like
-    # figure the output prints (`eval_loss=2.31`, `val loss 2.31`, `{"eval_loss": 2.31}`).
+    # A regex whose group `loss` (else its first group) is the figure, searched line by line; None:
+    # the evaluation's own loss (`eval_loss=2.31`, `val loss 2.31`, `{"eval_loss": 2.31}`): an
+    # eval/val/test name over a bare `loss` over a train name, the last printed within one (see
+    # ops.figures; lines over 4096 characters are not searched).
     pattern: str | None = None
     # A candidate worse than the best promoted figure by more than this fraction of it is held back.
     margin: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05

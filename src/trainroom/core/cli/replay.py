@@ -93,6 +93,13 @@ def verdict(
             f"step {step}: replayed loss {replayed:.4f}; no recorded loss around it to judge by",
             figures,
         )
+    if math.isnan(replayed):
+        return (
+            False,
+            f"step {step}: the replay gave nan: no figure, so never a reproduction (the replay itself went "
+            "non-finite: look at its output)",
+            figures,
+        )
     spike = not math.isfinite(recorded) or recorded > base + band
     again = not math.isfinite(replayed) or replayed > base + band
     rec_s = f"{recorded:.4f}" if math.isfinite(recorded) else str(recorded)
