@@ -91,3 +91,51 @@ def test_a_bogus_figure_is_held_as_implausible_and_never_holds_later_checkpoints
     res = json.loads(out.stdout)
     assert res["step"] == 60 and res["reproduces"] and res["command"] == cmd
     assert "the command recorded with the figure is run" in res["note"]
+
+
+NANOGPT_LIKE = Path(__file__).parents[1] / "support" / "nanogpt_like.py"
+
+
+def test_watched_checkpoints_are_gated_by_the_eval_command_too(trhome: Path, tmp_path: Path) -> None:
+    from trainroom.core.run.launch import launch
+
+    work = tmp_path / "nanogpt"
+    work.mkdir()
+    # Version 10 evaluates 1.0 and passes; version 20 evaluates 5.0 and is held: no copy of it.
+    gate = f'{PY} -c \'import sys; print("eval_loss=%s" % (1.0 if sys.argv[1] == "10" else 5.0))\' {{step}}'
+    info = launch(
+        [
+            sys.executable,
+            str(NANOGPT_LIKE),
+            "--iters",
+            "20",
+            "--save-every",
+            "10",
+            "--wait-copies",
+            "--no-wait-last",
+        ],
+        {"watch_ckpt": ["out/*.pt"], "keep_verified_copies": True, "eval_command": gate, "linger_s": 600},
+        cwd=str(work),
+    )
+    watched = str(work / "out" / "ckpt.pt")
+
+    def held() -> list[p.CheckpointState] | None:
+        recs = [
+            r
+            for r in read_journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+            if isinstance(r, p.CheckpointState) and r.state == "held"
+        ]
+        return recs or None
+
+    (h,) = wait_for(held, timeout=TORCH_START_S + 60, what="version 20 held by its evaluation")
+    assert h.path == watched and h.step == 20 and h.eval is not None and h.eval.figure == 5.0
+    assert "worse than the best promoted 1 by more than 5 %" in (h.reason or "")
+    root = runs.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir)
+    assert sorted(x.name for x in root.iterdir() if x.name.startswith("step-")) == ["step-000010"]
+    d = status(info)
+    copy = next(c for c in d["checkpoints"] if c["path"].endswith("step-000010/ckpt.pt"))
+    assert copy["state"] == "verified" and copy["eval"]["figure"] == 1.0 and copy["eval"]["passed"]
+    assert "EVAL_REGRESSED" in {f["code"] for f in d["findings"]}
+    out = run_cli("eval", info.run_id, "--json", timeout=TORCH_START_S)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["step"] == 10

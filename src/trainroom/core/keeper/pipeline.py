@@ -332,7 +332,7 @@ class CheckpointPipeline:
         )
         self._remember(path, report, state)
         if ok and self.keep_copies:
-            await self._keep_copy(path, report)
+            await self._keep_copy(path, report, figure)
 
     def _remember(self, path: str, report: VerifyReport, state: str) -> None:
         if state == "rejected":
@@ -348,10 +348,18 @@ class CheckpointPipeline:
         )
         for r in recs:
             self.recorder.emit(r)
+        figure = await self.gate.evaluate(request.path, report) if stood and report.ok else None
+        if figure is not None:
+            # The trainer's own file (nanoGPT's out/ckpt.pt) is gated like a saved one: held back
+            # (no verified copy kept) or verified with its figure.
+            if not figure.passed:
+                await self.gate.hold(request.path, report, figure, None)
+                return
+            self.recorder.emit(msgspec.structs.replace(recs[-1], eval=figure, t=time.time()))
         if stood and report.ok and self.keep_copies:
-            await self._keep_copy(request.path, report)
+            await self._keep_copy(request.path, report, figure)
 
-    async def _keep_copy(self, path: str, report: VerifyReport) -> None:
+    async def _keep_copy(self, path: str, report: VerifyReport, figure: p.EvalFigure | None = None) -> None:
         try:
             target = await asyncio.to_thread(keep_verified_copy, path, report, self.root)
         except Exception as exc:  # ENOSPC, a vanished file: the verdict stands, the copy does not
@@ -387,6 +395,7 @@ class CheckpointPipeline:
                     source=path,
                     completeness=report.completeness,
                 ),
+                eval=figure,
             )
         )
         self.recorder.emit(p.KeeperNote(t=time.time(), message=f"kept a verified copy of {path} at {copy}"))
