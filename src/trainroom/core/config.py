@@ -303,6 +303,9 @@ class KeeperTimes(_Section):
     # The same for a run whose trainer died (DEAD): its resume needs the keeper, and a person
     # reading an alert comes back later than a minute. A resting keeper costs ~0.1 % of a core.
     dead_linger_s: NonNegative = 3600.0
+    # At most this many keepers of dead runs linger at once on this state dir; past it the one
+    # lingering longest leaves first (journaled). Each costs ~35 MiB and a little CPU.
+    max_dead_lingerers: Annotated[int, msgspec.Meta(ge=1)] = 4
     # Seconds between the probes of a resting keeper (its run ended, nothing in flight): it still
     # sees a leftover process, GPU memory released, a checkpoint written after the end.
     rest_probe_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0

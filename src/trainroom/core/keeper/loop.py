@@ -40,7 +40,7 @@ from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.output import TrainerOutput
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_over, rest_wait, why_awake
+from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_verdict, rest_wait, why_awake
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.keeper.workers import crash_rank, log_rank
@@ -526,8 +526,9 @@ class Keeper:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
-        elif linger_over(self._linger_s(), self.idle_since, now, others=self.server.has_clients()):
-            self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._linger_s():.0f} s idle"))
+        why = linger_verdict(self, now)
+        if why is not None:
+            self.emit(p.KeeperNote(t=now, message=why))
             self.stop_event.set()
 
     # ------------------------------------------------------------------ main
