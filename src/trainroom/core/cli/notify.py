@@ -160,7 +160,7 @@ def _trusted_policy(src: Source) -> tuple[sections.Notify, list[tuple[str, str]]
 
 
 def cmd_notify(args: argparse.Namespace) -> int:
-    src = _target(args.run, args.config)
+    src = _target(args.run, getattr(args, "config", None))
     info, policy, where, cwd = src.info, src.policy, src.where, src.cwd
     channels, unavailable = channels_from(policy, cwd=cwd, env=os.environ)
     commands = [shown_command(c) for c in sections.as_list(policy.command)]
