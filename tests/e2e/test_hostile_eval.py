@@ -132,10 +132,15 @@ def test_watched_checkpoints_are_gated_by_the_eval_command_too(trhome: Path, tmp
     assert "worse than the best promoted 1 by more than 5 %" in (h.reason or "")
     root = runs.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir)
     assert sorted(x.name for x in root.iterdir() if x.name.startswith("step-")) == ["step-000010"]
-    d = status(info)
+
+    # EVAL_REGRESSED is judged on the keeper's tick after the verdict.
+    def regressed() -> dict[str, Any] | None:
+        got = status(info)
+        return got if "EVAL_REGRESSED" in {f["code"] for f in got["findings"]} else None
+
+    d = wait_for(regressed, timeout=120, what="EVAL_REGRESSED for the held version")
     copy = next(c for c in d["checkpoints"] if c["path"].endswith("step-000010/ckpt.pt"))
     assert copy["state"] == "verified" and copy["eval"]["figure"] == 1.0 and copy["eval"]["passed"]
-    assert "EVAL_REGRESSED" in {f["code"] for f in d["findings"]}
     out = run_cli("eval", info.run_id, "--json", timeout=TORCH_START_S)
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["step"] == 10
