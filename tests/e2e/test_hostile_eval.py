@@ -144,3 +144,55 @@ def test_watched_checkpoints_are_gated_by_the_eval_command_too(trhome: Path, tmp
     out = run_cli("eval", info.run_id, "--json", timeout=TORCH_START_S)
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["step"] == 10
+
+
+DCP_SAVE = Path(__file__).parents[1] / "support" / "ckpt_makers" / "dcp_save.py"
+
+
+def test_an_evaluation_that_adds_files_to_a_watched_directory_is_evaluated_once(
+    trhome: Path, tmp_path: Path
+) -> None:
+    from trainroom.core.run.launch import launch
+
+    stop = tmp_path / "stop"
+    trainer = (
+        f"{PY} {shlex.quote(str(DCP_SAVE))} out/step-000010 --step 10 && "
+        f"while [ ! -e {shlex.quote(str(stop))} ]; do sleep 0.2; done"
+    )
+    # As HF's save_metrics does: the evaluation writes its results into the checkpoint it reads.
+    writes = f'{PY} -c \'import sys; open(sys.argv[1] + "/eval_results.json", "w").write("ok"); print("eval_loss=1.0")\' {{ckpt}}'
+    info = launch(
+        ["sh", "-c", trainer],
+        {"watch_ckpt": ["out/step-*"], "keep_verified_copies": True, "eval_command": writes, "linger_s": 600},
+        cwd=str(tmp_path),
+    )
+    try:
+        watched = str(tmp_path / "out" / "step-000010")
+        root = runs.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir)
+
+        def copied() -> bool:
+            return (root / "step-000010").is_dir()
+
+        wait_for(copied, timeout=TORCH_START_S, what="the watched directory verified, evaluated and copied")
+        moved = Path(info.run_dir) / "eval-output" / "step-000010" / "eval_results.json"
+        assert moved.read_text() == "ok" and not (Path(watched) / "eval_results.json").exists()
+        assert not (root / "step-000010" / "eval_results.json").exists()  # the copy is what was verified
+
+        def evaluations() -> int:
+            return sum(
+                1
+                for r in read_journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+                if isinstance(r, p.CheckpointState) and r.path == watched and r.reason == "evaluating"
+            )
+
+        # The watch polls each second and settles in a few: a loop would evaluate again by now.
+        deadline = wait_for(
+            lambda: status(info)["keeper"] == "alive" and status(info), timeout=60, what="status"
+        )
+        assert deadline
+        import time
+
+        time.sleep(8)  # a loop, if any, has had several polls to show itself
+        assert evaluations() == 1
+    finally:
+        stop.touch()

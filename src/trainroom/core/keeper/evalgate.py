@@ -16,6 +16,7 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import Quarantine
 from trainroom.core.ckpt.report import VerifyReport, journal_report
+from trainroom.core.ckpt.watch import Sighting, stat_one
 from trainroom.core.findings import Finding
 from trainroom.core.keeper.evaltree import move_out, tree_state
 from trainroom.core.keeper.ports import Recorder, RunContext
@@ -29,6 +30,11 @@ class EvalGate:
         self.recorder = recorder
         self.run = run
         self.held: dict[str, p.CheckpointState] = {}  # path -> a candidate its evaluation held back
+        # The last evaluation added files to the checkpoint and they were moved out: its content is
+        # the one verified again (a watched directory's mtimes are not: the watch absorbs them).
+        self.restored = False
+        self.evaluating: str | None = None  # the path under evaluation (the watch holds it still)
+        self.after: Sighting | None = None  # how a restored checkpoint looks now (the watch absorbs it)
 
     def figures(self) -> list[tuple[str, float, bool]]:
         """(path, figure, promoted) of every evaluated checkpoint of this run, held ones too."""
@@ -55,7 +61,9 @@ class EvalGate:
                 best = f
         return best
 
-    async def evaluate(self, path: str, report: VerifyReport) -> p.EvalFigure | None:
+    async def evaluate(
+        self, path: str, report: VerifyReport, *, watched: bool = False
+    ) -> p.EvalFigure | None:
         """The trainer's own evaluation of a verified candidate, when `[eval]` sets one (None
         otherwise). It runs before promotion, in this queue: a candidate is promoted only after
         its figure is judged, and what is queued behind it waits."""
@@ -69,26 +77,35 @@ class EvalGate:
         )
         self.recorder.flush()
         before = await asyncio.to_thread(tree_state, path)
-        figure = await asyncio.to_thread(
-            evaluate,
-            policy,
-            path,
-            step=report.step,
-            run_id=self.run.run_dir.name,
-            cwd=self.run.cwd,
-            best=self.best_eval(),
-            history=[f for _, f, _ in self.figures()],
-        )
-        return await asyncio.to_thread(self._written, path, before, figure)
+        self.evaluating = path
+        try:
+            figure = await asyncio.to_thread(
+                evaluate,
+                policy,
+                path,
+                step=report.step,
+                run_id=self.run.run_dir.name,
+                cwd=self.run.cwd,
+                best=self.best_eval(),
+                history=[f for _, f, _ in self.figures()],
+            )
+            return await asyncio.to_thread(self._written, path, before, figure, watched)
+        finally:
+            self.evaluating = None
 
-    def _written(self, path: str, before: dict[str, tuple[int, int]], figure: p.EvalFigure) -> p.EvalFigure:
+    def _written(
+        self, path: str, before: dict[str, tuple[int, int]], figure: p.EvalFigure, watched: bool = False
+    ) -> p.EvalFigure:
         """What the evaluation wrote into the checkpoint it was given. Files it added (HF's
         save_metrics writes eval_results.json into the directory) are moved out to the run's
         eval-output/ so the candidate is the bytes verified (else its digest changes and it is
         verified and evaluated again, forever); a file it changed cannot be undone: held back."""
+        self.restored = False
         after = tree_state(path)
         changed = sorted(k for k, v in before.items() if after.get(k) != v)
         added = sorted(k for k in after if k not in before)
+        if changed and watched:
+            return figure  # the trainer's own file, written again meanwhile: the watch takes the new version
         if changed:
             return msgspec.structs.replace(
                 figure,
@@ -100,6 +117,8 @@ class EvalGate:
             return figure
         dest = self.run.run_dir / "eval-output" / Path(path).name
         moved = move_out(Path(path), added, dest)
+        self.restored = tree_state(path) == before
+        self.after = stat_one(path) if self.restored else None
         self.recorder.emit(
             p.KeeperNote(
                 t=time.time(),
