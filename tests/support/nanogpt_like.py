@@ -91,6 +91,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--wait-copies", action="store_true")
+    ap.add_argument("--no-wait-last", action="store_true", help="with --wait-copies, not after the last save")
     # nanoGPT's own: where ckpt.pt lives, and `resume` to start from it.
     ap.add_argument("--out_dir", default="out")
     ap.add_argument("--init_from", default="scratch", choices=("scratch", "resume"))
@@ -164,7 +165,7 @@ def main() -> int:
             print(f"saving checkpoint to {out}", flush=True)
             torch.save(checkpoint, out / "ckpt.pt")  # in place, over the previous version
             saves += 1
-            if args.wait_copies:
+            if args.wait_copies and not (args.no_wait_last and it + args.save_every > args.iters):
                 wait_for_copies(saves, 120.0)
         if args.delay:
             time.sleep(args.delay)

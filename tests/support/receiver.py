@@ -1,5 +1,7 @@
 """A real HTTP receiver on 127.0.0.1 for the alert tests: it records every POST (path, headers,
-body, arrival time) and answers 200, answers 500, or hangs until the test releases it."""
+body, arrival time) and answers 200, answers 500, hangs until the test releases it, or drips a
+200 answer one byte every DRIP_S (a slow-loris receiver: every read succeeds, the answer never
+ends in time) until the test releases it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any, Literal
 
 import msgspec
 
-Mode = Literal["ok", "fail", "hang"]
+Mode = Literal["ok", "fail", "hang", "drip"]
+DRIP_S = 0.5
+DRIP_BYTES = 600
 HANG_LIMIT_S = 300.0  # a hanging answer is released by the test, or by this, never left behind
 
 
@@ -45,6 +49,19 @@ class Receiver:
                     )
                 if owner.mode == "hang":
                     owner.release.wait(HANG_LIMIT_S)
+                if owner.mode == "drip":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(DRIP_BYTES))
+                    self.end_headers()
+                    for _ in range(DRIP_BYTES):
+                        if owner.release.wait(DRIP_S):
+                            return
+                        try:
+                            self.wfile.write(b".")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                    return
                 code = 500 if owner.mode == "fail" else 200
                 self.send_response(code)
                 self.send_header("Content-Length", "2")

@@ -94,7 +94,11 @@ def test_doctor_json_is_strict(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 
 
 def test_notify_json_is_strict(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(notify_cli, "_target", lambda _spec: (None, Notify(), "here", "/"))
+    monkeypatch.setattr(
+        notify_cli,
+        "_target",
+        lambda _spec, _named=None: notify_cli.Source(info=None, policy=Notify(), where="here", cwd="/"),
+    )
     monkeypatch.setattr(notify_cli, "channels_from", lambda *_a, **_k: ([], [("hook", "no command")]))
     result = {"channel": "hook", "outcome": "delivered", "detail": "", "latency_s": NAN}
     monkeypatch.setattr(notify_cli, "_from_here", lambda *_a: [result])

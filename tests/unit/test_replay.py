@@ -98,7 +98,10 @@ def _st() -> RunState:
         (5.31, 5.31, True, "the spike at step 31 reproduces from the checkpoint before it"),
         (5.31, 2.6, False, "the spike at step 31 does not reproduce with the same batch"),
         (2.55, 2.55, False, "step 31 was no spike, so nothing reproduces"),
-        (math.nan, math.nan, True, "reproduces"),
+        # A NaN replay is no figure: never a reproduction, even of a NaN step.
+        (math.nan, math.nan, False, "the replay gave nan: no figure, so never a reproduction"),
+        (5.31, math.nan, False, "the replay gave nan"),
+        (math.inf, math.inf, True, "reproduces"),
     ],
 )
 def test_the_verdict(recorded: float, replayed: float, ok: bool, words: str) -> None:

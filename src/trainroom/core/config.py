@@ -267,8 +267,10 @@ class Eval(_Section):
     # The trainer's own evaluation, run on each verified candidate before it is promoted, e.g.
     # "python eval.py --ckpt {ckpt}"; placeholders as [resume]'s. None: promotion is not gated.
     command: str | None = None
-    # A regex whose group `loss` (else its first group) is the figure; None: the last loss-like
-    # figure the output prints (`eval_loss=2.31`, `val loss 2.31`, `{"eval_loss": 2.31}`).
+    # A regex whose group `loss` (else its first group) is the figure, searched line by line; None:
+    # the evaluation's own loss (`eval_loss=2.31`, `val loss 2.31`, `{"eval_loss": 2.31}`): an
+    # eval/val/test name over a bare `loss` over a train name, the last printed within one (see
+    # ops.figures; lines over 4096 characters are not searched).
     pattern: str | None = None
     # A candidate worse than the best promoted figure by more than this fraction of it is held back.
     margin: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.05
@@ -306,6 +308,9 @@ class KeeperTimes(_Section):
     # The same for a run whose trainer died (DEAD): its resume needs the keeper, and a person
     # reading an alert comes back later than a minute. A resting keeper costs ~0.1 % of a core.
     dead_linger_s: NonNegative = 3600.0
+    # At most this many keepers of dead runs linger at once on this state dir; past it the one
+    # lingering longest leaves first (journaled). Each costs ~35 MiB and a little CPU.
+    max_dead_lingerers: Annotated[int, msgspec.Meta(ge=1)] = 4
     # Seconds between the probes of a resting keeper (its run ended, nothing in flight): it still
     # sees a leftover process, GPU memory released, a checkpoint written after the end.
     rest_probe_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0

@@ -301,6 +301,11 @@ class EvalFigure(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     best: float | None = None  # the best promoted figure it was judged against
     seconds: float = 0.0
     exit_code: int | None = None
+    # What was run and read: `trainroom eval` reproduces with these, not with a re-read [eval].
+    command: str | None = None
+    pattern: str | None = None
+    figure_name: str | None = None  # what the figure was printed as (`eval_loss`), or `pattern`
+    leftovers: int = 0  # processes it left behind, killed when it ended
 
 
 class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=True):

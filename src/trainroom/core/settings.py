@@ -175,6 +175,7 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     linger_s: float
     # The linger of a run whose trainer died (DEAD): its resume is the next step, often later.
     dead_linger_s: float
+    max_dead_lingerers: int  # keepers of dead runs lingering at once (keeper.lingering)
     # Seconds between the probes of a resting keeper (keeper.rest).
     rest_probe_s: float
     auto_resume: int
@@ -241,6 +242,7 @@ def resolve(
         log_pattern=options.log_pattern or config.log.pattern,
         linger_s=linger if math.isfinite(linger) else DEFAULT_LINGER_S,
         dead_linger_s=dead_linger if math.isfinite(dead_linger) else DEFAULT_LINGER_S,
+        max_dead_lingerers=config.keeper.max_dead_lingerers,
         rest_probe_s=config.keeper.rest_probe_s,
         auto_resume=options.auto_resume if options.auto_resume is not None else config.auto_resume.max,
         auto_resume_delay_s=options.auto_resume_delay_s,

@@ -23,7 +23,10 @@ The report's digest is xxh3-128 over the sorted `name digest` lines of every fil
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import re
+import stat
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -278,9 +281,36 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_dcp_metadata(path: Path) -> Any:
-    """A DCP directory's `.metadata`, unpickled with DCP's own classes only."""
-    with open(path / targets.DCP_METADATA, "rb") as f:
+    """A DCP directory's `.metadata`, unpickled with DCP's own classes only; a symlink or anything
+    but a regular file there is refused, never opened through."""
+    fd = os.open(path / targets.DCP_METADATA, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
         return _MetadataUnpickler(f).load()
+
+
+def _no_bytes(message: str) -> str:
+    """An error's message with what it quotes of the file's bytes left out (an unpickler's
+    "invalid load key, 'r'" names the first byte of whatever it was given)."""
+    return re.sub(r"""(['"]).{0,40}?\1""", "'…'", message)
+
+
+def _shard_outside(path: Path, rel: str) -> str | None:
+    """Why the shard the metadata names is not a file of this checkpoint (None: it is): an
+    absolute path, a `..`, a symlink or anything but a regular file inside the directory."""
+    parts = Path(rel).parts
+    if not rel or Path(rel).is_absolute() or ".." in parts:
+        return "names a file outside the checkpoint directory: refused, not opened"
+    try:
+        st = (path / rel).lstat()
+    except OSError:
+        return None  # missing: said by the cover check
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link: refused, not opened"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file: refused, not opened"
+    return None
 
 
 def _dcp_template(md: Any) -> dict[str, Any]:
@@ -342,6 +372,10 @@ def _shards_cover(path: Path, md: Any) -> list[str]:
         need[rel] = max(need.get(rel, 0), int(info.offset) + int(info.length))
     out = []
     for rel, n in sorted(need.items()):
+        outside = _shard_outside(path, rel)
+        if outside is not None:
+            out.append(f"{rel[:120]}: {outside}")
+            continue
         try:
             have = (path / rel).stat().st_size
         except OSError:
@@ -395,7 +429,8 @@ def verify_dcp(path: Path, exp: Expected, meminfo_path: str) -> VerifyReport:
     try:
         md = read_dcp_metadata(path)
     except Exception as exc:  # a damaged or foreign .metadata is a reason, never a traceback
-        totals.problems.append(f".metadata: corrupt: {type(exc).__name__}: {formats.first_line(str(exc))}")
+        said = _no_bytes(formats.first_line(str(exc)))
+        totals.problems.append(f".metadata: corrupt: {type(exc).__name__}: {said}")
         md = None
     if md is not None:
         totals.problems += _shards_cover(path, md)

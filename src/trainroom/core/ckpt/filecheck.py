@@ -40,6 +40,10 @@ from trainroom.core.units import fmt_bytes
 
 # An mmap load reads pages through the page cache; statistics copy at most a few chunks.
 MMAP_VERIFY_NEED = 256 << 20
+# Shared containers (a pickle's memo references) a report says it met: a plain state has none.
+SHARED_NOTED = 1
+# A verification that took longer says so in its notes (what else waited on the verifier).
+SLOW_VERIFY_S = 30.0
 
 
 def _listed(found: Mapping[str, NonFinite], limit: int = 3) -> str:
@@ -187,9 +191,22 @@ class FileCheck:
         except Exception as exc:  # a lazily read tensor (mmap, safetensors) can still fail here
             self.error_chain = p.error_chain(exc)
             self.problems.append(formats.translate_load_error(self.error_chain, self.size))
+        if isinstance(tensors, inventory.Walker):
+            self._walked(tensors)
         if self.format == "torch-zip" and not self.digest_ok:
             self._check_storages(obj)
         self._judge(inv, obj)
+
+    def _walked(self, w: inventory.Walker) -> None:
+        """A walk cut short by its budget cannot vouch for the state; many shared references
+        (walked once each) are said."""
+        if w.cut_short is not None:
+            self.problems.append(f"not verified: {w.cut_short}")
+        elif w.shared >= SHARED_NOTED:
+            self.notes.append(
+                f"{w.shared:,} container(s) reached again through shared references: each walked once "
+                f"({w.entries:,} entries)"
+            )
 
     def _find_step(self, obj: object) -> None:
         if self.step is not None:
@@ -296,6 +313,9 @@ class FileCheck:
 
     def report(self) -> VerifyReport:
         inv = self.inv
+        took = time.perf_counter() - self.t0
+        if took >= SLOW_VERIFY_S:
+            self.notes.append(f"verification took {took:.0f} s (other checkpoints waited for the verifier)")
         return VerifyReport(
             ok=not self.problems,
             reason=self.problems[0] if self.problems else None,

@@ -7,6 +7,7 @@ Torch is imported only inside the functions that look at tensors.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import statistics
@@ -72,22 +73,81 @@ def sig(x: float, digits: int = 6) -> float:
 # --------------------------------------------------------------------------- walking
 
 
-def walk(obj: object, prefix: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in a loaded training state, by its dotted path."""
-    import torch
+# The most entries (container items, tensors) one walk looks at: a loaded state is walked in time
+# bounded by this whatever its shape; a state with more is cut short, and says so.
+WALK_BUDGET = 20_000_000
+WALK_DEPTH = 64
 
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif depth > 64:
-        return
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            yield from walk(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from walk(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
-    elif hasattr(obj, "__dict__") and type(obj).__name__ == "Namespace":
-        yield from walk(vars(obj), prefix, depth + 1)
+
+class Walker:
+    """Every tensor in a loaded training state, by its dotted path, once per path through
+    containers walked once each: a container reached again (a pickle's shared references, the
+    "billion laughs" of nested lists of one list) is not walked again, and the walk stops after
+    `budget` entries. A tensor under two names (tied weights) is still yielded under both.
+    `cut_short` says why it stopped early (None when it saw everything); `shared` counts the
+    containers met again and skipped."""
+
+    def __init__(self, obj: object, prefix: str = "", budget: int = WALK_BUDGET) -> None:
+        self._obj = obj
+        self._prefix = prefix
+        self.budget = budget
+        self.entries = 0
+        self.shared = 0
+        self.cut_short: str | None = None
+        self._run: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    def __iter__(self) -> Walker:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        if self._run is None:
+            self._run = self._walk()
+        return next(self._run)
+
+    def _walk(self) -> Iterator[tuple[str, torch.Tensor]]:
+        import torch
+
+        seen: set[int] = set()
+        # An explicit stack (depth-first, in order): no recursion limit, no frame per level.
+        stack: list[tuple[str, object, int]] = [(self._prefix, self._obj, 0)]
+        while stack:
+            prefix, obj, depth = stack.pop()
+            self.entries += 1
+            if self.entries > self.budget:
+                self.cut_short = (
+                    f"walked {self.budget:,} entries and stopped: the state holds more objects than a "
+                    "checkpoint's (a pickle of shared references?), so not every tensor was looked at"
+                )
+                return
+            if isinstance(obj, torch.Tensor):
+                yield prefix, obj
+                continue
+            if depth > WALK_DEPTH:
+                continue
+            if isinstance(obj, (Mapping, list, tuple)) or (
+                hasattr(obj, "__dict__") and type(obj).__name__ == "Namespace"
+            ):
+                if id(obj) in seen:
+                    self.shared += 1
+                    continue
+                seen.add(id(obj))
+            room = max(0, self.budget - self.entries - len(stack)) + 1  # never more than the budget
+            if isinstance(obj, Mapping):
+                items: Iterator[tuple[object, object]] = iter(obj.items())
+            elif isinstance(obj, (list, tuple)):
+                items = enumerate(obj)
+            elif hasattr(obj, "__dict__") and type(obj).__name__ == "Namespace":
+                items = iter(vars(obj).items())
+            else:
+                continue
+            kids = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in itertools.islice(items, room)]
+            stack.extend((name, v, depth + 1) for name, v in reversed(kids))
+
+
+def walk(obj: object, prefix: str, budget: int | None = None) -> Walker:
+    """Every tensor in a loaded training state, by its dotted path (see Walker: bounded by
+    identity and by work; `budget` entries, default WALK_BUDGET)."""
+    return Walker(obj, prefix, WALK_BUDGET if budget is None else budget)
 
 
 def model_prefix(obj: object) -> str | None:

@@ -165,6 +165,30 @@ def poll(
     return WatchState(files=files), requests, records
 
 
+def held_still(state: WatchState, sightings: Sequence[Sighting], paths: Iterable[str]) -> list[Sighting]:
+    """The sightings with those of `paths` taken as unchanged (what the watch recorded): an
+    evaluation is running on them and may write into them (or just ended: a sighting taken during
+    it may still be in hand); what it wrote is judged when it ends (`absorb`)."""
+    same = {
+        f.path: Sighting(path=f.path, size=f.size, mtime_ns=f.mtime_ns, ino=f.ino)
+        for f in (state.files.get(p) for p in paths)
+        if f is not None
+    }
+    return [same.get(s.path, s) for s in sightings]
+
+
+def absorb(state: WatchState, path: str, version: int, current: Sighting | None) -> WatchState:
+    """Take `current` as what version `version` of `path` looks like now, not as a new version: an
+    evaluation wrote files into a watched directory and they were moved out again (its content is
+    the one verified, its mtimes are not), so it is not verified and evaluated again, forever."""
+    f = state.files.get(path)
+    if f is None or current is None or f.version != version:
+        return state
+    files = dict(state.files)
+    files[path] = msgspec.structs.replace(f, size=current.size, mtime_ns=current.mtime_ns, ino=current.ino)
+    return WatchState(files=files)
+
+
 def record_verdict(
     state: WatchState, request: VerifyRequest, report: VerifyReport, current: Sighting | None, now: float
 ) -> tuple[WatchState, list[p.CheckpointState], bool]:

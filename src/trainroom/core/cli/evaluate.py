@@ -12,6 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from trainroom.core import protocol as p
 from trainroom.core.cli.errors import CliError
 from trainroom.core.config import Eval, load_config
 from trainroom.core.ops.evaluate import evaluate
@@ -63,17 +66,39 @@ def pick(checkpoints: list[CheckpointView], step: int | None) -> CheckpointView:
     return max(evaluated, key=lambda c: (c.step if c.step is not None else -1, c.t))
 
 
+def recorded_policy(current: Eval | None, fig: p.EvalFigure) -> tuple[Eval, str | None]:
+    """The evaluation as it ran at promotion (its command and pattern, kept with its figure), and
+    a note when today's [eval] / --eval-command says otherwise. A figure recorded before commands
+    were kept is reproduced with today's, and says so."""
+    if fig.command:
+        base = current if current is not None else Eval()
+        policy = msgspec.structs.replace(base, command=fig.command, pattern=fig.pattern)
+        differs = current is not None and (current.command, current.pattern) != (fig.command, fig.pattern)
+        return policy, (
+            "the run's [eval] now says otherwise; the command recorded with the figure is run"
+            if differs
+            else None
+        )
+    if current is None or not current.command:
+        raise CliError("no evaluation command was recorded with this figure and none is set now")
+    return current, "no command was recorded with this figure: today's [eval] is run, which may differ"
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     info = runs.resolve_run(args.run)
     rec = runs.read_record(Path(info.run_dir))
-    policy = policy_of(rec)
-    if not policy.command:
+    st = runs.load_state(info.run_dir)
+    try:
+        current: Eval | None = policy_of(rec)
+    except CliError:
+        current = None  # a trainroom.toml broken since: the recorded command still runs
+    if (current is None or not current.command) and not any(c.eval is not None for c in st.checkpoints):
         raise CliError(
             f"run {info.run_id} has no evaluation: set [eval] command in trainroom.toml or --eval-command"
         )
-    st = runs.load_state(info.run_dir)
     c = pick(st.checkpoints, args.step)
     assert c.eval is not None and c.eval.figure is not None and c.report is not None
+    policy, note = recorded_policy(current, c.eval)
     path = c.report.promoted_file or c.path
     if not os.path.exists(path):
         raise CliError(f"the checkpoint at step {c.step} is gone from {path}")
@@ -89,10 +114,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "reproduces": same,
         "seconds": got.seconds,
         "why": None if got.figure is not None else got.why,
+        "command": policy.command,
+        "note": note,
     }
     if args.json:
         print(to_json(out))
-    elif got.figure is None:
+        return 0 if same else 1
+    if got.figure is None:
         print(f"step {c.step}: the evaluation gave no figure this time ({got.why}); recorded {recorded:.4f}")
     elif same:
         print(f"step {c.step}: reproduces: {got.figure:.4f} (recorded {recorded:.4f}) in {got.seconds:.1f} s")
@@ -102,4 +130,5 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"(off by {abs(got.figure - recorded):.4g}): the evaluation is not deterministic, so a "
             "regression it judges may be noise"
         )
+    print(f"ran `{policy.command}`" + (f" ({note})" if note else ""))
     return 0 if same else 1

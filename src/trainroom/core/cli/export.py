@@ -18,6 +18,7 @@ connections waits in the queue rather than in SYN retries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import socket
 import sys
@@ -45,6 +46,8 @@ STATES = vocab.WATCH_STATES  # export reads live keepers: their watchdog states
 CHECKPOINT_STATES = vocab.CKPT_STATES
 SNAPSHOT_TIMEOUT_S = 2.0  # one keeper that does not answer must not hold the whole scrape
 BACKLOG = 1024  # connections the kernel queues while every thread is busy
+MAX_CONNECTIONS = 128  # held at once (fewer under a low fd limit: see connection_cap)
+IDLE_S = 10.0  # a connection that sends nothing (or stalls mid-request) this long is closed
 RUN_LABELS = ["run", "job", "host"]
 RANK_LABELS = ["run", "job", "host", "rank"]
 
@@ -316,12 +319,81 @@ class CachedExposition:
             return out, content_type
 
 
+def connection_cap() -> int:
+    """How many connections the exporter holds at once: a quarter of the fd limit, at most
+    MAX_CONNECTIONS (each holds an fd and a thread)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    if soft <= 0:  # RLIM_INFINITY
+        soft = 1 << 20
+    return max(8, min(MAX_CONNECTIONS, soft // 4))
+
+
 class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most `cap` connections held: past it, the oldest connection
+    that has not sent a byte yet is closed to make room (idle connections cannot lock the scrapes
+    out, however many are opened), and a connection that sends nothing for IDLE_S is closed."""
+
     daemon_threads = True
     request_queue_size = BACKLOG
+    cap = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        self._held: dict[socket.socket, bool] = {}  # connection -> it has sent a byte
+        self._held_lock = threading.RLock()
+        self.cap = connection_cap()
+        self.evicted = 0
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._held_lock:
+            while len(self._held) >= self.cap:
+                idle = next((c for c, busy in self._held.items() if not busy), None)
+                if idle is None:
+                    break
+                del self._held[idle]
+                self.evicted += 1
+                with contextlib.suppress(OSError):
+                    idle.shutdown(socket.SHUT_RDWR)  # its thread reads the end and leaves
+            if len(self._held) >= self.cap:
+                self.shutdown_request(request)  # every held one is being answered: come back
+                return
+            self._held[request] = False
+        super().process_request(request, client_address)
+
+    def busy(self, conn: socket.socket) -> None:
+        with self._held_lock:
+            if conn in self._held:
+                self._held[conn] = True
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._held_lock:
+            self._held.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that timed out or went away is no news
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = IDLE_S
+
+    def handle(self) -> None:
+        try:
+            first = self.connection.recv(1, socket.MSG_PEEK)  # waits at most IDLE_S
+        except OSError:
+            return
+        if not first:
+            return
+        server = self.server
+        if isinstance(server, _Server):
+            server.busy(self.connection)
+        super().handle()
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 

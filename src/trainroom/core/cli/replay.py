@@ -1,7 +1,8 @@
 """`trainroom replay [RUN] --step N [--fp32]`: the forensic step after a loss spike. The run's own
 command starts again, away from its keeper, from the last verified checkpoint before step N, with
 the batch step N trained on (and the batches of the steps between) in its environment (see
-`sdk.replay_request`); it prints the replayed loss, and the verdict compares it with what the run
+`sdk.replay_request`); its saves go to a scratch root of its own (runs/<id>/replays/…), never the
+run's, and it refuses while the run still trains; it prints the replayed loss, and the verdict compares it with what the run
 saw: the spike reproduces (the data or the numerics: look at the batch, then try --fp32), or it does
 not (non-determinism, collectives, memory, hardware). Exit 0 reproduces, 1 does not, 2 bad input."""
 
@@ -12,13 +13,17 @@ import math
 import os
 import shlex
 import statistics
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from trainroom.core import protocol as p
 from trainroom.core.cli.errors import CliError
 from trainroom.core.ops.evaluate import figure_in, run_bounded
+from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import current_state
 from trainroom.core.run.state import CheckpointView, RunState
 from trainroom.core.sdk.replay import ReplayRequest, replay_env
 from trainroom.core.units import to_json
@@ -88,6 +93,13 @@ def verdict(
             f"step {step}: replayed loss {replayed:.4f}; no recorded loss around it to judge by",
             figures,
         )
+    if math.isnan(replayed):
+        return (
+            False,
+            f"step {step}: the replay gave nan: no figure, so never a reproduction (the replay itself went "
+            "non-finite: look at its output)",
+            figures,
+        )
     spike = not math.isfinite(recorded) or recorded > base + band
     again = not math.isfinite(replayed) or replayed > base + band
     rec_s = f"{recorded:.4f}" if math.isfinite(recorded) else str(recorded)
@@ -113,10 +125,44 @@ def verdict(
     )
 
 
+def still_training(info: runs.RunInfo, st: RunState, keeper_alive: bool) -> str | None:
+    """Why the run still trains (its keeper lives and its attempt has not ended, or its trainer's
+    pid lives), or None. A replay starts the run's command a second time: beside the live run it
+    would share its device, its data loaders and any file the command writes."""
+    a = st.attempt
+    if a is None:
+        return f"run {info.run_id} is starting (its keeper is alive)" if keeper_alive else None
+    if a.ended_at is not None:
+        return None
+    if keeper_alive:
+        return f"run {info.run_id} is still training (attempt {a.n}, trainer pid {a.pid}, its keeper alive)"
+    ticks = procs.start_ticks(a.pid)
+    if ticks is None or (a.start_ticks is not None and ticks != a.start_ticks):
+        return None  # gone, or the pid is another process's now
+    return f"run {info.run_id} may still be training (its keeper is gone, trainer pid {a.pid} lives)"
+
+
+def scratch_dir(run_dir: Path, step: int) -> Path:
+    """A new directory of the replay's own under the run's directory: its checkpoint root."""
+    base = run_dir / "replays"
+    base.mkdir(mode=0o700, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    d = Path(tempfile.mkdtemp(prefix=f"{stamp}-step{step}-", dir=base))
+    (d / "checkpoints").mkdir(mode=0o700)
+    return d
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     info = runs.resolve_run(args.run)
     rec = runs.read_record(Path(info.run_dir))
     st = runs.load_state(info.run_dir)
+    live, keeper_alive = current_state(info) if info.alive else (st, False)
+    busy = still_training(info, live, keeper_alive)
+    if busy is not None:
+        raise CliError(
+            f"{busy}: a replay starts its command a second time, on the same device and beside its "
+            "checkpoints; replay once it has ended (or stop it: trainroom kill)"
+        )
     log, row = window_of(st, args.step)
     ckpt = checkpoint_before(st, args.step)
     assert ckpt.step is not None
@@ -128,6 +174,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         ckpt_step=ckpt.step,
         batches=between,
         fp32=args.fp32,
+        scratch_root=str(scratch_dir(Path(info.run_dir), args.step) / "checkpoints"),
     )
     env = {k: v for k, v in os.environ.items() if k not in KEEPER_ENV}
     env.update(replay_env(req))
@@ -160,6 +207,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     "checkpoint": req.ckpt,
                     "checkpoint_step": ckpt.step,
                     "steps_between": len(between),
+                    "scratch_root": req.scratch_root,
                     "reproduces": ok,
                     "verdict": words,
                     **figures,

@@ -16,9 +16,11 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import Quarantine
 from trainroom.core.ckpt.report import VerifyReport, journal_report
+from trainroom.core.ckpt.watch import Sighting, stat_one
 from trainroom.core.findings import Finding
+from trainroom.core.keeper.evaltree import move_out, tree_state
 from trainroom.core.keeper.ports import Recorder, RunContext
-from trainroom.core.ops.evaluate import better, evaluate
+from trainroom.core.ops.evaluate import better, evaluate, implausible
 from trainroom.core.settings import RunSettings
 
 
@@ -28,18 +30,40 @@ class EvalGate:
         self.recorder = recorder
         self.run = run
         self.held: dict[str, p.CheckpointState] = {}  # path -> a candidate its evaluation held back
+        # The last evaluation added files to the checkpoint and they were moved out: its content is
+        # the one verified again (a watched directory's mtimes are not: the watch absorbs them).
+        self.restored = False
+        self.evaluating: str | None = None  # the path under evaluation (the watch holds it still)
+        self.after: Sighting | None = None  # how a restored checkpoint looks now (the watch absorbs it)
+
+    def figures(self) -> list[tuple[str, float, bool]]:
+        """(path, figure, promoted) of every evaluated checkpoint of this run, held ones too."""
+        return [
+            (c.path, c.eval.figure, c.state == "verified" and c.eval.passed)
+            for c in self.run.state.checkpoints
+            if c.eval is not None and c.eval.figure is not None
+        ]
 
     def best_eval(self) -> float | None:
         """The best evaluation figure of a promoted (verified) checkpoint of this run, as the
-        journal says (so a restarted keeper judges against the same one)."""
+        journal says (so a restarted keeper judges against the same one). A promoted figure that
+        is implausible beside the run's other figures (a bogus -1e9 promoted first) is not the
+        best: it would hold every later checkpoint back."""
         best: float | None = None
-        for c in self.run.state.checkpoints:
-            f = c.eval.figure if c.eval is not None and c.eval.passed else None
-            if c.state == "verified" and f is not None and better(f, best, self.settings.eval):
+        seen = self.figures()
+        for i, (_, f, promoted) in enumerate(seen):
+            others = [g for j, (_, g, _) in enumerate(seen) if j != i]
+            if (
+                promoted
+                and implausible(f, others, self.settings.eval) is None
+                and better(f, best, self.settings.eval)
+            ):
                 best = f
         return best
 
-    async def evaluate(self, path: str, report: VerifyReport) -> p.EvalFigure | None:
+    async def evaluate(
+        self, path: str, report: VerifyReport, *, watched: bool = False
+    ) -> p.EvalFigure | None:
         """The trainer's own evaluation of a verified candidate, when `[eval]` sets one (None
         otherwise). It runs before promotion, in this queue: a candidate is promoted only after
         its figure is judged, and what is queued behind it waits."""
@@ -52,15 +76,59 @@ class EvalGate:
             )
         )
         self.recorder.flush()
-        return await asyncio.to_thread(
-            evaluate,
-            policy,
-            path,
-            step=report.step,
-            run_id=self.run.run_dir.name,
-            cwd=self.run.cwd,
-            best=self.best_eval(),
+        before = await asyncio.to_thread(tree_state, path)
+        self.evaluating = path
+        try:
+            figure = await asyncio.to_thread(
+                evaluate,
+                policy,
+                path,
+                step=report.step,
+                run_id=self.run.run_dir.name,
+                cwd=self.run.cwd,
+                best=self.best_eval(),
+                history=[f for _, f, _ in self.figures()],
+            )
+            return await asyncio.to_thread(self._written, path, before, figure, watched)
+        finally:
+            self.evaluating = None
+
+    def _written(
+        self, path: str, before: dict[str, tuple[int, int]], figure: p.EvalFigure, watched: bool = False
+    ) -> p.EvalFigure:
+        """What the evaluation wrote into the checkpoint it was given. Files it added (HF's
+        save_metrics writes eval_results.json into the directory) are moved out to the run's
+        eval-output/ so the candidate is the bytes verified (else its digest changes and it is
+        verified and evaluated again, forever); a file it changed cannot be undone: held back."""
+        self.restored = False
+        after = tree_state(path)
+        changed = sorted(k for k, v in before.items() if after.get(k) != v)
+        added = sorted(k for k in after if k not in before)
+        if changed and watched:
+            return figure  # the trainer's own file, written again meanwhile: the watch takes the new version
+        if changed:
+            return msgspec.structs.replace(
+                figure,
+                passed=False,
+                why=f"its evaluation changed {len(changed)} file(s) of the checkpoint it was given "
+                f"({', '.join(changed[:3])}): the bytes verified are gone; an evaluation must only read it",
+            )
+        if not added:
+            return figure
+        dest = self.run.run_dir / "eval-output" / Path(path).name
+        moved = move_out(Path(path), added, dest)
+        self.restored = tree_state(path) == before
+        self.after = stat_one(path) if self.restored else None
+        self.recorder.emit(
+            p.KeeperNote(
+                t=time.time(),
+                kind="warning",
+                message=f"the evaluation of {Path(path).name} wrote {len(added)} file(s) into it "
+                f"({', '.join(added[:3])}): moved to {dest} ({moved} moved), so what is promoted is "
+                "what was verified",
+            )
         )
+        return figure
 
     async def hold(self, path: str, report: VerifyReport, figure: p.EvalFigure, own: Path | None) -> None:
         """A verified candidate its evaluation held back: kept where it is (in quarantine, with its

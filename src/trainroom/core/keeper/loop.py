@@ -41,7 +41,7 @@ from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.keeper.output import TrainerOutput, log_line
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.recovery import AutoResume, Resumer
-from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_over, rest_wait, why_awake
+from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_verdict, rest_wait, why_awake
 from trainroom.core.keeper.server import Server
 from trainroom.core.keeper.supervision import Supervision
 from trainroom.core.keeper.workers import crash_rank, log_rank
@@ -93,7 +93,10 @@ class Keeper:
         self.sock_path = run_dir / runs.SOCKET_NAME
         self._log_path = run_dir / runs.LOG_NAME
         # The trainer's stdout/stderr reach trainer.log through a pump: no write error reaches it.
-        self.output = TrainerOutput(self._log_path, self.note)
+        # An attached run's trainer.log is trainroom's own link to the trainer's log (run.attach):
+        # a takeover's attempts write to that file by the path its record names, never through a link.
+        attached_log = rec.attached.log if rec.attached is not None else None
+        self.output = TrainerOutput(Path(attached_log) if attached_log else self._log_path, self.note)
         self.proc: asyncio.subprocess.Process | adopt.Adopted | None = None
         self.attempt_n = 0
         self.tail = LogTail(self._log_path, self._settings.log_pattern, self._settings.log_hints)
@@ -325,7 +328,7 @@ class Keeper:
             floor = None
         now = time.time()
         out = await self.output.open(n)
-        with open(self._log_path, "ab", buffering=0) as log:
+        with self.output.log_file() as log:
             log_line(log, f"attempt {n} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}")
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -536,8 +539,9 @@ class Keeper:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
-        elif linger_over(self._linger_s(), self.idle_since, now, others=self.server.has_clients()):
-            self.emit(p.KeeperNote(t=now, message=f"keeper exits after {self._linger_s():.0f} s idle"))
+        why = linger_verdict(self, now)
+        if why is not None:
+            self.emit(p.KeeperNote(t=now, message=why))
             self.stop_event.set()
 
     # ------------------------------------------------------------------ main

@@ -16,8 +16,15 @@ The file is opened by path again when it was renamed away or deleted (a rotation
 copytruncate), so the trainer's output goes to the trainer.log the keeper's reader follows. A
 copytruncate needs nothing: the file is opened O_APPEND.
 
+Only a regular file is written: the path is opened O_NONBLOCK|O_NOFOLLOW, so a FIFO planted at
+trainer.log cannot block the pump (and, through a full pipe, the trainer) and a symlink there is
+never followed to a file that is not trainroom's; what is not a regular file is refused, said, and
+the trainer's output drained and dropped (counted) until trainer.log is a regular file again.
+
 What it tells the keeper goes to its stdout, one line each, never blocking (the keeper may be
 stopped; a line that does not fit is dropped, the next carries the totals):
+  `refused TOTAL WHY...`   trainer.log is not a regular file (WHY in words): TOTAL bytes dropped
+  `accepted TOTAL`   trainer.log is a regular file again; TOTAL bytes were dropped while refused
   `lost TOTAL SINCE`   bytes dropped so far, and when the first of this loss was dropped
   `resumed TOTAL SINCE UNTIL`   writing works again after a loss
   `eof`   every writer closed the pipe and all it carried was written (or counted lost)
@@ -29,6 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import sys
 import time
 
@@ -37,6 +45,48 @@ PIPE_BYTES = 1 << 20  # the pipe's buffer: the trainer's burst the pump may take
 REPORT_S = 0.5  # the most often a continuing loss is told
 REOPEN_CHECK_S = 0.5  # the most often the path is compared with the file held
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS}
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+
+
+def _kind(mode: int) -> str:
+    for test, words in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def open_log(path: str) -> tuple[int | None, str | None]:
+    """`path` opened for appending (blocking writes), or (None, why it is refused), or (None, None)
+    when it cannot be opened now (a full disk). Opened O_NONBLOCK (a FIFO without a reader cannot
+    block the opener) and O_NOFOLLOW (a symlink is never followed); only a regular file is kept."""
+    name = os.path.basename(path)
+    try:
+        fd = os.open(path, _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, f"{name} is a symbolic link (never followed: where it points is not trainroom's)"
+        if exc.errno == errno.ENXIO:
+            return None, f"{name} is a FIFO or socket with no reader (not a regular file)"
+        if exc.errno in (errno.EISDIR, errno.ENODEV, errno.EACCES, errno.EPERM):
+            return None, f"{name} cannot be written ({exc.strerror or exc})"
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None, f"{name} is {_kind(st.st_mode)}, not a regular file"
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        return None, None
+    return fd, None
 
 
 class Pump:
@@ -50,25 +100,37 @@ class Pump:
         self.since: float | None = None  # the current loss began (None while writing works)
         self.told = 0.0
         self.checked = 0.0
+        self.refused: str | None = None  # why the path is not written (not a regular file)
+        self.dropped = 0  # bytes drained and dropped while it was refused
         self._open()
 
     def _open(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
+        fd, why = open_log(self.path)
+        if why is not None:
+            if self.fd is not None:  # what the path names now is refused: write nowhere else
+                os.close(self.fd)
+                self.fd, self.ident = None, None
+            if why != self.refused:
+                self.refused = why
+                self._tell(f"refused {self.dropped} {why}\n")
+            return
+        if fd is None:
             return  # a full disk may refuse to create it: keep the one held, or drop until it can
         st = os.fstat(fd)
         if self.fd is not None:
             os.close(self.fd)
         self.fd, self.ident = fd, (st.st_dev, st.st_ino)
+        if self.refused is not None:
+            self.refused = None
+            self._tell(f"accepted {self.dropped}\n")
 
     def _follow(self, now: float) -> None:
         """The path names another file (or none): write where the reader reads."""
-        if self.fd is not None and now - self.checked < REOPEN_CHECK_S:
+        if (self.fd is not None or self.refused is not None) and now - self.checked < REOPEN_CHECK_S:
             return
         self.checked = now
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
             same = (st.st_dev, st.st_ino) == self.ident
         except OSError:
             same = False
@@ -88,6 +150,9 @@ class Pump:
     def write(self, data: bytes) -> None:
         now = time.time()
         self._follow(now)
+        if self.fd is None and self.refused is not None:
+            self.dropped += len(data)  # drained all the same: the trainer never blocks on its output
+            return
         view = memoryview(data)
         while view:
             try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainroom.core.health.statedisk import OutputLoss
-from trainroom.core.keeper.outpump import widen
+from trainroom.core.keeper.outpump import open_log, widen
 
 DRAIN_WAIT_S = 2.0  # the longest an ended attempt waits for its last output to reach the file
 DRAIN_STEP_S = 0.02
@@ -63,6 +63,12 @@ class TrainerOutput:
         # keeper judges them once it is there (their traceback is the cause of their death).
         self.ending: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def log_file(self) -> BinaryIO:
+        """trainer.log for the keeper's own lines, opened the pump's way (never blocking on a FIFO,
+        never through a symlink); /dev/null when it is refused or cannot be opened."""
+        fd, _why = open_log(str(self.log_path))
+        return os.fdopen(fd, "ab", buffering=0) if fd is not None else open(os.devnull, "ab", buffering=0)
 
     async def open(self, n: int) -> int | None:
         """The write end for attempt `n`'s stdout and stderr (the caller closes it once the
@@ -131,6 +137,9 @@ class TrainerOutput:
         if words == ["eof"]:
             pipe.done.set()
             return
+        if words[:1] in (["refused"], ["accepted"]) and len(words) > 1 and words[1].isdigit():
+            self._refusal(words[0], int(words[1]), " ".join(words[2:]))
+            return
         try:
             total, since = int(words[1]), float(words[2])
         except (IndexError, ValueError):
@@ -146,6 +155,23 @@ class TrainerOutput:
                 f"trainer output reaches {self.log_path.name} again: {self.loss.lost_bytes} bytes of it were "
                 f"lost since {lost_at} (the state dir's disk was full; the trainer went on)",
                 "warning",
+            )
+
+    def _refusal(self, what: str, dropped: int, why: str) -> None:
+        """trainer.log is not a regular file (a FIFO, a symlink, a device): the pump does not write
+        into it, drains the trainer's output and drops it; or it is a regular file again."""
+        if what == "refused":
+            self._note(
+                f"trainer output is not written to {self.log_path.name}: {why}; it is drained and dropped "
+                f"({dropped} bytes so far) so the trainer never blocks, until {self.log_path.name} is a "
+                "regular file again (remove what is there)",
+                "warning",
+            )
+        else:
+            self._note(
+                f"trainer output reaches {self.log_path.name} again: {dropped} bytes were dropped while it "
+                "was not a regular file",
+                "info",
             )
 
     def _close(self, pipe: _Pipe) -> None:

@@ -50,6 +50,9 @@ from trainroom.core.vocab import CkptState
 # at most MAX_TRIES times in all; a leftover is tried again at the next keeper start.
 RETRY_S = 30.0
 MAX_TRIES = 3
+# A watched path whose evaluation wrote into it (and was restored) is held still this long after:
+# the sightings taken during the evaluation are older than what the watch absorbed.
+STILL_AFTER_EVAL_S = 3.0
 # Seconds the warm verifier may sit idle before it is closed (its torch holds ~150 MB), unless
 # checkpoints are expected while the trainer lives.
 VERIFIER_IDLE_S = 300.0
@@ -132,6 +135,7 @@ class CheckpointPipeline:
         self.run = run
         self.settings = settings
         self.root = Path(settings.ckpt_root)
+        self.still: dict[str, float] = {}  # watched paths held still until then (after an evaluation)
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep = settings.keep
         self.budget = settings.disk_budget_bytes
@@ -346,7 +350,7 @@ class CheckpointPipeline:
         )
         self._remember(path, report, state)
         if ok and self.keep_copies:
-            await self._keep_copy(path, report)
+            await self._keep_copy(path, report, figure)
 
     def _remember(self, path: str, report: VerifyReport, state: str) -> None:
         if state == "rejected":
@@ -362,10 +366,21 @@ class CheckpointPipeline:
         )
         for r in recs:
             self.recorder.emit(r)
+        figure = await self.gate.evaluate(request.path, report, watched=True) if stood and report.ok else None
+        if figure is not None and self.gate.restored:  # no await since the evaluation: the watch held still
+            self.watch_state = watch.absorb(self.watch_state, request.path, request.version, self.gate.after)
+            self.still[request.path] = time.time() + STILL_AFTER_EVAL_S  # sightings taken during it
+        if figure is not None:
+            # The trainer's own file (nanoGPT's out/ckpt.pt) is gated like a saved one: held back
+            # (no verified copy kept) or verified with its figure.
+            if not figure.passed:
+                await self.gate.hold(request.path, report, figure, None)
+                return
+            self.recorder.emit(msgspec.structs.replace(recs[-1], eval=figure, t=time.time()))
         if stood and report.ok and self.keep_copies:
-            await self._keep_copy(request.path, report)
+            await self._keep_copy(request.path, report, figure)
 
-    async def _keep_copy(self, path: str, report: VerifyReport) -> None:
+    async def _keep_copy(self, path: str, report: VerifyReport, figure: p.EvalFigure | None = None) -> None:
         try:
             target = await asyncio.to_thread(keep_verified_copy, path, report, self.root)
         except Exception as exc:  # ENOSPC, a vanished file: the verdict stands, the copy does not
@@ -401,6 +416,7 @@ class CheckpointPipeline:
                     source=path,
                     completeness=report.completeness,
                 ),
+                eval=figure,
             )
         )
         self.recorder.emit(p.KeeperNote(t=time.time(), message=f"kept a verified copy of {path} at {copy}"))
@@ -513,7 +529,10 @@ class CheckpointPipeline:
         out += [outside_root(path, why) for path, why in list(self.outside.items())[-8:]]
         out += self.gate.findings(newest_ok)
         if self.globs:
-            self.watch_state, requests, recs = watch.poll(self.watch_state, self.sightings, now)
+            self.still = {k: t for k, t in self.still.items() if t > now}
+            held = [*self.still, *([self.gate.evaluating] if self.gate.evaluating else [])]
+            seen = watch.held_still(self.watch_state, self.sightings, held)
+            self.watch_state, requests, recs = watch.poll(self.watch_state, seen, now)
             for r in recs:
                 self.recorder.emit(r)
             for req in requests:

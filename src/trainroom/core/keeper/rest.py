@@ -14,10 +14,14 @@ viewer is attached. Pure: the keeper gathers the facts on its loop thread.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.keeper.lingering import DeadLingerers
+from trainroom.core.settings import RunSettings
 from trainroom.core.vocab import CATALOGUE, FindingCode
 
 # Findings about the machine (GPU memory still held, a stale lock, a full disk) can clear by
@@ -131,3 +135,47 @@ def linger_over(linger_s: float, idle_since: float | None, now: float, *, others
     """The keeper exits: idle for its linger with no viewer, and no other client being answered.
     Only a viewer restarts the linger: a `runs` or `status` that reads the run does not."""
     return idle_since is not None and now - idle_since > linger_s and not others
+
+
+class _Served(Protocol):
+    def has_clients(self) -> bool: ...
+
+
+class Lingers(Protocol):
+    """What the linger verdict reads of a keeper (keeper.loop.Keeper)."""
+
+    idle_since: float | None
+    _run_dir: Path
+    _settings: RunSettings
+
+    @property
+    def server(self) -> _Served: ...
+
+    @property
+    def state(self) -> _Status: ...
+
+    def _linger_s(self) -> float: ...
+
+
+class _Status(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
+_DEAD: dict[Path, DeadLingerers] = {}  # one keeper per process: its run's marker
+
+
+def linger_verdict(k: Lingers, now: float) -> str | None:
+    """Why the keeper exits now (its linger is over, or too many dead runs' keepers linger and
+    it is among the oldest), or None. A dead keeper that is idle is counted among the lingerers."""
+    dead = _DEAD.setdefault(k._run_dir, DeadLingerers(k._run_dir, k._settings.max_dead_lingerers))
+    if k.idle_since is None:
+        dead.leave()
+        return None
+    if linger_over(k._linger_s(), k.idle_since, now, others=k.server.has_clients()):
+        dead.leave()
+        return f"keeper exits after {k._linger_s():.0f} s idle"
+    if k.state.status != "dead":
+        dead.leave()
+        return None
+    return dead.over_cap(k.idle_since, now)

@@ -9,6 +9,7 @@ incoming-webhook JSON, ntfy's body and headers, TRAINROOM_ALERT_* variables, not
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -224,7 +225,16 @@ def environment(alert: Alert) -> dict[str, str]:
         "ATTEMPT": alert.attempt,
         "STEP": alert.step,
     }
-    return {f"TRAINROOM_ALERT_{k}": str(v) for k, v in fields.items() if v is not None}
+    return {f"TRAINROOM_ALERT_{k}": clean(str(v)) for k, v in fields.items() if v is not None}
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean(text: str) -> str:
+    """Text fit for an environment variable or an argument: a NUL (which no exec takes) and the
+    other control characters but newline and tab shown as U+FFFD. The JSON on stdin keeps them."""
+    return _CONTROL.sub("\ufffd", text)
 
 
 _URGENCY = {"critical": "critical", "warning": "normal", "info": "low"}
@@ -232,4 +242,10 @@ _URGENCY = {"critical": "critical", "warning": "normal", "info": "low"}
 
 def desktop_argv(alert: Alert) -> list[str]:
     urgency = "normal" if alert.kind == "resolved" else _URGENCY.get(alert.severity, "normal")
-    return ["notify-send", "--app-name=trainroom", f"--urgency={urgency}", alert.title, alert.message]
+    return [
+        "notify-send",
+        "--app-name=trainroom",
+        f"--urgency={urgency}",
+        clean(alert.title),
+        clean(alert.message),
+    ]

@@ -16,7 +16,9 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -89,26 +91,94 @@ class HttpChannel:
         return self._name
 
     def send(self, alert: Alert, timeout_s: float) -> str:
+        """One POST, answered in full within `timeout_s` overall (not per read: a receiver that
+        drips one byte every few seconds is cut off at the deadline)."""
         body, headers = self._shape(alert)
         headers = {"User-Agent": "trainroom", **headers}
         if self._auth:
             headers["Authorization"] = self._auth
         req = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
+        cut = _Deadline()
+        timer = threading.Timer(timeout_s, cut.fire)
+        timer.daemon = True
+        timer.start()
         try:
-            with _opener.open(req, timeout=timeout_s) as resp:
+            with cut.opener().open(req, timeout=timeout_s) as resp:
                 resp.read(READ_LIMIT)
-                return f"HTTP {resp.status}"
+                status = resp.status
         except urllib.error.HTTPError as exc:
             raise DeliveryError(self._scrub(f"HTTP {exc.code} {exc.reason}")) from None
         except TimeoutError:
             raise DeliveryError(f"no answer within {fmt_duration(timeout_s)}") from None
         except urllib.error.URLError as exc:
             reason = exc.reason
-            if isinstance(reason, TimeoutError):
-                raise DeliveryError(f"no answer within {fmt_duration(timeout_s)}") from None
+            if isinstance(reason, TimeoutError) or cut.fired:
+                raise DeliveryError(cut.words(timeout_s)) from None
             raise DeliveryError(self._scrub(f"cannot reach the receiver: {reason}")) from None
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if cut.fired:
+                raise DeliveryError(cut.words(timeout_s)) from None
             raise DeliveryError(self._scrub(f"{type(exc).__name__}: {exc}")) from None
+        finally:
+            timer.cancel()
+        if cut.fired:
+            raise DeliveryError(cut.words(timeout_s))
+        return f"HTTP {status}"
+
+
+class _Deadline:
+    """An overall deadline for one HTTP try: the sockets its opener connects are remembered (urllib
+    drops the connection's reference once the headers are in, the answer still reads from the
+    socket), and at the deadline they are shut down, which ends whatever read is blocked on them."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            socks = list(self._socks)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _connected(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._socks.append(sock)
+            late = self.fired
+        if late:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def words(self, timeout_s: float) -> str:
+        return f"no complete answer within {fmt_duration(timeout_s)}: cut off (the receiver is too slow)"
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        seen = self._connected
+
+        class Conn(http.client.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                seen(self.sock)
+
+        class Conns(http.client.HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                seen(self.sock)
+
+        class Http(urllib.request.HTTPHandler):
+            def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+                return self.do_open(Conn, req)
+
+        class Https(urllib.request.HTTPSHandler):
+            def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+                return self.do_open(Conns, req, context=getattr(self, "_context", None))
+
+        return urllib.request.build_opener(_NoRedirect(), Http(), Https())
 
 
 def _split_userinfo(url: str) -> tuple[str, str | None]:
@@ -182,9 +252,11 @@ class CommandChannel:
             )
         except subprocess.TimeoutExpired:
             raise DeliveryError(f"still running after {fmt_duration(timeout_s)}: killed") from None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
             raise DeliveryError(
-                self._scrub(f"cannot run {os.path.basename(self._argv[0])}: {exc.strerror or exc}")
+                self._scrub(
+                    f"cannot run {os.path.basename(self._argv[0])}: {getattr(exc, 'strerror', None) or exc}"
+                )
             ) from None
         if rc != 0:
             raise DeliveryError(f"exit {rc}" if rc > 0 else f"killed by signal {-rc}")

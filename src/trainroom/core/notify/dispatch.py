@@ -135,16 +135,14 @@ class ChannelWorker:
         for n in range(1, d.tries + 1):
             try:
                 detail = self.channel.send(d.alert, self.policy.timeout_s)
-            except DeliveryError as exc:
+            except Exception as exc:  # a bug in a channel must not end its thread, nor lose the alert
+                why = str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__} in the channel"
                 last = n == d.tries or self._abort.is_set()
-                self._result(d, "failed" if last else "retrying", try_n=n, detail=str(exc))
+                self._result(d, "failed" if last else "retrying", try_n=n, detail=why)
                 if last or self._abort.wait(self.backoff_s(n)):
                     if not last:
                         self._result(d, "failed", try_n=n, detail="not retried: the keeper is closing")
                     return
-            except Exception as exc:  # a bug in a channel must not end its thread
-                self._result(d, "failed", try_n=n, detail=f"{type(exc).__name__} in the channel")
-                return
             else:
                 self._result(d, "delivered", try_n=n, detail=detail)
                 return

@@ -13,27 +13,20 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
 
+import msgspec
+
 from trainroom.core import protocol as p
 from trainroom.core.config import Eval
+from trainroom.core.ops.figures import find_figure
 from trainroom.core.ops.resume import resume_argv
 
-# What an evaluation's output may say of its figure, the last match winning: `eval_loss=2.31`,
-# `"eval_loss": 2.31`, `val loss 2.31`, `loss: 2.31`. A name ending in loss, then = or : or space.
-_FIGURE = re.compile(
-    r"""(?ix)
-    (?:^|[^A-Za-z0-9])                       # not inside a longer word
-    (?:[A-Za-z_]*[ _])?loss["']?             # eval_loss, val loss, loss
-    \s*[:=]?\s*
-    (?P<loss>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))
-    """
-)
 TAIL_BYTES = 64 * 1024
 NICE = 19
 # Seconds between SIGTERM and SIGKILL of an evaluation past its timeout.
@@ -41,33 +34,58 @@ KILL_GRACE_S = 5.0
 
 
 def figure_in(text: str, pattern: str | None = None) -> float | None:
-    """The figure an evaluation printed: `pattern`'s group `loss` (else its first group, else the
-    whole match), or the last loss-like figure; None when none is found. Non-finite figures are
-    returned as they are (nan, inf): a NaN evaluation is a verdict, not a missing figure."""
-    rx = re.compile(pattern) if pattern else _FIGURE
-    last: str | None = None
-    for m in rx.finditer(text):
-        groups = m.groupdict()
-        if "loss" in groups and groups["loss"] is not None:
-            last = groups["loss"]
-        elif m.groups():
-            last = next((g for g in m.groups() if g is not None), None)
-        else:
-            last = m.group(0)
-    if last is None:
-        return None
-    try:
-        return float(last)
-    except ValueError:
-        return None
+    """The figure an evaluation printed (ops.figures: linear time on bounded lines; with no
+    pattern, the evaluation's own loss by name precedence); None when none is found. Non-finite
+    figures are returned as they are (nan, inf): a NaN evaluation is a verdict, not a missing
+    figure."""
+    found = find_figure(text, pattern)
+    return found.value if found is not None else None
 
 
-def judge(figure: float | None, best: float | None, policy: Eval) -> tuple[bool, str]:
-    """Whether a candidate with this figure may be promoted, and why, in words."""
+# A figure better than the median of the run's other figures by more than this many times their
+# scale (the larger of |median| and their spread) is implausible: it is held back, never the best.
+PLAUSIBLE_K = 10.0
+
+
+def implausible(figure: float, history: list[float], policy: Eval) -> str | None:
+    """Why `figure` is implausible beside the run's other figures (None: it is plausible, or there
+    is nothing to judge it by). Only the too-good side: a bogus low loss (-1e9) would otherwise
+    become the best and hold every later checkpoint back; a bad figure is judged by the margin."""
+    others = [h for h in history if math.isfinite(h)]
+    if not others:
+        return None
+    med = statistics.median(others)
+    scale = max(abs(med), max(others) - min(others), 1e-12)
+    bound = med - PLAUSIBLE_K * scale if policy.lower_is_better else med + PLAUSIBLE_K * scale
+    if (figure < bound) if policy.lower_is_better else (figure > bound):
+        return (
+            f"evaluated {figure:.4g}, implausible beside this run's {len(others)} other figure(s) "
+            f"(median {med:.4g}; beyond {bound:.4g}): not taken as the best"
+        )
+    return None
+
+
+def judge(
+    figure: float | None, best: float | None, policy: Eval, history: list[float] | None = None
+) -> tuple[bool, str]:
+    """Whether a candidate with this figure may be promoted, and why, in words. `history`: the
+    run's earlier figures (passed or held), for plausibility."""
     if figure is None:
         return False, "its evaluation printed no figure"
     if not math.isfinite(figure):
         return False, f"its evaluation gave {figure}"
+    odd = implausible(figure, history or [], policy)
+    if odd is not None:
+        return False, odd
+    if best is not None:
+        rest = list(history or [])
+        with contextlib.suppress(ValueError):
+            rest.remove(best)
+        if implausible(best, [*rest, figure], policy) is not None:
+            return True, (
+                f"evaluated {figure:.4g}; the best promoted figure {best:.4g} is implausible beside this "
+                "run's other figures, so it is not held against it"
+            )
     if best is None:
         return True, f"evaluated {figure:.4g}, the first figure of this run"
     margin = abs(best) * policy.margin
@@ -98,49 +116,67 @@ def evaluate(
     cwd: str,
     best: float | None,
     env: Mapping[str, str] | None = None,
+    history: list[float] | None = None,
 ) -> p.EvalFigure:
     """Run the evaluation on one checkpoint and judge its figure against `best`. Blocks (a worker
     thread's call); never raises for what the evaluation does: a failure is a held verdict."""
     assert policy.command is not None
     argv = resume_argv(policy.command, ckpt=ckpt, step=step, run_id=run_id)
     t0 = time.monotonic()
+    ran = Ran()
     code, out, timed_out = run_bounded(
-        argv, cwd, dict(env if env is not None else os.environ), policy.timeout_s
+        argv, cwd, dict(env if env is not None else os.environ), policy.timeout_s, ran=ran
     )
     seconds = round(time.monotonic() - t0, 3)
+    base = p.EvalFigure(
+        command=policy.command, pattern=policy.pattern, leftovers=ran.leftovers, seconds=seconds
+    )
     if code is None:
-        return p.EvalFigure(passed=False, why=f"its evaluation {out.removeprefix('it ')}", seconds=seconds)
+        return msgspec.structs.replace(base, why=f"its evaluation {out.removeprefix('it ')}")
     if timed_out:
-        return p.EvalFigure(
-            passed=False,
-            why=f"its evaluation ran past {policy.timeout_s:.0f} s and was killed",
-            seconds=seconds,
+        return msgspec.structs.replace(
+            base, why=f"its evaluation ran past {policy.timeout_s:.0f} s and was killed"
         )
-    figure = figure_in(out, policy.pattern)
+    found = find_figure(out, policy.pattern)
+    figure = found.value if found is not None else None
     if code != 0:
         last = _last_line(out)
-        return p.EvalFigure(
-            passed=False,
+        return msgspec.structs.replace(
+            base,
             why=f"its evaluation exited with code {code}" + (f": {last}" if last else ""),
-            seconds=seconds,
             exit_code=code,
         )
-    passed, why = judge(figure, best, policy)
-    return p.EvalFigure(
+    passed, why = judge(figure, best, policy, history)
+    return msgspec.structs.replace(
+        base,
         figure=figure if figure is not None and math.isfinite(figure) else None,
         passed=passed,
         why=why,
         best=best,
-        seconds=seconds,
         exit_code=code,
+        figure_name=found.name if found is not None else None,
     )
 
 
+class Ran:
+    """What run_bounded saw beyond the exit: the processes its command left behind (killed)."""
+
+    leftovers: int = 0
+
+
 def run_bounded(
-    argv: list[str], cwd: str, env: dict[str, str], timeout_s: float, *, idle: bool = True
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    timeout_s: float,
+    *,
+    idle: bool = True,
+    ran: Ran | None = None,
 ) -> tuple[int | None, str, bool]:
     """(exit code, the output's tail, timed out); code None: it could not start (the text says why).
-    The output goes to an unnamed file, so however much it prints only its tail is read."""
+    The output goes to an unnamed file, so however much it prints only its tail is read. It runs
+    in a session of its own: whatever it leaves behind in that session when it ends (a data
+    loader's workers, a server it started) is killed, and counted in `ran`."""
     with tempfile.TemporaryFile() as out:
         try:
             proc = subprocess.Popen(
@@ -161,6 +197,9 @@ def run_bounded(
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
+        left = _kill_session(proc.pid)
+        if ran is not None:
+            ran.leftovers = left
         size = out.seek(0, os.SEEK_END)
         out.seek(max(0, size - TAIL_BYTES))
         text = out.read().decode("utf-8", errors="replace")
@@ -187,6 +226,36 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _session_members(sid: int, proc_root: str = "/proc") -> list[int]:
+    """The live processes of session `sid` (field 6 of /proc/PID/stat), zombies left out."""
+    out: list[int] = []
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) == sid:
+            out.append(int(name))
+    return out
+
+
+def _kill_session(sid: int) -> int:
+    """SIGKILL what is left of the session the evaluation was the leader of; how many."""
+    left = [pid for pid in _session_members(sid) if pid != os.getpid()]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(left)
 
 
 def _last_line(text: str) -> str:

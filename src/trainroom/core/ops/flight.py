@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import msgspec
@@ -47,12 +48,24 @@ def trigger(pid: int, rank: int, proc_root: str = "/proc") -> FlightRecorder:
     pipe = f"{pipe_prefix}{rank}.pipe"
     dump = f"{env.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE', DEFAULT_DUMP_PREFIX)}{rank}"
     try:
-        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        # Never through a symlink planted at the path, never into anything but a FIFO.
+        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         # ENXIO: nobody reads the pipe (no NCCL watchdog in this process yet).
-        why = "no NCCL watchdog reads it" if exc.errno == errno.ENXIO else exc.strerror
+        why = (
+            "no NCCL watchdog reads it"
+            if exc.errno == errno.ENXIO
+            else "a symbolic link, not the FIFO NCCL makes: refused, nothing written"
+            if exc.errno == errno.ELOOP
+            else exc.strerror
+        )
         return FlightRecorder(triggered=False, detail=f"flight recorder pipe {pipe}: {why}")
     try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return FlightRecorder(
+                triggered=False,
+                detail=f"flight recorder pipe {pipe}: not a FIFO (NCCL makes one): refused, nothing written",
+            )
         os.write(fd, b"1")
     finally:
         os.close(fd)

@@ -343,4 +343,8 @@ def _eval_dict(e: p.EvalFigure | None) -> dict[str, Any] | None:
         "best": e.best,
         "seconds": e.seconds,
         "exit_code": e.exit_code,
+        "command": e.command,  # what ran (`trainroom eval` reproduces with it)
+        "pattern": e.pattern,
+        "figure_name": e.figure_name,  # what the figure was printed as (`eval_loss`)
+        "leftovers": e.leftovers,  # processes it left behind, killed when it ended
     }

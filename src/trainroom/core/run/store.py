@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Protocol
@@ -127,12 +128,45 @@ def ensure_state_dir() -> Path:
     return d
 
 
+def not_ours(d: Path, *, sticky_ok: bool = True) -> str | None:
+    """Why trainroom will not keep runs in directory `d` (None: it is ours, or absent): owned by
+    another user, or writable by the group or others (unless sticky, where others cannot rename
+    or remove our entries: a shared 1777 dir; never for runs/ itself). git's safe.directory is the
+    model: a directory another user can write into may hold files planted for us to write through."""
+    try:
+        st = d.lstat()
+    except OSError:
+        return None
+    mode = st.st_mode & 0o7777
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = d.stat()
+        except OSError:
+            return None
+        mode = st.st_mode & 0o7777
+    if st.st_uid != os.geteuid():
+        return (
+            f"{d} is owned by uid {st.st_uid}, not you (uid {os.geteuid()}): another user could plant files there "
+            f"for your runs to write through; use a state dir of your own (TRAINROOM_HOME=...) or "
+            f"`chown {os.geteuid()} {d}` if it is yours"
+        )
+    if mode & 0o022 and not (sticky_ok and mode & stat.S_ISVTX):
+        return (
+            f"{d} is mode {mode:04o}: writable by its group or others, who could plant files there for your "
+            f"runs to write through; `chmod go-w {d}` (or 700), or use another state dir (TRAINROOM_HOME=...)"
+        )
+    return None
+
+
 def ensure_runs_dir() -> Path:
     """The runs directory, created if missing. Only directories created here get the private
     mode (0700); an existing state dir keeps its own (a shared 1777 /tmp/x, a project's cwd), and
     `doctor`/`status` warn when it is too open. Each run dir is created 0700, which is what keeps
     its keeper's socket private."""
     d = runs_dir()
+    refused = not_ours(d.parent) or not_ours(d, sticky_ok=False)
+    if refused is not None:
+        raise RunError(refused)
     try:
         ensure_state_dir()
         d.mkdir(mode=0o700, exist_ok=True)

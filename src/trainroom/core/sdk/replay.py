@@ -28,6 +28,10 @@ ENV_BATCHES = "TRAINROOM_REPLAY_BATCHES"
 ENV_FROM_STEP = "TRAINROOM_REPLAY_FROM_STEP"
 ENV_FP32 = "TRAINROOM_REPLAY_FP32"
 ENV_CKPT = "TRAINROOM_RESUME"
+# The replay's own checkpoint root (a scratch directory `trainroom replay` made): `save_checkpoint`
+# in a replayed trainer saves there whatever root it names, so a replay never promotes into the
+# run it replays nor moves its `latest`.
+ENV_ROOT = "TRAINROOM_REPLAY_ROOT"
 
 
 class ReplayRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -37,11 +41,17 @@ class ReplayRequest(msgspec.Struct, kw_only=True, frozen=True):
     ckpt_step: int  # its step
     batches: dict[int, p.BatchRef] = {}  # step -> batch for the steps between, where known
     fp32: bool = False
+    scratch_root: str = ""  # where the replayed trainer's saves go (ENV_ROOT)
 
 
 def replay_env(req: ReplayRequest) -> dict[str, str]:
-    """The environment a replayed trainer is started with."""
+    """The environment a replayed trainer is started with: its saves go to the scratch root, the
+    checkpoint root a keeper would name (TRAINROOM_CKPT_ROOT) included."""
+    scratch = (
+        {ENV_ROOT: req.scratch_root, "TRAINROOM_CKPT_ROOT": req.scratch_root} if req.scratch_root else {}
+    )
     return {
+        **scratch,
         ENV_STEP: str(req.step),
         ENV_BATCH: msgspec.json.encode(req.batch).decode(),
         ENV_BATCHES: msgspec.json.encode([[s, b] for s, b in sorted(req.batches.items())]).decode(),
@@ -64,7 +74,19 @@ def replay_request(env: Mapping[str, str] | None = None) -> ReplayRequest | None
         ckpt_step=int(e.get(ENV_FROM_STEP) or 0),
         batches=dict(rows),
         fp32=e.get(ENV_FP32) == "1",
+        scratch_root=e.get(ENV_ROOT, ""),
     )
+
+
+def in_replay(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by `trainroom replay`."""
+    return ENV_STEP in (os.environ if env is None else env)
+
+
+def scratch_root(env: Mapping[str, str] | None = None) -> str | None:
+    """The root a replayed trainer's saves go to; None outside a replay."""
+    e = os.environ if env is None else env
+    return e.get(ENV_ROOT) or None if in_replay(e) else None
 
 
 def replay_result(loss: float) -> None:

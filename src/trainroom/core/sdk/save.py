@@ -28,6 +28,7 @@ from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import promote as promote
 from trainroom.core.ckpt.verify import verify
 from trainroom.core.health import diskguard as diskguard
+from trainroom.core.sdk import replay as replay
 from trainroom.core.sdk import reporter as reporter
 from trainroom.core.vocab import CkptState
 
@@ -113,6 +114,28 @@ def _env_budget() -> int | None:
         return None  # a malformed budget is no budget; the keeper only ever exports an int
 
 
+def _replay_redirect(root: str | os.PathLike[str] | None) -> str | os.PathLike[str] | None:
+    """Outside a replay, `root`. In a process `trainroom replay` started, its scratch root whatever
+    root the trainer names (a hard-coded output directory included): a replay never saves into the
+    run it replays."""
+    if not replay.in_replay():
+        return root
+    scratch = replay.scratch_root()
+    if scratch is None:
+        raise layout.CheckpointError(
+            f"a replay ({replay.ENV_STEP} set) saves only into its scratch root ({replay.ENV_ROOT}), "
+            "which is not set: start replays with `trainroom replay`"
+        )
+    if root is not None and Path(root).expanduser().absolute() != Path(scratch).absolute():
+        print(
+            f"trainroom: a replay saves into its scratch root {scratch}, not {root} (the run's checkpoints "
+            "are left as they are)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return scratch
+
+
 def _innermost_oserror(exc: BaseException) -> OSError | None:
     found: OSError | None = None
     seen: set[int] = set()
@@ -149,7 +172,7 @@ def save_checkpoint(
         raise ValueError(f"save_checkpoint: step must be an integer >= 0, got {step!r}")
     import torch
 
-    r = layout.checkpoint_root(root)
+    r = layout.checkpoint_root(_replay_redirect(root))
     q = layout.Quarantine(r)
     q.ensure()  # CheckpointError for a quarantine that is a link out of the root
     q.sweep()  # what an earlier, killed save left behind
