@@ -25,7 +25,7 @@ from trainroom.core.cli import (
     show,
     stopkeeper,
 )
-from trainroom.core.cli.launch import add_launch_options, cmd_launch
+from trainroom.core.cli.launch import add_foreground_options, add_launch_options, cmd_launch
 from trainroom.core.demo.launcher import add_demo_parser, run_demo
 
 OpenTui = Callable[[argparse.Namespace], int]
@@ -35,6 +35,7 @@ Verb = Callable[[Any, OpenTui], None]
 def _launch(sub: Any, open_tui: OpenTui) -> None:
     sp = sub.add_parser("launch", help="start a trainer detached, under a keeper; prints the run id")
     add_launch_options(sp)
+    add_foreground_options(sp)
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     sp.set_defaults(func=cmd_launch)
 

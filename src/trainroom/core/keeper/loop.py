@@ -36,6 +36,7 @@ from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
+from trainroom.core.keeper.foreground import Foreground
 from trainroom.core.keeper.logtail import LogStep, LogTail
 from trainroom.core.keeper.output import TrainerOutput
 from trainroom.core.keeper.pipeline import CheckpointPipeline
@@ -545,8 +546,7 @@ class Keeper:
     async def main(self) -> int:
         await self.server.listen(self.sock_path, before_publish=self._name_self)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_event.set)
+        Foreground(self, self.record.options).install(loop)  # SIGTERM, SIGINT: see keeper/foreground.py
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
         self.emit(
             p.KeeperStarted(

@@ -83,6 +83,17 @@ def launch(
     wait_s: float = KEEPER_WAIT_S,
 ) -> RunInfo:
     """Start a keeper for `argv` in its own session and return once its socket is up."""
+    return start_keeper(argv, options, cwd, env, wait_s)[0]
+
+
+def start_keeper(
+    argv: list[str],
+    options: LaunchOptions | Mapping[str, object] | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    wait_s: float = KEEPER_WAIT_S,
+) -> tuple[RunInfo, subprocess.Popen[bytes]]:
+    """`launch`, and the keeper's process: a foreground launch waits on it."""
     cwd = os.path.abspath(cwd or os.getcwd())
     opts = launch_options(options or LaunchOptions())
     check_command(argv, cwd)
@@ -120,6 +131,7 @@ def launch(
         why = f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})"
         _mark_failed(run_dir, why)
         raise RunError(why)
-    return RunInfo(
+    info = RunInfo(
         run_id=rec.run_id, run_dir=str(run_dir), sock=str(sock), created=rec.created, argv=argv, alive=True
     )
+    return info, proc

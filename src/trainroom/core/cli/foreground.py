@@ -1,0 +1,93 @@
+"""`launch --foreground`, and every launch inside a Slurm step (`srun trainroom launch -- CMD`):
+the keeper starts as usual (it journals, serves clients, judges), but `launch` stays for the run's
+life, copies the trainer's log to its own stdout (Slurm's job output), forwards SIGTERM and
+SIGINT to the keeper (which stops the trainer's process group through its kill plan and journals
+why), and exits with the trainer's status: its exit code, or 128+N when signal N ended it.
+
+Why: a `launch` that returns at once ends the step: with proctrack/cgroup Slurm kills the keeper
+and trainer then, with proctrack/linuxproc they escape the job and train on a node Slurm thinks
+is free.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from trainroom.core.run import store
+from trainroom.core.run.launch import start_keeper
+from trainroom.core.settings import LaunchOptions
+
+EXIT_NO_STATUS = 1  # the keeper ended without a trainer exit to report (it never started, or died)
+COPY_CHUNK = 1 << 16
+
+
+def exit_status(run_dir: str) -> tuple[int, str | None]:
+    """The trainer's last attempt as a shell status (128+N for signal N), and why when there is none."""
+    try:
+        a = store.load_view(run_dir).state.attempt
+    except (store.RunError, OSError) as exc:
+        return EXIT_NO_STATUS, f"the run's journal cannot be read: {exc}"
+    if a is None:
+        return EXIT_NO_STATUS, "no attempt was journaled"
+    if a.alive:
+        return EXIT_NO_STATUS, f"the keeper exited while attempt {a.n} (pid {a.pid}) still ran"
+    if a.exit_signal is not None:
+        return 128 + a.exit_signal, None
+    return (a.exit_code if a.exit_code is not None else EXIT_NO_STATUS), None
+
+
+class _LogCopy(threading.Thread):
+    """trainer.log, as it grows, onto our stdout (what Slurm writes to the job's output file)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(name="trainroom-log-copy", daemon=True)
+        self.path, self.done = path, threading.Event()
+
+    def run(self) -> None:
+        pos = 0
+        while True:
+            finished = self.done.is_set()
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(pos)
+                    while chunk := f.read(COPY_CHUNK):
+                        pos += len(chunk)
+                        sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
+            except OSError:
+                pass
+            if finished:
+                return
+            self.done.wait(0.2)
+
+
+def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str]) -> int:
+    info, keeper = start_keeper(argv, options, env=env)
+    print(info.run_id, flush=True)
+    copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME)
+    copy.start()
+
+    def forward(sig: int, _frame: FrameType | None) -> None:
+        if keeper.poll() is None:
+            os.kill(keeper.pid, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    # The keeper ignores SIGHUP; a warning signal (USR1/USR2) must not end the task that holds the step.
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    rc = keeper.wait()
+    copy.done.set()
+    copy.join(timeout=5.0)
+    status, why = exit_status(info.run_dir)
+    if why is not None:
+        print(
+            f"trainroom launch: {info.run_id}: {why} (keeper exit {rc}; see {info.run_dir}/keeper.log)",
+            file=sys.stderr,
+        )
+    return status

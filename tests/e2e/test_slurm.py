@@ -1,0 +1,170 @@
+"""trainroom under a real Slurm (slurmctld and two slurmd, nodes n1 and n2, on this host: see
+tests/support/slurm_cluster.py): a 2-node sbatch job, one task per rank, `srun trainroom launch --
+python train_ddp.py` (gloo, CPU DDP).
+
+- Each task's `launch` stays in the foreground: its keeper runs inside the Slurm step, the run is
+  named `slurm-<JOBID>` with the task's node and rank, and the task's exit status is the
+  trainer's (a SIGKILLed rank: 137, which Slurm reports for that task).
+- `scancel` reaches each keeper, which journals Slurm's word for it (CANCELLED) and stops the
+  trainer's process group through the kill plan, as client `slurm`.
+
+Skipped with the reason where Slurm cannot start here (not root, not installed). Every process
+touched is one this test's job started (pids from the runs it launched).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import slurm_cluster
+from tests.support.waiting import kill_runs_under, wait_for
+from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
+from trainroom.core.run import store
+from trainroom.core.run.store import JOURNAL_NAME, RunInfo
+
+TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
+START_S = 180  # a job starting, two ranks importing torch on a loaded 2-core machine
+END_S = 90
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[slurm_cluster.Slurm]:
+    yield from slurm_cluster.cluster()
+
+
+@pytest.fixture
+def home(slurm: slurm_cluster.Slurm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="trsl", dir="/tmp"))
+    monkeypatch.setenv("TRAINROOM_HOME", str(d))
+    try:
+        yield d
+    finally:
+        kill_runs_under(d)
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Job:
+    def __init__(self, slurm: slurm_cluster.Slurm, home: Path, job_id: str) -> None:
+        self.slurm, self.home, self.id = slurm, home, job_id
+
+    @property
+    def out(self) -> str:
+        try:
+            return (self.home / f"job-{self.id}.out").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def runs(self) -> dict[int, RunInfo]:
+        """This job's runs by node rank (the task's SLURM_PROCID)."""
+        out = {}
+        for info in store.list_runs():
+            job = store.read_record(Path(info.run_dir)).options.job
+            if job is not None and job.name == f"slurm-{self.id}" and job.node_rank is not None:
+                out[job.node_rank] = info
+        return out
+
+    def state(self, rank: int) -> Any:
+        return store.load_view(self.runs()[rank].run_dir).state
+
+    def ended(self) -> bool:
+        return self.slurm.job(self.id).get("JobState") not in ("RUNNING", "PENDING", "COMPLETING", None)
+
+
+def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
+    script = home / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={_free_port()}\n"
+        f"srun trainroom launch -- {sys.executable} {TRAINER} --sdk --step-delay 0.2 {' '.join(trainer_args)}\n"
+        'echo "srun exit $?"\n'
+    )
+    env = dict(slurm.env, TRAINROOM_HOME=str(home), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    slurm.env = env
+    job_id = slurm.run(
+        "sbatch", "--parsable", "-N2", "-n2", "-J", "trtest", "-o", str(home / "job-%j.out"), str(script)
+    ).strip()
+    return Job(slurm, home, job_id)
+
+
+def stepping(job: Job) -> dict[int, Any]:
+    def both() -> dict[int, Any] | None:
+        runs = job.runs()
+        if len(runs) != 2:
+            return None
+        states = {r: job.state(r) for r in runs}
+        ok = all(st.attempt is not None and (st.attempt.last_step or 0) >= 2 for st in states.values())
+        return states if ok else None
+
+    return wait_for(both, START_S, 0.5, f"both ranks of job {job.id} stepping; output: {job.out[-600:]}")
+
+
+def _in_step(pid: int) -> bool:
+    """`pid` runs inside a Slurm step: a slurmstepd is among its ancestors."""
+    try:
+        return any(a.name() == "slurmstepd" for a in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
+
+
+def _journal(info: RunInfo) -> list[Any]:
+    return list(read_journal(Path(info.run_dir) / JOURNAL_NAME))
+
+
+def test_launch_in_a_slurm_step_stays_names_the_job_and_exits_with_the_trainer(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        for rank, node in ((0, "n1"), (1, "n2")):
+            rec = store.read_record(Path(runs[rank].run_dir))
+            assert rec.options.foreground and rec.options.slurm is not None
+            assert rec.options.job is not None and rec.options.job.host == node
+            assert rec.options.slurm.procid == rank and rec.options.slurm.job_id == job.id
+            assert rec.keeper_pid is not None and _in_step(rec.keeper_pid), "the keeper left the step"
+            assert not any(f.code == "DUPLICATE_TRAINER" for f in states[rank].findings.values())
+        victim = states[1].attempt.pid
+        assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: "task 1: Exited with exit code 137" in job.out,
+            END_S,
+            0.5,
+            f"srun reporting task 1's status 137 (128+SIGKILL); output: {job.out[-600:]}",
+        )
+        assert job.state(1).attempt.exit_signal == signal.SIGKILL
+        slurm.run("scancel", job.id)
+        wait_for(job.ended, END_S, 0.5, f"job {job.id} ended after scancel")
+        wait_for(lambda: job.state(0).attempt.ended_at is not None, END_S, 0.5, "rank 0's attempt ended")
+        recs = _journal(runs[0])
+        notes = [r.message for r in recs if isinstance(r, p.KeeperNote)]
+        said = f"SIGTERM received (Slurm job {job.id} is "
+        assert any(said in n and "cancelled" in n for n in notes), notes
+        st0 = job.state(0)
+        assert st0.status == "stopped" and "stopped by slurm" in st0.status_reason, st0.status_reason
+        assert any(isinstance(r, p.ActionRecord) and r.action == "kill" and r.client == "slurm" for r in recs)
+        for info in runs.values():
+            a = store.load_view(info.run_dir).state.attempt
+            assert not psutil.pid_exists(a.pid) or psutil.Process(a.pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        slurm.run("scancel", job.id, check=False)
