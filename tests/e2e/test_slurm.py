@@ -14,8 +14,10 @@ touched is one this test's job started (pids from the runs it launched).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import socket
 import sys
 import tempfile
@@ -105,6 +107,19 @@ def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
     return Job(slurm, home, job_id)
 
 
+def job_json(job: Job) -> dict[str, Any]:
+    """`trainroom job slurm:JOBID --json`, as a user on the login node runs it."""
+    out = subprocess.run(
+        ["trainroom", "job", f"slurm:{job.id}", "--json"],
+        env=job.slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return dict(json.loads(out.stdout))
+
+
 def stepping(job: Job) -> dict[int, Any]:
     def both() -> dict[int, Any] | None:
         runs = job.runs()
@@ -143,9 +158,20 @@ def test_launch_in_a_slurm_step_stays_names_the_job_and_exits_with_the_trainer(
             assert rec.options.slurm.procid == rank and rec.options.slurm.job_id == job.id
             assert rec.keeper_pid is not None and _in_step(rec.keeper_pid), "the keeper left the step"
             assert not any(f.code == "DUPLICATE_TRAINER" for f in states[rank].findings.values())
+        d = job_json(job)
+        assert d["job"] == f"slurm-{job.id}" and d["slurm"]["job"]["state"] == "RUNNING", d["slurm"]
+        assert [(n["node"], n["read_by"]) for n in d["slurm"]["nodes"]] == [("n1", "srun"), ("n2", "srun")]
+        assert {(r["rank"], r["host"]) for r in d["ranks"]} == {(0, "n1"), (1, "n2")}
         victim = states[1].attempt.pid
         assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
         os.kill(victim, signal.SIGKILL)
+
+        def named() -> dict[str, Any] | None:
+            rc = job_json(job)["root_cause"]
+            return rc if rc is not None and rc["rank"] == 1 else None
+
+        rc = wait_for(named, END_S, 0.2, "job --json naming rank 1 as the root cause")
+        assert rc["host"] == "n2" and rc["signal_name"] == "SIGKILL" and rc["pid"] == victim, rc
         wait_for(
             lambda: "task 1: Exited with exit code 137" in job.out,
             END_S,

@@ -1,0 +1,94 @@
+"""`trainroom job slurm:JOBID [--json]` and `trainroom job --slurm`: a Slurm job's runs and
+Slurm's own view of it, merged (core/job/slurm.py)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from trainroom.core.cli.errors import CliError
+from trainroom.core.cli.output import to_json
+from trainroom.core.job.discover import newest_job
+from trainroom.core.job.slurm import SlurmJobError, read_slurm_job, slurm_view
+from trainroom.core.job.view import job_dict
+from trainroom.core.run.store import RunError
+from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
+from trainroom.core.units import fmt_duration
+
+
+def newest_slurm_job() -> str:
+    """My newest job slurmctld knows, else the newest `slurm-<JOBID>` run here."""
+    try:
+        found = SlurmReader().newest_job_of(getpass.getuser())
+    except SlurmError:
+        found = None
+    if found:
+        return found
+    try:
+        name = newest_job()
+    except RunError:
+        name = ""
+    if name.startswith("slurm-"):
+        return name.removeprefix("slurm-")
+    raise CliError("--slurm: no job of yours in squeue, and no slurm-<JOBID> run here")
+
+
+def slurm_job_dict(
+    job_id: str, reader: SlurmReader | None = None, now: float | None = None
+) -> dict[str, Any]:
+    t = time.time() if now is None else now
+    try:
+        job = read_slurm_job(job_id, reader or SlurmReader(), now=t)
+    except SlurmJobError as exc:
+        raise CliError(str(exc)) from None
+    d = job_dict(job.name, job.readings, t)
+    d["slurm"] = slurm_view(job, t)
+    return d
+
+
+def slurm_lines(s: dict[str, Any]) -> list[str]:
+    j = s["job"]
+    if j is None:
+        return [
+            f"slurm job {s['job_id']}: slurmctld does not know it ({s['error'] or 'purged'}); from the runs here"
+        ]
+    left = (
+        f", {fmt_duration(j['time_left_s'])} left of {fmt_duration(j['time_limit_s'])}"
+        if j["time_left_s"] is not None
+        else ""
+    )
+    reason = f" ({j['reason']})" if j["reason"] else ""
+    out = [
+        f"slurm job {s['job_id']}: {j['state']}{reason}{left}, restarts {j['restarts'] if j['restarts'] is not None else '?'}"
+        + (f": {s['state_words']}" if s["state_words"] else "")
+    ]
+    if j["exit_code"] is not None:
+        out.append(
+            f"  ExitCode {j['exit_code']}, DerivedExitCode {j['derived_exit_code']}"
+            + (f" ({s['derived_exit']})" if s["derived_exit"] else "")
+        )
+    for n in s["nodes"]:
+        why = f": {n['reason']}" if n.get("reason") else ""
+        out.append(f"  node {n['node']:12} {n['state']}{why}  [read by {n.get('read_by') or 'nothing'}]")
+    out += [f"  {v['code']}: {v['message']}" for v in s["verdicts"]]
+    return out
+
+
+def cmd_slurm_job(
+    args: argparse.Namespace,
+    job_id: str,
+    job_lines: Callable[[dict[str, Any], float], list[str]],
+    healthy: Collection[str],
+) -> int:
+    if args.tui or args.kill or args.stacks or args.resume:
+        raise CliError(
+            "slurm:JOBID: --tui, --kill, --resume and --stacks are not available for Slurm jobs yet"
+        )
+    d = slurm_job_dict(job_id)
+    now = time.time()
+    print(to_json(d) if args.json else "\n".join(slurm_lines(d["slurm"]) + job_lines(d, now)))
+    bad = any(v["code"] == "NODE_LOST" for v in d["slurm"]["verdicts"])
+    return 0 if d["state"] in healthy and not bad else 1
