@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,78 @@ def test_launch_in_a_slurm_step_stays_names_the_job_and_exits_with_the_trainer(
             assert not psutil.pid_exists(a.pid) or psutil.Process(a.pid).status() == psutil.STATUS_ZOMBIE
     finally:
         slurm.run("scancel", job.id, check=False)
+
+
+def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_trainers(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        victim = states[1].attempt.pid
+        assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        os.kill(victim, signal.SIGSTOP)
+
+        def hung() -> dict[str, Any] | None:
+            d = job_json(job)
+            ranks = {r["rank"]: r for r in d["ranks"]}
+            ok = ranks.get(1, {}).get("state") == "stopped" and d["hang"] is not None
+            return d if ok and "rank 1 (node 1, n2) did not arrive" in d["hang"]["summary"] else None
+
+        d = wait_for(hung, END_S, 0.5, "job --json naming the SIGSTOPped rank 1 in its hang report")
+        assert d["slurm"]["job"]["state"] == "RUNNING"  # Slurm sees nothing wrong
+        # One confirmed action stops every trainer still there (rank 0 waits in the all-reduce).
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--kill", "--yes", "--grace", "1"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"run {runs[0].run_id}" in out.stdout and f"run {runs[1].run_id}" in out.stdout
+        for rank in (0, 1):
+            wait_for(lambda: job.state(rank).attempt.ended_at is not None, END_S, 0.5, f"rank {rank} stopped")  # noqa: B023
+            assert job.state(rank).status == "stopped", job.state(rank).status_reason
+        wait_for(job.ended, END_S, 0.5, f"job {job.id} ended once its tasks did")
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_a_lost_node_is_called_lost_before_slurm_notices(slurm: slurm_cluster.Slurm, home: Path) -> None:
+    job = submit(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        victim = states[1].attempt.pid
+        assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        # n2 is lost: its slurmd, the slurmstepd of the step there, and the rank's own processes.
+        keeper_pid = store.read_record(Path(runs[1].run_dir)).keeper_pid
+        assert keeper_pid is not None
+        doomed = set(slurm.node_pids("n2", victim)) | {victim, keeper_pid}
+        doomed |= {p.pid for p in psutil.Process(keeper_pid).parents() if p.name() != "slurmstepd"}
+        doomed = {
+            pid for pid in doomed if pid > 1 and pid != os.getpid() and pid not in psutil.Process().parents()
+        }
+        t0 = time.monotonic()
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        def lost() -> dict[str, Any] | None:
+            d = job_json(job)
+            v = [v for v in d["slurm"]["verdicts"] if v["code"] == "NODE_LOST" and v["node"] == "n2"]
+            return d if v else None
+
+        d = wait_for(lost, END_S, 0.5, "job --json calling n2 lost")
+        print(
+            f"NODE_LOST after {time.monotonic() - t0:.1f} s; slurmctld says n2 is {d['slurm']['nodes'][1]['state']}"
+        )
+        assert d["slurm"]["nodes"][1]["read_by"].startswith("local runs")
+    finally:
+        slurm.run("scancel", job.id, check=False)
+        if not psutil.pid_exists(slurm.started["slurmd-n2"]):
+            slurm.restart_slurmd("n2")

@@ -62,6 +62,20 @@ class Slurm:
                 pids.append(cur)
         return pids
 
+    def restart_slurmd(self, node: str) -> None:
+        """Start `node`'s slurmd again (after a test killed it) and return the node to service."""
+        pid_file = self.dir / f"slurmd-{node}.pid"
+        pid_file.unlink(missing_ok=True)
+        subprocess.run(
+            ["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], env=self.env, check=True, timeout=30
+        )
+        if not _wait(lambda: _pid_in(pid_file), 10):
+            raise AssertionError(
+                f"slurmd {node} did not start again: {_why(self.dir / f'slurmd-{node}.log')}"
+            )
+        self.started[f"slurmd-{node}"] = _pid_in(pid_file) or 0
+        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
 
 def _ppid(pid: int) -> int:
     try:

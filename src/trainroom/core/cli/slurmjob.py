@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import sys
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -13,7 +14,7 @@ from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.job.discover import newest_job
 from trainroom.core.job.slurm import SlurmJobError, read_slurm_job, slurm_view
-from trainroom.core.job.view import job_dict
+from trainroom.core.job.view import NodeReading, job_dict
 from trainroom.core.run.store import RunError
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
 from trainroom.core.units import fmt_duration
@@ -83,12 +84,55 @@ def cmd_slurm_job(
     job_lines: Callable[[dict[str, Any], float], list[str]],
     healthy: Collection[str],
 ) -> int:
-    if args.tui or args.kill or args.stacks or args.resume:
-        raise CliError(
-            "slurm:JOBID: --tui, --kill, --resume and --stacks are not available for Slurm jobs yet"
-        )
+    if args.tui or args.stacks or args.resume:
+        raise CliError("slurm:JOBID: --tui, --resume and --stacks are not available for Slurm jobs yet")
+    if args.kill:
+        return stop_survivors(args, job_id)
     d = slurm_job_dict(job_id)
     now = time.time()
     print(to_json(d) if args.json else "\n".join(slurm_lines(d["slurm"]) + job_lines(d, now)))
     bad = any(v["code"] == "NODE_LOST" for v in d["slurm"]["verdicts"])
     return 0 if d["state"] in healthy and not bad else 1
+
+
+def survivors(readings: list[NodeReading]) -> list[dict[str, Any]]:
+    """The runs whose trainer still runs (its keeper alive): what `srun -K` would have ended."""
+    out = []
+    for r in readings:
+        a = r.state.attempt if r.state is not None else None
+        if r.keeper == "alive" and r.run and a is not None and a.alive and a.pid > 0:
+            out.append({"node": r.host or "", "run": r.run, "pid": a.pid, "node_rank": r.node_rank})
+    return out
+
+
+def stop_survivors(args: argparse.Namespace, job_id: str) -> int:
+    """Stop every live trainer of the job (after a rank died), each through its own keeper's kill
+    on its node (`srun --overlap ... trainroom kill RUN`), confirmed once for all of them."""
+    from trainroom.core.job.slurm import srun_act
+
+    try:
+        job = read_slurm_job(job_id, SlurmReader())
+    except SlurmJobError as exc:
+        raise CliError(str(exc)) from None
+    todo = survivors(job.readings)
+    if not todo:
+        print("no live trainer left in this job: nothing to stop")
+        return 1
+    for t in todo:
+        print(f"stop: task {t['node_rank']} on {t['node']}: run {t['run']}, trainer pid {t['pid']}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("job --kill needs confirmation: pass --yes (stdin is not a terminal)")
+        if input(f"stop {len(todo)} trainer(s) of slurm job {job_id}? [y/N] ").strip().lower() not in (
+            "y",
+            "yes",
+        ):
+            print("cancelled")
+            return 1
+    grace = ["--grace", str(args.grace_s)] if args.grace_s is not None else []
+    results = [srun_act(job_id, t["node"], ["kill", t["run"], "--yes", "--json", *grace]) for t in todo]
+    ok = True
+    for t, (rc, out) in zip(todo, results, strict=True):
+        ok = ok and rc == 0
+        print(f"task {t['node_rank']} on {t['node']}: {'ok' if rc == 0 else f'failed ({rc})'}: {out}")
+    return 0 if ok else 1

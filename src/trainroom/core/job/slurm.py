@@ -108,6 +108,39 @@ def srun_argv(job_id: str, node: str, name: str) -> list[str]:
     ]
 
 
+def srun_act(job_id: str, node: str, verb_args: list[str]) -> tuple[int, str]:
+    """`trainroom VERB_ARGS` on `node` inside the job (one srun step); its exit and last line."""
+    remote = shlex.split(os.environ.get(ENV_REMOTE_COMMAND) or "trainroom")
+    argv = [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        "-N1",
+        "-n1",
+        "-w",
+        node,
+        "--quiet",
+        *remote,
+        *verb_args,
+    ]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_srun_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 1, str(exc)
+    text = (out.stdout.strip() or out.stderr.strip()).splitlines()
+    return out.returncode, " ".join(text[-1:]) if not out.stdout.strip().startswith("{") else _message(
+        out.stdout
+    )
+
+
+def _message(text: str) -> str:
+    try:
+        d = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text.strip()[-300:]
+    return str(d.get("message", d)) if isinstance(d, dict) else str(d)
+
+
 def _frames(data: bytes) -> list[bytes]:
     out, at = [], 0
     while at + p.HEADER.size <= len(data):
