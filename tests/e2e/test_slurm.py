@@ -93,12 +93,18 @@ class Job:
 
 
 def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
+    """docs/slurm.md's srun-per-rank template: the batch shell passes the job's warning signal
+    (USR2) on to srun, which delivers it to every task."""
     script = home / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
         f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={_free_port()}\n"
-        f"srun trainroom launch -- {sys.executable} {TRAINER} --sdk --step-delay 0.2 {' '.join(trainer_args)}\n"
-        'echo "srun exit $?"\n'
+        f"srun trainroom launch -- {sys.executable} {TRAINER} --sdk --step-delay 0.2 {' '.join(trainer_args)} &\n"
+        "pid=$!\n"
+        "trap 'kill -USR2 $pid' USR2\n"
+        "wait $pid; rc=$?\n"
+        "while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done\n"
+        'echo "srun exit $rc"\n'
     )
     env = dict(slurm.env, TRAINROOM_HOME=str(home), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
     slurm.env = env
@@ -270,3 +276,65 @@ def test_a_lost_node_is_called_lost_before_slurm_notices(slurm: slurm_cluster.Sl
         slurm.run("scancel", job.id, check=False)
         if not psutil.pid_exists(slurm.started["slurmd-n2"]):
             slurm.restart_slurmd("n2")
+
+
+def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_resumes(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit(slurm, home)
+    try:
+        stepping(job)
+        first = job.runs()
+        slurm.run("scancel", "-b", "-s", "USR2", job.id)  # what --signal=B:USR2@N sends
+
+        def requeued() -> str | None:
+            notes = [r.message for r in _journal(first[0]) if isinstance(r, p.KeeperNote)]
+            done = [n for n in notes if "requeued; its next attempt resumes" in n]
+            return done[0] if done else None
+
+        said = wait_for(
+            requeued, END_S, 0.5, f"rank 0's keeper requeueing after a verified checkpoint; {job.out[-500:]}"
+        )
+        step = int(said.split("checkpoint at step ")[1].split()[0])
+        v = job.state(0).last_verified()
+        assert v is not None and v.step == step
+        wait_for(lambda: slurm.job(job.id).get("Restarts") == "1", END_S, 0.5, "Slurm counting the restart")
+        # A requeued job waits ~2 min before it is eligible; the test does not.
+        wait_for(
+            lambda: slurm.job(job.id).get("JobState") == "PENDING", END_S, 0.5, "the requeued job pending"
+        )
+        slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
+
+        def second() -> dict[int, RunInfo] | None:
+            runs = {r: i for r, i in job.runs().items() if i.run_id not in {x.run_id for x in first.values()}}
+            return runs if len(runs) == 2 else None
+
+        wait_for(second, START_S, 0.5, f"the next attempt's runs; {job.out[-500:]}")
+
+        def resumed() -> Any:
+            st = job.state(0)
+            a = st.attempt
+            ok = a is not None and a.resume_step == step and (a.last_step or 0) > step
+            return st if ok else None
+
+        try:
+            st = wait_for(resumed, START_S, 0.5, "the next attempt resuming from the verified step")
+        except AssertionError:
+            info = job.runs()[0]
+            a = job.state(0).attempt
+            log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-1500:]
+            raise AssertionError(
+                f"step {step}; run {info.run_id}; attempt {a and (a.resume_from, a.resume_step, a.last_step)}; "
+                f"log: {log}; job out: {job.out[-800:]}"
+            ) from None
+        rec = store.read_record(Path(job.runs()[0].run_dir))
+        assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
+        # the promoted copy of the checkpoint the keeper verified before requeueing
+        assert (
+            st.attempt.resume_from.endswith(f"step-{step:06d}.pt")
+            and first[0].run_id in st.attempt.resume_from
+        )
+        log = (Path(job.runs()[0].run_dir) / "trainer.log").read_text(errors="replace")
+        assert f"rank 0 resumed from step {step}" in log
+    finally:
+        slurm.run("scancel", job.id, check=False)

@@ -152,6 +152,11 @@ class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     # its kill plan and exits when the trainer has ended; `launch` waits and exits with its status.
     foreground: bool = False
     slurm: SlurmPlace | None = None  # the Slurm task this run is (core/slurm/place.py)
+    # The signal that asks for a checkpoint before a time limit or preemption (--signal=B:USR2@N).
+    checkpoint_signal: str | None = None
+    # The first attempt resumes from this verified checkpoint (a requeued Slurm job's next attempt).
+    resume_from: str | None = None
+    resume_step: NonNegativeInt | None = None
 
     def shown(self) -> LaunchOptions:
         """These options as every reader may see them (the run's state, snapshots): secrets redacted."""

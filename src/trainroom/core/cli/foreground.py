@@ -15,11 +15,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 from trainroom.core.run import store
 from trainroom.core.run.launch import start_keeper
+from trainroom.core.sdk.requests import write_request
 from trainroom.core.settings import LaunchOptions
 
 EXIT_NO_STATUS = 1  # the keeper ended without a trainer exit to report (it never started, or died)
@@ -66,7 +68,21 @@ class _LogCopy(threading.Thread):
             self.done.wait(0.2)
 
 
+def checkpoint_signal(name: str | None) -> signal.Signals:
+    """`--checkpoint-signal USR2` (or SIGUSR2, or a number) as a signal; USR2 by default."""
+    word = (name or "USR2").upper().removeprefix("SIG")
+    if word.isdigit():
+        return signal.Signals(int(word))
+    return signal.Signals[f"SIG{word}"]
+
+
 def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str]) -> int:
+    ask = checkpoint_signal(options.checkpoint_signal)
+    # Ignored before the keeper starts, so the keeper and the trainer inherit it ignored: srun
+    # delivers the job's warning signal to every process of the step, and by default it would
+    # end them. This process answers it (below) by asking the trainer to checkpoint.
+    for sig in {signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, ask}:
+        signal.signal(sig, signal.SIG_IGN)
     info, keeper = start_keeper(argv, options, env=env)
     print(info.run_id, flush=True)
     copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME)
@@ -76,11 +92,12 @@ def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str])
         if keeper.poll() is None:
             os.kill(keeper.pid, sig)
 
+    def checkpoint_now(_sig: int, _frame: FrameType | None) -> None:
+        write_request(info.run_dir, f"{ask.name}-{time.time():.3f}")
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    # The keeper ignores SIGHUP; a warning signal (USR1/USR2) must not end the task that holds the step.
-    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(ask, checkpoint_now)
     rc = keeper.wait()
     copy.done.set()
     copy.join(timeout=5.0)
@@ -91,3 +108,24 @@ def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str])
             file=sys.stderr,
         )
     return status
+
+
+def previous_verified(job: str, before_run: str | None = None) -> tuple[str, int] | None:
+    """The newest verified (promoted) checkpoint of the job's earlier runs here (any task, each
+    run's checkpoint root): where a requeued attempt resumes. Its file and step, or None."""
+    from trainroom.core.ckpt.layout import verified_checkpoints
+    from trainroom.core.job.discover import job_runs
+
+    best: tuple[int, float, str] | None = None
+    for info in job_runs(job):
+        if info.run_id == before_run:
+            continue
+        try:
+            root = store.read_record(Path(info.run_dir)).checkpoint_root(info.run_dir)
+        except store.RunError:
+            continue
+        for v in verified_checkpoints(root):
+            path = Path(v.dir) / v.file
+            if path.exists() and (best is None or (v.step, v.saved_at) > best[:2]):
+                best = (v.step, v.saved_at, str(path))
+    return (best[2], best[0]) if best is not None else None

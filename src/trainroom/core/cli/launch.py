@@ -51,18 +51,34 @@ def launch_options(args: argparse.Namespace, argv: list[str] | None = None) -> L
     if getattr(args, "disk_budget", None):
         opts["disk_budget_bytes"] = args.disk_budget
     if getattr(args, "foreground", False):
-        from trainroom.core.slurm.place import place_of
-
-        opts["foreground"] = True
-        place = place_of(os.environ)
-        if place is not None:
-            opts["slurm"] = place
-        if opts.get("linger_s") is None:
-            opts["linger_s"] = 0.0  # the keeper ends with the trainer (the step must end then)
+        opts |= foreground_options(args, opts.get("job"))
     notify = notify_options(args)
     if notify != NotifyOptions():
         opts["notify"] = notify
     return launch_options_from(opts)
+
+
+def foreground_options(args: argparse.Namespace, job: JobOptions | None) -> dict[str, Any]:
+    """What a foreground launch adds: the Slurm task, no linger, the checkpoint signal, and in a
+    requeued Slurm job (SLURM_RESTART_COUNT > 0) the verified checkpoint its next attempt resumes from."""
+    opts: dict[str, Any] = {"linger_s": getattr(args, "linger_s", None)}
+    from trainroom.core.slurm.place import place_of
+
+    opts["foreground"] = True
+    place = place_of(os.environ)
+    if place is not None:
+        opts["slurm"] = place
+    if opts.get("linger_s") is None:
+        opts["linger_s"] = 0.0  # the keeper ends with the trainer (the step must end then)
+    if getattr(args, "checkpoint_signal", None):
+        opts["checkpoint_signal"] = args.checkpoint_signal
+    if place is not None and place.restart_count > 0 and job is not None:
+        from trainroom.core.cli.foreground import previous_verified
+
+        found = previous_verified(job.name)
+        if found is not None:
+            opts["resume_from"], opts["resume_step"] = found
+    return opts
 
 
 def job_of(args: argparse.Namespace, argv: list[str]) -> JobOptions | None:
@@ -206,6 +222,18 @@ def add_notify_options(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _signal_name(text: str) -> str:
+    import signal
+
+    word = text.upper().removeprefix("SIG")
+    names = {s.name.removeprefix("SIG") for s in signal.Signals}
+    if word not in names or word in ("KILL", "STOP", "TERM", "INT"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a signal that can ask for a checkpoint (e.g. USR2)"
+        )
+    return word
+
+
 def add_foreground_options(sp: argparse.ArgumentParser) -> None:
     way = sp.add_mutually_exclusive_group()
     way.add_argument(
@@ -214,6 +242,14 @@ def add_foreground_options(sp: argparse.ArgumentParser) -> None:
         default=None,
         help="stay for the run's life and exit with the trainer's status (128+N for signal N); "
         "SIGTERM stops the trainer through the kill plan. The default inside a Slurm step (srun)",
+    )
+    sp.add_argument(
+        "--checkpoint-signal",
+        dest="checkpoint_signal",
+        type=_signal_name,
+        metavar="SIG",
+        help="in the foreground: this signal asks the trainer to checkpoint now (sdk.checkpoint_requested); "
+        "in a Slurm job the verified checkpoint is then requeued from (default USR2, as --signal=B:USR2@N)",
     )
     way.add_argument(
         "--detach",

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import time
+from pathlib import Path
 from typing import Protocol
 
 from trainroom.core import protocol as p
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.rest import Quiet
 from trainroom.core.run.state import RunState
+from trainroom.core.sdk.requests import current_request
 from trainroom.core.settings import LaunchOptions
 from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
@@ -31,6 +34,8 @@ from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
 SLURM_GRACE_S = 3.0
 POLL_S = 0.2
 REASON_WAIT_S = 3.0
+# How long a checkpoint asked for by the job's warning signal may take to be written and verified.
+CKPT_WAIT_S = 600.0
 _REQUEST_ID = 1 << 30
 
 
@@ -42,6 +47,9 @@ class ForegroundKeeper(Protocol):
 
     @property
     def state(self) -> RunState: ...
+
+    @property
+    def run_dir(self) -> Path: ...
 
     def quiet(self) -> Quiet: ...
 
@@ -139,8 +147,15 @@ class Foreground:
 
     async def _exit_when_done(self) -> None:
         k = self.keeper
+        seen = current_request(k.run_dir)
         while not k.stop_event.is_set():
             await asyncio.sleep(POLL_S)
+            asked = current_request(k.run_dir)
+            if asked is not None and asked != seen:
+                seen = asked
+                self._tasks.append(
+                    asyncio.get_running_loop().create_task(self._checkpoint_then_requeue(asked))
+                )
             a = k.state.attempt
             if a is None or a.alive or not k.quiet().idle:
                 continue
@@ -150,3 +165,64 @@ class Foreground:
             )
             k.flush(fsync=True)
             k.stop_event.set()
+
+    async def _checkpoint_then_requeue(self, request: str) -> None:
+        """The job's warning signal came (`launch` wrote the request the trainer reads): wait for a
+        verified checkpoint newer than the last one, then requeue the job (task 0 only: one
+        requeue per job). No newer verified checkpoint: say so and leave the job as it is."""
+        k, place = self.keeper, self.options.slurm
+        last = k.state.last_verified()
+        last_step = last.step if last is not None else None
+        sig = self.options.checkpoint_signal or "USR2"
+        k.emit(
+            p.KeeperNote(
+                t=time.time(),
+                message=f"SIG{sig} (the job's warning signal): asked the trainer to checkpoint now "
+                f"(request {request}); the last verified checkpoint is "
+                + (f"step {last_step}" if last_step is not None else "none"),
+                kind="warning",
+            )
+        )
+        k.flush(fsync=True)
+        if place is None or place.procid != 0:
+            return
+        deadline = time.monotonic() + CKPT_WAIT_S
+        newer = None
+        while time.monotonic() < deadline and not k.stop_event.is_set():
+            v = k.state.last_verified()
+            if v is not None and v.step is not None and (last_step is None or v.step > last_step):
+                newer = v
+                break
+            await asyncio.sleep(0.5)
+        if newer is None:
+            k.emit(
+                p.KeeperNote(
+                    t=time.time(),
+                    message="no verified checkpoint newer than "
+                    + (f"step {last_step}" if last_step is not None else "none")
+                    + f" came: Slurm job {place.job_id} is not requeued "
+                    f"(`trainroom job slurm:{place.job_id} --resume` requeues it from the last verified step)",
+                    kind="warning",
+                )
+            )
+            return
+        argv = ["scontrol", "requeue", place.job_id]
+        try:
+            out = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=30)
+            said = (out.stderr or out.stdout).strip()
+            ok = out.returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said, ok = str(exc), False
+        k.emit(
+            p.KeeperNote(
+                t=time.time(),
+                message=f"checkpoint at step {newer.step} verified ({newer.path}): "
+                + (
+                    f"Slurm job {place.job_id} requeued; its next attempt resumes from it"
+                    if ok
+                    else f"`scontrol requeue {place.job_id}` failed: {said or 'no output'}"
+                ),
+                kind="info" if ok else "warning",
+            )
+        )
+        k.flush(fsync=True)

@@ -560,7 +560,8 @@ class Keeper:
         )
         if self._settings.config_note:
             self.emit(p.KeeperNote(t=time.time(), message=self._settings.config_note, kind="warning"))
-        await self.start_attempt()
+        first = self.record.options  # a requeued Slurm job's next attempt resumes (keeper/foreground.py)
+        await self.start_attempt(resume_from=first.resume_from, resume_step=first.resume_step)
         tasks = [loop.create_task(self.tick_loop()), loop.create_task(self.probe_loop())]
         await self.stop_event.wait()
         for t in tasks:

@@ -21,6 +21,7 @@ from trainroom.core.protocol import error_chain
 from trainroom.core.sdk.lr import LrChange, reimpose_lr, requested_from_argv
 from trainroom.core.sdk.replay import ReplayRequest, replay_request, replay_result
 from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current
+from trainroom.core.sdk.requests import checkpoint_requested
 from trainroom.core.sdk.save import CheckpointWontFit, Saved, save_checkpoint
 from trainroom.core.sdk.tracer import NonFiniteTracer
 
@@ -34,6 +35,7 @@ __all__ = [
     "Reporter",
     "Saved",
     "VerifiedCheckpoint",
+    "checkpoint_requested",
     "connect",
     "current",
     "error_chain",
