@@ -336,5 +336,17 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         )
         log = (Path(job.runs()[0].run_dir) / "trainer.log").read_text(errors="replace")
         assert f"rank 0 resumed from step {step}" in log
+        # The whole job, requeued by hand from the login node: it names the step it resumes from.
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--resume", "--yes"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "the next attempt resumes from step" in out.stdout and "(restarts 1 -> 2)" in out.stdout, (
+            out.stdout
+        )
     finally:
         slurm.run("scancel", job.id, check=False)

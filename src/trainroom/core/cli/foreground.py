@@ -24,6 +24,9 @@ from trainroom.core.run.launch import start_keeper
 from trainroom.core.sdk.requests import write_request
 from trainroom.core.settings import LaunchOptions
 
+# A new job started from an old one's checkpoint (`job slurm:JOBID --resume` of a job slurmctld
+# forgot prints an sbatch with it): the old job's name, whose newest verified checkpoint is resumed.
+ENV_RESUME_JOB = "TRAINROOM_RESUME_JOB"
 EXIT_NO_STATUS = 1  # the keeper ended without a trainer exit to report (it never started, or died)
 COPY_CHUNK = 1 << 16
 

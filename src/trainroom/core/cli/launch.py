@@ -72,10 +72,13 @@ def foreground_options(args: argparse.Namespace, job: JobOptions | None) -> dict
         opts["linger_s"] = 0.0  # the keeper ends with the trainer (the step must end then)
     if getattr(args, "checkpoint_signal", None):
         opts["checkpoint_signal"] = args.checkpoint_signal
-    if place is not None and place.restart_count > 0 and job is not None:
-        from trainroom.core.cli.foreground import previous_verified
+    from trainroom.core.cli.foreground import ENV_RESUME_JOB, previous_verified
 
-        found = previous_verified(job.name)
+    earlier = os.environ.get(ENV_RESUME_JOB) or (
+        job.name if place is not None and place.restart_count > 0 and job is not None else None
+    )
+    if earlier:
+        found = previous_verified(earlier)
         if found is not None:
             opts["resume_from"], opts["resume_step"] = found
     return opts

@@ -8,13 +8,15 @@ import getpass
 import sys
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
-from trainroom.core.job.discover import newest_job
+from trainroom.core.job.discover import job_runs, newest_job
 from trainroom.core.job.slurm import SlurmJobError, read_slurm_job, slurm_view
 from trainroom.core.job.view import NodeReading, job_dict
+from trainroom.core.run import store
 from trainroom.core.run.store import RunError
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
 from trainroom.core.units import fmt_duration
@@ -84,8 +86,10 @@ def cmd_slurm_job(
     job_lines: Callable[[dict[str, Any], float], list[str]],
     healthy: Collection[str],
 ) -> int:
-    if args.tui or args.stacks or args.resume:
-        raise CliError("slurm:JOBID: --tui, --resume and --stacks are not available for Slurm jobs yet")
+    if args.tui or args.stacks:
+        raise CliError("slurm:JOBID: --tui and --stacks are not available for Slurm jobs yet")
+    if args.resume:
+        return resume_job(args, job_id)
     if args.kill:
         return stop_survivors(args, job_id)
     d = slurm_job_dict(job_id)
@@ -136,3 +140,79 @@ def stop_survivors(args: argparse.Namespace, job_id: str) -> int:
         ok = ok and rc == 0
         print(f"task {t['node_rank']} on {t['node']}: {'ok' if rc == 0 else f'failed ({rc})'}: {out}")
     return 0 if ok else 1
+
+
+REQUEUEABLE = (
+    "RUNNING",
+    "SUSPENDED",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+)
+
+
+def resume_job(args: argparse.Namespace, job_id: str) -> int:
+    """Requeue the job (its next attempt resumes from the newest verified checkpoint of its runs),
+    or, when slurmctld no longer knows it, print the sbatch that starts it again from there."""
+    import shlex
+
+    from trainroom.core.cli.foreground import ENV_RESUME_JOB, previous_verified
+    from trainroom.core.job.slurm import job_name_of
+
+    reader = SlurmReader()
+    try:
+        info = reader.job(job_id)
+    except SlurmError as exc:
+        raise CliError(f"slurm:{job_id}: {exc}") from None
+    name = job_name_of(info, job_id)
+    found = previous_verified(name)
+    where = (
+        f"the next attempt resumes from step {found[1]} ({found[0]})"
+        if found is not None
+        else "no verified checkpoint of this job is visible here: the next attempt starts from its beginning"
+    )
+    if info is None:
+        runs = list(job_runs(name))
+        if not runs:
+            raise CliError(f"slurm:{job_id}: slurmctld does not know the job and no run of {name} is here")
+        rec = store.read_record(Path(runs[-1].run_dir))
+        place = rec.options.slurm
+        nodes = place.nnodes if place is not None else 1
+        tasks = place.ntasks if place is not None else 1
+        cmd = " ".join(shlex.quote(a) for a in ["trainroom", "launch", "--", *rec.argv])
+        print(f"slurm job {job_id} is gone from slurmctld; {where}. Start it again with:")
+        print(
+            f"  cd {shlex.quote(rec.cwd)} && sbatch -N{nodes} -n{tasks} --export=ALL,{ENV_RESUME_JOB}={name} "
+            f"--wrap {shlex.quote('srun ' + cmd)}"
+        )
+        return 0
+    if info.state not in REQUEUEABLE or info.requeue is False:
+        raise CliError(
+            f"slurm:{job_id} is {info.state}"
+            + (" and not requeueable (--no-requeue)" if info.requeue is False else ": nothing to requeue")
+        )
+    print(f"requeue slurm job {job_id} ({info.state}, restarts {info.restarts}); {where}")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("job --resume needs confirmation: pass --yes (stdin is not a terminal)")
+        if input("requeue? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("cancelled")
+            return 1
+    from trainroom.core.slurm.scontrol import run_command
+
+    try:
+        rc, out, err = run_command(["scontrol", "requeue", job_id])
+    except SlurmError as exc:
+        raise CliError(str(exc)) from None
+    if rc != 0:
+        print(f"scontrol requeue {job_id} failed: {(err or out).strip()}")
+        return 1
+    after = SlurmReader(min_interval_s=0).job(job_id)
+    print(
+        f"slurm job {job_id}: {info.state} -> {after.state if after else '?'} (restarts {info.restarts} -> {after.restarts if after else '?'})"
+    )
+    return 0
