@@ -10,6 +10,7 @@ request, naming this host. Nothing else is ever written on stdout; errors go to 
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import socket
 import sys
@@ -44,6 +45,12 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="with --job: a hello and a snapshot for the newest run of each rank of the job here, "
         "then exit (what `trainroom job slurm:JOBID` reads, one srun per node)",
+    )
+    sp.add_argument(
+        "--lines",
+        action="store_true",
+        help="with --all: each frame as one base64 text line (`TRB ...`), so srun can gather every "
+        "node's answer in one step (--label); --host defaults to SLURMD_NODENAME",
     )
     sp.set_defaults(func=cmd_bridge)
 
@@ -84,7 +91,9 @@ def _send(msg: object) -> None:
 def cmd_bridge(args: argparse.Namespace) -> int:
     host = socket.gethostname()
     if getattr(args, "all", False):
-        return _all_of_job(args.job, getattr(args, "host", None), host)
+        lines = getattr(args, "lines", False)
+        node = getattr(args, "host", None) or (os.environ.get("SLURMD_NODENAME") if lines else None)
+        return _all_of_job(args.job, node, host, lines)
     try:
         info = _pick(args.run, args.job)
         rec = store.read_record(Path(info.run_dir))
@@ -146,7 +155,7 @@ def _without_keeper(info: RunInfo, keeper: KeeperWord, host: str) -> int:
                 return 0
 
 
-def _all_of_job(job: str | None, node: str | None, host: str) -> int:
+def _all_of_job(job: str | None, node: str | None, host: str, lines: bool = False) -> int:
     """Every rank's newest run of `job` here (on `node`): a hello and a snapshot each, then EOF."""
     from trainroom.core.job.discover import job_runs
     from trainroom.core.run.client import read_run
@@ -180,6 +189,12 @@ def _all_of_job(job: str | None, node: str | None, host: str) -> int:
             job=j.name,
             node_rank=j.node_rank,
         )
-        _send(said)
-        _send(p.Snapshot(v=p.PROTOCOL_VERSION, state=msgspec.to_builtins(state)))
+        snap = p.Snapshot(v=p.PROTOCOL_VERSION, state=msgspec.to_builtins(state))
+        if lines:
+            for msg in (said, snap):
+                line = b"TRB " + base64.b64encode(p.frame(msg)[p.HEADER.size :]) + b"\n"
+                write_all(STDOUT, line)
+        else:
+            _send(said)
+            _send(snap)
     return 0

@@ -16,6 +16,7 @@ said in words beside the ranks' own verdicts (core/job/view.py: the first rank t
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import subprocess
@@ -30,7 +31,6 @@ import msgspec
 from trainroom.core import protocol as p
 from trainroom.core.job.discover import job_runs
 from trainroom.core.job.view import NodeReading
-from trainroom.core.remote.link import Reachability
 from trainroom.core.remote.ssh import ENV_REMOTE_COMMAND
 from trainroom.core.remote.wire import BridgeHello, read_hello
 from trainroom.core.run import store
@@ -194,6 +194,77 @@ def read_node_srun(job_id: str, node: str, name: str) -> list[NodeReading]:
     return out
 
 
+def srun_all_argv(job_id: str, nodes: list[str], name: str) -> list[str]:
+    remote = shlex.split(os.environ.get(ENV_REMOTE_COMMAND) or "trainroom")
+    n = str(len(nodes))
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"--nodes={n}",
+        f"--ntasks={n}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}",
+        "--quiet",
+        "--label",
+        *remote,
+        "bridge",
+        "--job",
+        name,
+        "--all",
+        "--lines",
+    ]
+
+
+def _reading(job_id: str, node: str, head: bytes, body: bytes) -> NodeReading | None:
+    try:
+        hello: BridgeHello = read_hello(head)
+        snap = p.keeper_decoder.decode(body)
+        if not isinstance(snap, p.Snapshot) or not hello.ok:
+            return None
+        state = from_snapshot(snap.state)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError):
+        return None  # one run that does not decode costs that run, not the node
+    return NodeReading(
+        target=f"slurm:{job_id}/{node}", host=hello.host, run=hello.run_id, state=state, keeper=hello.keeper
+    )
+
+
+def read_all_srun(job_id: str, nodes: list[str], name: str) -> dict[str, list[NodeReading]]:
+    """Every node's runs through ONE srun step across the job's nodes (one task per node, each
+    frame a labelled base64 line): one step for slurmctld per refresh, whatever the node count.
+    Nodes that answered nothing are absent (the caller asks each of them alone, to learn why)."""
+    try:
+        proc = subprocess.run(
+            srun_all_argv(job_id, nodes, name),
+            capture_output=True,
+            timeout=SRUN_TIMEOUT_S,
+            env=_srun_env(),
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    frames: dict[int, list[bytes]] = {}
+    for raw in proc.stdout[:MAX_OUTPUT].splitlines():
+        label, sep, rest = raw.partition(b": ")
+        if not sep or not label.strip().isdigit() or not rest.startswith(b"TRB "):
+            continue
+        try:
+            frames.setdefault(int(label), []).append(base64.b64decode(rest[4:], validate=True))
+        except ValueError:
+            continue
+    out: dict[str, list[NodeReading]] = {}
+    for got in frames.values():
+        # Each task's node is the one its runs name (SLURMD_NODENAME at launch): a node without a
+        # run of the job answers nothing here and is asked alone.
+        readings = [_reading(job_id, "?", h, b) for h, b in zip(got[::2], got[1::2], strict=False)]
+        for r in readings:
+            if r is not None and r.host in nodes:
+                r.target = f"slurm:{job_id}/{r.host}"
+                out.setdefault(r.host, []).append(r)
+    return out
+
+
 def read_node_local(job_id: str, name: str, node: str | None) -> list[NodeReading]:
     """The job's runs this host can see (a shared home), newest per rank; `node` None: all."""
     newest: dict[tuple[str | None, int | None], Any] = {}
@@ -248,21 +319,24 @@ def read_slurm_job(job_id: str, reader: SlurmReader, *, now: float | None = None
                 job.lost[node] = str(exc)
         local = read_node_local(job_id, name, node)
         if local:
+            # Its journals are here (a shared home): the ranks' verdicts stand whatever srun said;
+            # srun's failure is kept for the node's own verdict (NODE_LOST).
             job.source[node] = "local runs (this host sees the node's run directory)"
-            for r in local:
-                if node in job.lost:
-                    r.reach = Reachability()
-                    r.reach.lost(t, job.lost[node], None)
             return local
         unheard = NodeReading(target=f"slurm:{job_id}/{node}", host=node)
         unheard.reach.lost(t, job.lost.get(node, "no run of this job was found on this node"), None)
         return [unheard]
 
-    if names:
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(names)))) as pool:
-            for got in pool.map(one, names):
+    gathered = read_all_srun(job_id, names, name) if live and names else {}
+    for node, got in gathered.items():
+        job.source[node] = "srun"
+        job.readings += got
+    rest = [n for n in names if n not in gathered]
+    if rest:
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(rest)))) as pool:
+            for got in pool.map(one, rest):
                 job.readings += got
-    else:
+    elif not names:
         job.readings = read_node_local(job_id, name, None)
     job.calls = reader.calls
     if not job.readings and info is None:
