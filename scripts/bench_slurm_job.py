@@ -60,8 +60,7 @@ def stand_ins(d: Path, nodes: list[str], ranks: int) -> None:
         st = node_state(node, i, ranks)
         hello = BridgeHello(host=node, run_id=f"run-{i}", keeper="alive", job=f"slurm-{JOB}", node_rank=i)
         snap = p.Snapshot(v=p.PROTOCOL_VERSION, state=msgspec.to_builtins(st))
-        for msg in (hello, snap):
-            lines.append(f"{i}: TRB {base64.b64encode(p.frame(msg)[p.HEADER.size :]).decode()}")
+        lines += [f"{i}: TRB {base64.b64encode(p.frame(m)[p.HEADER.size :]).decode()}" for m in (hello, snap)]
     (d / "all.txt").write_text("\n".join(lines) + "\n")
     hostlist = f"b[001-{len(nodes):03d}]"
     job_line = (
