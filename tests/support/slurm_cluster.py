@@ -74,7 +74,15 @@ class Slurm:
                 f"slurmd {node} did not start again: {_why(self.dir / f'slurmd-{node}.log')}"
             )
         self.started[f"slurmd-{node}"] = _pid_in(pid_file) or 0
-        self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+        def idle() -> bool:
+            state = self.run("sinfo", "-h", "-N", "-n", node, "-o", "%T", check=False).strip()
+            if state != "idle":
+                self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+            return state == "idle"
+
+        if not _wait(idle, 90):
+            raise AssertionError(f"node {node} did not return to service after its slurmd restarted")
 
 
 def _ppid(pid: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import os
 import shlex
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +107,25 @@ def srun_argv(job_id: str, node: str, name: str) -> list[str]:
         node,
         "--all",
     ]
+
+
+SLURMD_PORT = 6818
+PROBE_TIMEOUT_S = 3.0
+
+
+def slurmd_silent(ni: NodeInfo | None) -> str | None:
+    """Why the node's slurmd cannot be reached (a TCP connect to NodeAddr:Port, where srun would
+    connect too: no Slurm RPC), or None when it accepts a connection or its address is unknown."""
+    if ni is None or not ni.addr:
+        return None
+    port = ni.port or SLURMD_PORT
+    try:
+        with socket.create_connection((ni.addr, port), timeout=PROBE_TIMEOUT_S):
+            return None
+    except TimeoutError:
+        return f"slurmd at {ni.addr}:{port} does not answer within {PROBE_TIMEOUT_S:.0f} s"
+    except OSError as exc:
+        return f"slurmd at {ni.addr}:{port}: {exc.strerror or exc}"
 
 
 def srun_act(job_id: str, node: str, verb_args: list[str]) -> tuple[int, str]:
@@ -310,7 +330,10 @@ def read_slurm_job(job_id: str, reader: SlurmReader, *, now: float | None = None
     t = time.time() if now is None else now
 
     def one(node: str) -> list[NodeReading]:
-        if live:
+        why = slurmd_silent(nodes.get(node)) if live else None
+        if why is not None:
+            job.lost[node] = why
+        elif live:
             try:
                 got = read_node_srun(job_id, node, name)
                 job.source[node] = "srun"

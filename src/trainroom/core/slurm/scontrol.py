@@ -194,6 +194,8 @@ class NodeInfo:
     name: str
     state: str
     reason: str | None
+    addr: str | None = None  # NodeAddr: where its slurmd listens
+    port: int | None = None  # Port (slurmd's; SlurmdPort, 6818, when scontrol shows none)
 
     @property
     def down(self) -> bool:
@@ -207,7 +209,13 @@ class NodeInfo:
         if not name:
             return None
         reason = f.get("Reason")
-        return cls(name=name, state=f.get("State", "UNKNOWN"), reason=reason or None)
+        return cls(
+            name=name,
+            state=f.get("State", "UNKNOWN"),
+            reason=reason or None,
+            addr=f.get("NodeAddr") or None,
+            port=_int(f.get("Port")),
+        )
 
     def as_dict(self) -> dict[str, object]:
         return {"node": self.name, "state": self.state, "reason": self.reason, "down": self.down}
