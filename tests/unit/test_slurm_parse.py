@@ -101,3 +101,49 @@ def test_reader_failures_are_one_line_errors_and_an_unknown_job_is_none() -> Non
         assert "Unable to contact" in str(exc)
     else:
         raise AssertionError("no error")
+
+
+def test_slurm_view_says_the_job_s_end_and_its_nodes_in_words() -> None:
+    from trainroom.core.job.slurm import SlurmJob, slurm_view
+
+    line = JOB.replace("JobState=COMPLETING", "JobState=OUT_OF_MEMORY").replace(
+        "ExitCode=0:15", "ExitCode=0:125 DerivedExitCode=0:9"
+    )
+    info = JobInfo.parse(line)
+    down = NodeInfo.parse("NodeName=n2 State=DOWN+DRAIN Reason=disk failed [root@2026-12-06T06:00:00]")
+    up = NodeInfo.parse("NodeName=n1 State=IDLE")
+    assert info is not None and down is not None and up is not None
+    job = SlurmJob(job_id="1", name="slurm-1", info=info, nodes={"n1": up, "n2": down}, readings=[])
+    v = {x["code"]: x for x in slurm_view(job, 0.0)["verdicts"]}
+    assert "out of memory" in v["SLURM_OUT_OF_MEMORY"]["message"]
+    assert v["NODE_LOST"]["node"] == "n2" and "disk failed" in v["NODE_LOST"]["message"]
+    assert "killed by signal 9 (SIGKILL)" in v["SLURM_DERIVED_EXIT"]["message"]
+    # A RUNNING job whose node's slurmd does not answer: lost before slurmctld says DOWN.
+    running = JobInfo.parse(JOB.replace("JobState=COMPLETING", "JobState=RUNNING"))
+    assert running is not None
+    job = SlurmJob(
+        job_id="1",
+        name="slurm-1",
+        info=running,
+        nodes={"n1": up, "n2": up},
+        readings=[],
+        lost={"n2": "slurmd at 127.0.0.1:17002: Connection refused"},
+    )
+    lost = [x for x in slurm_view(job, 0.0)["verdicts"] if x["code"] == "NODE_LOST"]
+    assert (
+        len(lost) == 1
+        and "Connection refused" in lost[0]["message"]
+        and "SlurmdTimeout" in lost[0]["message"]
+    )
+
+
+def test_bad_slurm_input_is_one_line_and_exit_2() -> None:
+    import subprocess
+    import sys
+
+    for argv in (["job", "slurm:12;rm"], ["launch", "--checkpoint-signal", "KILL", "--", "true"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "trainroom.cli", *argv], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 2, (argv, out.stderr)
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2, out.stderr
