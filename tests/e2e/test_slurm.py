@@ -186,11 +186,11 @@ def test_launch_in_a_slurm_step_stays_names_the_job_and_exits_with_the_trainer(
             f"srun reporting task 1's status 137 (128+SIGKILL); output: {job.out[-600:]}",
         )
         assert job.state(1).attempt.exit_signal == signal.SIGKILL
-        # gloo ends rank 0 when its peer is gone; the job then ends COMPLETED (the batch script
-        # exits 0), and only DerivedExitCode says a task failed: the view says it in words.
+        # gloo ends rank 0 when its peer is gone; the job then ends COMPLETED with ExitCode 0:0 (the
+        # batch script exits 0): Slurm's record names no failure; the job view still names rank 1.
         wait_for(job.ended, END_S, 0.5, f"job {job.id} ended; output: {job.out[-400:]}")
         d = job_json(job)
-        assert any(v["code"] == "SLURM_DERIVED_EXIT" for v in d["slurm"]["verdicts"]), d["slurm"]
+        assert d["slurm"]["job"]["state"] == "COMPLETED", d["slurm"]
         assert d["root_cause"]["rank"] == 1 and d["root_cause"]["pid"] == victim
     finally:
         slurm.run("scancel", job.id, check=False)
