@@ -92,6 +92,23 @@ class Job:
         return self.slurm.job(self.id).get("JobState") not in ("RUNNING", "PENDING", "COMPLETING", None)
 
 
+def submit_torchrun(slurm: slurm_cluster.Slurm, home: Path) -> Job:
+    """docs/slurm.md's torchrun template: one task per node, torchrun (c10d) under each keeper."""
+    script = home / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"srun trainroom launch -- {sys.executable} -m torch.distributed.run --nnodes=2 --nproc-per-node=1 "
+        f"--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{_free_port()} --rdzv-id=$SLURM_JOB_ID "
+        f"{TRAINER} --sdk --step-delay 0.2\n"
+    )
+    env = dict(slurm.env, TRAINROOM_HOME=str(home), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    slurm.env = env
+    job_id = slurm.run(
+        "sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "-o", str(home / "job-%j.out"), str(script)
+    ).strip()
+    return Job(slurm, home, job_id)
+
+
 def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
     """docs/slurm.md's srun-per-rank template: the batch shell passes the job's warning signal
     (USR2) on to srun, which delivers it to every task."""
@@ -192,6 +209,31 @@ def test_launch_in_a_slurm_step_stays_names_the_job_and_exits_with_the_trainer(
         d = job_json(job)
         assert d["slurm"]["job"]["state"] == "COMPLETED", d["slurm"]
         assert d["root_cause"]["rank"] == 1 and d["root_cause"]["pid"] == victim
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_torchrun_per_node_a_killed_worker_is_named_with_its_node(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit_torchrun(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        assert runs[0].argv[1:3] == ["-m", "torch.distributed.run"]
+        # The worker torchrun started on n2 (c10d gives it rank 0 or 1, whichever it drew).
+        ((rank, view),) = states[1].ranks.items()
+        worker = view.pid
+        assert worker is not None and worker != states[1].attempt.pid
+        assert psutil.Process(worker).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        os.kill(worker, signal.SIGKILL)
+
+        def named() -> dict[str, Any] | None:
+            rc = job_json(job)["root_cause"]
+            return rc if rc is not None and rc["rank"] == rank else None
+
+        rc = wait_for(named, END_S, 0.2, "job --json naming n2's torchrun worker as the root cause")
+        assert rc["host"] == "n2" and rc["node_rank"] == 1 and rc["pid"] == worker, rc
     finally:
         slurm.run("scancel", job.id, check=False)
 
