@@ -313,6 +313,8 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         wait_for(
             lambda: slurm.job(job.id).get("JobState") == "PENDING", END_S, 0.5, "the requeued job pending"
         )
+        wait_left = job_json(job)["slurm"]["eligible_in_s"]
+        assert wait_left is not None and wait_left > 0, "the requeued job's wait, counted down"
         slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
 
         def second() -> dict[int, RunInfo] | None:

@@ -147,3 +147,18 @@ def test_bad_slurm_input_is_one_line_and_exit_2() -> None:
         )
         assert out.returncode == 2, (argv, out.stderr)
         assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2, out.stderr
+
+
+def test_a_requeued_job_s_wait_is_counted_down() -> None:
+    import time
+
+    from trainroom.core.job.slurm import eligible_in_s
+
+    now = time.time()
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now + 100))
+    pending = JobInfo.parse(f"JobId=5 JobState=PENDING Reason=BeginTime Restarts=1 EligibleTime={at}")
+    assert pending is not None
+    left = eligible_in_s(pending, now)
+    assert left is not None and 98 <= left <= 101
+    assert eligible_in_s(JobInfo.parse(JOB), now) is None
+    assert eligible_in_s(JobInfo.parse("JobId=5 JobState=PENDING EligibleTime=Unknown"), now) is None

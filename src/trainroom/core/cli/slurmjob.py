@@ -73,6 +73,10 @@ def slurm_lines(s: dict[str, Any]) -> list[str]:
             f"  ExitCode {j['exit_code']}, DerivedExitCode {j['derived_exit_code']}"
             + (f" ({s['derived_exit']})" if s["derived_exit"] else "")
         )
+    if s.get("eligible_in_s") is not None:
+        out.append(
+            f"  eligible to start again in {fmt_duration(s['eligible_in_s'])} (Slurm's wait after a requeue)"
+        )
     for n in s["nodes"]:
         why = f": {n['reason']}" if n.get("reason") else ""
         out.append(f"  node {n['node']:12} {n['state']}{why}  [read by {n.get('read_by') or 'nothing'}]")

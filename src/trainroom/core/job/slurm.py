@@ -370,6 +370,18 @@ def read_slurm_job(job_id: str, reader: SlurmReader, *, now: float | None = None
     return job
 
 
+def eligible_in_s(info: JobInfo | None, now: float) -> float | None:
+    """A pending job's wait until slurmctld lets it start (a requeued job waits ~2 min): from its
+    EligibleTime (the controller's local time, as scontrol prints it)."""
+    if info is None or info.state != "PENDING" or not info.eligible_time:
+        return None
+    try:
+        at = time.mktime(time.strptime(info.eligible_time, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+    return max(0.0, at - now)
+
+
 def slurm_view(job: SlurmJob, now: float) -> dict[str, Any]:
     """Slurm's side of the job, and the verdicts Slurm itself does not give."""
     info = job.info
@@ -410,6 +422,7 @@ def slurm_view(job: SlurmJob, now: float) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "name": job.name,
+        "eligible_in_s": eligible_in_s(info, now),
         "job": info.as_dict() if info is not None else None,
         "state_words": END_WORDS.get(info.state) if info is not None else None,
         "exit": exit_words(info.exit_code) if info is not None else None,
