@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainroom.core.sdk import checkpoint_requested
+from trainroom.core.sdk.requests import checkpoint_requested
 from trainroom.integrations._common import AdapterBase, guarded, number
 
 __all__ = ["TrainroomCallback"]
