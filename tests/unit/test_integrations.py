@@ -106,3 +106,27 @@ def test_under_a_keeper_the_hf_callback_speaks_the_sdk_frames(
     assert first.batch == logged.batch == p.BatchRef(epoch=0, index=5, seed=42)
     assert isinstance(ckpt, p.Checkpoint) and (ckpt.path, ckpt.step) == (str(tmp_path / "checkpoint-5"), 5)
     assert cb.failures == 0
+
+
+def test_the_hf_callback_saves_when_the_keeper_asks_and_only_once_per_request(
+    fresh_reporter: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainroom.core.sdk import requests
+
+    monkeypatch.setenv("TRAINROOM_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(requests._Poll, "last_t", float("-inf"))
+    monkeypatch.setattr(requests._Poll, "seen", None)
+    cb = hf.TrainroomCallback()
+    args, state = SimpleNamespace(), SimpleNamespace(global_step=7)
+    control = SimpleNamespace(should_save=False)
+    cb.on_step_end(args, state, control)
+    assert control.should_save is False  # nothing asked
+    requests.write_request(tmp_path, "USR2-1")
+    monkeypatch.setattr(requests._Poll, "last_t", float("-inf"))
+    cb.on_step_end(args, state, control)
+    assert control.should_save is True
+    control.should_save = False
+    monkeypatch.setattr(requests._Poll, "last_t", float("-inf"))
+    cb.on_step_end(args, state, control)
+    assert control.should_save is False  # the same request is answered once
+    assert cb.failures == 0

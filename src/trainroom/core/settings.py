@@ -21,6 +21,7 @@ from trainroom.core import config as cfg
 from trainroom.core import sections
 from trainroom.core.frameworks import Recognised, recognise
 from trainroom.core.loglines import LogHints
+from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.units import redact_command, redact_url
 
 DEFAULT_LINGER_S = 60.0
@@ -147,6 +148,15 @@ class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     demo: bool = False
     notify: NotifyOptions = msgspec.field(default_factory=NotifyOptions)
     job: JobOptions | None = None
+    # `launch --foreground`, or inside a Slurm step: the keeper stops the trainer on SIGTERM through
+    # its kill plan and exits when the trainer has ended; `launch` waits and exits with its status.
+    foreground: bool = False
+    slurm: SlurmPlace | None = None  # the Slurm task this run is (core/slurm/place.py)
+    # The signal that asks for a checkpoint before a time limit or preemption (--signal=B:USR2@N).
+    checkpoint_signal: str | None = None
+    # The first attempt resumes from this verified checkpoint (a requeued Slurm job's next attempt).
+    resume_from: str | None = None
+    resume_step: NonNegativeInt | None = None
 
     def shown(self) -> LaunchOptions:
         """These options as every reader may see them (the run's state, snapshots): secrets redacted."""

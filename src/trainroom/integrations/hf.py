@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from trainroom.core.sdk.requests import checkpoint_requested
 from trainroom.integrations._common import AdapterBase, guarded, number
 
 __all__ = ["TrainroomCallback"]
@@ -73,6 +74,10 @@ class TrainroomCallback(TrainerCallback, AdapterBase):
 
     @guarded
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control is not None and checkpoint_requested():
+            # The keeper asks (a Slurm job's warning signal): the Trainer saves at this step, the
+            # keeper verifies it, then requeues the job from it. Every rank sees the request.
+            control.should_save = True
         if not self.active:
             return
         self._optimizer = kwargs.get("optimizer") or self._optimizer

@@ -3,8 +3,9 @@ CPU, one process per rank under `torchrun --nproc_per_node=N`.
 
 Rank 0 prints nanoGPT's `iter N: loss X` lines (what the keeper's log reader recognises without
 the SDK). With --sdk every rank reports through `trainroom.core.sdk` (one reporter per rank,
-rank and world size from torchrun's environment). --steps 0 trains until stopped; --step-delay
-keeps it slow enough to be watched on a loaded machine.
+rank and world size from torchrun's environment), and rank 0 saves a checkpoint when the keeper
+asks for one (`sdk.checkpoint_requested()`); TRAINROOM_RESUME set, every rank resumes from it.
+--steps 0 trains until stopped; --step-delay keeps it slow enough to be watched on a loaded machine.
 """
 
 from __future__ import annotations
@@ -55,7 +56,19 @@ def main() -> int:
         rep = sdk.connect(lr=args.lr, vocab_size=VOCAB, warmup_steps=0)
     print(f"rank {rank} of {dist.get_world_size()}: pid {os.getpid()}", flush=True)
     step = 0
+    resume = os.environ.get("TRAINROOM_RESUME")
+    if resume:  # a resumed attempt (a requeued Slurm job): every rank loads the same checkpoint
+        saved = torch.load(resume, weights_only=True)
+        model.module.load_state_dict(saved["model"])
+        step = int(saved["step"])
+        print(f"rank {rank} resumed from step {step} ({resume})", flush=True)
     while args.steps == 0 or step < args.steps:
+        if rep is not None:
+            from trainroom.core import sdk
+
+            if sdk.checkpoint_requested(every_s=0.2) and rank == 0:
+                sdk.save_checkpoint({"model": model.module.state_dict(), "step": step}, step)
+                print(f"rank 0 saved a checkpoint at step {step} (asked by the keeper)", flush=True)
         step += 1
         x = torch.randint(VOCAB, (4, 16))
         loss = F.cross_entropy(model(x).view(-1, VOCAB), torch.roll(x, -1, 1).view(-1))

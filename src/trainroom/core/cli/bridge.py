@@ -10,11 +10,14 @@ request, naming this host. Nothing else is ever written on stdout; errors go to 
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import socket
 import sys
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.cli.errors import EXIT_BAD_INPUT
@@ -36,6 +39,19 @@ def add_parser(sub: Any) -> None:
     )
     sp.add_argument("run", nargs="?", help="the run (default: the newest, or the newest of --job)")
     sp.add_argument("--job", help="the newest run of this job, when no RUN is given")
+    sp.add_argument("--host", help="with --job: only runs whose job names this node (SLURMD_NODENAME)")
+    sp.add_argument(
+        "--all",
+        action="store_true",
+        help="with --job: a hello and a snapshot for the newest run of each rank of the job here, "
+        "then exit (what `trainroom job slurm:JOBID` reads, one srun per node)",
+    )
+    sp.add_argument(
+        "--lines",
+        action="store_true",
+        help="with --all: each frame as one base64 text line (`TRB ...`), so srun can gather every "
+        "node's answer in one step (--label); --host defaults to SLURMD_NODENAME",
+    )
     sp.set_defaults(func=cmd_bridge)
 
 
@@ -74,6 +90,10 @@ def _send(msg: object) -> None:
 
 def cmd_bridge(args: argparse.Namespace) -> int:
     host = socket.gethostname()
+    if getattr(args, "all", False):
+        lines = getattr(args, "lines", False)
+        node = getattr(args, "host", None) or (os.environ.get("SLURMD_NODENAME") if lines else None)
+        return _all_of_job(args.job, node, host, lines)
     try:
         info = _pick(args.run, args.job)
         rec = store.read_record(Path(info.run_dir))
@@ -133,3 +153,48 @@ def _without_keeper(info: RunInfo, keeper: KeeperWord, host: str) -> int:
                     )
                 )
                 return 0
+
+
+def _all_of_job(job: str | None, node: str | None, host: str, lines: bool = False) -> int:
+    """Every rank's newest run of `job` here (on `node`): a hello and a snapshot each, then EOF."""
+    from trainroom.core.job.discover import job_runs
+    from trainroom.core.run.client import read_run
+
+    if not job:
+        _send(BridgeHello(host=host, ok=False, error="--all needs --job NAME"))
+        return EXIT_BAD_INPUT
+    newest: dict[int | None, tuple[RunInfo, Any]] = {}
+    for info in job_runs(job):
+        try:
+            rec = store.read_record(Path(info.run_dir))
+        except RunError:
+            continue
+        j = rec.options.job
+        if j is None or (node and j.host != node):
+            continue
+        newest[j.node_rank] = (info, j)  # job_runs is oldest first: the newest run per rank wins
+    for info, j in newest.values():
+        try:
+            state, keeper = read_run(info)
+        except (RunError, OSError) as exc:
+            print(f"trainroom bridge: {info.run_id}: {exc}", file=sys.stderr)
+            continue
+        said = BridgeHello(
+            host=j.host or host,
+            run_id=info.run_id,
+            run_dir=info.run_dir,
+            created=info.created,
+            argv=info.argv,
+            keeper=keeper,
+            job=j.name,
+            node_rank=j.node_rank,
+        )
+        snap = p.Snapshot(v=p.PROTOCOL_VERSION, state=msgspec.to_builtins(state))
+        if lines:
+            for msg in (said, snap):
+                line = b"TRB " + base64.b64encode(p.frame(msg)[p.HEADER.size :]) + b"\n"
+                write_all(STDOUT, line)
+        else:
+            _send(said)
+            _send(snap)
+    return 0

@@ -34,6 +34,11 @@ def add_parser(sub: Any, open_tui: Callable[[argparse.Namespace], int]) -> None:
         "targets", nargs="*", metavar="TARGET", help="ssh://[user@]host[:port][/RUN], a [hosts] name, a run"
     )
     sp.add_argument("--job", dest="job_name", metavar="NAME", help="the job (default: the newest here)")
+    sp.add_argument(
+        "--slurm",
+        action="store_true",
+        help="my newest Slurm job (as `slurm:JOBID`: its nodes from scontrol, each read through srun)",
+    )
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--tui", action="store_true", help="open the control room's job screen")
     what = sp.add_mutually_exclusive_group()
@@ -48,6 +53,11 @@ def add_parser(sub: Any, open_tui: Callable[[argparse.Namespace], int]) -> None:
 
 
 def cmd_job(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], int]) -> int:
+    slurm_id = _slurm_id(args)
+    if slurm_id is not None:
+        from trainroom.core.cli.slurmjob import cmd_slurm_job
+
+        return cmd_slurm_job(args, slurm_id, job_lines, HEALTHY)
     if args.tui:
         return open_tui(args)
     refs = node_refs(list(args.targets))
@@ -62,6 +72,20 @@ def cmd_job(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], i
     d = job_dict(name, readings, time.time())
     print(to_json(d) if args.json else "\n".join(job_lines(d, time.time())))
     return 0 if d["state"] in HEALTHY else 1
+
+
+def _slurm_id(args: argparse.Namespace) -> str | None:
+    """The Slurm job asked for: `slurm:JOBID` (one target), or --slurm (my newest)."""
+    given = [t for t in args.targets if t.startswith("slurm:")]
+    if given and len(args.targets) > 1:
+        raise CliError("slurm:JOBID is the whole job: give no other target with it")
+    if given:
+        return str(given[0]).removeprefix("slurm:")
+    if getattr(args, "slurm", False):
+        from trainroom.core.cli.slurmjob import newest_slurm_job
+
+        return newest_slurm_job()
+    return None
 
 
 def _act(action: str, args: argparse.Namespace, refs: list[Any], readings: list[Any]) -> int:

@@ -50,16 +50,60 @@ def launch_options(args: argparse.Namespace, argv: list[str] | None = None) -> L
         opts["keep_verified_copies"] = True
     if getattr(args, "disk_budget", None):
         opts["disk_budget_bytes"] = args.disk_budget
+    if getattr(args, "foreground", False):
+        opts |= foreground_options(args, opts.get("job"))
     notify = notify_options(args)
     if notify != NotifyOptions():
         opts["notify"] = notify
     return launch_options_from(opts)
 
 
+def foreground_options(args: argparse.Namespace, job: JobOptions | None) -> dict[str, Any]:
+    """What a foreground launch adds: the Slurm task, no linger, the checkpoint signal, and in a
+    requeued Slurm job (SLURM_RESTART_COUNT > 0) the verified checkpoint its next attempt resumes from."""
+    opts: dict[str, Any] = {"linger_s": getattr(args, "linger_s", None)}
+    from trainroom.core.slurm.place import place_of
+
+    opts["foreground"] = True
+    place = place_of(os.environ)
+    if place is not None:
+        opts["slurm"] = place
+    if opts.get("linger_s") is None:
+        opts["linger_s"] = 0.0  # the keeper ends with the trainer (the step must end then)
+    if getattr(args, "checkpoint_signal", None):
+        opts["checkpoint_signal"] = args.checkpoint_signal
+    from trainroom.core.cli.foreground import ENV_RESUME_JOB, previous_verified
+
+    earlier = os.environ.get(ENV_RESUME_JOB) or (
+        job.name if place is not None and place.restart_count > 0 and job is not None else None
+    )
+    if earlier:
+        found = previous_verified(earlier)
+        if found is not None:
+            opts["resume_from"], opts["resume_step"] = found
+    return opts
+
+
 def job_of(args: argparse.Namespace, argv: list[str]) -> JobOptions | None:
-    """`--job NAME`, else torchrun's rendezvous id in the command, else TORCHELASTIC_RUN_ID."""
+    """`--job NAME`, else the Slurm job (`slurm-<JOBID>`), else torchrun's rendezvous id in the
+    command, else TORCHELASTIC_RUN_ID. In a Slurm job the node is SLURMD_NODENAME and the node rank,
+    where torchrun gives none, the task's SLURM_PROCID (a keeper per task)."""
+    from trainroom.core.slurm.place import place_of
+
+    place = place_of(os.environ)
+    name = getattr(args, "job", None)
     try:
-        return job_options(getattr(args, "job", None), argv, os.environ, socket.gethostname())
+        if place is None:
+            return job_options(name, argv, os.environ, socket.gethostname())
+        job = job_options(name or place.job_name, argv, os.environ, place.node or socket.gethostname())
+        if job is None:
+            return None
+        return msgspec.structs.replace(
+            job,
+            source=job.source if name else "SLURM_JOB_ID",
+            node_rank=job.node_rank if job.node_rank is not None else place.procid,
+            nnodes=job.nnodes or str(place.ntasks),
+        )
     except msgspec.ValidationError:
         given = "--job" if getattr(args, "job", None) else "the job name (torchrun's --rdzv-id)"
         raise CliError(
@@ -181,10 +225,61 @@ def add_notify_options(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _signal_name(text: str) -> str:
+    import signal
+
+    word = text.upper().removeprefix("SIG")
+    names = {s.name.removeprefix("SIG") for s in signal.Signals}
+    if word not in names or word in ("KILL", "STOP", "TERM", "INT"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a signal that can ask for a checkpoint (e.g. USR2)"
+        )
+    return word
+
+
+def add_foreground_options(sp: argparse.ArgumentParser) -> None:
+    way = sp.add_mutually_exclusive_group()
+    way.add_argument(
+        "--foreground",
+        action="store_true",
+        default=None,
+        help="stay for the run's life and exit with the trainer's status (128+N for signal N); "
+        "SIGTERM stops the trainer through the kill plan. The default inside a Slurm step (srun)",
+    )
+    sp.add_argument(
+        "--checkpoint-signal",
+        dest="checkpoint_signal",
+        type=_signal_name,
+        metavar="SIG",
+        help="in the foreground: this signal asks the trainer to checkpoint now (sdk.checkpoint_requested); "
+        "in a Slurm job the verified checkpoint is then requeued from (default USR2, as --signal=B:USR2@N)",
+    )
+    way.add_argument(
+        "--detach",
+        dest="foreground",
+        action="store_false",
+        help="return at once, even inside a Slurm step (the step then ends: Slurm may kill the run)",
+    )
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
+    from trainroom.core.slurm.place import in_step, place_of
+
     argv = list(args.command)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    info = launch(argv, launch_options(args, argv))
-    print(info.run_id)
-    return 0
+    if getattr(args, "foreground", None) is None:
+        args.foreground = in_step(os.environ)
+    opts = launch_options(args, argv)
+    if not args.foreground:
+        info = launch(argv, opts)
+        print(info.run_id)
+        return 0
+    from trainroom.core.cli.foreground import run_foreground
+    from trainroom.core.slurm.place import rank_env
+
+    env = dict(os.environ)
+    place = place_of(env)
+    if place is not None:
+        env.update(rank_env(place, env, argv))
+    return run_foreground(argv, opts, env)

@@ -46,10 +46,11 @@ VERBS: tuple[Verb, ...] = (
 
 
 def add_launch(sub: Any) -> None:
-    from trainroom.core.cli.launch import add_launch_options, cmd_launch
+    from trainroom.core.cli.launch import add_foreground_options, add_launch_options, cmd_launch
 
     sp = sub.add_parser("launch", help="start a trainer detached, under a keeper; prints the run id")
     add_launch_options(sp)
+    add_foreground_options(sp)
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     sp.set_defaults(func=cmd_launch)
 

@@ -215,19 +215,21 @@ def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | 
             continue
         workers = [w for w in n.state.workers.values() if w.attempt == a.n]
         found += [
-            _cause(n, w.rank, w.ended_at, w.exit_signal, w.exit_code, "its process ended")
+            _cause(n, w.rank, w.ended_at, w.exit_signal, w.exit_code, "its process ended", w.pid)
             for w in workers
             if w.failed and w.ended_at is not None and w.pid != a.pid
         ]
         found += [
-            _cause(n, r.rank, r.disconnected_at, None, None, "its reporter's connection closed")
+            _cause(n, r.rank, r.disconnected_at, None, None, "its reporter's connection closed", r.pid)
             for r in n.state.ranks.values()
             if r.attempt == a.n and r.disconnected_at is not None
         ]
         if a.ended_at is not None:
             held = {w.rank for w in workers} | {r.rank for r in n.state.ranks.values() if r.attempt == a.n}
             only = sorted(held) if len(held) == 1 else [None]
-            found.append(_cause(n, only[0], a.ended_at, a.exit_signal, a.exit_code, "its trainer ended"))
+            found.append(
+                _cause(n, only[0], a.ended_at, a.exit_signal, a.exit_code, "its trainer ended", a.pid)
+            )
     if not found:
         return None
     first = min(found, key=lambda c: c["t"])
@@ -251,6 +253,7 @@ def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | 
                 told["signal"],
                 told["exit_code"],
                 first["how"],
+                first["pid"],
             )["message"]
     return first
 
@@ -260,7 +263,13 @@ def _node_of(nodes: list[NodeReading], target: str) -> NodeReading:
 
 
 def _cause(
-    n: NodeReading, rank: int | None, t: float, sig: int | None, code: int | None, how: str
+    n: NodeReading,
+    rank: int | None,
+    t: float,
+    sig: int | None,
+    code: int | None,
+    how: str,
+    pid: int | None = None,
 ) -> dict[str, Any]:
     who = f"rank {rank}" if rank is not None else "the trainer"
     where = f"node {n.node_rank}" if n.node_rank is not None else n.target
@@ -273,9 +282,11 @@ def _cause(
         "signal": sig,
         "signal_name": signal_name(sig) if sig is not None else None,
         "exit_code": code,
+        "pid": pid,
         "t": t,
         "how": how,
-        "message": f"{who} on {where} ({n.host or '?'}) failed first, at {fmt_clock(t)}: {how}{ended}",
+        "message": f"{who} on {where} ({n.host or '?'}) failed first, at {fmt_clock(t)}: {how}{ended}"
+        + (f", pid {pid}" if pid else ""),
     }
 
 

@@ -37,6 +37,7 @@ from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper import adopt, takeup
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
+from trainroom.core.keeper.foreground import Foreground
 from trainroom.core.keeper.logtail import LogTail
 from trainroom.core.keeper.output import TrainerOutput, log_line
 from trainroom.core.keeper.pipeline import CheckpointPipeline
@@ -559,8 +560,7 @@ class Keeper:
     async def main(self) -> int:
         await self.server.listen(self.sock_path, before_publish=self._name_self)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_event.set)
+        Foreground(self, self.record.options).install(loop)  # SIGTERM, SIGINT: see keeper/foreground.py
         loop.add_signal_handler(signal.SIGHUP, lambda: None)
         self.emit(
             p.KeeperStarted(
@@ -579,7 +579,8 @@ class Keeper:
         elif self.record.attached is not None:
             self._ending = adopt.begin(self, self.record.attached)  # a trainer it did not start
         else:
-            await self.start_attempt()
+            first = self.record.options  # a requeued Slurm job's next attempt resumes (keeper/foreground.py)
+            await self.start_attempt(resume_from=first.resume_from, resume_step=first.resume_step)
         tasks = [loop.create_task(self.tick_loop()), loop.create_task(self.probe_loop())]
         await self.stop_event.wait()
         adopt.detach(self)

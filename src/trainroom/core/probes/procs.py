@@ -231,6 +231,16 @@ def _descendants(pid: int) -> set[int]:
         return set()
 
 
+def _same_slurm_step(proc: psutil.Process) -> bool:
+    """`proc` is a task of the Slurm job step this keeper runs in (its rank siblings share the
+    command and the directory by design)."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if not job or not step:
+        return False
+    env = proc.environ()
+    return env.get("SLURM_JOB_ID") == job and env.get("SLURM_STEP_ID") == step
+
+
 def trainer_duplicates(
     argv: Sequence[str],
     cwd: str,
@@ -270,6 +280,8 @@ def trainer_duplicates(
                 continue
             if os.path.realpath(proc.cwd()) != real_cwd or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
+            if _same_slurm_step(proc):
+                continue  # another task of this Slurm step (`srun -n N python train.py`): a rank
         except (psutil.Error, OSError):
             continue
         others.append(proc.pid)

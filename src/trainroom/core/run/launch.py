@@ -83,13 +83,24 @@ def launch(
     wait_s: float = KEEPER_WAIT_S,
 ) -> RunInfo:
     """Start a keeper for `argv` in its own session and return once its socket is up."""
+    return launch_keeper(argv, options, cwd, env, wait_s)[0]
+
+
+def launch_keeper(
+    argv: list[str],
+    options: LaunchOptions | Mapping[str, object] | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    wait_s: float = KEEPER_WAIT_S,
+) -> tuple[RunInfo, subprocess.Popen[bytes]]:
+    """`launch`, and the keeper's process: a foreground launch waits on it."""
     cwd = os.path.abspath(cwd or os.getcwd())
     opts = launch_options(options or LaunchOptions())
     check_command(argv, cwd)
     check_config(cwd)
     check_options(opts)
     run_dir, rec = runs.create_run(argv, cwd, opts)
-    return start_keeper(run_dir, rec, env, wait_s)
+    return spawn_keeper(run_dir, rec, env, wait_s)
 
 
 def start_keeper(
@@ -97,6 +108,13 @@ def start_keeper(
 ) -> RunInfo:
     """Start the keeper of a run already recorded (`launch`, `attach`) in its own session and
     return once its socket is up."""
+    return spawn_keeper(run_dir, rec, env, wait_s)[0]
+
+
+def spawn_keeper(
+    run_dir: Path, rec: runs.RunRecord, env: Mapping[str, str] | None = None, wait_s: float = KEEPER_WAIT_S
+) -> tuple[RunInfo, subprocess.Popen[bytes]]:
+    """`start_keeper`, and the keeper's process: a foreground launch waits on it."""
     argv = rec.argv
     keeper_env = dict(env if env is not None else os.environ)
     if keeper_env.get("TRAINROOM_HOME"):
@@ -129,6 +147,7 @@ def start_keeper(
         why = f"keeper did not open {sock} within {wait_s:.0f} s (see {run_dir / runs.KEEPER_LOG_NAME})"
         _mark_failed(run_dir, why)
         raise RunError(why)
-    return RunInfo(
+    info = RunInfo(
         run_id=rec.run_id, run_dir=str(run_dir), sock=str(sock), created=rec.created, argv=argv, alive=True
     )
+    return info, proc

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from trainroom.core.sdk.lr import LrChange, reimpose_lr, requested_from_argv
     from trainroom.core.sdk.replay import ReplayRequest, replay_request, replay_result
     from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current
+    from trainroom.core.sdk.requests import checkpoint_requested
     from trainroom.core.sdk.save import CheckpointWontFit, Saved, save_checkpoint
     from trainroom.core.sdk.tracer import NonFiniteTracer
 
@@ -46,6 +47,7 @@ WHERE: dict[str, str] = {
     "Saved": "trainroom.core.sdk.save",
     "VerifiedCheckpoint": "trainroom.core.ckpt.layout",
     "connect": "trainroom.core.sdk.reporter",
+    "checkpoint_requested": "trainroom.core.sdk.requests",
     "current": "trainroom.core.sdk.reporter",
     "error_chain": "trainroom.core.protocol",
     "latest_checkpoint": "trainroom.core.ckpt.layout",
@@ -67,6 +69,7 @@ __all__ = [
     "Reporter",
     "Saved",
     "VerifiedCheckpoint",
+    "checkpoint_requested",
     "connect",
     "current",
     "error_chain",
@@ -81,7 +84,7 @@ __all__ = [
 
 
 # The package's modules, reachable as attributes (`sdk.reporter`) as when this file imported them.
-SUBMODULES = ("lr", "replay", "reporter", "save", "tracer")
+SUBMODULES = ("lr", "replay", "reporter", "requests", "save", "tracer")
 
 
 def __getattr__(name: str) -> Any:

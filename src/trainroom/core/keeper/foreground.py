@@ -1,0 +1,228 @@
+"""The keeper of a foreground run (`launch --foreground`, or any launch inside a Slurm step): it
+lives exactly as long as the trainer, so Slurm's accounting, signals and cleanup stay right.
+
+- SIGTERM or SIGINT (scancel, a time limit, srun's Ctrl-C, `launch` forwarding one) is journaled
+  with what Slurm says of the job (CANCELLED, TIMEOUT, ...), then the trainer's process group is
+  stopped through the kill action's plan (SIGTERM, a grace below Slurm's KillWait, SIGKILL),
+  journaled like every kill, as client `slurm`.
+- Once the trainer has ended and nothing of the run is moving (no kill, verification or save in
+  flight), the keeper exits: `launch` is waiting on it and exits with the trainer's status.
+
+A detached keeper keeps its old behaviour: SIGTERM and SIGINT end the keeper only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Protocol
+
+from trainroom.core import protocol as p
+from trainroom.core.keeper.actions import Actions
+from trainroom.core.keeper.rest import Quiet
+from trainroom.core.run.state import RunState
+from trainroom.core.sdk.requests import current_request
+from trainroom.core.settings import LaunchOptions
+from trainroom.core.slurm.place import SlurmPlace
+from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
+
+# Between the kill plan's SIGTERM and SIGKILL: below Slurm's KillWait (30 s by default), which
+# SIGKILLs the whole step after it, keeper included.
+SLURM_GRACE_S = 3.0
+POLL_S = 0.2
+REASON_WAIT_S = 3.0
+# How long a checkpoint asked for by the job's warning signal may take to be written and verified.
+CKPT_WAIT_S = 600.0
+_REQUEST_ID = 1 << 30
+
+
+class ForegroundKeeper(Protocol):
+    """What this part needs of the keeper."""
+
+    stop_event: asyncio.Event
+    actions: Actions
+
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    def quiet(self) -> Quiet: ...
+
+    def emit(self, rec: p.Record, *, journal: bool = True) -> None: ...
+
+    def flush(self, *, fsync: bool = False) -> None: ...
+
+
+def slurm_words(place: SlurmPlace | None, reader: SlurmReader | None = None) -> str:
+    """What Slurm says of the job at a signal, in words (one scontrol query, bounded)."""
+    if place is None:
+        return "from outside the run (no Slurm job)"
+    try:
+        job = (reader or SlurmReader()).job(place.job_id)
+    except SlurmError as exc:
+        return f"Slurm job {place.job_id}; scontrol did not say why: {exc}"
+    if job is None:
+        return f"Slurm job {place.job_id}, which slurmctld no longer knows"
+    limit, ran = job.time_limit_s, job.run_time_s
+    if job.state == "COMPLETING" and limit is not None and ran is not None and ran >= limit - 1:
+        return f"Slurm job {place.job_id} is COMPLETING: its time limit ({limit:.0f} s) was reached"
+    why = {
+        # slurmctld shows an ending job as COMPLETING (the final state comes once every step ended)
+        "COMPLETING": "ending: cancelled (scancel), or its batch script ended",
+        "CANCELLED": "cancelled (scancel)",
+        "TIMEOUT": "its time limit was reached",
+        "PREEMPTED": "preempted",
+        "NODE_FAIL": "a node failed",
+        "RUNNING": "still RUNNING: a signal sent with scancel -s, by srun, or a warning signal",
+    }.get(job.state, job.state)
+    reason = f", reason {job.reason}" if job.reason else ""
+    return f"Slurm job {place.job_id} is {job.state}: {why}{reason}"
+
+
+class Foreground:
+    def __init__(self, keeper: ForegroundKeeper, options: LaunchOptions) -> None:
+        self.keeper, self.options = keeper, options
+        self.stopping: str | None = None
+        self.client = "slurm" if options.slurm is not None else "signal"  # who the kill is journaled as
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.options.foreground:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.keeper.stop_event.set)
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signalled, sig)
+        self._tasks.append(loop.create_task(self._exit_when_done()))
+
+    def _signalled(self, sig: signal.Signals) -> None:
+        if self.stopping is not None:
+            return  # one stop at a time (Slurm signals the keeper and `launch` forwards the same)
+        self.stopping = sig.name
+        a, now = self.keeper.state.attempt, time.time()
+        if a is not None and a.alive:
+            # Slurm signals every process of the step at once: the trainer may end of this very
+            # signal before the kill plan is made. Either way it was stopped, not a death.
+            until = now + (SLURM_GRACE_S if self.options.slurm is not None else 10.0) + 15.0
+            self.keeper.emit(p.AttemptStopping(n=a.n, t=now, by=self.client, until=until))
+            self.keeper.flush(fsync=True)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._stop_trainer(sig)))
+
+    async def _stop_trainer(self, sig: signal.Signals) -> None:
+        k = self.keeper
+        try:
+            words = await asyncio.wait_for(
+                asyncio.to_thread(slurm_words, self.options.slurm), REASON_WAIT_S + 2.0
+            )
+        except TimeoutError:
+            words = "Slurm did not answer in time"
+        k.emit(
+            p.KeeperNote(
+                t=time.time(),
+                message=f"{sig.name} received ({words}): stopping the trainer through the kill plan",
+                kind="warning",
+            )
+        )
+        k.flush(fsync=True)
+        a = k.state.attempt
+        if a is None or not a.alive:
+            k.stop_event.set()
+            return
+        grace = SLURM_GRACE_S if self.options.slurm is not None else None
+        args = {"grace_s": grace} if grace is not None else {}
+        replies: list[p.Reply] = []
+        await k.actions.serve(
+            p.Request(id=_REQUEST_ID, action="kill", args=args), replies.append, self.client
+        )
+        plan = replies[-1].plan if replies else None
+        if not replies or replies[-1].stage != "plan" or plan is None:
+            return  # refused (journaled); the trainer got Slurm's own signal, and KillWait follows
+        confirm = p.Request(id=_REQUEST_ID + 1, action="kill", args=args | {"expect": plan}, confirm=True)
+        await k.actions.serve(confirm, replies.append, self.client)
+
+    async def _exit_when_done(self) -> None:
+        k = self.keeper
+        seen = current_request(k.run_dir)
+        while not k.stop_event.is_set():
+            await asyncio.sleep(POLL_S)
+            asked = current_request(k.run_dir)
+            if asked is not None and asked != seen:
+                seen = asked
+                self._tasks.append(
+                    asyncio.get_running_loop().create_task(self._checkpoint_then_requeue(asked))
+                )
+            a = k.state.attempt
+            if a is None or a.alive or not k.quiet().idle:
+                continue
+            how = f"exit status {a.exit_code}" if a.exit_signal is None else f"signal {a.exit_signal}"
+            k.emit(
+                p.KeeperNote(t=time.time(), message=f"the trainer ended ({how}): the foreground keeper exits")
+            )
+            k.flush(fsync=True)
+            k.stop_event.set()
+
+    async def _checkpoint_then_requeue(self, request: str) -> None:
+        """The job's warning signal came (`launch` wrote the request the trainer reads): wait for a
+        verified checkpoint newer than the last one, then requeue the job (task 0 only: one
+        requeue per job). No newer verified checkpoint: say so and leave the job as it is."""
+        k, place = self.keeper, self.options.slurm
+        last = k.state.last_verified()
+        last_step = last.step if last is not None else None
+        sig = self.options.checkpoint_signal or "USR2"
+        k.emit(
+            p.KeeperNote(
+                t=time.time(),
+                message=f"SIG{sig} (the job's warning signal): asked the trainer to checkpoint now "
+                f"(request {request}); the last verified checkpoint is "
+                + (f"step {last_step}" if last_step is not None else "none"),
+                kind="warning",
+            )
+        )
+        k.flush(fsync=True)
+        if place is None or place.procid != 0:
+            return
+        deadline = time.monotonic() + CKPT_WAIT_S
+        newer = None
+        while time.monotonic() < deadline and not k.stop_event.is_set():
+            v = k.state.last_verified()
+            if v is not None and v.step is not None and (last_step is None or v.step > last_step):
+                newer = v
+                break
+            await asyncio.sleep(0.5)
+        if newer is None:
+            k.emit(
+                p.KeeperNote(
+                    t=time.time(),
+                    message="no verified checkpoint newer than "
+                    + (f"step {last_step}" if last_step is not None else "none")
+                    + f" came: Slurm job {place.job_id} is not requeued "
+                    f"(`trainroom job slurm:{place.job_id} --resume` requeues it from the last verified step)",
+                    kind="warning",
+                )
+            )
+            return
+        argv = ["scontrol", "requeue", place.job_id]
+        try:
+            out = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=30)
+            said = (out.stderr or out.stdout).strip()
+            ok = out.returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said, ok = str(exc), False
+        k.emit(
+            p.KeeperNote(
+                t=time.time(),
+                message=f"checkpoint at step {newer.step} verified ({newer.path}): "
+                + (
+                    f"Slurm job {place.job_id} requeued; its next attempt resumes from it"
+                    if ok
+                    else f"`scontrol requeue {place.job_id}` failed: {said or 'no output'}"
+                ),
+                kind="info" if ok else "warning",
+            )
+        )
+        k.flush(fsync=True)

@@ -1,0 +1,402 @@
+"""trainroom under a real Slurm (slurmctld and two slurmd, nodes n1 and n2, on this host: see
+tests/support/slurm_cluster.py): a 2-node sbatch job, one task per rank, `srun trainroom launch --
+python train_ddp.py` (gloo, CPU DDP).
+
+- Each task's `launch` stays in the foreground: its keeper runs inside the Slurm step, the run is
+  named `slurm-<JOBID>` with the task's node and rank, and the task's exit status is the
+  trainer's (a SIGKILLed rank: 137, which Slurm reports for that task).
+- `scancel` reaches each keeper, which journals Slurm's word for it (CANCELLED) and stops the
+  trainer's process group through the kill plan, as client `slurm`.
+
+Skipped with the reason where Slurm cannot start here (not root, not installed). Every process
+touched is one this test's job started (pids from the runs it launched).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import slurm_cluster
+from tests.support.waiting import kill_runs_under, wait_for
+from trainroom.core import protocol as p
+from trainroom.core.journal.file import read_journal
+from trainroom.core.run import store
+from trainroom.core.run.store import JOURNAL_NAME, RunInfo
+
+TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
+START_S = 180  # a job starting, two ranks importing torch on a loaded 2-core machine
+END_S = 90
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[slurm_cluster.Slurm]:
+    yield from slurm_cluster.cluster()
+
+
+@pytest.fixture
+def home(slurm: slurm_cluster.Slurm, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="trsl", dir="/tmp"))
+    monkeypatch.setenv("TRAINROOM_HOME", str(d))
+    try:
+        yield d
+    finally:
+        kill_runs_under(d)
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Job:
+    def __init__(self, slurm: slurm_cluster.Slurm, home: Path, job_id: str) -> None:
+        self.slurm, self.home, self.id = slurm, home, job_id
+
+    @property
+    def out(self) -> str:
+        try:
+            return (self.home / f"job-{self.id}.out").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def runs(self) -> dict[int, RunInfo]:
+        """This job's runs by node rank (the task's SLURM_PROCID)."""
+        out = {}
+        for info in store.list_runs():
+            job = store.read_record(Path(info.run_dir)).options.job
+            if job is not None and job.name == f"slurm-{self.id}" and job.node_rank is not None:
+                out[job.node_rank] = info
+        return out
+
+    def state(self, rank: int) -> Any:
+        return store.load_view(self.runs()[rank].run_dir).state
+
+    def ended(self) -> bool:
+        return self.slurm.job(self.id).get("JobState") not in ("RUNNING", "PENDING", "COMPLETING", None)
+
+
+def submit_torchrun(slurm: slurm_cluster.Slurm, home: Path) -> Job:
+    """docs/slurm.md's torchrun template: one task per node, torchrun (c10d) under each keeper."""
+    script = home / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"srun trainroom launch -- {sys.executable} -m torch.distributed.run --nnodes=2 --nproc-per-node=1 "
+        f"--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{_free_port()} --rdzv-id=$SLURM_JOB_ID "
+        f"{TRAINER} --sdk --step-delay 0.2\n"
+    )
+    env = dict(slurm.env, TRAINROOM_HOME=str(home), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    slurm.env = env
+    job_id = slurm.run(
+        "sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "-o", str(home / "job-%j.out"), str(script)
+    ).strip()
+    return Job(slurm, home, job_id)
+
+
+def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
+    """docs/slurm.md's srun-per-rank template: the batch shell passes the job's warning signal
+    (USR2) on to srun, which delivers it to every task."""
+    script = home / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={_free_port()}\n"
+        f"srun trainroom launch -- {sys.executable} {TRAINER} --sdk --step-delay 0.2 {' '.join(trainer_args)} &\n"
+        "pid=$!\n"
+        "trap 'kill -USR2 $pid' USR2\n"
+        "wait $pid; rc=$?\n"
+        "while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done\n"
+        'echo "srun exit $rc"\n'
+    )
+    env = dict(slurm.env, TRAINROOM_HOME=str(home), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    slurm.env = env
+    job_id = slurm.run(
+        "sbatch", "--parsable", "-N2", "-n2", "-J", "trtest", "-o", str(home / "job-%j.out"), str(script)
+    ).strip()
+    return Job(slurm, home, job_id)
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """`trainroom job slurm:JOBID --json`, as a user on the login node runs it."""
+    out = subprocess.run(
+        ["trainroom", "job", f"slurm:{job.id}", "--json"],
+        env=job.slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode in (0, 1), out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def stepping(job: Job) -> dict[int, Any]:
+    def both() -> dict[int, Any] | None:
+        runs = job.runs()
+        if len(runs) != 2:
+            return None
+        states = {r: job.state(r) for r in runs}
+        ok = all(st.attempt is not None and (st.attempt.last_step or 0) >= 2 for st in states.values())
+        return states if ok else None
+
+    return wait_for(both, START_S, 0.5, f"both ranks of job {job.id} stepping; output: {job.out[-600:]}")
+
+
+def _in_step(pid: int) -> bool:
+    """`pid` runs inside a Slurm step: a slurmstepd is among its ancestors."""
+    try:
+        return any(a.name() == "slurmstepd" for a in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
+
+
+def _journal(info: RunInfo) -> list[Any]:
+    return list(read_journal(Path(info.run_dir) / JOURNAL_NAME))
+
+
+def test_launch_in_a_slurm_step_stays_names_the_job_and_exits_with_the_trainer(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        for rank, node in ((0, "n1"), (1, "n2")):
+            rec = store.read_record(Path(runs[rank].run_dir))
+            assert rec.options.foreground and rec.options.slurm is not None
+            assert rec.options.job is not None and rec.options.job.host == node
+            assert rec.options.slurm.procid == rank and rec.options.slurm.job_id == job.id
+            assert rec.keeper_pid is not None and _in_step(rec.keeper_pid), "the keeper left the step"
+            assert not any(f.code == "DUPLICATE_TRAINER" for f in states[rank].findings.values())
+        d = job_json(job)
+        assert d["job"] == f"slurm-{job.id}" and d["slurm"]["job"]["state"] == "RUNNING", d["slurm"]
+        assert [(n["node"], n["read_by"]) for n in d["slurm"]["nodes"]] == [("n1", "srun"), ("n2", "srun")]
+        assert {(r["rank"], r["host"]) for r in d["ranks"]} == {(0, "n1"), (1, "n2")}
+        victim = states[1].attempt.pid
+        assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        os.kill(victim, signal.SIGKILL)
+
+        def named() -> dict[str, Any] | None:
+            rc = job_json(job)["root_cause"]
+            return rc if rc is not None and rc["rank"] == 1 else None
+
+        rc = wait_for(named, END_S, 0.2, "job --json naming rank 1 as the root cause")
+        assert rc["host"] == "n2" and rc["signal_name"] == "SIGKILL" and rc["pid"] == victim, rc
+        wait_for(
+            lambda: "task 1: Exited with exit code 137" in job.out,
+            END_S,
+            0.5,
+            f"srun reporting task 1's status 137 (128+SIGKILL); output: {job.out[-600:]}",
+        )
+        assert job.state(1).attempt.exit_signal == signal.SIGKILL
+        # gloo ends rank 0 when its peer is gone; the job then ends COMPLETED with ExitCode 0:0 (the
+        # batch script exits 0): Slurm's record names no failure; the job view still names rank 1.
+        wait_for(job.ended, END_S, 0.5, f"job {job.id} ended; output: {job.out[-400:]}")
+        d = job_json(job)
+        assert d["slurm"]["job"]["state"] == "COMPLETED", d["slurm"]
+        assert d["root_cause"]["rank"] == 1 and d["root_cause"]["pid"] == victim
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_torchrun_per_node_a_killed_worker_is_named_with_its_node(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit_torchrun(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        assert runs[0].argv[1:3] == ["-m", "torch.distributed.run"]
+        # The worker torchrun started on n2 (c10d gives it rank 0 or 1, whichever it drew).
+        ((rank, view),) = states[1].ranks.items()
+        worker = view.pid
+        assert worker is not None and worker != states[1].attempt.pid
+        assert psutil.Process(worker).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        os.kill(worker, signal.SIGKILL)
+
+        def named() -> dict[str, Any] | None:
+            rc = job_json(job)["root_cause"]
+            return rc if rc is not None and rc["rank"] == rank else None
+
+        rc = wait_for(named, END_S, 0.2, "job --json naming n2's torchrun worker as the root cause")
+        assert rc["host"] == "n2" and rc["node_rank"] == 1 and rc["pid"] == worker, rc
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_trainers(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        victim = states[1].attempt.pid
+        assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        os.kill(victim, signal.SIGSTOP)
+
+        def hung() -> dict[str, Any] | None:
+            d = job_json(job)
+            ranks = {r["rank"]: r for r in d["ranks"]}
+            ok = ranks.get(1, {}).get("state") == "stopped" and d["hang"] is not None
+            return d if ok and "rank 1 (node 1, n2) did not arrive" in d["hang"]["summary"] else None
+
+        d = wait_for(hung, END_S, 0.5, "job --json naming the SIGSTOPped rank 1 in its hang report")
+        assert d["slurm"]["job"]["state"] == "RUNNING"  # Slurm sees nothing wrong
+        # One confirmed action stops every trainer still there (rank 0 waits in the all-reduce).
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--kill", "--yes", "--grace", "1"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"run {runs[0].run_id}" in out.stdout and f"run {runs[1].run_id}" in out.stdout
+        for rank in (0, 1):
+            wait_for(lambda: job.state(rank).attempt.ended_at is not None, END_S, 0.5, f"rank {rank} stopped")  # noqa: B023
+            assert job.state(rank).status == "stopped", job.state(rank).status_reason
+        wait_for(job.ended, END_S, 0.5, f"job {job.id} ended once its tasks did")
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_resumes(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    job = submit(slurm, home)
+    try:
+        stepping(job)
+        first = job.runs()
+        slurm.run("scancel", "-b", "-s", "USR2", job.id)  # what --signal=B:USR2@N sends
+
+        def requeued() -> str | None:
+            notes = [r.message for r in _journal(first[0]) if isinstance(r, p.KeeperNote)]
+            done = [n for n in notes if "requeued; its next attempt resumes" in n]
+            return done[0] if done else None
+
+        said = wait_for(
+            requeued, END_S, 0.5, f"rank 0's keeper requeueing after a verified checkpoint; {job.out[-500:]}"
+        )
+        step = int(said.split("checkpoint at step ")[1].split()[0])
+        v = job.state(0).last_verified()
+        assert v is not None and v.step == step
+        wait_for(lambda: slurm.job(job.id).get("Restarts") == "1", END_S, 0.5, "Slurm counting the restart")
+        # The requeue ends the first attempt: each keeper journals Slurm's SIGTERM and stops its
+        # trainer through the kill plan ("stopped by slurm", not a death).
+        for rank in (0, 1):
+            wait_for(
+                lambda: store.load_view(first[rank].run_dir).state.attempt.ended_at is not None,  # noqa: B023
+                END_S,
+                0.5,
+                f"rank {rank}'s first attempt ended by the requeue",
+            )
+            st = store.load_view(first[rank].run_dir).state
+            notes = [r.message for r in _journal(first[rank]) if isinstance(r, p.KeeperNote)]
+            assert any(f"SIGTERM received (Slurm job {job.id} is " in n for n in notes), notes
+            assert st.status == "stopped" and "stopped by slurm" in st.status_reason, st.status_reason
+        # A requeued job waits ~2 min before it is eligible; the test does not.
+        wait_for(
+            lambda: slurm.job(job.id).get("JobState") == "PENDING", END_S, 0.5, "the requeued job pending"
+        )
+        wait_left = job_json(job)["slurm"]["eligible_in_s"]
+        assert wait_left is not None and wait_left > 0, "the requeued job's wait, counted down"
+        slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
+
+        def second() -> dict[int, RunInfo] | None:
+            runs = {r: i for r, i in job.runs().items() if i.run_id not in {x.run_id for x in first.values()}}
+            return runs if len(runs) == 2 else None
+
+        wait_for(second, START_S, 0.5, f"the next attempt's runs; {job.out[-500:]}")
+
+        def resumed() -> Any:
+            st = job.state(0)
+            a = st.attempt
+            ok = a is not None and a.resume_step == step and (a.last_step or 0) > step
+            return st if ok else None
+
+        try:
+            st = wait_for(resumed, START_S, 0.5, "the next attempt resuming from the verified step")
+        except AssertionError:
+            info = job.runs()[0]
+            a = job.state(0).attempt
+            log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-1500:]
+            raise AssertionError(
+                f"step {step}; run {info.run_id}; attempt {a and (a.resume_from, a.resume_step, a.last_step)}; "
+                f"log: {log}; job out: {job.out[-800:]}"
+            ) from None
+        rec = store.read_record(Path(job.runs()[0].run_dir))
+        assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
+        # the promoted copy of the checkpoint the keeper verified before requeueing
+        assert (
+            st.attempt.resume_from.endswith(f"step-{step:06d}.pt")
+            and first[0].run_id in st.attempt.resume_from
+        )
+        log = (Path(job.runs()[0].run_dir) / "trainer.log").read_text(errors="replace")
+        assert f"rank 0 resumed from step {step}" in log
+        # The whole job, requeued by hand from the login node: it names the step it resumes from.
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--resume", "--yes"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "the next attempt resumes from step" in out.stdout and "(restarts 1 -> 2)" in out.stdout, (
+            out.stdout
+        )
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_a_lost_node_is_called_lost_before_slurm_notices(slurm: slurm_cluster.Slurm, home: Path) -> None:
+    job = submit(slurm, home)
+    try:
+        states = stepping(job)
+        runs = job.runs()
+        victim = states[1].attempt.pid
+        assert psutil.Process(victim).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        # n2 is lost: its slurmd, the slurmstepd of the step there, and the rank's own processes.
+        keeper_pid = store.read_record(Path(runs[1].run_dir)).keeper_pid
+        assert keeper_pid is not None
+        doomed = set(slurm.node_pids("n2", victim)) | {victim, keeper_pid}
+        doomed |= {p.pid for p in psutil.Process(keeper_pid).parents() if p.name() != "slurmstepd"}
+        doomed = {
+            pid for pid in doomed if pid > 1 and pid != os.getpid() and pid not in psutil.Process().parents()
+        }
+        t0 = time.monotonic()
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        def lost() -> dict[str, Any] | None:
+            d = job_json(job)
+            v = [v for v in d["slurm"]["verdicts"] if v["code"] == "NODE_LOST" and v["node"] == "n2"]
+            return d if v else None
+
+        d = wait_for(lost, END_S, 0.5, "job --json calling n2 lost")
+        print(
+            f"NODE_LOST after {time.monotonic() - t0:.1f} s; slurmctld says n2 is {d['slurm']['nodes'][1]['state']}"
+        )
+        assert d["slurm"]["nodes"][1]["read_by"].startswith("local runs")
+    finally:
+        slurm.run("scancel", job.id, check=False)
+        if not psutil.pid_exists(slurm.started["slurmd-n2"]):
+            slurm.restart_slurmd("n2")
