@@ -348,6 +348,10 @@ class CheckpointPipeline:
         )
         for r in recs:
             self.recorder.emit(r)
+        if stood:
+            self.watch_state, said = watch.unverified_note(self.watch_state, request.path)
+            if said:
+                self.recorder.note(said, kind="warning")
         if stood and report.ok and self.keep_copies:
             await self._keep_copy(request.path, report)
 
@@ -490,7 +494,9 @@ class CheckpointPipeline:
         out += [outside_root(path, why) for path, why in list(self.outside.items())[-8:]]
         out += self.gate.findings(newest_ok)
         if self.globs:
-            self.watch_state, requests, recs = watch.poll(self.watch_state, self.sightings, now)
+            a = self.run.state.attempt
+            step = a.last_step if a is not None else None
+            self.watch_state, requests, recs = watch.poll(self.watch_state, self.sightings, now, step=step)
             for r in recs:
                 self.recorder.emit(r)
             for req in requests:
