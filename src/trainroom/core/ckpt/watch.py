@@ -224,8 +224,9 @@ def record_verdict(
         f.last_verified = Previous(path=f.path, arch=report.arch, stds=report.stds)
         f.verified_step = report.step
     else:
-        # A rejected version of a file that verified before is not that verified step: say which.
-        f.state, f.reason = "rejected", f"{version_label(f)}: {report.reason}"
+        # A rejected rewrite of a file is not the version that verified before: say which.
+        label = version_label(f) if f.version > 1 or f.verified_step is not None else None
+        f.state, f.reason = "rejected", f"{label}: {report.reason}" if label else report.reason
     rec = p.CheckpointState(
         path=f.path,
         step=f.step if f.step is not None or report.ok else f.seen_step,
