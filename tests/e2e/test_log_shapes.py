@@ -18,6 +18,9 @@ import pytest
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
+from trainroom.core import protocol
+from trainroom.core.journal import file as journal
+from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
 
 TRAINERS = Path(__file__).resolve().parents[1] / "support" / "trainers"
@@ -160,3 +163,30 @@ def test_steps_per_s_counts_the_steps_each_log_record_covers(trhome: Path, tmp_p
     window = [r for r in rows if r["step"] >= 400 - 31 * 10]  # the records the rate is read over
     true = (window[-1]["step"] - window[0]["step"]) / (window[-1]["t"] - window[0]["t"])
     assert d["steps_per_s"] == pytest.approx(true, rel=0.35), (d["steps_per_s"], true)
+
+
+@pytest.mark.parametrize(("diverge_at", "diverges"), [(0, False), (300, True)])
+def test_divergence_from_a_bar_drawn_every_other_step(
+    trhome: Path, tmp_path: Path, diverge_at: int, diverges: bool
+) -> None:
+    """A minibatch loop (healthy, noisy loss) whose tqdm bar is drawn every other step: the noise
+    of the sampled records is no DIVERGENCE (it was, at step ~360); the same loop turned to
+    gradient ascent at step 300 is one, from after the turn."""
+    rec = tmp_path / "losses.jsonl"
+    argv = [sys.executable, str(TRAINERS / "plain_train.py"), "--mode", "tqdm-sampled", "--steps", "500"]
+    argv += ["--batch", "8", "--show-every", "2", "--diverge-at", str(diverge_at), "--step-delay", "0.005"]
+    info = launch([*argv, "--record", str(rec)], cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the loop ended")
+    assert d["state"] == "exited" and d["step"] == 500 and d["loss"] == recorded(rec)[500]
+    raised = [
+        r.finding
+        for r in journal.read_journal(Path(info.run_dir) / runs.JOURNAL_NAME)
+        if isinstance(r, protocol.FindingRaised) and r.finding.code == "DIVERGENCE"
+    ]
+    if not diverges:
+        assert raised == [], raised[0].message
+        return
+    assert raised, "no DIVERGENCE on a loss rising from step 300"
+    ev = raised[0].evidence
+    assert ev["since_step"] > diverge_at and ev["best_step"] < diverge_at
+    assert ev["median"] > ev["best"] + ev["band"]

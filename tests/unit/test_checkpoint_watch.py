@@ -120,3 +120,67 @@ def test_deferred_verdict_retries_the_same_version(tmp_path: Path) -> None:
     assert not stood and recs == [] and state.files[str(ckpt)].state == "settling"
     state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 3.0 + w.SETTLE_S)
     assert len(reqs) == 1 and reqs[0].version == req.version
+
+
+def _rewrite(ckpt: Path, iter_num: int, ns: int) -> None:
+    write_ckpt(ckpt, iter_num)
+    os.utime(ckpt, ns=(ckpt.stat().st_atime_ns, ckpt.stat().st_mtime_ns + ns))
+
+
+def test_a_rejected_rewrite_is_labelled_by_its_version_and_step_not_the_verified_one(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = out / "ckpt.pt"
+    write_ckpt(ckpt, 120)
+    state, req = settle_and_request(w.WatchState(), ckpt, 0.0)
+    state, recs, _ = w.record_verdict(state, req, v.verify(req.path), w.stat_one(req.path), 3.0)
+    assert [(r.state, r.step) for r in recs] == [("verified", 120)]
+    # The trainer writes ckpt.pt again at its step 137 and is cut short: a torn version.
+    _rewrite(ckpt, 121, 1_000_000)
+    with open(ckpt, "r+b") as f:
+        f.truncate(ckpt.stat().st_size // 3)
+    state, _, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 10.0, step=137)
+    state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 13.0, step=140)
+    state, recs, stood = w.record_verdict(state, reqs[0], v.verify(reqs[0].path), w.stat_one(str(ckpt)), 14.0)
+    assert stood and [(r.state, r.step) for r in recs] == [("rejected", 137)]  # not "step 120 rejected"
+    assert recs[0].reason is not None and recs[0].reason.startswith(
+        "version 2 of ckpt.pt, step ~137 (its own step unreadable: the trainer's when it was written), "
+        "after step 120 verified: truncated"
+    )
+    [found] = w.watch_findings(state)
+    assert found.code == "CKPT_REJECTED" and "version 2 of ckpt.pt, step ~137" in found.message
+    assert found.evidence["version"] == 2 and found.evidence["written_near_step"] == 137
+    assert found.evidence["last_verified_step"] == 120 and "step" not in found.evidence
+
+
+def test_versions_rewritten_before_they_settle_are_counted_and_said(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt = out / "ckpt.pt"
+    write_ckpt(ckpt, 10)
+    state, _, _ = w.poll(w.WatchState(), w.sight(["out/ckpt*.pt"], tmp_path), 0.0)
+    # Rewritten each second (settle_s is 2 s): none of these held still long enough.
+    for i in range(1, 5):
+        _rewrite(ckpt, 10 + i, i * 1_000_000)
+        state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), float(i))
+        assert reqs == []
+    # A write seen growing (same inode, more bytes) is the same version, not another.
+    with open(ckpt, "ab") as f:
+        f.write(b"\0" * 16)
+    state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 5.0)
+    f0 = state.files[str(ckpt)]
+    assert (f0.unverified, f0.seen) == (4, 5)
+    state, reqs, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 5.0 + w.SETTLE_S)
+    assert len(reqs) == 1
+    state, said = w.unverified_note(state, str(ckpt))
+    assert said == (
+        f"{ckpt}: 4 more versions never verified (rewritten before they held still for 2 s, or while "
+        "being verified); 0 of at least 5 versions seen were verified or rejected, 4 never: the trainer "
+        "rewrites it faster than it can be checked"
+    )
+    assert w.unverified_note(state, str(ckpt))[1] is None  # said once
+    # Rewritten while it was being verified: that version is never verified either.
+    _rewrite(ckpt, 20, 9_000_000)
+    state, _, _ = w.poll(state, w.sight(["out/ckpt*.pt"], tmp_path), 9.0)
+    assert state.files[str(ckpt)].unverified == 5
+    assert "1 more version never verified" in (w.unverified_note(state, str(ckpt))[1] or "")

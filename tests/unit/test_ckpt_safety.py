@@ -10,16 +10,18 @@ import os
 import stat
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from trainroom.core.actions.resume import resume_lines
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt import promote as pr
 from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.ckpt.report import VerifyReport
 from trainroom.core.ops import prune as pruning
-from trainroom.core.ops.resume import ResumeInputs, ResumePlan, fall_back, resume_points
+from trainroom.core.ops.resume import ResumeInputs, ResumePlan, fall_back, plan_resume, resume_points
 from trainroom.core.run import store as runs
-from trainroom.core.run.state import RunState
+from trainroom.core.run.state import AttemptView, RunState
 
 
 def _candidate(root: Path, step: int, data: bytes) -> tuple[Path, VerifyReport]:
@@ -179,3 +181,28 @@ def test_a_verified_copy_is_restored_to_the_trainers_own_path(tmp_path: Path) ->
     # The restored file verified again is the copy already kept: no second copy.
     assert pr.keep_verified_copy(own, rep, tmp_path / "root", step=10) == copy
     assert [c.step for c in ck.verified_checkpoints(tmp_path / "root")] == [10]
+
+
+def test_the_resume_plan_shows_the_verified_copys_size_not_the_torn_files(tmp_path: Path) -> None:
+    # The trainer died writing its own ckpt.pt (2 bytes left); the plan restores the verified copy
+    # (64 bytes) there first: that is what the resume loads, its size is the one said and weighed.
+    own = tmp_path / "out" / "ckpt.pt"
+    own.parent.mkdir()
+    own.write_bytes(b"v1" * 32)
+    rep = VerifyReport(ok=True, path=str(own), digest=digest_file(own), step=10)
+    copy = pr.keep_verified_copy(own, rep, tmp_path / "root", step=10)
+    assert copy is not None
+    own.write_bytes(b"to")
+    state = RunState(run_id="r", argv=["train"], cwd=str(tmp_path), created=0.0)
+    state.attempts.append(
+        AttemptView(
+            n=1, pid=10, pgid=4_000_000, start_time=0.0, started_at=0.0, argv=["t"], cwd="/", ended_at=5.0
+        )
+    )
+    inputs = _inputs(tmp_path / "root", "train --out_dir {ckpt_dir}")
+    plan = plan_resume(state, inputs, None)
+    assert plan.checkpoint == str(own) and plan.restore_from == str(copy / "ckpt.pt")
+    assert plan.checkpoint_bytes == 64
+    assert "(64 B)" in resume_lines(msgspec.to_builtins(plan))[0]
+    new = fall_back(ResumePlan(attempt=2, checkpoint_bytes=2), state, inputs, set())
+    assert new is not None and new.checkpoint_bytes == 64

@@ -207,6 +207,10 @@ class Thresholds(_Section):
     divergence_chunks: Count = 4
     divergence_rel: NonNegative = 0.10
     divergence_min_nats: NonNegative = 0.05
+    # ... and by divergence_noise_se standard errors of a window's median (the loss's own noise, from
+    # the successive differences of the records: a noisy loss, or one seen at sampled steps, sets a
+    # best chunk median low by chance, and that chance is not a rise).
+    divergence_noise_se: NonNegative = 4.0
     # ---- GRAD_EXPLOSION: grad norm above max(grad_ratio x median, median + grad_sigmas x sigma)
     # over grad_window observations, or above grad_abs_max; grad_immediate x the band at once.
     grad_window: Count = 100

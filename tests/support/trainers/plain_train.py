@@ -8,6 +8,9 @@ plain loops do, with no framework and no trainroom:
     --mode logging-time a timestamped logging format: `2026-12-04 10:00:00,123 INFO train: step=10, loss=2.3100`
     --mode print       `print`: `Step 10/60 | Loss: 2.3100 | LR: 5.00e-02`
     --mode nothing     lines with no step and no loss, then it waits for --hold to exist
+    --mode tqdm-sampled a bar redrawn every --show-every steps (tqdm's miniters), its postfix the
+                       loss of a small minibatch: a healthy but noisy loss, seen at sampled steps;
+                       --diverge-at N turns the optimizer to gradient ascent from step N (a real rise)
 
 Each step's loss (as printed) goes to --record as JSON lines `{"step": n, "loss": x}`, the loop's
 own record a test compares `status` with.
@@ -28,10 +31,11 @@ import torch
 class Loop:
     """A tiny linear model fit by SGD; each step's loss (as printed) is recorded."""
 
-    def __init__(self, record: str, delay: float, lr: float = 0.05) -> None:
+    def __init__(self, record: str, delay: float, lr: float = 0.05, batch: int = 0) -> None:
         torch.manual_seed(0)
         self.x = torch.randn(256, 8)
-        self.y = self.x @ torch.randn(8, 1) + 0.1 * torch.randn(256, 1)
+        self.y = self.x @ torch.randn(8, 1) + (1.0 if batch else 0.1) * torch.randn(256, 1)
+        self.batch = batch  # 0: the whole set each step; else a random minibatch of that size
         self.model = torch.nn.Linear(8, 1)
         self.lr = lr
         self.opt = torch.optim.SGD(self.model.parameters(), lr=self.lr)
@@ -40,7 +44,11 @@ class Loop:
 
     def step(self, n: int) -> float:
         self.opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(self.model(self.x), self.y)
+        x, y = self.x, self.y
+        if self.batch:
+            idx = torch.randint(0, len(x), (self.batch,))
+            x, y = x[idx], y[idx]
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
         loss.backward()
         self.opt.step()
         value = float(f"{loss.item():.4f}")
@@ -50,10 +58,16 @@ class Loop:
         return value
 
 
-def bars(mode: str, loop: Loop, steps: int) -> None:
+def bars(mode: str, loop: Loop, steps: int, every: int = 2, diverge_at: int = 0) -> None:
     from tqdm import tqdm
 
-    if mode == "tqdm":
+    if mode == "tqdm-sampled":
+        bar = tqdm(range(1, steps + 1), mininterval=0, miniters=every)
+        for n in bar:
+            if n == diverge_at:
+                loop.opt.param_groups[0]["maximize"] = True
+            bar.set_postfix(loss=f"{loop.step(n):.4f}", refresh=False)
+    elif mode == "tqdm":
         bar = tqdm(range(1, steps + 1))
         for n in bar:
             bar.set_postfix(loss=f"{loop.step(n):.4f}", lr=loop.lr)
@@ -101,6 +115,9 @@ def main() -> int:
     ap.add_argument("--hold", default="")
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--lr", type=float, default=0.05)  # 3e-5: tqdm's postfix shows `lr=3e-5`
+    ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--show-every", type=int, default=2)
+    ap.add_argument("--diverge-at", type=int, default=0)
     args = ap.parse_args()
     if args.mode == "nothing":
         for i in range(250):
@@ -108,9 +125,9 @@ def main() -> int:
         while args.hold and not os.path.exists(args.hold):
             time.sleep(0.05)
         return 0
-    loop = Loop(args.record, args.step_delay, args.lr)
+    loop = Loop(args.record, args.step_delay, args.lr, args.batch)
     if args.mode.startswith("tqdm"):
-        bars(args.mode, loop, args.steps)
+        bars(args.mode, loop, args.steps, args.show_every, args.diverge_at)
     else:
         lines(args.mode, loop, args.steps)
     return 0

@@ -56,6 +56,14 @@ class WatchedFile(msgspec.Struct, kw_only=True):
     reason: str | None = None
     report: VerifyReport | None = None  # the current version's verdict, without the stds
     last_verified: Previous | None = None  # the newest good version, what the next is compared with
+    verified_step: int | None = None  # the step of the newest version that verified
+    seen_step: int | None = None  # the trainer's step when this version was first seen
+    # Versions replaced before they held still for settle_s, or while being verified: never
+    # verified (a file rewritten faster than it settles); `said` of them are in a keeper note.
+    unverified: int = 0
+    said: int = 0
+    seen: int = 1  # versions seen (a write seen growing is one)
+    judged: int = 0  # versions verified or rejected
 
     def matches(self, s: Sighting) -> bool:
         return (self.size, self.mtime_ns, self.ino) == s.version
@@ -125,10 +133,16 @@ def _request(f: WatchedFile) -> VerifyRequest:
 
 
 def poll(
-    state: WatchState, sightings: Sequence[Sighting], now: float, *, settle_s: float = SETTLE_S
+    state: WatchState,
+    sightings: Sequence[Sighting],
+    now: float,
+    *,
+    settle_s: float = SETTLE_S,
+    step: int | None = None,
 ) -> tuple[WatchState, list[VerifyRequest], list[p.CheckpointState]]:
     """One second of watching: new and changed versions start settling; a version that held
-    still for `settle_s` is asked to be verified (once). Files that vanished are forgotten."""
+    still for `settle_s` is asked to be verified (once). Files that vanished are forgotten.
+    `step`: the trainer's step now (a version's step when its own cannot be read)."""
     files = {k: msgspec.structs.replace(v) for k, v in state.files.items()}
     requests: list[VerifyRequest] = []
     records: list[p.CheckpointState] = []
@@ -138,15 +152,28 @@ def poll(
         f = files.get(s.path)
         if f is None:
             f = files[s.path] = WatchedFile(
-                path=s.path, size=s.size, mtime_ns=s.mtime_ns, ino=s.ino, first_seen=now, stable_since=now
+                path=s.path,
+                size=s.size,
+                mtime_ns=s.mtime_ns,
+                ino=s.ino,
+                first_seen=now,
+                stable_since=now,
+                seen_step=step,
             )
             records.append(
                 p.CheckpointState(path=s.path, step=None, state="candidate", t=now, size_bytes=s.size)
             )
         elif not f.matches(s):
-            # Written again (or still being written): a new version, settling from now.
+            # Written again (or still being written): a new version, settling from now. The one
+            # before was never verified if it was settling (unless this is the same write growing:
+            # same inode, more bytes) or being verified (its verdict is about bytes now gone).
+            growing = s.ino == f.ino and s.size > f.size
+            if f.state == "verifying" or (f.state == "settling" and not growing):
+                f.unverified += 1
+            f.seen += 0 if growing else 1
             f.size, f.mtime_ns, f.ino = s.size, s.mtime_ns, s.ino
             f.stable_since = now
+            f.seen_step = step if not growing else f.seen_step
             if f.state != "settling":
                 f.version += 1
                 f.state, f.digest, f.reason, f.report = "settling", None, None, None
@@ -215,14 +242,18 @@ def record_verdict(
         f.state, f.stable_since, f.reason = "settling", now, report.reason
         return WatchState(files=files), [], False
     f.digest, f.step, f.report = report.digest, report.step, msgspec.structs.replace(report, stds={})
+    f.judged += 1
     if report.ok:
         f.state, f.reason = "verified", None
         f.last_verified = Previous(path=f.path, arch=report.arch, stds=report.stds)
+        f.verified_step = report.step
     else:
-        f.state, f.reason = "rejected", report.reason
+        # A rejected rewrite of a file is not the version that verified before: say which.
+        label = version_label(f) if f.version > 1 or f.verified_step is not None else None
+        f.state, f.reason = "rejected", f"{label}: {report.reason}" if label else report.reason
     rec = p.CheckpointState(
         path=f.path,
-        step=f.step,
+        step=f.step if f.step is not None or report.ok else f.seen_step,
         state="verified" if report.ok else "rejected",
         t=now,
         reason=f.reason,
@@ -233,10 +264,52 @@ def record_verdict(
     return WatchState(files=files), [rec], True
 
 
+def version_label(f: WatchedFile) -> str:
+    """Which version of a rewritten file: "version 7 of ckpt.pt, step 137 (its own step unreadable:
+    the trainer's when it was written), after step 120 verified"."""
+    words = [f"version {f.version} of {os.path.basename(f.path)}"]
+    if f.step is not None:
+        words.append(f"step {f.step}")
+    elif f.seen_step is not None:
+        words.append(f"step ~{f.seen_step} (its own step unreadable: the trainer's when it was written)")
+    if f.verified_step is not None:
+        words.append(f"after step {f.verified_step} verified")
+    return ", ".join(words)
+
+
+def unverified_note(
+    state: WatchState, path: str, settle_s: float = SETTLE_S
+) -> tuple[WatchState, str | None]:
+    """A keeper note for the versions of `path` never verified since the last note (each was
+    rewritten before it held still for `settle_s`, or while it was verified), else None."""
+    f = state.files.get(path)
+    if f is None or f.unverified <= f.said:
+        return state, None
+    files = dict(state.files)
+    files[path] = g = msgspec.structs.replace(f, said=f.unverified)
+    n = g.unverified - f.said
+    return WatchState(files=files), (
+        f"{path}: {n} more version{'s' if n != 1 else ''} never verified (rewritten before "
+        f"{'it' if n == 1 else 'they'} held still for {settle_s:g} s, or while being verified); "
+        f"{g.judged} of at least {g.seen} versions seen were verified or rejected, {g.unverified} never: "
+        "the trainer rewrites it faster than it can be checked"
+    )
+
+
 def watch_findings(state: WatchState) -> list[Finding]:
-    """CKPT_REJECTED (and MASKED_ERROR) for each watched file whose current version failed."""
+    """CKPT_REJECTED (and MASKED_ERROR) for each watched file whose current version failed, naming
+    the version and its step."""
     out: list[Finding] = []
     for f in state.files.values():
         if f.state == "rejected" and f.report is not None:
-            out += findings_for_report(msgspec.structs.replace(f.report, path=f.path, ok=False))
+            rep = msgspec.structs.replace(f.report, path=f.path, ok=False, reason=f.reason)
+            found = findings_for_report(rep)
+            for x in found:
+                if x.code == "CKPT_REJECTED":
+                    x.evidence["version"] = f.version
+                    if f.report.step is None and f.seen_step is not None:
+                        x.evidence["written_near_step"] = f.seen_step
+                    if f.verified_step is not None:
+                        x.evidence["last_verified_step"] = f.verified_step
+            out += found
     return out

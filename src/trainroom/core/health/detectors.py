@@ -229,6 +229,10 @@ class DivergenceCheck:
         self.medians: deque[tuple[float, int, float]] = deque(maxlen=th.divergence_chunks)
         self.best: tuple[float, int] | None = None
         self.divergence: Divergence | None = None
+        # Each chunk's noise: sigma from its successive differences (robust: their median absolute
+        # value / (0.6745 x sqrt 2)); the band reads the median of the recent ones.
+        self.noises: deque[float] = deque(maxlen=32)
+        self.best_se = 0.0
 
     def observe(self, f: Facts, step: int, t: float, loss: float, rising: bool) -> None:
         if self.chunk_start is None:
@@ -237,13 +241,19 @@ class DivergenceCheck:
         if len(self.chunk) < f.th.divergence_chunk:
             return
         m = statistics.median(self.chunk)
+        diffs = [abs(b - a) for a, b in zip(self.chunk, self.chunk[1:], strict=False)]
+        self.noises.append(statistics.median(diffs) / (0.6745 * math.sqrt(2)) if diffs else 0.0)
+        n = len(self.chunk)
         start_step, start_t = self.chunk_start
         self.chunk.clear()
         self.chunk_start = None
         self.medians.append((m, start_step, start_t))
         if self.best is None or m < self.best[0]:
             self.best = (m, start_step)
-        self.divergence = divergence_state(list(self.medians), self.best, step, f.th)
+            # The noise as it was up to the best (a rise's own steps are not the noise it is judged
+            # against); a median of n values has a standard error of ~1.2533 sigma / sqrt(n).
+            self.best_se = 1.2533 * statistics.median(self.noises) / math.sqrt(n)
+        self.divergence = divergence_state(list(self.medians), self.best, step, f.th, noise=self.best_se)
 
     def finding(self, f: Facts, now: float) -> Finding | None:
         return divergence_finding(self.divergence, f.th) if self.divergence is not None else None

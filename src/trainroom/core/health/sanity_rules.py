@@ -116,6 +116,7 @@ class Divergence(msgspec.Struct, kw_only=True):
     band: float
     medians: list[float]
     last_step: int
+    noise: float = 0.0  # the standard error of one window's median, from the loss's own noise
 
 
 class NonFinite(msgspec.Struct, kw_only=True):
@@ -219,13 +220,16 @@ def divergence_state(
     best: tuple[float, int],
     last_step: int,
     th: Thresholds = DEFAULT_THRESHOLDS,
+    noise: float = 0.0,
 ) -> Divergence | None:
     """Divergence when the last `divergence_chunks` chunk medians all sit above the best chunk
-    median of the attempt by more than the band: the trajectory stopped coming back."""
+    median of the attempt by more than the band: the trajectory stopped coming back. `noise` is
+    the standard error of one chunk's median: the band is at least `divergence_noise_se` of them,
+    so a best set low by the noise alone (a noisy loss, or one read at sampled steps) is no rise."""
     if len(medians) < th.divergence_chunks:
         return None
     b, b_step = best
-    band = max(th.divergence_rel * abs(b), th.divergence_min_nats)
+    band = max(th.divergence_rel * abs(b), th.divergence_min_nats, th.divergence_noise_se * noise)
     if not all(m > b + band for m, _, _ in medians):
         return None
     return Divergence(
@@ -236,6 +240,7 @@ def divergence_state(
         band=band,
         medians=[m for m, _, _ in medians],
         last_step=last_step,
+        noise=noise,
     )
 
 
@@ -394,7 +399,7 @@ def divergence_finding(d: Divergence, th: Thresholds = DEFAULT_THRESHOLDS) -> Fi
         message=(
             f"rolling median loss {fmt_value(cur)} has stayed above the attempt's best {fmt_value(d.best)} (step "
             f"{d.best_step}) + band {d.band:.3g} for {len(d.medians)} windows of {th.divergence_chunk} "
-            f"steps since step {d.since_step}, {trend} ({fmt_value(d.medians[0])} -> {fmt_value(cur)}): the trajectory "
+            f"records ({d.last_step - d.since_step + 1} steps) since step {d.since_step}, {trend} ({fmt_value(d.medians[0])} -> {fmt_value(cur)}): the trajectory "
             "is not coming back; look at LR, warmup and the data before it turns NaN"
         ),
         evidence={
@@ -405,6 +410,7 @@ def divergence_finding(d: Divergence, th: Thresholds = DEFAULT_THRESHOLDS) -> Fi
             "since_step": d.since_step,
             "medians": d.medians,
             "last_step": d.last_step,
+            "noise_se": d.noise,
         },
     )
 

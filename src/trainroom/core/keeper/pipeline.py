@@ -366,6 +366,10 @@ class CheckpointPipeline:
         )
         for r in recs:
             self.recorder.emit(r)
+        if stood:
+            self.watch_state, said = watch.unverified_note(self.watch_state, request.path)
+            if said:
+                self.recorder.note(said, kind="warning")
         figure = await self.gate.evaluate(request.path, report, watched=True) if stood and report.ok else None
         if figure is not None and self.gate.restored:  # no await since the evaluation: the watch held still
             self.watch_state = watch.absorb(self.watch_state, request.path, request.version, self.gate.after)
@@ -532,7 +536,9 @@ class CheckpointPipeline:
             self.still = {k: t for k, t in self.still.items() if t > now}
             held = [*self.still, *([self.gate.evaluating] if self.gate.evaluating else [])]
             seen = watch.held_still(self.watch_state, self.sightings, held)
-            self.watch_state, requests, recs = watch.poll(self.watch_state, seen, now)
+            a = self.run.state.attempt
+            step = a.last_step if a is not None else None
+            self.watch_state, requests, recs = watch.poll(self.watch_state, seen, now, step=step)
             for r in recs:
                 self.recorder.emit(r)
             for req in requests:

@@ -277,6 +277,7 @@ def fall_back(plan: ResumePlan, state: RunState, inputs: ResumeInputs, failed: s
     )
     new.argv = _argv(new, inputs)
     new.lost = resume_losses(state, new)
+    new.checkpoint_bytes = _verified_bytes(new)
     a = state.attempt
     if a is not None and a.last_step is not None and new.step is not None and _in_steps(state, a):
         new.steps_lost = max(0, a.last_step - new.step)
@@ -306,10 +307,24 @@ def resume_losses(state: RunState, plan: ResumePlan) -> list[str]:
     return losses(c, step=plan.step, fp16=fp16)
 
 
+def _verified_bytes(plan: ResumePlan) -> int | None:
+    """The size of the bytes the resume loads: the verified copy when the trainer's own path is
+    restored from one (that path may hold a torn write until then), else the checkpoint."""
+    where = plan.restore_from or plan.checkpoint
+    if where is None:
+        return None
+    ckpt = Path(where)
+    try:
+        return tree_bytes(ckpt) if ckpt.is_dir() else ckpt.stat().st_size
+    except OSError:
+        return None
+
+
 def _check_host_ram(plan: ResumePlan, floor_bytes: int) -> None:
     assert plan.checkpoint is not None
-    ckpt = Path(plan.checkpoint)
-    size = tree_bytes(ckpt) if ckpt.is_dir() else ckpt.stat().st_size
+    size = _verified_bytes(plan)
+    if size is None:
+        return
     mem = read_meminfo().get("MemAvailable")
     low = host_ram_low(mem, load_need_bytes(size), plan.checkpoint, floor_bytes=floor_bytes)
     if low is not None:
