@@ -32,6 +32,7 @@ from tests.support.tui_fakes import (
 from trainroom.core import protocol as p
 from trainroom.core.cli import main as cli
 from trainroom.core.cli.slurmjob import slurm_job_dict
+from trainroom.core.job.slurm import SlurmJobError
 from trainroom.core.job.slurmwatch import SlurmWatch
 from trainroom.core.remote.wire import BridgeHello
 from trainroom.core.run.state import RunState
@@ -257,3 +258,51 @@ def test_job_slurm_tui_opens_the_job_screen_on_the_slurm_job(
     assert cli.main(["job", f"slurm:{JOB}", "--tui", "--json"]) == 2
     assert "choose one" in capsys.readouterr().err
     assert cluster.said() == []  # the CLI leaves the reading to the screen
+
+
+@in_loop
+async def test_a_failed_refresh_keeps_the_last_answer_and_says_why(cluster: Cluster) -> None:
+    rank_died(cluster)
+    real = _watch(cluster).job
+    answers: list[Any] = [real]
+
+    def read(job_id: str, reader: SlurmReader) -> Any:
+        if answers:
+            return answers.pop(0)
+        raise SlurmJobError("slurm:4242: slurmctld does not know the job")
+
+    watch = SlurmWatch(JOB, SlurmReader(min_interval_s=0.05), interval_s=0.05, read=read)
+    watch.refresh()
+    app = JobRoom.following_slurm(watch, clock=lambda: NOW)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(
+            pilot,
+            lambda: (
+                app.view is not None
+                and app.view.head.slurm is not None
+                and app.view.head.slurm.note is not None
+            ),
+            "the failed refresh said",
+        )
+        assert app.view is not None and app.view.head.slurm is not None
+        assert app.view.head.slurm.state == "RUNNING" and len(app.view.nodes) == 2  # the last answer
+        assert str(app.view.head.slurm.note).startswith(
+            "last refresh failed: slurm:4242: slurmctld does not know"
+        )
+        assert "last refresh failed" in screen_text(app).splitlines()[1]
+        await pilot.press("q")
+
+
+def test_run_job_app_refuses_a_job_it_cannot_show_in_one_line(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    import sys
+
+    from trainroom.tui.job import run_job_app
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    args = argparse.Namespace(targets=[], job_name=None, slurm_job_id="12;rm")
+    assert run_job_app(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["trainroom: error: slurm:12;rm: expected a job id (digits, or ARRAYJOB_TASK)"]

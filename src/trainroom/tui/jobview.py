@@ -227,7 +227,12 @@ SLURM_LIVE_LEVEL: dict[str, Level] = {
 def slurm_head(s: dict[str, Any]) -> SlurmHead:
     """The header's Slurm line, from core's `slurm_view`."""
     j = s.get("job")
-    note = s.get("refresh_error") or (s.get("error") if j is None else None)
+    failed = s.get("refresh_error")
+    note = (
+        f"last refresh failed: {failed}"
+        if failed
+        else (f"slurmctld: {s['error']}" if s.get("error") else None)
+    )
     if j is None:
         return SlurmHead(
             job_id=str(s["job_id"]),
@@ -258,7 +263,7 @@ def slurm_head(s: dict[str, Any]) -> SlurmHead:
         ),
         restarts=str(j["restarts"]) if j.get("restarts") is not None else fmt.UNKNOWN,
         eligible_in=fmt.duration(s["eligible_in_s"]) if s.get("eligible_in_s") is not None else None,
-        note=f"slurmctld: {note}" if note else None,
+        note=note,
     )
 
 

@@ -69,10 +69,10 @@ class SlurmWatch:
         while not self._stop.wait(self.interval_s):
             try:
                 self.refresh()
-            except (SlurmJobError, OSError) as exc:
+            except Exception as exc:  # whatever failed, the screen keeps its last answer
                 # A refresh that fails keeps the last answer on screen, and says why.
                 with self._lock:
-                    self.error = str(exc)
+                    self.error = str(exc) if isinstance(exc, SlurmJobError | OSError) else repr(exc)
 
     @property
     def name(self) -> str:
