@@ -6,6 +6,10 @@ and rank, per node its state, VRAM, host memory and disk, the ranks across hosts
 worst step), each node's findings, and which ranks did not arrive when a collective hangs.
 Read-only: the job's actions are `trainroom job --kill | --resume | --stacks`.
 
+A Slurm job (`trainroom job slurm:JOBID --tui`, `trainroom job --slurm --tui`) is followed by
+core's `SlurmWatch` instead (scontrol through its 3 s cache, one srun step across the nodes per
+refresh): the header adds Slurm's line, each node row its Slurm state, the findings Slurm's verdicts.
+
 Drawn like the control room: the same panels (`widgets.base.Panel`), theme colours only (the
 shipped themes, `t` cycles them), views computed by a pure function (`jobview.job_screen_view`
 of core's `job_dict`), and a key strip as the last line.
@@ -30,6 +34,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 
 from trainroom.core.job.nodes import NodeFollower, job_name, node_refs
+from trainroom.core.job.slurm import SlurmJobError
+from trainroom.core.job.slurmwatch import SlurmWatch
 from trainroom.core.job.view import NodeReading, job_dict
 from trainroom.core.run.store import RunError
 
@@ -37,6 +43,7 @@ from . import theming
 from .jobview import (
     NODE_COLUMNS,
     RANK_COLUMNS,
+    SLURM_NODE_COLUMNS,
     JobHead,
     JobScreenView,
     NodeRow,
@@ -64,6 +71,9 @@ class JobHeader(Panel[JobHead], can_focus=False):
         if view.step_median is not None:
             self.pair(t, "  step median", f"{view.step_median:g}")
             self.pair(t, ", worst", str(view.step_worst))
+        if view.slurm is not None:
+            t.append("\n")
+            t.append(view.slurm.line(), style=self.style(view.slurm.level))
         if view.first_failure is not None:
             t.append("\nfirst failure: ", style=self.style("crit"))
             t.append(view.first_failure, style=self.style("value"))
@@ -71,19 +81,19 @@ class JobHeader(Panel[JobHead], can_focus=False):
 
 
 def table(
-    panel: Panel[Any], columns: Sequence[str], rows: Sequence[tuple[tuple[str, ...], str, int]]
+    panel: Panel[Any], columns: Sequence[str], rows: Sequence[tuple[tuple[str, ...], dict[int, str]]]
 ) -> Text:
-    """Columns as wide as their widest cell; `rows` are (cells, level, which cell the level colours)."""
+    """Columns as wide as their widest cell; `rows` are (cells, {cell index: the level colouring it})."""
     widths = [cell_len(c) for c in columns]
-    for cells, _, _ in rows:
+    for cells, _ in rows:
         widths = [max(w, cell_len(c)) for w, c in zip(widths, cells, strict=True)]
     t = Text(no_wrap=True, overflow="ellipsis")
     for i, c in enumerate(columns):
         t.append(c.ljust(widths[i] + GAP), style=panel.style("label"))
-    for cells, level, coloured in rows:
+    for cells, levels in rows:
         t.append("\n")
         for i, c in enumerate(cells):
-            t.append(c.ljust(widths[i] + GAP), style=panel.style(level if i == coloured else "value"))
+            t.append(c.ljust(widths[i] + GAP), style=panel.style(levels.get(i, "value")))
     t.rstrip()
     return t
 
@@ -92,7 +102,11 @@ class NodesPanel(Panel[tuple[NodeRow, ...]]):
     TITLE = "nodes"
 
     def render_view(self, view: tuple[NodeRow, ...]) -> RenderableType:
-        return table(self, NODE_COLUMNS, [(n.cells(), n.level, 1) for n in view])
+        if any(n.slurm is not None for n in view):
+            return table(
+                self, SLURM_NODE_COLUMNS, [(n.cells(), {1: n.level, 3: n.slurm_level}) for n in view]
+            )
+        return table(self, NODE_COLUMNS, [(n.cells(), {1: n.level}) for n in view])
 
 
 class JobRanksPanel(Panel[tuple[RankRow, ...]]):
@@ -101,7 +115,7 @@ class JobRanksPanel(Panel[tuple[RankRow, ...]]):
     def render_view(self, view: tuple[RankRow, ...]) -> RenderableType:
         if not view:
             return Text("no rank has reported", style=self.style("dim"))
-        return table(self, RANK_COLUMNS, [(r.cells(), r.level, 4) for r in view])
+        return table(self, RANK_COLUMNS, [(r.cells(), {4: r.level}) for r in view])
 
 
 class NotesPanel(Panel[tuple[Note, ...]]):
@@ -117,6 +131,12 @@ class NotesPanel(Panel[tuple[Note, ...]]):
             t.append(f"{note.label} ", style=self.style(note.level))
             t.append(note.text, style=self.style("value"))
         return t
+
+
+def note_lines(notes: Sequence[Note], width: int) -> int:
+    """How many lines the findings take, wrapped at `width` cells (one when there are none)."""
+    w = max(width, 10)
+    return max(1, sum(-(-cell_len(f"{n.label} {n.text}") // w) for n in notes))
 
 
 class JobRoom(App[int]):
@@ -148,10 +168,12 @@ class JobRoom(App[int]):
         *,
         clock: Callable[[], float] = time.time,
         followers: Iterable[NodeFollower] = (),
+        slurm: SlurmWatch | None = None,
         theme: str | None = None,
         theme_dirs: Iterable[Path | Traversable] | None = None,
     ) -> None:
-        """`read` gives the nodes as last heard (the followers' readings, under their lock)."""
+        """`read` gives the nodes as last heard (the followers' readings, under their lock);
+        `slurm` a Slurm job's watch (its view is merged in under "slurm", as `--json` does)."""
         self.loaded_themes = theming.load_themes(
             theme_dirs if theme_dirs is not None else theming.default_dirs()
         )
@@ -160,6 +182,7 @@ class JobRoom(App[int]):
         self.read = read
         self.clock = clock
         self.followers = list(followers)
+        self.slurm = slurm
         self.view: JobScreenView | None = None
         for t in self.loaded_themes.themes:
             self.register_theme(t)
@@ -184,6 +207,11 @@ class JobRoom(App[int]):
 
         return cls(name, read, clock=clock, followers=followers)
 
+    @classmethod
+    def following_slurm(cls, watch: SlurmWatch, clock: Callable[[], float] = time.time) -> JobRoom:
+        """The screen over a Slurm job (`watch` already read once: its name is the job's)."""
+        return cls(watch.name, watch.readings, clock=clock, slurm=watch)
+
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return theming.app_variables(self.current_theme)
 
@@ -202,6 +230,8 @@ class JobRoom(App[int]):
     def on_mount(self) -> None:
         for f in self.followers:
             f.start()
+        if self.slurm is not None:
+            self.slurm.start()
         self.query_one(KeyStrip).view = self.KEYS
         self.set_interval(REDRAW_S, self.redraw)
         self.redraw()
@@ -209,15 +239,24 @@ class JobRoom(App[int]):
     def on_unmount(self) -> None:
         for f in self.followers:
             f.stop()
+        if self.slurm is not None:
+            self.slurm.stop()
 
     def redraw(self) -> None:
-        self.view = v = job_screen_view(job_dict(self.job, self.read(), self.clock()))
+        now = self.clock()
+        d = job_dict(self.job, self.read(), now)
+        if self.slurm is not None:
+            d["slurm"] = self.slurm.view(now)
+        self.view = v = job_screen_view(d)
         head, nodes, notes = self.query_one(JobHeader), self.query_one(NodesPanel), self.query_one(NotesPanel)
         # A panel renders only the lines that fit (`Panel.window`), so each is sized to its lines
-        # (the header's second one is the first failure; a node table's first its column names).
-        head.styles.height = 1 if v.head.first_failure is None else 2
-        nodes.styles.height = min(len(v.nodes) + 3, MAX_TABLE)
-        notes.styles.height = min(max(len(v.notes), 1) + 2, MAX_TABLE)
+        # (the header's next ones are Slurm's line and the first failure; a node table's first its
+        # column names). The findings wrap: sized to their wrapped lines, leaving the ranks five.
+        head_h = 1 + (v.head.slurm is not None) + (v.head.first_failure is not None)
+        nodes_h = min(len(v.nodes) + 3, MAX_TABLE)
+        spare = self.size.height - head_h - nodes_h - 1 - 5
+        head.styles.height, nodes.styles.height = head_h, nodes_h
+        notes.styles.height = max(3, min(note_lines(v.notes, self.size.width - 4) + 2, MAX_TABLE, spare))
         head.view, nodes.view, notes.view = v.head, v.nodes, v.notes
         self.query_one(JobRanksPanel).view = v.ranks
 
@@ -228,8 +267,15 @@ def run_job_app(args: argparse.Namespace) -> int:
         print("trainroom: the job screen needs a terminal (try `trainroom job --json`)", file=sys.stderr)
         return 2
     try:
-        app = JobRoom.following(list(args.targets), args.job_name)
-    except RunError as exc:
+        slurm_id = getattr(args, "slurm_job_id", None)
+        if slurm_id is not None:
+            # The first read here: a job that cannot be shown is one line and exit 2, not a screen.
+            watch = SlurmWatch(slurm_id)
+            watch.refresh()
+            app = JobRoom.following_slurm(watch)
+        else:
+            app = JobRoom.following(list(args.targets), args.job_name)
+    except (RunError, SlurmJobError) as exc:
         print(f"trainroom: error: {exc}", file=sys.stderr)
         return 2
     app.run()

@@ -57,7 +57,7 @@ def cmd_job(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], i
     if slurm_id is not None:
         from trainroom.core.cli.slurmjob import cmd_slurm_job
 
-        return cmd_slurm_job(args, slurm_id, job_lines, HEALTHY)
+        return cmd_slurm_job(args, slurm_id, job_lines, HEALTHY, open_tui)
     if args.tui:
         return open_tui(args)
     refs = node_refs(list(args.targets))

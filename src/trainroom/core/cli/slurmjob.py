@@ -89,13 +89,19 @@ def cmd_slurm_job(
     job_id: str,
     job_lines: Callable[[dict[str, Any], float], list[str]],
     healthy: Collection[str],
+    open_tui: Callable[[argparse.Namespace], int],
 ) -> int:
-    if args.tui or args.stacks:
-        raise CliError("slurm:JOBID: --tui and --stacks are not available for Slurm jobs yet")
+    if args.stacks:
+        raise CliError("slurm:JOBID: --stacks is not available for Slurm jobs yet")
     if args.resume:
         return resume_job(args, job_id)
     if args.kill:
         return stop_survivors(args, job_id)
+    if args.tui:
+        if args.json:
+            raise CliError("--tui and --json: choose one")
+        args.slurm_job_id = job_id
+        return open_tui(args)
     d = slurm_job_dict(job_id)
     now = time.time()
     print(to_json(d) if args.json else "\n".join(slurm_lines(d["slurm"]) + job_lines(d, now)))

@@ -57,6 +57,15 @@ END_WORDS = {
     "PENDING": "waiting to start",
     "REQUEUED": "requeued: it will start again",
 }
+# How bad each end is (the findings' severities): what the job screen colours a verdict by.
+END_SEVERITY = {
+    "COMPLETED": "info",
+    "REQUEUED": "info",
+    "CANCELLED": "warning",
+    "TIMEOUT": "warning",
+    "PREEMPTED": "warning",
+    "DEADLINE": "warning",
+}
 
 
 class SlurmJobError(RuntimeError):
@@ -394,6 +403,7 @@ def slurm_view(job: SlurmJob, now: float) -> dict[str, Any]:
             verdicts.append(
                 {
                     "code": "NODE_LOST",
+                    "severity": "critical",
                     "node": node,
                     "message": f"node {node} is lost: its slurmd does not answer ({why}); slurmctld still "
                     f"calls it {ni.state if ni else 'allocated'} and marks it DOWN only after SlurmdTimeout",
@@ -403,18 +413,27 @@ def slurm_view(job: SlurmJob, now: float) -> dict[str, Any]:
             verdicts.append(
                 {
                     "code": "NODE_LOST",
+                    "severity": "critical",
                     "node": node,
                     "message": f"node {node} is {ni.state} in slurmctld"
                     + (f": {ni.reason}" if ni.reason else ""),
                 }
             )
     if info is not None and info.state in END_WORDS and info.state not in ("PENDING",):
-        verdicts.append({"code": f"SLURM_{info.state}", "node": None, "message": END_WORDS[info.state]})
+        verdicts.append(
+            {
+                "code": f"SLURM_{info.state}",
+                "severity": END_SEVERITY.get(info.state, "critical"),
+                "node": None,
+                "message": END_WORDS[info.state],
+            }
+        )
     derived = exit_words(info.derived_exit_code) if info is not None else None
     if info is not None and info.derived_exit_code not in (None, "0:0") and derived:
         verdicts.append(
             {
                 "code": "SLURM_DERIVED_EXIT",
+                "severity": "warning",
                 "node": None,
                 "message": f"a task of the job was {derived} (DerivedExitCode {info.derived_exit_code})",
             }
