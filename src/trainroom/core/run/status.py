@@ -13,7 +13,7 @@ from trainroom.core import protocol as p
 from trainroom.core.loglines import unread_words
 from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
-from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
+from trainroom.core.run.figures import driver_view, run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.state import RunState, WorkerView
 from trainroom.core.samples import GpuSample
 from trainroom.core.units import signal_name
@@ -224,7 +224,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         },
         # Added: each device's PCI bus id and health figures, the Xids seen this attempt, and
         # where the kernel's word on the GPU is read from (probes.gpuevents).
-        "gpu": gpu_status(st.probe.gpu if st.probe is not None else None),
+        "gpu": gpu_status(driver_view(st)),
         "host": {
             "mem_available_bytes": host.mem_available_bytes if host is not None else None,
             "page_cache_bytes": host.page_cache_bytes if host is not None else None,
