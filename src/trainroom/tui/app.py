@@ -429,7 +429,7 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
             lr = figures.lr_view(state)
             host = figures.host_view(state)
             disk = figures.disk_view(state)
-            rows = verdict.findings_view(state, key, where)
+            rows = verdict.findings_view(state, key, where, now)
             resolved = verdict.resolved_view(state)
             snapshot = self.series.snapshot() if self.series is not None else None
             loss, ranks = figures.loss_view(state, snapshot), figures.ranks_view(state)

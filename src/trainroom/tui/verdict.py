@@ -22,6 +22,7 @@ from trainroom.core.probes.adopt import still_runs
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import stall_bound, step_age
 from trainroom.core.run.gone import KeeperGone
+from trainroom.core.run.nowwords import now_findings
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import Level, ShownState
 
@@ -151,7 +152,8 @@ def header_view(
     if step is None and a is not None:
         step = a.last_step
     # The root causes (`run.causes.fold`): a consequence is never named while its cause is open.
-    rows = [r for r in fold(state.open_findings()) if SEVERITY_RANK.get(r.severity, 0) >= 1]
+    found_now = now_findings(state.open_findings(), now if connected else None)
+    rows = [r for r in fold(found_now) if SEVERITY_RANK.get(r.severity, 0) >= 1]
     found = [r.head for r in rows]
     # A finding that is the state itself (DEAD for `dead`) is said by the badge already.
     named = [f for f in found if f.code.lower() != state.status]
@@ -254,11 +256,13 @@ def findings_view(
     state: RunState,
     key_of: Callable[[str], str],
     where: Situation,
+    now: float | None = None,
 ) -> tuple[FindingRow, ...]:
     """The rows every client shows (`run.causes.fold`): a root cause with what follows from it,
-    most severe first, then newest; each with the key of its action only when that can act now."""
+    most severe first, then newest; each with the key of its action only when that can act now,
+    and its words with the figures of `now` while the keeper watches (`run.nowwords`)."""
     rows = []
-    for row in fold(state.open_findings()):
+    for row in fold(now_findings(state.open_findings(), now if where.connected else None)):
         f = row.head
         targeted = f.target is not None and bool(f.target.pids)
         why = refusal(state, f.action, where, f.ident if targeted else None) if f.action else None
