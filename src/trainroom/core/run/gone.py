@@ -73,9 +73,10 @@ class KeeperGone:
 def keeper_gone(st: RunState, info: runs.RunInfo) -> KeeperGone | None:
     """The state and the way on for a run whose keeper is gone while its journal says the attempt
     runs: its trainer still running (orphaned) or ended unseen, with the journal's last write (a
-    keeper killed -9 says nothing more). None: the journal's own state stands."""
+    keeper killed -9 says nothing more). None: the journal's own state stands, and for a run on
+    another host (whether its trainer runs is that host's to say, not this one's /proc)."""
     a = st.attempt
-    if a is None or a.ended_at is not None:
+    if a is None or a.ended_at is not None or info.remote:
         return None
     orphan = orphaned_trainer(st)
     verified = st.last_verified()
