@@ -126,7 +126,9 @@ def test_tmux_keeper_killed_the_control_room_names_the_way_on_and_r_resumes(
 
 def _walk(pane: Pane, script: str, run: str, trainer: int) -> None:
     pane.start(f"{shlex.quote(script)} watch {run}")
-    pane.wait("keeper gone since", f"trainroom attach {trainer}", timeout=60)
+    # The header says the state `status` says (run.gone): ORPHANED, not the journal's RUNNING.
+    screen = pane.wait("keeper gone since", f"trainroom attach {trainer}", " ORPHANED ", timeout=60)
+    assert " RUNNING " not in screen.splitlines()[0]
     pane.keys("R")
     pane.wait("resume: not now", timeout=30)
     out = run_cli("kill", run, "--yes")

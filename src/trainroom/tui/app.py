@@ -27,6 +27,7 @@ from textual.worker import Worker, WorkerState
 
 from trainroom.core.run import store as runs_store
 from trainroom.core.run.attach import take_up
+from trainroom.core.run.gone import KeeperGone, keeper_gone
 from trainroom.core.run.live import trainer_runs
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
@@ -126,6 +127,7 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
         self.gone_since: float | None = None
         self.gone_reason = ""
         self.keeper_busy = False  # not connected, but the keeper's process lives
+        self.gone: KeeperGone | None = None  # the trainer orphaned or ended unseen (`status`'s words)
         self.log_lines: tuple[str, ...] = ()
         self.renders = 0
         self._dirty = False  # routine telemetry came: drawn at the next routine frame
@@ -286,23 +288,10 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
         self.run_watch.stop()
         with self.lock:
             self.state, self.series = None, None
-        self.connected, self.gone_since, self.gone_reason = False, None, ""
+        self.connected, self.gone_since, self.gone_reason, self.gone = False, None, "", None
         self.log_lines, self.findings_now = (), None
         p = self.panels()
-        for panel in (
-            p.header,
-            p.trainer,
-            p.vram,
-            p.cadence,
-            p.lr,
-            p.host,
-            p.disk,
-            p.findings,
-            p.loss,
-            p.ranks,
-            p.log,
-        ):
-            panel.view = None
+        p.clear_views()
         p.banner.display = False
         self.run_id = run_id
         self._find_run()
@@ -333,7 +322,7 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
     def _keeper_gone(self, reason: str, t: float) -> None:
         self.connected = False
         self.run_watch.drop_keeper()
-        self.gone_since, self.gone_reason = t, reason
+        self.gone_since, self.gone_reason, self.gone = t, reason, None
         self.query_one(DisconnectBanner).display = True
         self._load_journal()
         self.redraw()
@@ -348,12 +337,13 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
             busy = self.source.resolve(self.run_info.run_id).alive  # its process, by pid and start
         except (RunError, OSError):
             busy = False
-        self.call_from_thread(self._journal_loaded, view.state, series_for(view), busy)
+        gone = None if busy else keeper_gone(view.state, self.run_info)
+        self.call_from_thread(self._journal_loaded, view.state, series_for(view), busy, gone)
 
-    def _journal_loaded(self, state: RunState, series: Series, busy: bool) -> None:
+    def _journal_loaded(self, state: RunState, series: Series, busy: bool, gone: KeeperGone | None) -> None:
         if self.connected:
             return  # the keeper came back meanwhile: its snapshot is newer
-        self.keeper_busy = busy
+        self.keeper_busy, self.gone = busy, gone
         with self.lock:
             self.state, self.series = state, series
         self.redraw()
@@ -371,6 +361,13 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
         if info is not None and info.alive:
             self.call_from_thread(self._open_run, info)
         else:
+            state, was = self.state, self.gone
+            if not self.keeper_busy and state is not None and info is not None:
+                self.gone, self._dirty = keeper_gone(state, info), True
+                if self.gone is not None and was is not None and self.gone.since != was.since:
+                    # Written since (a kill from a shell): read again; its end sets the next poll.
+                    self.call_from_thread(self._load_journal)
+                    return
             self.call_from_thread(self.set_timer, self.reconnect_interval_s, self._look_for_keeper)
 
     @on(Worker.StateChanged)
@@ -425,14 +422,14 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
         key = self.key_text
         # Views are computed under the lock (the reader folds records under it), set after it.
         with self.lock:
-            header = verdict.header_view(state, now, self.connected, self.keeper_busy)
+            header = verdict.header_view(state, now, self.connected, self.keeper_busy, self.gone)
             trainer = figures.trainer_view(state, now)
             vram = figures.vram_view(state)
             cadence = figures.cadence_view(state, now)
             lr = figures.lr_view(state)
             host = figures.host_view(state)
             disk = figures.disk_view(state)
-            rows = verdict.findings_view(state, key, where)
+            rows = verdict.findings_view(state, key, where, now)
             resolved = verdict.resolved_view(state)
             snapshot = self.series.snapshot() if self.series is not None else None
             loss, ranks = figures.loss_view(state, snapshot), figures.ranks_view(state)

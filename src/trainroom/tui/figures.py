@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
-from trainroom.core.run.figures import ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
+from trainroom.core.run.figures import driver_view, ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import PANEL_CODES, FindingCode, Level
@@ -171,7 +171,7 @@ class VramView:
 def gpu_process_rows(state: RunState) -> tuple[GpuProcessRow, ...]:
     """Every process the GPU probe listed: the run's own first (by rank), then the rest by the
     memory they hold. A rank is named from the reporter's pids and the workers the probe saw."""
-    gpu = state.probe.gpu if state.probe is not None else None
+    gpu = driver_view(state)  # as a kill done since the sample left it: the result's own reading
     if gpu is None or not gpu.available:
         return ()
     rank_of = {w.pid: w.rank for w in state.workers.values()}

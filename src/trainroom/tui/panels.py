@@ -62,6 +62,12 @@ class Panels:
             keys=q(KeyStrip),
         )
 
+    def clear_views(self) -> None:
+        """Every run panel shows nothing (another run is opened): all but the banner and the keys."""
+        for name in ("header", "trainer", "vram", "cadence", "lr", "host", "disk", "findings"):
+            getattr(self, name).view = None
+        self.loss.view, self.ranks.view, self.log.view = None, None, None
+
     def in_order(self) -> list[Widget]:
         """The focusable panels in Tab's order."""
         return [getattr(self, name) for name in PANEL_ORDER]

@@ -21,8 +21,10 @@ from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.probes.adopt import still_runs
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import stall_bound, step_age
+from trainroom.core.run.gone import KeeperGone
+from trainroom.core.run.nowwords import now_findings
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import Level, ShownState, StateName
+from trainroom.core.vocab import Level, ShownState
 
 from . import fmt
 
@@ -123,7 +125,7 @@ class HeaderView:
     run_id: str
     attempt: int | None
     attempts: int
-    state: StateName
+    state: ShownState
     reason: str
     state_age_s: float | None  # for how long the verdict has held (whole seconds: a view that
     step: int | None  # does not change does not re-render)
@@ -139,13 +141,19 @@ class HeaderView:
     worst_age_s: float | None = None  # how long the named root cause has been open
 
 
-def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool = False) -> HeaderView:
+def header_view(
+    state: RunState, now: float, connected: bool, keeper_busy: bool = False, gone: KeeperGone | None = None
+) -> HeaderView:
+    """`gone`: the keeper is gone while the journal says the attempt runs (`run.gone`, as `status`
+    decides it): its state word (ORPHANED, UNKNOWN), its way on and its age (since the journal's
+    last write) replace the journal's last state, which nobody watches any more."""
     a = state.attempt
     step = state.current_step()
     if step is None and a is not None:
         step = a.last_step
     # The root causes (`run.causes.fold`): a consequence is never named while its cause is open.
-    rows = [r for r in fold(state.open_findings()) if SEVERITY_RANK.get(r.severity, 0) >= 1]
+    found_now = now_findings(state.open_findings(), now if connected else None)
+    rows = [r for r in fold(found_now) if SEVERITY_RANK.get(r.severity, 0) >= 1]
     found = [r.head for r in rows]
     # A finding that is the state itself (DEAD for `dead`) is said by the badge already.
     named = [f for f in found if f.code.lower() != state.status]
@@ -153,16 +161,22 @@ def header_view(state: RunState, now: float, connected: bool, keeper_busy: bool 
     worst_level = (
         SEVERITY_LEVEL.get(next(r.severity for r in rows if r.head is worst), "info") if worst else "ok"
     )
-    level = level_of_state(state.status)
+    shown: ShownState = state.status
+    reason = live_reason(state, now)
+    age = float(round(now - state.status_since)) if state.status_since else None
+    if gone is not None and not connected and not keeper_busy:
+        shown, reason, since = gone.state, gone.reason(now), gone.age_s(now)
+        age = float(round(since)) if since is not None else None
+    level = level_of_state(shown)
     for r in rows[:1]:
         level = worse(level, SEVERITY_LEVEL.get(r.severity, "info"))
     return HeaderView(
         run_id=state.run_id,
         attempt=a.n if a else None,
         attempts=len(state.attempts),
-        state=state.status,
-        reason=live_reason(state, now),
-        state_age_s=float(round(now - state.status_since)) if state.status_since else None,
+        state=shown,
+        reason=reason,
+        state_age_s=age,
         step=step,
         connected=connected,
         keeper_busy=keeper_busy and not connected,
@@ -242,11 +256,13 @@ def findings_view(
     state: RunState,
     key_of: Callable[[str], str],
     where: Situation,
+    now: float | None = None,
 ) -> tuple[FindingRow, ...]:
     """The rows every client shows (`run.causes.fold`): a root cause with what follows from it,
-    most severe first, then newest; each with the key of its action only when that can act now."""
+    most severe first, then newest; each with the key of its action only when that can act now,
+    and its words with the figures of `now` while the keeper watches (`run.nowwords`)."""
     rows = []
-    for row in fold(state.open_findings()):
+    for row in fold(now_findings(state.open_findings(), now if where.connected else None)):
         f = row.head
         targeted = f.target is not None and bool(f.target.pids)
         why = refusal(state, f.action, where, f.ident if targeted else None) if f.action else None

@@ -54,6 +54,7 @@ class KillWork:
     vram_pids: list[int]
     stopping: AttemptView | None
     one: SignalPlan | None = None  # one process's signal, in place of the kill
+    vram_of: str = ""  # whose rows the VRAM wait reads, when not the run's (a finding's target)
 
 
 class Kill(Action[KillArgs, KillWork]):
@@ -194,7 +195,9 @@ class Kill(Action[KillArgs, KillWork]):
                 f"kill {plan.subject} ({f.ident}): {len(pids)} process(es), pids {', '.join(map(str, pids))}"
             )
         extra = _timing(k, args) | {"finding": f.ident}
-        return self._planned(plan, summary, sorted(set(pids) | set(f.target.pids)), None, extra)
+        vram_pids = sorted(set(pids) | set(f.target.pids))
+        of = f"pid{'s' if len(vram_pids) > 1 else ''} {', '.join(map(str, vram_pids))}"
+        return self._planned(plan, summary, vram_pids, None, extra, of)
 
     async def _plan_one(self, k: Keeper, args: KillArgs) -> Plan[KillWork] | Refused:
         st = k.run.state
@@ -228,11 +231,12 @@ class Kill(Action[KillArgs, KillWork]):
         vram_pids: list[int],
         stopping: AttemptView | None,
         extra: dict[str, Any],
+        vram_of: str = "",
     ) -> Plan[KillWork] | Refused:
         target = plan.as_dict() | extra
         if not plan.ok and not plan.nothing_left:
             return Refused("; ".join(plan.refusals), target)
-        return Plan(summary, target, KillWork(plan, vram_pids, stopping))
+        return Plan(summary, target, KillWork(plan, vram_pids, stopping, vram_of=vram_of))
 
     async def execute(self, k: Keeper, args: KillArgs, plan: Plan[KillWork], call: Call) -> Outcome:
         cfg = k.run.settings.kill
@@ -261,7 +265,10 @@ class Kill(Action[KillArgs, KillWork]):
                 work.plan,
                 grace_s=grace,
                 vram_probe=run_vram_probe(
-                    k.gpu, work.vram_pids, floor=stopping.vram_floor if stopping is not None else None
+                    k.gpu,
+                    work.vram_pids,
+                    floor=stopping.vram_floor if stopping is not None else None,
+                    of=work.vram_of,
                 ),
                 tolerance_bytes=cfg.vram_tolerance_bytes,
                 vram_timeout_s=cfg.vram_timeout_s,

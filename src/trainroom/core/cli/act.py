@@ -19,7 +19,6 @@ from trainroom.core.actions import words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
-from trainroom.core.cli.show import orphaned_trainer
 from trainroom.core.config import load_config
 from trainroom.core.journal.file import Journal
 from trainroom.core.ops.bench import describe, run_bench
@@ -27,6 +26,7 @@ from trainroom.core.ops.kill import execute_kill, plan_kill
 from trainroom.core.run import store as runs
 from trainroom.core.run.attach import take_up
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.run.gone import orphaned_trainer
 from trainroom.core.run.store import RunError
 
 

@@ -13,10 +13,11 @@ import msgspec
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.journal import segments
-from trainroom.core.probes.procs import process_state, same_start, state_name
+from trainroom.core.probes.procs import process_state, state_name
 from trainroom.core.run import expire
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import keeper_stopped, read_run, read_summary
+from trainroom.core.run.gone import keeper_gone, orphaned_trainer
 from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
@@ -24,53 +25,11 @@ from trainroom.core.run.store import RunError
 from trainroom.core.units import fmt_bytes, fmt_duration
 
 
-def orphaned_trainer(st: RunState) -> int | None:
-    """The pid of a trainer that outlived its keeper: the journal's attempt has no end, and its
-    process (by pid and start tick) still runs."""
-    a = st.attempt
-    if a is None or a.ended_at is not None or a.pid <= 0:
-        return None
-    # A zombie has ended (killed -9, not reaped yet): it is not running.
-    running = same_start(a.pid, a.start_time, a.start_ticks) and process_state(a.pid) != "Z"
-    return a.pid if running else None
-
-
 def keeper_gone_words(st: RunState, info: runs.RunInfo) -> tuple[str, str] | None:
-    """The state and the way on for a run whose keeper is gone while its journal says the attempt
-    runs: its trainer still running (orphaned) or ended unseen, each with the actions that act
-    and how long ago the keeper last wrote (its journal's last write: a keeper killed -9 says
-    nothing more)."""
-    a = st.attempt
-    if a is None or a.ended_at is not None:
-        return None
-    written = runs.last_write(info)
-    age = (
-        f"its journal's last write {fmt_duration(max(0.0, time.time() - written))} ago"
-        if written is not None
-        else "its journal's last write unknown"
-    )
-    orphan = orphaned_trainer(st)
-    if orphan is not None and a.attached:
-        return "orphaned", (
-            f"keeper detached ({age}); the attached trainer pid {orphan} runs on untouched: "
-            f"`trainroom attach {orphan}` watches it again, `trainroom kill {st.run_id}` ends it"
-        )
-    if orphan is not None:
-        return "orphaned", (
-            f"keeper gone ({age}); trainer pid {orphan} still running (orphaned): `trainroom kill {st.run_id}` "
-            f"ends it (then `trainroom resume {st.run_id}`), or `trainroom attach {orphan}` takes it back "
-            "under a new keeper"
-        )
-    verified = st.last_verified()
-    frm = (
-        f"the last verified checkpoint (step {verified.step})"
-        if verified is not None
-        else "scratch (nothing verified)"
-    )
-    return "unknown", (
-        f"keeper gone ({age}) and trainer pid {a.pid} no longer runs; its end was not recorded: "
-        f"`trainroom resume {st.run_id}` starts attempt {a.n + 1} under a new keeper from {frm}"
-    )
+    """The state word and the way on for a run whose keeper is gone (`run.gone`, which the
+    control room's header reads too)."""
+    said = keeper_gone(st, info)
+    return (said.state, said.reason(time.time())) if said is not None else None
 
 
 def not_answering(st: RunState, info: runs.RunInfo) -> tuple[str | None, str]:

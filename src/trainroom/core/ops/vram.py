@@ -38,6 +38,9 @@ class VramReading(msgspec.Struct, kw_only=True, frozen=True):
     basis: VramBasis
     device_bytes: int | None = None  # the devices' used memory, every process's
     floor_bytes: int | None = None  # the floor recorded at launch (basis "floor")
+    # Whose rows `bytes` counts, in words, when not the whole run's: "pid 4423" for a kill of one
+    # finding's target (the rest of the run may well hold memory still, and the device with it).
+    of: str = ""
 
 
 VramProbe = Callable[[], "VramReading | int | None"]
@@ -56,6 +59,7 @@ def run_vram_probe(
     devices: Collection[int] | None = None,
     *,
     floor: VramFloor | None = None,
+    of: str = "",
 ) -> VramProbe:
     """A VramProbe over a GpuProbe (anything with `sample(our_pids) -> GpuSample`, see
     probes/gpu.py); `floor` is the attempt's, recorded at launch. None: the driver view is
@@ -79,7 +83,7 @@ def run_vram_probe(
                 for x in sample.processes
                 if (wanted is None or x.device in wanted) and (x.pid in run_pids or not x.exists)
             )
-            return VramReading(bytes=held, basis="per-process", device_bytes=device_bytes)
+            return VramReading(bytes=held, basis="per-process", device_bytes=device_bytes, of=of)
         if device_bytes is None:
             return None
         base = _floor_of(floor, used)
@@ -184,8 +188,16 @@ def released_words(reading: VramReading) -> str:
     """How the release was judged, in words, with the figures the basis rests on."""
     if reading.basis == "per-process":
         device = fmt_bytes(reading.device_bytes, unknown="n/a")
+        if reading.bytes == 0 and reading.of:
+            # Not "no process of the run": the run's other processes may be listed still.
+            return f"on per-process rows: the driver lists {reading.of} no more (the device {device}, with what it still lists)"
         if reading.bytes == 0:
             return f"on per-process rows: the driver lists no process of the run (the device's {device} is its own floor)"
+        if reading.of:
+            return (
+                f"on per-process rows: {reading.of} and contexts left behind hold {fmt_bytes(reading.bytes)} "
+                f"(the device {device})"
+            )
         return f"on per-process rows: the run's rows hold {fmt_bytes(reading.bytes)} (the device {device})"
     if reading.basis == "floor":
         return (

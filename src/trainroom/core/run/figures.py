@@ -258,10 +258,37 @@ def vram_figures(gpu: GpuSample | None, ranks: Iterable[RankView]) -> VramFigure
 
 
 def vram(run: RunState) -> VramFigures:
-    """The run's VRAM figures from its latest probe sample. An allocator figure belongs to a
-    live attempt: once it ended, the allocator side (and the ratio against it) is unknown, not
+    """The run's VRAM figures from its driver view (`driver_view`). An allocator figure belongs to
+    a live attempt: once it ended, the allocator side (and the ratio against it) is unknown, not
     the dead trainer's last report set against whatever the device holds now (the journal keeps
     those last values)."""
     a = run.attempt
     ranks = run.ranks.values() if a is not None and a.alive else ()
-    return vram_figures(run.probe.gpu if run.probe is not None else None, ranks)
+    return vram_figures(driver_view(run), ranks)
+
+
+def driver_view(run: RunState) -> GpuSample | None:
+    """The latest probe's GPU sample, as a kill done since it was taken left it: the kill read
+    the driver itself when it ended (its `after`), so until the next probe a process it ended is
+    not shown holding memory the result says was released. Released on per-process rows (none of
+    its rows listed any more): its processes' rows and the contexts left behind are dropped, and
+    a single device's used memory is the kill's reading. Not released: its processes are gone
+    (their memory is not): their rows say so."""
+    gpu = run.probe.gpu if run.probe is not None else None
+    if gpu is None or not gpu.available:
+        return gpu
+    for act in run.actions:
+        if act.action != "kill" or act.t <= gpu.t or not act.before.get("pids"):
+            continue
+        ended = set(act.before.get("pids") or ()) - set(act.after.get("pids") or ())
+        released = act.after.get("vram_basis") == "per-process" and act.after.get("vram_bytes") == 0
+        if released:
+            rows = [x for x in gpu.processes if x.pid not in ended and x.exists]
+        else:
+            rows = [msgspec.structs.replace(x, exists=False) if x.pid in ended else x for x in gpu.processes]
+        devices = gpu.devices
+        device_bytes = act.after.get("vram_device_bytes")
+        if released and len(devices) == 1 and isinstance(device_bytes, int):
+            devices = [msgspec.structs.replace(devices[0], used_bytes=device_bytes)]
+        gpu = msgspec.structs.replace(gpu, processes=rows, devices=devices)
+    return gpu

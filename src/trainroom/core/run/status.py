@@ -13,7 +13,8 @@ from trainroom.core import protocol as p
 from trainroom.core.loglines import unread_words
 from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
-from trainroom.core.run.figures import run_loss, step_age, steps_per_s, vram
+from trainroom.core.run.figures import driver_view, run_loss, step_age, steps_per_s, vram
+from trainroom.core.run.nowwords import now_findings
 from trainroom.core.run.state import RunState, WorkerView
 from trainroom.core.samples import GpuSample
 from trainroom.core.units import signal_name
@@ -173,7 +174,9 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     if not keeper_alive and a is not None and a.ended_at is None:
         state = "unknown"  # the keeper died before its trainer: nobody watched the end
     job = st.options.job
-    rows = fold(st.open_findings())
+    # The words with the figures of now (`run.nowwords`): the gap, the ratio, the GiB measured last.
+    found = now_findings(st.open_findings(), now if keeper_alive else None)
+    rows = fold(found)
     cause_of = {f.ident: r.head.ident for r in rows for k in r.consequences for f in k.findings}
     return {
         "run": st.run_id,
@@ -224,7 +227,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         },
         # Added: each device's PCI bus id and health figures, the Xids seen this attempt, and
         # where the kernel's word on the GPU is read from (probes.gpuevents).
-        "gpu": gpu_status(st.probe.gpu if st.probe is not None else None),
+        "gpu": gpu_status(driver_view(st)),
         "host": {
             "mem_available_bytes": host.mem_available_bytes if host is not None else None,
             "page_cache_bytes": host.page_cache_bytes if host is not None else None,
@@ -281,7 +284,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
                 # Added: the root cause it follows from (`vocab.FOLLOWS`), its ident; null: a root.
                 "cause": cause_of.get(f.ident),
             }
-            for f in st.open_findings()
+            for f in found
         ],
         # Added: the open findings as every client shows them (`run.causes.fold`): each root
         # cause with what follows from it, one code's repeats one line with a count.
