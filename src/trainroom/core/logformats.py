@@ -235,6 +235,7 @@ class LightningBar(Recogniser):
     def restart(self) -> None:
         self.epoch: int | None = None  # the epoch the last bar drew
         self.epoch_end = 0  # its length so far: the largest count drawn
+        self.epoch_total: int | None = None  # the total its bar drew (None: `n/?`)
         self.base = 0  # the optimizer steps of the epochs before it
         self.final: int | None = None  # `max_steps=N` reached: the step the run ended at
         self.pending: LogStep | None = None
@@ -258,6 +259,19 @@ class LightningBar(Recogniser):
             return None
         return int(m.group("epoch")), int(m.group("n")), int(m.group("total")), metrics(m.group("rest"))
 
+    def _ended_length(self, new_total: int | None) -> int:
+        """The length of the epoch that just ended. Rich may never draw an epoch's last frames
+        (`39/40`, then `1/40`), so the totals decide where they can: a bar's total is the epoch's
+        length (a sized loader; the last epoch under `max_steps` shows only the steps left), or,
+        for an iterable under `max_steps`, the steps left (90, 50, 10: the epoch is the
+        difference). Of the two, the smaller one the drawn count does not exceed; without totals,
+        the largest count drawn."""
+        old = self.epoch_total
+        if old is None or new_total is None:
+            return self.epoch_end
+        fits = [n for n in (old - new_total, old) if n >= self.epoch_end]
+        return min(fits) if fits else self.epoch_end
+
     def _step(self, line: str) -> LogStep | None:
         parsed = self._parse(line)
         if parsed is None:
@@ -269,10 +283,11 @@ class LightningBar(Recogniser):
             # its bar drew (Lightning draws each batch; under max_steps an iterable's total is the
             # steps left, not the epoch's length, and an unsized one is `n/?`).
             if self.epoch is not None and epoch > self.epoch:
-                self.base += (epoch - self.epoch) * -(-self.epoch_end // acc)
+                self.base += (epoch - self.epoch) * -(-self._ended_length(total) // acc)
             elif self.epoch is None:
                 self.base = epoch * -(-(total or n) // acc)  # first seen mid-run: a resume
             self.epoch, self.epoch_end = epoch, 0
+        self.epoch_total = total
         self.epoch_end = max(self.epoch_end, n)
         self.attach = n > 0
         self.n = (epoch, n)
