@@ -78,7 +78,9 @@ class LogTail:
         self.times: list[float] = []  # when each of `lines` was read
         self._now = 0.0
         self._seen = 0  # lines read in all
-        self._step_at = -1  # the index (of _seen) of the last line a step was read from
+        self._step_at = -1  # the index (of _seen) of the last line a new step was read from
+        self._mark_step: int | None = None  # the step read from that line
+        self._before_at = -1  # the index of the new-step line before it
         self.jumps = Jumps()
         self._announced: tuple[str, str] | None = None
         self._errors_told = 0
@@ -144,8 +146,13 @@ class LogTail:
         """The last lines a death's cause may be read from: from the last line a step was read
         from (an uninstrumented attempt), else those read since the attempt's last step (its
         reporter's); a traceback printed and handled before the last step is not the cause."""
-        if self._step_at >= 0 and self._seen - self._step_at <= len(self.lines):
-            return self.lines[len(self.lines) - (self._seen - self._step_at) :]
+        at = self._step_at
+        if at == self._seen - 1 and self._before_at >= 0:
+            # The last line is a step's: a bar drawn once more as the trainer exits (tqdm's close
+            # redraw, after the traceback it died of): read from the step line before it.
+            at = self._before_at
+        if at >= 0 and self._seen - at <= len(self.lines):
+            return self.lines[len(self.lines) - (self._seen - at) :]
         if last_step_t is not None:
             return [ln for ln, t in zip(self.lines, self.times, strict=True) if t >= last_step_t]
         return list(self.lines)
@@ -329,8 +336,12 @@ class LogTail:
         if self.recognition.chosen is None:
             self.unread += 1
         got = self.recognition.feed(line)
-        if got:
-            self._step_at = self._seen - 1
+        top = max((s.step for s in got), default=None)
+        if top is not None and top != self._mark_step:
+            # A bar's redraw of the step just read (tqdm's last one, at exit, after the
+            # traceback) does not move the mark: the cause is read from the step's first line on.
+            self._before_at = self._step_at
+            self._step_at, self._mark_step = self._seen - 1, top
         return got
 
 
