@@ -147,11 +147,12 @@ def test_a_keeper_that_vanishes_mid_stream_never_raises_into_the_loop(tmp_path: 
 
 
 def test_a_step_held_for_the_send_window_goes_out_without_another_step(tmp_path: Path) -> None:
-    """Steps closer than HOLD_S share a send; the last one before the loop stops (a hang, a long
-    evaluation) is sent by the heartbeat thread after the window, not at the next heartbeat."""
+    """With a send window, steps closer than it share a send; the last one before the loop stops (a
+    hang, a long evaluation) is sent by the heartbeat thread after the window, not at the next
+    heartbeat."""
     path = str(tmp_path / "k.sock")
     lis = _Listener(path)
-    rep = reporter.Reporter(path, p.Hello(pid=os.getpid()), heartbeat_s=3600)
+    rep = reporter.Reporter(path, p.Hello(pid=os.getpid()), heartbeat_s=3600, send_window_s=reporter.HOLD_S)
     try:
         for i in range(1, 6):
             rep.step(i, loss=float(i))  # the first goes at once, the rest wait for the window
@@ -166,5 +167,24 @@ def test_a_step_held_for_the_send_window_goes_out_without_another_step(tmp_path:
         wait_for(lambda: any(isinstance(f, p.Step) and f.step == 6 for f in lis.frames), timeout=5)
         (six,) = [f for f in lis.frames if isinstance(f, p.Step) and f.step == 6]
         assert six.loss != six.loss
+    finally:
+        rep.close()
+
+
+def test_without_a_window_each_step_is_sent_at_once(tmp_path: Path) -> None:
+    """The default: a loop stopped (SIGSTOP, SIGKILL) right after a step has already sent it; no
+    step waits for the heartbeat thread (here an hour away)."""
+    path = str(tmp_path / "k.sock")
+    lis = _Listener(path)
+    rep = reporter.Reporter(path, p.Hello(pid=os.getpid()), heartbeat_s=3600, send_window_s=0)
+    try:
+        for i in range(1, 6):
+            rep.step(i, loss=float(i))
+            assert not rep._held  # nothing waits for a window
+        wait_for(
+            lambda: [f.step for f in lis.frames if isinstance(f, p.Step)] == [1, 2, 3, 4, 5] or None,
+            timeout=5,
+            what="every step, each sent at once",
+        )
     finally:
         rep.close()

@@ -7,9 +7,12 @@
 
 The reporter never blocks the training loop: frames go into a bounded queue that drops the oldest
 (and counts what it dropped), and a non-blocking send drains as much as the socket takes; what a
-partial send leaves is sent first next time, so frames are never torn. Steps closer together than
-`HOLD_S` go out together, in one send (a loop at thousands of steps a second pays one system call
-per window, not per step); the heartbeat thread sends what a stopped loop left waiting. A daemon thread sends a
+partial send leaves is sent first next time, so frames are never torn. Each step is sent at once by
+default, so a trainer killed or stopped right after a step has told the keeper that step; with a
+send window (`TRAINROOM_SEND_WINDOW_MS`, or `Reporter(send_window_s=...)`) steps closer together
+go out in one send (a loop at thousands of steps a second pays one system call per window, at the
+cost of the window's last steps when the process dies inside it); the heartbeat thread sends what a
+stopped loop left waiting. A daemon thread sends a
 heartbeat each second, carrying where the main thread is, so the keeper tells a stalled loop
 (moving, no steps) from a hung one (parked on one line, or no heartbeat at all). Uncaught exceptions
 send a Crash with the whole cause chain; SIGUSR1 dumps every thread's stack into the trainer log.
@@ -46,7 +49,19 @@ SNDBUF_BYTES = 1 << 20
 # A step within HOLD_S of the last send waits (at most HOLD_S, or until HOLD_FRAMES wait) and goes
 # out with the ones after it; a step after a quiet HOLD_S goes out at once. While the socket is full
 # (a keeper that stopped reading) a send is tried once a window, not at every step.
-HOLD_S = 0.01
+HOLD_S = 0.01  # the window a send window of "on" means (scripts/bench_reporter.py --window)
+
+
+def _window_from_env() -> float:
+    """The send window the environment asks for (TRAINROOM_SEND_WINDOW_MS), in seconds; 0 (every
+    step sent at once) when unset or not a number from 0 to 1000."""
+    try:
+        ms = float(os.environ.get("TRAINROOM_SEND_WINDOW_MS", "0"))
+    except ValueError:
+        return 0.0
+    return ms / 1000.0 if 0.0 <= ms <= 1000.0 else 0.0
+
+
 HOLD_FRAMES = 128
 # One send carries at most this many queued frames (what a keeper that vanishes mid-send loses).
 SEND_FRAMES = 256
@@ -61,8 +76,11 @@ _header = framing.HEADER.pack
 class Reporter:
     """Sends telemetry to the keeper at `sock_path`. Use `connect()` rather than this directly."""
 
-    def __init__(self, sock_path: str, hello: p.Hello, heartbeat_s: float = 1.0) -> None:
+    def __init__(
+        self, sock_path: str, hello: p.Hello, heartbeat_s: float = 1.0, send_window_s: float | None = None
+    ) -> None:
         self.sock_path = sock_path
+        self._window = _window_from_env() if send_window_s is None else max(0.0, float(send_window_s))
         self.rank = hello.rank
         self._hello = hello
         self._lock = threading.Lock()
@@ -79,6 +97,9 @@ class Reporter:
         self._frame_key: tuple[str, int] | None = None
         self._frame_since = time.monotonic()
         self._sent_t = 0.0  # time.time() of the last send (or try: a full socket counts)
+        # ... and of the last step sent at once: only steps open a window (a heartbeat, a phase or
+        # a note just before a step must not hold it: a loop stopped right after would lose it).
+        self._step_t = 0.0
         self._blocked = False  # the last try left frames: the socket is full (a keeper not reading)
         self._held = False  # steps wait for the window: the heartbeat thread was woken to send them
         self._wake = threading.Event()
@@ -152,11 +173,15 @@ class Reporter:
         queue.append(data)
         if self._sock is None:
             return  # queued for the next connection
-        if now - self._sent_t < HOLD_S and (len(queue) < HOLD_FRAMES or self._blocked):
+        window = self._window
+        if (now - self._step_t < window and len(queue) < HOLD_FRAMES) or (
+            self._blocked and now - self._sent_t < HOLD_S
+        ):
             if not self._held:
                 self._held = True
                 self._wake.set()
             return
+        self._step_t = now
         with self._lock:
             self._drain()
 
@@ -309,7 +334,7 @@ class Reporter:
         while self._running():
             wait = next_beat - time.monotonic()
             if wait > 0 and self._wake.wait(wait):
-                time.sleep(HOLD_S)  # the window held steps wait in: the loop may send them itself
+                time.sleep(self._window)  # the window held steps wait in: the loop may send them itself
                 self._wake.clear()
                 self._held = False
                 with self._lock:
