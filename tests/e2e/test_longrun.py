@@ -86,6 +86,7 @@ NOT_JOURNALED = {
     "step_age_s",
     "ended_s_ago",
     "vram",
+    "gpu",  # the driver's devices and the kernel log's source, from the live probe like vram
     "host",
     "disk",
     "latest_checkpoint",
