@@ -268,8 +268,13 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"run {runs[0].run_id}" in out.stdout and f"run {runs[1].run_id}" in out.stdout
         for rank in (0, 1):
-            wait_for(lambda: job.state(rank).attempt.ended_at is not None, END_S, 0.5, f"rank {rank} stopped")  # noqa: B023
-            assert job.state(rank).status == "stopped", job.state(rank).status_reason
+            # The attempt's end is journaled (and flushed) a moment before the state it leaves.
+            wait_for(
+                lambda: job.state(rank).attempt.ended_at is not None and job.state(rank).status == "stopped",  # noqa: B023
+                END_S,
+                0.5,
+                f"rank {rank} ended and said stopped",
+            )
         wait_for(job.ended, END_S, 0.5, f"job {job.id} ended once its tasks did")
     finally:
         slurm.run("scancel", job.id, check=False)
