@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.support.waiting import wait_for
+from tests.support.waiting import process_ended, wait_for
 from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.keeper.lingering import MARKER
@@ -37,6 +37,10 @@ def test_the_oldest_dead_lingerer_leaves_first_past_the_cap(trhome: Path, tmp_pa
         return not runs.resolve_run(i.run_id).alive
 
     wait_for(lambda: gone(first), timeout=START_S, what="the oldest dead lingerer to leave")
+    # Its socket goes first; its exit note is journaled before its process ends.
+    keeper = runs.read_record(Path(first.run_dir)).keeper_pid
+    assert keeper is not None
+    wait_for(lambda: process_ended(keeper), timeout=START_S, what="the oldest lingerer's process ended")
     said = [m for m in _notes(first) if "max_dead_lingerers = 2" in m]
     assert said and said[0].startswith("keeper exits: 3 dead runs' keepers linger"), _notes(first)
     assert not (Path(first.run_dir) / MARKER).exists()

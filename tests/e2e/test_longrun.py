@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from tests.support.helpers import run_cli
-from tests.support.waiting import wait_for
+from tests.support.waiting import process_ended, wait_for
 from trainroom.core import protocol as p
 from trainroom.core.journal import replay, segments, snapshot
 from trainroom.core.journal.file import read_journal
@@ -124,6 +124,8 @@ def test_status_from_the_journal_after_the_keeper_is_gone_equals_the_live_one(
     assert rec.keeper_pid is not None
     os.kill(rec.keeper_pid, signal.SIGTERM)  # a clean exit: the last snapshot is written
     wait_for(lambda: not runs.resolve_run(info.run_id).alive, timeout=60, what="keeper gone")
+    # Its socket goes first; the last snapshot is written before the process ends.
+    wait_for(lambda: process_ended(rec.keeper_pid), timeout=60, what="the keeper's process ended")
 
     out = run_cli("status", info.run_id, "--json")
     assert out.returncode == 0, out.stderr

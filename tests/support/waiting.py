@@ -23,6 +23,17 @@ def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0
     raise AssertionError(f"timed out after {timeout} s waiting for {what or pred}; last value {last!r}")
 
 
+def process_ended(pid: int) -> bool:
+    """The process has exited (a zombie not reaped yet counts as ended): a keeper's socket goes
+    before its last journal writes (the final snapshot, its exit note), its process after them."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def kill_runs_under(home: Path) -> None:
     from trainroom.core.run import store as runs
 
