@@ -39,7 +39,13 @@ def _raised(info: runs.RunInfo, code: str | None = None) -> list[Any]:
 
 def _finished(info: runs.RunInfo, timeout: float = RUN) -> dict[str, Any]:
     return wait_for(
-        lambda: (s := status(info))["state"] in ("exited", "dead") and s,
+        # The state and the attempt's exit are journaled a moment apart (under torchrun the
+        # workers' ends come first): both, or the exit code reads null.
+        lambda: (
+            (s := status(info))["state"] in ("exited", "dead")
+            and (s["exit"]["code"] is not None or s["exit"]["signal"] is not None)
+            and s
+        ),
         timeout=timeout,
         what="the trainer to finish",
     )
