@@ -115,9 +115,13 @@ def _full_replay(run_dir: Path) -> tuple[bytes, bytes]:
 def test_status_from_the_journal_after_the_keeper_is_gone_equals_the_live_one(
     trhome: Path, tmp_path: Path
 ) -> None:
-    steps = 4000
+    # Enough steps that the journal passes one 64 KiB segment whatever the pace: a fast, unloaded
+    # run packs its steps into fewer, better-compressed batches (4000 stayed under it at times).
+    steps = 10000
     info = _launch(tmp_path, steps)
-    wait_for(lambda: _live(info)[0]["state"] == "exited", timeout=240, what="both ranks through 4000 steps")
+    wait_for(
+        lambda: _live(info)[0]["state"] == "exited", timeout=240, what=f"both ranks through {steps} steps"
+    )
     live, live_series = _live(info)
     assert live["steps_total"] == 2 * steps and live["exit"]["code"] == 0
     rec = runs.read_record(Path(info.run_dir))
