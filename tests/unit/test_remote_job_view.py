@@ -169,3 +169,34 @@ def test_a_rank_whose_process_is_stopped_did_not_arrive_whatever_its_link_says()
     assert r1["state"] == "stopped"
     assert [m["rank"] for m in d["hang"]["not_arrived"]] == [1]
     assert "stopped" in d["hang"]["not_arrived"][0]["why"]
+
+
+def test_a_rank_that_raised_peer_lost_is_a_consequence_though_its_keeper_noticed_first() -> None:
+    # Each keeper stamps what it sees when it sees it: under load the killed rank's keeper can
+    # notice its death after the survivor's has already journaled the survivor's gloo error.
+    n0, n1 = node(0, 0, pid=10), node(1, 1, pid=11)
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242"
+    n0.apply(
+        p.Received(
+            attempt=1,
+            rank=0,
+            t=T0 + 9.9,
+            msg=p.Crash(t=T0 + 9.9, chain=[p.ErrorLink(type="RuntimeError", message=gloo)]),
+        )
+    )
+    n0.apply(p.TrainerDisconnected(attempt=1, rank=0, t=T0 + 9.95))
+    n1.apply(p.TrainerDisconnected(attempt=1, rank=1, t=T0 + 10.0))
+    n1.apply(p.AttemptEnded(n=1, t=T0 + 10.0, exit_signal=9))
+    n0.apply(p.AttemptEnded(n=1, t=T0 + 10.5, exit_code=1))
+    for st in (n0, n1):
+        st.apply(p.RunStatus(t=T0 + 10.6, state="dead"))
+    rc = job_dict("j", [reading(n0, "local", "h0"), reading(n1, "ssh://h1/run1", "h1")], T0 + 11)[
+        "root_cause"
+    ]
+    assert (rc["rank"], rc["host"], rc["signal_name"]) == (1, "h1", "SIGKILL"), rc
+    # Without the survivor's error, the earliest observation stands.
+    n0.attempt.crash = None  # type: ignore[union-attr]
+    rc = job_dict("j", [reading(n0, "local", "h0"), reading(n1, "ssh://h1/run1", "h1")], T0 + 11)[
+        "root_cause"
+    ]
+    assert rc["rank"] == 0

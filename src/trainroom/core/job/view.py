@@ -14,11 +14,13 @@ with whether its link is up; nothing here touches a socket or a clock.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainroom.core import protocol as p
 from trainroom.core.remote.link import Reachability
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.state import RankView, RunState
@@ -203,10 +205,12 @@ def _node(n: NodeReading, st: str, s: dict[str, Any] | None, now: float) -> dict
 
 def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | None:
     """The first observed failure across the failed nodes, by time (hosts' clocks: a skew between
-    machines larger than the gap between two deaths can misorder them; NTP keeps it to ms). A rank
+    machines larger than the gap between two deaths can misorder them; NTP keeps it to ms), a node
+    whose trainer raised that its peer went away coming after every other. A rank
     is named only where something says which it is: its process (the workers' environment), its
     reporter, or a node whose trainer held that one rank."""
     found: list[dict[str, Any]] = []
+    consequences: set[int] = set()
     for n, st in zip(nodes, states, strict=True):
         if st not in FAILED or n.state is None:
             continue
@@ -214,6 +218,11 @@ def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | 
         if a is None:
             continue
         workers = [w for w in n.state.workers.values() if w.attempt == a.n]
+        held = {w.rank for w in workers} | {r.rank for r in n.state.ranks.values() if r.attempt == a.n}
+        # A node whose one trainer raised "connection closed by peer" failed because another did:
+        # a consequence, whichever keeper happened to notice first.
+        after_peer = len(held) <= 1 and peer_lost(a.crash)
+        start = len(found)
         found += [
             _cause(n, w.rank, w.ended_at, w.exit_signal, w.exit_code, "its process ended", w.pid)
             for w in workers
@@ -225,14 +234,15 @@ def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | 
             if r.attempt == a.n and r.disconnected_at is not None
         ]
         if a.ended_at is not None:
-            held = {w.rank for w in workers} | {r.rank for r in n.state.ranks.values() if r.attempt == a.n}
             only = sorted(held) if len(held) == 1 else [None]
             found.append(
                 _cause(n, only[0], a.ended_at, a.exit_signal, a.exit_code, "its trainer ended", a.pid)
             )
+        if after_peer:
+            consequences.update(id(c) for c in found[start:])
     if not found:
         return None
-    first = min(found, key=lambda c: c["t"])
+    first = min(found, key=lambda c: (id(c) in consequences, c["t"]))
     if first["signal"] is None and first["exit_code"] is None and first["rank"] is not None:
         # How that rank ended, from its process (else its node's trainer, where it was that one).
         same = [
@@ -256,6 +266,20 @@ def root_cause(nodes: list[NodeReading], states: list[str]) -> dict[str, Any] | 
                 first["pid"],
             )["message"]
     return first
+
+
+# What a collective backend raises in the ranks a dead peer leaves behind (gloo's TCP pair, NCCL's
+# remote-error and watchdog messages).
+_PEER_LOST = re.compile(
+    r"connection (?:closed|reset) by peer|remote process exited|ncclRemoteError|"
+    r"socket closed|broken pipe|peer (?:closed|disconnected)",
+    re.IGNORECASE,
+)
+
+
+def peer_lost(crash: p.Crash | None) -> bool:
+    """The trainer's exception says a peer of its collective went away first."""
+    return crash is not None and any(_PEER_LOST.search(link.message[:4096]) for link in crash.chain)
 
 
 def _node_of(nodes: list[NodeReading], target: str) -> NodeReading:
