@@ -230,3 +230,16 @@ def test_status_says_the_budget_and_the_disk_apart() -> None:
     budget = {"used_fraction": 0.928, "budget_bytes": 160 << 20, "filesystem_used_fraction": 0.26}
     assert _disk(budget) == "budget 93% used (of 160 MiB)  disk 26% used"
     assert _disk({"used_fraction": 0.26, "budget_bytes": None}) == "disk 26% used"
+
+
+def test_files_saved_together_are_one_checkpoint_never_a_cadence_of_milliseconds() -> None:
+    # A resumed run's keeper keeps copies of three old checkpoints within 40 ms, then the trainer
+    # saves two 4-rank shards every 10 min: the cadence is 10 min and a checkpoint all 4 shards.
+    saves = [(100.0, GB), (100.02, GB), (100.04, GB)]
+    saves += [(700.0 + 600 * i + 0.01 * r, GB) for i in range(2) for r in range(4)]
+    u = usage(1000 * GB, 100 * GB)
+    proj = dg.project(u, saves, 1400.0)
+    assert (
+        proj is not None and proj.cadence_s == pytest.approx(600, abs=1) and proj.checkpoint_bytes == 4 * GB
+    )
+    assert "every 10m00s" in dg.disk_full_soon(u, saves, 1400.0).message  # 24 more fit: 4 h away
