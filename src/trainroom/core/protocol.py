@@ -11,7 +11,7 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
@@ -29,11 +29,21 @@ from trainroom.core.framing import ProtocolError as ProtocolError
 from trainroom.core.framing import encode as encode
 from trainroom.core.framing import frame as frame
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VitalsSample, VramFloor
-from trainroom.core.vocab import CkptFormat, CkptState, StateName
+from trainroom.core.vocab import (
+    ActionName,
+    AlertKind,
+    CkptFormat,
+    CkptState,
+    FindingCode,
+    NotifyOutcome,
+    PhaseName,
+    ReplyStage,
+    StateName,
+    StepSource,
+    WorkerEndSource,
+)
 
 PROTOCOL_VERSION = 1
-
-PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
 
 # Every number a trainer sends is checked where it arrives: steps and counts are never negative,
 # times and bounds are finite. A field that breaks its bound is refused alone (`salvage`): the rest
@@ -96,7 +106,7 @@ class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     alloc_allocated: Count | None = None
     alloc_reserved: Count | None = None
     alloc_peak: Count | None = None
-    source: Literal["reporter", "log"] = "reporter"
+    source: StepSource = "reporter"
     # The batch this step trained on (the keeper keeps a window of them in memory, and journals
     # the window when a loss spike, a divergence or a non-finite value opens: see BatchLog).
     batch: BatchRef | None = None
@@ -130,7 +140,7 @@ class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):
     t: Time
     chain: Annotated[list[ErrorLink], msgspec.Meta(max_length=64)]  # outermost first; the innermost last
     traceback: LongText = ""
-    source: Literal["reporter", "log"] = "reporter"
+    source: StepSource = "reporter"
 
 
 class Note(msgspec.Struct, tag="note", kw_only=True, omit_defaults=True):
@@ -214,7 +224,7 @@ class AttemptStopping(msgspec.Struct, tag="attempt-stopping", kw_only=True, omit
     t: float
     by: str  # who asked: the client ("tui pid 123", "cli pid 456")
     until: float  # the kill's deadline: grace + the confirmation's time, with a margin
-    action: str = "kill"
+    action: ActionName = "kill"
 
 
 class WorkerSeen(msgspec.Struct, tag="worker-seen", kw_only=True, omit_defaults=True):
@@ -231,9 +241,6 @@ class WorkerSeen(msgspec.Struct, tag="worker-seen", kw_only=True, omit_defaults=
     pgid: int = 0
     sid: int = 0
     restarts_left: int | None = None  # torch elastic's: 0 means a failed worker ends the attempt
-
-
-WorkerEndSource = Literal["wait-status", "launcher", "gone"]
 
 
 class WorkerEnded(msgspec.Struct, tag="worker-ended", kw_only=True, omit_defaults=True):
@@ -418,9 +425,6 @@ class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=
     kind: str = "info"
 
 
-NotifyOutcome = Literal["delivered", "retrying", "failed", "held", "dropped", "unavailable"]
-
-
 class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=True):
     """One try to tell someone (core/notify): an alert, its resolved follow-up or a test, through
     one channel. `channel` is redacted (`webhook https://hooks.slack.com/…#1a2b`): a target's
@@ -431,7 +435,7 @@ class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=Tru
     t: float
     channel: str
     outcome: NotifyOutcome
-    kind: Literal["alert", "resolved", "test", "digest"] = "alert"
+    kind: AlertKind = "alert"
     alert: str = ""  # the alert's identity: a finding's ident, or a state's name in capitals
     severity: str = ""
     try_n: int = 0  # 1-based; 0: no try was made (held, dropped, unavailable)
@@ -475,7 +479,7 @@ class BatchLog(msgspec.Struct, tag="batches", kw_only=True, omit_defaults=True):
     DIVERGENCE, NONFINITE), journaled once when it opens: what `trainroom replay` replays."""
 
     t: float
-    code: str
+    code: FindingCode
     ident: str
     attempt: int
     rank: int = 0
@@ -529,7 +533,7 @@ class Reply(msgspec.Struct, tag="reply", kw_only=True, omit_defaults=True):
 
     id: int
     action: str
-    stage: Literal["plan", "progress", "done"]
+    stage: ReplyStage
     ok: bool = True
     message: str = ""
     plan: dict[str, Any] = {}

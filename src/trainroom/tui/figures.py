@@ -22,7 +22,7 @@ from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.figures import driver_view, ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import PANEL_CODES, FindingCode, Level
+from trainroom.core.vocab import PANEL_CODES, CkptState, FindingCode, Level
 
 from . import fmt
 from .lossplot import Mark, plot_points
@@ -479,7 +479,7 @@ def host_view(state: RunState) -> HostView:
 @dataclass(frozen=True)
 class CheckpointRow:
     step: int | None
-    state: str  # candidate | verifying | verified | held | rejected | pruned
+    state: CkptState
     size_bytes: int | None
     reason: str | None
     latest: bool  # the newest verified: what a resume would use

@@ -29,6 +29,7 @@ from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import DiskSample
 from trainroom.core.settings import RunSettings
+from trainroom.core.vocab import ActionName
 
 Reply = Callable[[p.Reply], None]
 Say = Callable[[str], None]
@@ -38,7 +39,7 @@ Say = Callable[[str], None]
 class ActionSpec:
     """An action as every client names it: its name on the wire, its key, what it does."""
 
-    name: str  # the protocol's `Request.action`, and what a finding's `action` names
+    name: ActionName  # the protocol's `Request.action`, and what a finding's `action` names
     # The control room's default key, in Textual's names (`trainroom.toml` [keys] remaps it).
     # What changes the world takes a capital or a ctrl chord (k9s kills with ctrl+k), never a
     # letter a vim, k9s or lazygit user presses to move: j/k/g/G scroll, / searches.

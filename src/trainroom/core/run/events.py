@@ -8,7 +8,7 @@ an open finding's figures are not events.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -16,17 +16,8 @@ from trainroom.core import protocol as p
 from trainroom.core import units
 from trainroom.core.run.ended import how_ended
 from trainroom.core.units import signal_name
+from trainroom.core.vocab import EventKind
 
-EventKind = Literal[
-    "finding",
-    "finding-cleared",
-    "state",
-    "action",
-    "attempt-started",
-    "attempt-ended",
-    "alert",
-    "keeper-started",
-]
 # The records that can make an event (what `trainroom events --follow` must not count twice).
 EVENT_RECORDS = (
     p.FindingRaised,
