@@ -38,6 +38,7 @@ from trainroom.core.vocab import (
     NotifyOutcome,
     PhaseName,
     ReplyStage,
+    Severity,
     StateName,
     StepSource,
     WorkerEndSource,
@@ -437,7 +438,7 @@ class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=Tru
     outcome: NotifyOutcome
     kind: AlertKind = "alert"
     alert: str = ""  # the alert's identity: a finding's ident, or a state's name in capitals
-    severity: str = ""
+    severity: Severity | None = None  # None: no alert was made (a channel unavailable)
     try_n: int = 0  # 1-based; 0: no try was made (held, dropped, unavailable)
     detail: str = ""  # HTTP 500, timed out after 5 s, exit 3, ... (redacted too)
     latency_s: float | None = None  # from the alert to this outcome
