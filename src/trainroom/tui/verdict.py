@@ -57,11 +57,6 @@ def worse(a: Level, b: Level) -> Level:
     return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
 
 
-def live_attempt(state: RunState) -> bool:
-    a = state.attempt
-    return a is not None and a.alive
-
-
 # --------------------------------------------------------------------------- can it act?
 
 
