@@ -73,7 +73,9 @@ def test_a_dead_trainer_offers_no_resume_without_a_verified_checkpoint_and_no_ki
     assert why is not None and "no verified checkpoint" in why and "trainroom launch" in why
     # A kill of a trainer that is gone is a check the keeper carries out, not a fix to offer.
     assert kill.refusal(st, {}) is None
-    assert kill.refusal(st, {}, offer=True) == "the trainer is not running (attempt 1 ended: killed by SIGKILL)"
+    assert (
+        kill.refusal(st, {}, offer=True) == "the trainer is not running (attempt 1 ended: killed by SIGKILL)"
+    )
     b.verified(10)
     assert resume.refusal(st, {}, offer=True) is None
 
