@@ -173,6 +173,8 @@ class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
     """An action request. `confirm=False` asks for the plan (the exact target) only."""
 
     id: int
+    # A word a client sends: `vocab.ActionName`, `cancel`, `notify-test`, or one this keeper does
+    # not know (a newer client's), which it answers in words rather than failing to decode.
     action: Name
     args: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
     confirm: bool = False
@@ -334,7 +336,7 @@ class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=Tr
 class ActionRecord(msgspec.Struct, tag="action", kw_only=True, omit_defaults=True):
     """An action that was carried out (or refused), with its evidence: journaled."""
 
-    action: str
+    action: str  # the request's word, as it came (see Request.action)
     t: float
     ok: bool
     message: str
@@ -533,7 +535,7 @@ class Reply(msgspec.Struct, tag="reply", kw_only=True, omit_defaults=True):
     """The answer to a Request: a plan, progress lines, then done (ok or not) with evidence."""
 
     id: int
-    action: str
+    action: str  # the request's word, as it came (see Request.action)
     stage: ReplyStage
     ok: bool = True
     message: str = ""
