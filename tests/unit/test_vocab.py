@@ -226,3 +226,43 @@ def test_the_vocabulary_check_sees_an_inline_or_a_repeated_set() -> None:
 
 
 VOCAB_TEXT = (SRC / "core" / "vocab.py").read_text()
+
+
+def test_records_an_older_keeper_wrote_decode_with_the_typed_words() -> None:
+    """Every word the fields typed here were ever written with (the action names, a note's
+    kinds, an alert's kinds, outcomes and severities, a worker's end) still decodes, from the
+    raw msgpack an older keeper wrote; words that stay open (a request's action) keep any word."""
+    older = [
+        {"type": "finding", "finding": {"code": "HUNG", "severity": "critical", "message": "m", "action": a}}
+        for a in ("kill", "reclaim", "prune", "resume", "dump", "continue", "verify", "bench")
+    ]
+    older += [
+        {"type": "attempt-stopping", "n": 1, "t": 1.0, "by": "cli pid 4", "until": 9.0, "action": "kill"},
+        {
+            "type": "notify",
+            "t": 1.0,
+            "channel": "c",
+            "outcome": "held",
+            "kind": "digest",
+            "severity": "warning",
+        },
+        {"type": "notify", "t": 1.0, "channel": "c", "outcome": "unavailable"},  # no severity
+        {"type": "batches", "t": 1.0, "code": "LOSS_SPIKE", "ident": "LOSS_SPIKE", "attempt": 1},
+        {"type": "keeper-note", "t": 1.0, "message": "m", "kind": "internal-error"},
+        {"type": "action", "action": "notify-test", "t": 1.0, "ok": True, "message": "m"},
+        {"type": "worker-ended", "attempt": 1, "t": 1.0, "pid": 5, "rank": 0, "source": "launcher"},
+    ]
+    decoded = [p.record_decoder.decode(msgspec.msgpack.encode(raw)) for raw in older]
+    assert [type(r).__name__ for r in decoded[-7:]] == [
+        "AttemptStopping",
+        "NotifyResult",
+        "NotifyResult",
+        "BatchLog",
+        "KeeperNote",
+        "ActionRecord",
+        "WorkerEnded",
+    ]
+    assert [r.finding.action for r in decoded[:8]] == list(vocab.ACTION_NAMES)  # type: ignore[union-attr]
+    assert cast(p.NotifyResult, decoded[10]).severity is None
+    reply = {"type": "reply", "id": 1, "action": "cancel", "stage": "done", "ok": False}
+    assert cast(p.Reply, p.keeper_decoder.decode(msgspec.msgpack.encode(reply))).action == "cancel"
