@@ -232,7 +232,7 @@ def test_records_an_older_keeper_wrote_decode_with_the_typed_words() -> None:
     """Every word the fields typed here were ever written with (the action names, a note's
     kinds, an alert's kinds, outcomes and severities, a worker's end) still decodes, from the
     raw msgpack an older keeper wrote; words that stay open (a request's action) keep any word."""
-    older = [
+    older: list[dict[str, Any]] = [
         {"type": "finding", "finding": {"code": "HUNG", "severity": "critical", "message": "m", "action": a}}
         for a in ("kill", "reclaim", "prune", "resume", "dump", "continue", "verify", "bench")
     ]
@@ -262,7 +262,7 @@ def test_records_an_older_keeper_wrote_decode_with_the_typed_words() -> None:
         "ActionRecord",
         "WorkerEnded",
     ]
-    assert [r.finding.action for r in decoded[:8]] == list(vocab.ACTION_NAMES)  # type: ignore[union-attr]
+    assert [cast(p.FindingRaised, r).finding.action for r in decoded[:8]] == list(vocab.ACTION_NAMES)
     assert cast(p.NotifyResult, decoded[10]).severity is None
     reply = {"type": "reply", "id": 1, "action": "cancel", "stage": "done", "ok": False}
     assert cast(p.Reply, p.keeper_decoder.decode(msgspec.msgpack.encode(reply))).action == "cancel"
