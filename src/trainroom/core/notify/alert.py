@@ -59,7 +59,7 @@ class Alert(msgspec.Struct, kw_only=True, omit_defaults=True):
 STATE_FINDINGS = ALERTED_AS_STATE
 
 
-def state_ident(state: str) -> str:
+def state_ident(state: StateName) -> str:
     return state.upper()
 
 
