@@ -163,8 +163,8 @@ async def test_resume_after_a_death(tmp_path) -> None:
         await pilot.press("ctrl+k", "d")
         await pilot.pause()
         assert said == [
-            "kill: not now, the trainer is not running (attempt 1 was killed by SIGKILL)",
-            "dump: not now, the trainer is not running (attempt 1 was killed by SIGKILL)",
+            "kill: not now, the trainer is not running (attempt 1 ended: killed by SIGKILL)",
+            "dump: not now, the trainer is not running (attempt 1 ended: killed by SIGKILL)",
         ]
         text = await confirm_screen(app, pilot, "R")
         assert "Resume the run as a new attempt?" in text

@@ -50,7 +50,7 @@ def _run_figures(d: dict[str, Any]) -> list[str]:
         " DEAD ",
         f"step {d['step']}",  # header
         f"pid {d['pid']}  pgid {d['pgid']}",
-        "killed by SIGKILL (9)",  # trainer
+        "killed by SIGKILL",  # trainer
         f"median {fmt.loss(d['loss'])}",
         f"ln V {math.log(vocab):.2f} (V={vocab})",  # loss
         f"requested {fmt.lr(d['lr']['requested'])}",

@@ -15,6 +15,7 @@ from rich.console import Console
 from tests.support.tui_fakes import T0, FakeLink, GiB, MiB, build_state, dead_run_records, healthy_records, rx
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.run.ended import live_attempt
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import to_snapshot
 from trainroom.core.run.view import RunView
@@ -36,7 +37,7 @@ def test_dead_run_views_carry_the_figures() -> None:
     # DEAD is the state itself: the header names the next finding.
     assert header.worst_code == "HOST_RAM_LOW" and header.worst_level == "warn" and header.more == 0
     trainer = figures.trainer_view(st, now)
-    assert trainer.exit_text == "killed by SIGKILL (9)" and trainer.exit_level == "crit"
+    assert trainer.exit_text == "killed by SIGKILL" and trainer.exit_level == "crit"
     assert figures.cadence_view(st, now).stopped
     rows = verdict.findings_view(st, lambda a: a.upper(), verdict.Situation(connected=True))
     # Most severe first, but the host short of RAM stands in the way of the resume (its load
@@ -49,7 +50,7 @@ def test_dead_run_views_carry_the_figures() -> None:
     assert disk.used_fraction == pytest.approx(0.94)
     host = figures.host_view(st)
     assert host.level == "warn" and host.page_cache == 6 * GiB
-    assert not verdict.live_attempt(st)
+    assert not live_attempt(st)
 
 
 def test_vram_ratio_is_driver_over_allocator_reserved() -> None:
@@ -267,7 +268,6 @@ def test_chart_of_a_flat_line_and_of_nothing() -> None:
 def test_fmt_figures() -> None:
     assert fmt.nbytes(12 * GiB) == "12.0 GiB" and fmt.nbytes(400 * MiB) == "400 MiB"
     assert fmt.duration(187) == "3m07s" and fmt.duration(4.25) == "4.2 s"
-    assert fmt.signal_name(9) == "SIGKILL"
     assert fmt.bar(0.5, 4) == "██░░" and fmt.bar(None, 3) == "░░░"
     assert fmt.lr(5e-7) == "5.00e-07" and fmt.loss(float("nan")) == "nan"
 

@@ -243,7 +243,7 @@ async def test_a_key_that_cannot_act_says_why(tmp_path, key: str, action: str) -
         app.notify = lambda message, **kw: said.append(str(message))  # type: ignore[method-assign]
         await pilot.press(key)
         await pilot.pause()
-    assert said == [f"{action}: not now, the trainer is not running (attempt 1 was killed by SIGKILL)"]
+    assert said == [f"{action}: not now, the trainer is not running (attempt 1 ended: killed by SIGKILL)"]
     assert link.requests == []
 
 

@@ -92,7 +92,7 @@ async def test_main_screen_160x48_shows_every_panel(tmp_path) -> None:
         "step 322",  # header
         "pid 4242",
         "pgid 4242",
-        "killed by SIGKILL (9)",
+        "killed by SIGKILL",
         "ran 3m32s",  # trainer
         "11.0 GiB",
         "6.0 GiB",
@@ -144,7 +144,7 @@ async def test_main_screen_80x24_keeps_what_matters(tmp_path) -> None:
         " DEAD ",
         "step 322",
         "pid 4242  pgid 4242",
-        "killed by SIGKILL (9)",
+        "killed by SIGKILL",
         "ratio —",  # the attempt ended: no allocator figure
         "CRIT DEAD [R] resume",
         "HOST_RAM_LOW [C] reclaim",

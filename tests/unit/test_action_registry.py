@@ -73,7 +73,9 @@ def test_a_dead_trainer_offers_no_resume_without_a_verified_checkpoint_and_no_ki
     assert why is not None and "no verified checkpoint" in why and "trainroom launch" in why
     # A kill of a trainer that is gone is a check the keeper carries out, not a fix to offer.
     assert kill.refusal(st, {}) is None
-    assert kill.refusal(st, {}, offer=True) == "the trainer is not running (attempt 1 was killed by SIGKILL)"
+    assert (
+        kill.refusal(st, {}, offer=True) == "the trainer is not running (attempt 1 ended: killed by SIGKILL)"
+    )
     b.verified(10)
     assert resume.refusal(st, {}, offer=True) is None
 
@@ -143,7 +145,7 @@ def test_the_keeper_refuses_in_the_words_the_control_room_shows() -> None:
     for action in ("dump", "continue"):
         done = asyncio.run(ask(action))
         why = verdict.refusal(b.run, action, where)
-        assert why == "the trainer is not running (attempt 1 was killed by SIGKILL)"
+        assert why == "the trainer is not running (attempt 1 ended: killed by SIGKILL)"
         assert done.stage == "done" and not done.ok and done.message == f"{action} refused: {why}"
 
 

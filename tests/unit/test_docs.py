@@ -57,6 +57,29 @@ def test_the_findings_table_would_see_a_changed_catalogue() -> None:
     assert stale != doc and ft.block(stale) != ft.current()
 
 
+def test_the_finding_codes_are_the_catalogue_s_keys() -> None:
+    """A code is entered once (its catalogue line): the `FindingCode` Literal mypy checks codes
+    against is written from the catalogue's keys, and a stale one is seen."""
+    ft = _findings_table()
+    vocab = (ROOT / "src" / "trainroom" / "core" / "vocab.py").read_text()
+    held = ft.block(vocab, ft.CODES_BEGIN, ft.CODES_END)
+    assert held == ft.codes(), (
+        "vocab.py's FindingCode is stale: run `python scripts/findings_table.py --write`"
+    )
+    assert held.count('",\n') == len(ft.CATALOGUE) > 30
+    stale = vocab.replace('    "DEAD",\n', "", 1)
+    assert stale != vocab and ft.block(stale, ft.CODES_BEGIN, ft.CODES_END) != ft.codes()
+
+
+def test_write_rewrites_the_codes_from_the_catalogue(tmp_path: Path) -> None:
+    ft = _findings_table()
+    copy = tmp_path / "vocab.py"
+    vocab = (ROOT / "src" / "trainroom" / "core" / "vocab.py").read_text()
+    copy.write_text(vocab.replace('    "HUNG",\n', '    "HUNG",\n    "NOT_IN_THE_CATALOGUE",\n', 1))
+    assert ft.write(copy, ft.CODES_BEGIN, ft.CODES_END, ft.codes())
+    assert copy.read_text() == vocab
+
+
 # ---------------------------------------------------------------------------- the layer map
 
 

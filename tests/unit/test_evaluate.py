@@ -89,7 +89,7 @@ def test_an_evaluation_that_fails_or_prints_nan_holds_the_candidate(tmp_path: Pa
         best=None,
     )
     assert not failed.passed and failed.exit_code == 3
-    assert failed.why == "its evaluation exited with code 3: CUDA error: out of memory"
+    assert failed.why == "its evaluation failed (exit code 3): CUDA error: out of memory"
     nan = evaluate(_policy("print('eval_loss=nan')"), "c", step=1, run_id="r", cwd=str(tmp_path), best=None)
     assert not nan.passed and nan.figure is None and nan.why == "its evaluation gave nan"
     gone = evaluate(

@@ -11,7 +11,7 @@ from trainroom.core import config as cfg
 from trainroom.core import sections
 from trainroom.core.remote import ssh
 from trainroom.core.remote.link import Backoff, Reachability
-from trainroom.core.remote.target import SshTarget, TargetError, check_host, parse_target
+from trainroom.core.remote.target import SshTarget, TargetError, parse_target
 from trainroom.core.settings import job_options
 
 
@@ -59,7 +59,6 @@ def test_a_hosts_alias_brings_its_user_port_and_remote_command_and_the_target_wi
     )
     assert str(t) == "ssh://me@node1:2222/abc" and parse_target(str(t), hosts) == t
     assert parse_target("ssh://you@node1:22", hosts).user == "you"
-    assert check_host("x", sections.Host(target="ssh://h/run")) is not None
 
 
 def test_config_hosts_are_checked_naming_the_key() -> None:

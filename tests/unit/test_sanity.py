@@ -107,9 +107,6 @@ def test_two_healthy_ranks_raise_nothing() -> None:
         if s % 5 == 0:
             seen |= {f.code for f in tr.findings(s * 0.05)}
     assert not seen & SANITY, seen
-    table = tr.rank_table()
-    assert [r.rank for r in table] == [0, 1]
-    assert all(r.step == 1999 and r.step_time_s is not None and r.tokens_per_s for r in table)
 
 
 # ---------------------------------------------------------------------------- LR_MISMATCH

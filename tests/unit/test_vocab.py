@@ -5,6 +5,7 @@ counted by the reader, never a crash."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any, cast, get_args
@@ -163,3 +164,105 @@ def test_a_snapshot_with_an_unknown_word_raises_the_error_remote_readers_catch()
     snap.state["findings"]["SLOW"]["code"] = "QUANTUM_FLUX"
     with pytest.raises(msgspec.ValidationError):
         RunView.from_snapshot(snap)
+
+
+def test_action_names_are_the_registry_s() -> None:
+    """`vocab.ActionName` (what mypy checks a finding's or an alert's action against) names every
+    action the registry serves, in its order, and nothing else."""
+    from trainroom.core.actions import registry
+
+    assert vocab.ACTION_NAMES == registry.NAMES
+    assert all(spec.name in vocab.ACTION_NAMES for spec in registry.SPECS)
+
+
+def _literal_faults(text: str, where: str, seen: dict[frozenset[object], str]) -> list[str]:
+    """Outside vocab.py a `Literal[...]` is only the value of a module-level alias (`Name =
+    Literal[...]`), never written inline on a field or a parameter; and no two aliases anywhere
+    hold the same words (`seen`: each set of words and where it was first named)."""
+    faults = []
+    tree = ast.parse(text)
+    aliases: dict[int, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            aliases[id(node.value)] = node.targets[0].id
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "Literal"
+        ):
+            continue
+        name = aliases.get(id(node))
+        if name is None:
+            if not where.endswith("core/vocab.py"):
+                faults.append(f"{where}:{node.lineno}: an inline Literal: name it (in core/vocab.py)")
+            continue
+        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        words = frozenset(e.value for e in elts if isinstance(e, ast.Constant))
+        if words and len(words) == len(elts):
+            if words in seen:
+                faults.append(f"{where}:{node.lineno}: {name} repeats {seen[words]}")
+            seen.setdefault(words, f"{where}:{name}")
+    return faults
+
+
+def test_each_vocabulary_is_named_once() -> None:
+    seen: dict[frozenset[object], str] = {}
+    faults = []
+    files = sorted(SRC.rglob("*.py"), key=lambda f: f.name != "vocab.py")  # vocab's names first
+    for f in files:
+        faults += _literal_faults(f.read_text(), str(f.relative_to(SRC)), seen)
+    assert len(seen) > 30  # the scan found the vocabularies, or this would prove nothing
+    assert faults == []
+
+
+def test_the_vocabulary_check_sees_an_inline_or_a_repeated_set() -> None:
+    seen: dict[frozenset[object], str] = {}
+    planted = 'Mine = Literal["alive", "busy", "gone"]\n\nclass C:\n    via: Literal["a", "b"] | None\n'
+    assert _literal_faults(VOCAB_TEXT, "core/vocab.py", seen) == []
+    faults = _literal_faults(planted, "core/x.py", seen)
+    assert len(faults) == 2, faults
+    assert "Mine repeats core/vocab.py:KeeperWord" in faults[0] and "inline Literal" in faults[1]
+
+
+VOCAB_TEXT = (SRC / "core" / "vocab.py").read_text()
+
+
+def test_records_an_older_keeper_wrote_decode_with_the_typed_words() -> None:
+    """Every word the fields typed here were ever written with (the action names, a note's
+    kinds, an alert's kinds, outcomes and severities, a worker's end) still decodes, from the
+    raw msgpack an older keeper wrote; words that stay open (a request's action) keep any word."""
+    older: list[dict[str, Any]] = [
+        {"type": "finding", "finding": {"code": "HUNG", "severity": "critical", "message": "m", "action": a}}
+        for a in ("kill", "reclaim", "prune", "resume", "dump", "continue", "verify", "bench")
+    ]
+    older += [
+        {"type": "attempt-stopping", "n": 1, "t": 1.0, "by": "cli pid 4", "until": 9.0, "action": "kill"},
+        {
+            "type": "notify",
+            "t": 1.0,
+            "channel": "c",
+            "outcome": "held",
+            "kind": "digest",
+            "severity": "warning",
+        },
+        {"type": "notify", "t": 1.0, "channel": "c", "outcome": "unavailable"},  # no severity
+        {"type": "batches", "t": 1.0, "code": "LOSS_SPIKE", "ident": "LOSS_SPIKE", "attempt": 1},
+        {"type": "keeper-note", "t": 1.0, "message": "m", "kind": "internal-error"},
+        {"type": "action", "action": "notify-test", "t": 1.0, "ok": True, "message": "m"},
+        {"type": "worker-ended", "attempt": 1, "t": 1.0, "pid": 5, "rank": 0, "source": "launcher"},
+    ]
+    decoded = [p.record_decoder.decode(msgspec.msgpack.encode(raw)) for raw in older]
+    assert [type(r).__name__ for r in decoded[-7:]] == [
+        "AttemptStopping",
+        "NotifyResult",
+        "NotifyResult",
+        "BatchLog",
+        "KeeperNote",
+        "ActionRecord",
+        "WorkerEnded",
+    ]
+    assert [cast(p.FindingRaised, r).finding.action for r in decoded[:8]] == list(vocab.ACTION_NAMES)
+    assert cast(p.NotifyResult, decoded[10]).severity is None
+    reply = {"type": "reply", "id": 1, "action": "cancel", "stage": "done", "ok": False}
+    assert cast(p.Reply, p.keeper_decoder.decode(msgspec.msgpack.encode(reply))).action == "cancel"

@@ -1,5 +1,5 @@
 """mypy (the repository's strict configuration) rejects a misspelt run state, finding code,
-checkpoint state or checkpoint kind wherever one is written, and accepts the right spelling."""
+checkpoint state, action name or checkpoint kind wherever one is written, and accepts the right spelling."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def check(run: RunState) -> bool:
     p.RunStatus(t=0.0, state="{state}")
     Finding(code="{code}", severity="warning", message="")
     p.CheckpointState(path="x", step=None, state="{ckpt}", t=0.0)
+    Finding(code="DEAD", severity="critical", message="", action="{action}")
     a = targets.kind_of(Path(".")) == "{kind}"
     b = run.status == "{status}"
     return a and b
@@ -32,6 +33,7 @@ RIGHT = {
     "state": "running",
     "code": "LOSS_SPIKE",
     "ckpt": "verified",
+    "action": "resume",
     "kind": "hf-checkpoint",
     "status": "stopped",
 }
@@ -39,10 +41,11 @@ WRONG = {
     "state": "runing",
     "code": "LOSS_SPIK",
     "ckpt": "verifyed",
+    "action": "resme",
     "kind": "hf-checkpont",
     "status": "stoped",
 }
-LINE = {"state": 10, "code": 11, "ckpt": 12, "kind": 13, "status": 14}
+LINE = {"state": 10, "code": 11, "ckpt": 12, "action": 13, "kind": 14, "status": 15}
 
 
 def _mypy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, words: dict[str, str]) -> list[tuple[int, str]]:

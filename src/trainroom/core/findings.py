@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core.vocab import SEVERITY_RANK as SEVERITY_RANK
-from trainroom.core.vocab import FindingCode
+from trainroom.core.vocab import ActionName, FindingCode
 from trainroom.core.vocab import Severity as Severity
 
 
@@ -38,7 +38,7 @@ class Finding(msgspec.Struct, kw_only=True, omit_defaults=True):
     code: FindingCode
     severity: Severity
     message: str
-    action: str | None = None
+    action: ActionName | None = None
     # What `action` acts on when it is not the run's trainer (a kill of a duplicate, a lock
     # holder, leftovers of earlier attempts). None: the action's usual target.
     target: Target | None = None

@@ -11,7 +11,7 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
@@ -29,11 +29,22 @@ from trainroom.core.framing import ProtocolError as ProtocolError
 from trainroom.core.framing import encode as encode
 from trainroom.core.framing import frame as frame
 from trainroom.core.samples import DiskSample, GpuSample, HostSample, ProcsSample, VitalsSample, VramFloor
-from trainroom.core.vocab import CkptFormat, CkptState, StateName
+from trainroom.core.vocab import (
+    ActionName,
+    AlertKind,
+    CkptFormat,
+    CkptState,
+    FindingCode,
+    NotifyOutcome,
+    PhaseName,
+    ReplyStage,
+    Severity,
+    StateName,
+    StepSource,
+    WorkerEndSource,
+)
 
 PROTOCOL_VERSION = 1
-
-PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
 
 # Every number a trainer sends is checked where it arrives: steps and counts are never negative,
 # times and bounds are finite. A field that breaks its bound is refused alone (`salvage`): the rest
@@ -96,7 +107,7 @@ class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     alloc_allocated: Count | None = None
     alloc_reserved: Count | None = None
     alloc_peak: Count | None = None
-    source: Literal["reporter", "log"] = "reporter"
+    source: StepSource = "reporter"
     # The batch this step trained on (the keeper keeps a window of them in memory, and journals
     # the window when a loss spike, a divergence or a non-finite value opens: see BatchLog).
     batch: BatchRef | None = None
@@ -130,7 +141,7 @@ class Crash(msgspec.Struct, tag="crash", kw_only=True, omit_defaults=True):
     t: Time
     chain: Annotated[list[ErrorLink], msgspec.Meta(max_length=64)]  # outermost first; the innermost last
     traceback: LongText = ""
-    source: Literal["reporter", "log"] = "reporter"
+    source: StepSource = "reporter"
 
 
 class Note(msgspec.Struct, tag="note", kw_only=True, omit_defaults=True):
@@ -162,6 +173,8 @@ class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
     """An action request. `confirm=False` asks for the plan (the exact target) only."""
 
     id: int
+    # A word a client sends: `vocab.ActionName`, `cancel`, `notify-test`, or one this keeper does
+    # not know (a newer client's), which it answers in words rather than failing to decode.
     action: Name
     args: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
     confirm: bool = False
@@ -214,7 +227,7 @@ class AttemptStopping(msgspec.Struct, tag="attempt-stopping", kw_only=True, omit
     t: float
     by: str  # who asked: the client ("tui pid 123", "cli pid 456")
     until: float  # the kill's deadline: grace + the confirmation's time, with a margin
-    action: str = "kill"
+    action: ActionName = "kill"
 
 
 class WorkerSeen(msgspec.Struct, tag="worker-seen", kw_only=True, omit_defaults=True):
@@ -231,9 +244,6 @@ class WorkerSeen(msgspec.Struct, tag="worker-seen", kw_only=True, omit_defaults=
     pgid: int = 0
     sid: int = 0
     restarts_left: int | None = None  # torch elastic's: 0 means a failed worker ends the attempt
-
-
-WorkerEndSource = Literal["wait-status", "launcher", "gone"]
 
 
 class WorkerEnded(msgspec.Struct, tag="worker-ended", kw_only=True, omit_defaults=True):
@@ -326,7 +336,7 @@ class CheckpointState(msgspec.Struct, tag="ckpt", kw_only=True, omit_defaults=Tr
 class ActionRecord(msgspec.Struct, tag="action", kw_only=True, omit_defaults=True):
     """An action that was carried out (or refused), with its evidence: journaled."""
 
-    action: str
+    action: str  # the request's word, as it came (see Request.action)
     t: float
     ok: bool
     message: str
@@ -418,9 +428,6 @@ class KeeperNote(msgspec.Struct, tag="keeper-note", kw_only=True, omit_defaults=
     kind: str = "info"
 
 
-NotifyOutcome = Literal["delivered", "retrying", "failed", "held", "dropped", "unavailable"]
-
-
 class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=True):
     """One try to tell someone (core/notify): an alert, its resolved follow-up or a test, through
     one channel. `channel` is redacted (`webhook https://hooks.slack.com/…#1a2b`): a target's
@@ -431,9 +438,9 @@ class NotifyResult(msgspec.Struct, tag="notify", kw_only=True, omit_defaults=Tru
     t: float
     channel: str
     outcome: NotifyOutcome
-    kind: Literal["alert", "resolved", "test", "digest"] = "alert"
+    kind: AlertKind = "alert"
     alert: str = ""  # the alert's identity: a finding's ident, or a state's name in capitals
-    severity: str = ""
+    severity: Severity | None = None  # None: no alert was made (a channel unavailable)
     try_n: int = 0  # 1-based; 0: no try was made (held, dropped, unavailable)
     detail: str = ""  # HTTP 500, timed out after 5 s, exit 3, ... (redacted too)
     latency_s: float | None = None  # from the alert to this outcome
@@ -475,7 +482,7 @@ class BatchLog(msgspec.Struct, tag="batches", kw_only=True, omit_defaults=True):
     DIVERGENCE, NONFINITE), journaled once when it opens: what `trainroom replay` replays."""
 
     t: float
-    code: str
+    code: FindingCode
     ident: str
     attempt: int
     rank: int = 0
@@ -528,8 +535,8 @@ class Reply(msgspec.Struct, tag="reply", kw_only=True, omit_defaults=True):
     """The answer to a Request: a plan, progress lines, then done (ok or not) with evidence."""
 
     id: int
-    action: str
-    stage: Literal["plan", "progress", "done"]
+    action: str  # the request's word, as it came (see Request.action)
+    stage: ReplyStage
     ok: bool = True
     message: str = ""
     plan: dict[str, Any] = {}

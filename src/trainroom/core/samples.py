@@ -10,11 +10,9 @@ Every byte figure is in bytes; None is "not measured", never an invented zero.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
-PidNamespace = Literal["host", "container", "unknown"]
+from trainroom.core.vocab import CgroupVersion, DuplicateKind, PidNamespace
 
 # Kernel state letters that say a process will never run again (proc(5)).
 GONE_STATES = frozenset("ZX")
@@ -146,7 +144,7 @@ class VramFloor(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
 class CgroupMemory(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """The memory cgroup this process lives in (v1 or v2)."""
 
-    version: Literal[1, 2]
+    version: CgroupVersion
     path: str  # as /proc/self/cgroup names it
     dir: str  # where its control files were found
     limit_bytes: int | None = None  # None: no limit (or one above RAM)
@@ -210,7 +208,7 @@ class LockInfo(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
 class Duplicate(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """Another trainer on the same command and directory, or two instances of a host process."""
 
-    kind: Literal["trainer", "host"]
+    kind: DuplicateKind
     pids: list[int]  # ours first (when ours runs), then the others
     others: list[int]
     ours: int | None = None

@@ -6,7 +6,8 @@ where code iterates a set, the tuple beside it is the Literal's own arguments. T
 of each finding code what every reader needs to know about it (how bad it gets, the panel it
 colours, whether its figures move while it lasts, whether it is alerted as a run state), and the
 groups the watchdog, the sanity tracker, the alerts and the control room use are computed from it,
-so a new code is one catalogue line.
+so a new code is one catalogue line (`python scripts/findings_table.py --write` then writes it into
+the `FindingCode` Literal and the docs' table).
 
 It depends on nothing but the standard library: every layer may read it.
 """
@@ -22,9 +23,11 @@ WatchState = Literal["starting", "running", "slow", "stalled", "hung", "dead", "
 # What a run's journal says it is: a watchdog verdict, or `failed` when it never started (the
 # launch recorded why, and no keeper ever ran).
 StateName = Literal[WatchState, "failed"]
-# What a reader shows of a run: its state, or `unknown` when the keeper died before its trainer
+# What a reader says of a run no keeper watches: `unknown` when the keeper died before its trainer
 # (nobody saw the end), `orphaned` when that trainer still runs with no keeper watching it.
-ShownState = Literal[StateName, "unknown", "orphaned"]
+Unwatched = Literal["unknown", "orphaned"]
+# What a reader shows of a run: its state, or what it is with no keeper watching it.
+ShownState = Literal[StateName, Unwatched]
 # A node of a job, as the job view says it: what its host shows, or that its host cannot be asked.
 NodeState = Literal[ShownState, "unreachable"]
 # The states a run alerts on (`[notify] states`) and the states a finding is alerted as.
@@ -35,6 +38,69 @@ STATE_NAMES: tuple[StateName, ...] = get_args(StateName)
 SHOWN_STATES: tuple[ShownState, ...] = get_args(ShownState)
 NODE_STATES: tuple[NodeState, ...] = get_args(NodeState)
 ALERT_STATES: tuple[AlertState, ...] = get_args(AlertState)
+
+# A run's keeper, as a client that dials it says (`run.client`, the bridge's hello, a job's node).
+KeeperWord = Literal["alive", "busy", "gone"]
+
+# --------------------------------------------------------------------------- the trainer's reports
+
+# A phase a reporter announces (`reporter.phase("eval")`).
+PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
+# Where a step's figures came from: the reporter, or the trainer's log lines.
+StepSource = Literal["reporter", "log"]
+# How a rank's end was learnt: its zombie's wait status, its launcher's word, or its pid gone.
+WorkerEndSource = Literal["wait-status", "launcher", "gone"]
+# What a mark on the loss plot stands for.
+MarkKind = Literal["checkpoint", "restart", "lr-change", "loss-scale"]
+# A mark on the control room's loss plot: the series' marks, and where a loss was not finite.
+LossMark = Literal[MarkKind, "nonfinite"]
+# What an event of `trainroom events` is.
+EventKind = Literal[
+    "finding",
+    "finding-cleared",
+    "state",
+    "action",
+    "attempt-started",
+    "attempt-ended",
+    "alert",
+    "keeper-started",
+]
+
+# --------------------------------------------------------------------------- the host
+
+# The memory cgroup's version (/proc/self/cgroup).
+CgroupVersion = Literal[1, 2]
+# Whose pids NVML reports: the host's, a container's own, or not known.
+PidNamespace = Literal["host", "container", "unknown"]
+# What a duplicate is: another trainer of the run, or a second instance of a host process.
+DuplicateKind = Literal["trainer", "host"]
+# What the driver's VRAM figure for the run rests on: its processes' own figures, the device's
+# use above the floor seen before the run, or the whole device.
+VramBasis = Literal["per-process", "floor", "device"]
+
+# --------------------------------------------------------------------------- actions
+
+# Every action's name: the protocol's `Request.action`, a finding's `action`, the CLI's verb. One
+# line here and one in `actions.registry` (a unit test holds them equal).
+ActionName = Literal["kill", "reclaim", "prune", "resume", "dump", "continue", "verify", "bench"]
+ACTION_NAMES: tuple[ActionName, ...] = get_args(ActionName)
+# A reply's stage: the plan, progress lines, then done.
+ReplyStage = Literal["plan", "progress", "done"]
+# How `reclaim` asks the kernel for the memory back, and whether it wrote directly or through sudo.
+ReclaimMethod = Literal["cgroup2-memory.reclaim", "cgroup1-memory.force_empty", "drop_caches"]
+ReclaimVia = Literal["direct", "sudo"]
+# How `dump` read the trainer's stacks.
+DumpMethod = Literal["faulthandler", "py-spy"]
+# What `bench` says of the GPU against its floor, and where that floor came from.
+BenchVerdict = Literal["ok", "slow"]
+FloorSource = Literal["class", "trainroom.toml"]
+
+# --------------------------------------------------------------------------- telling someone
+
+# What an alert is: a finding or state's alert, its resolved follow-up, a test, a digest.
+AlertKind = Literal["alert", "resolved", "test", "digest"]
+# What became of one try to deliver it (`protocol.NotifyResult` says what each means).
+NotifyOutcome = Literal["delivered", "retrying", "failed", "held", "dropped", "unavailable"]
 
 # --------------------------------------------------------------------------- checkpoints
 
@@ -53,6 +119,14 @@ DirKind = Literal["hf-checkpoint", "dcp-checkpoint"]
 CkptFormat = Literal[FileFormat, DirKind]
 # What a path stands for: one checkpoint (a file or a directory), a root holding checkpoints, or not one.
 PathKind = Literal["file", DirKind, "root", "other"]
+
+# A watched checkpoint file's way (`[checkpoints] watch`): settling until its writes stop, then
+# verified (a copy taken) or rejected.
+WatchedState = Literal["settling", "verifying", "verified", "rejected"]
+# What a file of a checkpoint holds, as the verifier reads its values (`auto`: judged per tensor).
+TensorRole = Literal["auto", "model", "optimizer", "metadata", "config", "not-loaded", "other"]
+# A weight tensor whose spread is out of line: exploded (rejects) or unusual (says so).
+OutlierKind = Literal["exploded", "unusual"]
 
 FILE_FORMATS: tuple[FileFormat, ...] = get_args(FileFormat)
 DIR_KINDS: tuple[DirKind, ...] = get_args(DirKind)
@@ -77,6 +151,7 @@ PANELS: tuple[Panel, ...] = get_args(Panel)
 # numbers it reports (the sanity tracker), the GPU, the host, the disks, checkpoints, the keeper.
 Family = Literal["life", "progress", "sanity", "gpu", "host", "disk", "checkpoint", "keeper"]
 
+# finding-codes:begin (generated by scripts/findings_table.py from CATALOGUE below: add a code there)
 FindingCode = Literal[
     "DEAD",
     "MASKED_ERROR",
@@ -119,6 +194,7 @@ FindingCode = Literal[
     "RESUME_FROM_SCRATCH",
     "INTERNAL_ERROR",
 ]
+# finding-codes:end
 FINDING_CODES: tuple[FindingCode, ...] = get_args(FindingCode)
 
 

@@ -19,10 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
+from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.figures import driver_view, ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import PANEL_CODES, FindingCode, Level
+from trainroom.core.vocab import PANEL_CODES, CkptState, FindingCode, Level
 
 from . import fmt
 from .lossplot import Mark, plot_points
@@ -85,16 +86,10 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
         exit_text, level, uptime = "running", "ok", now - a.started_at
     else:
         uptime = (a.ended_at or now) - a.started_at
-        if a.error:
-            exit_text, level = f"could not start: {a.error}", "crit"
-        elif a.exit_signal is not None:
-            exit_text, level = f"killed by {fmt.signal_name(a.exit_signal)} ({a.exit_signal})", "crit"
-        elif a.exit_code:
-            exit_text, level = f"exit code {a.exit_code}", "crit"
-        elif a.exit_code == 0:
-            exit_text, level = "exit code 0", "dim"
-        else:
-            exit_text, level = "ended", "dim"
+        # In the words every reader uses (run.ended); a death, an error or a failed exit in red.
+        exit_text = attempt_ended(a)
+        failed = a.error or a.exit_signal is not None or a.exit_code
+        level = "crit" if failed else "dim"
     crash = None
     if a.crash is not None and a.crash.chain:
         inner = a.crash.chain[-1]
@@ -479,7 +474,7 @@ def host_view(state: RunState) -> HostView:
 @dataclass(frozen=True)
 class CheckpointRow:
     step: int | None
-    state: str  # candidate | verifying | verified | held | rejected | pruned
+    state: CkptState
     size_bytes: int | None
     reason: str | None
     latest: bool  # the newest verified: what a resume would use

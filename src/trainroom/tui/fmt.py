@@ -86,10 +86,6 @@ def clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def signal_name(n: int) -> str:
-    return units.signal_name(n)
-
-
 def bar(fraction: float | None, width: int) -> str:
     """A horizontal bar with eighth-block resolution, padded with light shade to `width`."""
     if width <= 0:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
+from trainroom.core.vocab import LossMark
 
 LOSS_POINTS = 2000  # what the plot keeps at most, whatever the source holds
 RECENT_SHARE = 0.2  # the recent window: the last fifth of the run's x range
@@ -18,7 +19,7 @@ RECENT_SHARE = 0.2  # the recent window: the last fifth of the run's x range
 @dataclass(frozen=True)
 class Mark:
     x: float
-    kind: str  # checkpoint | restart | lr-change | loss-scale | nonfinite
+    kind: LossMark
     step: int | None = None  # a checkpoint's step (its evaluation figure is drawn at its x)
 
 

@@ -24,7 +24,7 @@ from trainroom.core.run.figures import stall_bound, step_age
 from trainroom.core.run.gone import KeeperGone
 from trainroom.core.run.nowwords import now_findings
 from trainroom.core.run.state import RunState
-from trainroom.core.vocab import Level, ShownState
+from trainroom.core.vocab import ActionName, FindingCode, Level, Severity, ShownState
 
 from . import fmt
 
@@ -55,11 +55,6 @@ def level_of_state(state: ShownState) -> Level:
 
 def worse(a: Level, b: Level) -> Level:
     return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
-
-
-def live_attempt(state: RunState) -> bool:
-    a = state.attempt
-    return a is not None and a.alive
 
 
 # --------------------------------------------------------------------------- can it act?
@@ -206,8 +201,8 @@ def _device_of(f: Finding | None) -> str:
 class FollowRow:
     """What follows from a row's cause, one code a line (`run.causes.Row.consequences`)."""
 
-    code: str
-    severity: str
+    code: FindingCode
+    severity: Severity
     level: Level
     count: int
     since: str  # "14 checkpoints rejected since NONFINITE at step 31"
@@ -221,11 +216,11 @@ class FindingRow:
     with its repeats counted and what follows from it under it."""
 
     ident: str
-    code: str
-    severity: str
+    code: FindingCode
+    severity: Severity
     level: Level
     message: str
-    action: str | None
+    action: ActionName | None
     fix: str | None  # what the key does, target first: "kill pid 4974, the second trainer"
     key: str | None  # the key that does it now; None when it cannot act
     why_not: str | None  # why the action cannot act now (the detail view says it)
@@ -305,8 +300,8 @@ def _follow(row: Row, k: Kind) -> FollowRow:
 
 @dataclass(frozen=True)
 class ResolvedRow:
-    code: str
-    severity: str
+    code: FindingCode
+    severity: Severity
     message: str
     first_seen: float
     cleared_at: float

@@ -20,15 +20,17 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core import units
 from trainroom.core.actions import words
 from trainroom.core.ckpt.report import Expected, VerifyReport
 from trainroom.core.health.diskguard import DiskUsage
 from trainroom.core.ops.resume import ResumePlan
 from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.run.ended import live_attempt as live_attempt
+from trainroom.core.run.ended import not_running as not_running
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import DiskSample
 from trainroom.core.settings import RunSettings
+from trainroom.core.vocab import ActionName
 
 Reply = Callable[[p.Reply], None]
 Say = Callable[[str], None]
@@ -38,7 +40,7 @@ Say = Callable[[str], None]
 class ActionSpec:
     """An action as every client names it: its name on the wire, its key, what it does."""
 
-    name: str  # the protocol's `Request.action`, and what a finding's `action` names
+    name: ActionName  # the protocol's `Request.action`, and what a finding's `action` names
     # The control room's default key, in Textual's names (`trainroom.toml` [keys] remaps it).
     # What changes the world takes a capital or a ctrl chord (k9s kills with ctrl+k), never a
     # letter a vim, k9s or lazygit user presses to move: j/k/g/G scroll, / searches.
@@ -155,32 +157,6 @@ def as_builtins(x: msgspec.Struct) -> dict[str, Any]:
     out = msgspec.to_builtins(x)
     assert isinstance(out, dict)
     return out
-
-
-def live_attempt(state: RunState) -> bool:
-    a = state.attempt
-    return a is not None and a.alive
-
-
-def not_running(state: RunState) -> str:
-    """Why a trainer's action cannot act: the attempt is over, in words."""
-    a = state.attempt
-    return (
-        f"the trainer is not running ({f'attempt {a.n} {ended(state)}' if a else 'no attempt has started'})"
-    )
-
-
-def ended(state: RunState) -> str:
-    a = state.attempt
-    if a is None:
-        return "never started"
-    if state.status == "stopped":
-        return "was stopped"
-    if a.exit_signal is not None:
-        return f"was killed by {units.signal_name(a.exit_signal)}"
-    if a.exit_code is not None:
-        return f"exited with code {a.exit_code}"
-    return "ended"
 
 
 class Action(Generic[A, W]):

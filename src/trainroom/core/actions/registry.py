@@ -16,18 +16,19 @@ from trainroom.core.actions.reclaim import Reclaim
 from trainroom.core.actions.resume import Resume
 from trainroom.core.actions.verify import Verify
 from trainroom.core.actions.wake import Continue
+from trainroom.core.vocab import ActionName
 
 REGISTRY: dict[str, Action[Any, Any]] = {
     a.spec.name: a for a in (Kill(), Reclaim(), Prune(), Resume(), Dump(), Continue(), Verify(), Bench())
 }
 SPECS: tuple[ActionSpec, ...] = tuple(a.spec for a in REGISTRY.values())
 NAMES: tuple[str, ...] = tuple(REGISTRY)
-CANCELLABLE: tuple[str, ...] = tuple(s.name for s in SPECS if s.cancellable)
-DESTRUCTIVE: frozenset[str] = frozenset(s.name for s in SPECS if s.destructive)
-KEYS: dict[str, str] = {s.name: s.key for s in SPECS}
+CANCELLABLE: tuple[ActionName, ...] = tuple(s.name for s in SPECS if s.cancellable)
+DESTRUCTIVE: frozenset[ActionName] = frozenset(s.name for s in SPECS if s.destructive)
+KEYS: dict[ActionName, str] = {s.name: s.key for s in SPECS}
 
 
-def action(name: str) -> Action[Any, Any]:
+def action(name: ActionName) -> Action[Any, Any]:
     return REGISTRY[name]
 
 

@@ -40,12 +40,19 @@ from trainroom.core.ckpt import inventory as inventory
 from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.digest import digest_hex, new_hasher
 from trainroom.core.ckpt.filecheck import FileCheck, check_file
-from trainroom.core.ckpt.report import Arch, Expected, FileVerdict, Format, NonFinite, Role, VerifyReport
+from trainroom.core.ckpt.report import (
+    Arch,
+    Expected,
+    FileVerdict,
+    Format,
+    NonFinite,
+    VerifyReport,
+)
 from trainroom.core.ckpt.rules import load_need_bytes
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.resumable import Completeness
 from trainroom.core.units import fmt_bytes
-from trainroom.core.vocab import DirKind
+from trainroom.core.vocab import DirKind, TensorRole
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +61,7 @@ _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors
 _INDEX_SUFFIX = ".index.json"
 
 
-def hf_role(name: str) -> Role:
+def hf_role(name: str) -> TensorRole:
     """What a file of an HF checkpoint holds, from its name."""
     if name == "training_args.bin":
         return "not-loaded"

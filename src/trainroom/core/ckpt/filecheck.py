@@ -1,7 +1,7 @@
 """One checkpoint file verified: size and digest against the save-time record, the load (never
 running code from the file), the tensors inventoried and judged, the step and the framework.
 
-What a file holds (`Role`) decides what its values mean: non-finite weights or optimizer state
+What a file holds (`TensorRole`) decides what its values mean: non-finite weights or optimizer state
 reject, non-finite metadata (Lightning's `kth_value`, a scheduler's state) is reported. A file
 inside a directory checkpoint gets its role from its name (`dirs`); a lone file works it out
 from its layout. Torch is imported only by the functions that load.
@@ -30,13 +30,13 @@ from trainroom.core.ckpt.report import (
     NonFinite,
     Outlier,
     RamNeed,
-    Role,
     VerifyReport,
 )
 from trainroom.core.ckpt.rules import load_need_bytes
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.resumable import Completeness
 from trainroom.core.units import fmt_bytes
+from trainroom.core.vocab import TensorRole
 
 # An mmap load reads pages through the page cache; statistics copy at most a few chunks.
 MMAP_VERIFY_NEED = 256 << 20
@@ -78,7 +78,7 @@ def _nonfinite_json(obj: object, where: str = "", depth: int = 0) -> list[str]:
 class FileCheck:
     """One verification under way: the problems found so far, and what the file turned out to be."""
 
-    def __init__(self, path: Path, exp: Expected, role: Role = "auto", *, whole: bool = True) -> None:
+    def __init__(self, path: Path, exp: Expected, role: TensorRole = "auto", *, whole: bool = True) -> None:
         self.t0 = time.perf_counter()
         self.path = path
         self.exp = exp
@@ -350,7 +350,7 @@ class FileCheck:
 
 
 def check_file(
-    path: Path, exp: Expected, meminfo_path: str, role: Role = "auto", *, whole: bool = True
+    path: Path, exp: Expected, meminfo_path: str, role: TensorRole = "auto", *, whole: bool = True
 ) -> FileCheck:
     """Verify one file (imports torch when it loads one); the check, for its report and parts."""
     check = FileCheck(path, exp, role, whole=whole)

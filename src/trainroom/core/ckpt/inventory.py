@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from trainroom.core.ckpt.report import Arch, ArchMismatch, NonFinite, Outlier, Role
+from trainroom.core.ckpt.report import Arch, ArchMismatch, NonFinite, Outlier
+from trainroom.core.vocab import TensorRole
 
 if TYPE_CHECKING:
     import torch
@@ -291,7 +292,7 @@ class Inventory:
     """What the scan gathers, tensor by tensor."""
 
     def __init__(
-        self, model_prefix: str | None, previous_stds: Mapping[str, float], role: Role = "auto"
+        self, model_prefix: str | None, previous_stds: Mapping[str, float], role: TensorRole = "auto"
     ) -> None:
         self.model_prefix = model_prefix
         self.previous_stds = previous_stds
@@ -308,7 +309,7 @@ class Inventory:
         self.params = 0
         self._storages: set[tuple[int, int, tuple[int, ...]]] = set()
 
-    def kind(self, name: str) -> Role:
+    def kind(self, name: str) -> TensorRole:
         """model, optimizer or metadata: what a non-finite value in this tensor means."""
         if self.role != "auto":
             return self.role

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
 
 import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core.ckpt.digest import DIGEST_ALGO
 from trainroom.core.resumable import Completeness
-from trainroom.core.vocab import CkptFormat
+from trainroom.core.vocab import CkptFormat, OutlierKind, TensorRole
 
 # What a checkpoint is: a file's format from its first bytes (formats.sniff_format), or a
 # directory checkpoint (a Hugging Face `checkpoint-N/`, a torch.distributed.checkpoint directory).
 Format = CkptFormat
 # What a file inside a checkpoint holds, which decides what a non-finite value in it means:
 # weights and optimizer state reject; metadata (callbacks, schedulers, RNG, loggers) is reported.
-Role = Literal["auto", "model", "optimizer", "metadata", "config", "not-loaded", "other"]
 
 
 class NonFinite(msgspec.Struct, kw_only=True, frozen=True):
@@ -39,7 +37,7 @@ class Outlier(msgspec.Struct, kw_only=True, frozen=True):
     std: float
     median_std: float | None = None
     previous_std: float | None = None
-    kind: Literal["exploded", "unusual"]
+    kind: OutlierKind
     why: str
 
 
@@ -104,7 +102,7 @@ class FileVerdict(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     """One file of a directory checkpoint: how it was read and what it said."""
 
     name: str
-    role: Role = "other"
+    role: TensorRole = "other"
     format: Format | None = None
     size_bytes: int = 0
     digest: str | None = None

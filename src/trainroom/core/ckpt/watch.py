@@ -18,7 +18,6 @@ import glob
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
 
 import msgspec
 
@@ -27,6 +26,7 @@ from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.report import Expected, Previous, VerifyReport, journal_report
 from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.findings import Finding
+from trainroom.core.vocab import WatchedState
 
 SETTLE_S = 2.0
 
@@ -49,7 +49,7 @@ class WatchedFile(msgspec.Struct, kw_only=True):
     ino: int
     first_seen: float
     stable_since: float
-    state: Literal["settling", "verifying", "verified", "rejected"] = "settling"
+    state: WatchedState = "settling"
     version: int = 1  # how many versions of this path were seen
     digest: str | None = None
     step: int | None = None

@@ -23,11 +23,12 @@ from trainroom.core import protocol as p
 from trainroom.core.cli.errors import EXIT_BAD_INPUT
 from trainroom.core.job.discover import newest_run_of
 from trainroom.core.remote.relay import relay, write_all
-from trainroom.core.remote.wire import BridgeHello, KeeperWord
+from trainroom.core.remote.wire import BridgeHello
 from trainroom.core.run import store
 from trainroom.core.run.address import is_remote
 from trainroom.core.run.client import BUSY_TRIES
 from trainroom.core.run.store import RunError, RunInfo
+from trainroom.core.vocab import KeeperWord
 
 STDIN, STDOUT = 0, 1
 

@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import msgspec
 
@@ -268,10 +268,14 @@ def _add_prune(subparsers: Subcommands) -> None:
     ap.set_defaults(func=run_prune)
 
 
+# Who pruned: the run's keeper, or `trainroom prune` on the files (no keeper).
+PruneVia = Literal["keeper", "files"]
+
+
 class PruneOutcome(msgspec.Struct, kw_only=True):
     """What `trainroom prune` did (or would do), through the keeper or on the files: `--json`."""
 
-    via: str  # keeper | files
+    via: PruneVia
     run: str | None
     root: str | None
     keep: int | None

@@ -23,7 +23,7 @@ from trainroom.core.job import actions
 from trainroom.core.job.nodes import job_name, node_refs, read_nodes
 from trainroom.core.job.view import job_dict
 from trainroom.core.units import fmt_clock, fmt_duration
-from trainroom.core.vocab import NodeState
+from trainroom.core.vocab import ActionName, NodeState
 
 HEALTHY: frozenset[NodeState] = frozenset({"running", "starting", "slow", "exited"})
 
@@ -88,7 +88,7 @@ def _slurm_id(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _act(action: str, args: argparse.Namespace, refs: list[Any], readings: list[Any]) -> int:
+def _act(action: ActionName, args: argparse.Namespace, refs: list[Any], readings: list[Any]) -> int:
     req: dict[str, Any] = {"grace_s": args.grace_s} if action == "kill" and args.grace_s is not None else {}
     job = actions.plan(action, refs, readings, req)
     if not args.json:

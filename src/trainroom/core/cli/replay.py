@@ -24,6 +24,7 @@ from trainroom.core.ops.evaluate import figure_in, run_bounded
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import current_state
+from trainroom.core.run.ended import returncode_ended
 from trainroom.core.run.state import CheckpointView, RunState
 from trainroom.core.sdk.replay import ReplayRequest, replay_env
 from trainroom.core.units import to_json
@@ -181,11 +182,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     code, out, timed_out = run_bounded(list(rec.argv), rec.cwd, env, args.timeout, idle=False)
     if code is None or timed_out or code != 0:
         why = (
-            out
-            if code is None
-            else f"ran past {args.timeout:.0f} s"
-            if timed_out
-            else f"exited with code {code}"
+            out if code is None else f"ran past {args.timeout:.0f} s" if timed_out else returncode_ended(code)
         )
         tail = " | ".join(ln for ln in out.strip().splitlines()[-3:]) if code is not None else ""
         raise CliError(f"the replay of step {args.step} failed: {why}" + (f": {tail}" if tail else ""))

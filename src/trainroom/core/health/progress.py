@@ -25,7 +25,7 @@ from trainroom.core.run.figures import median_interval, phase_bound, progress_bo
 from trainroom.core.run.state import AttemptView, RankView, RunState
 from trainroom.core.samples import GONE_STATES, Worker
 from trainroom.core.units import fmt_duration
-from trainroom.core.vocab import WatchState
+from trainroom.core.vocab import ActionName, WatchState
 
 # A state, its reason, and the findings that go with it.
 Judgement = tuple[WatchState, str, list[Finding]]
@@ -52,7 +52,7 @@ def _worse(a: Overrun | None, b: Overrun | None) -> Overrun | None:
 def hung_finding(message: str, evidence: Evidence) -> Finding:
     # The fix that fits the cause: a stopped process runs on after SIGCONT (its stacks are
     # where it stopped: nothing to learn from a dump); any other hang is read from its stacks.
-    action = "continue" if evidence.get("cause") == "stopped" else "dump"
+    action: ActionName = "continue" if evidence.get("cause") == "stopped" else "dump"
     return Finding(code="HUNG", severity="critical", message=message, action=action, evidence=evidence)
 
 

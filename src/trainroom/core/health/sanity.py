@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import msgspec
-
 from trainroom.core import protocol as p
 from trainroom.core import vocab
 from trainroom.core.config import Thresholds
@@ -35,18 +33,6 @@ from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.figures import HeadlineLoss, headline_loss
 
 CODES = vocab.SANITY_CODES
-
-
-class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One line of the per-rank table."""
-
-    rank: int
-    step: int | None = None
-    t: float | None = None
-    loss: float | None = None
-    grad_norm: float | None = None
-    step_time_s: float | None = None
-    tokens_per_s: float | None = None
 
 
 class SanityTracker:
@@ -169,20 +155,6 @@ class SanityTracker:
         """The sanity findings open at `now`: every rule of `rules.SANITY`, each through the
         guard."""
         return judge(self.guard, SANITY, self.detectors, now)
-
-    def rank_table(self) -> list[RankRow]:
-        return [
-            RankRow(
-                rank=r.rank,
-                step=r.step,
-                t=r.t,
-                loss=r.loss,
-                grad_norm=r.grad_norm,
-                step_time_s=r.step_time(1),
-                tokens_per_s=r.tokens_per_s(),
-            )
-            for r in sorted(self.facts.ranks.values(), key=lambda r: r.rank)
-        ]
 
     def headline(self) -> HeadlineLoss:
         """The headline loss of the ranks seen (`run.figures.headline_loss`)."""

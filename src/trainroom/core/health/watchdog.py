@@ -36,7 +36,7 @@ from trainroom.core.health.guard import Guard
 from trainroom.core.health.life import dead_finding, dying_verdict, ended_verdict, fatal_worker
 from trainroom.core.health.progress import Judgement, progress
 from trainroom.core.health.rules import WATCHDOG, Watched, judge
-from trainroom.core.run.ended import attempt_ended, clean_exit
+from trainroom.core.run.ended import NOT_YET_KNOWN, attempt_ended, clean_exit
 from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.state import INTERVALS, RunState
 from trainroom.core.samples import ProcsSample
@@ -207,7 +207,7 @@ class Watchdog:
         if ctx.alive is False:
             return (
                 "dead",
-                f"attempt {a.n}: process gone, exit status not yet known",
+                f"attempt {a.n}: {NOT_YET_KNOWN}",
                 [dead_finding(run, a, ctx)],
             )
         if (fatal := fatal_worker(run, a)) is not None:

@@ -22,6 +22,7 @@ from trainroom.core import protocol as p
 from trainroom.core.job.nodes import NodeRef, address_of
 from trainroom.core.job.view import NodeReading
 from trainroom.core.run.client import KeeperClient, KeeperGone
+from trainroom.core.vocab import ActionName
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -59,7 +60,7 @@ class NodeAction:
 
 @dataclass
 class JobAction:
-    action: str
+    action: ActionName
     nodes: list[NodeAction] = field(default_factory=list)
     refusal: str | None = None
 
@@ -81,7 +82,9 @@ def _each(fn: Callable[[T], U], items: list[T]) -> list[U]:
         return list(pool.map(fn, items))
 
 
-def plan(action: str, refs: list[NodeRef], readings: list[NodeReading], args: dict[str, Any]) -> JobAction:
+def plan(
+    action: ActionName, refs: list[NodeRef], readings: list[NodeReading], args: dict[str, Any]
+) -> JobAction:
     """Ask every node's keeper for its plan (nothing runs yet)."""
     job = JobAction(action)
     for ref, n in zip(refs, readings, strict=True):

@@ -26,7 +26,7 @@ from trainroom.core.run.ended import how_ended
 from trainroom.core.run.state import RankView, RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.units import fmt_clock, fmt_duration, signal_name
-from trainroom.core.vocab import NodeState
+from trainroom.core.vocab import KeeperWord, NodeState
 
 # Worst first: the job's state is the first of these any node is in.
 STATE_ORDER: tuple[NodeState, ...] = (
@@ -58,7 +58,7 @@ class NodeReading:
     host: str | None = None
     run: str | None = None
     state: RunState | None = None
-    keeper: str = "gone"  # alive, busy, gone (its keeper, as its host says)
+    keeper: KeeperWord = "gone"  # alive, busy, gone (its keeper, as its host says)
     reach: Reachability = field(default_factory=Reachability)
 
     @property

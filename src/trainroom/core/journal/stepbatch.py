@@ -21,18 +21,17 @@ import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.vocab import StepSource
 
 CODEC = 1
 MASK = (1 << 64) - 1
 LEVEL = 6  # zlib: 1 costs ~15% more bytes, 9 is five times slower for under 1% fewer
-Source = Literal["reporter", "log"]
 SOURCE_CODES: dict[str, int] = {"reporter": 0, "log": 1}
-SOURCE_NAMES: dict[int, Source] = {0: "reporter", 1: "log"}
+SOURCE_NAMES: dict[int, StepSource] = {0: "reporter", 1: "log"}
 
 
 class BatchError(ValueError):
@@ -326,7 +325,7 @@ def _lrs(body: _Body, n: int) -> list[list[float]]:
     return out
 
 
-def _sources(body: _Body, n: int) -> list[Source]:
+def _sources(body: _Body, n: int) -> list[StepSource]:
     data = body.cols.get("source")
     if data is None:
         return ["reporter"] * n

@@ -23,6 +23,7 @@ from typing import Protocol
 from trainroom.core import protocol as p
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.rest import Quiet
+from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.state import RunState
 from trainroom.core.sdk.requests import current_request
 from trainroom.core.settings import LaunchOptions
@@ -159,7 +160,7 @@ class Foreground:
             a = k.state.attempt
             if a is None or a.alive or not k.quiet().idle:
                 continue
-            how = f"exit status {a.exit_code}" if a.exit_signal is None else f"signal {a.exit_signal}"
+            how = attempt_ended(a)
             k.emit(
                 p.KeeperNote(t=time.time(), message=f"the trainer ended ({how}): the foreground keeper exits")
             )

@@ -352,7 +352,7 @@ class CheckpointPipeline:
         if ok and self.keep_copies:
             await self._keep_copy(path, report, figure)
 
-    def _remember(self, path: str, report: VerifyReport, state: str) -> None:
+    def _remember(self, path: str, report: VerifyReport, state: CkptState) -> None:
         if state == "rejected":
             self.reports[path] = report
         else:

@@ -42,6 +42,8 @@ BUFFER_BUDGET = 16 << 20
 FIRST_MESSAGE_S = 10.0
 PARTIAL_FRAME_S = 30.0
 LISTEN_BACKLOG = 1024
+# What a connection is, once its first message says: a trainer's reporter or a client.
+PeerRole = Literal["trainer", "client"]
 # Closed connections are journaled one by one up to this many per window, then counted.
 CLOSE_RECORDS_PER_WINDOW = 5
 CLOSE_WINDOW_S = 10.0
@@ -123,7 +125,7 @@ class Conn:
     def __init__(self, writer: asyncio.StreamWriter, peer_pid: int | None) -> None:
         self.writer = writer
         self.peer_pid = peer_pid
-        self.role: Literal["trainer", "client"] | None = None
+        self.role: PeerRole | None = None
         self.rank = 0
         self.attempt = 0
         self.live = False

@@ -32,6 +32,7 @@ from trainroom.core.probes.workers import (
 )
 from trainroom.core.run.state import AttemptView, RunState, WorkerView
 from trainroom.core.samples import GONE_STATES, Worker
+from trainroom.core.vocab import WorkerEndSource
 
 LOG_TAIL_BYTES = 256 << 10  # torchrun's summary is the last thing it writes
 # A launcher (torchrun) gets this long after its start for a probe cycle to find its ranks before
@@ -170,7 +171,7 @@ class WorkerWatch:
         if w is not None and w.alive and w.start_ticks == start_ticks:
             self._ended(w, status, "wait-status", t)
 
-    def _ended(self, w: WorkerView, status: ExitStatus | None, source: p.WorkerEndSource, t: float) -> None:
+    def _ended(self, w: WorkerView, status: ExitStatus | None, source: WorkerEndSource, t: float) -> None:
         self._disarm(w.pid)
         a = self.run.state.attempt
         if status is None and a is not None and w.pid == a.pid and w.attempt == a.n:

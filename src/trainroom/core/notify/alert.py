@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import base64
 import re
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
-from trainroom.core.vocab import ALERTED_AS_STATE, Severity, StateName
+from trainroom.core.vocab import ALERTED_AS_STATE, ActionName, AlertKind, Severity, StateName
 
-AlertKind = Literal["alert", "resolved", "test", "digest"]
 SCHEMA = 1  # the `trainroom` field of the JSON shape: bumped if a field changes meaning
 
 # A watched state's severity, and the finding whose identity it shares: DEAD raised with the
@@ -41,15 +40,15 @@ STATE_TITLE: dict[StateName, str] = {
 class Alert(msgspec.Struct, kw_only=True, omit_defaults=True):
     kind: AlertKind
     ident: str  # a finding's identity (`LOSS_SPIKE:rank1`), or a state's name in capitals
-    code: str
-    severity: str
+    code: str  # a finding's code, a state's name in capitals, TEST or DIGEST
+    severity: Severity
     title: str
     message: str
     run: str
     host: str
     t: float  # when the condition was seen (or cleared); latencies are measured from here
-    state: str | None = None  # the run's state when the alert was made
-    action: str | None = None  # the keeper action a finding suggests (`resume`, `dump`)
+    state: StateName | None = None  # the run's state when the alert was made
+    action: ActionName | None = None  # the keeper action a finding suggests (`resume`, `dump`)
     attempt: int | None = None
     step: int | None = None
     evidence: dict[str, Any] = {}
@@ -60,7 +59,7 @@ class Alert(msgspec.Struct, kw_only=True, omit_defaults=True):
 STATE_FINDINGS = ALERTED_AS_STATE
 
 
-def state_ident(state: str) -> str:
+def state_ident(state: StateName) -> str:
     return state.upper()
 
 
@@ -70,7 +69,7 @@ def alert_ident(f: Finding) -> str:
     return f.code if f.code in STATE_FINDINGS else f.ident
 
 
-def from_finding(f: Finding, *, run: str, host: str, t: float, state: str, step: int | None) -> Alert:
+def from_finding(f: Finding, *, run: str, host: str, t: float, state: StateName, step: int | None) -> Alert:
     return Alert(
         kind="alert",
         ident=alert_ident(f),
@@ -108,7 +107,7 @@ def from_state(
     )
 
 
-def resolved(alert: Alert, *, t: float, state: str, step: int | None) -> Alert:
+def resolved(alert: Alert, *, t: float, state: StateName, step: int | None) -> Alert:
     """The follow-up of an alert whose condition cleared (or whose state the run left)."""
     return msgspec.structs.replace(
         alert,
@@ -123,7 +122,7 @@ def resolved(alert: Alert, *, t: float, state: str, step: int | None) -> Alert:
     )
 
 
-def test_alert(*, run: str, host: str, t: float, state: str | None) -> Alert:
+def test_alert(*, run: str, host: str, t: float, state: StateName | None) -> Alert:
     return Alert(
         kind="test",
         ident="TEST",

@@ -22,6 +22,7 @@ from trainroom.core import sections
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.alert import Alert
 from trainroom.core.notify.channels import Channel, DeliveryError
+from trainroom.core.vocab import NotifyOutcome
 
 Report = Callable[[p.NotifyResult], None]
 
@@ -151,7 +152,7 @@ class ChannelWorker:
         """The wait after failed try n: backoff_s, doubling, capped."""
         return min(self.policy.backoff_max_s, self.policy.backoff_s * 2.0 ** (n - 1))
 
-    def _result(self, d: Delivery, outcome: p.NotifyOutcome, *, try_n: int = 0, detail: str = "") -> None:
+    def _result(self, d: Delivery, outcome: NotifyOutcome, *, try_n: int = 0, detail: str = "") -> None:
         now = time.time()
         r = p.NotifyResult(
             t=now,

@@ -17,13 +17,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from trainroom.core.health.gpufaults import throttle_words
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.samples import GpuSample
+from trainroom.core.vocab import BenchVerdict, FloorSource
 
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 # (name pattern, device class, floor in TFLOPS); the first match wins.
@@ -53,8 +54,8 @@ class BenchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     requested_seconds: float | None = None
     tflops: float | None = None
     floor_tflops: float | None = None
-    floor_source: Literal["class", "trainroom.toml"] = "class"
-    verdict: Literal["ok", "slow"] | None = None
+    floor_source: FloorSource = "class"
+    verdict: BenchVerdict | None = None
     message: str = ""
     threads: int | None = None
     torch: str | None = None
@@ -87,7 +88,7 @@ def floor_for(device_type: str, name: str) -> tuple[str, float]:
     raise AssertionError("the last GPU pattern matches everything")
 
 
-def verdict(tflops: float, cls: str, floor: float) -> tuple[Literal["ok", "slow"], str]:
+def verdict(tflops: float, cls: str, floor: float) -> tuple[BenchVerdict, str]:
     if tflops >= floor:
         return (
             "ok",

@@ -26,6 +26,7 @@ from trainroom.core import protocol as p
 from trainroom.core.config import Eval
 from trainroom.core.ops.figures import find_figure
 from trainroom.core.ops.resume import resume_argv
+from trainroom.core.run.ended import returncode_ended
 
 TAIL_BYTES = 64 * 1024
 NICE = 19
@@ -143,7 +144,7 @@ def evaluate(
         last = _last_line(out)
         return msgspec.structs.replace(
             base,
-            why=f"its evaluation exited with code {code}" + (f": {last}" if last else ""),
+            why=f"its evaluation failed ({returncode_ended(code)})" + (f": {last}" if last else ""),
             exit_code=code,
         )
     passed, why = judge(figure, best, policy, history)

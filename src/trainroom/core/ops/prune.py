@@ -25,6 +25,7 @@ from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.promote import intact
 from trainroom.core.probes import listing
+from trainroom.core.vocab import CkptState
 
 DEFAULT_KEEP = 2
 LAST_GOOD = "the newest that verifies now (those kept no longer match their verified digest)"
@@ -40,7 +41,7 @@ class PruneTarget(msgspec.Struct, kw_only=True):
     path: str
     step: int | None
     bytes: int
-    kind: str = "verified"  # verified | rejected
+    kind: CkptState = "verified"  # verified | rejected
 
 
 class Kept(msgspec.Struct, kw_only=True):

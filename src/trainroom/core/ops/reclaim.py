@@ -30,20 +30,20 @@ import os
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import msgspec
 
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.units import fmt_bytes
+from trainroom.core.vocab import ReclaimMethod, ReclaimVia
 
-Method = Literal["cgroup2-memory.reclaim", "cgroup1-memory.force_empty", "drop_caches"]
 Progress = Callable[[str], None]
 SUDO_TIMEOUT_S = 60.0
 
 
 class ReclaimPlan(msgspec.Struct, kw_only=True):
-    method: Method
+    method: ReclaimMethod
     target: str  # the control file written
     value: str  # what is written to it
     fallback_value: str | None = None  # what is written if the kernel refuses `value` (EINVAL)
@@ -69,8 +69,8 @@ def _builtins(x: msgspec.Struct) -> dict[str, Any]:
 
 class ReclaimResult(msgspec.Struct, kw_only=True):
     ok: bool
-    method: Method
-    via: Literal["direct", "sudo"] | None  # None: nothing was written
+    method: ReclaimMethod
+    via: ReclaimVia | None  # None: nothing was written
     message: str
     target: str
     manual_command: str = ""
@@ -130,7 +130,7 @@ def plan_reclaim(
     *,
     pid: int | str = "self",
     env: Mapping[str, str] | None = None,
-    method: Method | None = None,
+    method: ReclaimMethod | None = None,
 ) -> ReclaimPlan:
     """Which method would be used, on which file, with what value; and the page cache now.
 
@@ -286,7 +286,7 @@ def execute_reclaim(
     proc_root: str | os.PathLike[str] = "/proc",
     pid: int | str = "self",
     env: Mapping[str, str] | None = None,
-    method: Method | None = None,
+    method: ReclaimMethod | None = None,
     use_sudo: bool = True,
     progress: Progress | None = None,
 ) -> ReclaimResult:
@@ -306,7 +306,7 @@ def execute_reclaim(
         say("sync (writing dirty pages first, so the drop frees them too)")
         os.sync()
     say(f"writing {plan.value!r} to {plan.target}")
-    via: Literal["direct", "sudo"] | None = None
+    via: ReclaimVia | None = None
     partial = False
     try:
         partial = _write_control(plan.target, plan.value, plan.fallback_value)
@@ -402,7 +402,7 @@ def _run_sudo(plan: ReclaimPlan) -> str | None:
 def _result(
     plan: ReclaimPlan,
     ok: bool,
-    via: Literal["direct", "sudo"] | None,
+    via: ReclaimVia | None,
     message: str,
     before: Mapping[str, Any],
     after: Mapping[str, Any],

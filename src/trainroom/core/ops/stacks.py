@@ -30,10 +30,12 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import psutil
+
+from trainroom.core.vocab import DumpMethod
 
 DEFAULT_TIMEOUT_S = 5.0
 # faulthandler writes the whole dump in one burst; once the log has been quiet this long after
@@ -45,8 +47,6 @@ PY_SPY_INSTALL = (
     "environment: it reads the trainer from outside), then dump again; it needs ptrace rights over the trainer (the same user with "
     "kernel.yama.ptrace_scope=0, or root / CAP_SYS_PTRACE)"
 )
-
-DumpMethod = Literal["faulthandler", "py-spy"]
 
 
 class StackDump(msgspec.Struct, kw_only=True):

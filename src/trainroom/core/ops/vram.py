@@ -20,15 +20,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from trainroom.core.probes.gpu import PROCESSES_UNAVAILABLE
 from trainroom.core.samples import GpuSample, VramFloor
 from trainroom.core.units import fmt_bytes
-
-VramBasis = Literal["per-process", "floor", "device"]
+from trainroom.core.vocab import VramBasis
 
 
 class VramReading(msgspec.Struct, kw_only=True, frozen=True):

@@ -22,7 +22,8 @@ from typing import Protocol, TypeVar
 
 from trainroom.core.probes.gpuhealth import read_bus_id, read_health
 from trainroom.core.probes.procs import PROC, read_stat
-from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, PidNamespace, VramFloor
+from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample, VramFloor
+from trainroom.core.vocab import PidNamespace
 
 # /proc/self/ns/pid of the initial PID namespace (PROC_PID_INIT_INO in the kernel).
 HOST_PID_NS_INODE = 0xEFFFFFFC

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Literal
 
 from trainroom.core.samples import CgroupMemory, HostSample
+from trainroom.core.vocab import CgroupVersion
 
 PROC = "/proc"
 MEMINFO = f"{PROC}/meminfo"
@@ -105,7 +105,7 @@ def cgroup_memory(
                 return d
         return None
 
-    version: Literal[1, 2]
+    version: CgroupVersion
     if v1_path is not None:
         d = locate(os.path.join(cgroup_root, "memory"), v1_path, "memory.usage_in_bytes")
         if d is None:

@@ -56,10 +56,6 @@ class RunOf(NamedTuple):
         per_node = self.local_world_size or local_world_size
         return self.node_rank * per_node + self.local_rank if per_node else None
 
-    def of_attempt(self, run_id: str, attempt: int | None) -> bool:
-        """One of `run_id`'s processes, and of `attempt` when one is given."""
-        return self.run == run_id and (attempt is None or self.attempt == attempt)
-
 
 class Unreadable(NamedTuple):
     """The environment could not be read (the process is gone, or not ours)."""

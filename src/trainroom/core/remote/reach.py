@@ -10,8 +10,9 @@ import socket
 from typing import TYPE_CHECKING
 
 from trainroom.core.run import client, store
-from trainroom.core.run.client import KeeperGone, KeeperStatus, KeeperUnreachable
+from trainroom.core.run.client import KeeperGone, KeeperUnreachable
 from trainroom.core.run.store import RunError, RunInfo, RunUnreachable
+from trainroom.core.vocab import KeeperWord
 
 if TYPE_CHECKING:
     from trainroom.core.run.view import RunView
@@ -63,7 +64,7 @@ class SshRuns:
 
 
 class SshDialer:
-    def dial(self, address: str) -> tuple[socket.socket, KeeperStatus]:
+    def dial(self, address: str) -> tuple[socket.socket, KeeperWord]:
         from trainroom.core.remote import ssh
         from trainroom.core.remote.target import TargetError, resolve_target
 

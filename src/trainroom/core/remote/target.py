@@ -98,14 +98,3 @@ def configured_hosts() -> dict[str, sections.Host]:
 def resolve_target(spec: str) -> SshTarget:
     """A target as the user wrote it, with trainroom.toml's host aliases expanded."""
     return parse_target(spec, configured_hosts())
-
-
-def check_host(name: str, host: sections.Host) -> str | None:
-    """Why a `[hosts.NAME]` entry cannot be used (one phrase), or None."""
-    try:
-        t = parse_target(host.target)
-    except TargetError as exc:
-        return str(exc)
-    if t.run is not None:
-        return f"{host.target!r}: a host names no run (give the run on the command line)"
-    return None

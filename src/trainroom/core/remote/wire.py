@@ -8,14 +8,12 @@ is gone it answers a subscribe from the run's journal and refuses a request, say
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
 from trainroom.core import protocol as p
+from trainroom.core.vocab import KeeperWord
 
 BRIDGE_VERSION = 1
-KeeperWord = Literal["alive", "busy", "gone"]
 
 
 class BridgeHello(msgspec.Struct, tag="bridge-hello", kw_only=True, omit_defaults=True):

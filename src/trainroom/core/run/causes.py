@@ -153,13 +153,11 @@ def fold(findings: Iterable[Finding]) -> list[Row]:
         placed.setdefault(f.code if up is None else root, {}).setdefault(f.code, []).append(f)
     rows = []
     for root, kinds in placed.items():
-        own = kinds.pop(root, None)
+        # A row's root has findings of its own there: a finding of the root's code walks the same
+        # causes root_of walked to reach it, and so ends at itself.
+        own = kinds.pop(root)
         rest = _in_time_order([_kind(xs) for xs in kinds.values()])
-        if own is None:  # (not reached: a root's findings are its own row) the earliest leads
-            own_kind, rest = rest[0], rest[1:]
-        else:
-            own_kind = _kind(own)
-        rows.append(Row(cause=own_kind, consequences=tuple(rest)))
+        rows.append(Row(cause=_kind(own), consequences=tuple(rest)))
     rows.sort(key=lambda r: (-SEVERITY_RANK.get(r.severity, 0), -r.head.first_seen, r.cause.code))
     return _fixes_first(rows)
 

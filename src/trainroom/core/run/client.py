@@ -17,6 +17,7 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
+from trainroom.core.vocab import KeeperWord
 
 
 class KeeperGone(Exception):
@@ -33,15 +34,12 @@ class KeeperUnreachable(KeeperGone):
     never a verdict on the run."""
 
 
-KeeperStatus = Literal["alive", "busy", "gone"]
-
-
 class Dialer(Protocol):
     """Keepers on other hosts: `dial` gives a socket to one and what its host says of its keeper
     (raising KeeperUnreachable when the host is not reached, KeeperGone when it refuses);
     `dropped` tells a link that dropped from a keeper that closed."""
 
-    def dial(self, address: str) -> tuple[socket.socket, KeeperStatus]: ...
+    def dial(self, address: str) -> tuple[socket.socket, KeeperWord]: ...
 
     def dropped(self, sock: socket.socket) -> bool: ...
 
@@ -60,7 +58,7 @@ class KeeperClient:
         self._reader = p.FrameReader(p.keeper_decoder, p.MAX_OUTBOUND_FRAME)
         self._ready: list[Any] = []
         # What the remote host said of its keeper when this client last dialed it (remote only).
-        self.remote_keeper: KeeperStatus | None = None
+        self.remote_keeper: KeeperWord | None = None
 
     def _connect(self) -> socket.socket:
         if is_remote(self.sock_path):
@@ -232,7 +230,7 @@ def keeper_stopped(info: RunInfo) -> int | None:
     return pid if pid is not None and process_state(pid) in ("T", "t") else None
 
 
-def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
+def read_run(info: RunInfo) -> tuple[RunState, KeeperWord]:
     """The run from its keeper; from its journal when the keeper is gone ("gone": its process is
     gone, by pid and start time) or keeps not answering ("busy": it lives; retried with backoff
     first, never called gone). A remote run's bridge does the same on its host."""
@@ -256,7 +254,7 @@ def read_run(info: RunInfo) -> tuple[RunState, KeeperStatus]:
         else:
             return store.load_state(info.run_dir), "busy"
     rec = store.read_record(Path(info.run_dir))
-    keeper: KeeperStatus = "busy" if info.alive and store.keeper_alive(rec) else "gone"
+    keeper: KeeperWord = "busy" if info.alive and store.keeper_alive(rec) else "gone"
     return store.load_state(info.run_dir), keeper
 
 
@@ -270,7 +268,7 @@ def current_state(info: RunInfo) -> tuple[RunState, bool]:
 SummarySource = Literal["keeper", "summary", "journal"]
 
 
-def read_summary(info: RunInfo) -> tuple[RunSummary, KeeperStatus, SummarySource]:
+def read_summary(info: RunInfo) -> tuple[RunSummary, KeeperWord, SummarySource]:
     """The run in one line: from its keeper while it lives, else from the summary file its keeper
     left when that still matches the journal (one stat), else from the snapshot and the journal
     after it."""

@@ -9,7 +9,7 @@ trainer could not start, and "process gone, exit status not yet known" before wa
 
 from __future__ import annotations
 
-from trainroom.core.run.state import AttemptView
+from trainroom.core.run.state import AttemptView, RunState
 from trainroom.core.units import signal_name
 
 NOT_YET_KNOWN = "process gone, exit status not yet known"
@@ -35,6 +35,11 @@ def how_ended(
     return f"exit code {exit_code}"
 
 
+def returncode_ended(code: int) -> str:
+    """A child's return code in the same words (`subprocess`'s: negative when a signal killed it)."""
+    return how_ended(None, -code) if code < 0 else how_ended(code, None)
+
+
 def attempt_ended(a: AttemptView) -> str:
     """How attempt `a` ended; a user's kill says so first ("stopped by the user (killed by
     SIGTERM)")."""
@@ -45,3 +50,18 @@ def attempt_ended(a: AttemptView) -> str:
 def clean_exit(a: AttemptView) -> bool:
     """Ended on its own with status 0: "exited", not a death."""
     return a.ended_at is not None and a.exit_code == 0 and a.exit_signal is None and a.error is None
+
+
+def live_attempt(state: RunState) -> bool:
+    """The run's attempt has not ended: its trainer lives (what an action on the trainer needs)."""
+    a = state.attempt
+    return a is not None and a.alive
+
+
+def not_running(state: RunState) -> str:
+    """Why an action on the trainer cannot act: no attempt, or how the last one ended, in the
+    words every reader uses ("the trainer is not running (attempt 1 ended: killed by SIGKILL)")."""
+    a = state.attempt
+    if a is None:
+        return "the trainer is not running (no attempt has started)"
+    return f"the trainer is not running (attempt {a.n} ended: {attempt_ended(a)})"

@@ -8,7 +8,7 @@ an open finding's figures are not events.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -16,17 +16,8 @@ from trainroom.core import protocol as p
 from trainroom.core import units
 from trainroom.core.run.ended import how_ended
 from trainroom.core.units import signal_name
+from trainroom.core.vocab import AlertKind, EventKind, FindingCode, NotifyOutcome, Severity, StateName
 
-EventKind = Literal[
-    "finding",
-    "finding-cleared",
-    "state",
-    "action",
-    "attempt-started",
-    "attempt-ended",
-    "alert",
-    "keeper-started",
-]
 # The records that can make an event (what `trainroom events --follow` must not count twice).
 EVENT_RECORDS = (
     p.FindingRaised,
@@ -46,12 +37,12 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
     event: EventKind
     # finding, finding-cleared
     ident: str | None = None
-    code: str | None = None
-    severity: str | None = None
+    code: FindingCode | None = None
+    severity: Severity | None = None
     message: str | None = None
     evidence: dict[str, Any] = {}
     # state
-    state: str | None = None
+    state: StateName | None = None
     reason: str | None = None
     # action (its name, outcome and client), attempt-*
     action: str | None = None
@@ -64,8 +55,8 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
     resume_from: str | None = None
     # alert (one delivery try; the channel is redacted)
     channel: str | None = None
-    kind: str | None = None
-    outcome: str | None = None
+    kind: AlertKind | None = None
+    outcome: NotifyOutcome | None = None
     detail: str | None = None
 
 
@@ -74,7 +65,7 @@ class EventFold:
 
     def __init__(self, run: str) -> None:
         self.run = run
-        self._open: dict[str, tuple[str, str]] = {}  # ident -> (severity, code)
+        self._open: dict[str, tuple[Severity, FindingCode]] = {}  # ident -> (severity, code)
 
     def events(self, rec: p.Record) -> list[Event]:
         e = self._event(rec)
@@ -130,7 +121,7 @@ class EventFold:
                 channel=rec.channel,
                 kind=rec.kind,
                 ident=rec.alert or None,
-                severity=rec.severity or None,
+                severity=rec.severity,
                 outcome=rec.outcome,
                 detail=rec.detail or None,
             )
@@ -140,7 +131,8 @@ class EventFold:
 
     def _raised(self, rec: p.FindingRaised) -> Event | None:
         f = rec.finding
-        if self._open.get(f.ident, ("", ""))[0] == f.severity:
+        was = self._open.get(f.ident)
+        if was is not None and was[0] == f.severity:
             return None
         self._open[f.ident] = (f.severity, f.code)
         return Event(

@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import psutil
 
+from trainroom.core.probes.runof import run_of
 from trainroom.core.run import store
 from trainroom.core.run.store import RunInfo, RunRecord
 
@@ -84,14 +85,10 @@ def carried_run_ids() -> set[str]:
     """Run ids in the environment of a live process (TRAINROOM_RUN): one sweep for all runs."""
     out: set[str] = set()
     me = os.getpid()
-    for proc in psutil.process_iter(["environ"]):
-        try:
-            env = proc.info["environ"] or {}
-        except psutil.Error:
-            continue
-        run = env.get("TRAINROOM_RUN")
-        if run and proc.pid != me:
-            out.add(run)
+    for pid in psutil.pids():
+        found = run_of(pid) if pid != me else None
+        if found is not None and found.run:
+            out.add(found.run)
     return out
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
 from trainroom.core.config import Thresholds
 from trainroom.core.run.state import RankView, RunState, StepRow
 from trainroom.core.samples import GpuSample
+from trainroom.core.vocab import VramBasis
 
 # --------------------------------------------------------------------------- loss
 
@@ -174,8 +175,6 @@ def steps_per_s(run: RunState) -> float | None:
 
 # --------------------------------------------------------------------------- VRAM
 
-Basis = Literal["per-process", "device"]
-
 
 class VramFigures(msgspec.Struct, kw_only=True, frozen=True):
     """The driver's view of the run's VRAM beside what its allocator reports."""
@@ -191,7 +190,7 @@ class VramFigures(msgspec.Struct, kw_only=True, frozen=True):
     # The VRAM the run owns: run_bytes where the driver reports it, else the devices' used memory
     # less what other live processes are known to hold. What GHOST_MEMORY compares.
     owned_bytes: int | None = None
-    basis: Basis | None = None
+    basis: VramBasis | None = None
     devices: list[int] = []  # the devices owned_bytes covers
     util_percent: int | None = None  # the busiest device (junk over 100 is dropped)
     power_w: float | None = None  # all devices together
@@ -206,7 +205,7 @@ def _sum(values: Iterable[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def _owned(gpu: GpuSample) -> tuple[int | None, Basis | None, list[int]]:
+def _owned(gpu: GpuSample) -> tuple[int | None, VramBasis | None, list[int]]:
     ours = gpu.ours
     known = [x.used_bytes for x in ours if x.used_bytes is not None]
     if ours and len(known) == len(ours):

@@ -5,12 +5,12 @@ room's header all read it, so they say the same state word, the same way on and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from trainroom.core.probes.adopt import still_runs
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_duration
+from trainroom.core.vocab import Unwatched
 
 
 def orphaned_trainer(st: RunState) -> int | None:
@@ -28,7 +28,7 @@ class KeeperGone:
     reads it) and its words as of a time: the age in them is the reader's clock's, so a view
     that redraws says a true age."""
 
-    state: Literal["orphaned", "unknown"]
+    state: Unwatched
     run_id: str
     pid: int  # the attempt's trainer: the orphan, or the process that ended unseen
     attached: bool

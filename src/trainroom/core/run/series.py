@@ -25,9 +25,9 @@ from trainroom.core import protocol as p
 from trainroom.core.run.figures import ln_v
 from trainroom.core.run.vitals import VitalsHistory
 from trainroom.core.samples import VitalsSample
+from trainroom.core.vocab import MarkKind
 
 METRICS = ("loss", "lr", "grad_norm", "step_time")
-MarkKind = Literal["checkpoint", "restart", "lr-change", "loss-scale"]
 XUnit = Literal["tokens", "steps"]
 
 # An LR change is marked when it jumps by this factor in one step after a flat stretch: a StepLR
@@ -38,7 +38,7 @@ T = TypeVar("T")
 
 
 class Mark(msgspec.Struct, kw_only=True, omit_defaults=True):
-    kind: str
+    kind: MarkKind
     x: float
     step: int | None = None
     label: str = ""

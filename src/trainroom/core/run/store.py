@@ -18,6 +18,7 @@ from trainroom.core.journal import file as journal
 from trainroom.core.journal import replay, segments
 from trainroom.core.probes.adopt import Adoptee
 from trainroom.core.probes.procs import same_start
+from trainroom.core.probes.runof import run_of
 from trainroom.core.run.address import is_remote
 from trainroom.core.run.fold import RunFold
 from trainroom.core.run.state import RunState
@@ -456,14 +457,11 @@ def _carrying(run_id: str, since: float) -> list[psutil.Process]:
     """Live processes whose environment names this run (TRAINROOM_RUN), started since `since`."""
     out = []
     me = os.getpid()
-    for proc in psutil.process_iter(["environ", "create_time"]):
-        try:
-            env = proc.info["environ"] or {}
-            if proc.pid == me or env.get("TRAINROOM_RUN") != run_id:
-                continue
-            if proc.info["create_time"] < since - 1.0:
-                continue
-        except psutil.Error:
+    for proc in psutil.process_iter(["create_time"]):
+        created = proc.info["create_time"]
+        if proc.pid == me or created is None or created < since - 1.0:
             continue
-        out.append(proc)
+        found = run_of(proc.pid)
+        if found is not None and found.run == run_id:
+            out.append(proc)
     return out

@@ -40,6 +40,7 @@ import msgspec
 from trainroom.core import framing
 from trainroom.core import protocol as p
 from trainroom.core.protocol import error_chain
+from trainroom.core.vocab import PhaseName
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +88,7 @@ class Reporter:
         self._queue: collections.deque[bytes] = collections.deque(maxlen=QUEUE_FRAMES)
         self._partial: memoryview | None = None
         self._sock: socket.socket | None = None
-        self._phase: p.PhaseName = "train"
+        self._phase: PhaseName = "train"
         self._closed = False
         self.dropped = 0
         self.invalid = 0  # steps dropped because the keeper would refuse them (negative, not an int)
@@ -186,7 +187,7 @@ class Reporter:
             self._drain()
 
     @contextlib.contextmanager
-    def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
+    def phase(self, name: PhaseName, bound_s: float | None = None) -> Iterator[None]:
         """A phase that is not a stall for as long as `bound_s` (the keeper's default otherwise)."""
         prev = self._phase
         self._phase = name
@@ -373,7 +374,7 @@ class NullReporter:
         self.last_step = step
 
     @contextlib.contextmanager
-    def phase(self, name: p.PhaseName, bound_s: float | None = None) -> Iterator[None]:
+    def phase(self, name: PhaseName, bound_s: float | None = None) -> Iterator[None]:
         yield
 
     def checkpoint(self, *_: object, **__: object) -> None:
@@ -392,7 +393,7 @@ class NullReporter:
         return True
 
 
-_PHASES: frozenset[str] = frozenset(get_args(p.PhaseName))
+_PHASES: frozenset[str] = frozenset(get_args(PhaseName))
 _current: Reporter | NullReporter = NullReporter()
 
 
