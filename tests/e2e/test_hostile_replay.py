@@ -5,7 +5,8 @@ the run still trains (held after its spike), every file of the run's checkpoint 
 the trainer's own file are bit for bit as they were; the replay's saves are in its scratch root and
 its own file in its scratch directory. A replay that would share the run's GPU when its free memory
 cannot take a second copy of the trainer (NVML's figures, from the fake driver) is refused with the
-figures; on the CPU it runs."""
+figures; on the CPU it runs. Once the run has ended, a replay's own file still never reaches the
+run's working directory."""
 
 from __future__ import annotations
 
@@ -124,3 +125,10 @@ def test_a_replay_beside_the_live_run_never_moves_its_checkpoints_or_files(
     ]
     assert "DUPLICATE_TRAINER" not in raised, raised  # the replay is no second trainer of the run
     assert os.readlink(root / "latest").endswith("step-000040")
+
+    # Ended: the same replay, on the device the run used; its own file still never reaches the cwd.
+    ended = {"root": _digests(root), "own": _digests(tmp_path / "own")}
+    out = run_cli("replay", info.run_id, "--step", "25", timeout=TORCH_START_S)
+    assert out.returncode == 2 and "printed no replay_loss=" in out.stderr, out.stdout + out.stderr
+    assert {"root": _digests(root), "own": _digests(tmp_path / "own")} == ended
+    assert len(list((Path(info.run_dir) / "replays").iterdir())) == 2

@@ -108,8 +108,8 @@ def test_what_a_replay_writes_into_the_runs_directory_lands_in_its_scratch_direc
     upper.mkdir()
     if as_nobody:
         tmp_path.chmod(0o755)
-        for p in (run, run / "out", run / "out" / "ckpt.pt", run / "log.txt", upper):
-            os.chown(p, 65534, 65534)
+        for f in (run, run / "out", run / "out" / "ckpt.pt", run / "log.txt", upper):
+            os.chown(f, 65534, 65534)
     out = _isolated(
         run,
         upper,

@@ -190,8 +190,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     busy = still_training(info, live, keeper_alive)
     try:
         asked = parse_device(args.device) if args.device is not None else None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
         where = place(asked, busy is not None, live.probe.gpu if live.probe is not None else None)
-    except (ValueError, PlaceError) as exc:
+    except PlaceError as exc:
         raise CliError(f"{busy}: {exc}" if busy is not None else str(exc)) from None
     log, row = window_of(st, args.step)
     ckpt = checkpoint_before(st, args.step)
