@@ -11,7 +11,9 @@ single-process run, one `iter 999999999` nanoGPT line, a FIFO put in place of tr
 exception whose text holds NUL bytes (it dies by it). Then, over a 5 s window: a snapshot's and a
 `kill` plan's latency (median and worst of 5), the steps the keeper folded (its tick kept pace),
 its CPU time and RSS; then (where the trainer still lives) a SIGKILL of the trainer and how long
-the keeper takes to say it died, and what it said. A quiet case (nothing hostile) is the baseline.
+the keeper takes to say it died, and what it said. A quiet case (nothing hostile) is the baseline. Each case runs twice: the trainer
+reporting through the SDK, and printing only nanoGPT's `iter N: loss ...` lines (no SDK: the keeper
+reads its steps, ranks and cause from the log alone).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ MIB = 1 << 20
 TRAINER = """
     import os, sys, time
     from trainroom.core import sdk
-    case = sys.argv[1]
-    rep = sdk.connect(lr=1e-3)
+    case, mode = sys.argv[1], sys.argv[2]
+    rep = sdk.connect(lr=1e-3) if mode == "sdk" else None
     MIB = 1 << 20
 
     def hostile():
@@ -63,7 +65,10 @@ TRAINER = """
     step = 0
     while True:
         step += 1
-        rep.step(step, loss=2.0, tokens=step * 64)
+        if rep is not None:
+            rep.step(step, loss=2.0, tokens=step * 64)
+        else:  # nanoGPT's line: the keeper reads the steps from the log
+            print(f"iter {step}: loss 2.0000, time 20.00ms, mfu 1.00%", flush=True)
         if step == 20 and case != "quiet":
             hostile()
         time.sleep(0.02)
@@ -79,6 +84,8 @@ CASES = (
     "billion-laughs",
     "nul-exception",
 )
+# Each also with no SDK (mode "log"): the steps, the ranks and the cause read from the log only.
+MODES = ("sdk", "log")
 WINDOW_S = 5.0
 
 
@@ -105,7 +112,7 @@ def _wait(what: str, fn: Any, timeout: float = 120.0) -> Any:
     raise GaveUp(f"gave up after {timeout:.0f} s waiting for {what}")
 
 
-def one(case: str, work: Path) -> dict[str, Any]:
+def one(case: str, mode: str, work: Path) -> dict[str, Any]:
     from fuzz_keeper import _latencies  # type: ignore[import-not-found]
 
     from trainroom.core.run import store as runs
@@ -115,11 +122,11 @@ def one(case: str, work: Path) -> dict[str, Any]:
     script = work / "trainer.py"
     script.write_text(textwrap.dedent(TRAINER))
     info = launch(
-        [sys.executable, str(script), case],
+        [sys.executable, str(script), case, mode],
         LaunchOptions(linger_s=30, ckpt_root=str(work / f"ck-{case}")),
         cwd=str(work),
     )
-    out: dict[str, Any] = {"case": case}
+    out: dict[str, Any] = {"case": case, "mode": mode}
     try:
         keeper = _wait("the keeper", lambda: runs.read_record(Path(info.run_dir)).keeper_pid)
         _wait("step 25", lambda: (_status(info.run_id)["step"] or 0) >= 25 or (case == "nul-exception" and 1))
@@ -145,6 +152,16 @@ def one(case: str, work: Path) -> dict[str, Any]:
             "checkpoints": [(c["step"], c["state"]) for c in d["checkpoints"]],
             "notes": [n.get("text") or n.get("message") for n in d.get("notes", [])][-3:],
         }
+        if case == "billion-laughs":  # how long its verification took, the keeper answering meanwhile
+
+            def judged() -> list[Any]:
+                return [
+                    c for c in _status(info.run_id)["checkpoints"] if c["state"] in ("verified", "rejected")
+                ]
+
+            got = _wait("the checkpoint's verdict", judged)
+            out["checkpoints"] = [(c["step"], c["state"]) for c in got]
+            out["verdict_after_s"] = round(time.monotonic() - t0, 2)
         pid = d["pid"]
         if pid and d["ended_s_ago"] is None:
             os.kill(pid, signal.SIGKILL)
@@ -159,16 +176,16 @@ def one(case: str, work: Path) -> dict[str, Any]:
         out["gave_up"] = str(exc)
     finally:
         runs.stop_run(info.run_dir)
-    print(f"fuzz_trainer_text: {case} done", file=sys.stderr, flush=True)
+    print(f"fuzz_trainer_text: {case} ({mode}) done", file=sys.stderr, flush=True)
     return out
 
 
-def run_all(cases: tuple[str, ...] = CASES) -> list[dict[str, Any]]:
+def run_all(cases: tuple[str, ...] = CASES, modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="trtext"))
     old = os.environ.get("TRAINROOM_HOME")
     os.environ["TRAINROOM_HOME"] = str(work / "home")
     try:
-        return [one(c, work) for c in cases]
+        return [one(c, m, work) for m in modes for c in cases if not (m == "log" and c == "billion-laughs")]
     finally:
         if old is None:
             os.environ.pop("TRAINROOM_HOME", None)
@@ -185,11 +202,11 @@ def lines(results: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in results:
         if "gave_up" in r:
-            out.append(f"{r['case']}: {r['gave_up']}")
+            out.append(f"{r['case']} ({r['mode']}): {r['gave_up']}")
             continue
         death = f"; SIGKILL seen in {r['death_seen_s']:.2f} s" if r.get("death_seen_s") is not None else ""
         out.append(
-            f"{r['case']}: snapshot {_ms(r['snapshot_s'])} (worst {_ms(r['snapshot_max_s'])}), kill plan "
+            f"{r['case']} ({r['mode']}): snapshot {_ms(r['snapshot_s'])} (worst {_ms(r['snapshot_max_s'])}), kill plan "
             f"{_ms(r['kill_plan_s'])} (worst {_ms(r['kill_plan_max_s'])}); {r['steps_folded_per_s']} steps/s "
             f"folded, keeper CPU {r['keeper_cpu_percent']} %, RSS {r['keeper_rss_bytes'] / MIB:.1f} MiB; "
             f"ranks {r['ranks']}{death}"
@@ -197,7 +214,7 @@ def lines(results: list[dict[str, Any]]) -> list[str]:
         if r.get("dead"):
             out.append(f"  DEAD: {r['dead'][:160]}")
         if r["case"] == "billion-laughs":
-            out.append(f"  checkpoints: {r['checkpoints']}")
+            out.append(f"  checkpoints: {r['checkpoints']}, verdict {r['verdict_after_s']} s after step 25")
     return out
 
 
@@ -205,8 +222,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", nargs="+", choices=CASES)
+    ap.add_argument("--mode", choices=MODES, help="only this mode (default: both)")
     a = ap.parse_args()
-    results = run_all(tuple(a.only) if a.only else CASES)
+    results = run_all(tuple(a.only) if a.only else CASES, (a.mode,) if a.mode else MODES)
     print(json.dumps(results, indent=2) if a.json else "\n".join(lines(results)))
     return 0
 
