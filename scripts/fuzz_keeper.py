@@ -14,7 +14,7 @@ and 1000 idle live subscriptions, from one process and spread over ten (the keep
 and after them, and the latency of a `kill` plan and of a snapshot under them), and runs whose
 journal is a FIFO, a directory or 32 MiB of zeros (how long `runs` and each `status` take, and the
 live keeper's RSS and action latency while they are listed over and over). Last, the hostile
-trainer output of issue 32 (scripts/fuzz_trainer_text.py: 1 MiB lines with no newline, a FIFO at
+trainer output (scripts/fuzz_trainer_text.py: 1 MiB lines with no newline, a FIFO at
 trainer.log, a billion-laughs checkpoint, `[rank3]:` prefixes, `iter 999999999`, NUL bytes in an
 exception), one run each, with and without the SDK (`--no-text` skips them).
 

@@ -1,4 +1,4 @@
-"""What hostile trainer output costs a real keeper (issue 32, items 10-18), one run per input.
+"""What hostile trainer output costs a real keeper, one run per input.
 
     python scripts/fuzz_trainer_text.py [--json] [--only CASE ...]
     (also run by `python scripts/fuzz_keeper.py`, after its socket fuzz)
