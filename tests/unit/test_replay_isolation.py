@@ -148,3 +148,28 @@ def test_covers_are_the_existing_outermost_directories(tmp_path: Path) -> None:
         [str(tmp_path / "a" / "b"), str(tmp_path / "a"), str(tmp_path / "c"), str(tmp_path / "none")]
     )
     assert got == [tmp_path / "a", tmp_path / "c"]
+
+
+def test_a_scratch_directory_inside_the_runs_cwd_puts_the_writes_in_the_temp_dir(tmp_path: Path) -> None:
+    """A state dir under the run's cwd (TRAINROOM_HOME=./.trainroom): overlayfs takes no upper
+    inside its lower, so the writes go to a directory of their own in the temp dir, and still
+    never into the run's cwd."""
+    run = tmp_path / "run"
+    scratch = run / ".trainroom" / "runs" / "r" / "replays" / "x"
+    scratch.mkdir(parents=True)
+    assert isolate.upper_dir(tmp_path / "elsewhere", [run], "t-") == tmp_path / "elsewhere"
+    upper = isolate.upper_dir(scratch / "written", [run], "trainroom-replay-r-")
+    try:
+        assert upper.parent == Path(os.path.realpath(tempfile.gettempdir())) and upper.name.startswith(
+            "trainroom-replay-r-"
+        )
+        (run / "ckpt.pt").write_bytes(b"the run's")
+        out = _isolated(run, upper, "echo replay > ckpt.pt; echo s > .trainroom/runs/r/replays/x/saved")
+        assert out.returncode == 0, out.stderr
+        assert (run / "ckpt.pt").read_bytes() == b"the run's" and not (scratch / "saved").exists()
+        assert (upper / "upper" / "0" / "ckpt.pt").read_text() == "replay\n"
+    finally:
+        shutil.rmtree(upper, ignore_errors=True)
+    assert (
+        isolate.upper_dir(scratch / "written", [Path("/")], "t-") == scratch / "written"
+    )  # enter() says why

@@ -216,7 +216,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     env.update(where.env)
     env[ENV_OF] = info.run_id  # the run's keeper takes it for no duplicate of its trainer
     covered = covered_dirs(st, rec.cwd)
-    argv = [sys.executable, "-m", "trainroom.core.ops.isolate", "--upper", str(scratch / "written")]
+    written = isolate.upper_dir(
+        scratch / "written", [Path(c) for c in covered], f"trainroom-replay-{info.run_id}-"
+    )
+    argv = [sys.executable, "-m", "trainroom.core.ops.isolate", "--upper", str(written)]
     argv += [a for c in covered for a in ("--cover", c)]
     argv += ([] if busy is not None else ["--or-plain"]) + ["--", *rec.argv]
     code, out, timed_out = run_bounded(argv, rec.cwd, env, args.timeout, idle=False)
@@ -258,7 +261,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     "beside_live_run": busy is not None,
                     "writes_isolated": isolated,
                     "covered": covered if isolated else [],
-                    "written": str(scratch / "written" / "upper"),
+                    "written": str(written / "upper"),
                     "reproduces": ok,
                     "verdict": words,
                     **figures,
@@ -270,15 +273,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
             f"replayed step {args.step} (batch {_batch_words(row.batch)}) from step {ckpt.step}'s checkpoint"
         )
         print(words)
-        print(_where_words(where, busy is not None, isolated, covered, scratch))
+        print(_where_words(where, busy is not None, isolated, covered, written))
     return 0 if ok else 1
 
 
-def _where_words(where: Placement, live: bool, isolated: bool, covered: list[str], scratch: Path) -> str:
+def _where_words(where: Placement, live: bool, isolated: bool, covered: list[str], written: Path) -> str:
     ran = f"it ran {where.words}" + (", beside the live run" if live and "beside" not in where.words else "")
     if not isolated:
         return f"{ran}; its own writes were not isolated (see above)"
-    return f"{ran}; what it wrote into {', '.join(covered)} is in {scratch / 'written' / 'upper'}, not there"
+    return f"{ran}; what it wrote into {', '.join(covered)} is in {written / 'upper'}, not there"
 
 
 def _batch_words(b: p.BatchRef) -> str:

@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -70,6 +71,19 @@ def covers(paths: Sequence[str]) -> list[Path]:
         if os.path.isdir(p) and p not in found:
             found.append(p)
     return sorted(p for p in found if not any(q != p and inside(p, q) for q in found))
+
+
+def upper_dir(wanted: Path, cover: Sequence[Path], prefix: str) -> Path:
+    """Where the writes go: `wanted` (the replay's scratch directory), unless it lies inside a
+    directory it covers (a state dir under the run's cwd: overlayfs refuses an upper inside its
+    lower), then a new directory in the temp dir when that lies outside them all."""
+    real = Path(os.path.realpath(wanted))
+    if not any(inside(real, c) for c in cover):
+        return wanted
+    tmp = Path(os.path.realpath(tempfile.gettempdir()))
+    if any(inside(tmp, c) for c in cover):
+        return wanted  # nowhere outside: enter() says why
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=tmp))
 
 
 def enter(cover: Sequence[Path], upper: Path) -> list[tuple[Path, Path]]:
