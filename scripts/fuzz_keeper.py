@@ -13,7 +13,10 @@ and open fds before and after, and what the journal grew by. Then the hostile ho
 and 1000 idle live subscriptions, from one process and spread over ten (the keeper's RSS with them
 and after them, and the latency of a `kill` plan and of a snapshot under them), and runs whose
 journal is a FIFO, a directory or 32 MiB of zeros (how long `runs` and each `status` take, and the
-live keeper's RSS and action latency while they are listed over and over).
+live keeper's RSS and action latency while they are listed over and over). Last, the hostile
+trainer output (scripts/fuzz_trainer_text.py: 1 MiB lines with no newline, a FIFO at
+trainer.log, a billion-laughs checkpoint, `[rank3]:` prefixes, `iter 999999999`, NUL bytes in an
+exception), one run each, with and without the SDK (`--no-text` skips them).
 
 What a healthy keeper shows: alive, status answers, steps advanced at the stepper's pace (50 a
 second; a Hello taken from the fuzzer would hold the run's step, the slowest rank's, back), RSS and
@@ -390,8 +393,13 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-text", action="store_true", help="skip the hostile trainer output")
     args = ap.parse_args()
     r = fuzz(args.seconds, args.seed)
+    if not args.no_text:
+        from fuzz_trainer_text import run_all
+
+        r["trainer_text"] = run_all()
     if args.json:
         print(json.dumps(r, indent=2))
     else:
@@ -429,10 +437,16 @@ def main() -> int:
             f"{f['rss_under_them_bytes'] / mib:.1f} MiB, kill plan {_secs(f['kill_plan_s'])} "
             f"(worst {_secs(f['kill_plan_max_s'])}), snapshot {_secs(f['snapshot_s'])}"
         )
+        if "trainer_text" in r:
+            from fuzz_trainer_text import lines
+
+            print("hostile trainer output (one run each):")
+            print("\n".join("  " + ln for ln in lines(r["trainer_text"])))
     i = r["idle_subscriptions"]
     ok = r["keeper_alive"] and r["status_answers"] and r["steps_advanced"] > 0
     ok = ok and bool(i) and all(c["kill_plan_s"] is not None for c in i["cases"])
     ok = ok and r["fifo_journal"]["kill_plan_s"] is not None
+    ok = ok and all("gave_up" not in t and t["kill_plan_s"] is not None for t in r.get("trainer_text", []))
     return 0 if ok else 1
 
 

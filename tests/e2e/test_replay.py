@@ -7,12 +7,14 @@ spike says so, and a step outside every recorded window is one line, exit 2."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
 from trainroom.core import protocol as p
+from trainroom.core.demo.launcher import demo_dir
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 
@@ -58,3 +60,27 @@ def test_a_poisoned_batch_spike_reproduces_from_the_checkpoint_before_it(trhome:
         f"trainroom: error: no batch recorded for step 59; recorded: steps {logs[0].rows[0].step}-"
         f"{logs[0].rows[-1].step} (LOSS_SPIKE)"
     ]
+
+
+def test_a_spike_replays_beside_the_run_that_still_trains(trhome: Path) -> None:
+    """The run trains on (no end); the replay runs beside it, isolated, and reproduces to the bit."""
+    info = start_demo(fault="spike", fault_step=30, steps=None, ckpt_every=10, step_delay=0.05, linger_s=600)
+
+    def ready() -> dict[str, Any] | None:
+        d = status(info)
+        verified = {c["step"] for c in d["checkpoints"] if c["state"] == "verified"}
+        st = runs.load_state(info.run_dir)  # what replay reads: the journal
+        journaled = any(r.step == 31 for lg in st.batch_logs for r in lg.rows)
+        return d if 30 in verified and journaled and d["ended_s_ago"] is None else None
+
+    d = wait_for(
+        ready, timeout=TORCH_START_S, what="step 31's spike journaled and step 30 verified, still training"
+    )
+    out = run_cli("replay", info.run_id, "--step", "31", "--json", timeout=TORCH_START_S)
+    assert out.returncode == 0, out.stdout + out.stderr
+    res = json.loads(out.stdout)
+    assert res["beside_live_run"] and res["writes_isolated"] and res["reproduces"], res
+    assert res["checkpoint_step"] == 30 and res["replayed"] == res["recorded"]
+    assert res["covered"] == [os.path.realpath(demo_dir())], res  # the run's cwd, overlaid
+    after = status(info)
+    assert after["ended_s_ago"] is None and after["step"] > d["step"], after["state"]  # it trained on

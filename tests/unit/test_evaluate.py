@@ -4,6 +4,7 @@ timeout killing its whole process group, one that cannot start), and the [eval] 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -16,6 +17,7 @@ import pytest
 from tests.support.waiting import wait_for
 from trainroom.core.config import Eval, load_config
 from trainroom.core.ops.evaluate import better, evaluate, figure_in, judge
+from trainroom.core.ops.resume import resume_argv
 from trainroom.core.sections import ConfigError
 
 PY = shlex.quote(sys.executable)
@@ -170,3 +172,27 @@ def test_launch_refuses_a_bad_eval_command_in_one_line(tmp_path: Path) -> None:
     assert out.stderr.strip().splitlines() == [
         "trainroom: error: --eval-command: expected placeholders among {ckpt}, {ckpt_dir}, {step}, {run_id}, got {nope}"
     ]
+
+
+def test_literal_braces_in_an_eval_command_are_kept_and_only_placeholders_filled(tmp_path: Path) -> None:
+    """`print({})` and JSON in the command are the command's own braces: trainroom.toml takes the
+    command, and the real evaluation gets them as written, with {ckpt} and {step} filled."""
+    ckpt = tmp_path / "step-000007"
+    ckpt.mkdir()
+    code = (
+        "import json, sys; print({}); opts = json.loads(sys.argv[1]); "
+        "print('got', opts['a']['b'], sys.argv[2], sys.argv[3]); print(json.dumps({'eval_loss': 1.5}))"
+    )
+    command = f'{PY} -c {shlex.quote(code)} \'{{"a": {{"b": 1}}}}\' {{ckpt}} {{step}}'
+    toml = tmp_path / "trainroom.toml"
+    toml.write_text(f"[eval]\ncommand = {json.dumps(command)}\n")
+    cfg, _ = load_config(tmp_path, tmp_path / "nostate")
+    assert cfg.eval.command == command
+    got = evaluate(cfg.eval, str(ckpt), step=7, run_id="r", cwd=str(tmp_path), best=None)
+    assert got.passed and got.figure == 1.5, got.why
+    argv = resume_argv(command, ckpt=str(ckpt), step=7)
+    assert argv[3:] == ['{"a": {"b": 1}}', str(ckpt), "7"]
+    assert resume_argv("run {ckpt} {}", ckpt="/c/{step}", step=3) == ["run", "/c/{step}", "{}"]  # one pass
+    toml.write_text('[eval]\ncommand = "python eval.py {ckpt_path} {}"\n')  # a typo is still refused
+    with pytest.raises(ConfigError, match=r"got \{ckpt_path\}"):
+        load_config(tmp_path, tmp_path / "nostate")

@@ -156,6 +156,20 @@ def test_duplicates_same_command_same_cwd_but_not_our_own_workers(spawn, tmp_pat
     assert dup is not None and dup.ours is None and dup.others == [theirs.pid]
 
 
+def test_a_replay_of_this_run_is_no_duplicate_but_one_of_another_run_is(spawn, tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", SLEEPER, "--run", str(tmp_path)]
+    ours = spawn(argv, cwd=tmp_path)
+    replay = spawn(argv, cwd=tmp_path, env={**os.environ, "TRAINROOM_REPLAY_OF": "run-a"})
+    for proc in (ours, replay):
+        wait_for(lambda proc=proc: psutil.Process(proc.pid).cmdline() == argv, what="the exec")
+    assert (
+        trainer_duplicates(argv, str(tmp_path), trainer_pid=ours.pid, own_pgid=ours.pid, run_id="run-a")
+        is None
+    )
+    dup = trainer_duplicates(argv, str(tmp_path), trainer_pid=ours.pid, own_pgid=ours.pid, run_id="run-b")
+    assert dup is not None and dup.others == [replay.pid]
+
+
 def test_forked_workers_of_our_trainer_are_not_duplicates(spawn, tmp_path: Path) -> None:
     argv = [sys.executable, "-c", "import os, time; os.fork(); time.sleep(60)", "--run", str(tmp_path)]
     trainer = spawn(argv, cwd=tmp_path)

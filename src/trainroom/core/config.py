@@ -57,7 +57,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import string
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -92,8 +91,18 @@ Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 # nanoGPT's training line: `iter 100: loss 2.3456, time 123.45ms, mfu 12.34%` (one of the built-in
 # log recognisers, core/logformats).
 DEFAULT_LOG_PATTERN = NANOGPT_PATTERN
-# Placeholders a resume command template may use.
+# Placeholders a resume command template may use. Only these are filled; every other brace is
+# kept as written (`python -c "print({})"`, JSON such as `--opts '{"a": {"b": 1}}'`).
 RESUME_PLACEHOLDERS = ("ckpt", "ckpt_dir", "step", "run_id")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(RESUME_PLACEHOLDERS) + r")\}")
+# What looks like a placeholder (`{name}`): an unknown one is a typo, refused.
+_NAMED = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def fill_template(word: str, values: dict[str, str]) -> str:
+    """`word` with each known placeholder replaced by its value (one pass: a value's own braces
+    stay as they are); any other brace is literal."""
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], word)
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -487,14 +496,15 @@ def _check_semantics(config: Config, path: str | os.PathLike[str]) -> None:
 
 
 def check_template(key: str, command: str, path: str | os.PathLike[str]) -> None:
-    """A command template: shell-like words, only the known placeholders, not empty."""
+    """A command template: shell-like words, only the known placeholders, not empty. Braces that
+    are no `{name}` (`{}`, JSON) are literal."""
     try:
         words = shlex.split(command)
-        names = {name for w in words for _, name, _, _ in string.Formatter().parse(w) if name is not None}
     except ValueError as exc:
         raise ConfigError(
             f"{path}: {key}: expected a shell-like command, got one that fails: {exc}"
         ) from None
+    names = {m.group(1) for w in words for m in _NAMED.finditer(w)}
     unknown = sorted(n for n in names if n not in RESUME_PLACEHOLDERS)
     if unknown:
         allowed = ", ".join("{" + p + "}" for p in RESUME_PLACEHOLDERS)

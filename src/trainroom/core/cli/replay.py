@@ -1,10 +1,16 @@
-"""`trainroom replay [RUN] --step N [--fp32]`: the forensic step after a loss spike. The run's own
-command starts again, away from its keeper, from the last verified checkpoint before step N, with
-the batch step N trained on (and the batches of the steps between) in its environment (see
-`sdk.replay_request`); its saves go to a scratch root of its own (runs/<id>/replays/…), never the
-run's, and it refuses while the run still trains; it prints the replayed loss, and the verdict compares it with what the run
+"""`trainroom replay [RUN] --step N [--fp32] [--device D]`: the forensic step after a loss spike. The
+run's own command starts again, away from its keeper, from the last verified checkpoint before step
+N, with the batch step N trained on (and the batches of the steps between) in its environment (see
+`sdk.replay_request`); it prints the replayed loss, and the verdict compares it with what the run
 saw: the spike reproduces (the data or the numerics: look at the batch, then try --fp32), or it does
-not (non-determinism, collectives, memory, hardware). Exit 0 reproduces, 1 does not, 2 bad input."""
+not (non-determinism, collectives, memory, hardware). Exit 0 reproduces, 1 does not, 2 bad input.
+
+It never touches the run, live or ended: its `save_checkpoint` saves go to a scratch root of its
+own (runs/<id>/replays/…/checkpoints), and whatever else it writes into the run's working
+directory, checkpoint root or watched paths lands in that scratch directory (`ops.isolate`: an
+overlay in a mount namespace of its own). While the run trains it runs beside it, on the device it
+is told (`--device cpu|N`) or the run's own, refused only when that would share a GPU with the live
+trainer and the GPU's free memory cannot take it (`ops.replayplace`, with the figures)."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import math
 import os
 import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,13 +27,15 @@ from typing import Any
 
 from trainroom.core import protocol as p
 from trainroom.core.cli.errors import CliError
+from trainroom.core.ops import isolate
 from trainroom.core.ops.evaluate import figure_in, run_bounded
+from trainroom.core.ops.replayplace import PlaceError, Placement, parse_device, place
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import current_state
 from trainroom.core.run.ended import returncode_ended
 from trainroom.core.run.state import CheckpointView, RunState
-from trainroom.core.sdk.replay import ReplayRequest, replay_env
+from trainroom.core.sdk.replay import ENV_OF, ReplayRequest, replay_env
 from trainroom.core.units import to_json
 
 REPLAY_PATTERN = r"replay_loss=(?P<loss>\S+)"
@@ -46,6 +55,11 @@ def add_parser(sub: Any) -> None:
     sp.add_argument("run", nargs="?", help="a run id (default: the newest run)")
     sp.add_argument("--step", type=int, required=True, help="the step whose batch is replayed")
     sp.add_argument("--fp32", action="store_true", help="ask the trainer to replay in fp32 (no autocast)")
+    sp.add_argument(
+        "--device",
+        help="where the replay runs: cpu or a GPU index (default: as the run was started; while it "
+        "trains, its own GPU if that GPU's free memory allows a second copy)",
+    )
     sp.add_argument("--timeout", type=float, default=900.0, help="seconds the replay may take (default 900)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_replay)
@@ -128,8 +142,8 @@ def verdict(
 
 def still_training(info: runs.RunInfo, st: RunState, keeper_alive: bool) -> str | None:
     """Why the run still trains (its keeper lives and its attempt has not ended, or its trainer's
-    pid lives), or None. A replay starts the run's command a second time: beside the live run it
-    would share its device, its data loaders and any file the command writes."""
+    pid lives), or None. A replay beside the live run is placed on a device (replayplace) and must
+    be isolated (ops.isolate), never run as it would be after the run."""
     a = st.attempt
     if a is None:
         return f"run {info.run_id} is starting (its keeper is alive)" if keeper_alive else None
@@ -153,21 +167,41 @@ def scratch_dir(run_dir: Path, step: int) -> Path:
     return d
 
 
+def covered_dirs(st: RunState, cwd: str) -> list[str]:
+    """The directories whose writes a replay must keep from the run: its working directory, its
+    checkpoint root and the fixed part of each watched path (each relative to the cwd)."""
+    out = [cwd]
+    if st.options.ckpt_root:
+        out.append(os.path.join(cwd, os.path.expanduser(st.options.ckpt_root)))
+    for pattern in st.options.watch_ckpt:
+        fixed = Path(os.path.join(cwd, os.path.expanduser(pattern)))
+        while any(ch in fixed.name for ch in "*?[") or not fixed.is_dir():
+            if fixed.parent == fixed:
+                break
+            fixed = fixed.parent
+        out.append(str(fixed))
+    return [str(c) for c in isolate.covers(out)]
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     info = runs.resolve_run(args.run)
     rec = runs.read_record(Path(info.run_dir))
     st = runs.load_state(info.run_dir)
     live, keeper_alive = current_state(info) if info.alive else (st, False)
     busy = still_training(info, live, keeper_alive)
-    if busy is not None:
-        raise CliError(
-            f"{busy}: a replay starts its command a second time, on the same device and beside its "
-            "checkpoints; replay once it has ended (or stop it: trainroom kill)"
-        )
+    try:
+        asked = parse_device(args.device) if args.device is not None else None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        where = place(asked, busy is not None, live.probe.gpu if live.probe is not None else None)
+    except PlaceError as exc:
+        raise CliError(f"{busy}: {exc}" if busy is not None else str(exc)) from None
     log, row = window_of(st, args.step)
     ckpt = checkpoint_before(st, args.step)
     assert ckpt.step is not None
     between = {r.step: r.batch for r in log.rows if ckpt.step < r.step < args.step}
+    scratch = scratch_dir(Path(info.run_dir), args.step)
     req = ReplayRequest(
         step=args.step,
         batch=row.batch,
@@ -175,17 +209,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
         ckpt_step=ckpt.step,
         batches=between,
         fp32=args.fp32,
-        scratch_root=str(scratch_dir(Path(info.run_dir), args.step) / "checkpoints"),
+        scratch_root=str(scratch / "checkpoints"),
+        device=where.device or "",
     )
     env = {k: v for k, v in os.environ.items() if k not in KEEPER_ENV}
     env.update(replay_env(req))
-    code, out, timed_out = run_bounded(list(rec.argv), rec.cwd, env, args.timeout, idle=False)
+    env.update(where.env)
+    env[ENV_OF] = info.run_id  # the run's keeper takes it for no duplicate of its trainer
+    covered = covered_dirs(st, rec.cwd)
+    written = isolate.upper_dir(
+        scratch / "written", [Path(c) for c in covered], f"trainroom-replay-{info.run_id}-"
+    )
+    argv = [sys.executable, "-m", "trainroom.core.ops.isolate", "--upper", str(written)]
+    argv += [a for c in covered for a in ("--cover", c)]
+    argv += ([] if busy is not None else ["--or-plain"]) + ["--", *rec.argv]
+    code, out, timed_out = run_bounded(argv, rec.cwd, env, args.timeout, idle=False)
+    if code == isolate.CANNOT and isolate.MARK in out:
+        line = next(ln for ln in out.splitlines() if isolate.MARK in ln)
+        raise CliError(f"{line}: {busy}, so the replay does not run beside it; replay once it has ended")
     if code is None or timed_out or code != 0:
         why = (
             out if code is None else f"ran past {args.timeout:.0f} s" if timed_out else returncode_ended(code)
         )
         tail = " | ".join(ln for ln in out.strip().splitlines()[-3:]) if code is not None else ""
         raise CliError(f"the replay of step {args.step} failed: {why}" + (f": {tail}" if tail else ""))
+    isolated = isolate.MARK not in out
     replayed = figure_in(out, REPLAY_PATTERN)
     if replayed is None:
         raise CliError(
@@ -205,6 +253,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     "checkpoint_step": ckpt.step,
                     "steps_between": len(between),
                     "scratch_root": req.scratch_root,
+                    "device": where.device,
+                    "placement": where.words,
+                    "beside_live_run": busy is not None,
+                    "writes_isolated": isolated,
+                    "covered": covered if isolated else [],
+                    "written": str(written / "upper"),
                     "reproduces": ok,
                     "verdict": words,
                     **figures,
@@ -216,7 +270,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
             f"replayed step {args.step} (batch {_batch_words(row.batch)}) from step {ckpt.step}'s checkpoint"
         )
         print(words)
+        print(_where_words(where, busy is not None, isolated, covered, written))
     return 0 if ok else 1
+
+
+def _where_words(where: Placement, live: bool, isolated: bool, covered: list[str], written: Path) -> str:
+    ran = f"it ran {where.words}" + (", beside the live run" if live and "beside" not in where.words else "")
+    if not isolated:
+        return f"{ran}; its own writes were not isolated (see above)"
+    return f"{ran}; what it wrote into {', '.join(covered)} is in {written / 'upper'}, not there"
 
 
 def _batch_words(b: p.BatchRef) -> str:

@@ -21,6 +21,7 @@ from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest, tree_by
 from trainroom.core.ckpt.promote import intact
 from trainroom.core.ckpt.targets import BEFORE_RESUME_SUFFIX
 from trainroom.core.ckpt.verify import load_need_bytes
+from trainroom.core.config import fill_template
 from trainroom.core.health.host import host_ram_low
 from trainroom.core.loglines import NOT_STEPS
 from trainroom.core.ops.members import Lifetime, live_members
@@ -367,4 +368,4 @@ def resume_argv(template: str, *, ckpt: str, step: int | None = None, run_id: st
         "step": "" if step is None else str(step),
         "run_id": run_id,
     }
-    return [word.format(**values) for word in shlex.split(template)]
+    return [fill_template(word, values) for word in shlex.split(template)]

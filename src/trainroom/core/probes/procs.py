@@ -248,8 +248,10 @@ def trainer_duplicates(
     trainer_pid: int | None = None,
     own_pgid: int | None = None,
     exclude: Collection[int] = (),
+    run_id: str = "",
 ) -> Duplicate | None:
     """Another process that runs the trainer's command in the trainer's working directory.
+    `trainroom replay` of this run (`TRAINROOM_REPLAY_OF` = `run_id`, isolated) is none.
 
     The trainer's own process group and its descendants (data-loader workers, torchrun ranks carry
     the same command line) are ours, not duplicates. The live trainer's /proc cmdline wins over
@@ -282,6 +284,8 @@ def trainer_duplicates(
                 continue
             if _same_slurm_step(proc):
                 continue  # another task of this Slurm step (`srun -n N python train.py`): a rank
+            if run_id and proc.environ().get("TRAINROOM_REPLAY_OF") == run_id:
+                continue  # `trainroom replay` of this run, beside it in a namespace of its own
         except (psutil.Error, OSError):
             continue
         others.append(proc.pid)

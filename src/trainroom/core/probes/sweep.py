@@ -113,6 +113,7 @@ class ProbeSweep:
                     targets.cwd,
                     trainer_pid=targets.pid if targets.alive else None,
                     own_pgid=targets.pgid or None,
+                    run_id=targets.run_id,
                 )
                 if dup is not None:
                     found.append(dup)

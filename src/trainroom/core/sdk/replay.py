@@ -32,6 +32,11 @@ ENV_CKPT = "TRAINROOM_RESUME"
 # in a replayed trainer saves there whatever root it names, so a replay never promotes into the
 # run it replays nor moves its `latest`.
 ENV_ROOT = "TRAINROOM_REPLAY_ROOT"
+# Where `trainroom replay` placed it: "cpu" or "cuda:N" (CUDA_VISIBLE_DEVICES says the same to
+# torch); unset: as the run's command was started.
+ENV_DEVICE = "TRAINROOM_REPLAY_DEVICE"
+# The run it replays: that run's keeper does not take the replay for a duplicate of its trainer.
+ENV_OF = "TRAINROOM_REPLAY_OF"
 
 
 class ReplayRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -42,6 +47,7 @@ class ReplayRequest(msgspec.Struct, kw_only=True, frozen=True):
     batches: dict[int, p.BatchRef] = {}  # step -> batch for the steps between, where known
     fp32: bool = False
     scratch_root: str = ""  # where the replayed trainer's saves go (ENV_ROOT)
+    device: str = ""  # "cpu" or "cuda:N" where replay placed it; "": as the run was started
 
 
 def replay_env(req: ReplayRequest) -> dict[str, str]:
@@ -58,6 +64,7 @@ def replay_env(req: ReplayRequest) -> dict[str, str]:
         ENV_FROM_STEP: str(req.ckpt_step),
         ENV_FP32: "1" if req.fp32 else "0",
         ENV_CKPT: req.ckpt,
+        **({ENV_DEVICE: req.device} if req.device else {}),
     }
 
 
@@ -75,6 +82,7 @@ def replay_request(env: Mapping[str, str] | None = None) -> ReplayRequest | None
         batches=dict(rows),
         fp32=e.get(ENV_FP32) == "1",
         scratch_root=e.get(ENV_ROOT, ""),
+        device=e.get(ENV_DEVICE, ""),
     )
 
 

@@ -88,11 +88,16 @@ def estimate_bytes(state: object) -> int:
     import torch
 
     seen: set[int] = set()
+    walked: set[int] = set()  # containers by identity: shared references ("billion laughs") once
     total = 0
     count = 0
     stack: list[object] = [state]
     while stack:
         obj = stack.pop()
+        if isinstance(obj, (Mapping, list, tuple)):
+            if id(obj) in walked:
+                continue
+            walked.add(id(obj))
         if isinstance(obj, torch.Tensor):
             count += 1
             st = obj.untyped_storage()
