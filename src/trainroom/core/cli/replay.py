@@ -24,7 +24,8 @@ from trainroom.core.ops.evaluate import figure_in, run_bounded
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import current_state
-from trainroom.core.run.state import CheckpointView, RunState
+from trainroom.core.run.parts import CheckpointView
+from trainroom.core.run.state import RunState
 from trainroom.core.sdk.replay import ReplayRequest, replay_env
 from trainroom.core.units import to_json
 
