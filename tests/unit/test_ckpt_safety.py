@@ -21,7 +21,8 @@ from trainroom.core.ckpt.report import VerifyReport
 from trainroom.core.ops import prune as pruning
 from trainroom.core.ops.resume import ResumeInputs, ResumePlan, fall_back, plan_resume, resume_points
 from trainroom.core.run import store as runs
-from trainroom.core.run.state import AttemptView, RunState
+from trainroom.core.run.parts import AttemptView
+from trainroom.core.run.state import RunState
 
 
 def _candidate(root: Path, step: int, data: bytes) -> tuple[Path, VerifyReport]:

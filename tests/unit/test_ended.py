@@ -6,7 +6,7 @@ import signal
 
 from trainroom.core.run.ended import NOT_YET_KNOWN, attempt_ended, how_ended
 from trainroom.core.run.events import Event, to_text
-from trainroom.core.run.state import AttemptView
+from trainroom.core.run.parts import AttemptView
 
 
 def test_each_way_to_end_in_words() -> None:

@@ -13,7 +13,7 @@ from trainroom.core.health.host import host_ram_low
 from trainroom.core.health.progress import slow_check
 from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.run.nowwords import now_findings, now_message
-from trainroom.core.run.state import RankView
+from trainroom.core.run.parts import RankView
 from trainroom.core.run.status import status_dict
 from trainroom.core.samples import HostSample
 

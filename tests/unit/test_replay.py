@@ -13,7 +13,8 @@ from trainroom.core import protocol as p
 from trainroom.core.cli.replay import verdict
 from trainroom.core.findings import Finding
 from trainroom.core.keeper.batches import BatchWindow
-from trainroom.core.run.state import BATCH_LOGS, RunState
+from trainroom.core.run.handlers.findings import BATCH_LOGS
+from trainroom.core.run.state import RunState
 from trainroom.core.sdk.replay import ReplayRequest, replay_env, replay_request
 from trainroom.core.sdk.reporter import batch_ref
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
-from trainroom.core.run.state import RESOLVED, RunState, from_snapshot, to_snapshot
+from trainroom.core.run.handlers.findings import RESOLVED
+from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 
 
 def _state() -> RunState:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.support.run_builder import RunBuilder
 from trainroom.core.health.watchdog import PAUSE_S, SETTLE_S, Verdict, WatchContext, Watchdog
-from trainroom.core.run.state import INTERVALS
+from trainroom.core.run.handlers.ranks import INTERVALS
 
 
 class Clock:

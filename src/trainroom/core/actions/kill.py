@@ -34,7 +34,8 @@ from trainroom.core.ops.members import Lifetime
 from trainroom.core.ops.signal_one import ENDS, SIGNALS, SignalPlan, execute_signal, plan_signal, signal_name
 from trainroom.core.ops.target_kill import plan_target_kill
 from trainroom.core.ops.vram import run_vram_probe
-from trainroom.core.run.state import AttemptView, RunState
+from trainroom.core.run.parts import AttemptView
+from trainroom.core.run.state import RunState
 
 # After a kill's grace and confirmation, how long its target's end still counts as "stopped".
 STOP_MARGIN_S = 10.0

@@ -19,7 +19,7 @@ from trainroom.core.cli.errors import CliError
 from trainroom.core.config import Eval, load_config
 from trainroom.core.ops.evaluate import evaluate
 from trainroom.core.run import store as runs
-from trainroom.core.run.state import CheckpointView
+from trainroom.core.run.parts import CheckpointView
 from trainroom.core.sections import ConfigError
 from trainroom.core.settings import eval_policy
 from trainroom.core.units import to_json

@@ -34,7 +34,8 @@ from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import current_state
 from trainroom.core.run.ended import returncode_ended
-from trainroom.core.run.state import CheckpointView, RunState
+from trainroom.core.run.parts import CheckpointView
+from trainroom.core.run.state import RunState
 from trainroom.core.sdk.replay import ENV_OF, ReplayRequest, replay_env
 from trainroom.core.units import to_json
 

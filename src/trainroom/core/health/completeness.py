@@ -12,7 +12,8 @@ import os
 
 from trainroom.core.findings import Finding
 from trainroom.core.resumable import RESUME_PARTS, Completeness, part_losses
-from trainroom.core.run.state import CheckpointView, RunState
+from trainroom.core.run.parts import CheckpointView
+from trainroom.core.run.state import RunState
 
 
 def _kept(run: RunState) -> list[tuple[CheckpointView, Completeness]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainroom.core.findings import Finding
 from trainroom.core.journal.file import JournalHealth
-from trainroom.core.run.state import AttemptView
+from trainroom.core.run.parts import AttemptView
 from trainroom.core.units import fmt_bytes, fmt_clock
 
 

@@ -14,7 +14,8 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
 from trainroom.core.loglines import NOT_STEPS, step_words
 from trainroom.core.run.ended import clean_exit, how_ended
-from trainroom.core.run.state import AttemptView, RunState, WorkerView
+from trainroom.core.run.parts import AttemptView, WorkerView
+from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_bytes, signal_name
 from trainroom.core.vocab import WatchState
 

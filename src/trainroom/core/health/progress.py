@@ -22,7 +22,8 @@ from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.health.gpufaults import throttled_devices
 from trainroom.core.loglines import unread_words
 from trainroom.core.run.figures import median_interval, phase_bound, progress_bound, warmup_bound
-from trainroom.core.run.state import AttemptView, RankView, RunState
+from trainroom.core.run.parts import AttemptView, RankView
+from trainroom.core.run.state import RunState
 from trainroom.core.samples import GONE_STATES, Worker
 from trainroom.core.units import fmt_duration
 from trainroom.core.vocab import ActionName, WatchState

@@ -18,7 +18,8 @@ from trainroom.core.findings import Finding
 from trainroom.core.health.robust import robust_level
 from trainroom.core.health.sanity_rules import DEFAULT_THRESHOLDS, fmt_value
 from trainroom.core.run.ended import how_ended
-from trainroom.core.run.state import RunState, WorkerView
+from trainroom.core.run.parts import WorkerView
+from trainroom.core.run.state import RunState
 
 # Up to this many ranks each is held against the others without it; beyond, against all of them.
 LEAVE_ONE_OUT_MAX = 8

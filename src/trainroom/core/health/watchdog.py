@@ -38,7 +38,8 @@ from trainroom.core.health.progress import Judgement, progress
 from trainroom.core.health.rules import WATCHDOG, Watched, judge
 from trainroom.core.run.ended import NOT_YET_KNOWN, attempt_ended, clean_exit
 from trainroom.core.run.figures import median_interval, progress_bound
-from trainroom.core.run.state import INTERVALS, RunState
+from trainroom.core.run.handlers.ranks import INTERVALS
+from trainroom.core.run.state import RunState
 from trainroom.core.samples import ProcsSample
 
 STATES = vocab.WATCH_STATES

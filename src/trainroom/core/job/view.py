@@ -23,7 +23,8 @@ from typing import Any
 from trainroom.core import protocol as p
 from trainroom.core.remote.link import Reachability
 from trainroom.core.run.ended import how_ended
-from trainroom.core.run.state import RankView, RunState
+from trainroom.core.run.parts import RankView
+from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.units import fmt_clock, fmt_duration, signal_name
 from trainroom.core.vocab import KeeperWord, NodeState

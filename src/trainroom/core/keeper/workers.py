@@ -30,7 +30,8 @@ from trainroom.core.probes.workers import (
     prefixed_rank,
     zombie_exit,
 )
-from trainroom.core.run.state import AttemptView, RunState, WorkerView
+from trainroom.core.run.parts import AttemptView, WorkerView
+from trainroom.core.run.state import RunState
 from trainroom.core.samples import GONE_STATES, Worker
 from trainroom.core.vocab import WorkerEndSource
 

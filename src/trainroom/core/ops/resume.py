@@ -28,7 +28,8 @@ from trainroom.core.ops.members import Lifetime, live_members
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.locks import lock_holders
 from trainroom.core.resumable import Completeness, losses
-from trainroom.core.run.state import AttemptView, RunState
+from trainroom.core.run.parts import AttemptView
+from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_bytes
 
 

@@ -9,7 +9,8 @@ trainer could not start, and "process gone, exit status not yet known" before wa
 
 from __future__ import annotations
 
-from trainroom.core.run.state import AttemptView, RunState
+from trainroom.core.run.parts import AttemptView
+from trainroom.core.run.state import RunState
 from trainroom.core.units import signal_name
 
 NOT_YET_KNOWN = "process gone, exit status not yet known"

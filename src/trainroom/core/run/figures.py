@@ -18,7 +18,8 @@ from typing import NamedTuple
 import msgspec
 
 from trainroom.core.config import Thresholds
-from trainroom.core.run.state import RankView, RunState, StepRow
+from trainroom.core.run.parts import RankView, StepRow
+from trainroom.core.run.state import RunState
 from trainroom.core.samples import GpuSample
 from trainroom.core.vocab import VramBasis
 

@@ -15,7 +15,8 @@ from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import driver_view, run_loss, step_age, steps_per_s, vram
 from trainroom.core.run.nowwords import now_findings
-from trainroom.core.run.state import RunState, WorkerView
+from trainroom.core.run.parts import WorkerView
+from trainroom.core.run.state import RunState
 from trainroom.core.samples import GpuSample
 from trainroom.core.units import signal_name
 from trainroom.core.vocab import ShownState
