@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 
 from trainroom.core.run import store
-from trainroom.core.run.launch import launch_keeper
 from trainroom.core.sdk.requests import write_request
 from trainroom.core.settings import LaunchOptions
 
@@ -86,7 +85,10 @@ def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str])
     # end them. This process answers it (below) by asking the trainer to checkpoint.
     for sig in {signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, ask}:
         signal.signal(sig, signal.SIG_IGN)
-    info, keeper = launch_keeper(argv, options, env=env)
+    from trainroom.core.cli import requeue
+
+    # A requeued Slurm job's task goes on with its run (cli/requeue.py), else a new run.
+    info, keeper = requeue.start(argv, options, env, os.path.abspath(os.getcwd()))
     print(info.run_id, flush=True)
     copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME)
     copy.start()
