@@ -132,3 +132,76 @@ def test_a_requeued_attempt_resumes_from_the_jobs_newest_verified_step_with_the_
     gone = WatchedTarget(path=str(tmp_path / "gone.pt"), step=90, digest=None)
     plan = plan_resume(_ended_state(), _inputs(tmp_path / "none", gone), None)
     assert plan.checkpoint is None
+
+
+def test_a_job_slurmctld_forgot_prints_the_sbatch_that_starts_it_again_from_its_verified_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trainroom job slurm:JOBID --resume` of a purged job: the exact sbatch, whose launch
+    flags parse back (with trainroom's own parser) to the options the job's runs had, and whose
+    TRAINROOM_RESUME_JOB makes the new job's launch resume from the old job's verified step."""
+    import argparse
+    import shlex
+
+    from trainroom.core.cli.launch import launch_options
+    from trainroom.core.cli.main import build_parser
+    from trainroom.core.cli.slurmjob import resume_job
+    from trainroom.core.slurm.scontrol import SlurmReader
+
+    monkeypatch.setenv("TRAINROOM_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    root, cwd = tmp_path / "ckpt", tmp_path / "my project"
+    cwd.mkdir()
+    place = SlurmPlace(job_id="77", step_id="0", node="n1", nnodes=2, ntasks=2, restart_count=1)
+    recorded = LaunchOptions(
+        job=JobOptions(name="slurm-77", source="SLURM_JOB_ID", host="n1", node_rank=0),
+        slurm=place,
+        foreground=True,
+        ckpt_root=str(root),
+        resume_template="python t.py --lr 1e-4 --init-from {ckpt}",
+        checkpoint_signal="USR1",
+        keep=3,
+        lock_files=[str(tmp_path / "train.lock")],
+        watch_ckpt=[str(cwd / "out" / "*.pt")],
+        disk_budget_bytes=1 << 30,
+    )
+    argv = ["python", "t.py", "--lr", "3e-3", "--name", "a b"]
+    store.create_run(argv, str(cwd), recorded)
+    saved = _promoted(root, 30)
+    # What Slurm 22.05's scontrol answers for a job it has purged (MinJobAge passed).
+    reader = SlurmReader(runner=lambda a: (1, "", "slurm_load_jobs error: Invalid job id specified\n"))
+    assert resume_job(argparse.Namespace(yes=False), "77", reader) == 0
+    head, line = capsys.readouterr().out.splitlines()
+    assert head == (
+        f"slurm job 77 is gone from slurmctld; the next attempt resumes from step 30 ({saved}). "
+        "Start it again with:"
+    )
+    words = shlex.split(line)
+    assert words[:7] == [
+        "cd",
+        str(cwd),
+        "&&",
+        "sbatch",
+        "-N2",
+        "-n2",
+        "--export=ALL,TRAINROOM_RESUME_JOB=slurm-77",
+    ]
+    assert words[7] == "--wrap" and len(words) == 9
+    wrapped = shlex.split(words[8])
+    assert wrapped[:3] == ["srun", "trainroom", "launch"]
+    # The new job's launch, as srun starts it: the same command and options...
+    args = build_parser().parse_args(wrapped[1:][1:])
+    assert args.command == ["--", *argv]
+    args.foreground = True  # inside the srun step
+    monkeypatch.setenv("TRAINROOM_RESUME_JOB", "slurm-77")  # --export=ALL,TRAINROOM_RESUME_JOB=...
+    got = launch_options(args, argv)
+    for field in ("ckpt_root", "resume_template", "checkpoint_signal", "keep", "lock_files", "watch_ckpt"):
+        assert getattr(got, field) == getattr(recorded, field), field
+    assert got.disk_budget_bytes == recorded.disk_budget_bytes
+    # ...resuming from the old job's verified step.
+    assert (got.resume_from, got.resume_step) == (str(saved), 30)
+    # A job gone with no run of it here: one line, not a guess.
+    from trainroom.core.cli.errors import CliError
+
+    with pytest.raises(CliError, match="slurmctld does not know the job and no run of slurm-78 is here"):
+        resume_job(argparse.Namespace(yes=False), "78", reader)

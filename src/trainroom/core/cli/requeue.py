@@ -96,3 +96,30 @@ def start(
     store.write_record(run_dir, rec)
     (run_dir / store.SOCKET_NAME).unlink(missing_ok=True)  # the old keeper's: not a sign of the new one
     return spawn_keeper(run_dir, rec, env)
+
+
+def launch_flags(opts: LaunchOptions) -> list[str]:
+    """The `trainroom launch` flags that give a new job's runs the options these were launched
+    with (`job slurm:JOBID --resume` of a job slurmctld forgot prints them in its sbatch). The
+    alert targets are left out: they may hold secrets (trainroom.toml's [notify] still applies)."""
+    out: list[str] = []
+    pairs: list[tuple[str, object]] = [
+        ("--ckpt-root", opts.ckpt_root),
+        ("--resume-template", opts.resume_template),
+        ("--log-pattern", opts.log_pattern),
+        ("--eval-command", opts.eval_command),
+        ("--keep", opts.keep),
+        ("--auto-resume", opts.auto_resume),
+        ("--disk-budget", opts.disk_budget_bytes),
+        ("--checkpoint-signal", opts.checkpoint_signal),
+    ]
+    for flag, value in pairs:
+        if value is not None:
+            out += [flag, str(value)]
+    for path in opts.lock_files:
+        out += ["--lock-file", path]
+    for glob in opts.watch_ckpt:
+        out += ["--watch-ckpt", glob]
+    if opts.keep_verified_copies:
+        out.append("--keep-verified-copies")
+    return out
