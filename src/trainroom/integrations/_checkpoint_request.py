@@ -1,23 +1,37 @@
 """The keeper's "checkpoint now" (core/sdk/requests.py), answered through a Lightning Trainer:
-`trainer.save_checkpoint` into the quarantine of the run's checkpoint root, as the SDK's
-`save_checkpoint` writes a candidate (a temp name, then renamed, with its save-time record), then
-reported, so the keeper verifies and promotes it and a requeued attempt resumes from it
-(`trainer.fit(..., ckpt_path=os.environ.get("TRAINROOM_RESUME"))`)."""
+`trainer.save_checkpoint` into the quarantine of the run's checkpoint root, where the SDK's
+`save_checkpoint` writes a candidate (a temp name, then renamed), then reported, so the keeper
+verifies and promotes it and a requeued attempt resumes from it
+(`trainer.fit(..., ckpt_path=os.environ.get("TRAINROOM_RESUME"))`).
+
+The integrations speak the SDK only (pyproject's contracts): the root's layout is not imported
+here, so its two names are repeated below (tests/unit/test_lightning_request.py holds them equal
+to core/ckpt/layout's, and has the keeper's verifier pass what is written)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from trainroom.core.ckpt import layout
 from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.sdk.reporter import NullReporter, Reporter
 from trainroom.core.sdk.requests import ENV_RUN_DIR, checkpoint_requested
 
 SAVED_NOTE = "checkpoint-saved"
+ENV_CKPT_ROOT = "TRAINROOM_CKPT_ROOT"  # the run's checkpoint root, set by the keeper
+QUARANTINE = ".quarantine"  # core/ckpt/layout.QUARANTINE: where candidates are written
+
+
+def candidate(root: Path, step: int) -> Path:
+    """A free candidate name for `step` in the root's quarantine (`step-NNNNNN.ckpt`)."""
+    q = root / QUARANTINE
+    for i in range(1, 10_000):
+        path = q / (f"step-{step:06d}.ckpt" if i == 1 else f"step-{step:06d}-{i}.ckpt")
+        if not os.path.lexists(path):
+            return path
+    raise FileExistsError(f"no free candidate name for step {step} in {q}")
 
 
 def asked(trainer: Any) -> bool:
@@ -32,24 +46,21 @@ def asked(trainer: Any) -> bool:
 
 
 def save_asked(trainer: Any, step: int, reporter: Reporter | NullReporter | None) -> Path | None:
-    """Save the trainer's full state as the candidate for `step`; rank 0 renames it into place,
-    writes its record and reports it. The candidate's path on rank 0, else None."""
-    q = layout.Quarantine(layout.checkpoint_root()).ensure()
-    final = layout.unique_path(q / f"{layout.step_dir_name(step)}.ckpt")
-    tmp = q / f".{final.name}.{os.getpid()}.tmp"
+    """Save the trainer's full state as the candidate for `step`; rank 0 renames it into place
+    and reports it with the note that answers the request. The candidate's path on rank 0, else
+    None (and None without a checkpoint root: not under a keeper)."""
+    root = os.environ.get(ENV_CKPT_ROOT)
+    if not root:
+        return None
+    final = candidate(Path(root), step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.{os.getpid()}.tmp"  # what a sweep removes if we die
     try:
         trainer.save_checkpoint(str(tmp))  # collective; the global rank 0 writes
         if not trainer.is_global_zero:
             return None
         size, digest = tmp.stat().st_size, digest_file(tmp)
-        layout.write_json_atomic(
-            Path(str(final) + layout.SAVED_SUFFIX),
-            layout.SaveRecord(
-                step=step, size_bytes=size, digest=digest, saved_at=time.time(), pid=os.getpid()
-            ),
-        )
         os.rename(tmp, final)
-        layout.fsync_dir(q)
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
