@@ -42,9 +42,11 @@ def test_the_same_task_is_the_same_job_step_and_rank_from_an_earlier_start() -> 
     assert not same_task(arr, SlurmPlace(job_id="50", array_job_id="49", array_task_id="2", restart_count=1))
 
 
-def _run(place: SlurmPlace, argv: list[str]) -> str:
+def _run(place: SlurmPlace, argv: list[str], journal: bool = True) -> str:
     job = JobOptions(name=f"slurm-{place.job_id}", source="SLURM_JOB_ID", host="n1", node_rank=place.procid)
-    _dir, rec = store.create_run(argv, "/tmp", LaunchOptions(job=job, slurm=place, foreground=True))
+    run_dir, rec = store.create_run(argv, "/tmp", LaunchOptions(job=job, slurm=place, foreground=True))
+    if journal:  # its keeper came up and journaled
+        (run_dir / store.JOURNAL_NAME).write_bytes(b"")
     return rec.run_id
 
 
@@ -62,6 +64,9 @@ def test_a_requeued_task_finds_its_own_run_among_the_jobs(
     assert task_run("slurm-42", _place(restart=1, procid=2)) is None  # a task the job did not have
     assert task_run("slurm-42", _place(restart=0, procid=0)) is None  # the first start: a new run
     assert task_run("slurm-8", _place(restart=1, job="8")) is None
+    # A run whose keeper never came up (no journal) is not followed: the task starts a new one.
+    _run(_place(procid=3), ["python", "a.py"], journal=False)
+    assert task_run("slurm-42", _place(restart=1, procid=3)) is None
 
 
 def _promoted(root: Path, step: int) -> Path:

@@ -48,12 +48,12 @@ def exit_status(run_dir: str) -> tuple[int, str | None]:
 class _LogCopy(threading.Thread):
     """trainer.log, as it grows, onto our stdout (what Slurm writes to the job's output file)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, start: int = 0) -> None:
         super().__init__(name="trainroom-log-copy", daemon=True)
-        self.path, self.done = path, threading.Event()
+        self.path, self.done, self.start_at = path, threading.Event(), start
 
     def run(self) -> None:
-        pos = 0
+        pos = self.start_at  # a requeued run's earlier attempts are in the job's earlier output
         while True:
             finished = self.done.is_set()
             try:
@@ -88,9 +88,9 @@ def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str])
     from trainroom.core.cli import requeue
 
     # A requeued Slurm job's task goes on with its run (cli/requeue.py), else a new run.
-    info, keeper = requeue.start(argv, options, env, os.path.abspath(os.getcwd()))
+    info, keeper, log_from = requeue.start(argv, options, env, os.path.abspath(os.getcwd()))
     print(info.run_id, flush=True)
-    copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME)
+    copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME, log_from)
     copy.start()
 
     def forward(sig: int, _frame: FrameType | None) -> None:

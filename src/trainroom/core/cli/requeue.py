@@ -54,7 +54,8 @@ def task_run(job: str, place: SlurmPlace) -> tuple[RunInfo, store.RunRecord] | N
             rec = store.read_record(Path(info.run_dir))
         except RunError:
             continue
-        if same_task(rec.options.slurm, place):
+        # One whose keeper never came up has no attempt to follow: the task starts a new run.
+        if same_task(rec.options.slurm, place) and (Path(info.run_dir) / store.JOURNAL_NAME).exists():
             found = (info, rec)
     return found
 
@@ -70,15 +71,15 @@ def _keeper_gone(rec: store.RunRecord, wait_s: float) -> bool:
 
 def start(
     argv: list[str], options: LaunchOptions, env: dict[str, str], cwd: str
-) -> tuple[RunInfo, subprocess.Popen[bytes]]:
+) -> tuple[RunInfo, subprocess.Popen[bytes], int]:
     """The keeper of this launch: on the task's run when the job was requeued and that run is
-    here, else on a new run."""
+    here, else on a new run; and where this launch's part of the run's trainer.log begins."""
     place, job = options.slurm, options.job
     if place is None or place.restart_count == 0 or job is None or env.get("TRAINROOM_RESUME_JOB"):
-        return launch_keeper(argv, options, cwd=cwd, env=env)
+        return (*launch_keeper(argv, options, cwd=cwd, env=env), 0)
     found = task_run(job.name, place)
     if found is None:
-        return launch_keeper(argv, options, cwd=cwd, env=env)
+        return (*launch_keeper(argv, options, cwd=cwd, env=env), 0)
     info, rec = found
     if not _keeper_gone(rec, OLD_KEEPER_WAIT_S):
         print(
@@ -86,7 +87,7 @@ def start(
             "a new run is started for this requeued task",
             file=sys.stderr,
         )
-        return launch_keeper(argv, options, cwd=cwd, env=env)
+        return (*launch_keeper(argv, options, cwd=cwd, env=env), 0)
     check_command(argv, cwd)
     check_config(cwd)
     check_options(options)
@@ -95,7 +96,11 @@ def start(
     rec.argv, rec.cwd, rec.start_error = list(argv), cwd, None
     store.write_record(run_dir, rec)
     (run_dir / store.SOCKET_NAME).unlink(missing_ok=True)  # the old keeper's: not a sign of the new one
-    return spawn_keeper(run_dir, rec, env)
+    try:
+        log_from = (run_dir / store.LOG_NAME).stat().st_size
+    except OSError:
+        log_from = 0
+    return (*spawn_keeper(run_dir, rec, env), log_from)
 
 
 def launch_flags(opts: LaunchOptions) -> list[str]:
