@@ -311,16 +311,17 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         v = job.state(0).last_verified()
         assert v is not None and v.step == step
         wait_for(lambda: slurm.job(job.id).get("Restarts") == "1", END_S, 0.5, "Slurm counting the restart")
+
         # The requeue ends the first attempt: each keeper journals Slurm's SIGTERM and stops its
         # trainer through the kill plan ("stopped by slurm", not a death).
-        for rank in (0, 1):
-            wait_for(
-                lambda: store.load_view(first[rank].run_dir).state.attempt.ended_at is not None,  # noqa: B023
-                END_S,
-                0.5,
-                f"rank {rank}'s first attempt ended by the requeue",
-            )
+        def ended(rank: int) -> Any:
+            # its end and its state are journaled a moment apart: both
             st = store.load_view(first[rank].run_dir).state
+            return st if st.attempt.ended_at is not None and st.status != "running" else None
+
+        for rank in (0, 1):
+            what = f"rank {rank}'s first attempt ended by the requeue"
+            st = wait_for(lambda: ended(rank), END_S, 0.5, what)  # noqa: B023
             notes = [r.message for r in _journal(first[rank]) if isinstance(r, p.KeeperNote)]
             assert any(f"SIGTERM received (Slurm job {job.id} is " in n for n in notes), notes
             assert st.status == "stopped" and "stopped by slurm" in st.status_reason, st.status_reason
@@ -381,8 +382,13 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         assert rank0 is not None and rank0.lr == [pytest.approx(RESUME_LR)], rank0
         log = (Path(first[0].run_dir) / "trainer.log").read_text(errors="replace")
         assert f"rank 0 resumed from step {step}" in log
+        # The request the first attempt answered is not answered again by the second's trainer.
+        assert log.count("rank 0 saved a checkpoint") == 1, log[-2000:]
+        # The job view: one run per task, on attempt 2.
         d = job_json(job)
-        print(json.dumps(d)[:3000])
+        assert {(n["node_rank"], n["run"], n["attempt"]) for n in d["nodes"]} == {
+            (r, i.run_id, 2) for r, i in first.items()
+        }, d["nodes"]
         # The whole job, requeued by hand from the login node: it names the step it resumes from.
         out = subprocess.run(
             ["trainroom", "job", f"slurm:{job.id}", "--resume", "--yes"],

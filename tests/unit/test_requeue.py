@@ -210,3 +210,28 @@ def test_a_job_slurmctld_forgot_prints_the_sbatch_that_starts_it_again_from_its_
 
     with pytest.raises(CliError, match="slurmctld does not know the job and no run of slurm-78 is here"):
         resume_job(argparse.Namespace(yes=False), "78", reader)
+
+
+def test_a_checkpoint_request_older_than_the_trainer_is_an_earlier_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request file stays in the run's directory: a requeued (or resumed) attempt's new
+    trainer must not save again for the request its predecessor answered."""
+    import os
+
+    import psutil
+
+    from trainroom.core.sdk import requests
+
+    assert abs(requests.process_start() - psutil.Process().create_time()) < 1.0
+    monkeypatch.setenv("TRAINROOM_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(requests._Poll, "last_t", float("-inf"))
+    monkeypatch.setattr(requests._Poll, "seen", None)
+    monkeypatch.setattr(requests._Poll, "started", None)
+    requests.write_request(tmp_path, "USR2-1")
+    before = requests.process_start() - 60.0  # written by the launch of an earlier attempt
+    os.utime(tmp_path / requests.REQUEST_NAME, (before, before))
+    assert not requests.checkpoint_requested(every_s=0)
+    requests.write_request(tmp_path, "USR2-2")  # the job's signal while this trainer runs
+    assert requests.checkpoint_requested(every_s=0)
+    assert not requests.checkpoint_requested(every_s=0)  # answered once
