@@ -145,6 +145,12 @@ def job_json(job: Job) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+def _cli(slurm: slurm_cluster.Slurm, *argv: str) -> str:
+    out = subprocess.run(["trainroom", *argv], env=slurm.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def stepping(job: Job) -> dict[int, Any]:
     def both() -> dict[int, Any] | None:
         runs = job.runs()
@@ -384,6 +390,14 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         assert f"rank 0 resumed from step {step}" in log
         # The request the first attempt answered is not answered again by the second's trainer.
         assert log.count("rank 0 saved a checkpoint") == 1, log[-2000:]
+        # `trainroom runs` and `status`: the same two runs, each with attempts 1 and 2.
+        listed = json.loads(_cli(slurm, "runs", "--json"))
+        assert sorted((r["run"], r["attempt"]) for r in listed) == sorted(
+            (i.run_id, 2) for i in first.values()
+        )
+        shown = json.loads(_cli(slurm, "status", first[1].run_id, "--json"))["attempts"]
+        assert [a["n"] for a in shown] == [1, 2] and shown[0]["resume_from"] is None, shown
+        assert shown[1]["resume_from"].endswith(f"step-{step:06d}.pt"), shown
         # The job view: one run per task, on attempt 2.
         d = job_json(job)
         assert {(n["node_rank"], n["run"], n["attempt"]) for n in d["nodes"]} == {
