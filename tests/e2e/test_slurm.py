@@ -419,6 +419,39 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         slurm.run("scancel", job.id, check=False)
 
 
+def test_a_job_requeued_before_any_checkpoint_is_the_same_runs_started_again_from_scratch(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    """`scontrol requeue` with nothing verified yet (a preemption early on): each task's run gets
+    attempt 2, from the beginning, and its journal says why."""
+    job = submit(slurm, home)
+    try:
+        stepping(job)
+        first = job.runs()
+        assert all(job.state(r).last_verified() is None for r in first)
+        slurm.run("scontrol", "requeue", job.id)
+        wait_for(
+            lambda: slurm.job(job.id).get("JobState") == "PENDING", END_S, 0.5, "the requeued job pending"
+        )
+        slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
+
+        def again(rank: int) -> Any:
+            a = job.state(rank).attempt
+            return a if a is not None and a.n == 2 and (a.last_step or 0) >= 2 else None
+
+        for rank in (0, 1):
+            a = wait_for(lambda: again(rank), START_S, 0.5, f"rank {rank}'s attempt 2; {job.out[-500:]}")  # noqa: B023
+            assert a.resume_from is None and a.first_step is not None and a.first_step <= 2, a
+            notes = [r.message for r in _journal(first[rank]) if isinstance(r, p.KeeperNote)]
+            assert any(
+                n.startswith("requeued by Slurm (restart 1): attempt 2 starts from scratch: no verified")
+                for n in notes
+            ), notes
+        assert {r: i.run_id for r, i in job.runs().items()} == {r: i.run_id for r, i in first.items()}
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
 def test_a_lost_node_is_called_lost_before_slurm_notices(slurm: slurm_cluster.Slurm, home: Path) -> None:
     job = submit(slurm, home)
     try:
