@@ -109,14 +109,15 @@ def submit_torchrun(slurm: slurm_cluster.Slurm, home: Path) -> Job:
     return Job(slurm, home, job_id)
 
 
-def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
+def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str, launch_args: str = "") -> Job:
     """docs/slurm.md's srun-per-rank template: the batch shell passes the job's warning signal
     (USR2) on to srun, which delivers it to every task."""
     script = home / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
         f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={_free_port()}\n"
-        f"srun trainroom launch -- {sys.executable} {TRAINER} --sdk --step-delay 0.2 {' '.join(trainer_args)} &\n"
+        f"srun trainroom launch {launch_args} -- {sys.executable} {TRAINER} --sdk --step-delay 0.2 "
+        f"{' '.join(trainer_args)} &\n"
         "pid=$!\n"
         "trap 'kill -USR2 $pid' USR2\n"
         "wait $pid; rc=$?\n"
@@ -142,6 +143,12 @@ def job_json(job: Job) -> dict[str, Any]:
     )
     assert out.returncode in (0, 1), out.stderr
     return dict(json.loads(out.stdout))
+
+
+def _cli(slurm: slurm_cluster.Slurm, *argv: str) -> str:
+    out = subprocess.run(["trainroom", *argv], env=slurm.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def stepping(job: Job) -> dict[int, Any]:
@@ -280,10 +287,19 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
         slurm.run("scancel", job.id, check=False)
 
 
+# The session's LR policy: the resume command a requeued attempt runs (the first ran at 3e-3).
+RESUME_LR = 1e-3
+
+
 def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_resumes(
     slurm: slurm_cluster.Slurm, home: Path
 ) -> None:
-    job = submit(slurm, home)
+    """USR2 -> a verified checkpoint -> `scontrol requeue`; the requeued job is the same runs, one
+    attempt later: each task's run gets attempt 2, journaled as Slurm's requeue, resumed (as
+    `trainroom resume` does, by client slurm) from the verified step with the resume template's
+    LR."""
+    template = f"{sys.executable} {TRAINER} --sdk --step-delay 0.2 --lr {RESUME_LR}"
+    job = submit(slurm, home, launch_args=f"--resume-template '{template}'")
     try:
         stepping(job)
         first = job.runs()
@@ -301,16 +317,17 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         v = job.state(0).last_verified()
         assert v is not None and v.step == step
         wait_for(lambda: slurm.job(job.id).get("Restarts") == "1", END_S, 0.5, "Slurm counting the restart")
+
         # The requeue ends the first attempt: each keeper journals Slurm's SIGTERM and stops its
         # trainer through the kill plan ("stopped by slurm", not a death).
-        for rank in (0, 1):
-            wait_for(
-                lambda: store.load_view(first[rank].run_dir).state.attempt.ended_at is not None,  # noqa: B023
-                END_S,
-                0.5,
-                f"rank {rank}'s first attempt ended by the requeue",
-            )
+        def ended(rank: int) -> Any:
+            # its end and its state are journaled a moment apart: both
             st = store.load_view(first[rank].run_dir).state
+            return st if st.attempt.ended_at is not None and st.status != "running" else None
+
+        for rank in (0, 1):
+            what = f"rank {rank}'s first attempt ended by the requeue"
+            st = wait_for(lambda: ended(rank), END_S, 0.5, what)  # noqa: B023
             notes = [r.message for r in _journal(first[rank]) if isinstance(r, p.KeeperNote)]
             assert any(f"SIGTERM received (Slurm job {job.id} is " in n for n in notes), notes
             assert st.status == "stopped" and "stopped by slurm" in st.status_reason, st.status_reason
@@ -322,37 +339,70 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         assert wait_left is not None and wait_left > 0, "the requeued job's wait, counted down"
         slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
 
-        def second() -> dict[int, RunInfo] | None:
-            runs = {r: i for r, i in job.runs().items() if i.run_id not in {x.run_id for x in first.values()}}
-            return runs if len(runs) == 2 else None
-
-        wait_for(second, START_S, 0.5, f"the next attempt's runs; {job.out[-500:]}")
-
-        def resumed() -> Any:
-            st = job.state(0)
+        def resumed(rank: int) -> Any:
+            st = job.state(rank)
             a = st.attempt
-            ok = a is not None and a.resume_step == step and (a.last_step or 0) > step
+            ok = a is not None and a.n == 2 and a.resume_step == step and (a.last_step or 0) > step
             return st if ok else None
 
-        try:
-            st = wait_for(resumed, START_S, 0.5, "the next attempt resuming from the verified step")
-        except AssertionError:
-            info = job.runs()[0]
-            a = job.state(0).attempt
-            log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-1500:]
-            raise AssertionError(
-                f"step {step}; run {info.run_id}; attempt {a and (a.resume_from, a.resume_step, a.last_step)}; "
-                f"log: {log}; job out: {job.out[-800:]}"
-            ) from None
-        rec = store.read_record(Path(job.runs()[0].run_dir))
-        assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
-        # the promoted copy of the checkpoint the keeper verified before requeueing
-        assert (
-            st.attempt.resume_from.endswith(f"step-{step:06d}.pt")
-            and first[0].run_id in st.attempt.resume_from
-        )
-        log = (Path(job.runs()[0].run_dir) / "trainer.log").read_text(errors="replace")
+        states = {}
+        for rank in (0, 1):
+            try:
+                states[rank] = wait_for(
+                    lambda: resumed(rank),  # noqa: B023
+                    START_S,
+                    0.5,
+                    f"rank {rank}'s attempt 2 resuming from the verified step",
+                )
+            except AssertionError:
+                info = job.runs()[rank]
+                a = job.state(rank).attempt
+                log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-1500:]
+                raise AssertionError(
+                    f"step {step}; run {info.run_id}; attempt {a and (a.n, a.resume_from, a.resume_step, a.last_step)}; "
+                    f"log: {log}; job out: {job.out[-800:]}"
+                ) from None
+        # One run per task, the same as before the requeue: attempts 1 and 2.
+        assert {r: i.run_id for r, i in job.runs().items()} == {r: i.run_id for r, i in first.items()}
+        assert len([i for i in store.list_runs() if i.run_id in {x.run_id for x in first.values()}]) == 2
+        for rank, st in states.items():
+            a1, a2 = st.attempts
+            assert (a1.n, a2.n) == (1, 2) and a1.stop_by == "slurm"
+            # the promoted copy of the checkpoint rank 0's keeper verified before requeueing
+            assert a2.resume_from.endswith(f"step-{step:06d}.pt") and first[0].run_id in a2.resume_from
+            # this session's LR policy: the resume template's, not the first attempt's
+            assert a1.requested.lr == pytest.approx(3e-3) and a2.requested.lr == pytest.approx(RESUME_LR)
+            rec = store.read_record(Path(first[rank].run_dir))
+            assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
+            assert not rec.options.requeue_pending
+            notes = [r.message for r in _journal(first[rank]) if isinstance(r, p.KeeperNote)]
+            assert any(
+                n.startswith("requeued by Slurm (restart 1): attempt 2 of this run resumes from step")
+                for n in notes
+            ), notes
+            (act,) = [
+                r for r in _journal(first[rank]) if isinstance(r, p.ActionRecord) and r.action == "resume"
+            ]
+            assert act.ok and act.client == "slurm" and act.after["from_step"] == step, act
+        rank0 = states[0].ranks.get(0)
+        assert rank0 is not None and rank0.lr == [pytest.approx(RESUME_LR)], rank0
+        log = (Path(first[0].run_dir) / "trainer.log").read_text(errors="replace")
         assert f"rank 0 resumed from step {step}" in log
+        # The request the first attempt answered is not answered again by the second's trainer.
+        assert log.count("rank 0 saved a checkpoint") == 1, log[-2000:]
+        # `trainroom runs` and `status`: the same two runs, each with attempts 1 and 2.
+        listed = json.loads(_cli(slurm, "runs", "--json"))
+        assert sorted((r["run"], r["attempt"]) for r in listed) == sorted(
+            (i.run_id, 2) for i in first.values()
+        )
+        shown = json.loads(_cli(slurm, "status", first[1].run_id, "--json"))["attempts"]
+        assert [a["n"] for a in shown] == [1, 2] and shown[0]["resume_from"] is None, shown
+        assert shown[1]["resume_from"].endswith(f"step-{step:06d}.pt"), shown
+        # The job view: one run per task, on attempt 2.
+        d = job_json(job)
+        assert {(n["node_rank"], n["run"], n["attempt"]) for n in d["nodes"]} == {
+            (r, i.run_id, 2) for r, i in first.items()
+        }, d["nodes"]
         # The whole job, requeued by hand from the login node: it names the step it resumes from.
         out = subprocess.run(
             ["trainroom", "job", f"slurm:{job.id}", "--resume", "--yes"],
@@ -365,6 +415,39 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         assert "the next attempt resumes from step" in out.stdout and "(restarts 1 -> 2)" in out.stdout, (
             out.stdout
         )
+    finally:
+        slurm.run("scancel", job.id, check=False)
+
+
+def test_a_job_requeued_before_any_checkpoint_is_the_same_runs_started_again_from_scratch(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    """`scontrol requeue` with nothing verified yet (a preemption early on): each task's run gets
+    attempt 2, from the beginning, and its journal says why."""
+    job = submit(slurm, home)
+    try:
+        stepping(job)
+        first = job.runs()
+        assert all(job.state(r).last_verified() is None for r in first)
+        slurm.run("scontrol", "requeue", job.id)
+        wait_for(
+            lambda: slurm.job(job.id).get("JobState") == "PENDING", END_S, 0.5, "the requeued job pending"
+        )
+        slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
+
+        def again(rank: int) -> Any:
+            a = job.state(rank).attempt
+            return a if a is not None and a.n == 2 and (a.last_step or 0) >= 2 else None
+
+        for rank in (0, 1):
+            a = wait_for(lambda: again(rank), START_S, 0.5, f"rank {rank}'s attempt 2; {job.out[-500:]}")  # noqa: B023
+            assert a.resume_from is None and a.first_step is not None and a.first_step <= 2, a
+            notes = [r.message for r in _journal(first[rank]) if isinstance(r, p.KeeperNote)]
+            assert any(
+                n.startswith("requeued by Slurm (restart 1): attempt 2 starts from scratch: no verified")
+                for n in notes
+            ), notes
+        assert {r: i.run_id for r, i in job.runs().items()} == {r: i.run_id for r, i in first.items()}
     finally:
         slurm.run("scancel", job.id, check=False)
 

@@ -157,6 +157,9 @@ class LaunchOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The first attempt resumes from this verified checkpoint (a requeued Slurm job's next attempt).
     resume_from: str | None = None
     resume_step: NonNegativeInt | None = None
+    # A requeued Slurm job's task took up its run (cli/requeue.py): the next keeper starts the
+    # run's next attempt (keeper/requeue.py) and clears this, so it is done once.
+    requeue_pending: bool = False
 
     def shown(self) -> LaunchOptions:
         """These options as every reader may see them (the run's state, snapshots): secrets redacted."""

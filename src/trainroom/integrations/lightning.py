@@ -9,7 +9,12 @@
   top-k, once the file is on disk): a checkpoint candidate at the global step it was saved at;
 - each epoch's start: an `epoch` note;
 - at the start, the LR warm-up its scheduler makes, as `warmup_steps` (a scheduler that starts
-  below its base LR is warming up, not a mismatch).
+  below its base LR is warming up, not a mismatch);
+- when the keeper asks for a checkpoint now (`sdk.checkpoint_requested()`: a Slurm job's warning
+  signal), at the next optimizer step's batch end: `trainer.save_checkpoint` into the quarantine
+  of the run's checkpoint root, reported as a candidate (the keeper verifies and promotes it, then
+  requeues the job from it) with a `checkpoint-saved` note that answers the request. Under DDP the
+  ranks agree first (any rank asked: every rank saves, the call is collective; rank 0 writes).
 
 One reporter per process with the trainer's `global_rank`, so under DDP each rank reports; only
 rank 0 reports checkpoints. Outside a keeper (no TRAINROOM_SOCKET) nothing is sent or printed.
@@ -24,6 +29,7 @@ from typing import Any
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from trainroom.integrations._checkpoint_request import asked, save_asked
 from trainroom.integrations._common import AdapterBase, guarded, scalar
 
 __all__ = ["TrainroomCallback"]
@@ -119,8 +125,6 @@ class TrainroomCallback(Callback, AdapterBase):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self.active:
-            return
         step, accumulate = (
             int(trainer.global_step),
             max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1)),
@@ -128,16 +132,19 @@ class TrainroomCallback(Callback, AdapterBase):
         if accumulate > 1 and step == self._stepped:
             return  # a micro-batch: the optimizer has not stepped yet
         self._stepped = step
-        loss = _loss(outputs)
-        opts = trainer.optimizers
-        self.reporter().step(
-            step,
-            loss=loss * accumulate if loss is not None else None,
-            grad_norm=self._norm,
-            optimizer=opts[0] if opts else None,
-            batch=_batch(trainer, batch_idx),
-        )
-        self._norm = None
+        if self.active:
+            loss = _loss(outputs)
+            opts = trainer.optimizers
+            self.reporter().step(
+                step,
+                loss=loss * accumulate if loss is not None else None,
+                grad_norm=self._norm,
+                optimizer=opts[0] if opts else None,
+                batch=_batch(trainer, batch_idx),
+            )
+            self._norm = None
+        if asked(trainer):
+            save_asked(trainer, step, self.reporter() if self.active else None)
 
     @guarded
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 
 from trainroom.core.run import store
-from trainroom.core.run.launch import launch_keeper
 from trainroom.core.sdk.requests import write_request
 from trainroom.core.settings import LaunchOptions
 
@@ -49,12 +48,12 @@ def exit_status(run_dir: str) -> tuple[int, str | None]:
 class _LogCopy(threading.Thread):
     """trainer.log, as it grows, onto our stdout (what Slurm writes to the job's output file)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, start: int = 0) -> None:
         super().__init__(name="trainroom-log-copy", daemon=True)
-        self.path, self.done = path, threading.Event()
+        self.path, self.done, self.start_at = path, threading.Event(), start
 
     def run(self) -> None:
-        pos = 0
+        pos = self.start_at  # a requeued run's earlier attempts are in the job's earlier output
         while True:
             finished = self.done.is_set()
             try:
@@ -86,9 +85,12 @@ def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str])
     # end them. This process answers it (below) by asking the trainer to checkpoint.
     for sig in {signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, ask}:
         signal.signal(sig, signal.SIG_IGN)
-    info, keeper = launch_keeper(argv, options, env=env)
+    from trainroom.core.cli import requeue
+
+    # A requeued Slurm job's task goes on with its run (cli/requeue.py), else a new run.
+    info, keeper, log_from = requeue.start(argv, options, env, os.path.abspath(os.getcwd()))
     print(info.run_id, flush=True)
-    copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME)
+    copy = _LogCopy(Path(info.run_dir) / store.LOG_NAME, log_from)
     copy.start()
 
     def forward(sig: int, _frame: FrameType | None) -> None:

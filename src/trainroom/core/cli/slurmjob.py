@@ -165,7 +165,7 @@ REQUEUEABLE = (
 )
 
 
-def resume_job(args: argparse.Namespace, job_id: str) -> int:
+def resume_job(args: argparse.Namespace, job_id: str, reader: SlurmReader | None = None) -> int:
     """Requeue the job (its next attempt resumes from the newest verified checkpoint of its runs),
     or, when slurmctld no longer knows it, print the sbatch that starts it again from there."""
     import shlex
@@ -173,7 +173,7 @@ def resume_job(args: argparse.Namespace, job_id: str) -> int:
     from trainroom.core.cli.foreground import ENV_RESUME_JOB, previous_verified
     from trainroom.core.job.slurm import job_name_of
 
-    reader = SlurmReader()
+    reader = reader or SlurmReader()
     try:
         info = reader.job(job_id)
     except SlurmError as exc:
@@ -193,7 +193,10 @@ def resume_job(args: argparse.Namespace, job_id: str) -> int:
         place = rec.options.slurm
         nodes = place.nnodes if place is not None else 1
         tasks = place.ntasks if place is not None else 1
-        cmd = " ".join(shlex.quote(a) for a in ["trainroom", "launch", "--", *rec.argv])
+        from trainroom.core.cli.requeue import launch_flags
+
+        launch = ["trainroom", "launch", *launch_flags(rec.options), "--", *rec.argv]
+        cmd = " ".join(shlex.quote(a) for a in launch)
         print(f"slurm job {job_id} is gone from slurmctld; {where}. Start it again with:")
         print(
             f"  cd {shlex.quote(rec.cwd)} && sbatch -N{nodes} -n{tasks} --export=ALL,{ENV_RESUME_JOB}={name} "

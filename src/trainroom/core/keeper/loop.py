@@ -32,7 +32,7 @@ from trainroom.core import settings as settings_mod
 from trainroom.core.config import Config, load_config
 from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
-from trainroom.core.keeper import adopt, takeup
+from trainroom.core.keeper import adopt, requeue, takeup
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.batches import BatchWindow
 from trainroom.core.keeper.foreground import Foreground
@@ -146,7 +146,9 @@ class Keeper(Ticking):
         )
         if self._settings.config_note:
             self.emit(p.KeeperNote(t=time.time(), message=self._settings.config_note, kind="warning"))
-        if self.state.attempt is not None:
+        if self.state.attempt is not None and requeue.pending(self.record.options):
+            self._ending = requeue.take_up(self)  # a requeued Slurm job's run, one attempt later
+        elif self.state.attempt is not None:
             self._ending = takeup.take_up(self, self.state.attempt)  # the run's keeper had died
         elif self.record.attached is not None:
             self._ending = adopt.begin(self, self.record.attached)  # a trainer it did not start

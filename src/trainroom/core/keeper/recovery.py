@@ -59,6 +59,9 @@ class Resumer:
         self.run = run
         self.pipeline = pipeline
         self.gpu = gpu
+        # The newest verified checkpoint of the job's other runs, when a requeued Slurm job's
+        # launch found one (keeper/requeue.py): a resume of this task takes it when newer.
+        self.job_best: WatchedTarget | None = None
 
     def _driver_bytes(self, pids: list[int]) -> int | None:
         try:
@@ -80,6 +83,7 @@ class Resumer:
             watched=watched_target(self.pipeline),
             vram_tolerance_bytes=s.kill.vram_tolerance_bytes,
             host_ram_floor_bytes=s.thresholds.host_ram_low_bytes,
+            job_best=self.job_best,
         )
 
     async def plan(self) -> ResumePlan:

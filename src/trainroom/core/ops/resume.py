@@ -90,6 +90,10 @@ class ResumeInputs(msgspec.Struct, kw_only=True, frozen=True):
     watched: WatchedTarget | None = None
     vram_tolerance_bytes: int
     host_ram_floor_bytes: int
+    # The newest verified checkpoint of the job's other runs (a requeued Slurm job: every task
+    # resumes from the same step, and only rank 0 may have saved): taken when newer than this
+    # run's own, and loaded where it is (another run's promoted copy, never restored over).
+    job_best: WatchedTarget | None = None
 
 
 DriverBytes = Callable[[list[int]], int | None]
@@ -228,6 +232,12 @@ def _choose_checkpoint(plan: ResumePlan, state: RunState, inputs: ResumeInputs) 
     if w is not None and (ckpt is None or (w.step or -1) > (step if step is not None else -1)):
         ckpt, step = Path(w.path), w.step
         plan.digest = w.digest
+    j = inputs.job_best
+    newer = j is not None and (ckpt is None or (j.step or -1) > (step if step is not None else -1))
+    if j is not None and newer and Path(j.path).exists():
+        plan.checkpoint, plan.step, plan.digest = j.path, j.step, j.digest
+        plan.note += f"the newest verified checkpoint of the job's runs (step {j.step}); "
+        return
     if ckpt is not None:
         plan.checkpoint, plan.step = str(ckpt), step
         _own_path(plan, ckpt, inputs)
