@@ -105,7 +105,7 @@ def _source(script: str, cwd: str) -> str | None:
 
 def _template(argv: list[str], drop: tuple[str, ...], extra: list[str]) -> str:
     """The command as given, less the options `drop` names (with their values), plus `extra`;
-    braces in the given words are escaped, so only trainroom's placeholders are filled."""
+    braces in the given words stay as written (a template fills only trainroom's placeholders)."""
     kept: list[str] = []
     skip = False
     for w in argv:
@@ -116,7 +116,7 @@ def _template(argv: list[str], drop: tuple[str, ...], extra: list[str]) -> str:
         if name in drop:
             skip = "=" not in w
             continue
-        kept.append(w.replace("{", "{{").replace("}", "}}"))
+        kept.append(w)
     return shlex.join(kept) + " " + " ".join(extra)
 
 
