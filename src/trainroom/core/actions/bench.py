@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import threading
-from typing import Any
+
+import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
@@ -18,7 +19,12 @@ class BenchArgs(Args, kw_only=True):
     seconds: float | None = None  # [bench] seconds when None
 
 
-class Bench(Action[BenchArgs, None]):
+class BenchShown(msgspec.Struct, kw_only=True):
+    device: str = "auto"
+    python: str | None = None  # the trainer's interpreter the bench runs under
+
+
+class Bench(Action[BenchArgs, None, BenchShown]):
     spec = ActionSpec(
         name="bench",
         key="b",
@@ -27,6 +33,7 @@ class Bench(Action[BenchArgs, None]):
         cancellable=True,
     )
     Args = BenchArgs
+    Target = BenchShown
 
     def add_options(self, ap: argparse.ArgumentParser) -> None:
         add_device_options(ap)
@@ -36,11 +43,11 @@ class Bench(Action[BenchArgs, None]):
             return f"seconds must be in (0, 60], got {args.seconds!r}"
         return None
 
-    async def plan(self, k: Keeper, args: BenchArgs, call: Call) -> Plan[None] | Refused:
-        target = {"device": args.device, "python": k.run.trainer_python()}
+    async def plan(self, k: Keeper, args: BenchArgs, call: Call) -> Plan[None, BenchShown] | Refused:
+        target = BenchShown(device=args.device, python=k.run.trainer_python())
         return Plan(f"matmul bench on {args.device} (~1 s)", target, None)
 
-    async def execute(self, k: Keeper, args: BenchArgs, plan: Plan[None], call: Call) -> Outcome:
+    async def execute(self, k: Keeper, args: BenchArgs, plan: Plan[None, BenchShown], call: Call) -> Outcome:
         call.say(f"running the matmul bench on {args.device}")
         cfg = k.run.settings.bench
         cancel = threading.Event()
@@ -48,7 +55,7 @@ class Bench(Action[BenchArgs, None]):
             out = await asyncio.to_thread(
                 run_bench,
                 args.device,
-                python=plan.target["python"],
+                python=plan.target.python,
                 seconds=float(args.seconds or cfg.seconds),
                 floor_tflops=cfg.floor_tflops,
                 cancel=cancel,
@@ -56,7 +63,7 @@ class Bench(Action[BenchArgs, None]):
         except asyncio.CancelledError:
             cancel.set()  # the bench's child is killed, not left to run out its time
             raise
-        return Outcome(out.ok, describe(out), after=out.as_dict(), target={"device": args.device})
+        return Outcome(out.ok, describe(out), after=out.as_dict(), target=BenchShown(device=args.device))
 
-    def target(self, plan: dict[str, Any]) -> object:
+    def identity(self, plan: BenchShown) -> object:
         return None  # nothing to change under it

@@ -17,7 +17,7 @@ from trainroom.core.actions.resume import Resume
 from trainroom.core.actions.verify import Verify
 from trainroom.core.actions.wake import Continue
 
-REGISTRY: dict[str, Action[Any, Any]] = {
+REGISTRY: dict[str, Action[Any, Any, Any]] = {
     a.spec.name: a for a in (Kill(), Reclaim(), Prune(), Resume(), Dump(), Continue(), Verify(), Bench())
 }
 SPECS: tuple[ActionSpec, ...] = tuple(a.spec for a in REGISTRY.values())
@@ -27,7 +27,7 @@ DESTRUCTIVE: frozenset[str] = frozenset(s.name for s in SPECS if s.destructive)
 KEYS: dict[str, str] = {s.name: s.key for s in SPECS}
 
 
-def action(name: str) -> Action[Any, Any]:
+def action(name: str) -> Action[Any, Any, Any]:
     return REGISTRY[name]
 
 

@@ -29,7 +29,11 @@ class VerifyArgs(Args, kw_only=True):
     expected: dict[str, Any] | None = None  # what the checkpoint must hold (see `verify --expect-json`)
 
 
-class Verify(Action[VerifyArgs, Expected | None]):
+class VerifyShown(msgspec.Struct, kw_only=True):
+    path: str  # the checkpoint verified
+
+
+class Verify(Action[VerifyArgs, Expected | None, VerifyShown]):
     spec = ActionSpec(
         name="verify",
         key="v",
@@ -40,6 +44,7 @@ class Verify(Action[VerifyArgs, Expected | None]):
         when="the run has a checkpoint to verify",
     )
     Args = VerifyArgs
+    Target = VerifyShown
 
     def validate(self, args: VerifyArgs) -> str | None:
         try:
@@ -55,15 +60,19 @@ class Verify(Action[VerifyArgs, Expected | None]):
             return "no verified checkpoint to verify yet (`latest` points nowhere)"
         return None
 
-    async def plan(self, k: Keeper, args: VerifyArgs, call: Call) -> Plan[Expected | None] | Refused:
+    async def plan(
+        self, k: Keeper, args: VerifyArgs, call: Call
+    ) -> Plan[Expected | None, VerifyShown] | Refused:
         path = args.path or str(latest_checkpoint(k.ckpt_root()) or "") or (k.newest_watched() or "")
         if not path:
             return Refused("nothing to verify: no checkpoint has verified yet (`latest` points nowhere)")
         expected = decode_expected(args.expected) if args.expected is not None else None
-        return Plan(f"verify {path}", {"path": path}, expected)
+        return Plan(f"verify {path}", VerifyShown(path=path), expected)
 
-    async def execute(self, k: Keeper, args: VerifyArgs, plan: Plan[Expected | None], call: Call) -> Outcome:
-        path = plan.target["path"]
+    async def execute(
+        self, k: Keeper, args: VerifyArgs, plan: Plan[Expected | None, VerifyShown], call: Call
+    ) -> Outcome:
+        path = plan.target.path
         call.say(f"verifying {path}")
         rep = await asyncio.to_thread(k.verify_now, path, plan.work)
         summary = (
@@ -73,5 +82,5 @@ class Verify(Action[VerifyArgs, Expected | None]):
         )
         return Outcome(rep.ok, summary, after=as_builtins(msgspec.structs.replace(rep, stds={})))
 
-    def target(self, plan: dict[str, Any]) -> object:
-        return plan.get("path")
+    def identity(self, plan: VerifyShown) -> object:
+        return plan.path

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.actions import words
+from trainroom.core.actions import render, words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
@@ -70,7 +70,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         return _print_reply(args, plan)
     if not args.json:
         print(plan.message)
-        print("\n".join(action.plan_lines(plan.plan)))
+        print("\n".join(render.plan_lines(args.action, plan.plan)))
     # Only what changes the run asks first; a bench or a stack dump does not.
     if action.spec.destructive and not _confirm(args):
         print("cancelled")

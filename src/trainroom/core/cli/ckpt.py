@@ -347,25 +347,28 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
     client = KeeperClient(info.sock)
     plan = client.call("prune", req, confirm=False)
     pl = plan.plan
+    shown = Prune().decode(pl)  # None: refused before planning (no root to show)
     out = PruneOutcome(
         via="keeper",
         run=info.run_id,
-        root=pl.get("root"),
-        keep=pl.get("keep"),
+        root=shown.root if shown is not None else None,
+        keep=shown.keep if shown is not None else None,
         dry_run=bool(args.dry_run),
         ok=plan.ok,
         message=plan.message,
-        kept=msgspec.convert(pl.get("kept", []), list[pruning.Kept]),
-        skipped=msgspec.convert(pl.get("skipped", []), list[pruning.Kept]),
+        kept=[pruning.Kept(path=k.path, step=k.step, why=k.why) for k in shown.kept] if shown else [],
+        skipped=[pruning.Kept(path=k.path, step=k.step, why=k.why) for k in shown.skipped] if shown else [],
     )
-    if not plan.ok:
+    if not plan.ok or shown is None:
         return out
     if args.dry_run:
-        out.deleted = msgspec.convert(pl.get("delete", []), list[pruning.PruneTarget])
-        out.bytes_freed = int(pl.get("bytes_to_free") or 0)
+        out.deleted = [
+            pruning.PruneTarget(path=d.path, step=d.step, bytes=d.bytes, kind=d.kind) for d in shown.delete
+        ]
+        out.bytes_freed = shown.bytes_to_free
         return out
     # The counts and what is kept first, then the paths: read before the run saves again.
-    if not _confirm(args, "\n".join([plan.message, *Prune().plan_lines(pl)])):
+    if not _confirm(args, "\n".join([plan.message, *Prune().plan_lines(shown)])):
         out.ok, out.message, out.cancelled = False, "cancelled", True
         return out
     done = client.call("prune", {**req, "expect": pl}, confirm=True)
