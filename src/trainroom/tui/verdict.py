@@ -45,8 +45,6 @@ STATE_LEVEL: dict[ShownState, Level] = {
     "stopped": "dim",  # the user killed it: nothing is wrong
 }
 _RANK: dict[Level, int] = {"dim": -1, "ok": 0, "info": 1, "warn": 2, "crit": 3}
-# The verbs of a fix key, when the action acts on a finding's own target.
-_VERB = {"kill": "kill"}
 
 
 def level_of_state(state: ShownState) -> Level:
@@ -248,7 +246,7 @@ def fix_text(f: Finding) -> str | None:
     if f.action is None:
         return None
     if f.target is not None and f.target.label:
-        return f"{_VERB.get(f.action, f.action)} {f.target.label}"
+        return f"{f.action} {f.target.label}"
     return f.action
 
 

@@ -10,7 +10,6 @@ the control room offers the action's key only when it holds (and says the same w
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ import msgspec
 
 from trainroom.core import protocol as p
 from trainroom.core import units
-from trainroom.core.actions import words
+from trainroom.core.actions import options, words
+from trainroom.core.actions.options import arg as arg  # what each Args field declares
 from trainroom.core.ckpt.report import Expected, VerifyReport
 from trainroom.core.health.diskguard import DiskUsage
 from trainroom.core.ops.resume import ResumePlan
@@ -52,6 +52,21 @@ class ActionSpec:
     # The CLI's verb of the same name asks the keeper (False: a verb of its own also works on a
     # bare directory without a keeper, `trainroom verify` / `prune`, see cli/ckpt.py).
     cli_verb: bool = True
+    # What a confirmation asks (the control room's confirm screen; default "Name?").
+    question: str = ""
+    # What a cancel ends, where it is less than the whole action (a kill's: the wait, never
+    # its signalling): the control room's strip says "X: cancel the wait".
+    cancel_ends: str = "it"
+
+    @property
+    def through_bridge(self) -> bool:
+        """The verb asks the run's keeper: on a run of another host while its keeper lives, the
+        CLI here dials it through `ssh HOST trainroom bridge` (core/cli/remote.py); a verb of its
+        own (verify, prune) runs on that host."""
+        return self.cli_verb
+
+    def ask(self) -> str:
+        return self.question or f"{self.name.capitalize()}?"
 
 
 class Recorder(Protocol):
@@ -218,9 +233,7 @@ class Action(Generic[A, W, T]):
     Target: type[T]
 
     # ------------------------------------------------------------ what a subclass says
-
-    def add_options(self, ap: argparse.ArgumentParser) -> None:
-        """The CLI verb's options beyond `RUN --yes --json`; each `dest` is an `Args` field."""
+    # (its arguments, with their CLI flags and help, are its `Args` fields: actions/options.py)
 
     def validate(self, args: A) -> str | None:
         """Why the arguments cannot be used (None: they can); checked before anything is planned."""
@@ -294,18 +307,24 @@ class Action(Generic[A, W, T]):
         except msgspec.ValidationError:
             return None
 
-    def args_of(self, raw: dict[str, Any]) -> A | str:
-        """The request's arguments, typed; or why they cannot be."""
+    def args_of(self, raw: Mapping[str, Any], *, complete: bool = True) -> A | str:
+        """The request's arguments, typed; or why they cannot be (`complete`: with every
+        required one given; a client deciding whether to offer the key asks for them later)."""
         given = {k: v for k, v in raw.items() if k != "expect"}
         try:
-            return msgspec.convert(given, self.Args)
+            args = msgspec.convert(given, self.Args)
         except msgspec.ValidationError as exc:
             return f"{self.spec.name}: bad arguments: {exc}"
+        lacking = [o.flag for o in options.missing(self.Args, given)] if complete else []
+        if lacking:
+            return f"{self.spec.name}: bad arguments: {', '.join(lacking)} is required"
+        return args
 
     def refusal(self, state: RunState, raw: dict[str, Any], *, offer: bool = False) -> str | None:
         """The precondition on raw request arguments, in the keeper's words (`offer`: and
-        whether a client should offer it now, see `not_offered`)."""
-        args = self.args_of(raw)
+        whether a client should offer it now, see `not_offered`; an argument it has not asked
+        for yet is not a reason)."""
+        args = self.args_of(raw, complete=not offer)
         if isinstance(args, str):
             return args
         why = self.validate(args) or self.precondition(state, args)

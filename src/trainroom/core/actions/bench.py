@@ -3,20 +3,25 @@ hardware fine?"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import threading
+from typing import Annotated
 
 import msgspec
 
 from trainroom.core import argtypes
-from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
-from trainroom.core.ops.bench import add_device_options, describe, run_bench
+from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
+from trainroom.core.ops.bench import describe, device_arg, run_bench, seconds_arg
 
 
 class BenchArgs(Args, kw_only=True):
-    device: str = "auto"
-    seconds: float | None = None  # [bench] seconds when None
+    device: Annotated[str, arg("cpu, cuda or cuda:N (default: cuda:0 if there is one)", parse=device_arg)] = (
+        "auto"
+    )
+    seconds: Annotated[
+        float | None,
+        arg("timed duration (default: [bench] seconds in trainroom.toml, else 1)", parse=seconds_arg),
+    ] = None
 
 
 class BenchShown(msgspec.Struct, kw_only=True):
@@ -34,9 +39,6 @@ class Bench(Action[BenchArgs, None, BenchShown]):
     )
     Args = BenchArgs
     Target = BenchShown
-
-    def add_options(self, ap: argparse.ArgumentParser) -> None:
-        add_device_options(ap)
 
     def validate(self, args: BenchArgs) -> str | None:
         if args.seconds is not None and argtypes.checked(args.seconds, 0.01, 60) is None:

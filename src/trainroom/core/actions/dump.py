@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
+from trainroom.core import argtypes
 from trainroom.core.actions.base import (
     Action,
     ActionSpec,
@@ -21,6 +22,7 @@ from trainroom.core.actions.base import (
     Outcome,
     Plan,
     Refused,
+    arg,
     as_builtins,
     live_attempt,
     not_running,
@@ -31,7 +33,14 @@ from trainroom.core.run.state import RunState
 
 
 class DumpArgs(Args, kw_only=True):
-    rank: int | None = None  # a job's rank whose reporter is connected; else the trainer (or its ranks)
+    rank: Annotated[
+        int | None,
+        arg(
+            "a job's rank whose reporter is connected (its NCCL flight recorder too); "
+            "default: the trainer, each rank on torchrun",
+            parse=argtypes.count(0, 1 << 20),
+        ),
+    ] = None
 
 
 class RankPid(msgspec.Struct, kw_only=True):

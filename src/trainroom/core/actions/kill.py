@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -27,6 +27,7 @@ from trainroom.core.actions.base import (
     Plan,
     Proc,
     Refused,
+    arg,
     live_attempt,
     not_running,
     procs,
@@ -44,12 +45,49 @@ from trainroom.core.run.state import AttemptView, RunState
 STOP_MARGIN_S = 10.0
 
 
+def _signal_arg(text: str) -> str:
+    """`--signal`: a name of SIGNALS (any case, SIG or not); argparse says a bad one and exits 2."""
+    name = signal_name(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
+    return name
+
+
 class KillArgs(Args, kw_only=True):
-    grace_s: float | None = None  # seconds between SIGTERM and SIGKILL ([kill] grace_s when None)
-    finding: str | None = None  # kill what this open finding targets, not the trainer
-    pid: int | None = None  # signal only this process of the run
-    start_ticks: int | None = None  # ... which started at this tick (the row a person chose)
-    signal: str | None = None  # with `pid`: TERM, INT, KILL, USR1, STOP or CONT
+    # seconds between SIGTERM and SIGKILL ([kill] grace_s when None)
+    grace_s: Annotated[
+        float | None,
+        arg(
+            "seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
+            flag="--grace",
+            parse=argtypes.seconds(0, 3600),
+        ),
+    ] = None
+    finding: Annotated[
+        str | None,
+        arg(
+            "kill what this open finding targets (its ident in `status --json`, e.g. "
+            "DUPLICATE_TRAINER:trainer), not the trainer",
+            metavar="IDENT",
+        ),
+    ] = None
+    pid: Annotated[
+        int | None,
+        arg(
+            "signal only this process of the run (its pid in the control room's processes table)",
+            parse=argtypes.count(2, 4_194_304),
+        ),
+    ] = None
+    # ... which started at this tick (the row a person chose in the processes table)
+    start_ticks: Annotated[int | None, arg("the start tick of --pid's process", cli=False)] = None
+    signal: Annotated[
+        str | None,
+        arg(
+            f"with --pid: the signal to send, one of {', '.join(SIGNALS)} (default TERM)",
+            metavar="NAME",
+            parse=_signal_arg,
+        ),
+    ] = None
 
 
 class LeftAlone(msgspec.Struct, kw_only=True):
@@ -110,34 +148,11 @@ class Kill(Action[KillArgs, KillWork, KillTarget]):
         # A cancel ends the wait for the VRAM, never the signalling (see `execute`).
         cancellable=True,
         when="the trainer runs (a finding's kill: the finding is open)",
+        question="Kill the trainer's process group?",
+        cancel_ends="the wait",
     )
     Args = KillArgs
     Target = KillTarget
-
-    def add_options(self, ap: argparse.ArgumentParser) -> None:
-        ap.add_argument(
-            "--grace",
-            dest="grace_s",
-            type=argtypes.seconds(0, 3600),
-            help="seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
-        )
-        ap.add_argument(
-            "--finding",
-            metavar="IDENT",
-            help="kill what this open finding targets (its ident in `status --json`, e.g. "
-            "DUPLICATE_TRAINER:trainer), not the trainer",
-        )
-        ap.add_argument(
-            "--pid",
-            type=argtypes.count(2, 4_194_304),
-            help="signal only this process of the run (its pid in the control room's processes table)",
-        )
-        ap.add_argument(
-            "--signal",
-            metavar="NAME",
-            type=_signal_arg,
-            help=f"with --pid: the signal to send, one of {', '.join(SIGNALS)} (default TERM)",
-        )
 
     def validate(self, args: KillArgs) -> str | None:
         if args.grace_s is not None and argtypes.checked(args.grace_s, 0, 3600) is None:
@@ -373,14 +388,6 @@ class Kill(Action[KillArgs, KillWork, KillTarget]):
             is_ = [pid for pid, _ in now[1]]
             return f"confirmed pids {was} of pgid {confirmed[0]}, now {is_} of pgid {now[0]}"
         return super().what_changed(confirmed, now)
-
-
-def _signal_arg(text: str) -> str:
-    """`--signal`: a name of SIGNALS (any case, SIG or not); argparse says a bad one and exits 2."""
-    name = signal_name(text)
-    if name is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
-    return name
 
 
 def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:

@@ -6,22 +6,26 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core import protocol as p
 from trainroom.core.actions import words
-from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
+from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
 from trainroom.core.ops import prune as pruning
 from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_bytes
 
 
 class PruneArgs(Args, kw_only=True):
-    keep: int | None = None  # verified checkpoints kept ([checkpoints] keep when None)
-    include_rejected: bool = False
-    dry_run: bool = False
+    keep: Annotated[
+        int | None,
+        arg("verified checkpoints kept (default: [checkpoints] keep)", parse=argtypes.count(0, 1_000_000)),
+    ] = None
+    include_rejected: Annotated[bool, arg("delete rejected checkpoints too")] = False
+    dry_run: Annotated[bool, arg("only say what would be deleted")] = False
 
 
 class Doomed(msgspec.Struct, kw_only=True):
@@ -68,6 +72,7 @@ class Prune(Action[PruneArgs, PruneWork, PruneShown]):
         cli_verb=False,
         destructive=True,
         when="the run has checkpoints not yet pruned",
+        question="Delete these checkpoints?",
     )
     Args = PruneArgs
     Target = PruneShown

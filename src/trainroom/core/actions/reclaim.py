@@ -20,6 +20,7 @@ class Reclaim(Action[ReclaimArgs, ReclaimPlan, ReclaimPlan]):
         key="C",
         description="Reclaim the host page cache (cgroup memory.reclaim or drop_caches)",
         destructive=True,
+        question="Reclaim the host page cache?",
     )
     Args = ReclaimArgs
     Target = ReclaimPlan  # what a client shows is the ops plan itself

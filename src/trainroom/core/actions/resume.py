@@ -75,6 +75,7 @@ class Resume(Action[ResumeArgs, ResumePlan, ResumePlan]):
         cancellable=True,
         when="the trainer is not running and a checkpoint verified",
         needs_keeper=False,
+        question="Resume the run as a new attempt?",
     )
     Args = ResumeArgs
     Target = ResumePlan  # what a client shows is the ops plan itself

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -17,6 +17,7 @@ from trainroom.core.actions.base import (
     Outcome,
     Plan,
     Refused,
+    arg,
     as_builtins,
 )
 from trainroom.core.ckpt.layout import latest_checkpoint
@@ -25,7 +26,7 @@ from trainroom.core.run.state import RunState
 
 
 class VerifyArgs(Args, kw_only=True):
-    path: str | None = None
+    path: Annotated[str | None, arg("the checkpoint to verify (default: `latest`)")] = None
     expected: dict[str, Any] | None = None  # what the checkpoint must hold (see `verify --expect-json`)
 
 

@@ -44,6 +44,7 @@ class Continue(Action[ContinueArgs, WakePlan, WakeShown]):
         description="Continue the trainer's stopped processes (SIGCONT), proven the run's",
         destructive=True,
         when="the trainer runs and is hung",
+        question="Continue the trainer's stopped processes?",
     )
     Args = ContinueArgs
     Target = WakeShown

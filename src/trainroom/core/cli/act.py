@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from trainroom.core import protocol as p
-from trainroom.core.actions import render, words
+from trainroom.core.actions import options, render, words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
@@ -39,7 +37,7 @@ def add_parsers(sub: Any) -> None:
         sp.add_argument("run", nargs="?")
         sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         sp.add_argument("--json", action="store_true")
-        action.add_options(sp)
+        options.add_options(sp, action.Args)  # its flags, types and help: the action's Args
         sp.set_defaults(func=HERE.get(name, cmd_action), action=name)
     sp = sub.add_parser("cancel", help=f"cancel a long action in progress ({', '.join(CANCELLABLE)})")
     sp.add_argument("cancel_action", metavar="ACTION", choices=CANCELLABLE)
@@ -63,8 +61,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         info = keeper_for_resume(info, json_out=args.json)
     client = KeeperClient(info.sock)
     action = REGISTRY[args.action]
-    fields = (f.name for f in msgspec.structs.fields(action.Args))
-    req_args: dict[str, Any] = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+    req_args = options.given(action.Args, args)
     plan = client.call(args.action, req_args, confirm=False)
     if plan.stage == "done" and not plan.ok:
         return _print_reply(args, plan)

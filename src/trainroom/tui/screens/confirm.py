@@ -18,16 +18,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.actions.render import confirmation
 from trainroom.tui.screens.wrapped import WrappedLines
-
-QUESTIONS = {
-    "kill": "Kill the trainer's process group?",
-    "reclaim": "Reclaim the host page cache?",
-    "prune": "Delete these checkpoints?",
-    "resume": "Resume the run as a new attempt?",
-    "continue": "Continue the trainer's stopped processes?",
-}
 
 SCROLL_BINDINGS: list[BindingType] = [
     Binding("j,down", "scroll_plan(1)", "down", show=False, id="trainroom.modal.down"),
@@ -51,7 +44,8 @@ class ConfirmAction(ModalScreen[bool]):
         self.action_name = action
         self.plan = plan
         self.message = message
-        self.question = question or QUESTIONS.get(action, f"{action.capitalize()}?")
+        known = REGISTRY.get(action)
+        self.question = question or (known.spec.ask() if known is not None else f"{action.capitalize()}?")
         self.headline, self.lines = confirmation(action, plan, message)
 
     def compose(self) -> ComposeResult:
