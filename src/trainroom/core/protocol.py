@@ -11,6 +11,7 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -165,6 +166,16 @@ class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
     action: Name
     args: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] = {}
     confirm: bool = False
+
+
+# A confirmed request's `args` carry the plan the client showed under this key (the keeper plans
+# again and refuses a target that changed since): `confirming` writes it, `Action.serve` reads it.
+EXPECT = "expect"
+
+
+def confirming(args: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    """`args` of a confirmed request: the arguments, and the plan (`Reply.plan`) confirmed."""
+    return {**args, EXPECT: dict(plan)}
 
 
 TrainerMsg = Union[Hello, Step, Heartbeat, Phase, Checkpoint, Crash, Note, Bye]

@@ -31,7 +31,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from trainroom.core.actions import options
 from trainroom.core.actions.registry import REGISTRY
-from trainroom.core.protocol import Reply
+from trainroom.core.protocol import Reply, confirming
 
 from .evidence import ActionOutcome
 from .link import KeeperLink
@@ -239,7 +239,7 @@ class ActionFlow:
         self.app.call_from_thread(self._began, action)
         final: Reply | None = None
         # `expect` is the target the user confirmed: the keeper refuses if it changed meanwhile.
-        for reply in keeper_replies(self.host.keeper_link(), action, {**args, "expect": plan}, True):
+        for reply in keeper_replies(self.host.keeper_link(), action, confirming(args, plan), True):
             if reply.stage == "done":
                 final = reply
             else:

@@ -310,7 +310,7 @@ class Action(Generic[A, W, T]):
     def args_of(self, raw: Mapping[str, Any], *, complete: bool = True) -> A | str:
         """The request's arguments, typed; or why they cannot be (`complete`: with every
         required one given; a client deciding whether to offer the key asks for them later)."""
-        given = {k: v for k, v in raw.items() if k != "expect"}
+        given = {k: v for k, v in raw.items() if k != p.EXPECT}
         try:
             args = msgspec.convert(given, self.Args)
         except msgspec.ValidationError as exc:
@@ -356,7 +356,7 @@ class Action(Generic[A, W, T]):
         if self.dry_run(args):
             reply(done_reply(req, True, planned.summary, plan=shown))
             return
-        expect = self.decode(req.args.get("expect"))
+        expect = self.decode(req.args.get(p.EXPECT))
         if not self.confirmed(req, reply, planned.target, expect):
             return
         if expect is not None:

@@ -74,7 +74,7 @@ def cmd_action(args: argparse.Namespace) -> int:
         return 1
     last = None
     # What runs is what was shown: the keeper refuses if the target changed meanwhile.
-    for r in client.request(args.action, {**req_args, "expect": plan.plan}, confirm=True):
+    for r in client.request(args.action, p.confirming(req_args, plan.plan), confirm=True):
         last = r
         if r.stage == "progress" and not args.json:
             print(f"  … {r.message}")

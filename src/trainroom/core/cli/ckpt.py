@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
+from trainroom.core import protocol as p
 from trainroom.core.actions.prune import Prune
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
@@ -159,7 +160,7 @@ def _via_keeper(info: runs.RunInfo, expected: Expected | None) -> VerifyReport |
         plan = client.call("verify", args, confirm=False)
         if plan.stage != "plan":
             raise _NothingToDo(f"run {info.run_id}: {plan.message}")
-        reply = client.call("verify", {**args, "expect": plan.plan}, confirm=True)
+        reply = client.call("verify", p.confirming(args, plan.plan), confirm=True)
     except KeeperGone:
         return None
     if not reply.after:
@@ -371,7 +372,7 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
     if not _confirm(args, "\n".join([plan.message, *Prune().plan_lines(shown)])):
         out.ok, out.message, out.cancelled = False, "cancelled", True
         return out
-    done = client.call("prune", {**req, "expect": pl}, confirm=True)
+    done = client.call("prune", p.confirming(req, pl), confirm=True)
     after = done.after
     # Eligible since the confirmation (kept, unconfirmed) and confirmed but no longer eligible.
     out.kept += [

@@ -139,7 +139,7 @@ def carry_out(job: JobAction, args: dict[str, Any]) -> JobAction:
             return
         try:
             na.done = KeeperClient(na.address, timeout_s=20.0).call(
-                job.action, {**args, "expect": na.plan.plan}, confirm=True
+                job.action, p.confirming(args, na.plan.plan), confirm=True
             )
         except KeeperGone as exc:
             na.error = f"{job.action}: {exc}"
