@@ -118,6 +118,7 @@ async def _tui(facts: dict[str, Any], run_dir: str, note: Note) -> None:
     from tests.support.tui_fakes import healthy_records, make_app, screen_text, settle, until
     from trainroom.core.actions.registry import REGISTRY
     from trainroom.tui.screens.ask import AskArgs
+    from trainroom.tui.screens.cmdline import CommandLine
     from trainroom.tui.screens.confirm import ConfirmAction
     from trainroom.tui.screens.result import ActionResult
 
@@ -166,6 +167,17 @@ async def _tui(facts: dict[str, Any], run_dir: str, note: Note) -> None:
         await pilot.press("escape")
         await until(pilot, lambda: app.flow.current is None, "cancelled")
         facts["after_escape"] = len(link.requests) - n
+        # The command line gives the arguments by name; the one it lacks is asked for the same way.
+        await pilot.press("colon")
+        await until(pilot, lambda: isinstance(app.screen, CommandLine), "the command line")
+        await pilot.press(*"note times 2", "enter")
+        await until(pilot, lambda: isinstance(app.screen, AskArgs), "the text asked for")
+        await pilot.press(*"hi", "enter")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmAction), "the line's confirmation")
+        facts["line_confirm"] = app.screen.headline  # type: ignore[attr-defined]
+        facts["line_request"] = link.requests[-1]
+        await pilot.press("n")
+        await until(pilot, lambda: app.flow.current is None, "released")
     facts["written"] = Path(note.out).read_text()
 
 
@@ -217,3 +229,5 @@ def test_an_action_with_an_argument_is_its_module_and_a_registry_line(tmp_path: 
     assert facts["expect"] == {"path": str(tmp_path / "note.txt"), "text": "hello", "times": 1}
     assert facts["written"] == "hello"
     assert facts["after_escape"] == 0
+    assert facts["line_confirm"].startswith("writes 'hi' 2 time(s) to ")
+    assert facts["line_request"] == ["note", {"times": 2, "text": "hi"}, False]
