@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from trainroom.core.actions.offered import KEEPER_GONE
 from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.probes.adopt import still_runs
@@ -81,7 +82,7 @@ def refusal(state: RunState | None, action: str, where: Situation, finding: str 
         return "no run is open yet"
     act = REGISTRY[action]
     if not where.connected and act.spec.needs_keeper:
-        return "the keeper is gone: resume works without it, or use `trainroom kill RUN` in a shell"
+        return KEEPER_GONE
     if not where.connected:
         a = state.attempt
         if a is not None and a.ended_at is None and a.pid > 0:

@@ -249,6 +249,11 @@ class Action(Generic[A, W, T]):
         fix); None when it is worth offering. Said after the precondition."""
         return None
 
+    def passed(self, ok: bool, after: Mapping[str, Any]) -> bool:
+        """Whether a done result is a pass (the CLI's exit 0): carried out, unless an action
+        says more (a bench that ran but measured below its floor is not)."""
+        return ok
+
     def dry_run(self, args: A) -> bool:
         """A confirmed request that only says what it would do."""
         return False

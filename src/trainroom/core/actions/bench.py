@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import msgspec
 
@@ -66,6 +67,9 @@ class Bench(Action[BenchArgs, None, BenchShown]):
             cancel.set()  # the bench's child is killed, not left to run out its time
             raise
         return Outcome(out.ok, describe(out), after=out.as_dict(), target=BenchShown(device=args.device))
+
+    def passed(self, ok: bool, after: Mapping[str, Any]) -> bool:
+        return ok and after.get("verdict") == "ok"  # below its floor: ran, but not a pass
 
     def identity(self, plan: BenchShown) -> object:
         return None  # nothing to change under it

@@ -56,7 +56,7 @@ def cmd_action(args: argparse.Namespace) -> int:
             )
         if args.action == "kill":
             return kill_without_keeper(info, args)
-        if args.action != "resume":
+        if REGISTRY[args.action].spec.needs_keeper:
             raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
         info = keeper_for_resume(info, json_out=args.json)
     client = KeeperClient(info.sock)
@@ -122,7 +122,8 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
         for heading, text in words.blocks(r.after):
             print(f"\n{heading}:\n{text.rstrip()}")
     # The same exit code with or without a keeper: a bench below its floor is 1 either way.
-    passed = r.ok and (r.action != "bench" or r.after.get("verdict") == "ok")
+    act = REGISTRY.get(r.action)
+    passed = act.passed(r.ok, r.after) if act is not None else r.ok
     return 0 if passed else 1
 
 
