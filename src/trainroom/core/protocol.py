@@ -11,7 +11,6 @@ client folds exactly what a replay of the journal folds (see `state.RunState.app
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -173,7 +172,7 @@ class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
 EXPECT = "expect"
 
 
-def confirming(args: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def confirming(args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     """`args` of a confirmed request: the arguments, and the plan (`Reply.plan`) confirmed."""
     return {**args, EXPECT: dict(plan)}
 
