@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import msgspec
 
@@ -339,6 +339,14 @@ def _confirm(args: argparse.Namespace, summary: str) -> bool:
     return input("prune? [y/N] ").strip().lower() in ("y", "yes")
 
 
+T = TypeVar("T")
+
+
+def _as(kind: type[T], items: object) -> T:
+    """The plan's records as the files' prune reports them (checked as they convert)."""
+    return msgspec.convert(msgspec.to_builtins(items), kind)
+
+
 def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | None) -> PruneOutcome:
     req: dict[str, object] = {}
     if keep is not None:
@@ -357,15 +365,13 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
         dry_run=bool(args.dry_run),
         ok=plan.ok,
         message=plan.message,
-        kept=[pruning.Kept(path=k.path, step=k.step, why=k.why) for k in shown.kept] if shown else [],
-        skipped=[pruning.Kept(path=k.path, step=k.step, why=k.why) for k in shown.skipped] if shown else [],
+        kept=_as(list[pruning.Kept], shown.kept if shown else []),
+        skipped=_as(list[pruning.Kept], shown.skipped if shown else []),
     )
     if not plan.ok or shown is None:
         return out
     if args.dry_run:
-        out.deleted = [
-            pruning.PruneTarget(path=d.path, step=d.step, bytes=d.bytes, kind=d.kind) for d in shown.delete
-        ]
+        out.deleted = _as(list[pruning.PruneTarget], shown.delete)
         out.bytes_freed = shown.bytes_to_free
         return out
     # The counts and what is kept first, then the paths: read before the run saves again.
