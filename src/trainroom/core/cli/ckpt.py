@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
@@ -339,14 +339,6 @@ def _confirm(args: argparse.Namespace, summary: str) -> bool:
     return input("prune? [y/N] ").strip().lower() in ("y", "yes")
 
 
-T = TypeVar("T")
-
-
-def _as(kind: type[T], items: object) -> T:
-    """The plan's records as the files' prune reports them (checked as they convert)."""
-    return msgspec.convert(msgspec.to_builtins(items), kind)
-
-
 def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | None) -> PruneOutcome:
     req: dict[str, object] = {}
     if keep is not None:
@@ -365,13 +357,14 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
         dry_run=bool(args.dry_run),
         ok=plan.ok,
         message=plan.message,
-        kept=_as(list[pruning.Kept], shown.kept if shown else []),
-        skipped=_as(list[pruning.Kept], shown.skipped if shown else []),
+        # The plan's records as the files' prune reports them (checked as they convert).
+        kept=msgspec.convert(msgspec.to_builtins(shown.kept if shown else []), list[pruning.Kept]),
+        skipped=msgspec.convert(msgspec.to_builtins(shown.skipped if shown else []), list[pruning.Kept]),
     )
     if not plan.ok or shown is None:
         return out
     if args.dry_run:
-        out.deleted = _as(list[pruning.PruneTarget], shown.delete)
+        out.deleted = msgspec.convert(msgspec.to_builtins(shown.delete), list[pruning.PruneTarget])
         out.bytes_freed = shown.bytes_to_free
         return out
     # The counts and what is kept first, then the paths: read before the run saves again.
