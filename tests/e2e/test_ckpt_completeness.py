@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
-from trainroom.core.actions.resume import Resume
+from trainroom.core.actions import render
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
@@ -67,7 +67,7 @@ def test_a_save_without_the_optimizer_partway_is_incomplete_and_the_resume_plan_
     )
     assert "data position absent: batches 0–20 seen again" in plan.plan["lost"]
     assert "not a faithful resume: 3 part(s) lost or reset" in plan.message
-    assert Resume().plan_lines(plan.plan)[0].startswith("  lost: optimizer moments reset")
+    assert render.plan_lines("resume", plan.plan)[0].startswith("  lost: optimizer moments reset")
 
     # `trainroom verify` on the kept copy says what it holds and lacks.
     out = run_cli("verify", d["latest_checkpoint"])

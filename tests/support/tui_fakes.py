@@ -247,7 +247,7 @@ def default_replier(action: str, args: dict[str, Any], confirm: bool) -> list[p.
                 "skipped": [],
             },
             "reclaim": {
-                "method": "cgroup",
+                "method": "cgroup2-memory.reclaim",
                 "target": "/sys/fs/cgroup/user.slice/memory.reclaim",
                 "value": "6442450944",
                 "cgroup": "/user.slice",

@@ -62,7 +62,13 @@ async def test_a_verb_acts_as_its_key_with_the_same_confirmation(tmp_path) -> No
         assert link.requests[2] == ("prune", {"keep": 3}, False)
 
         await _command(app, pilot, "prune keep three")
-        assert any("say `prune keep N`" in m for m in _said(app)) and len(link.requests) == 3
+        assert any("keep: expected a whole number, got 'three'" in m for m in _said(app))
+        await _command(app, pilot, "prune keep")
+        assert any(
+            "say `prune [keep KEEP] [include-rejected yes|no] [dry-run yes|no]`, or `prune`" in m
+            for m in _said(app)
+        )
+        assert len(link.requests) == 3
 
         await _command(app, pilot, "theme light")
         assert app.theme == "trainroom-light"

@@ -152,17 +152,24 @@ def test_the_keeper_refuses_in_the_words_the_control_room_shows() -> None:
 def test_a_confirmation_is_of_the_target_and_only_a_signal_narrows() -> None:
     from trainroom.core import protocol as p
 
-    kill, prune = REGISTRY["kill"], REGISTRY["prune"]
+    said: list[p.Reply] = []
+
+    def confirmed(req: p.Request, plan: dict[str, Any]) -> bool:
+        # As `serve` calls it: the plan and the confirmed one decoded off the wire, typed.
+        act = REGISTRY[req.action]
+        return act.confirmed(req, said.append, act.decode(plan), act.decode(req.args.get("expect")))
+
     shown = {"pgid": 10, "members": [{"pid": 10, "start_ticks": 1}, {"pid": 11, "start_ticks": 2}]}
     now = {"pgid": 10, "members": [{"pid": 10, "start_ticks": 1}, {"pid": 12, "start_ticks": 3}]}
-    said: list[p.Reply] = []
     req = p.Request(id=1, action="kill", args={"expect": shown}, confirm=True)
-    assert kill.confirmed(req, said.append, shown) and not said
-    assert kill.confirmed(req, said.append, {"pgid": 10, "members": shown["members"][:1]})
-    assert not kill.confirmed(req, said.append, now)
+    assert confirmed(req, shown) and not said
+    assert confirmed(req, {"pgid": 10, "members": shown["members"][:1]})
+    assert not confirmed(req, now)
     assert "confirmed pids [10, 11] of pgid 10, now [10, 12] of pgid 10" in said[-1].message
     # A bench has nothing that could change under it: no plan to carry.
     bench_req = p.Request(id=2, action="bench", args={}, confirm=True)
-    assert REGISTRY["bench"].confirmed(bench_req, said.append, {"device": "cpu", "python": "python"})
-    assert not prune.confirmed(p.Request(id=3, action="prune", args={}, confirm=True), said.append, {})
+    assert confirmed(bench_req, {"device": "cpu", "python": "python"})
+    assert not confirmed(p.Request(id=3, action="prune", args={}, confirm=True), {"root": "/r"})
+    # A confirmed plan of another shape (not a kill plan) is no confirmation either.
+    assert not confirmed(p.Request(id=4, action="kill", args={"expect": {"pgid": "x"}}, confirm=True), shown)
     assert "args.expect" in said[-1].message

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from trainroom.core.actions import words
-from trainroom.core.actions.registry import REGISTRY
+from trainroom.core.actions import render, words
 from trainroom.core.cli.act import verdict
 
 GiB = 1024**3
@@ -38,7 +37,7 @@ def test_a_prune_plan_says_counts_and_what_is_kept_before_any_path() -> None:
         "kept": [{"step": 92, "path": "/ck/step-000092", "why": "latest"}],
         "skipped": [],
     }
-    lines = REGISTRY["prune"].plan_lines(plan)
+    lines = render.plan_lines("prune", plan)
     assert lines[0] == "  deletes 90 checkpoint(s) under /ck, 90.0 GiB freed"
     assert lines[1] == "  keeps 1: step 92 (latest)"
     assert all("/ck/step-" in x for x in lines[2:]) and len(lines) == 92
@@ -59,12 +58,12 @@ def test_a_kill_plan_says_the_signals_the_grace_and_the_steps_lost() -> None:
         "step": 137,
         "last_verified_step": 120,
     }
-    lines = REGISTRY["kill"].plan_lines(plan)
+    lines = render.plan_lines("kill", plan)
     assert lines[0] == "  SIGTERM to process group 40 (2 process(es)), SIGKILL to any left after 10 s"
     assert lines[1] == "  then waits up to 50 s for the GPU memory to be released"
     assert lines[2] == "  loses 17 step(s): at step 137, last verified checkpoint at step 120"
     assert "    pid 40  python train.py" in lines and "  left alone: pid 50 (not the run's)" in lines
-    none_yet = REGISTRY["kill"].plan_lines(plan | {"last_verified_step": None})
+    none_yet = render.plan_lines("kill", plan | {"last_verified_step": None})
     assert "  loses all 137 step(s): no verified checkpoint yet (a resume starts from scratch)" in none_yet
     # An attempt that ended whole: nothing to signal, and no "refused" beside the result's verdict.
     gone = plan | {
@@ -73,7 +72,7 @@ def test_a_kill_plan_says_the_signals_the_grace_and_the_steps_lost() -> None:
         "nothing_left": True,
         "empty": True,
     }
-    lines = REGISTRY["kill"].plan_lines(gone)
+    lines = render.plan_lines("kill", gone)
     assert lines[0] == "  nothing of process group 40 is left to signal"
     assert not any("refused" in x or "loses" in x for x in lines)
 
@@ -86,15 +85,18 @@ def test_reclaim_by_drop_caches_says_it_drops_the_whole_machines_cache() -> None
         "page_cache_bytes": 8 * GiB,
         "passed_over": ["memory.reclaim: not writable"],
     }
-    lines = REGISTRY["reclaim"].plan_lines(plan)
+    lines = render.plan_lines("reclaim", plan)
     assert lines[0].startswith("  drops the whole machine's page cache (8.0 GiB now)")
     assert "  not used: memory.reclaim: not writable" in lines
-    cg = REGISTRY["reclaim"].plan_lines(plan | {"method": "cgroup2-memory.reclaim", "cgroup": "/user.slice"})
+    cg = render.plan_lines("reclaim", plan | {"method": "cgroup2-memory.reclaim", "cgroup": "/user.slice"})
     assert "whole machine" not in cg[0] and "/user.slice" in cg[0]
 
 
 def test_an_action_without_its_own_words_shows_fields_in_words() -> None:
-    lines = REGISTRY["bench"].plan_lines({"device": "cpu", "seconds_s": 2.0, "ok": True})
+    lines = render.plan_lines("bench", {"device": "cpu", "python": "/usr/bin/python3", "ok": True})
+    assert lines == ["  device: cpu", "  python: /usr/bin/python3"]
+    # A plan no action here reads (an action this code does not know): its fields in words.
+    lines = render.plan_lines("nosuch", {"device": "cpu", "seconds_s": 2.0, "ok": True})
     assert lines == ["  device: cpu", "  seconds: 2.0 s"]
 
 
@@ -144,21 +146,19 @@ def test_each_confirmation_opens_with_one_line_of_what_happens_and_what_is_lost(
         "step": 137,
         "last_verified_step": 120,
     }
-    assert REGISTRY["kill"].headline(kill, "") == (
+    assert render.headline("kill", kill, "") == (
         "kills process group 40 (2 processes, SIGTERM, then SIGKILL after 10 s); "
         "loses 17 steps (at step 137, last verified checkpoint at step 120)"
     )
-    assert (
-        REGISTRY["kill"]
-        .headline(kill | {"last_verified_step": None}, "")
-        .endswith("; loses all 137 steps: no verified checkpoint yet")
+    assert render.headline("kill", kill | {"last_verified_step": None}, "").endswith(
+        "; loses all 137 steps: no verified checkpoint yet"
     )
-    assert REGISTRY["kill"].headline(kill | {"members": []}, "") == (
+    assert render.headline("kill", kill | {"members": []}, "") == (
         "nothing of process group 40 is left to kill: only checks the GPU memory was released; "
         "nothing is lost"
     )
     targeted = kill | {"pgid": 0, "label": "pid 77, the other trainer", "finding": "DUPLICATE_TRAINER:x"}
-    assert REGISTRY["kill"].headline(targeted, "") == (
+    assert render.headline("kill", targeted, "") == (
         "kills pid 77, the other trainer (2 processes, SIGTERM, then SIGKILL after 10 s), "
         "what DUPLICATE_TRAINER:x names; the trainer is left alone"
     )
@@ -168,24 +168,27 @@ def test_each_confirmation_opens_with_one_line_of_what_happens_and_what_is_lost(
         "delete": [{"step": s, "path": f"/ck/{s}", "bytes": GiB} for s in (30, 10, 20)],
         "kept": [{"step": 40, "why": "latest"}],
     }
-    assert REGISTRY["prune"].headline(prune, "") == (
+    assert render.headline("prune", prune, "") == (
         "deletes 3 checkpoints (steps 10 to 30) under /ck for good, 3.0 GiB freed; keeps 1"
     )
-    reclaim = {"method": "drop_caches", "page_cache_bytes": 6 * GiB}
-    assert (
-        REGISTRY["reclaim"]
-        .headline(reclaim, "")
-        .startswith("drops the whole machine's page cache (6.0 GiB), every process's")
+    reclaim = {
+        "method": "drop_caches",
+        "target": "/proc/sys/vm/drop_caches",
+        "value": "1",
+        "page_cache_bytes": 6 * GiB,
+    }
+    assert render.headline("reclaim", reclaim, "").startswith(
+        "drops the whole machine's page cache (6.0 GiB), every process's"
     )
     resume = {"attempt": 2, "checkpoint": "/ck/300", "step": 300, "died_at_step": 322, "steps_lost": 22}
-    assert REGISTRY["resume"].headline(resume, "") == (
+    assert render.headline("resume", resume, "") == (
         "starts attempt 2 from /ck/300 (step 300); the 22 steps after it, up to step 322, are trained again"
     )
     woken = {"pgid": 40, "members": [{"pid": 40, "cmdline": ["python", "t.py"]}]}
-    assert REGISTRY["continue"].headline(woken, "").startswith("sends SIGCONT to 1 stopped process ")
-    assert REGISTRY["continue"].plan_lines(woken) == ["    pid 40  python t.py"]
+    assert render.headline("continue", woken, "").startswith("sends SIGCONT to 1 stopped process ")
+    assert render.plan_lines("continue", woken) == ["    pid 40  python t.py"]
     # An action without a headline of its own opens with the keeper's summary.
-    assert REGISTRY["verify"].headline({"path": "/ck/300"}, "verify /ck/300") == "verify /ck/300"
+    assert render.headline("verify", {"path": "/ck/300"}, "verify /ck/300") == "verify /ck/300"
 
 
 def test_an_outcome_is_said_in_words_once() -> None:

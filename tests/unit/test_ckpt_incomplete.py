@@ -101,7 +101,7 @@ def test_the_resume_plan_names_what_its_checkpoint_loses(tmp_path: Path) -> None
     )
     # The plan's lines say the losses first, a line each.
     plan.lost = lost
-    lines = Resume().plan_lines(msgspec.to_builtins(plan))
+    lines = Resume().plan_lines(plan)
     assert lines[:3] == [f"  lost: {x}" for x in lost]
     assert not any(line.startswith("  lost:") for line in lines[3:])
 

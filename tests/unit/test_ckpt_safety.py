@@ -10,7 +10,6 @@ import os
 import stat
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from trainroom.core.actions.resume import resume_lines
@@ -204,6 +203,6 @@ def test_the_resume_plan_shows_the_verified_copys_size_not_the_torn_files(tmp_pa
     plan = plan_resume(state, inputs, None)
     assert plan.checkpoint == str(own) and plan.restore_from == str(copy / "ckpt.pt")
     assert plan.checkpoint_bytes == 64
-    assert "(64 B)" in resume_lines(msgspec.to_builtins(plan))[0]
+    assert "(64 B)" in resume_lines(plan)[0]
     new = fall_back(ResumePlan(attempt=2, checkpoint_bytes=2), state, inputs, set())
     assert new is not None and new.checkpoint_bytes == 64

@@ -457,7 +457,7 @@ def test_steps_lost_are_counted_only_in_optimizer_steps(unit: str, words: str, l
 
 
 def test_a_kill_plan_over_a_log_counting_batches_gives_the_batch_not_steps_lost() -> None:
-    from trainroom.core.actions.registry import REGISTRY
+    from trainroom.core.actions import render
 
     plan = {
         "pgid": 40,
@@ -466,7 +466,7 @@ def test_a_kill_plan_over_a_log_counting_batches_gives_the_batch_not_steps_lost(
         "last_verified_step": 20,
         "step_unit": "batches",
     }
-    lines = REGISTRY["kill"].plan_lines(plan)
+    lines = render.plan_lines("kill", plan)
     words = "  stops at batch 92 (the log counts batches, not optimizer steps); last verified checkpoint at step 20"
     assert f"{words}: the steps lost are not known" in lines
     assert not any("loses" in x for x in lines)

@@ -168,7 +168,7 @@ def test_a_kill_target_that_only_lost_processes_is_still_the_confirmed_one() -> 
     from trainroom.core.actions.registry import REGISTRY
 
     def target_of(action: str, plan: dict[str, object]) -> object:
-        return REGISTRY[action].target(plan)
+        return REGISTRY[action].identity(REGISTRY[action].decode(plan))
 
     def narrowed(action: str, confirmed: object, now: object) -> bool:
         return REGISTRY[action].narrowed(confirmed, now)

@@ -180,6 +180,16 @@ class Request(msgspec.Struct, tag="request", kw_only=True, omit_defaults=True):
     confirm: bool = False
 
 
+# A confirmed request's `args` carry the plan the client showed under this key (the keeper plans
+# again and refuses a target that changed since): `confirming` writes it, `Action.serve` reads it.
+EXPECT = "expect"
+
+
+def confirming(args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """`args` of a confirmed request: the arguments, and the plan (`Reply.plan`) confirmed."""
+    return {**args, EXPECT: dict(plan)}
+
+
 TrainerMsg = Union[Hello, Step, Heartbeat, Phase, Checkpoint, Crash, Note, Bye]
 ClientMsg = Union[Subscribe, Request]
 InboundMsg = Union[Hello, Step, Heartbeat, Phase, Checkpoint, Crash, Note, Bye, Subscribe, Request]

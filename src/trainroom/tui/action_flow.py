@@ -29,11 +29,13 @@ from textual.app import App
 from textual.timer import Timer
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from trainroom.core.actions.registry import CANCELLABLE, DESTRUCTIVE
-from trainroom.core.protocol import Reply
+from trainroom.core.actions import options
+from trainroom.core.actions.registry import REGISTRY
+from trainroom.core.protocol import Reply, confirming
 
 from .evidence import ActionOutcome
 from .link import KeeperLink
+from .screens.ask import AskArgs
 from .screens.confirm import ConfirmAction
 from .screens.result import ActionResult
 from .verdict import FindingRow
@@ -44,8 +46,6 @@ CANCEL_GROUP = "action-cancel"  # a cancel's request, beside the action it cance
 TICK_S = 0.5  # how often the strip's countdown and elapsed time are redrawn
 # A progress line's countdown, as the keeper words it ("...; 38 s left").
 _LEFT = re.compile(r"(\d+(?:\.\d+)?) s left")
-# What a cancel ends, where it is less than the whole action.
-CANCEL_ENDS = {"kill": "the wait"}
 
 
 class Running:
@@ -75,8 +75,8 @@ class Running:
             line = _LEFT.sub("", line, count=1).rstrip(" ;,")
         if self.cancelling:
             out += " · cancelling…"
-        elif cancel_key is not None and self.action in CANCELLABLE:
-            out += f" · {cancel_key}: cancel {CANCEL_ENDS.get(self.action, 'it')}"
+        elif cancel_key is not None and REGISTRY[self.action].spec.cancellable:
+            out += f" · {cancel_key}: cancel {REGISTRY[self.action].spec.cancel_ends}"
         return f"{out} · {line}"
 
 
@@ -163,10 +163,7 @@ class ActionFlow:
             if targeted and finding and finding.fix
             else None
         )
-        self.current = action
-        self._progress(f"{action}: asking the keeper for the plan…")
-        self.app.refresh_bindings()
-        self._in_worker(self._request_plan, action, args, question)
+        self._begin(action, args, question)
 
     def start_args(self, action: str, args: dict[str, object], question: str | None = None) -> None:
         """Ask the keeper for the plan of `action` with `args` (the processes screen's signal of
@@ -175,10 +172,31 @@ class ActionFlow:
         if why is not None:
             self.app.notify(f"{action}: not now, {why}", severity="warning", timeout=4, markup=False)
             return
+        self._begin(action, args, question)
+
+    def _begin(self, action: str, args: dict[str, object], question: str | None) -> None:
+        """Ask for the arguments the action requires and `args` lacks (its `Args` say which),
+        then the keeper for the plan."""
+        lacking = options.missing(REGISTRY[action].Args, args)
+        if lacking:
+            self.current = action
+            self.app.refresh_bindings()
+            self.app.push_screen(AskArgs(action, lacking, args), partial(self._asked, action, args, question))
+            return
         self.current = action
         self._progress(f"{action}: asking the keeper for the plan…")
         self.app.refresh_bindings()
         self._in_worker(self._request_plan, action, args, question)
+
+    def _asked(
+        self, action: str, args: dict[str, object], question: str | None, typed: dict[str, object] | None
+    ) -> None:
+        self.current = None
+        if typed is None:
+            self.app.refresh_bindings()
+            self.app.notify(f"{action}: cancelled, nothing done", timeout=3)
+            return
+        self._begin(action, {**args, **typed}, question)
 
     def _in_worker(self, fn: Callable[..., None], *args: object) -> None:
         self.app.run_worker(
@@ -201,7 +219,7 @@ class ActionFlow:
     ) -> None:
         if isinstance(plan, ActionOutcome):
             self._finish(plan)
-        elif action in DESTRUCTIVE:
+        elif REGISTRY[action].spec.destructive:
             self._progress(f"{action}: waiting for your confirmation")
             self.app.push_screen(
                 ConfirmAction(action, plan.plan, plan.message, question),
@@ -221,7 +239,7 @@ class ActionFlow:
         self.app.call_from_thread(self._began, action)
         final: Reply | None = None
         # `expect` is the target the user confirmed: the keeper refuses if it changed meanwhile.
-        for reply in keeper_replies(self.host.keeper_link(), action, {**args, "expect": plan}, True):
+        for reply in keeper_replies(self.host.keeper_link(), action, confirming(args, plan), True):
             if reply.stage == "done":
                 final = reply
             else:
@@ -257,7 +275,7 @@ class ActionFlow:
     def strip_keys(self) -> list[tuple[str, str]]:
         """The key strip's first entry while an action that can be cancelled runs."""
         r = self.running
-        if r is None or r.action not in CANCELLABLE or r.cancelling:
+        if r is None or not REGISTRY[r.action].spec.cancellable or r.cancelling:
             return []
         return [(self.host.key_text("cancel_action"), f"cancel {r.action}")]
 
@@ -267,7 +285,7 @@ class ActionFlow:
         if r is None:
             self.app.notify("cancel: no action is running", timeout=3)
             return
-        if r.action not in CANCELLABLE:
+        if not REGISTRY[r.action].spec.cancellable:
             self.app.notify(
                 f"cancel: {r.action} cannot be cancelled once begun", severity="warning", timeout=4
             )

@@ -6,12 +6,15 @@ app stays the size it is."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from typing import Any, Protocol, cast
 
 from textual.app import App
 
+from trainroom.core.actions import options
 from trainroom.core.actions.registry import NAMES as KEEPER_ACTIONS
+from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 
@@ -33,6 +36,39 @@ class Navigates(Protocol):
 def _app(mixin: object) -> Any:
     """The control room this is mixed into (its App methods and parts: the flow, the keys)."""
     return cast(App[int], mixin)
+
+
+def action_args(verb: str, words: list[str]) -> dict[str, object] | str:
+    """`:prune keep 3`, `:kill pid 4242 signal STOP`: an action's arguments as `NAME VALUE`
+    pairs (each named as its CLI flag is, without the dashes), each read by the argument's own
+    parser and checked by the action's `Args`; or why not, in words."""
+    act = REGISTRY[verb]
+    opts = {o.flag.removeprefix("--"): o for o in options.options(act.Args) if o.arg.cli}
+    usage = (
+        f"say `{verb} "
+        + " ".join(
+            f"[{n} {'yes|no' if o.base is bool else n.upper().replace('-', '_')}]" for n, o in opts.items()
+        )
+        + f"`, or `{verb}`"
+    )
+    if not opts:
+        return f"{verb} takes no arguments"
+    if len(words) % 2:
+        return usage
+    values: dict[str, object] = {}
+    for name, text in zip(words[::2], words[1::2], strict=True):
+        opt = opts.get(name)
+        if opt is None:
+            return f"{verb} has no argument {name!r}: {usage}"
+        try:
+            values[opt.name] = opt.parse(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            return f"{name}: {exc}"
+    typed = act.args_of(values, complete=False)
+    if isinstance(typed, str):
+        return typed
+    why = act.validate(typed)
+    return f"{verb}: {why}" if why is not None else values
 
 
 def verbs() -> list[str]:
@@ -75,13 +111,14 @@ class CommandLineKey:
         """Do what `verb` says, as its key would; why not, in words."""
         app = _app(self)
         flow: Acts = app.flow  # the app's ActionFlow
-        if verb == "prune" and args:
-            if len(args) != 2 or args[0] != "keep" or not args[1].isdigit():
-                return "say `prune keep N` (N: how many verified checkpoints to keep), or `prune`"
-            flow.start_args("prune", {"keep": int(args[1])})
-            return None
         if verb == "resume" and args:
             return self._cmd_resume(args)
+        if verb in REGISTRY and args:
+            given = action_args(verb, args)
+            if isinstance(given, str):
+                return given
+            flow.start_args(verb, given)  # a required argument not given is asked for, as the key does
+            return None
         if verb == "theme" and args:
             return self._cmd_theme(args[0])
         if verb == "job":

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from trainroom.core.actions.offered import KEEPER_GONE
 from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.probes.adopt import still_runs
@@ -45,8 +46,6 @@ STATE_LEVEL: dict[ShownState, Level] = {
     "stopped": "dim",  # the user killed it: nothing is wrong
 }
 _RANK: dict[Level, int] = {"dim": -1, "ok": 0, "info": 1, "warn": 2, "crit": 3}
-# The verbs of a fix key, when the action acts on a finding's own target.
-_VERB = {"kill": "kill"}
 
 
 def level_of_state(state: ShownState) -> Level:
@@ -78,7 +77,7 @@ def refusal(state: RunState | None, action: str, where: Situation, finding: str 
         return "no run is open yet"
     act = REGISTRY[action]
     if not where.connected and act.spec.needs_keeper:
-        return "the keeper is gone: resume works without it, or use `trainroom kill RUN` in a shell"
+        return KEEPER_GONE
     if not where.connected:
         a = state.attempt
         if a is not None and a.ended_at is None and a.pid > 0:
@@ -243,7 +242,7 @@ def fix_text(f: Finding) -> str | None:
     if f.action is None:
         return None
     if f.target is not None and f.target.label:
-        return f"{_VERB.get(f.action, f.action)} {f.target.label}"
+        return f"{f.action} {f.target.label}"
     return f.action
 
 

@@ -10,9 +10,8 @@ the control room offers the action's key only when it holds (and says the same w
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -20,7 +19,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import msgspec
 
 from trainroom.core import protocol as p
-from trainroom.core.actions import words
+from trainroom.core.actions import options, words
+from trainroom.core.actions.options import arg as arg  # what each Args field declares
 from trainroom.core.ckpt.report import Expected, VerifyReport
 from trainroom.core.health.diskguard import DiskUsage
 from trainroom.core.ops.resume import ResumePlan
@@ -54,6 +54,21 @@ class ActionSpec:
     # The CLI's verb of the same name asks the keeper (False: a verb of its own also works on a
     # bare directory without a keeper, `trainroom verify` / `prune`, see cli/ckpt.py).
     cli_verb: bool = True
+    # What a confirmation asks (the control room's confirm screen; default "Name?").
+    question: str = ""
+    # What a cancel ends, where it is less than the whole action (a kill's: the wait, never
+    # its signalling): the control room's strip says "X: cancel the wait".
+    cancel_ends: str = "it"
+
+    @property
+    def through_bridge(self) -> bool:
+        """The verb asks the run's keeper: on a run of another host while its keeper lives, the
+        CLI here dials it through `ssh HOST trainroom bridge` (core/cli/remote.py); a verb of its
+        own (verify, prune) runs on that host."""
+        return self.cli_verb
+
+    def ask(self) -> str:
+        return self.question or f"{self.name.capitalize()}?"
 
 
 class Recorder(Protocol):
@@ -118,22 +133,44 @@ class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
 
 A = TypeVar("A", bound=Args)
 W = TypeVar("W")
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class Proc(msgspec.Struct, kw_only=True):
+    """A process as a plan shows it and a confirmation proves it: its pid and start tick (what
+    tells it from a reused pid), and what a person reads of it."""
+
+    pid: int
+    start_ticks: int | None = None
+    cmdline: list[str] = []
+    state: str | None = None
+    ppid: int | None = None
+    pgid: int | None = None
+    create_time: float | None = None
+    rss_bytes: int | None = None
+    in_group: bool = True
+    run: str | None = None
+
+
+def procs(members: Any) -> list[Proc]:
+    """ops' `Member`s as a plan's processes."""
+    return [msgspec.convert(msgspec.to_builtins(m), Proc) for m in members]
 
 
 @dataclass
-class Plan(Generic[W]):
-    """A plan: what a client shows for confirmation (`summary`, `target`) and what the execution
-    carries out (`work`: an ops plan)."""
+class Plan(Generic[W, T]):
+    """A plan: what a client shows for confirmation (`summary`, `target`: the action's typed
+    plan) and what the execution carries out (`work`: an ops plan)."""
 
     summary: str
-    target: dict[str, Any]
+    target: T
     work: W
 
 
 @dataclass(frozen=True)
 class Refused:
     why: str
-    target: dict[str, Any] = field(default_factory=dict)
+    target: msgspec.Struct | None = None  # the plan refused, when there is one to show
 
 
 @dataclass
@@ -142,7 +179,7 @@ class Outcome:
     message: str
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
-    target: dict[str, Any] | None = None  # what the result names, when not the confirmed target
+    target: msgspec.Struct | None = None  # what the result names, when not the confirmed target
 
 
 @dataclass(frozen=True)
@@ -153,24 +190,26 @@ class Call:
     say: Say
 
 
-def as_builtins(x: msgspec.Struct) -> dict[str, Any]:
+def as_builtins(x: msgspec.Struct | None) -> dict[str, Any]:
+    """A Struct as the wire carries it (`Reply.plan`, `args["expect"]`); None as no fields."""
+    if x is None:
+        return {}
     out = msgspec.to_builtins(x)
     assert isinstance(out, dict)
     return out
 
 
-class Action(Generic[A, W]):
-    """One action. A subclass gives `spec`, `Args`, and overrides `precondition`, `plan`,
-    `execute` and, where a confirmation is of something narrower than the whole plan, `target`
-    / `narrowed` / `what_changed`."""
+class Action(Generic[A, W, T]):
+    """One action. A subclass gives `spec`, `Args`, `Target` (its plan as shown), and overrides
+    `precondition`, `plan`, `execute` and, where a confirmation is of something narrower than the
+    whole plan, `identity` / `narrowed` / `what_changed`."""
 
     spec: ClassVar[ActionSpec]
     Args: type[A]
+    Target: type[T]
 
     # ------------------------------------------------------------ what a subclass says
-
-    def add_options(self, ap: argparse.ArgumentParser) -> None:
-        """The CLI verb's options beyond `RUN --yes --json`; each `dest` is an `Args` field."""
+    # (its arguments, with their CLI flags and help, are its `Args` fields: actions/options.py)
 
     def validate(self, args: A) -> str | None:
         """Why the arguments cannot be used (None: they can); checked before anything is planned."""
@@ -186,17 +225,22 @@ class Action(Generic[A, W]):
         fix); None when it is worth offering. Said after the precondition."""
         return None
 
+    def passed(self, ok: bool, after: Mapping[str, Any]) -> bool:
+        """Whether a done result is a pass (the CLI's exit 0): carried out, unless an action
+        says more (a bench that ran but measured below its floor is not)."""
+        return ok
+
     def dry_run(self, args: A) -> bool:
         """A confirmed request that only says what it would do."""
         return False
 
-    async def plan(self, k: Keeper, args: A, call: Call) -> Plan[W] | Refused:
+    async def plan(self, k: Keeper, args: A, call: Call) -> Plan[W, T] | Refused:
         raise NotImplementedError
 
-    async def execute(self, k: Keeper, args: A, plan: Plan[W], call: Call) -> Outcome:
+    async def execute(self, k: Keeper, args: A, plan: Plan[W, T], call: Call) -> Outcome:
         raise NotImplementedError
 
-    def target(self, plan: dict[str, Any]) -> object:
+    def identity(self, plan: T) -> object:
         """What a confirmation is a confirmation of: the exact targets of a plan, compared
         between the plan a client confirmed and the one about to be carried out. The whole plan
         unless an action says less; None: nothing could change under it (no plan to carry)."""
@@ -211,21 +255,21 @@ class Action(Generic[A, W]):
     def what_changed(self, confirmed: object, now: object) -> str:
         return f"confirmed {confirmed!r}, now {now!r}"
 
-    def headline(self, plan: dict[str, Any], summary: str) -> str:
+    def headline(self, plan: T, summary: str) -> str:
         """The one line a confirmation opens with: what will happen to what, and what is lost
         (`summary`: the keeper's one-line plan, the default). The details follow: `plan_lines`."""
         return summary
 
-    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
-        """The plan (`Reply.plan`) as a person reads it under its one-line summary: what happens
-        to what and what is lost first, then the details in words and units (actions/words.py)."""
-        return words.fields(plan)
+    def plan_lines(self, plan: T) -> list[str]:
+        """The plan as a person reads it under its one-line summary: what happens to what and
+        what is lost first, then the details in words and units (actions/words.py)."""
+        return ["  " + line for line in words.plan_fields(as_builtins(plan))]
 
-    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+    def detail_lines(self, plan: T) -> list[str]:
         """The plan's lines under its `headline`: `plan_lines` less what the headline says."""
         return self.plan_lines(plan)
 
-    def as_confirmed(self, plan: Plan[W], confirmed: dict[str, Any]) -> Plan[W]:
+    def as_confirmed(self, plan: Plan[W, T], confirmed: T) -> Plan[W, T]:
         """The plan to carry out, cut to what the client confirmed (`confirmed`: the plan it
         showed), for an action whose target may grow while a person reads it (a prune of a run
         that keeps saving: what arrived since is named, not acted on). The plan as planned
@@ -234,18 +278,34 @@ class Action(Generic[A, W]):
 
     # ------------------------------------------------------------ the same for every action
 
-    def args_of(self, raw: dict[str, Any]) -> A | str:
-        """The request's arguments, typed; or why they cannot be."""
-        given = {k: v for k, v in raw.items() if k != "expect"}
+    def decode(self, raw: object) -> T | None:
+        """A plan off the wire (`Reply.plan`, `args["expect"]`) as this action's `Target`; None
+        when it is not one (absent, or of a shape this code does not know: an older keeper's)."""
+        if not isinstance(raw, Mapping) or not raw:
+            return None
         try:
-            return msgspec.convert(given, self.Args)
+            return msgspec.convert(dict(raw), self.Target, strict=False)
+        except msgspec.ValidationError:
+            return None
+
+    def args_of(self, raw: Mapping[str, Any], *, complete: bool = True) -> A | str:
+        """The request's arguments, typed; or why they cannot be (`complete`: with every
+        required one given; a client deciding whether to offer the key asks for them later)."""
+        given = {k: v for k, v in raw.items() if k != p.EXPECT}
+        try:
+            args = msgspec.convert(given, self.Args)
         except msgspec.ValidationError as exc:
             return f"{self.spec.name}: bad arguments: {exc}"
+        lacking = [o.flag for o in options.missing(self.Args, given)] if complete else []
+        if lacking:
+            return f"{self.spec.name}: bad arguments: {', '.join(lacking)} is required"
+        return args
 
     def refusal(self, state: RunState, raw: dict[str, Any], *, offer: bool = False) -> str | None:
         """The precondition on raw request arguments, in the keeper's words (`offer`: and
-        whether a client should offer it now, see `not_offered`)."""
-        args = self.args_of(raw)
+        whether a client should offer it now, see `not_offered`; an argument it has not asked
+        for yet is not a reason)."""
+        args = self.args_of(raw, complete=not offer)
         if isinstance(args, str):
             return args
         why = self.validate(args) or self.precondition(state, args)
@@ -268,38 +328,41 @@ class Action(Generic[A, W]):
         call = Call(client=client, say=progress_to(reply, req))
         planned = await self.plan(k, args, call)
         if isinstance(planned, Refused):
-            reply(done_reply(req, False, f"{name} refused: {planned.why}", plan=planned.target))
+            reply(done_reply(req, False, f"{name} refused: {planned.why}", plan=as_builtins(planned.target)))
             return
+        shown = as_builtins(planned.target)
         if not req.confirm:
-            reply(p.Reply(id=req.id, action=name, stage="plan", message=planned.summary, plan=planned.target))
+            reply(p.Reply(id=req.id, action=name, stage="plan", message=planned.summary, plan=shown))
             return
         if self.dry_run(args):
-            reply(done_reply(req, True, planned.summary, plan=planned.target))
+            reply(done_reply(req, True, planned.summary, plan=shown))
             return
-        if not self.confirmed(req, reply, planned.target):
+        expect = self.decode(req.args.get(p.EXPECT))
+        if not self.confirmed(req, reply, planned.target, expect):
             return
-        expect = req.args.get("expect")
-        if isinstance(expect, dict):
+        if expect is not None:
             planned = self.as_confirmed(planned, expect)
         out = await self.execute(k, args, planned, call)
-        target = planned.target if out.target is None else out.target
+        target = as_builtins(planned.target if out.target is None else out.target)
         reply(done_reply(req, out.ok, out.message, plan=target, before=out.before, after=out.after))
 
-    def confirmed(self, req: p.Request, reply: Reply, plan: dict[str, Any]) -> bool:
+    def confirmed(self, req: p.Request, reply: Reply, plan: T, expect: T | None) -> bool:
         """False (and a refusal sent) when a confirmed request's plan is not the one to run."""
         name = self.spec.name
-        now = self.target(plan)
+        now = self.identity(plan)
         if now is None:
             return True  # nothing can change under it (a bench): nothing to confirm
-        expect = req.args.get("expect")
-        if not isinstance(expect, dict):
+        if expect is None:
             reply(
                 done_reply(
-                    req, False, f"{name}: confirm with the plan you confirmed (args.expect)", plan=plan
+                    req,
+                    False,
+                    f"{name}: confirm with the plan you confirmed (args.expect)",
+                    plan=as_builtins(plan),
                 )
             )
             return False
-        was = self.target(expect)
+        was = self.identity(expect)
         if was != now and not self.narrowed(was, now):
             reply(
                 done_reply(
@@ -307,7 +370,7 @@ class Action(Generic[A, W]):
                     False,
                     f"{name} refused: the target changed since it was confirmed "
                     f"({self.what_changed(was, now)}); look at the new plan and confirm again",
-                    plan=plan,
+                    plan=as_builtins(plan),
                 )
             )
             return False

@@ -3,22 +3,34 @@ hardware fine?"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
 
 from trainroom.core import argtypes
-from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
-from trainroom.core.ops.bench import add_device_options, describe, run_bench
+from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
+from trainroom.core.ops.bench import describe, device_arg, run_bench, seconds_arg
 
 
 class BenchArgs(Args, kw_only=True):
+    device: Annotated[str, arg("cpu, cuda or cuda:N (default: cuda:0 if there is one)", parse=device_arg)] = (
+        "auto"
+    )
+    seconds: Annotated[
+        float | None,
+        arg("timed duration (default: [bench] seconds in trainroom.toml, else 1)", parse=seconds_arg),
+    ] = None
+
+
+class BenchShown(msgspec.Struct, kw_only=True):
     device: str = "auto"
-    seconds: float | None = None  # [bench] seconds when None
+    python: str | None = None  # the trainer's interpreter the bench runs under
 
 
-class Bench(Action[BenchArgs, None]):
+class Bench(Action[BenchArgs, None, BenchShown]):
     spec = ActionSpec(
         name="bench",
         key="b",
@@ -27,20 +39,18 @@ class Bench(Action[BenchArgs, None]):
         cancellable=True,
     )
     Args = BenchArgs
-
-    def add_options(self, ap: argparse.ArgumentParser) -> None:
-        add_device_options(ap)
+    Target = BenchShown
 
     def validate(self, args: BenchArgs) -> str | None:
         if args.seconds is not None and argtypes.checked(args.seconds, 0.01, 60) is None:
             return f"seconds must be in (0, 60], got {args.seconds!r}"
         return None
 
-    async def plan(self, k: Keeper, args: BenchArgs, call: Call) -> Plan[None] | Refused:
-        target = {"device": args.device, "python": k.run.trainer_python()}
+    async def plan(self, k: Keeper, args: BenchArgs, call: Call) -> Plan[None, BenchShown] | Refused:
+        target = BenchShown(device=args.device, python=k.run.trainer_python())
         return Plan(f"matmul bench on {args.device} (~1 s)", target, None)
 
-    async def execute(self, k: Keeper, args: BenchArgs, plan: Plan[None], call: Call) -> Outcome:
+    async def execute(self, k: Keeper, args: BenchArgs, plan: Plan[None, BenchShown], call: Call) -> Outcome:
         call.say(f"running the matmul bench on {args.device}")
         cfg = k.run.settings.bench
         cancel = threading.Event()
@@ -48,7 +58,7 @@ class Bench(Action[BenchArgs, None]):
             out = await asyncio.to_thread(
                 run_bench,
                 args.device,
-                python=plan.target["python"],
+                python=plan.target.python,
                 seconds=float(args.seconds or cfg.seconds),
                 floor_tflops=cfg.floor_tflops,
                 cancel=cancel,
@@ -56,7 +66,10 @@ class Bench(Action[BenchArgs, None]):
         except asyncio.CancelledError:
             cancel.set()  # the bench's child is killed, not left to run out its time
             raise
-        return Outcome(out.ok, describe(out), after=out.as_dict(), target={"device": args.device})
+        return Outcome(out.ok, describe(out), after=out.as_dict(), target=BenchShown(device=args.device))
 
-    def target(self, plan: dict[str, Any]) -> object:
+    def passed(self, ok: bool, after: Mapping[str, Any]) -> bool:
+        return ok and after.get("verdict") == "ok"  # below its floor: ran, but not a pass
+
+    def identity(self, plan: BenchShown) -> object:
         return None  # nothing to change under it

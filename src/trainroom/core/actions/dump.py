@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from trainroom.core import argtypes
 from trainroom.core.actions.base import (
     Action,
     ActionSpec,
@@ -19,6 +22,7 @@ from trainroom.core.actions.base import (
     Outcome,
     Plan,
     Refused,
+    arg,
     as_builtins,
     live_attempt,
     not_running,
@@ -29,7 +33,27 @@ from trainroom.core.run.state import RunState
 
 
 class DumpArgs(Args, kw_only=True):
-    rank: int | None = None  # a job's rank whose reporter is connected; else the trainer (or its ranks)
+    rank: Annotated[
+        int | None,
+        arg(
+            "a job's rank whose reporter is connected (its NCCL flight recorder too); "
+            "default: the trainer, each rank on torchrun",
+            parse=argtypes.count(0, 1 << 20),
+        ),
+    ] = None
+
+
+class RankPid(msgspec.Struct, kw_only=True):
+    rank: int
+    pid: int
+
+
+class DumpShown(msgspec.Struct, kw_only=True):
+    """A dump's plan as shown: whose stacks (a pid, or each rank's), read how."""
+
+    pid: int
+    method: str = ""
+    ranks: list[RankPid] = []
 
 
 @dataclass(frozen=True)
@@ -39,7 +63,7 @@ class DumpWork:
     ranks: tuple[DumpTarget, ...] = ()  # a torchrun run's workers: each dumped, labelled by rank
 
 
-class Dump(Action[DumpArgs, DumpWork]):
+class Dump(Action[DumpArgs, DumpWork, DumpShown]):
     spec = ActionSpec(
         name="dump",
         key="d",
@@ -49,6 +73,7 @@ class Dump(Action[DumpArgs, DumpWork]):
         when="the trainer runs",
     )
     Args = DumpArgs
+    Target = DumpShown
 
     def precondition(self, state: RunState, args: DumpArgs) -> str | None:
         a = state.attempt
@@ -60,7 +85,7 @@ class Dump(Action[DumpArgs, DumpWork]):
                 return f"rank {args.rank} has no connected reporter in attempt {a.n}"
         return None
 
-    async def plan(self, k: Keeper, args: DumpArgs, call: Call) -> Plan[DumpWork] | Refused:
+    async def plan(self, k: Keeper, args: DumpArgs, call: Call) -> Plan[DumpWork, DumpShown] | Refused:
         st = k.run.state
         a = st.attempt
         assert a is not None
@@ -77,12 +102,14 @@ class Dump(Action[DumpArgs, DumpWork]):
             ranks.sort(key=lambda t: (t.pid != hung, t.rank))
             who = ", ".join(f"rank {t.rank} (pid {t.pid})" for t in sorted(ranks, key=lambda t: t.rank))
             plan = _planned(ranks[0].pid, ranks[0].instrumented, f"{len(ranks)} ranks: {who}", stopped)
-            plan.target["ranks"] = [{"rank": t.rank, "pid": t.pid} for t in ranks]
+            plan.target.ranks = [RankPid(rank=t.rank, pid=t.pid) for t in ranks]
             plan.work = DumpWork(ranks[0].pid, ranks[0].instrumented, tuple(ranks))
             return plan
         return _planned(a.pid, a.instrumented, f"pid {a.pid}", stopped)
 
-    async def execute(self, k: Keeper, args: DumpArgs, plan: Plan[DumpWork], call: Call) -> Outcome:
+    async def execute(
+        self, k: Keeper, args: DumpArgs, plan: Plan[DumpWork, DumpShown], call: Call
+    ) -> Outcome:
         work = plan.work
         log = str(k.run.log_path)
         if work.ranks:
@@ -108,18 +135,15 @@ class Dump(Action[DumpArgs, DumpWork]):
             after["flight_recorder"] = as_builtins(
                 await asyncio.to_thread(flight.trigger, work.pid, args.rank)
             )
-        return Outcome(out.ok, out.message, after=after, target={"pid": work.pid})
+        return Outcome(out.ok, out.message, after=after, target=DumpShown(pid=work.pid))
 
-    def target(self, plan: dict[str, Any]) -> object:
-        return (plan.get("pid"), sorted(r.get("pid") for r in plan.get("ranks") or []))
+    def identity(self, plan: DumpShown) -> object:
+        return (plan.pid, sorted(r.pid for r in plan.ranks))
 
-    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
-        ranks = plan.get("ranks") or []
-        if ranks:
-            return [f"  rank {r.get('rank')}: pid {r.get('pid')}" for r in ranks] + [
-                f"  by {plan.get('method')}"
-            ]
-        return [f"  pid {plan.get('pid')}, by {plan.get('method')}"]
+    def plan_lines(self, plan: DumpShown) -> list[str]:
+        if plan.ranks:
+            return [f"  rank {r.rank}: pid {r.pid}" for r in plan.ranks] + [f"  by {plan.method}"]
+        return [f"  pid {plan.pid}, by {plan.method}"]
 
 
 def rank_targets(st: RunState) -> list[DumpTarget]:
@@ -138,7 +162,7 @@ def rank_targets(st: RunState) -> list[DumpTarget]:
     return out
 
 
-def _planned(pid: int, instrumented: bool, who: str, stopped: bool) -> Plan[DumpWork]:
+def _planned(pid: int, instrumented: bool, who: str, stopped: bool) -> Plan[DumpWork, DumpShown]:
     how = (
         "py-spy (stopped: read without pausing)"
         if stopped
@@ -146,4 +170,6 @@ def _planned(pid: int, instrumented: bool, who: str, stopped: bool) -> Plan[Dump
         if instrumented
         else "py-spy (uninstrumented)"
     )
-    return Plan(f"dump stacks of {who} via {how}", {"pid": pid, "method": how}, DumpWork(pid, instrumented))
+    return Plan(
+        f"dump stacks of {who} via {how}", DumpShown(pid=pid, method=how), DumpWork(pid, instrumented)
+    )

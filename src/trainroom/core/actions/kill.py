@@ -11,7 +11,9 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core import protocol as p
@@ -23,9 +25,12 @@ from trainroom.core.actions.base import (
     Keeper,
     Outcome,
     Plan,
+    Proc,
     Refused,
+    arg,
     live_attempt,
     not_running,
+    procs,
 )
 from trainroom.core.findings import Finding
 from trainroom.core.loglines import NOT_STEPS, step_words
@@ -41,12 +46,89 @@ from trainroom.core.run.state import RunState
 STOP_MARGIN_S = 10.0
 
 
+def _signal_arg(text: str) -> str:
+    """`--signal`: a name of SIGNALS (any case, SIG or not); argparse says a bad one and exits 2."""
+    name = signal_name(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
+    return name
+
+
 class KillArgs(Args, kw_only=True):
-    grace_s: float | None = None  # seconds between SIGTERM and SIGKILL ([kill] grace_s when None)
-    finding: str | None = None  # kill what this open finding targets, not the trainer
-    pid: int | None = None  # signal only this process of the run
-    start_ticks: int | None = None  # ... which started at this tick (the row a person chose)
-    signal: str | None = None  # with `pid`: TERM, INT, KILL, USR1, STOP or CONT
+    # seconds between SIGTERM and SIGKILL ([kill] grace_s when None)
+    grace_s: Annotated[
+        float | None,
+        arg(
+            "seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
+            flag="--grace",
+            parse=argtypes.seconds(0, 3600),
+        ),
+    ] = None
+    finding: Annotated[
+        str | None,
+        arg(
+            "kill what this open finding targets (its ident in `status --json`, e.g. "
+            "DUPLICATE_TRAINER:trainer), not the trainer",
+            metavar="IDENT",
+        ),
+    ] = None
+    pid: Annotated[
+        int | None,
+        arg(
+            "signal only this process of the run (its pid in the control room's processes table)",
+            parse=argtypes.count(2, 4_194_304),
+        ),
+    ] = None
+    # ... which started at this tick (the row a person chose in the processes table)
+    start_ticks: Annotated[int | None, arg("the start tick of --pid's process", cli=False)] = None
+    signal: Annotated[
+        str | None,
+        arg(
+            f"with --pid: the signal to send, one of {', '.join(SIGNALS)} (default TERM)",
+            metavar="NAME",
+            parse=_signal_arg,
+        ),
+    ] = None
+
+
+class LeftAlone(msgspec.Struct, kw_only=True):
+    """A process found beside the target that is not proven the run's: never signalled."""
+
+    pid: int
+    cmdline: list[str] = []
+    why: str = ""
+
+
+class KillTarget(msgspec.Struct, kw_only=True):
+    """A kill's plan as shown and confirmed: the process group (pgid 0: a finding's target or
+    one process, named by `label`) and its members, what is left alone, the timing, and what the
+    kill loses."""
+
+    pgid: int = 0
+    leader_pid: int = 0
+    leader_start_time: float = 0.0
+    leader_start_ticks: int | None = None
+    run_id: str = ""
+    attempt_ended_at: float | None = None
+    attached: bool = False
+    members: list[Proc] = []
+    strangers: list[LeftAlone] = []
+    refusals: list[str] = []
+    empty: bool = False
+    label: str = ""
+    ok: bool = True
+    nothing_left: bool = False
+    signal: str | None = None  # one process, this signal only (the processes table's kill)
+    finding: str | None = None  # a finding's target, not the trainer
+    grace_s: float | None = None
+    vram_timeout_s: float | None = None
+    step: int | None = None  # the attempt's last step: what the kill stops at
+    last_verified_step: int | None = None
+    step_unit: str | None = None  # the log counts batches or dicts, not steps
+
+    @property
+    def who(self) -> str:
+        return self.label or f"process group {self.pgid}"
 
 
 @dataclass
@@ -58,7 +140,7 @@ class KillWork:
     vram_of: str = ""  # whose rows the VRAM wait reads, when not the run's (a finding's target)
 
 
-class Kill(Action[KillArgs, KillWork]):
+class Kill(Action[KillArgs, KillWork, KillTarget]):
     spec = ActionSpec(
         name="kill",
         key="ctrl+k",
@@ -67,33 +149,11 @@ class Kill(Action[KillArgs, KillWork]):
         # A cancel ends the wait for the VRAM, never the signalling (see `execute`).
         cancellable=True,
         when="the trainer runs (a finding's kill: the finding is open)",
+        question="Kill the trainer's process group?",
+        cancel_ends="the wait",
     )
     Args = KillArgs
-
-    def add_options(self, ap: argparse.ArgumentParser) -> None:
-        ap.add_argument(
-            "--grace",
-            dest="grace_s",
-            type=argtypes.seconds(0, 3600),
-            help="seconds between SIGTERM and SIGKILL (default: [kill] grace_s, else 10)",
-        )
-        ap.add_argument(
-            "--finding",
-            metavar="IDENT",
-            help="kill what this open finding targets (its ident in `status --json`, e.g. "
-            "DUPLICATE_TRAINER:trainer), not the trainer",
-        )
-        ap.add_argument(
-            "--pid",
-            type=argtypes.count(2, 4_194_304),
-            help="signal only this process of the run (its pid in the control room's processes table)",
-        )
-        ap.add_argument(
-            "--signal",
-            metavar="NAME",
-            type=_signal_arg,
-            help=f"with --pid: the signal to send, one of {', '.join(SIGNALS)} (default TERM)",
-        )
+    Target = KillTarget
 
     def validate(self, args: KillArgs) -> str | None:
         if args.grace_s is not None and argtypes.checked(args.grace_s, 0, 3600) is None:
@@ -134,7 +194,7 @@ class Kill(Action[KillArgs, KillWork]):
             return None
         return None if live_attempt(state) else not_running(state)
 
-    async def plan(self, k: Keeper, args: KillArgs, call: Call) -> Plan[KillWork] | Refused:
+    async def plan(self, k: Keeper, args: KillArgs, call: Call) -> Plan[KillWork, KillTarget] | Refused:
         st = k.run.state
         if args.pid is not None:
             return await self._plan_one(k, args)
@@ -177,7 +237,9 @@ class Kill(Action[KillArgs, KillWork]):
             lost["step_unit"] = st.log_unit
         return self._planned(plan, summary, sorted({a.pid, *pids}), a, _timing(k, args) | lost)
 
-    async def _plan_target(self, k: Keeper, f: Finding, args: KillArgs) -> Plan[KillWork] | Refused:
+    async def _plan_target(
+        self, k: Keeper, f: Finding, args: KillArgs
+    ) -> Plan[KillWork, KillTarget] | Refused:
         assert f.target is not None
         plan = await asyncio.to_thread(
             plan_target_kill,
@@ -200,7 +262,7 @@ class Kill(Action[KillArgs, KillWork]):
         of = f"pid{'s' if len(vram_pids) > 1 else ''} {', '.join(map(str, vram_pids))}"
         return self._planned(plan, summary, vram_pids, None, extra, of)
 
-    async def _plan_one(self, k: Keeper, args: KillArgs) -> Plan[KillWork] | Refused:
+    async def _plan_one(self, k: Keeper, args: KillArgs) -> Plan[KillWork, KillTarget] | Refused:
         st = k.run.state
         a = st.attempt
         assert a is not None and args.pid is not None
@@ -215,7 +277,13 @@ class Kill(Action[KillArgs, KillWork]):
             keeper_pid=os.getpid(),
             label=process_label(st, args.pid),
         )
-        target = one.as_dict()
+        target = KillTarget(
+            signal=one.signal,
+            label=one.label,
+            members=procs([one.member] if one.member is not None else []),
+            refusals=list(one.refusals),
+            ok=one.ok,
+        )
         if not one.ok:
             return Refused("; ".join(one.refusals), target)
         # The trainer's own end, caused by this signal, is "stopped", not a death (see `execute`).
@@ -233,13 +301,15 @@ class Kill(Action[KillArgs, KillWork]):
         stopping: AttemptView | None,
         extra: dict[str, Any],
         vram_of: str = "",
-    ) -> Plan[KillWork] | Refused:
-        target = plan.as_dict() | extra
+    ) -> Plan[KillWork, KillTarget] | Refused:
+        target = msgspec.convert(plan.as_dict() | extra, KillTarget)
         if not plan.ok and not plan.nothing_left:
             return Refused("; ".join(plan.refusals), target)
         return Plan(summary, target, KillWork(plan, vram_pids, stopping, vram_of=vram_of))
 
-    async def execute(self, k: Keeper, args: KillArgs, plan: Plan[KillWork], call: Call) -> Outcome:
+    async def execute(
+        self, k: Keeper, args: KillArgs, plan: Plan[KillWork, KillTarget], call: Call
+    ) -> Outcome:
         cfg = k.run.settings.kill
         grace = float(args.grace_s if args.grace_s is not None else cfg.grace_s)
         work = plan.work
@@ -290,27 +360,20 @@ class Kill(Action[KillArgs, KillWork]):
         r = result.as_dict()
         return Outcome(result.ok, result.message, r.get("before", {}), r.get("after", {}))
 
-    def headline(self, plan: dict[str, Any], summary: str) -> str:
+    def headline(self, plan: KillTarget, summary: str) -> str:
         return kill_headline(plan)
 
-    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+    def plan_lines(self, plan: KillTarget) -> list[str]:
         return kill_lines(plan)
 
-    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+    def detail_lines(self, plan: KillTarget) -> list[str]:
         return kill_lines(plan, lost=False)  # the headline says the steps lost
 
-    def target(self, plan: dict[str, Any]) -> object:
-        if plan.get("signal"):  # one process, one signal: both are what was confirmed
-            members = plan.get("members") or []
-            return (
-                "signal",
-                plan.get("signal"),
-                sorted((m.get("pid"), m.get("start_ticks")) for m in members),
-            )
-        return (
-            plan.get("pgid"),
-            sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or []),
-        )
+    def identity(self, plan: KillTarget) -> object:
+        members = sorted((m.pid, m.start_ticks) for m in plan.members)
+        if plan.signal:  # one process, one signal: both are what was confirmed
+            return ("signal", plan.signal, members)
+        return (plan.pgid, members)
 
     def narrowed(self, confirmed: object, now: object) -> bool:
         # Processes that ended on their own (a job's other node killed first, a rank exited):
@@ -328,50 +391,34 @@ class Kill(Action[KillArgs, KillWork]):
         return super().what_changed(confirmed, now)
 
 
-def _signal_arg(text: str) -> str:
-    """`--signal`: a name of SIGNALS (any case, SIG or not); argparse says a bad one and exits 2."""
-    name = signal_name(text)
-    if name is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(SIGNALS)}")
-    return name
-
-
 def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:
     cfg = k.run.settings.kill
     grace = float(args.grace_s if args.grace_s is not None else cfg.grace_s)
     return {"grace_s": grace, "vram_timeout_s": float(cfg.vram_timeout_s)}
 
 
-def kill_headline(plan: dict[str, Any]) -> str:
+def kill_headline(plan: KillTarget) -> str:
     """A kill plan in one line: what is signalled, how, and what is lost."""
-    members = plan.get("members") or []
-    who = plan.get("label") or f"process group {plan.get('pgid')}"
-    if plan.get("signal"):
-        what = SIGNAL_WORDS.get(str(plan.get("signal")), "")
-        return (
-            f"sends SIG{plan.get('signal')} to {who} only{what}; every other process of the run is left alone"
-        )
-    if not members:
+    who = plan.who
+    if plan.signal:
+        what = SIGNAL_WORDS.get(plan.signal, "")
+        return f"sends SIG{plan.signal} to {who} only{what}; every other process of the run is left alone"
+    if not plan.members:
         return f"nothing of {who} is left to kill: only checks the GPU memory was released; nothing is lost"
-    grace = plan.get("grace_s")
-    how = (
-        f"SIGTERM, then SIGKILL after {grace:g} s"
-        if isinstance(grace, (int, float))
-        else "SIGTERM, then SIGKILL"
-    )
-    n = f"{len(members)} process{'es' if len(members) != 1 else ''}"
-    if plan.get("finding"):
-        return f"kills {who} ({n}, {how}), what {plan.get('finding')} names; the trainer is left alone"
-    lost = _lost(plan.get("step"), plan.get("last_verified_step"), plan.get("step_unit"))
-    return f"kills {who} ({n}, {how}); {lost}"
+    grace = plan.grace_s
+    how = f"SIGTERM, then SIGKILL after {grace:g} s" if grace is not None else "SIGTERM, then SIGKILL"
+    n = f"{len(plan.members)} process{'es' if len(plan.members) != 1 else ''}"
+    if plan.finding:
+        return f"kills {who} ({n}, {how}), what {plan.finding} names; the trainer is left alone"
+    return f"kills {who} ({n}, {how}); {_lost(plan.step, plan.last_verified_step, plan.step_unit)}"
 
 
-def _lost(step: Any, last: Any, unit: Any = None) -> str:
-    if not isinstance(step, int):
+def _lost(step: int | None, last: int | None, unit: str | None = None) -> str:
+    if step is None:
         return "the steps since the last verified checkpoint are lost"
-    if isinstance(unit, str):  # the log counts batches or logged dicts: no subtraction holds
+    if unit is not None:  # the log counts batches or logged dicts: no subtraction holds
         return f"stops at {step_words(step, unit)}: the steps lost since the last verified checkpoint are not known"
-    if isinstance(last, int):
+    if last is not None:
         n = max(step - last, 0)
         return (
             f"loses {n} step{'s' if n != 1 else ''} (at step {step}, last verified checkpoint at step {last})"
@@ -379,34 +426,28 @@ def _lost(step: Any, last: Any, unit: Any = None) -> str:
     return f"loses all {step} steps: no verified checkpoint yet"
 
 
-def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
+def kill_lines(plan: KillTarget, *, lost: bool = True) -> list[str]:
     """A kill plan for a person: the signals and their timing, what is lost (unless `lost` is
     False: said elsewhere), then each process."""
-    members = plan.get("members") or []
-    grace, wait = plan.get("grace_s"), plan.get("vram_timeout_s")
-    who = plan.get("label") or f"process group {plan.get('pgid')}"
+    members, grace, wait, who = plan.members, plan.grace_s, plan.vram_timeout_s, plan.who
     out: list[str] = []
-    if plan.get("signal"):
-        out.append(f"  SIG{plan.get('signal')} to {who}, once; no SIGKILL follows")
+    if plan.signal:
+        out.append(f"  SIG{plan.signal} to {who}, once; no SIGKILL follows")
     elif members:
         out.append(
             f"  SIGTERM to {who} ({len(members)} process(es)), "
-            + (f"SIGKILL to any left after {grace:g} s" if isinstance(grace, float) else "then SIGKILL")
+            + (f"SIGKILL to any left after {grace:g} s" if grace is not None else "then SIGKILL")
         )
     else:
         out.append(f"  nothing of {who} is left to signal")
-    if isinstance(wait, float):
+    if wait is not None:
         out.append(f"  then waits up to {wait:g} s for the GPU memory to be released")
-    step, last, unit = plan.get("step"), plan.get("last_verified_step"), plan.get("step_unit")
-    if isinstance(step, int) and members and lost:
-        if isinstance(unit, str):  # no subtraction from a checkpoint's step holds
-            ck = (
-                f"last verified checkpoint at step {last}"
-                if isinstance(last, int)
-                else "no verified checkpoint"
-            )
+    step, last, unit = plan.step, plan.last_verified_step, plan.step_unit
+    if step is not None and members and lost:
+        if unit is not None:  # no subtraction from a checkpoint's step holds
+            ck = f"last verified checkpoint at step {last}" if last is not None else "no verified checkpoint"
             out.append(f"  stops at {step_words(step, unit)}; {ck}: the steps lost are not known")
-        elif isinstance(last, int):
+        elif last is not None:
             out.append(
                 f"  loses {max(step - last, 0)} step(s): at step {step}, last verified checkpoint at step {last}"
             )
@@ -414,9 +455,9 @@ def kill_lines(plan: dict[str, Any], *, lost: bool = True) -> list[str]:
             out.append(
                 f"  loses all {step} step(s): no verified checkpoint yet (a resume starts from scratch)"
             )
-    out += [f"    pid {m.get('pid')}  {' '.join(m.get('cmdline') or [])[:100]}" for m in members]
-    out += [f"  left alone: pid {x.get('pid')} ({x.get('why')})" for x in plan.get("strangers") or []]
-    out += [f"  refused: {why}" for why in plan.get("refusals") or [] if not plan.get("nothing_left")]
+    out += [f"    pid {m.pid}  {' '.join(m.cmdline)[:100]}" for m in members]
+    out += [f"  left alone: pid {x.pid} ({x.why})" for x in plan.strangers]
+    out += [f"  refused: {why}" for why in plan.refusals if not plan.nothing_left]
     return out
 
 

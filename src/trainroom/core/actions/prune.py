@@ -6,21 +6,54 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 from trainroom.core import argtypes
 from trainroom.core import protocol as p
 from trainroom.core.actions import words
-from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused
+from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
 from trainroom.core.ops import prune as pruning
 from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_bytes
 
 
 class PruneArgs(Args, kw_only=True):
-    keep: int | None = None  # verified checkpoints kept ([checkpoints] keep when None)
-    include_rejected: bool = False
-    dry_run: bool = False
+    keep: Annotated[
+        int | None,
+        arg("verified checkpoints kept (default: [checkpoints] keep)", parse=argtypes.count(0, 1_000_000)),
+    ] = None
+    include_rejected: Annotated[bool, arg("delete rejected checkpoints too")] = False
+    dry_run: Annotated[bool, arg("only say what would be deleted")] = False
+
+
+class Doomed(msgspec.Struct, kw_only=True):
+    """A checkpoint a prune deletes, as confirmed: its path and size (another checkpoint under
+    the same name has other bytes)."""
+
+    path: str
+    step: int | None = None
+    bytes: int = 0
+    kind: str = "verified"  # verified | rejected
+
+
+class Spared(msgspec.Struct, kw_only=True):
+    path: str = ""
+    step: int | None = None
+    why: str = ""
+
+
+class PruneShown(msgspec.Struct, kw_only=True):
+    """A prune's plan as shown and confirmed: what is deleted under which root, what is kept
+    and why; the CLI prints them as `prune --root` does, the control room one a line."""
+
+    root: str
+    keep: int = 0
+    bytes_to_free: int = 0
+    delete: list[Doomed] = []
+    kept: list[Spared] = []
+    skipped: list[Spared] = []
 
 
 @dataclass
@@ -31,7 +64,7 @@ class PruneWork:
     no_longer: list[pruning.Kept] = field(default_factory=list)  # confirmed, no longer eligible
 
 
-class Prune(Action[PruneArgs, PruneWork]):
+class Prune(Action[PruneArgs, PruneWork, PruneShown]):
     spec = ActionSpec(
         name="prune",
         key="P",
@@ -39,8 +72,10 @@ class Prune(Action[PruneArgs, PruneWork]):
         cli_verb=False,
         destructive=True,
         when="the run has checkpoints not yet pruned",
+        question="Delete these checkpoints?",
     )
     Args = PruneArgs
+    Target = PruneShown
 
     def validate(self, args: PruneArgs) -> str | None:
         if args.keep is not None and argtypes.checked(args.keep, 0, 1_000_000, whole=True) is None:
@@ -57,7 +92,7 @@ class Prune(Action[PruneArgs, PruneWork]):
     def dry_run(self, args: PruneArgs) -> bool:
         return args.dry_run
 
-    async def plan(self, k: Keeper, args: PruneArgs, call: Call) -> Plan[PruneWork] | Refused:
+    async def plan(self, k: Keeper, args: PruneArgs, call: Call) -> Plan[PruneWork, PruneShown] | Refused:
         keep = k.ckpt_keep() if args.keep is None else args.keep
         a = k.run.state.attempt
         resumed_from = a.resume_from if a is not None and a.ended_at is None else None
@@ -80,7 +115,9 @@ class Prune(Action[PruneArgs, PruneWork]):
         )
         return Plan(msg, prune_target(plan, keep), PruneWork(plan, protect))
 
-    async def execute(self, k: Keeper, args: PruneArgs, plan: Plan[PruneWork], call: Call) -> Outcome:
+    async def execute(
+        self, k: Keeper, args: PruneArgs, plan: Plan[PruneWork, PruneShown], call: Call
+    ) -> Outcome:
         usage = k.disk_usage()
         before = {"disk_used_bytes": usage.used_bytes if usage else None}
         res = await asyncio.to_thread(
@@ -129,8 +166,8 @@ class Prune(Action[PruneArgs, PruneWork]):
         )
         return Outcome(not res.failed, msg, before, after)
 
-    def target(self, plan: dict[str, Any]) -> object:
-        return (plan.get("root"), sorted((d.get("path"), d.get("bytes")) for d in plan.get("delete") or []))
+    def identity(self, plan: PruneShown) -> object:
+        return (plan.root, sorted((d.path, d.bytes) for d in plan.delete))
 
     def narrowed(self, confirmed: object, now: object) -> bool:
         # Checkpoints that became eligible since (the run saved more) are left out of what is
@@ -152,11 +189,11 @@ class Prune(Action[PruneArgs, PruneWork]):
             return f"confirmed {len(was)} checkpoint(s) to delete, now {len(is_)}"
         return super().what_changed(confirmed, now)
 
-    def headline(self, plan: dict[str, Any], summary: str) -> str:
-        delete, kept = plan.get("delete") or [], plan.get("kept") or []
+    def headline(self, plan: PruneShown, summary: str) -> str:
+        delete, kept = plan.delete, plan.kept
         if not delete:
-            return f"deletes nothing under {plan.get('root')}: every checkpoint is kept"
-        steps = sorted(d.get("step") for d in delete if isinstance(d.get("step"), int))
+            return f"deletes nothing under {plan.root}: every checkpoint is kept"
+        steps = sorted(d.step for d in delete if d.step is not None)
         which = (
             f" (steps {steps[0]} to {steps[-1]})"
             if len(steps) > 1
@@ -166,45 +203,45 @@ class Prune(Action[PruneArgs, PruneWork]):
         )
         return (
             f"deletes {len(delete)} checkpoint{'s' if len(delete) != 1 else ''}{which} under "
-            f"{plan.get('root')} for good, {fmt_bytes(plan.get('bytes_to_free'))} freed; keeps {len(kept)}"
+            f"{plan.root} for good, {fmt_bytes(plan.bytes_to_free)} freed; keeps {len(kept)}"
         )
 
-    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+    def plan_lines(self, plan: PruneShown) -> list[str]:
         # The counts and what is kept first: a person reads them before the next save, the
         # paths after.
-        delete, kept = plan.get("delete") or [], plan.get("kept") or []
+        delete, kept = plan.delete, plan.kept
         out = [
-            f"  deletes {len(delete)} checkpoint(s) under {plan.get('root')}, "
-            f"{fmt_bytes(plan.get('bytes_to_free'))} freed",
+            f"  deletes {len(delete)} checkpoint(s) under {plan.root}, {fmt_bytes(plan.bytes_to_free)} freed",
             f"  keeps {len(kept)}: "
-            + ("; ".join(f"{words.steps([k.get('step')])} ({k.get('why')})" for k in kept) or "none"),
+            + ("; ".join(f"{words.steps([k.step])} ({k.why})" for k in kept) or "none"),
         ]
-        out += [f"  left alone: {x.get('path')} ({x.get('why')})" for x in plan.get("skipped") or []]
+        out += [f"  left alone: {x.path} ({x.why})" for x in plan.skipped]
         out += [
-            f"    {words.steps([d.get('step')])}  {fmt_bytes(d.get('bytes'))}  {d.get('path')}"
-            + ("  (rejected)" if d.get("kind") == "rejected" else "")
+            f"    {words.steps([d.step])}  {fmt_bytes(d.bytes)}  {d.path}"
+            + ("  (rejected)" if d.kind == "rejected" else "")
             for d in delete
         ]
         return out
 
-    def detail_lines(self, plan: dict[str, Any]) -> list[str]:
+    def detail_lines(self, plan: PruneShown) -> list[str]:
         return self.plan_lines(plan)[1:]  # the headline says the count, the bytes and the root
 
-    def as_confirmed(self, plan: Plan[PruneWork], confirmed: dict[str, Any]) -> Plan[PruneWork]:
-        shown = {str(d.get("path")): d.get("step") for d in confirmed.get("delete") or []}
+    def as_confirmed(
+        self, plan: Plan[PruneWork, PruneShown], confirmed: PruneShown
+    ) -> Plan[PruneWork, PruneShown]:
+        shown = {d.path: d.step for d in confirmed.delete}
         part = pruning.confirmed_part(plan.work.plan, shown)
         work = PruneWork(part.plan, plan.work.protect, part.arrived, part.no_longer)
-        return Plan(plan.summary, prune_target(part.plan, plan.target.get("keep", part.plan.keep)), work)
+        return Plan(plan.summary, prune_target(part.plan, plan.target.keep), work)
 
 
-def prune_target(plan: pruning.PrunePlan, keep: int) -> dict[str, Any]:
-    """A prune plan as records, not strings: the CLI prints them as `prune --root` does, the
-    control room one a line."""
-    return {
-        "root": plan.root,
-        "keep": keep,
-        "bytes_to_free": plan.bytes_to_free,
-        "delete": [{"step": d.step, "path": d.path, "bytes": d.bytes, "kind": d.kind} for d in plan.delete],
-        "kept": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.kept],
-        "skipped": [{"step": k.step, "path": k.path, "why": k.why} for k in plan.skipped],
-    }
+def prune_target(plan: pruning.PrunePlan, keep: int) -> PruneShown:
+    """A prune plan as shown and confirmed."""
+    return PruneShown(
+        root=plan.root,
+        keep=keep,
+        bytes_to_free=plan.bytes_to_free,
+        delete=[Doomed(step=d.step, path=d.path, bytes=d.bytes, kind=d.kind) for d in plan.delete],
+        kept=[Spared(step=k.step, path=k.path, why=k.why) for k in plan.kept],
+        skipped=[Spared(step=k.step, path=k.path, why=k.why) for k in plan.skipped],
+    )

@@ -4,7 +4,6 @@ old group gone, no lock held, the driver's memory back, the RAM the load needs).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from trainroom.core.actions.base import (
     Action,
@@ -15,7 +14,6 @@ from trainroom.core.actions.base import (
     Outcome,
     Plan,
     Refused,
-    as_builtins,
     live_attempt,
 )
 from trainroom.core.ops.resume import ResumePlan
@@ -68,7 +66,7 @@ def sick_gpu(state: RunState) -> str | None:
     return f"{'; '.join(sick[k] for k in sorted(sick))}: a resume here would start on it; {where}"
 
 
-class Resume(Action[ResumeArgs, ResumePlan]):
+class Resume(Action[ResumeArgs, ResumePlan, ResumePlan]):
     spec = ActionSpec(
         name="resume",
         key="R",
@@ -77,8 +75,10 @@ class Resume(Action[ResumeArgs, ResumePlan]):
         cancellable=True,
         when="the trainer is not running and a checkpoint verified",
         needs_keeper=False,
+        question="Resume the run as a new attempt?",
     )
     Args = ResumeArgs
+    Target = ResumePlan  # what a client shows is the ops plan itself
 
     def precondition(self, state: RunState, args: ResumeArgs) -> str | None:
         a = state.attempt
@@ -98,7 +98,7 @@ class Resume(Action[ResumeArgs, ResumePlan]):
             return f"the old attempt's processes still hold on ({', '.join(holding)}): kill them first"
         return None
 
-    async def plan(self, k: Keeper, args: ResumeArgs, call: Call) -> Plan[ResumePlan] | Refused:
+    async def plan(self, k: Keeper, args: ResumeArgs, call: Call) -> Plan[ResumePlan, ResumePlan] | Refused:
         still = await k.wait_in_flight(RESUME_WAIT_S, call.say)
         plan = await k.resume_plan()
         if still:
@@ -106,71 +106,67 @@ class Resume(Action[ResumeArgs, ResumePlan]):
             waiting = ", ".join(f"{path} (for {time.time() - since:.0f} s)" for path, since in still)
             plan.refusals.append(f"still verifying {waiting}: resume again once it has a verdict")
             plan.ok = False
-        target = as_builtins(plan)
         if not plan.ok:
-            return Refused("; ".join(plan.refusals), target)
+            return Refused("; ".join(plan.refusals), plan)
         note = f"; {plan.note}" if plan.note else ""
         lost = f"; not a faithful resume: {len(plan.lost)} part(s) lost or reset" if plan.lost else ""
         return Plan(
             f"resume attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}){lost}{note}",
-            target,
+            plan,
             plan,
         )
 
-    async def execute(self, k: Keeper, args: ResumeArgs, plan: Plan[ResumePlan], call: Call) -> Outcome:
+    async def execute(
+        self, k: Keeper, args: ResumeArgs, plan: Plan[ResumePlan, ResumePlan], call: Call
+    ) -> Outcome:
         return await k.resume_start(plan.work, call.say)
 
-    def target(self, plan: dict[str, Any]) -> object:
-        return (plan.get("checkpoint"), plan.get("step"), plan.get("digest"), plan.get("argv"))
+    def identity(self, plan: ResumePlan) -> object:
+        return (plan.checkpoint, plan.step, plan.digest, plan.argv)
 
-    def headline(self, plan: dict[str, Any], summary: str) -> str:
-        lost, died = plan.get("steps_lost"), plan.get("died_at_step")
+    def headline(self, plan: ResumePlan, summary: str) -> str:
+        lost, died = plan.steps_lost, plan.died_at_step
         again = (
             f"the {lost} step{'s' if lost != 1 else ''} after it, up to step {died}, are trained again"
-            if isinstance(lost, int) and lost > 0
+            if lost is not None and lost > 0
             else "nothing is trained again"
         )
-        parts = plan.get("lost") or []
-        faithful = f"; not a faithful resume: {len(parts)} part(s) lost or reset" if parts else ""
-        return (
-            f"starts attempt {plan.get('attempt')} from {plan.get('checkpoint')} "
-            f"(step {plan.get('step')}); {again}{faithful}"
-        )
+        faithful = f"; not a faithful resume: {len(plan.lost)} part(s) lost or reset" if plan.lost else ""
+        return f"starts attempt {plan.attempt} from {plan.checkpoint} (step {plan.step}); {again}{faithful}"
 
-    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
+    def plan_lines(self, plan: ResumePlan) -> list[str]:
         # What still stands in its way first (its fix before this one), then what the checkpoint
         # cannot give back, a line each: what a person weighs.
         return (
-            [f"  in its way: {x}" for x in plan.get("in_the_way") or []]
-            + [f"  lost: {x}" for x in plan.get("lost") or []]
+            [f"  in its way: {x}" for x in plan.in_the_way]
+            + [f"  lost: {x}" for x in plan.lost]
             + resume_lines(plan)
         )
 
 
-def resume_lines(plan: dict[str, Any]) -> list[str]:
+def resume_lines(plan: ResumePlan) -> list[str]:
     """A resume plan for a person: from what, with which command, what the checks found."""
-    size = plan.get("checkpoint_bytes")
+    size = plan.checkpoint_bytes
     out = [
-        f"  from {plan.get('checkpoint')}, saved at step {plan.get('step')}"
-        + (f" ({fmt_bytes(size)})" if isinstance(size, int) else "")
+        f"  from {plan.checkpoint}, saved at step {plan.step}"
+        + (f" ({fmt_bytes(size)})" if size is not None else "")
     ]
-    if plan.get("restore_from"):
-        out.append(f"  restored first from its verified copy {plan.get('restore_from')}")
-    argv = plan.get("argv") or []
-    if argv:
-        how = f" (resume template from {plan.get('template_from')})" if plan.get("template_from") else ""
-        out.append(f"  runs {' '.join(str(a) for a in argv)}{how}")
-    if isinstance(plan.get("died_at_step"), int):
-        out.append(f"  the last attempt reached step {plan.get('died_at_step')}")
-    if isinstance(plan.get("driver_bytes"), int):
-        out.append(f"  the driver holds {fmt_bytes(plan.get('driver_bytes'))} for the old attempt")
-    if isinstance(plan.get("mem_available_bytes"), int):
-        need = plan.get("load_need_bytes")
+    if plan.restore_from:
+        out.append(f"  restored first from its verified copy {plan.restore_from}")
+    if plan.argv:
+        how = f" (resume template from {plan.template_from})" if plan.template_from else ""
+        out.append(f"  runs {' '.join(plan.argv)}{how}")
+    if plan.died_at_step is not None:
+        out.append(f"  the last attempt reached step {plan.died_at_step}")
+    if plan.driver_bytes is not None:
+        out.append(f"  the driver holds {fmt_bytes(plan.driver_bytes)} for the old attempt")
+    if plan.mem_available_bytes is not None:
+        need = plan.load_need_bytes
         out.append(
-            f"  host memory available: {fmt_bytes(plan.get('mem_available_bytes'))}"
-            + (f"; the load needs {fmt_bytes(need)}" if isinstance(need, int) else "")
+            f"  host memory available: {fmt_bytes(plan.mem_available_bytes)}"
+            + (f"; the load needs {fmt_bytes(need)}" if need is not None else "")
         )
-    if plan.get("note"):
-        out.append(f"  note: {plan.get('note')}")
-    out += [f"  refused: {why}" for why in plan.get("refusals") or []]
+    if plan.note:
+        out.append(f"  note: {plan.note}")
+    out += [f"  refused: {why}" for why in plan.refusals]
     return out

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -17,6 +17,7 @@ from trainroom.core.actions.base import (
     Outcome,
     Plan,
     Refused,
+    arg,
     as_builtins,
 )
 from trainroom.core.ckpt.layout import latest_checkpoint
@@ -25,11 +26,15 @@ from trainroom.core.run.state import RunState
 
 
 class VerifyArgs(Args, kw_only=True):
-    path: str | None = None
+    path: Annotated[str | None, arg("the checkpoint to verify (default: `latest`)")] = None
     expected: dict[str, Any] | None = None  # what the checkpoint must hold (see `verify --expect-json`)
 
 
-class Verify(Action[VerifyArgs, Expected | None]):
+class VerifyShown(msgspec.Struct, kw_only=True):
+    path: str  # the checkpoint verified
+
+
+class Verify(Action[VerifyArgs, Expected | None, VerifyShown]):
     spec = ActionSpec(
         name="verify",
         key="v",
@@ -40,6 +45,7 @@ class Verify(Action[VerifyArgs, Expected | None]):
         when="the run has a checkpoint to verify",
     )
     Args = VerifyArgs
+    Target = VerifyShown
 
     def validate(self, args: VerifyArgs) -> str | None:
         try:
@@ -55,15 +61,19 @@ class Verify(Action[VerifyArgs, Expected | None]):
             return "no verified checkpoint to verify yet (`latest` points nowhere)"
         return None
 
-    async def plan(self, k: Keeper, args: VerifyArgs, call: Call) -> Plan[Expected | None] | Refused:
+    async def plan(
+        self, k: Keeper, args: VerifyArgs, call: Call
+    ) -> Plan[Expected | None, VerifyShown] | Refused:
         path = args.path or str(latest_checkpoint(k.ckpt_root()) or "") or (k.newest_watched() or "")
         if not path:
             return Refused("nothing to verify: no checkpoint has verified yet (`latest` points nowhere)")
         expected = decode_expected(args.expected) if args.expected is not None else None
-        return Plan(f"verify {path}", {"path": path}, expected)
+        return Plan(f"verify {path}", VerifyShown(path=path), expected)
 
-    async def execute(self, k: Keeper, args: VerifyArgs, plan: Plan[Expected | None], call: Call) -> Outcome:
-        path = plan.target["path"]
+    async def execute(
+        self, k: Keeper, args: VerifyArgs, plan: Plan[Expected | None, VerifyShown], call: Call
+    ) -> Outcome:
+        path = plan.target.path
         call.say(f"verifying {path}")
         rep = await asyncio.to_thread(k.verify_now, path, plan.work)
         summary = (
@@ -73,5 +83,5 @@ class Verify(Action[VerifyArgs, Expected | None]):
         )
         return Outcome(rep.ok, summary, after=as_builtins(msgspec.structs.replace(rep, stds={})))
 
-    def target(self, plan: dict[str, Any]) -> object:
-        return plan.get("path")
+    def identity(self, plan: VerifyShown) -> object:
+        return plan.path

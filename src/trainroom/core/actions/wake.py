@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+
+import msgspec
 
 from trainroom.core.actions.base import (
     Action,
@@ -13,10 +14,12 @@ from trainroom.core.actions.base import (
     Keeper,
     Outcome,
     Plan,
+    Proc,
     Refused,
     as_builtins,
     live_attempt,
     not_running,
+    procs,
 )
 from trainroom.core.ops.members import Lifetime
 from trainroom.core.ops.wake import WakePlan, execute_wake, plan_wake
@@ -27,15 +30,24 @@ class ContinueArgs(Args, kw_only=True):
     pass
 
 
-class Continue(Action[ContinueArgs, WakePlan]):
+class WakeShown(msgspec.Struct, kw_only=True):
+    """A continue's plan as shown and confirmed: the stopped processes, each by pid and start tick."""
+
+    pgid: int = 0
+    members: list[Proc] = []
+
+
+class Continue(Action[ContinueArgs, WakePlan, WakeShown]):
     spec = ActionSpec(
         name="continue",
         key="U",
         description="Continue the trainer's stopped processes (SIGCONT), proven the run's",
         destructive=True,
         when="the trainer runs and is hung",
+        question="Continue the trainer's stopped processes?",
     )
     Args = ContinueArgs
+    Target = WakeShown
 
     def precondition(self, state: RunState, args: ContinueArgs) -> str | None:
         a = state.attempt
@@ -45,38 +57,37 @@ class Continue(Action[ContinueArgs, WakePlan]):
             return f"nothing is stopped: the run is {state.status}"
         return None
 
-    async def plan(self, k: Keeper, args: ContinueArgs, call: Call) -> Plan[WakePlan] | Refused:
+    async def plan(self, k: Keeper, args: ContinueArgs, call: Call) -> Plan[WakePlan, WakeShown] | Refused:
         a = k.run.state.attempt
         assert a is not None
         life = Lifetime(
             run_id=k.run.run_id, start_time=a.start_time, start_ticks=a.start_ticks, attached=a.attached
         )
         plan = await asyncio.to_thread(plan_wake, a.pgid, life, k.run.state.attempt_workers())
-        target = {"pgid": plan.pgid, "members": [as_builtins(m) for m in plan.stopped]}
+        target = WakeShown(pgid=plan.pgid, members=procs(plan.stopped))
         if not plan.ok:
             return Refused("; ".join(plan.refusals), target)
         pids = [m.pid for m in plan.stopped]
         return Plan(f"SIGCONT {len(pids)} stopped process(es) of attempt {a.n}: {pids}", target, plan)
 
-    async def execute(self, k: Keeper, args: ContinueArgs, plan: Plan[WakePlan], call: Call) -> Outcome:
+    async def execute(
+        self, k: Keeper, args: ContinueArgs, plan: Plan[WakePlan, WakeShown], call: Call
+    ) -> Outcome:
         result = await asyncio.to_thread(execute_wake, plan.work)
         return Outcome(result.ok, result.message, after=as_builtins(result))
 
-    def headline(self, plan: dict[str, Any], summary: str) -> str:
-        n = len(plan.get("members") or [])
+    def headline(self, plan: WakeShown, summary: str) -> str:
+        n = len(plan.members)
         return (
             f"sends SIGCONT to {n} stopped process{'es' if n != 1 else ''} of the trainer: they run on "
             "from where they stopped; nothing is lost"
         )
 
-    def plan_lines(self, plan: dict[str, Any]) -> list[str]:
-        return [
-            f"    pid {m.get('pid')}  {' '.join(m.get('cmdline') or [])[:100]}"
-            for m in plan.get("members") or []
-        ]
+    def plan_lines(self, plan: WakeShown) -> list[str]:
+        return [f"    pid {m.pid}  {' '.join(m.cmdline)[:100]}" for m in plan.members]
 
-    def target(self, plan: dict[str, Any]) -> object:
-        return sorted((m.get("pid"), m.get("start_ticks")) for m in plan.get("members") or [])
+    def identity(self, plan: WakeShown) -> object:
+        return sorted((m.pid, m.start_ticks) for m in plan.members)
 
     def narrowed(self, confirmed: object, now: object) -> bool:
         # Stopped processes that ended since: continuing the rest acts on nothing unconfirmed.

@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from trainroom.core import protocol as p
-from trainroom.core.actions import words
+from trainroom.core.actions import options, render, words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
@@ -39,7 +37,7 @@ def add_parsers(sub: Any) -> None:
         sp.add_argument("run", nargs="?")
         sp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         sp.add_argument("--json", action="store_true")
-        action.add_options(sp)
+        options.add_options(sp, action.Args)  # its flags, types and help: the action's Args
         sp.set_defaults(func=HERE.get(name, cmd_action), action=name)
     sp = sub.add_parser("cancel", help=f"cancel a long action in progress ({', '.join(CANCELLABLE)})")
     sp.add_argument("cancel_action", metavar="ACTION", choices=CANCELLABLE)
@@ -58,26 +56,25 @@ def cmd_action(args: argparse.Namespace) -> int:
             )
         if args.action == "kill":
             return kill_without_keeper(info, args)
-        if args.action != "resume":
+        if REGISTRY[args.action].spec.needs_keeper:
             raise CliError(f"the keeper of {info.run_id} is gone; `trainroom launch` starts a new run")
         info = keeper_for_resume(info, json_out=args.json)
     client = KeeperClient(info.sock)
     action = REGISTRY[args.action]
-    fields = (f.name for f in msgspec.structs.fields(action.Args))
-    req_args: dict[str, Any] = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+    req_args = options.given(action.Args, args)
     plan = client.call(args.action, req_args, confirm=False)
     if plan.stage == "done" and not plan.ok:
         return _print_reply(args, plan)
     if not args.json:
         print(plan.message)
-        print("\n".join(action.plan_lines(plan.plan)))
+        print("\n".join(render.plan_lines(args.action, plan.plan)))
     # Only what changes the run asks first; a bench or a stack dump does not.
     if action.spec.destructive and not _confirm(args):
         print("cancelled")
         return 1
     last = None
     # What runs is what was shown: the keeper refuses if the target changed meanwhile.
-    for r in client.request(args.action, {**req_args, "expect": plan.plan}, confirm=True):
+    for r in client.request(args.action, p.confirming(req_args, plan.plan), confirm=True):
         last = r
         if r.stage == "progress" and not args.json:
             print(f"  … {r.message}")
@@ -125,7 +122,8 @@ def _print_reply(args: argparse.Namespace, r: Any) -> int:
         for heading, text in words.blocks(r.after):
             print(f"\n{heading}:\n{text.rstrip()}")
     # The same exit code with or without a keeper: a bench below its floor is 1 either way.
-    passed = r.ok and (r.action != "bench" or r.after.get("verdict") == "ok")
+    act = REGISTRY.get(r.action)
+    passed = act.passed(r.ok, r.after) if act is not None else r.ok
     return 0 if passed else 1
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import msgspec
 
+from trainroom.core import protocol as p
 from trainroom.core.actions.prune import Prune
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
@@ -159,7 +160,7 @@ def _via_keeper(info: runs.RunInfo, expected: Expected | None) -> VerifyReport |
         plan = client.call("verify", args, confirm=False)
         if plan.stage != "plan":
             raise _NothingToDo(f"run {info.run_id}: {plan.message}")
-        reply = client.call("verify", {**args, "expect": plan.plan}, confirm=True)
+        reply = client.call("verify", p.confirming(args, plan.plan), confirm=True)
     except KeeperGone:
         return None
     if not reply.after:
@@ -351,28 +352,30 @@ def _through_keeper(args: argparse.Namespace, info: runs.RunInfo, keep: int | No
     client = KeeperClient(info.sock)
     plan = client.call("prune", req, confirm=False)
     pl = plan.plan
+    shown = Prune().decode(pl)  # None: refused before planning (no root to show)
     out = PruneOutcome(
         via="keeper",
         run=info.run_id,
-        root=pl.get("root"),
-        keep=pl.get("keep"),
+        root=shown.root if shown is not None else None,
+        keep=shown.keep if shown is not None else None,
         dry_run=bool(args.dry_run),
         ok=plan.ok,
         message=plan.message,
-        kept=msgspec.convert(pl.get("kept", []), list[pruning.Kept]),
-        skipped=msgspec.convert(pl.get("skipped", []), list[pruning.Kept]),
+        # The plan's records as the files' prune reports them (checked as they convert).
+        kept=msgspec.convert(msgspec.to_builtins(shown.kept if shown else []), list[pruning.Kept]),
+        skipped=msgspec.convert(msgspec.to_builtins(shown.skipped if shown else []), list[pruning.Kept]),
     )
-    if not plan.ok:
+    if not plan.ok or shown is None:
         return out
     if args.dry_run:
-        out.deleted = msgspec.convert(pl.get("delete", []), list[pruning.PruneTarget])
-        out.bytes_freed = int(pl.get("bytes_to_free") or 0)
+        out.deleted = msgspec.convert(msgspec.to_builtins(shown.delete), list[pruning.PruneTarget])
+        out.bytes_freed = shown.bytes_to_free
         return out
     # The counts and what is kept first, then the paths: read before the run saves again.
-    if not _confirm(args, "\n".join([plan.message, *Prune().plan_lines(pl)])):
+    if not _confirm(args, "\n".join([plan.message, *Prune().plan_lines(shown)])):
         out.ok, out.message, out.cancelled = False, "cancelled", True
         return out
-    done = client.call("prune", {**req, "expect": pl}, confirm=True)
+    done = client.call("prune", p.confirming(req, pl), confirm=True)
     after = done.after
     # Eligible since the confirmation (kept, unconfirmed) and confirmed but no longer eligible.
     out.kept += [

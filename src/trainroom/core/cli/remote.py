@@ -16,9 +16,19 @@ import sys
 from trainroom.core.cli.errors import CliError
 from trainroom.core.run.address import SCHEME, is_remote
 
-THROUGH_BRIDGE = frozenset(
-    {"status", "watch", "kill", "reclaim", "resume", "dump", "continue", "cancel", "bench"}
-)
+# The verbs of the CLI's own that ask the run's keeper; each action says whether its verb does
+# (`ActionSpec.through_bridge`), read only for a remote run (the registry imports every action).
+KEEPER_VERBS = frozenset({"status", "watch", "cancel"})
+
+
+def through_bridge(cmd: str) -> bool:
+    """Whether verb `cmd` asks the run's keeper (so the bridge carries it while the keeper lives)."""
+    if cmd in KEEPER_VERBS:
+        return True
+    from trainroom.core.actions.registry import REGISTRY
+
+    act = REGISTRY.get(cmd)
+    return act is not None and act.spec.through_bridge
 
 
 def as_watch(argv: list[str]) -> list[str]:
@@ -41,7 +51,7 @@ def route(args: argparse.Namespace, argv: list[str]) -> int | None:
 
     assert spec is not None
     run: str | None = None
-    if args.cmd in THROUGH_BRIDGE:
+    if through_bridge(args.cmd):
         info = store.remote_run(spec)
         if info.alive or args.cmd == "watch":
             return None  # the control room shows a gone keeper's journal itself

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
+
 from trainroom.core import protocol as p
 from trainroom.core.job.nodes import NodeRef, address_of
 from trainroom.core.job.view import NodeReading
@@ -110,12 +112,24 @@ def plan(
     return job
 
 
+class ResumesFrom(msgspec.Struct):
+    """What a job reads of a node's resume plan (the action's own `Target` lives in actions/,
+    above this layer): the checkpoint's step."""
+
+    step: int | None = None
+
+
+def _step(plan: dict[str, Any]) -> int | None:
+    try:
+        return msgspec.convert(plan, ResumesFrom, strict=False).step
+    except msgspec.ValidationError:
+        return None  # a plan of another shape (another version's keeper): no step known
+
+
 def _resume_refusal(job: JobAction) -> str | None:
     """Every node resumes from the same step, or none does: the step the most nodes would
     resume from, and the nodes that lack it (their newest verified step said)."""
-    steps = {
-        na.node: na.plan.plan.get("step") for na in job.nodes if na.plan is not None and na.error is None
-    }
+    steps = {na.node: _step(na.plan.plan) for na in job.nodes if na.plan is not None and na.error is None}
     if not steps:
         return None
     counted = Counter(steps.values()).most_common()
@@ -142,7 +156,7 @@ def carry_out(job: JobAction, args: dict[str, Any]) -> JobAction:
             return
         try:
             na.done = KeeperClient(na.address, timeout_s=20.0).call(
-                job.action, {**args, "expect": na.plan.plan}, confirm=True
+                job.action, p.confirming(args, na.plan.plan), confirm=True
             )
         except KeeperGone as exc:
             na.error = f"{job.action}: {exc}"

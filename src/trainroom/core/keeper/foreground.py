@@ -143,7 +143,7 @@ class Foreground:
         plan = replies[-1].plan if replies else None
         if not replies or replies[-1].stage != "plan" or plan is None:
             return  # refused (journaled); the trainer got Slurm's own signal, and KillWait follows
-        confirm = p.Request(id=_REQUEST_ID + 1, action="kill", args=args | {"expect": plan}, confirm=True)
+        confirm = p.Request(id=_REQUEST_ID + 1, action="kill", args=p.confirming(args, plan), confirm=True)
         await k.actions.serve(confirm, replies.append, self.client)
 
     async def _exit_when_done(self) -> None:

@@ -288,13 +288,13 @@ def describe(result: BenchResult) -> str:
     )
 
 
-def _device_arg(value: str) -> str:
+def device_arg(value: str) -> str:
     if not DEVICE_RE.match(value):
         raise argparse.ArgumentTypeError(f"bad device {value!r}: expected cpu, cuda or cuda:N")
     return value
 
 
-def _seconds_arg(value: str) -> float:
+def seconds_arg(value: str) -> float:
     try:
         s = float(value)
     except ValueError:
@@ -308,13 +308,13 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
     """--device and --seconds, for a `bench` verb defined elsewhere (the keeper-bound one)."""
     parser.add_argument(
         "--device",
-        type=_device_arg,
+        type=device_arg,
         default="auto",
         help="cpu, cuda or cuda:N (default: cuda:0 if there is one)",
     )
     parser.add_argument(
         "--seconds",
-        type=_seconds_arg,
+        type=seconds_arg,
         default=None,
         help="timed duration (default: [bench] seconds in trainroom.toml, else 1)",
     )

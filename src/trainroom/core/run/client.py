@@ -197,7 +197,7 @@ class KeeperClient:
         plan = self.call(action, args, confirm=False, timeout_s=timeout_s)
         if plan.stage != "plan":
             return plan
-        return self.call(action, {**(args or {}), "expect": plan.plan}, confirm=True, timeout_s=timeout_s)
+        return self.call(action, p.confirming(args or {}, plan.plan), confirm=True, timeout_s=timeout_s)
 
     def close(self) -> None:
         """Shut the socket down before closing it: on Linux a close() alone does not wake a

@@ -10,7 +10,7 @@ arrows, PgUp/PgDn) with the headline and the buttons always in view.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -19,16 +19,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from trainroom.core.actions.registry import REGISTRY
-from trainroom.tui.evidence import plan_lines as generic_lines
+from trainroom.core.actions.render import confirmation
 from trainroom.tui.screens.wrapped import WrappedLines
-
-QUESTIONS = {
-    "kill": "Kill the trainer's process group?",
-    "reclaim": "Reclaim the host page cache?",
-    "prune": "Delete these checkpoints?",
-    "resume": "Resume the run as a new attempt?",
-    "continue": "Continue the trainer's stopped processes?",
-}
 
 SCROLL_BINDINGS: list[BindingType] = [
     Binding("j,down", "scroll_plan(1)", "down", show=False, id="trainroom.modal.down"),
@@ -36,23 +28,6 @@ SCROLL_BINDINGS: list[BindingType] = [
     Binding("pagedown", "scroll_plan(10)", "page down", show=False, id="trainroom.modal.page_down"),
     Binding("pageup", "scroll_plan(-10)", "page up", show=False, id="trainroom.modal.page_up"),
 ]
-
-
-def confirmation(action: str, plan: Mapping[str, object], summary: str) -> tuple[str, list[str]]:
-    """(headline, detail lines) of a plan, as the action words them; a plan no action words (an
-    action this control room does not know) as its fields in words under the keeper's summary."""
-    known = REGISTRY.get(action)
-    shown: dict[str, Any] = dict(plan)
-    if known is None:
-        return summary, generic_lines(plan)
-    try:
-        lines = known.detail_lines(shown)
-        head = known.headline(shown, summary)
-    except (TypeError, ValueError, AttributeError):
-        # A plan of another shape (an older keeper's): its fields in words, never a traceback.
-        return summary, generic_lines(plan)
-    # The details one step in from the headline: the actions indent them for the CLI.
-    return head or summary, [line[2:] if line.startswith("  ") else line for line in lines]
 
 
 class ConfirmAction(ModalScreen[bool]):
@@ -69,7 +44,8 @@ class ConfirmAction(ModalScreen[bool]):
         self.action_name = action
         self.plan = plan
         self.message = message
-        self.question = question or QUESTIONS.get(action, f"{action.capitalize()}?")
+        known = REGISTRY.get(action)
+        self.question = question or (known.spec.ask() if known is not None else f"{action.capitalize()}?")
         self.headline, self.lines = confirmation(action, plan, message)
 
     def compose(self) -> ComposeResult:

@@ -18,9 +18,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from trainroom.core.actions import words
+from trainroom.core.actions.render import confirmation
 from trainroom.tui.evidence import ActionOutcome, before_after_rows, hidden, value_text
 from trainroom.tui.evidence import words as field_words
-from trainroom.tui.screens.confirm import SCROLL_BINDINGS, confirmation
+from trainroom.tui.screens.confirm import SCROLL_BINDINGS
 from trainroom.tui.screens.wrapped import WrappedLines
 
 
