@@ -109,7 +109,9 @@ def submit_torchrun(slurm: slurm_cluster.Slurm, home: Path) -> Job:
     return Job(slurm, home, job_id)
 
 
-def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
+def submit(
+    slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str, sbatch_args: tuple[str, ...] = ()
+) -> Job:
     """docs/slurm.md's srun-per-rank template: the batch shell passes the job's warning signal
     (USR2) on to srun, which delivers it to every task."""
     script = home / "job.sh"
@@ -126,7 +128,16 @@ def submit(slurm: slurm_cluster.Slurm, home: Path, *trainer_args: str) -> Job:
     env = dict(slurm.env, TRAINROOM_HOME=str(home), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
     slurm.env = env
     job_id = slurm.run(
-        "sbatch", "--parsable", "-N2", "-n2", "-J", "trtest", "-o", str(home / "job-%j.out"), str(script)
+        "sbatch",
+        "--parsable",
+        "-N2",
+        "-n2",
+        "-J",
+        "trtest",
+        *sbatch_args,
+        "-o",
+        str(home / "job-%j.out"),
+        str(script),
     ).strip()
     return Job(slurm, home, job_id)
 
@@ -280,6 +291,60 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
         slurm.run("scancel", job.id, check=False)
 
 
+def requeued_step(job: Job, first: dict[int, RunInfo]) -> int:
+    """Task 0's keeper requeued the job after a verified checkpoint: the step it names."""
+
+    def requeued() -> str | None:
+        notes = [r.message for r in _journal(first[0]) if isinstance(r, p.KeeperNote)]
+        done = [n for n in notes if "requeued; its next attempt resumes" in n]
+        return done[0] if done else None
+
+    said = wait_for(
+        requeued, END_S, 0.5, f"rank 0's keeper requeueing after a verified checkpoint; {job.out[-500:]}"
+    )
+    step = int(said.split("checkpoint at step ")[1].split()[0])
+    v = job.state(0).last_verified()
+    assert v is not None and v.step == step
+    return step
+
+
+def resumes(job: Job, first: dict[int, RunInfo], step: int) -> None:
+    """The requeued job, made eligible now (Slurm's own wait is ~2 min), runs its next attempt
+    (SLURM_RESTART_COUNT=1) and resumes from `step`, the checkpoint verified before the requeue."""
+    job.slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
+
+    def second() -> dict[int, RunInfo] | None:
+        runs = {r: i for r, i in job.runs().items() if i.run_id not in {x.run_id for x in first.values()}}
+        return runs if len(runs) == 2 else None
+
+    wait_for(second, START_S, 0.5, f"the next attempt's runs; {job.out[-500:]}")
+
+    def resumed() -> Any:
+        st = job.state(0)
+        a = st.attempt
+        ok = a is not None and a.resume_step == step and (a.last_step or 0) > step
+        return st if ok else None
+
+    try:
+        st = wait_for(resumed, START_S, 0.5, "the next attempt resuming from the verified step")
+    except AssertionError:
+        info = job.runs()[0]
+        a = job.state(0).attempt
+        log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-1500:]
+        raise AssertionError(
+            f"step {step}; run {info.run_id}; attempt {a and (a.resume_from, a.resume_step, a.last_step)}; "
+            f"log: {log}; job out: {job.out[-800:]}"
+        ) from None
+    rec = store.read_record(Path(job.runs()[0].run_dir))
+    assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
+    # the promoted copy of the checkpoint the keeper verified before requeueing
+    assert (
+        st.attempt.resume_from.endswith(f"step-{step:06d}.pt") and first[0].run_id in st.attempt.resume_from
+    )
+    log = (Path(job.runs()[0].run_dir) / "trainer.log").read_text(errors="replace")
+    assert f"rank 0 resumed from step {step}" in log
+
+
 def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_resumes(
     slurm: slurm_cluster.Slurm, home: Path
 ) -> None:
@@ -289,17 +354,7 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         first = job.runs()
         slurm.run("scancel", "-b", "-s", "USR2", job.id)  # what --signal=B:USR2@N sends
 
-        def requeued() -> str | None:
-            notes = [r.message for r in _journal(first[0]) if isinstance(r, p.KeeperNote)]
-            done = [n for n in notes if "requeued; its next attempt resumes" in n]
-            return done[0] if done else None
-
-        said = wait_for(
-            requeued, END_S, 0.5, f"rank 0's keeper requeueing after a verified checkpoint; {job.out[-500:]}"
-        )
-        step = int(said.split("checkpoint at step ")[1].split()[0])
-        v = job.state(0).last_verified()
-        assert v is not None and v.step == step
+        step = requeued_step(job, first)
         wait_for(lambda: slurm.job(job.id).get("Restarts") == "1", END_S, 0.5, "Slurm counting the restart")
         # The requeue ends the first attempt: each keeper journals Slurm's SIGTERM and stops its
         # trainer through the kill plan ("stopped by slurm", not a death).
@@ -320,39 +375,7 @@ def test_the_warning_signal_checkpoints_verifies_requeues_and_the_next_attempt_r
         )
         wait_left = job_json(job)["slurm"]["eligible_in_s"]
         assert wait_left is not None and wait_left > 0, "the requeued job's wait, counted down"
-        slurm.run("scontrol", "update", f"jobid={job.id}", "StartTime=now")
-
-        def second() -> dict[int, RunInfo] | None:
-            runs = {r: i for r, i in job.runs().items() if i.run_id not in {x.run_id for x in first.values()}}
-            return runs if len(runs) == 2 else None
-
-        wait_for(second, START_S, 0.5, f"the next attempt's runs; {job.out[-500:]}")
-
-        def resumed() -> Any:
-            st = job.state(0)
-            a = st.attempt
-            ok = a is not None and a.resume_step == step and (a.last_step or 0) > step
-            return st if ok else None
-
-        try:
-            st = wait_for(resumed, START_S, 0.5, "the next attempt resuming from the verified step")
-        except AssertionError:
-            info = job.runs()[0]
-            a = job.state(0).attempt
-            log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-1500:]
-            raise AssertionError(
-                f"step {step}; run {info.run_id}; attempt {a and (a.resume_from, a.resume_step, a.last_step)}; "
-                f"log: {log}; job out: {job.out[-800:]}"
-            ) from None
-        rec = store.read_record(Path(job.runs()[0].run_dir))
-        assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
-        # the promoted copy of the checkpoint the keeper verified before requeueing
-        assert (
-            st.attempt.resume_from.endswith(f"step-{step:06d}.pt")
-            and first[0].run_id in st.attempt.resume_from
-        )
-        log = (Path(job.runs()[0].run_dir) / "trainer.log").read_text(errors="replace")
-        assert f"rank 0 resumed from step {step}" in log
+        resumes(job, first, step)
         # The whole job, requeued by hand from the login node: it names the step it resumes from.
         out = subprocess.run(
             ["trainroom", "job", f"slurm:{job.id}", "--resume", "--yes"],
@@ -414,3 +437,32 @@ def test_a_lost_node_is_called_lost_before_slurm_notices(slurm: slurm_cluster.Sl
         slurm.run("scancel", job.id, check=False)
         if not psutil.pid_exists(slurm.started["slurmd-n2"]):
             slurm.restart_slurmd("n2")
+
+
+def test_a_real_time_limit_s_warning_signal_checkpoints_verifies_requeues_and_resumes(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    """`--time=1 --signal=B:USR2@50`: slurmctld itself sends USR2 about 10 s after the start."""
+    # The time-left trigger fires only below 5 s + 5 s left here: the warning signal comes first.
+    (home / "trainroom.toml").write_text("[slurm]\ncheckpoint_time_s = 5\nmargin_s = 5\n")
+    job = submit(slurm, home, sbatch_args=("--time=1", "--signal=B:USR2@50", "--requeue"))
+    try:
+        first = wait_for(lambda: len(job.runs()) == 2 and job.runs(), START_S, 0.5, "both ranks' runs")
+        step = requeued_step(job, first)
+        notes = [r.message for r in _journal(first[0]) if isinstance(r, p.KeeperNote)]
+        assert any(n.startswith("SIGUSR2 (the job's warning signal): asked the trainer") for n in notes), (
+            notes
+        )
+        assert not any(n.startswith("time left") for n in notes), notes
+        assert slurm.job(job.id).get("JobState") != "TIMEOUT"
+        wait_for(
+            lambda: (
+                slurm.job(job.id).get("JobState") == "PENDING" and slurm.job(job.id).get("Restarts") == "1"
+            ),
+            END_S,
+            0.5,
+            "the requeued job pending, its restart counted",
+        )
+        resumes(job, first, step)
+    finally:
+        slurm.run("scancel", job.id, check=False)
