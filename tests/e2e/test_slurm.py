@@ -466,3 +466,29 @@ def test_a_real_time_limit_s_warning_signal_checkpoints_verifies_requeues_and_re
         resumes(job, first, step)
     finally:
         slurm.run("scancel", job.id, check=False)
+
+
+def test_without_a_warning_signal_a_short_time_left_checkpoints_verifies_and_requeues(
+    slurm: slurm_cluster.Slurm, home: Path
+) -> None:
+    """`--time=1` and no `--signal`: task 0's keeper reads the time left (scontrol, every 10 s)
+    and, below the checkpoint time (the default here: no checkpoint measured yet) plus the margin,
+    does what the signal does."""
+    (home / "trainroom.toml").write_text("[slurm]\ncheckpoint_time_s = 5\nmargin_s = 40\n")
+    job = submit(slurm, home, sbatch_args=("--time=1", "--requeue"))
+    try:
+        first = wait_for(lambda: len(job.runs()) == 2 and job.runs(), START_S, 0.5, "both ranks' runs")
+        requeued_step(job, first)  # a verified checkpoint, then scontrol requeue
+        notes = [r.message for r in _journal(first[0]) if isinstance(r, p.KeeperNote)]
+        (why,) = [n for n in notes if n.startswith("time left ")]
+        left = why.split("time left ")[1].split(" < ")[0]
+        assert (
+            " < checkpoint time 5.0 s (the default: no verified checkpoint" in why and "+ margin 40 s" in why
+        )
+        assert left.endswith(" s") and float(left[:-2]) < 45, why
+        assert "asked the trainer to checkpoint now" in why, why
+        assert not any("warning signal" in n for n in notes), notes
+        wait_for(lambda: slurm.job(job.id).get("Restarts") == "1", END_S, 0.5, "Slurm counting the restart")
+        assert slurm.job(job.id).get("JobState") != "TIMEOUT"
+    finally:
+        slurm.run("scancel", job.id, check=False)

@@ -67,8 +67,11 @@ class Slurm:
         """Start `node`'s slurmd again (after a test killed it) and return the node to service."""
         pid_file = self.dir / f"slurmd-{node}.pid"
         pid_file.unlink(missing_ok=True)
+        # Without a test's TRAINROOM_* (submit() adds its home to `env`): its teardown kills every
+        # process with that home in its environment, and this slurmd outlives the test.
+        env = {k: v for k, v in self.env.items() if not k.startswith("TRAINROOM_")}
         subprocess.run(
-            ["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], env=self.env, check=True, timeout=30
+            ["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], env=env, check=True, timeout=30
         )
         if not _wait(lambda: _pid_in(pid_file), 10):
             raise AssertionError(
@@ -131,7 +134,7 @@ def _conf(d: Path, host: str, ports: dict[str, int]) -> str:
 SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={ports['slurmctld']}
+SlurmctldPort={ports["slurmctld"]}
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation={d}/ctld
