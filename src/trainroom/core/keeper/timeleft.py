@@ -127,6 +127,14 @@ class TimeLeftWatch:
                 continue
             left = await self._time_left()
             why = tl.decide(left, self.clock.seconds(), self.policy.checkpoint_time_s, self.policy.margin_s)
-            if why is not None:
-                self._fired.add(a.n)
-                self.ask(a.n, why)
+            if why is None:
+                continue
+            self._fired.add(a.n)
+            if not self.ask(a.n, why):
+                self.host.emit(
+                    p.KeeperNote(
+                        t=time.time(),
+                        message=f"{why}: a checkpoint and requeue were already asked for in attempt {a.n} "
+                        "(by the job's warning signal)",
+                    )
+                )
