@@ -422,7 +422,7 @@ def test_a_lost_node_is_called_lost_before_slurm_notices(slurm: slurm_cluster.Sl
             v = [v for v in d["slurm"]["verdicts"] if v["code"] == "NODE_LOST" and v["node"] == "n2"]
             return d if v else None
 
-        # The bound of issue 36: a read started within 10 s of the loss says so (srun alone waits
+        # The bound docs/slurm.md promises: a read started within 10 s of the loss says so (srun alone waits
         # MessageTimeout, 10 s, before it fails: the job view probes n2's slurmd after 2 s).
         d = wait_for(lost, 10.0, 0.2, "job --json calling n2 lost within 10 s of its loss")
         print(
