@@ -71,13 +71,16 @@ def _state() -> RunState:
 
 def test_the_keeper_measures_from_the_save_phase_to_the_verdict() -> None:
     st, clock = _state(), SaveClock(poll_s=0.5)
+    st.checkpoints = [CheckpointView(path="/c/old.pt", step=1, state="verified", t=50.0)]
+    clock.observe(st)  # verified before the keeper looked: no save start seen, not measured
+    assert clock.seconds() is None
     st.ranks = {0: RankView(rank=0, attempt=1, phase="checkpoint-save", phase_since=100.0)}
     clock.observe(st)
     st.ranks[0].phase, st.ranks[0].phase_since = "train", 112.0
-    st.checkpoints = [CheckpointView(path="/c/a.pt", step=5, state="candidate", t=112.0)]
+    st.checkpoints.append(CheckpointView(path="/c/a.pt", step=5, state="candidate", t=112.0))
     clock.observe(st)
     assert clock.seconds() is None  # not verified yet
-    st.checkpoints[0].state, st.checkpoints[0].t = "verified", 118.0
+    st.checkpoints[1].state, st.checkpoints[1].t = "verified", 118.0
     clock.observe(st)
     clock.observe(st)  # each checkpoint is measured once
     assert clock.measured == [18.0] and clock.seconds() == 18.0

@@ -47,9 +47,13 @@ class SaveClock:
         self.poll_s = poll_s
         self.starts: list[float] = []
         self.measured: list[float] = []
-        self._seen: set[str] = set()
+        self._seen: set[str] | None = None
 
     def observe(self, state: RunState) -> None:
+        if self._seen is None:
+            # What was verified before this keeper looked (a journal replayed) has no save start
+            # it saw: not measured.
+            self._seen = {c.path for c in state.checkpoints if c.state == "verified"}
         for rank in state.ranks.values():
             since = rank.phase_since if rank.phase == "checkpoint-save" else None
             if since is not None and (not self.starts or since > self.starts[-1]):
