@@ -33,6 +33,7 @@ class Slurm:
     conf: Path
     env: dict[str, str]
     started: dict[str, int] = field(default_factory=dict)  # name -> pid this fixture started
+    ports: dict[str, int] = field(default_factory=dict)  # "slurmctld", "n1", "n2" -> its port
 
     def run(self, *argv: str, timeout: float = 30.0, check: bool = True) -> str:
         out = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -66,8 +67,11 @@ class Slurm:
         """Start `node`'s slurmd again (after a test killed it) and return the node to service."""
         pid_file = self.dir / f"slurmd-{node}.pid"
         pid_file.unlink(missing_ok=True)
+        # Without a test's TRAINROOM_* (submit() adds its home to `env`): its teardown kills every
+        # process with that home in its environment, and this slurmd outlives the test.
+        env = {k: v for k, v in self.env.items() if not k.startswith("TRAINROOM_")}
         subprocess.run(
-            ["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], env=self.env, check=True, timeout=30
+            ["/usr/sbin/slurmd", "-f", str(self.conf), "-N", node], env=env, check=True, timeout=30
         )
         if not _wait(lambda: _pid_in(pid_file), 10):
             raise AssertionError(
@@ -120,9 +124,9 @@ def _wait(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
     return False
 
 
-def _conf(d: Path, host: str) -> str:
+def _conf(d: Path, host: str, ports: dict[str, int]) -> str:
     nodes = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={SLURMD_PORTS[n]} CPUs=1 "
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={ports[n]} CPUs=1 "
         "RealMemory=1000 State=UNKNOWN"
         for n in NODES
     )
@@ -130,7 +134,7 @@ def _conf(d: Path, host: str) -> str:
 SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={CTLD_PORT}
+SlurmctldPort={ports["slurmctld"]}
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation={d}/ctld
@@ -161,6 +165,27 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubsc
 """
 
 
+def _taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _ports() -> dict[str, int]:
+    """The usual ports, or (another engineer's or CI job's cluster on this host holds one of them)
+    ports the kernel has free now: two clusters then run side by side, each on its own ports."""
+    usual = {"slurmctld": CTLD_PORT, **SLURMD_PORTS}
+    if not any(_taken(port) for port in usual.values()):
+        return usual
+    socks = [socket.socket() for _ in usual]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return {name: int(s.getsockname()[1]) for name, s in zip(usual, socks, strict=True)}
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _pid_in(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
@@ -186,23 +211,20 @@ def start() -> Slurm:
         pytest.skip(
             f"Slurm is not installed here (missing: {', '.join(missing)}; .ci/run installs slurm-wlm)"
         )
-    for port in (CTLD_PORT, *SLURMD_PORTS.values()):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                pytest.skip(f"port {port} is taken: another Slurm runs here")
+    ports = _ports()
     d = Path(tempfile.mkdtemp(prefix="slurm", dir="/tmp"))
     for sub in ("ctld", "spool/n1", "spool/n2"):
         (d / sub).mkdir(parents=True)
     host = socket.gethostname().split(".")[0]
     conf = d / "slurm.conf"
-    conf.write_text(_conf(d, host))
+    conf.write_text(_conf(d, host, ports))
     (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
     env = dict(os.environ, SLURM_CONF=str(conf))
     for k in [
         k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")) and k != "SLURM_CONF"
     ]:
         env.pop(k)
-    s = Slurm(dir=d, conf=conf, env=env)
+    s = Slurm(dir=d, conf=conf, env=env, ports=ports)
     try:
         _start_munged(s)
         subprocess.run(["/usr/sbin/slurmctld", "-f", str(conf)], env=env, check=True, timeout=30)

@@ -50,6 +50,10 @@ Example::
     [journal]
     snapshot_records = 5000
     full_resolution_h = 24
+
+    [slurm]
+    margin_s = 60.0
+    checkpoint_time_s = 60.0
 """
 
 from __future__ import annotations
@@ -336,6 +340,20 @@ class Log(_Section):
     pattern: str | None = None
 
 
+class Slurm(_Section):
+    # A Slurm job's task 0 checkpoints, verifies and requeues once the job's time left falls below
+    # the run's checkpoint time (measured: save + verification) plus this margin, as the warning
+    # signal does (core/slurm/timeleft.py); once per attempt.
+    margin_s: NonNegative = 60.0
+    # The checkpoint time assumed until one of the run's checkpoints was measured.
+    checkpoint_time_s: NonNegative = 60.0
+    # The time left is read from slurmctld (`scontrol show job`) at most this often (Slurm 23.02+
+    # sets SLURM_JOB_END_TIME, read instead: no query).
+    time_left_every_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 10.0
+    # false: only the warning signal asks for a checkpoint before the time limit.
+    time_left_trigger: bool = True
+
+
 class Config(_Section):
     # A theme name (themes/*.toml `name`, e.g. "trainroom-light"); None: the control room's
     # default (trainroom-dark, or trainroom-contrast under NO_COLOR).
@@ -359,6 +377,7 @@ class Config(_Section):
     keys: Keys = msgspec.field(default_factory=Keys)
     journal: JournalPolicy = msgspec.field(default_factory=JournalPolicy)
     keeper: KeeperTimes = msgspec.field(default_factory=KeeperTimes)
+    slurm: Slurm = msgspec.field(default_factory=Slurm)
 
     def resolved(self, project_dir: str | os.PathLike[str]) -> Config:
         """A copy whose relative paths and globs are made absolute against the project dir."""

@@ -208,6 +208,8 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     # The trainer's own evaluation gating promotion (command None: not gated).
     eval: cfg.Eval = msgspec.field(default_factory=cfg.Eval)
     journal: sections.JournalPolicy = msgspec.field(default_factory=sections.JournalPolicy)
+    # A Slurm job's checkpoint before its time limit (core/slurm/timeleft.py).
+    slurm: cfg.Slurm = msgspec.field(default_factory=cfg.Slurm)
     # Why the project's trainroom.toml was not used (the keeper journals it as a warning).
     config_note: str | None = None
     # The alert channels: trainroom.toml's [notify] with the launch flags' targets added.
@@ -270,6 +272,7 @@ def resolve(
         bench=config.bench,
         eval=eval_policy(options, config),
         journal=config.journal,
+        slurm=config.slurm,
         roots=HostRoots(
             proc=env.get(ENV_PROC_ROOT, "/proc"),
             cgroup=env.get(ENV_SYS_ROOT, "/sys/fs/cgroup"),

@@ -21,6 +21,7 @@ import os
 import shlex
 import socket
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -119,12 +120,16 @@ def srun_argv(job_id: str, node: str, name: str) -> list[str]:
 
 
 SLURMD_PORT = 6818
-PROBE_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = 2.0
+# A node that has not answered the job's srun step this long after it started has its slurmd probed.
+PROBE_AFTER_S = 2.0
+STOP_WAIT_S = 2.0
 
 
 def slurmd_silent(ni: NodeInfo | None) -> str | None:
     """Why the node's slurmd cannot be reached (a TCP connect to NodeAddr:Port, where srun would
-    connect too: no Slurm RPC), or None when it accepts a connection or its address is unknown."""
+    connect too: no Slurm RPC), in words with what was tried; None when it accepts a connection
+    or its address is unknown."""
     if ni is None or not ni.addr:
         return None
     port = ni.port or SLURMD_PORT
@@ -132,9 +137,11 @@ def slurmd_silent(ni: NodeInfo | None) -> str | None:
         with socket.create_connection((ni.addr, port), timeout=PROBE_TIMEOUT_S):
             return None
     except TimeoutError:
-        return f"slurmd at {ni.addr}:{port} does not answer within {PROBE_TIMEOUT_S:.0f} s"
+        return f"a TCP connect to its slurmd at {ni.addr}:{port} got no answer within {PROBE_TIMEOUT_S:.0f} s"
+    except ConnectionRefusedError:
+        return f"a TCP connect to its slurmd at {ni.addr}:{port} was refused: nothing listens there"
     except OSError as exc:
-        return f"slurmd at {ni.addr}:{port}: {exc.strerror or exc}"
+        return f"a TCP connect to its slurmd at {ni.addr}:{port} failed: {exc.strerror or exc}"
 
 
 def srun_act(job_id: str, node: str, verb_args: list[str]) -> tuple[int, str]:
@@ -259,39 +266,107 @@ def _reading(job_id: str, node: str, head: bytes, body: bytes) -> NodeReading | 
     )
 
 
-def read_all_srun(job_id: str, nodes: list[str], name: str) -> dict[str, list[NodeReading]]:
-    """Every node's runs through ONE srun step across the job's nodes (one task per node, each
-    frame a labelled base64 line): one step for slurmctld per refresh, whatever the node count.
-    Nodes that answered nothing are absent (the caller asks each of them alone, to learn why)."""
+def _probe_all(nodes: list[str], infos: dict[str, NodeInfo]) -> dict[str, str]:
+    """The nodes whose slurmd does not accept a connection, and why (connects in parallel)."""
+    if not nodes:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+        said = dict(zip(nodes, pool.map(lambda n: slurmd_silent(infos.get(n)), nodes), strict=True))
+    late = f"it had not answered the job's srun step within {PROBE_AFTER_S:.0f} s"
+    return {n: f"{late}; {why}" for n, why in said.items() if why is not None}
+
+
+def _stop_srun(proc: subprocess.Popen[bytes]) -> None:
+    """End an srun we started that waits on a lost node (SIGTERM: srun cancels its step; then
+    SIGKILL if it is still in its launch)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
     try:
-        proc = subprocess.run(
+        proc.wait(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_WAIT_S)
+
+
+def read_all_srun(
+    job_id: str, nodes: list[str], name: str, infos: dict[str, NodeInfo] | None = None
+) -> tuple[dict[str, list[NodeReading]], dict[str, str]]:
+    """Every node's runs through ONE srun step across the job's nodes (one task per node, each
+    frame a labelled base64 line, read as it comes): one step for slurmctld per refresh, whatever
+    the node count. Nodes that answered nothing are absent (the caller asks each of them alone).
+
+    srun waits MessageTimeout (10 s by default) on a node whose slurmd is gone before it fails
+    the whole step. So the nodes that have not answered after PROBE_AFTER_S are probed (a TCP
+    connect to their slurmd, refused or PROBE_TIMEOUT_S): when one is silent, the step cannot
+    complete: srun is stopped, what came so far is kept, and the silent nodes are returned with
+    why (the second value). A healthy job's refresh probes nothing (each probe is a line in
+    slurmd's log: `slurm_receive_msg: Zero Bytes were transmitted or received`)."""
+    infos = infos or {}
+    try:
+        proc = subprocess.Popen(
             srun_all_argv(job_id, nodes, name),
-            capture_output=True,
-            timeout=SRUN_TIMEOUT_S,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             env=_srun_env(),
             stdin=subprocess.DEVNULL,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+    except OSError:
+        return {}, {}
     frames: dict[int, list[bytes]] = {}
-    for raw in proc.stdout[:MAX_OUTPUT].splitlines():
-        label, sep, rest = raw.partition(b": ")
-        if not sep or not label.strip().isdigit() or not rest.startswith(b"TRB "):
-            continue
+    heard: set[str] = set()
+    lock = threading.Lock()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        size = 0
+        for raw in proc.stdout:
+            size += len(raw)
+            if size > MAX_OUTPUT:
+                continue  # drained, not kept
+            label, sep, rest = raw.rstrip(b"\n").partition(b": ")
+            if not sep or not label.strip().isdigit() or not rest.startswith(b"TRB "):
+                continue
+            try:
+                frame = base64.b64decode(rest[4:], validate=True)
+            except ValueError:
+                continue
+            with lock:
+                got = frames.setdefault(int(label), [])
+                got.append(frame)
+                r = _reading(job_id, "?", got[-2], got[-1]) if len(got) % 2 == 0 else None
+                if r is not None and r.host:
+                    heard.add(r.host)
+
+    reader = threading.Thread(target=read, name="trainroom-srun-read", daemon=True)
+    reader.start()
+    silent: dict[str, str] = {}
+    try:
+        proc.wait(timeout=PROBE_AFTER_S)
+    except subprocess.TimeoutExpired:
+        with lock:
+            late = [n for n in nodes if n not in heard]
+        silent = _probe_all(late, infos)
         try:
-            frames.setdefault(int(label), []).append(base64.b64decode(rest[4:], validate=True))
-        except ValueError:
-            continue
+            if silent:
+                _stop_srun(proc)
+            else:
+                proc.wait(timeout=max(0.0, SRUN_TIMEOUT_S - PROBE_AFTER_S))
+        except subprocess.TimeoutExpired:
+            _stop_srun(proc)
+    reader.join(timeout=STOP_WAIT_S)
     out: dict[str, list[NodeReading]] = {}
-    for got in frames.values():
+    with lock:
+        tasks = list(frames.values())
+    for got in tasks:
         # Each task's node is the one its runs name (SLURMD_NODENAME at launch): a node without a
         # run of the job answers nothing here and is asked alone.
         readings = [_reading(job_id, "?", h, b) for h, b in zip(got[::2], got[1::2], strict=False)]
         for r in readings:
-            if r is not None and r.host in nodes:
+            if r is not None and r.host in nodes and r.host not in silent:
                 r.target = f"slurm:{job_id}/{r.host}"
                 out.setdefault(r.host, []).append(r)
-    return out
+    return out, silent
 
 
 def read_node_local(job_id: str, name: str, node: str | None) -> list[NodeReading]:
@@ -338,8 +413,10 @@ def read_slurm_job(job_id: str, reader: SlurmReader, *, now: float | None = None
     live = info is not None and info.state in LIVE
     t = time.time() if now is None else now
 
+    gathered, silent = read_all_srun(job_id, names, name, nodes) if live and names else ({}, {})
+
     def one(node: str) -> list[NodeReading]:
-        why = slurmd_silent(nodes.get(node)) if live else None
+        why = silent.get(node) or (slurmd_silent(nodes.get(node)) if live else None)
         if why is not None:
             job.lost[node] = why
         elif live:
@@ -359,7 +436,6 @@ def read_slurm_job(job_id: str, reader: SlurmReader, *, now: float | None = None
         unheard.reach.lost(t, job.lost.get(node, "no run of this job was found on this node"), None)
         return [unheard]
 
-    gathered = read_all_srun(job_id, names, name) if live and names else {}
     for node, got in gathered.items():
         job.source[node] = "srun"
         job.readings += got

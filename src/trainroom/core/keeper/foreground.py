@@ -23,10 +23,11 @@ from typing import Protocol
 from trainroom.core import protocol as p
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.rest import Quiet
+from trainroom.core.keeper.timeleft import TimeLeftWatch
 from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.state import RunState
-from trainroom.core.sdk.requests import current_request
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.sdk.requests import current_request, write_request
+from trainroom.core.settings import LaunchOptions, RunSettings
 from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
 
@@ -51,6 +52,9 @@ class ForegroundKeeper(Protocol):
 
     @property
     def run_dir(self) -> Path: ...
+
+    @property
+    def settings(self) -> RunSettings: ...
 
     def quiet(self) -> Quiet: ...
 
@@ -91,6 +95,9 @@ class Foreground:
         self.stopping: str | None = None
         self.client = "slurm" if options.slurm is not None else "signal"  # who the kill is journaled as
         self._tasks: list[asyncio.Task[None]] = []
+        # The attempts a checkpoint-then-requeue was asked for in (once each), and why, by request.
+        self.asked: set[int] = set()
+        self.reasons: dict[str, str] = {}
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self.options.foreground:
@@ -100,6 +107,19 @@ class Foreground:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signalled, sig)
         self._tasks.append(loop.create_task(self._exit_when_done()))
+        place, policy = self.options.slurm, self.keeper.settings.slurm
+        if place is not None and place.procid == 0 and policy.time_left_trigger:
+            watch = TimeLeftWatch(self.keeper, place, policy, self.ask_before_time_limit)
+            self._tasks.append(loop.create_task(watch.run()))
+
+    def ask_before_time_limit(self, attempt: int, why: str) -> bool:
+        """The job's time left is short (keeper/timeleft.py): ask what its warning signal asks for."""
+        if attempt in self.asked:
+            return False
+        request = f"time-left-{time.time():.3f}"
+        self.reasons[request] = why
+        write_request(self.keeper.run_dir, request)  # the trainer reads it; _exit_when_done follows it
+        return True
 
     def _signalled(self, sig: signal.Signals) -> None:
         if self.stopping is not None:
@@ -175,10 +195,23 @@ class Foreground:
         last = k.state.last_verified()
         last_step = last.step if last is not None else None
         sig = self.options.checkpoint_signal or "USR2"
+        why = self.reasons.get(request, f"SIG{sig.upper().removeprefix('SIG')} (the job's warning signal)")
+        a = k.state.attempt
+        if a is not None and request not in self.reasons and a.n in self.asked:
+            k.emit(
+                p.KeeperNote(
+                    t=time.time(),
+                    message=f"{why} (request {request}): a checkpoint and requeue were already asked "
+                    f"for in attempt {a.n}",
+                )
+            )
+            return
+        if a is not None:
+            self.asked.add(a.n)
         k.emit(
             p.KeeperNote(
                 t=time.time(),
-                message=f"SIG{sig} (the job's warning signal): asked the trainer to checkpoint now "
+                message=f"{why}: asked the trainer to checkpoint now "
                 f"(request {request}); the last verified checkpoint is "
                 + (f"step {last_step}" if last_step is not None else "none"),
                 kind="warning",
