@@ -54,10 +54,10 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def trial(kind: str, interval: float, script: Path) -> tuple[float, float]:
-    from trainroom.core import protocol
     from trainroom.core.run import store as runs
     from trainroom.core.run.client import KeeperClient
     from trainroom.core.run.launch import launch
+    from trainroom.core.wire import protocol
 
     stall_at = FAULT_STEP if kind == "stall" else 0
     lock_at = FAULT_STEP if kind == "hang-lock" else 0

@@ -25,10 +25,10 @@ from pathlib import Path
 
 def _run(steps: int, every: int, with_eval: bool) -> tuple[float, list[float]]:
     from tests.support.helpers import start_demo, status
-    from trainroom.core import protocol as p
     from trainroom.core.demo.launcher import demo_eval_command
     from trainroom.core.journal.file import read_journal
     from trainroom.core.run import store as runs
+    from trainroom.core.wire import protocol as p
 
     extra = {"eval_command": demo_eval_command()} if with_eval else {}
     info = start_demo(steps=steps, ckpt_every=every, step_delay=0.0, linger_s=600, extra=extra)

@@ -47,9 +47,9 @@ TRAINER = textwrap.dedent(
 
 
 def _first_verdict_s(run_dir: Path) -> float | None:
-    from trainroom.core import protocol as p
     from trainroom.core.journal import file as journal
     from trainroom.core.run import store as runs
+    from trainroom.core.wire import protocol as p
 
     saved = verdict = None
     for r in journal.read_journal(run_dir / runs.JOURNAL_NAME):

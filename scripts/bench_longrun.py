@@ -36,13 +36,13 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.sections import JournalPolicy
 from trainroom.core.findings import Finding
 from trainroom.core.journal import replay, segments, snapshot
 from trainroom.core.journal.file import Journal
 from trainroom.core.journal.writer import JournalWriter
 from trainroom.core.run import store
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.wire import protocol as p
 
 RANKS = 8
 RATE = 10.0  # steps per second per rank, simulated

@@ -90,11 +90,11 @@ def _test_alert(sock: str) -> None:
 
 def trial(case: str, interval: float, script: Path) -> tuple[float, float | None]:
     """(kill -> dead at a client, kill -> DEAD alert at the receiver or None)."""
-    from trainroom.core import protocol
+    from trainroom.core.configuration.settings import LaunchOptions, NotifyOptions
     from trainroom.core.run import store as runs
     from trainroom.core.run.client import KeeperClient
     from trainroom.core.run.launch import launch
-    from trainroom.core.settings import LaunchOptions, NotifyOptions
+    from trainroom.core.wire import protocol
 
     rx = Receiver(case) if case != "none" else None
     notify = NotifyOptions(webhook=[rx.url], min_severity="critical") if rx else NotifyOptions()

@@ -28,9 +28,9 @@ from typing import Any
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
 SHAPES = {"digits": "1", "slashes": "/", "underscores": "_", "spaces": " "}
 MODULES = [
-    "trainroom.core.loglines",
-    "trainroom.core.logshapes",
-    "trainroom.core.logformats",
+    "trainroom.core.logs.loglines",
+    "trainroom.core.logs.logshapes",
+    "trainroom.core.logs.logformats",
     "trainroom.core.health.crash",
     "trainroom.core.probes.workers",
     "trainroom.core.ops.evaluate",
@@ -58,11 +58,11 @@ def runners() -> dict[str, Callable[[str], Any]]:
                     rx.match(s),
                     sum(1 for _ in rx.finditer(s)),
                 )
-    formats = importlib.import_module("trainroom.core.logformats")
+    formats = importlib.import_module("trainroom.core.logs.logformats")
     nano = re.compile(formats.NANOGPT_PATTERN)
     out["logformats.NANOGPT_PATTERN"] = lambda s: nano.search("iter " + s)
-    lines = importlib.import_module("trainroom.core.loglines")
-    shapes = importlib.import_module("trainroom.core.logshapes")
+    lines = importlib.import_module("trainroom.core.logs.loglines")
+    shapes = importlib.import_module("trainroom.core.logs.logshapes")
     crash = importlib.import_module("trainroom.core.health.crash")
     out["loglines.metrics()"] = lines.metrics
     out["loglines.metrics() after `loss=`"] = lambda s: lines.metrics("loss=" + s)

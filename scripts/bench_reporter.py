@@ -62,9 +62,9 @@ def outer(steps: int) -> int:
     its run) and print what it printed."""
     home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
     os.environ["TRAINROOM_HOME"] = home
+    from trainroom.core.configuration.settings import LaunchOptions
     from trainroom.core.run import store as runs
     from trainroom.core.run.launch import launch
-    from trainroom.core.settings import LaunchOptions
 
     info = launch(
         [sys.executable, os.path.abspath(__file__), "--steps", str(steps)], LaunchOptions(linger_s=5)
@@ -80,8 +80,8 @@ def outer(steps: int) -> int:
 
 def inner(steps: int) -> int:
     home = tempfile.mkdtemp(prefix="trb", dir="/tmp")
-    from trainroom.core import protocol
     from trainroom.core.sdk import reporter as reporter
+    from trainroom.core.wire import protocol
 
     keeper_pid = os.getppid()  # the keeper started this attempt
     rep = reporter.Reporter(os.environ["TRAINROOM_SOCKET"], protocol.Hello(pid=os.getpid()), heartbeat_s=1.0)

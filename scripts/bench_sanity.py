@@ -13,8 +13,8 @@ import random
 import time
 
 from trainroom.core.health.sanity import SanityTracker
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.series import Series
+from trainroom.core.wire.protocol import RequestedConfig
 
 
 def bench_series(n: int) -> float:

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT / "src"))
 import msgspec  # noqa: E402
 
 from tests.support.synthetic import run_records  # noqa: E402
-from trainroom.core import protocol as p  # noqa: E402
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions  # noqa: E402
 from trainroom.core.remote.wire import BridgeHello  # noqa: E402
 from trainroom.core.run.state import RunState  # noqa: E402
-from trainroom.core.settings import JobOptions, LaunchOptions  # noqa: E402
+from trainroom.core.wire import protocol as p  # noqa: E402
 
 JOB = "4242"
 

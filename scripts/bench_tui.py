@@ -46,8 +46,8 @@ RSS_FLAT_SHARE = 0.05
 
 def publish(ranks: int, rate: float, seconds: float) -> int:
     """The trainer side: `ranks` reporters, `rate` steps a second each, paced on a clock."""
-    from trainroom.core import protocol as p
     from trainroom.core.sdk.reporter import Reporter
+    from trainroom.core.wire import protocol as p
 
     sock = os.environ["TRAINROOM_SOCKET"]
     config = p.RequestedConfig(lr=3e-4, vocab_size=50257)

@@ -139,8 +139,8 @@ def detection(trials: int) -> None:
         os.environ.pop(k, None)
     from tests.support.helpers import status
     from tests.support.waiting import kill_runs_under, wait_for
+    from trainroom.core.configuration.settings import LaunchOptions
     from trainroom.core.run.launch import launch
-    from trainroom.core.settings import LaunchOptions
 
     trainer = ROOT / "tests" / "support" / "trainers_ddp" / "train_ddp.py"
     stop_s: list[float] = []

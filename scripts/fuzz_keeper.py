@@ -163,7 +163,7 @@ def _latencies(sock: str, tries: int = 5) -> dict[str, float | None]:
 
 HOLDER = """
 import socket, sys
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 held = []
 for _ in range(int(sys.argv[2])):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -185,7 +185,7 @@ def idle_subscriptions(sock: str, keeper: int, counts: tuple[int, ...] = (100, 3
     each, the keeper's RSS, the connections it holds, and how long a `kill` plan and a snapshot
     take (median and worst of 5) while the trainer steps and the keeper's deltas pile up in
     sockets nobody reads; then its RSS once they are gone."""
-    from trainroom.core import protocol as p
+    from trainroom.core.wire import protocol as p
 
     proc = psutil.Process(keeper)
     out: dict[str, Any] = {"quiet": _latencies(sock), "rss_quiet_bytes": proc.memory_info().rss, "cases": []}
@@ -308,9 +308,9 @@ def fifo_journal(run_dir: str, sock: str, keeper: int) -> dict[str, Any]:
 
 
 def fuzz(seconds: float, seed: int) -> dict[str, Any]:
+    from trainroom.core.configuration.settings import LaunchOptions
     from trainroom.core.run import store as runs
     from trainroom.core.run.launch import launch
-    from trainroom.core.settings import LaunchOptions
 
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="trfuzz"))

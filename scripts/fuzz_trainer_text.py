@@ -115,9 +115,9 @@ def _wait(what: str, fn: Any, timeout: float = 120.0) -> Any:
 def one(case: str, mode: str, work: Path) -> dict[str, Any]:
     from fuzz_keeper import _latencies  # type: ignore[import-not-found]
 
+    from trainroom.core.configuration.settings import LaunchOptions
     from trainroom.core.run import store as runs
     from trainroom.core.run.launch import launch
-    from trainroom.core.settings import LaunchOptions
 
     script = work / "trainer.py"
     script.write_text(textwrap.dedent(TRAINER))

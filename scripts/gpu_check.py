@@ -46,13 +46,13 @@ import pynvml
 from gpu_check_health import health_checks
 from gpu_check_session import Session
 
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.ops.bench import run_bench
 from trainroom.core.ops.doctor import TorchView, nvml_view, probe_cycles, process_call_ladder, torch_view
 from trainroom.core.probes.gpu import GpuProbe, load_nvml, pid_namespace
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.store import RunInfo
 from trainroom.core.samples import GpuProcess, GpuSample
-from trainroom.core.settings import LaunchOptions
 from trainroom.core.units import fmt_bytes
 
 ROLES = Path(__file__).resolve().with_name("gpu_check_roles.py")

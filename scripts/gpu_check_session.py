@@ -15,11 +15,11 @@ from typing import Any
 
 import psutil
 
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.run.client import KeeperGone, current_state
 from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.store import RunError, RunInfo, stop_run
-from trainroom.core.settings import LaunchOptions
 
 Status = dict[str, Any]  # status_dict: the `status --json` contract
 

@@ -14,12 +14,12 @@ import psutil
 
 from tests.support.helpers import run_cli, start_demo, status, status_json
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 
 def _verified(info: runs.RunInfo) -> int:

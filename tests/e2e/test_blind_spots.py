@@ -18,11 +18,11 @@ import psutil
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 
 def _launch(tmp_path: Path, body: str, **options: Any) -> runs.RunInfo:

@@ -17,12 +17,12 @@ import pytest
 
 from tests.support.helpers import codes, run_cli, start_demo, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol
 
 NANOGPT_LIKE = Path(__file__).parents[1] / "support" / "nanogpt_like.py"
 TORCH_START_S = 120  # a loaded 2-core machine: importing torch in trainer and verifier

@@ -20,10 +20,10 @@ import torch
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.ckpt import layout
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
+from trainroom.core.wire import protocol
 
 MAKERS = Path(__file__).parents[1] / "support" / "ckpt_makers"
 START_S = 240.0  # transformers' or lightning's import, and torch's in the verifier, on a loaded machine

@@ -12,9 +12,9 @@ from typing import Any
 
 from tests.support.helpers import status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
+from trainroom.core.wire import protocol
 
 START_S = 240.0  # the keeper, the trainer and the verifier's first start on a loaded 2-core machine
 

@@ -27,12 +27,12 @@ import pytest
 from tests.support.helpers import codes, run_cli, status
 from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import kill_runs_under, wait_for
-from trainroom.core import protocol
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt.promote import digest_of
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol
 
 GATED = Path(__file__).parents[1] / "support" / "gated_saver.py"
 TORCH_START_S = 180  # torch imported by the trainer and the warm verifier on a loaded machine

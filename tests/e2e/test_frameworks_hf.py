@@ -108,9 +108,9 @@ def test_a_dataloader_worker_crash_under_the_bar_names_the_workers_exception(
 def test_the_adapter_sends_one_lr_per_step_the_one_the_trainer_logged(trhome: Path, tmp_path: Path) -> None:
     """The linear schedule moves the LR every step: the step's record (on_step_end) and its log's
     (on_log) carry the LR that step used, the Trainer's own `learning_rate`, not the next one."""
-    from trainroom.core import protocol as p
     from trainroom.core.journal.file import read_journal
     from trainroom.core.run import store as runs
+    from trainroom.core.wire import protocol as p
 
     info = start(tmp_path, "--max_steps", "20", adapter=True)
     d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")

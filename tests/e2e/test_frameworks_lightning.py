@@ -91,9 +91,9 @@ def test_the_adapter_under_accumulation_reports_each_optimizer_step_once_undivid
     """accumulate_grad_batches=4: Lightning divides the batch's loss by 4 for the backward pass and
     logs it undivided, once per optimizer step. The adapter sends the same: one step record per
     optimizer step, each loss the one Lightning logged for it."""
-    from trainroom.core import protocol as p
     from trainroom.core.journal.file import read_journal
     from trainroom.core.run import store as runs
+    from trainroom.core.wire import protocol as p
 
     info = start(
         tmp_path, "--max-steps", "30", "--every", "10", "--accumulate_grad_batches", "4", adapter=True

@@ -22,12 +22,12 @@ import pytest
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run import store as runs
 from trainroom.core.run.store import RunInfo
+from trainroom.core.wire import protocol as p
 
 START_S = 90.0
 SEEN_S = 30.0  # generous on a loaded machine; the keeper probes once a second

@@ -25,13 +25,13 @@ import pytest
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 MIB, GIB = 1 << 20, 1 << 30
 FLOOR = 615 * MIB  # the idle H200's used memory, persistence mode on, no process

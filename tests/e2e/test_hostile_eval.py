@@ -14,9 +14,9 @@ from typing import Any
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
+from trainroom.core.wire import protocol as p
 
 TORCH_START_S = 240
 PY = shlex.quote(sys.executable)

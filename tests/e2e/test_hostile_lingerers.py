@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 from tests.support.waiting import process_ended, wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.keeper.lingering import MARKER
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol as p
 
 START_S = 120
 

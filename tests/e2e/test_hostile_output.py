@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol as p
 
 # 4 KB a line, as fast as it goes: a blocked pump fills the 1 MiB pipe in a few hundred lines.
 CHATTY = (

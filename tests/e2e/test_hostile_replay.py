@@ -21,10 +21,10 @@ import pytest
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol as p
 
 TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers" / "ignores_replay.py"
 TORCH_START_S = 240

@@ -13,11 +13,11 @@ from pathlib import Path
 from tests.support.helpers import status
 from tests.support.receiver import receiver
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions, NotifyOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions, NotifyOptions
+from trainroom.core.wire import protocol as p
 
 # Steps every 50 ms and writes its step to a file: the test sees it go on while the keeper is stopped.
 STEPPER = """

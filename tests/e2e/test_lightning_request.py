@@ -14,10 +14,10 @@ import pytest
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.run import store
 from trainroom.core.run.launch import launch
 from trainroom.core.sdk.requests import write_request
-from trainroom.core.settings import LaunchOptions
 
 LIGHTNING = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "lightning_ddp.py"
 START_S = 240  # two ranks importing torch and Lightning on a loaded 2-core machine

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
@@ -27,7 +27,7 @@ from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
 from trainroom.core.run.live import trainer_runs
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 NANOGPT_LIKE = Path(__file__).parents[1] / "support" / "nanogpt_like.py"
 START_S = 240.0  # torch's import in the trainer and in the verifier, on a loaded 2-core machine

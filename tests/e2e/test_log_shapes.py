@@ -18,10 +18,10 @@ import pytest
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol
 
 TRAINERS = Path(__file__).resolve().parents[1] / "support" / "trainers"
 START_S = 240  # importing torch (and lightning, transformers) on a loaded 2-core machine

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.helpers import run_cli
 from tests.support.waiting import process_ended, wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal import replay, segments, snapshot
 from trainroom.core.journal.file import read_journal
 from trainroom.core.journal.writer import ENV_SNAPSHOT_HOLD
@@ -26,7 +26,7 @@ from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 # Rank 0 starts rank 1 beside it; each steps as fast as it can (a float32 loss, tokens, two LR
 # groups, a decay), then exits 0; with STEPS=0 they step until killed.

@@ -24,12 +24,12 @@ import pytest
 from tests.support.helpers import run_cli, status
 from tests.support.member_peer import MemberPeer
 from tests.support.waiting import kill_runs_under, wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_frames, read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, snapshot
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 # An instrumented trainer that never prints (its stdout is a file on the disk we fill) and steps
 # until told to stop.

@@ -31,11 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.receiver import Receiver, receiver
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import NotifyOptions
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
-from trainroom.core.settings import NotifyOptions
 from trainroom.core.units import redact_url
+from trainroom.core.wire import protocol as p
 
 START_S = 180.0  # torch's import on a loaded machine, then the demo's first steps
 SECRET = "s3cr3t-T0KEN-9731"

@@ -16,12 +16,12 @@ import psutil
 
 from tests.support.helpers import run_cli, start_demo
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.procs import read_stat
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import current_state
 from trainroom.core.samples import ProcRow
+from trainroom.core.wire import protocol as p
 
 START_S = 240.0  # two ranks importing torch on a loaded 2-core machine
 

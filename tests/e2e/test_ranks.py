@@ -24,9 +24,9 @@ import pytest
 
 from tests.support.helpers import run_cli, status
 from tests.support.waiting import wait_for
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.run.launch import launch
 from trainroom.core.run.store import RunInfo
-from trainroom.core.settings import LaunchOptions
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 DDP = SUPPORT / "trainers_ddp" / "train_ddp.py"

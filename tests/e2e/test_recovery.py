@@ -29,7 +29,6 @@ import pytest
 
 from tests.support.helpers import run_cli, series_of, start_demo, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.demo.train import FAKE_ORPHAN_BYTES
 from trainroom.core.journal import file as journal
@@ -37,6 +36,7 @@ from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol
 
 START_S = 120.0  # torch's import on a loaded 2-core machine, then a few steps
 GIB, MIB = 1 << 30, 1 << 20

@@ -16,11 +16,11 @@ import pytest
 from tests.support.helpers import status
 from tests.support.waiting import wait_for
 from trainroom.core import failpoints
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 # A real torch model with two param groups, the backbone frozen at LR 0 (a common fine-tune).
 FROZEN = """

@@ -14,13 +14,13 @@ import pytest
 
 from tests.support.helpers import run_cli, series_of, start_demo, status, status_json
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.demo.faults import EARLIER_RUN_LR
 from trainroom.core.demo.launcher import demo_command, demo_dir, demo_options
 from trainroom.core.health.sanity import CODES
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol
 
 SANITY = set(CODES)
 START = 120.0  # torch import and the first step on a loaded 2-core machine: a bound, not a measure

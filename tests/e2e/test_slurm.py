@@ -31,10 +31,10 @@ import pytest
 
 from tests.support import slurm_cluster
 from tests.support.waiting import kill_runs_under, wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store
 from trainroom.core.run.store import JOURNAL_NAME, RunInfo
+from trainroom.core.wire import protocol as p
 
 TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
 START_S = 180  # a job starting, two ranks importing torch on a loaded 2-core machine
@@ -349,7 +349,9 @@ def resumes(job: Job, first: dict[int, RunInfo], step: int) -> None:
     rec = store.read_record(Path(first[0].run_dir))
     assert rec.options.slurm is not None and rec.options.slurm.restart_count == 1
     # the promoted copy of the checkpoint the keeper verified before requeueing
-    assert st.attempt.resume_from.endswith(f"step-{step:06d}.pt") and first[0].run_id in st.attempt.resume_from
+    assert (
+        st.attempt.resume_from.endswith(f"step-{step:06d}.pt") and first[0].run_id in st.attempt.resume_from
+    )
     log = (Path(first[0].run_dir) / "trainer.log").read_text(errors="replace")
     assert f"rank 0 resumed from step {step}" in log
 

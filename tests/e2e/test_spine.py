@@ -16,10 +16,10 @@ import pytest
 
 from tests.support.helpers import run_cli, start_demo, status, status_json
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient
+from trainroom.core.wire import protocol
 
 
 def _journal(info: runs.RunInfo) -> list[object]:

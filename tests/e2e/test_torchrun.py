@@ -25,13 +25,13 @@ import pytest
 
 from tests.support.helpers import run_cli, status, status_json
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.workers import rank_env
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.launch import launch
 from trainroom.core.run.store import JOURNAL_NAME, RunInfo
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
 START_S = 180  # two ranks importing torch on a loaded 2-core machine

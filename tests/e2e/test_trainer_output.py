@@ -19,11 +19,11 @@ import pytest
 from tests.support.helpers import status
 from tests.support.tmpfs import fill, tmpfs
 from tests.support.waiting import kill_runs_under, wait_for
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 # Instrumented (its steps are counted whatever happens to its output) and printing a line a step
 # with plain print: a write error on stdout would end it with a traceback.

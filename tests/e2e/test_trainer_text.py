@@ -14,10 +14,10 @@ from pathlib import Path
 
 from tests.support.helpers import codes, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol as p
 
 JUMPER = """
     import os, signal, sys, time, traceback

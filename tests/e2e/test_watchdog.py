@@ -22,10 +22,10 @@ import pytest
 
 from tests.support.helpers import run_cli, start_demo, status
 from tests.support.waiting import wait_for
-from trainroom.core import protocol
 from trainroom.core.journal import file as journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
+from trainroom.core.wire import protocol
 
 TORCH_START_S = 120.0  # torch import + model set-up on 2 busy cores, with margin
 # Every code the watchdog can raise: a healthy run raises none of them.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trainroom.core import protocol as p
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 
 
 class RunBuilder:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.sections import JournalPolicy
 from trainroom.core.findings import Finding
 from trainroom.core.journal.writer import JournalWriter
 from trainroom.core.run import store
 from trainroom.core.run.view import RunView
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.wire import protocol as p
 
 T0 = 1_780_000_000.0
 

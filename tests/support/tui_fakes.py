@@ -20,13 +20,13 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 from trainroom.core.samples import DiskSample, GpuDevice, GpuProcess, GpuSample, HostSample
+from trainroom.core.wire import protocol as p
 
 T0 = 1_700_000_000.0  # the frozen clock's epoch
 GiB = 1 << 30

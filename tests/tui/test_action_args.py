@@ -21,9 +21,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from trainroom.core import argtypes
-from trainroom.core import protocol as p
 from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
+from trainroom.core.configuration import argtypes
+from trainroom.core.wire import protocol as p
 
 REPO = Path(__file__).resolve().parents[2]
 

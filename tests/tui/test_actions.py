@@ -24,7 +24,7 @@ from tests.support.tui_fakes import (
     settle,
     until,
 )
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.bindings import COMMANDS
 from trainroom.tui.screens.confirm import ConfirmAction

@@ -9,8 +9,8 @@ import re
 from typing import Any
 
 from tests.support.tui_fakes import T0, healthy_records, in_loop, make_app, screen_text, settle, until
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.wire import protocol as p
 from trainroom.tui.screens.finding import FindingDetail
 from trainroom.tui.widgets.findings import FindingsPanel
 from trainroom.tui.widgets.header import RunHeader

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from tests.support.tui_fakes import build_state, dead_run_records, in_loop, make_app, screen_text, settle
-from trainroom.core import protocol as p
 from trainroom.core.resumable import Completeness, Part
+from trainroom.core.wire import protocol as p
 from trainroom.tui import figures
 
 

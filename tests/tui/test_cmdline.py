@@ -16,7 +16,7 @@ from tests.support.tui_fakes import (
     settle,
     until,
 )
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 from trainroom.tui.screens.cmdline import CommandLine
 from trainroom.tui.screens.confirm import ConfirmAction
 from trainroom.tui.screens.processes import ProcessesScreen

@@ -10,8 +10,8 @@ from typing import Any
 
 from tests.support.tui_fakes import in_loop, make_app, screen_text, settle, until
 from tests.tui.test_actions import live_records
-from trainroom.core import protocol as p
 from trainroom.core.actions.render import confirmation
+from trainroom.core.wire import protocol as p
 from trainroom.tui.screens.result import ActionResult
 
 STACK = "\n".join(

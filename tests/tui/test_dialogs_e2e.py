@@ -27,10 +27,10 @@ import pytest
 from tests.support.helpers import status
 from tests.support.tui_fakes import in_loop, screen_text
 from tests.support.waiting import wait_for
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run.launch import launch
-from trainroom.core.settings import LaunchOptions
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.screens.confirm import ConfirmAction
 from trainroom.tui.screens.result import ActionResult

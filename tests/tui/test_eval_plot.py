@@ -5,7 +5,7 @@ checkpoint's x and its figure's y, kept inside the plotted range, in the legend;
 from __future__ import annotations
 
 from tests.support.tui_fakes import T0, build_state, healthy_records
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 from trainroom.tui.figures import loss_view
 from trainroom.tui.plot import chart
 

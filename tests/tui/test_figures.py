@@ -13,13 +13,13 @@ import pytest
 from rich.console import Console
 
 from tests.support.tui_fakes import T0, FakeLink, GiB, MiB, build_state, dead_run_records, healthy_records, rx
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.ended import live_attempt
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import to_snapshot
 from trainroom.core.run.view import RunView
 from trainroom.core.samples import CgroupMemory, GpuDevice, GpuProcess, GpuSample, HostSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui import figures, fmt, verdict
 from trainroom.tui.evidence import before_after_lines, before_after_rows, plan_lines, soft_wrap
 from trainroom.tui.logtail import TrainerLogTail

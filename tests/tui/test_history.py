@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.tui_fakes import T0, GiB, healthy_records, in_loop, make_app, screen_text, settle, until
-from trainroom.core import protocol as p
 from trainroom.core.samples import VitalsSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui.history import history_lines
 from trainroom.tui.screens.history import HistoryScreen
 from trainroom.tui.screens.options import OptionsScreen

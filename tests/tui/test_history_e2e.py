@@ -17,11 +17,11 @@ import pytest
 from tests.support.helpers import run_cli, start_demo
 from tests.support.tui_fakes import in_loop, screen_text
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.probes.fake_nvml import ENV as FAKE_NVML
 from trainroom.core.probes.fake_nvml import write_scenario
 from trainroom.core.run import store as runs
+from trainroom.core.wire import protocol as p
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.screens.history import HistoryScreen
 

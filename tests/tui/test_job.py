@@ -18,10 +18,10 @@ from tests.support.tui_fakes import (
     shipped_themes,
     until,
 )
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions
 from trainroom.core.job.view import NodeReading, job_dict
 from trainroom.core.remote.link import Reachability
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import JobOptions, LaunchOptions
 from trainroom.tui.job import JobHeader, JobRoom, NodesPanel
 from trainroom.tui.jobview import job_screen_view
 

@@ -29,15 +29,15 @@ from tests.support.tui_fakes import (
     screen_text,
     until,
 )
-from trainroom.core import protocol as p
 from trainroom.core.cli import main as cli
 from trainroom.core.cli.slurmjob import slurm_job_dict
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions
 from trainroom.core.job.slurm import SlurmJobError
 from trainroom.core.job.slurmwatch import SlurmWatch
 from trainroom.core.remote.wire import BridgeHello
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import JobOptions, LaunchOptions
 from trainroom.core.slurm.scontrol import SlurmReader
+from trainroom.core.wire import protocol as p
 from trainroom.tui.job import JobRoom, NodesPanel
 from trainroom.tui.jobview import job_screen_view
 

@@ -15,9 +15,9 @@ import msgspec
 import psutil
 
 from tests.support.tui_fakes import healthy_records, in_loop, make_app, screen_text, settle, until
-from trainroom.core import protocol as p
 from trainroom.core.probes.procs import start_ticks
 from trainroom.core.run.store import JOURNAL_NAME
+from trainroom.core.wire import protocol as p
 
 
 def orphan_records(pid: int) -> list[object]:

@@ -4,7 +4,7 @@ recognised (pass --log-pattern), and names the recogniser's unit once steps are 
 from __future__ import annotations
 
 from tests.support.tui_fakes import T0, in_loop, make_app, screen_text, settle, until
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 
 
 @in_loop

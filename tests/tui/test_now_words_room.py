@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from tests.support.tui_fakes import T0, build_state, healthy_records, in_loop, make_app, screen_text, settle
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.status import status_dict
+from trainroom.core.wire import protocol as p
 
 
 def stalled_records() -> list[object]:

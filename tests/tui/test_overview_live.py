@@ -21,8 +21,8 @@ from tests.support.tui_fakes import (
     until,
     write_log,
 )
-from trainroom.core import protocol as p
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.overview import row_of, short_command
 from trainroom.tui.screens.runs import RunsScreen

@@ -8,9 +8,9 @@ from typing import Any
 
 from tests.support.run_builder import RunBuilder
 from tests.support.tui_fakes import T0, GiB, build_state, healthy_records
-from trainroom.core import protocol as p
 from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui import figures, verdict
 from trainroom.tui.plot import chart
 from trainroom.tui.verdict import FindingRow

@@ -24,9 +24,9 @@ from tests.support.tui_fakes import (
     settle,
     until,
 )
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding, Target
 from trainroom.core.samples import DiskSample, GpuDevice, GpuProcess, GpuSample, HostSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui.screens.help import HelpScreen
 from trainroom.tui.widgets.cadence import CadencePanel
 from trainroom.tui.widgets.disk import DiskPanel

@@ -18,8 +18,8 @@ from tests.support.tui_fakes import (
     settle,
     until,
 )
-from trainroom.core import protocol as p
 from trainroom.core.samples import GpuProcess, GpuSample, ProcRow, ProcsSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui.proctable import procs_view
 from trainroom.tui.screens.confirm import ConfirmAction
 from trainroom.tui.screens.processes import ProcessesScreen, SignalPicker

@@ -22,8 +22,8 @@ from tests.support.tui_fakes import (
     settle,
     until,
 )
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding, Target
+from trainroom.core.wire import protocol as p
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.bindings import KeymapError, keymap_of
 from trainroom.tui.entry import run_app
@@ -367,7 +367,7 @@ async def test_the_key_strip_holds_whole_entries_at_narrow_widths(tmp_path, widt
 
 
 def test_the_keymap_from_trainroom_toml(tmp_path) -> None:
-    from trainroom.core.config import decode_config
+    from trainroom.core.configuration.config import decode_config
 
     keys = decode_config('[keys]\nkill = "K"\nsearch = "?"\n').keys
     with pytest.raises(KeymapError) as e:

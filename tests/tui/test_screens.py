@@ -24,10 +24,10 @@ from tests.support.tui_fakes import (
     shipped_themes,
     until,
 )
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.summary import RunSummary, WorstFinding
 from trainroom.core.samples import GpuSample, HostSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.link import OverviewReader
 from trainroom.tui.messages import RunChanged
@@ -362,7 +362,7 @@ def test_the_runs_overview_reads_a_finished_runs_summary_not_its_journal(tmp_pat
 
 
 def test_the_nodes_of_one_job_are_one_row_in_the_overview(tmp_path) -> None:
-    from trainroom.core.settings import JobOptions, LaunchOptions
+    from trainroom.core.configuration.settings import JobOptions, LaunchOptions
 
     infos = [
         run_info(n, str(tmp_path), alive=False, created=T0 + i) for i, n in enumerate(("n0", "n1", "solo"))

@@ -17,13 +17,13 @@ import msgspec
 import psutil
 
 from tests.support.tui_fakes import GiB, MiB, healthy_records, in_loop, make_app, screen_text, settle
-from trainroom.core import protocol as p
 from trainroom.core.ops.kill import execute_kill, plan_kill
 from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.run.figures import vram
 from trainroom.core.run.status import status_dict
+from trainroom.core.wire import protocol as p
 from trainroom.tui.widgets.vram import VramPanel
 
 RUN = "test-vram-after-kill"

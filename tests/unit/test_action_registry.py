@@ -100,8 +100,8 @@ def test_preconditions_of_a_live_trainer() -> None:
 
 
 def test_a_death_before_any_checkpoint_offers_no_resume_key_and_the_farewell_says_start_again() -> None:
-    from trainroom.core import protocol as p
     from trainroom.core.findings import Finding
+    from trainroom.core.wire import protocol as p
     from trainroom.tui import verdict
 
     b = RunBuilder()
@@ -126,7 +126,7 @@ def test_the_keeper_refuses_in_the_words_the_control_room_shows() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from trainroom.core import protocol as p
+    from trainroom.core.wire import protocol as p
     from trainroom.tui import verdict
 
     b = RunBuilder()
@@ -150,7 +150,7 @@ def test_the_keeper_refuses_in_the_words_the_control_room_shows() -> None:
 
 
 def test_a_confirmation_is_of_the_target_and_only_a_signal_narrows() -> None:
-    from trainroom.core import protocol as p
+    from trainroom.core.wire import protocol as p
 
     said: list[p.Reply] = []
 

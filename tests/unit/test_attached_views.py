@@ -8,12 +8,12 @@ import subprocess
 import psutil
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core import protocol as p
 from trainroom.core.probes.procs import start_ticks
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import summarize
+from trainroom.core.wire import protocol as p
 from trainroom.tui import overview, verdict
 
 

@@ -162,8 +162,8 @@ def test_a_rejection_never_speaks_of_a_verified_checkpoint_that_does_not_exist()
 
 def test_a_run_s_summary_names_the_root_cause_for_the_runs_overview() -> None:
     from tests.support.tui_fakes import build_state, healthy_records
-    from trainroom.core import protocol as p
     from trainroom.core.run.summary import summarize
+    from trainroom.core.wire import protocol as p
 
     recs = healthy_records(steps=5) + [p.FindingRaised(finding=x) for x in nan_run(3)]
     s = summarize(build_state(recs))

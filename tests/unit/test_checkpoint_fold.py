@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 
 T0 = 1_000_000.0
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from tests.support.ckpt_fixtures import nanogpt_checkpoint, small_state
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import layout as ck
 from trainroom.core.ckpt import promote as pm
 from trainroom.core.ckpt import verify as v
@@ -24,6 +23,7 @@ from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.ckpt.verifier import verify_in_subprocess
 from trainroom.core.sdk import save as save
+from trainroom.core.wire import protocol as p
 
 TESTS = str(Path(__file__).resolve().parents[2])  # the repo root: `tests.support` imports
 # The caller's path after it, so the trainer imports the same trainroom as the test.

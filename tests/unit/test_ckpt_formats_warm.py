@@ -12,9 +12,9 @@ import torch
 
 from tests.support.ckpt_fixtures import small_state
 from trainroom.core.ckpt.verifier import WarmVerifier
-from trainroom.core.config import Config
+from trainroom.core.configuration.config import Config
+from trainroom.core.configuration.settings import LaunchOptions, RunSettings, resolve
 from trainroom.core.keeper.pipeline import expecting_checkpoints
-from trainroom.core.settings import LaunchOptions, RunSettings, resolve
 
 
 def test_warm_starts_the_child_once_and_the_first_verdict_reuses_it(tmp_path: Path) -> None:

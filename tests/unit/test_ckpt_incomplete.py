@@ -9,13 +9,13 @@ from pathlib import Path
 import msgspec
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core import protocol as p
 from trainroom.core.actions.resume import Resume
 from trainroom.core.health.completeness import ckpt_incomplete
 from trainroom.core.health.rules import ALL
 from trainroom.core.ops.resume import ResumePlan, resume_losses
 from trainroom.core.resumable import Completeness, Part
 from trainroom.core.run.status import status_dict
+from trainroom.core.wire import protocol as p
 
 FULL = ("model", "optimizer", "scheduler", "rng", "data", "step")
 

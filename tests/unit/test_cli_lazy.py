@@ -18,7 +18,7 @@ import pytest
 from tests.support.synthetic import make_run_dir, run_records, write_run
 from trainroom.core.cli import main, subcommands, verbindex
 from trainroom.core.cli.verbs import VERBS, Verb
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.configuration.sections import JournalPolicy
 
 # What no verb's listing, and no `status`, may import: the control room, the keeper's side and
 # what only some verbs use (NVML, the exporter's HTTP server and Prometheus, ssh, TLS, asyncio).
@@ -48,7 +48,7 @@ HEAVY_FOR_HELP = (
     *HEAVY,
     "msgspec",
     "psutil",
-    "trainroom.core.protocol",
+    "trainroom.core.wire.protocol",
     "trainroom.core.journal",
     "trainroom.core.run.store",
     "trainroom.core.run.state",

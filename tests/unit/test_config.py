@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainroom.core.config import DEFAULT_LOG_PATTERN, Config, load_config
+from trainroom.core.configuration.config import DEFAULT_LOG_PATTERN, Config, load_config
+from trainroom.core.configuration.sections import ConfigError
 from trainroom.core.ops.resume import resume_argv
-from trainroom.core.sections import ConfigError
 
 
 def write(d: Path, text: str) -> Path:

@@ -18,7 +18,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
+from trainroom.core.configuration.settings import HostRoots
 from trainroom.core.ops import host_checks as hc
 from trainroom.core.ops.doctor import (
     DoctorOptions,
@@ -34,7 +35,6 @@ from trainroom.core.ops.doctor import (
     torch_view,
 )
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
-from trainroom.core.settings import HostRoots
 
 GIB = 1 << 30
 NO_LIBRARY = str(pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))

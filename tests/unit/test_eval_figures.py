@@ -53,7 +53,7 @@ def test_hostile_megabyte_lines_are_read_in_bounded_time() -> None:
 
 
 def test_a_bogus_best_is_not_held_against_a_plausible_figure() -> None:
-    from trainroom.core.config import Eval
+    from trainroom.core.configuration.config import Eval
     from trainroom.core.ops.evaluate import judge
 
     pol = Eval(command="x", margin=0.05)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.waiting import wait_for
-from trainroom.core.config import Eval, load_config
+from trainroom.core.configuration.config import Eval, load_config
+from trainroom.core.configuration.sections import ConfigError
 from trainroom.core.ops.evaluate import better, evaluate, figure_in, judge
 from trainroom.core.ops.resume import resume_argv
-from trainroom.core.sections import ConfigError
 
 PY = shlex.quote(sys.executable)
 

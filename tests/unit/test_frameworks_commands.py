@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from trainroom.core.config import Config, Resume
-from trainroom.core.frameworks import recognise, script_of
+from trainroom.core.configuration.config import Config, Resume
+from trainroom.core.configuration.settings import LaunchOptions, resolve
+from trainroom.core.logs.frameworks import recognise, script_of
 from trainroom.core.ops.resume import resume_argv
-from trainroom.core.settings import LaunchOptions, resolve
 
 TRAINERS = Path(__file__).resolve().parents[1] / "support" / "trainers"
 NANOGPT = """\

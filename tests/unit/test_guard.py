@@ -14,7 +14,7 @@ from trainroom.core.health.guard import HOLD_S, Fault, Guard
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.health.watchdog import Watchdog
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
-from trainroom.core.protocol import RequestedConfig
+from trainroom.core.wire.protocol import RequestedConfig
 
 
 class Clock:

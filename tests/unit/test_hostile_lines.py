@@ -13,9 +13,9 @@ import pytest
 
 from trainroom.core.health.crash import crash_from_log
 from trainroom.core.keeper.logtail import MAX_LINE_BYTES, LogTail
-from trainroom.core.logformats import LogStep, Recognition, recognition
-from trainroom.core.loglines import metrics, number, tqdm_bar
-from trainroom.core.logshapes import pairs
+from trainroom.core.logs.logformats import LogStep, Recognition, recognition
+from trainroom.core.logs.loglines import metrics, number, tqdm_bar
+from trainroom.core.logs.logshapes import pairs
 from trainroom.core.probes.workers import launcher_reports, prefixed_rank
 
 MiB = 1 << 20

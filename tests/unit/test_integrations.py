@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.sdk import reporter as sdk
+from trainroom.core.wire import protocol as p
 
 hf = pytest.importorskip("trainroom.integrations.hf")
 torch = pytest.importorskip("torch")

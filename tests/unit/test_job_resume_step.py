@@ -4,8 +4,8 @@ traceback)."""
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
 from trainroom.core.job.actions import JobAction, NodeAction, _resume_refusal
+from trainroom.core.wire import protocol as p
 
 
 def _node(rank: int, plan: dict[str, object]) -> NodeAction:

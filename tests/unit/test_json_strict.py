@@ -17,9 +17,9 @@ import pytest
 from trainroom.core.cli import doctor as doctor_cli
 from trainroom.core.cli import notify as notify_cli
 from trainroom.core.cli.output import to_json as cli_to_json
+from trainroom.core.configuration.sections import Notify
 from trainroom.core.run.events import Event
 from trainroom.core.run.events import to_json as event_json
-from trainroom.core.sections import Notify
 from trainroom.core.units import to_json
 
 NAN, INF = float("nan"), float("inf")

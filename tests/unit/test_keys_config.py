@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainroom.core.config import decode_config
-from trainroom.core.sections import ConfigError
+from trainroom.core.configuration.config import decode_config
+from trainroom.core.configuration.sections import ConfigError
 
 
 def test_keys_given_by_their_names_in_the_file() -> None:

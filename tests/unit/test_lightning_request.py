@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_integrations import read_frames
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import layout
 from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.ckpt.promote import expected_for
 from trainroom.core.ckpt.verify import verify
 from trainroom.core.sdk import reporter as sdk
 from trainroom.core.sdk import requests
+from trainroom.core.wire import protocol as p
 
 pytest.importorskip("lightning")
 lightning_adapter = pytest.importorskip("trainroom.integrations.lightning")

@@ -7,8 +7,8 @@ import os
 import tracemalloc
 from pathlib import Path
 
-from trainroom.core import protocol as p
 from trainroom.core.keeper.logtail import KEEP_LINES, MAX_LINE_BYTES, LogTail
+from trainroom.core.wire import protocol as p
 
 
 def fresh(tmp_path: Path, pattern: str | None = None) -> tuple[Path, LogTail]:

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.keeper.logtail import LogTail
-from trainroom.core.logformats import (
+from trainroom.core.logs.logformats import (
     HfTrainerLog,
     LightningBar,
     LogHints,
@@ -25,8 +24,9 @@ from trainroom.core.logformats import (
     Recognition,
     recognition,
 )
-from trainroom.core.loglines import step_words, unread_words
+from trainroom.core.logs.loglines import step_words, unread_words
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 
 CAPTURED = Path(__file__).resolve().parents[1] / "support" / "trainers" / "captured"
 
@@ -490,7 +490,7 @@ def test_a_bare_bar_alone_is_a_bar_count_until_a_trainer_dict_shows_it_is_hfs(tm
 def test_lightnings_bar_with_no_known_total_counts_across_epochs() -> None:
     """Lightning's TQDM bar format with total None draws `Epoch 1: |   | 3/? [...`: each epoch's
     count goes on from where the one before ended."""
-    from trainroom.core.logformats import LightningBar
+    from trainroom.core.logs.logformats import LightningBar
 
     bar = LightningBar()
     out = []

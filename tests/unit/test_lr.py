@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.sdk.lr import reimpose_lr, requested_from_argv
 from trainroom.core.sdk.reporter import NullReporter, Reporter
+from trainroom.core.wire import protocol as p
 
 torch = pytest.importorskip("torch")
 

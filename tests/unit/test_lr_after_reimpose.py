@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.health.sanity import SanityTracker
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.sdk.lr import reimpose_lr
+from trainroom.core.wire import protocol as p
+from trainroom.core.wire.protocol import RequestedConfig
 
 torch = pytest.importorskip("torch")
 

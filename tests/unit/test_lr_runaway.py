@@ -4,10 +4,10 @@ an LR far off from the first step is LR_MISMATCH's, not this one's."""
 
 from __future__ import annotations
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.health.lr_runaway import RunawayCheck
 from trainroom.core.health.sanity import SanityTracker
-from trainroom.core.protocol import RequestedConfig
+from trainroom.core.wire.protocol import RequestedConfig
 
 TH = Thresholds()
 

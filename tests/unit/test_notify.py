@@ -21,17 +21,17 @@ import pytest
 from tests.support.helpers import run_cli
 from tests.support.receiver import receiver
 from tests.support.waiting import wait_for
-from trainroom.core import config as cfg
-from trainroom.core import protocol as p
-from trainroom.core import sections
+from trainroom.core.configuration import config as cfg
+from trainroom.core.configuration import sections
+from trainroom.core.configuration.settings import LaunchOptions, NotifyOptions, notify_settings
 from trainroom.core.findings import Finding
 from trainroom.core.notify import alert as shapes
 from trainroom.core.notify.alerts import Alerts
 from trainroom.core.notify.channels import CommandChannel, DeliveryError, HttpChannel, channels_from
 from trainroom.core.notify.dispatch import ChannelWorker, Delivery, Dispatcher, TokenBucket
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import LaunchOptions, NotifyOptions, notify_settings
 from trainroom.core.units import redact_command, redact_url
+from trainroom.core.wire import protocol as p
 
 SECRET = "T0KEN-s3cr3t-4242"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.host import host_ram_low
 from trainroom.core.health.progress import slow_check

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.tui_fakes import T0, build_state, dead_run_records, healthy_records
-from trainroom.core import protocol as p
 from trainroom.core.actions.registry import REGISTRY
 from trainroom.core.findings import Finding
 from trainroom.core.run.causes import fold
+from trainroom.core.wire import protocol as p
 
 
 def _raised(code: str, t: float, **kw: Any) -> p.FindingRaised:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.tui_fakes import T0, build_state, dead_run_records, healthy_records
-from trainroom.core import protocol as p
 from trainroom.core.actions.offered import KEEPER_GONE, offered_only
 from trainroom.core.findings import Finding
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import finding_lines
+from trainroom.core.wire import protocol as p
 
 
 def _raised(code: str, t: float, action: str, **kw: Any) -> p.FindingRaised:

@@ -14,7 +14,7 @@ import trainroom
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADLESS = [
-    "trainroom.core.protocol",
+    "trainroom.core.wire.protocol",
     "trainroom.core.keeper.loop",
     "trainroom.core.cli.main",
     "trainroom.core.run.status",

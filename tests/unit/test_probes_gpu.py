@@ -14,13 +14,13 @@ import pynvml
 import pytest
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core import protocol as p
 from trainroom.core.health.watchdog import WatchContext, Watchdog
 from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.fake_nvml import FakeNvml, write_scenario
 from trainroom.core.probes.gpu import FOREIGN_NAMESPACE, PER_PROCESS_NA, GpuProbe, load_nvml
 from trainroom.core.probes.procs import start_ticks as procs_start_ticks
 from trainroom.core.samples import GpuDevice, HostSample, Leftover
+from trainroom.core.wire import protocol as p
 
 GIB = 1 << 30
 

@@ -27,8 +27,8 @@ from trainroom.core.probes.procs import (
     trainer_duplicates,
     wait_exit,
 )
-from trainroom.core.protocol import ProbeSample
 from trainroom.core.samples import Duplicate
+from trainroom.core.wire.protocol import ProbeSample
 
 SLEEPER = "import time; time.sleep(60)"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import Journal, NotAFile, read_first, read_journal, record_crc_at
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 
 
 def test_every_trainer_message_round_trips_through_a_frame() -> None:

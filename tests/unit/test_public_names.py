@@ -31,9 +31,9 @@ CURRENT = [
     "trainroom.core.sdk.tracer.NonFiniteTracer",
     *(f"trainroom.core.sdk.{name}" for name in sdk.__all__),
     *(f"trainroom.{name}" for name in trainroom.__all__),
-    "trainroom.core.protocol.Hello",
-    "trainroom.core.protocol.Step",
-    "trainroom.core.protocol.frame",
+    "trainroom.core.wire.protocol.Hello",
+    "trainroom.core.wire.protocol.Step",
+    "trainroom.core.wire.protocol.frame",
     "trainroom.cli.main",
     "trainroom.integrations.hf.TrainroomCallback",
     "trainroom.integrations.lightning.TrainroomCallback",
@@ -53,6 +53,8 @@ DEPRECATED = {
         for n in ("reimpose_lr", "LrChange", "requested_from_argv")
     },
     "trainroom.core.tracer.NonFiniteTracer": "trainroom.NonFiniteTracer",
+    # The wire protocol, documented at its module before core's single modules became packages.
+    **{f"trainroom.core.protocol.{n}": "trainroom.core.wire.protocol" for n in ("Hello", "Step", "frame")},
     **{
         f"trainroom.core.checkpoints.{n}": "trainroom.save_checkpoint"
         for n in (
@@ -188,6 +190,7 @@ OLD_MODULES = (
     "trainroom.core.lr",
     "trainroom.core.tracer",
     "trainroom.core.checkpoints",
+    "trainroom.core.protocol",
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions
 from trainroom.core.health.life import dead_finding, launcher_name, unwatched_checkpoints
 from trainroom.core.health.ranks import rank_restarted
 from trainroom.core.health.watchdog import WatchContext
@@ -19,7 +19,7 @@ from trainroom.core.keeper.workers import RANKS_WAIT_S, crash_rank, log_rank
 from trainroom.core.probes.runof import RunOf
 from trainroom.core.probes.workers import prefixed_rank
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import JobOptions, LaunchOptions
+from trainroom.core.wire import protocol as p
 
 T0 = 1_000_000.0
 TORCHRUN = ["python", "-m", "torch.distributed.run", "--nnodes=2", "train.py"]

@@ -7,12 +7,12 @@ import shlex
 import msgspec
 import pytest
 
-from trainroom.core import config as cfg
-from trainroom.core import sections
+from trainroom.core.configuration import config as cfg
+from trainroom.core.configuration import sections
+from trainroom.core.configuration.settings import job_options
 from trainroom.core.remote import ssh
 from trainroom.core.remote.link import Backoff, Reachability
 from trainroom.core.remote.target import SshTarget, TargetError, parse_target
-from trainroom.core.settings import job_options
 
 
 @pytest.mark.parametrize(

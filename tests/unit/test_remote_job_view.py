@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions
 from trainroom.core.job.actions import compare_stacks, main_thread_frames, parked_at
 from trainroom.core.job.view import NodeReading, job_dict, worst
 from trainroom.core.remote.link import Reachability
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import JobOptions, LaunchOptions
+from trainroom.core.wire import protocol as p
 
 T0 = 1_000_000.0
 

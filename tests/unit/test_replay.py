@@ -9,7 +9,6 @@ import math
 import msgspec
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.cli.replay import verdict
 from trainroom.core.findings import Finding
 from trainroom.core.keeper.batches import BatchWindow
@@ -17,6 +16,7 @@ from trainroom.core.run.handlers.findings import BATCH_LOGS
 from trainroom.core.run.state import RunState
 from trainroom.core.sdk.replay import ReplayRequest, replay_env, replay_request
 from trainroom.core.sdk.reporter import batch_ref
+from trainroom.core.wire import protocol as p
 
 
 def _step(attempt: int, rank: int, step: int, loss: float, index: int | None = None) -> p.Received:

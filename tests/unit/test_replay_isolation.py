@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.ops import isolate
 from trainroom.core.ops.replayplace import PlaceError, parse_device, place
 from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample
 from trainroom.core.sdk.replay import ReplayRequest, replay_env, replay_request
+from trainroom.core.wire import protocol as p
 
 GIB = 1 << 30
 

@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.sdk import reporter as reporter
+from trainroom.core.wire import protocol as p
 
 
 def test_connect_without_a_keeper_is_a_no_op(monkeypatch) -> None:

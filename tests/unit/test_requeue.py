@@ -14,12 +14,12 @@ from trainroom.core.ckpt import promote as pr
 from trainroom.core.ckpt.digest import digest_file
 from trainroom.core.ckpt.report import VerifyReport
 from trainroom.core.cli.requeue import same_task, task_run
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions
 from trainroom.core.keeper.requeue import job_best, pending
 from trainroom.core.ops.resume import ResumeInputs, WatchedTarget, plan_resume
 from trainroom.core.run import store
 from trainroom.core.run.state import AttemptView, RunState
 from trainroom.core.sdk.lr import requested_from_argv
-from trainroom.core.settings import JobOptions, LaunchOptions
 from trainroom.core.slurm.place import SlurmPlace
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.handlers.findings import RESOLVED
 from trainroom.core.run.state import RunState, from_snapshot, to_snapshot
+from trainroom.core.wire import protocol as p
 
 
 def _state() -> RunState:

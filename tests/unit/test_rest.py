@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import watch
 from trainroom.core.ckpt.report import VerifyReport
 from trainroom.core.keeper.pipeline import settling
@@ -12,6 +11,7 @@ from trainroom.core.keeper.rest import Quiet, at_rest, linger_over, machine_open
 from trainroom.core.run.live import runs_trainer
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.samples import Leftover, ProcsSample
+from trainroom.core.wire import protocol as p
 
 IDLE = Quiet(trainer=False, ending=False, acting=False, verifying=False)
 

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 from tests.support.synthetic import make_run_dir, run_records, view_bytes, write_run
-from trainroom.core import protocol as p
-from trainroom.core.config import decode_config
+from trainroom.core.configuration.config import decode_config
+from trainroom.core.configuration.sections import JournalPolicy
 from trainroom.core.journal import replay, segments, snapshot
 from trainroom.core.journal.file import read_frames, read_journal
 from trainroom.core.journal.writer import JournalWriter
 from trainroom.core.run import store
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.wire import protocol as p
 
 # 64 KiB segments: a few thousand steps fill one.
 SEGMENTED = JournalPolicy(snapshot_records=1000, batch_rows=64, segment_mib=0.0625)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from trainroom.core import failpoints
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health import rules
 from trainroom.core.health.context import Memory, WatchContext
@@ -17,7 +17,7 @@ from trainroom.core.health.guard import Guard
 from trainroom.core.health.rules import KEEPER, SANITY, WATCHDOG, KeeperFacts, Rule, Watched, judge
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.journal.file import JournalHealth
-from trainroom.core.protocol import RequestedConfig
+from trainroom.core.wire.protocol import RequestedConfig
 
 
 def _watched() -> Watched:

@@ -10,13 +10,13 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from tests.support.tui_fakes import T0, build_state, healthy_records
-from trainroom.core import protocol as p
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.health.gpu import ghost_measure
 from trainroom.core.health.watchdog import WatchContext
 from trainroom.core.run import figures as fig
 from trainroom.core.run.status import status_dict
 from trainroom.core.samples import GpuDevice, GpuProcess, GpuSample
+from trainroom.core.wire import protocol as p
 from trainroom.tui import figures as views
 
 GIB = 1 << 30

@@ -16,14 +16,14 @@ import pytest
 
 from tests.support.helpers import run_cli
 from tests.support.synthetic import make_run_dir, run_records, write_run
-from trainroom.core import protocol as p
+from trainroom.core.configuration.sections import JournalPolicy
 from trainroom.core.health.diskguard import DiskUsage
 from trainroom.core.health.statedisk import StateDisk, observe, state_disk_low
 from trainroom.core.journal.file import Journal
 from trainroom.core.journal.writer import JournalUsage
 from trainroom.core.probes.procs import start_ticks
 from trainroom.core.run import store, summary
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.wire import protocol as p
 
 POLICY = JournalPolicy(snapshot_records=1000, batch_rows=128)
 

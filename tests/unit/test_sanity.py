@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.ranks import rank_deviations
 from trainroom.core.health.sanity import CODES, SanityTracker
 from trainroom.core.health.sanity_rules import lr_out_of_band
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.figures import headline_loss
+from trainroom.core.wire.protocol import RequestedConfig
 
 V = 50257
 LNV = math.log(V)
@@ -546,8 +546,8 @@ def test_thresholds_are_the_configs_with_the_documented_defaults() -> None:
 
 
 def test_folds_the_keepers_records_in_journal_order() -> None:
-    from trainroom.core import protocol as p
     from trainroom.core.sdk.lr import requested_from_argv
+    from trainroom.core.wire import protocol as p
 
     argv = ["python", "train.py", "--lr", "1e-4"]
     records = [

@@ -186,7 +186,7 @@ def test_bad_sizes_are_refused() -> None:
 
 
 def test_folds_the_keepers_records() -> None:
-    from trainroom.core import protocol as p
+    from trainroom.core.wire import protocol as p
 
     s = Series()
     recs = [

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainroom.core import config as cfg
-from trainroom.core.config import ConfigError, decode_config
+from trainroom.core.configuration import config as cfg
+from trainroom.core.configuration.config import ConfigError, decode_config
 from trainroom.core.keeper.timeleft import SaveClock
 from trainroom.core.run.state import CheckpointView, RankView, RunState
 from trainroom.core.slurm import timeleft as tl

@@ -11,13 +11,13 @@ from pathlib import Path
 import msgspec
 
 from tests.support.synthetic import make_run_dir, run_records, view_bytes, write_run
-from trainroom.core import protocol as p
+from trainroom.core.configuration.sections import JournalPolicy
 from trainroom.core.journal import replay, snapshot
 from trainroom.core.journal.file import read_journal
 from trainroom.core.journal.writer import JournalWriter
 from trainroom.core.run import store
 from trainroom.core.run.series import Series
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.wire import protocol as p
 
 SMALL = JournalPolicy(snapshot_records=1000, batch_rows=128)
 

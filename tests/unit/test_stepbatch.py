@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.synthetic import f32, run_records
-from trainroom.core import protocol as p
 from trainroom.core.journal import stepbatch
 from trainroom.core.journal.file import Journal, read_frames, read_journal
+from trainroom.core.wire import protocol as p
 
 T = 1_780_000_000.0
 

@@ -16,7 +16,6 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.findings import Target
 from trainroom.core.health.context import WatchContext
 from trainroom.core.health.host import duplicate_findings
@@ -26,6 +25,7 @@ from trainroom.core.ops.target_kill import plan_target_kill
 from trainroom.core.probes.leftovers import run_leftovers
 from trainroom.core.probes.procs import start_ticks
 from trainroom.core.samples import Duplicate
+from trainroom.core.wire import protocol as p
 
 # A parent that starts a child in a session of its own, then sleeps: the target and a descendant.
 PARENT = """

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core.health.sanity import SanityTracker
 from trainroom.core.sdk.reporter import NullReporter, Reporter
 from trainroom.core.sdk.tracer import INPUT, NonFiniteTracer
+from trainroom.core.wire import protocol as p
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -22,7 +22,7 @@ from trainroom.core.ckpt.rules import findings_for_report, rejected_finding
 from trainroom.core.ckpt.verifier import WarmVerifier, verify_in_subprocess
 from trainroom.core.health.crash import masked_error
 from trainroom.core.health.host import host_ram_low
-from trainroom.core.protocol import error_chain
+from trainroom.core.wire.protocol import error_chain
 
 
 @pytest.fixture

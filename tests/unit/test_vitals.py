@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 
 from tests.support.tui_fakes import T0, GiB, build_state, healthy_records
-from trainroom.core import protocol as p
 from trainroom.core.run.series import Series, SeriesSnapshot
 from trainroom.core.run.vitals import MAX_SAMPLES, RECENT_S, VitalsClock, VitalsHistory, vitals_of
 from trainroom.core.samples import ProcRow, ProcsSample, VitalsSample
+from trainroom.core.wire import protocol as p
 
 
 def test_a_probe_gives_the_figures_and_none_where_nothing_was_measured() -> None:

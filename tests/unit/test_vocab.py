@@ -13,7 +13,6 @@ from typing import Any, cast, get_args
 import msgspec
 import pytest
 
-from trainroom.core import protocol as p
 from trainroom.core import vocab
 from trainroom.core.ckpt import dirs, targets
 from trainroom.core.findings import Finding
@@ -23,6 +22,7 @@ from trainroom.core.notify import alert
 from trainroom.core.run import summary
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
+from trainroom.core.wire import protocol as p
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainroom"
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SNIPPET = """\
 from pathlib import Path
 
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 from trainroom.core.ckpt import targets
 from trainroom.core.findings import Finding
 from trainroom.core.run.state import RunState

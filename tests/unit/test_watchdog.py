@@ -18,8 +18,7 @@ import msgspec
 import pytest
 
 from tests.support.run_builder import RunBuilder
-from trainroom.core import protocol as p
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.health.crash import masked_error
 from trainroom.core.health.host import host_ram_low
 from trainroom.core.health.watchdog import (
@@ -40,6 +39,7 @@ from trainroom.core.samples import (
     LockInfo,
     ProcsSample,
 )
+from trainroom.core.wire import protocol as p
 
 GIB = 1 << 30
 
@@ -741,8 +741,8 @@ def test_duplicate_trainer_names_both_pids() -> None:
 
 
 def test_the_watchdog_judges_by_the_configs_thresholds() -> None:
-    from trainroom.core.config import decode_config
-    from trainroom.core.sections import ConfigError
+    from trainroom.core.configuration.config import decode_config
+    from trainroom.core.configuration.sections import ConfigError
 
     th = decode_config(
         "[thresholds]\nstall_floor_s = 20.0\nslow_steps = 7\nhost_ram_low_gib = 4.0\npark_slack_s = 1.5\n"

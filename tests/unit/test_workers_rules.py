@@ -16,13 +16,13 @@ import pytest
 
 from tests.support.run_builder import RunBuilder
 from tests.support.waiting import wait_for
-from trainroom.core import protocol as p
 from trainroom.core.health.watchdog import WatchContext, Watchdog, context_from_probe
 from trainroom.core.keeper.workers import WorkerWatch
 from trainroom.core.probes.procs import read_stat
 from trainroom.core.run.state import RunState
 from trainroom.core.run.status import rank_rows, status_dict
 from trainroom.core.samples import ProcsSample, Worker
+from trainroom.core.wire import protocol as p
 
 TORCHRUN = ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
 LEADER = 4242

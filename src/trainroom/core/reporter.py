@@ -7,8 +7,8 @@ Nothing inside trainroom imports it (the layer contracts in pyproject.toml).
 
 import warnings
 
-from trainroom.core.protocol import error_chain
 from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current
+from trainroom.core.wire.protocol import error_chain
 
 __all__ = ["NullReporter", "Reporter", "connect", "current", "error_chain"]
 

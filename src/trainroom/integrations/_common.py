@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainroom.core.logformats import number
+from trainroom.core.logs.logformats import number
 from trainroom.core.sdk.reporter import NullReporter, Reporter, connect
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -31,7 +31,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from trainroom.core.actions import options
 from trainroom.core.actions.registry import REGISTRY
-from trainroom.core.protocol import Reply, confirming
+from trainroom.core.wire.protocol import Reply, confirming
 
 from .evidence import ActionOutcome
 from .link import KeeperLink

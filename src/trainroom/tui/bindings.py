@@ -17,7 +17,7 @@ from textual.keys import _character_to_key, format_key
 
 from trainroom.core.actions.registry import DESTRUCTIVE as DESTRUCTIVE  # asks first (the help says)
 from trainroom.core.actions.registry import NAMES, SPECS
-from trainroom.core.sections import Keys
+from trainroom.core.configuration.sections import Keys
 
 # Actions the keeper carries out, by name (the protocol's `Request.action`), in key order.
 KEEPER_ACTIONS: tuple[str, ...] = NAMES

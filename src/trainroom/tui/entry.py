@@ -8,9 +8,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainroom.core.config import load_config
+from trainroom.core.configuration.config import load_config
+from trainroom.core.configuration.sections import ConfigError
 from trainroom.core.run.store import RunError
-from trainroom.core.sections import ConfigError
 
 from . import theming
 from .app import ControlRoom

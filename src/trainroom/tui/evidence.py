@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import msgspec
 
 from trainroom.core.actions.words import hidden, plan_fields, record_line, value_text, words
-from trainroom.core.protocol import Reply
+from trainroom.core.wire.protocol import Reply
 
 from . import fmt
 

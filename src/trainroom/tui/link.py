@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from trainroom.core.protocol import Record, Reply
 from trainroom.core.run import store as runs
 from trainroom.core.run import summary
 from trainroom.core.run.client import KeeperClient, snapshot
@@ -19,6 +18,7 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
+from trainroom.core.wire.protocol import Record, Reply
 
 from .overview import RunRow, by_job, row_of, row_of_summary, unreadable
 

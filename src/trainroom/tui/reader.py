@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from trainroom.core import protocol as p
 from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
+from trainroom.core.wire import protocol as p
 
 from .link import KeeperLink
 

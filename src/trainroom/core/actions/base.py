@@ -18,10 +18,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.actions import options, words
 from trainroom.core.actions.options import arg as arg  # what each Args field declares
 from trainroom.core.ckpt.report import Expected, VerifyReport
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.health.diskguard import DiskUsage
 from trainroom.core.ops.resume import ResumePlan
 from trainroom.core.probes.gpu import GpuProbe
@@ -29,8 +29,8 @@ from trainroom.core.run.ended import live_attempt as live_attempt
 from trainroom.core.run.ended import not_running as not_running
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import DiskSample
-from trainroom.core.settings import RunSettings
 from trainroom.core.vocab import ActionName
+from trainroom.core.wire import protocol as p
 
 Reply = Callable[[p.Reply], None]
 Say = Callable[[str], None]

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from trainroom.core import argtypes
 from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
+from trainroom.core.configuration import argtypes
 from trainroom.core.ops.bench import describe, device_arg, run_bench, seconds_arg
 
 

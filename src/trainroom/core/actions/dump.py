@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-from trainroom.core import argtypes
 from trainroom.core.actions.base import (
     Action,
     ActionSpec,
@@ -27,6 +26,7 @@ from trainroom.core.actions.base import (
     live_attempt,
     not_running,
 )
+from trainroom.core.configuration import argtypes
 from trainroom.core.ops import flight
 from trainroom.core.ops.stacks import DumpTarget, dump_stacks, dump_targets
 from trainroom.core.run.state import RunState

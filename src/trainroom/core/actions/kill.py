@@ -15,8 +15,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-from trainroom.core import argtypes
-from trainroom.core import protocol as p
 from trainroom.core.actions.base import (
     Action,
     ActionSpec,
@@ -32,8 +30,9 @@ from trainroom.core.actions.base import (
     not_running,
     procs,
 )
+from trainroom.core.configuration import argtypes
 from trainroom.core.findings import Finding
-from trainroom.core.loglines import NOT_STEPS, step_words
+from trainroom.core.logs.loglines import NOT_STEPS, step_words
 from trainroom.core.ops.kill import KILL_CONFIRM_S, KillPlan, execute_kill, plan_kill
 from trainroom.core.ops.members import Lifetime
 from trainroom.core.ops.signal_one import ENDS, SIGNALS, SignalPlan, execute_signal, plan_signal, signal_name
@@ -41,6 +40,7 @@ from trainroom.core.ops.target_kill import plan_target_kill
 from trainroom.core.ops.vram import run_vram_probe
 from trainroom.core.run.parts import AttemptView
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 
 # After a kill's grace and confirmation, how long its target's end still counts as "stopped".
 STOP_MARGIN_S = 10.0

@@ -10,13 +10,13 @@ from typing import Annotated
 
 import msgspec
 
-from trainroom.core import argtypes
-from trainroom.core import protocol as p
 from trainroom.core.actions import words
 from trainroom.core.actions.base import Action, ActionSpec, Args, Call, Keeper, Outcome, Plan, Refused, arg
+from trainroom.core.configuration import argtypes
 from trainroom.core.ops import prune as pruning
 from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_bytes
+from trainroom.core.wire import protocol as p
 
 
 class PruneArgs(Args, kw_only=True):

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import completeness as completeness
 from trainroom.core.ckpt import formats as formats
 from trainroom.core.ckpt import inventory as inventory
@@ -53,6 +52,7 @@ from trainroom.core.probes.host import read_meminfo
 from trainroom.core.resumable import Completeness
 from trainroom.core.units import fmt_bytes
 from trainroom.core.vocab import DirKind, TensorRole
+from trainroom.core.wire import protocol as p
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import archive as archive
 from trainroom.core.ckpt import completeness as completeness
 from trainroom.core.ckpt import formats as formats
@@ -37,6 +36,7 @@ from trainroom.core.probes.host import read_meminfo
 from trainroom.core.resumable import Completeness
 from trainroom.core.units import fmt_bytes
 from trainroom.core.vocab import TensorRole
+from trainroom.core.wire import protocol as p
 
 # An mmap load reads pages through the page cache; statistics copy at most a few chunks.
 MMAP_VERIFY_NEED = 256 << 20

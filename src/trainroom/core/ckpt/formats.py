@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt.inventory import walk
 from trainroom.core.ckpt.report import Format
+from trainroom.core.wire import protocol as p
 
 if TYPE_CHECKING:
     import torch

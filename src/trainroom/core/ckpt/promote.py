@@ -19,12 +19,12 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import digest as digest
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.dirs import dir_digest
 from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
+from trainroom.core.wire import protocol as p
 
 
 class CandidateChanged(layout.CheckpointError):

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt.digest import DIGEST_ALGO
 from trainroom.core.resumable import Completeness
 from trainroom.core.vocab import CkptFormat, OutlierKind, TensorRole
+from trainroom.core.wire import protocol as p
 
 # What a checkpoint is: a file's format from its first bytes (formats.sniff_format), or a
 # directory checkpoint (a Hugging Face `checkpoint-N/`, a torch.distributed.checkpoint directory).

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import targets as targets
 from trainroom.core.ckpt.report import Expected, Previous, VerifyReport, journal_report
 from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.findings import Finding
 from trainroom.core.vocab import WatchedState
+from trainroom.core.wire import protocol as p
 
 SETTLE_S = 2.0
 

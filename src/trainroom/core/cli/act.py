@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainroom.core import protocol as p
 from trainroom.core.actions import options, render, words
 from trainroom.core.actions.registry import CANCELLABLE, REGISTRY
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
-from trainroom.core.config import load_config
+from trainroom.core.configuration.config import load_config
 from trainroom.core.journal.file import Journal
 from trainroom.core.ops.bench import describe, run_bench
 from trainroom.core.ops.kill import execute_kill, plan_kill
@@ -26,6 +25,7 @@ from trainroom.core.run.attach import take_up
 from trainroom.core.run.client import KeeperClient
 from trainroom.core.run.gone import orphaned_trainer
 from trainroom.core.run.store import RunError
+from trainroom.core.wire import protocol as p
 
 
 def add_parsers(sub: Any) -> None:

@@ -8,11 +8,11 @@ import argparse
 import sys
 from typing import Any
 
-from trainroom.core import argtypes
 from trainroom.core.cli.errors import CliError
+from trainroom.core.configuration import argtypes
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.probes.adopt import Adoptee, AdoptRefused, Candidate, candidates, inspect
 from trainroom.core.run.attach import attach
-from trainroom.core.settings import LaunchOptions
 from trainroom.core.units import fmt_duration
 
 

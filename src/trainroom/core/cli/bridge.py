@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.cli.errors import EXIT_BAD_INPUT
 from trainroom.core.job.discover import newest_run_of
 from trainroom.core.remote.relay import relay, write_all
@@ -29,6 +28,7 @@ from trainroom.core.run.address import is_remote
 from trainroom.core.run.client import BUSY_TRIES
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.vocab import KeeperWord
+from trainroom.core.wire import protocol as p
 
 STDIN, STDOUT = 0, 1
 

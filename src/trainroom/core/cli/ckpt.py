@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.actions.prune import Prune
 from trainroom.core.ckpt import layout as layout
 from trainroom.core.ckpt import targets as targets
@@ -24,6 +23,7 @@ from trainroom.core.ops import prune as pruning
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.units import fmt_bytes, to_json
+from trainroom.core.wire import protocol as p
 
 if TYPE_CHECKING:
     # What `ArgumentParser.add_subparsers()` returns (generic only to the type checker).

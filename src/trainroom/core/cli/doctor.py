@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from trainroom.core.cli.errors import CliError
+from trainroom.core.configuration.settings import ENV_PROC_ROOT, ENV_SYS_ROOT, HostRoots
 from trainroom.core.ops.doctor import DoctorOptions, GpuChoice, render, run_doctor
 from trainroom.core.run import store
-from trainroom.core.settings import ENV_PROC_ROOT, ENV_SYS_ROOT, HostRoots
 from trainroom.core.units import to_json
 
 EPILOG = """\

@@ -14,15 +14,15 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.cli.errors import CliError
-from trainroom.core.config import Eval, load_config
+from trainroom.core.configuration.config import Eval, load_config
+from trainroom.core.configuration.sections import ConfigError
+from trainroom.core.configuration.settings import eval_policy
 from trainroom.core.ops.evaluate import evaluate
 from trainroom.core.run import store as runs
 from trainroom.core.run.parts import CheckpointView
-from trainroom.core.sections import ConfigError
-from trainroom.core.settings import eval_policy
 from trainroom.core.units import to_json
+from trainroom.core.wire import protocol as p
 
 # Two figures agree when they round to the same 4th decimal (half a unit of it apart at most).
 TOLERANCE = 5e-5

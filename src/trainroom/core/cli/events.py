@@ -15,13 +15,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from trainroom.core import protocol as p
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.events import EVENT_RECORDS, Event, EventFold, to_json, to_text
 from trainroom.core.run.status_text import printable
 from trainroom.core.units import fmt_clock
+from trainroom.core.wire import protocol as p
 
 
 def add_parser(sub: Any) -> None:

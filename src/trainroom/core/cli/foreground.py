@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.run import store
 from trainroom.core.sdk.requests import write_request
-from trainroom.core.settings import LaunchOptions
 
 # A new job started from an old one's checkpoint (`job slurm:JOBID --resume` of a job slurmctld
 # forgot prints an sbatch with it): the old job's name, whose newest verified checkpoint is resumed.

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from trainroom.core import argtypes
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
+from trainroom.core.configuration import argtypes
 from trainroom.core.job import actions
 from trainroom.core.job.nodes import job_name, node_refs, read_nodes
 from trainroom.core.job.view import job_dict

@@ -9,13 +9,13 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import argtypes
 from trainroom.core.cli.errors import CliError
-from trainroom.core.config import check_template
+from trainroom.core.configuration import argtypes
+from trainroom.core.configuration.config import check_template
+from trainroom.core.configuration.sections import ConfigError, check_command, check_url
+from trainroom.core.configuration.settings import JobOptions, LaunchOptions, NotifyOptions, job_options
 from trainroom.core.run.launch import launch
 from trainroom.core.run.launch import launch_options as launch_options_from
-from trainroom.core.sections import ConfigError, check_command, check_url
-from trainroom.core.settings import JobOptions, LaunchOptions, NotifyOptions, job_options
 
 MAX_LINGER_S = 30 * 86400.0
 

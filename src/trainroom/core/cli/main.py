@@ -19,7 +19,7 @@ from trainroom.core.cli.verbs import VERBS, OpenTui
 ONE_LINE_ERRORS = (
     ("trainroom.core.run.store", "RunError"),
     ("trainroom.core.run.client", "KeeperGone"),
-    ("trainroom.core.sections", "ConfigError"),
+    ("trainroom.core.configuration.sections", "ConfigError"),
     ("trainroom.core.remote.ssh", "Unreachable"),
     ("trainroom.core.remote.ssh", "RemoteRefused"),
 )

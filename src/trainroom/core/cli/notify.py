@@ -23,16 +23,16 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import config as cfg
-from trainroom.core import sections
 from trainroom.core.cli.errors import CliError
+from trainroom.core.configuration import config as cfg
+from trainroom.core.configuration import sections
+from trainroom.core.configuration.settings import NotifyOptions, notify_settings
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.channels import channels_from
 from trainroom.core.notify.dispatch import Dispatcher
 from trainroom.core.run import store as runs
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.run.store import RunError, RunInfo
-from trainroom.core.settings import NotifyOptions, notify_settings
 from trainroom.core.units import redact_url, to_json
 
 NONE_CONFIGURED = (

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainroom.core import protocol as p
 from trainroom.core.cli.errors import CliError
 from trainroom.core.ops import isolate
 from trainroom.core.ops.evaluate import figure_in, run_bounded
@@ -38,6 +37,7 @@ from trainroom.core.run.parts import CheckpointView
 from trainroom.core.run.state import RunState
 from trainroom.core.sdk.replay import ENV_OF, ReplayRequest, replay_env
 from trainroom.core.units import to_json
+from trainroom.core.wire import protocol as p
 
 REPLAY_PATTERN = r"replay_loss=(?P<loss>\S+)"
 # What the run's keeper gave its trainer and a replay must not have: it runs on its own.

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import msgspec
 
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.job.discover import job_runs
 from trainroom.core.run import store
 from trainroom.core.run.launch import check_command, check_config, check_options, launch_keeper, spawn_keeper
 from trainroom.core.run.store import RunError, RunInfo
-from trainroom.core.settings import LaunchOptions
 from trainroom.core.slurm.place import SlurmPlace
 
 # The old step's keeper is ended by Slurm before the job is requeued; one still here (the same

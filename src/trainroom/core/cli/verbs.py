@@ -65,8 +65,8 @@ def add_status(sub: Any) -> None:
 
 
 def add_runs(sub: Any) -> None:
-    from trainroom.core import argtypes
     from trainroom.core.cli import show
+    from trainroom.core.configuration import argtypes
 
     sp = sub.add_parser("runs", help="list runs (or let old ones go: --prune-older-than)")
     sp.add_argument("--json", action="store_true")

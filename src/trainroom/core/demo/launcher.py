@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainroom.core import argtypes
 from trainroom.core.actions.offered import offered_only
+from trainroom.core.configuration import argtypes
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.demo.faults import FAULTS
 from trainroom.core.ops.doctor import TorchView, torch_view
 from trainroom.core.run import store as runs
@@ -21,7 +22,6 @@ from trainroom.core.run.client import KeeperGone, snapshot
 from trainroom.core.run.launch import launch
 from trainroom.core.run.status import status_dict
 from trainroom.core.run.status_text import status_lines
-from trainroom.core.settings import LaunchOptions
 
 NVML_FAULTS = {"ghost-memory", "orphan-context", "gpu-throttle"}
 # The demo ends by itself: this many steps (at the default --step-delay, a few minutes on a CPU),

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.samples import Duplicate, GpuSample, HostSample, Leftover, LockInfo, Worker
+from trainroom.core.wire import protocol as p
 
 
 class WatchContext(msgspec.Struct, kw_only=True):

@@ -12,13 +12,13 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.life import death_cause
-from trainroom.core.loglines import tqdm_bar
+from trainroom.core.logs.loglines import tqdm_bar
 from trainroom.core.run.state import RunState
 from trainroom.core.units import errno_name
+from trainroom.core.wire import protocol as p
 
 # --------------------------------------------------------------------------- MASKED_ERROR
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import Guard
 from trainroom.core.health.lr_runaway import RunawayCheck
@@ -52,8 +52,8 @@ from trainroom.core.health.sanity_rules import (
     white_model_finding,
     white_model_open,
 )
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.figures import ln_v
+from trainroom.core.wire.protocol import RequestedConfig
 
 LrPhase = Literal["pending", "open", "done"]
 

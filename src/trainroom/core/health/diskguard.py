@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding, Severity
 from trainroom.core.probes import listing
 from trainroom.core.samples import DiskSample

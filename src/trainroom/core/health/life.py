@@ -9,15 +9,15 @@ import os
 import re
 import signal
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import WatchContext
-from trainroom.core.loglines import NOT_STEPS, step_words
+from trainroom.core.logs.loglines import NOT_STEPS, step_words
 from trainroom.core.run.ended import clean_exit, how_ended
 from trainroom.core.run.parts import AttemptView, WorkerView
 from trainroom.core.run.state import RunState
 from trainroom.core.units import fmt_bytes, signal_name
 from trainroom.core.vocab import WatchState
+from trainroom.core.wire import protocol as p
 
 
 def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[WatchState, str, list[Finding]]:

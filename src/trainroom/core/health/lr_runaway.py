@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.robust import finite
 from trainroom.core.health.sanity_rules import fmt_value

@@ -16,11 +16,11 @@ from __future__ import annotations
 import statistics
 from typing import Any, NamedTuple
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.health.gpufaults import throttled_devices
-from trainroom.core.loglines import unread_words
+from trainroom.core.logs.loglines import unread_words
 from trainroom.core.run.figures import median_interval, phase_bound, progress_bound, warmup_bound
 from trainroom.core.run.parts import AttemptView, RankView
 from trainroom.core.run.state import RunState

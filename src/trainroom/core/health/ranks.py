@@ -13,7 +13,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.robust import robust_level
 from trainroom.core.health.sanity_rules import DEFAULT_THRESHOLDS, fmt_value

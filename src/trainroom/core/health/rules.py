@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.completeness import ckpt_incomplete
 from trainroom.core.health.context import Memory, WatchContext

@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from trainroom.core import protocol as p
 from trainroom.core import vocab
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.detectors import Detectors, Facts
 from trainroom.core.health.guard import Guard
@@ -29,8 +28,9 @@ from trainroom.core.health.ranks import RankObservations
 from trainroom.core.health.robust import finite
 from trainroom.core.health.rules import SANITY, judge
 from trainroom.core.health.sanity_rules import DEFAULT_THRESHOLDS, TracerReport
-from trainroom.core.protocol import RequestedConfig
 from trainroom.core.run.figures import HeadlineLoss, headline_loss
+from trainroom.core.wire import protocol as p
+from trainroom.core.wire.protocol import RequestedConfig
 
 CODES = vocab.SANITY_CODES
 

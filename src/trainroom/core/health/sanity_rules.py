@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.robust import finite
 from trainroom.core.run.figures import ln_v

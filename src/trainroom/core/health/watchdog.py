@@ -25,9 +25,8 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core import vocab
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.findings import Finding
 from trainroom.core.health.context import Memory, WatchContext
 from trainroom.core.health.crash import crash_from_log, repeat_death
@@ -41,6 +40,7 @@ from trainroom.core.run.figures import median_interval, progress_bound
 from trainroom.core.run.handlers.ranks import INTERVALS
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import ProcsSample
+from trainroom.core.wire import protocol as p
 
 STATES = vocab.WATCH_STATES
 

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.job.nodes import NodeRef, address_of
 from trainroom.core.job.view import NodeReading
 from trainroom.core.run.client import KeeperClient, KeeperGone
 from trainroom.core.vocab import ActionName
+from trainroom.core.wire import protocol as p
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainroom.core.configuration.settings import JobOptions
 from trainroom.core.run import store
 from trainroom.core.run.store import RunError, RunInfo
-from trainroom.core.settings import JobOptions
 
 
 def job_of(info: RunInfo) -> JobOptions | None:

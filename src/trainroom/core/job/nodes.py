@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
+from trainroom.core.configuration.sections import Host
 from trainroom.core.job.discover import job_of, newest_job, newest_run_of
 from trainroom.core.job.view import NodeReading
 from trainroom.core.remote import reach, ssh
@@ -28,7 +29,6 @@ from trainroom.core.run.client import KeeperClient, KeeperGone, KeeperUnreachabl
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunError, RunInfo
 from trainroom.core.run.view import RunView
-from trainroom.core.sections import Host
 
 
 class NodeRef:

@@ -30,7 +30,6 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.job.discover import job_runs
 from trainroom.core.job.view import NodeReading
 from trainroom.core.remote.ssh import ENV_REMOTE_COMMAND
@@ -40,6 +39,7 @@ from trainroom.core.run.client import read_run
 from trainroom.core.run.state import from_snapshot
 from trainroom.core.run.store import RunError
 from trainroom.core.slurm.scontrol import JobInfo, NodeInfo, SlurmError, SlurmReader, exit_words
+from trainroom.core.wire import protocol as p
 
 SRUN_TIMEOUT_S = 20.0
 MAX_OUTPUT = 64 << 20

@@ -20,7 +20,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainroom.core import protocol as p
 from trainroom.core.remote.link import Reachability
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.parts import RankView
@@ -28,6 +27,7 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.status import status_dict
 from trainroom.core.units import fmt_clock, fmt_duration, signal_name
 from trainroom.core.vocab import KeeperWord, NodeState
+from trainroom.core.wire import protocol as p
 
 # Worst first: the job's state is the first of these any node is in.
 STATE_ORDER: tuple[NodeState, ...] = (

@@ -30,8 +30,8 @@ from typing import BinaryIO
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.journal import stepbatch
+from trainroom.core.wire import protocol as p
 
 _HEAD = struct.Struct(">II")  # body length, crc32 of the body
 MAX_RECORD = 16 << 20

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.journal import file as journal_mod
 from trainroom.core.journal.snapshot import fsync_dir
 from trainroom.core.journal.stepbatch import batchable
+from trainroom.core.wire import protocol as p
 
 ACTIVE_NAME = "journal.msgpack"
 NEXT_NAME = "journal.msgpack.next"

@@ -24,8 +24,8 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.vocab import StepSource
+from trainroom.core.wire import protocol as p
 
 CODEC = 1
 MASK = (1 << 64) - 1

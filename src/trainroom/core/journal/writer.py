@@ -29,12 +29,12 @@ from typing import Generic
 
 import msgspec
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.sections import JournalPolicy
 from trainroom.core.journal import file as journal_mod
 from trainroom.core.journal import replay, segments, snapshot, stepbatch
 from trainroom.core.journal.file import BACKLOG_BYTES, MAX_RECORD, Journal, JournalHealth
 from trainroom.core.journal.fold import Fold, V
-from trainroom.core.sections import JournalPolicy
+from trainroom.core.wire import protocol as p
 
 SUMMARY_S = 5.0  # at most one summary this often while the run changes
 RETENTION_CHECK_S = 600.0  # how often sealed segments are looked at for retention

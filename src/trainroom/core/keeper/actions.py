@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from trainroom.core import protocol as p
 from trainroom.core.actions.base import Outcome, Reply, Say, done_reply
 from trainroom.core.actions.registry import CANCELLABLE, NAMES, REGISTRY
 from trainroom.core.ckpt.report import Expected, VerifyReport
@@ -23,6 +22,7 @@ from trainroom.core.keeper.recovery import Resumer, watched_target
 from trainroom.core.ops.resume import ResumePlan
 from trainroom.core.probes.gpu import GpuProbe
 from trainroom.core.samples import DiskSample
+from trainroom.core.wire import protocol as p
 
 Handler = Callable[[p.Request, Reply], Awaitable[None]]
 KNOWN = NAMES

@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from trainroom.core import protocol as p
 from trainroom.core.probes.adopt import Adoptee
 from trainroom.core.probes.procs import same_start, wait_exit
 from trainroom.core.run.store import RunRecord
 from trainroom.core.sdk.lr import requested_from_argv
+from trainroom.core.wire import protocol as p
 
 UNKNOWN = "exit status unknown (attached, not its parent)"
 KMSG = "/dev/kmsg"

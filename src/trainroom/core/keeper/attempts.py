@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import psutil
 
-from trainroom.core import protocol as p
-from trainroom.core import settings as settings_mod
+from trainroom.core.configuration import settings as settings_mod
 from trainroom.core.keeper import adopt
 from trainroom.core.keeper.output import log_line
 from trainroom.core.keeper.verdicts import Verdicts
 from trainroom.core.keeper.workers import crash_rank, log_rank
 from trainroom.core.probes import procs
 from trainroom.core.sdk.lr import requested_from_argv
+from trainroom.core.wire import protocol as p
 
 FLOOR_WAIT_S = 5.0  # the longest an attempt's start waits to read the devices' memory floor
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
+from trainroom.core.wire import protocol as p
 
 WINDOW = 64
 REPLAY_CODES = frozenset({"LOSS_SPIKE", "DIVERGENCE", "NONFINITE"})

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import Quarantine
 from trainroom.core.ckpt.report import VerifyReport, journal_report
 from trainroom.core.ckpt.watch import Sighting, stat_one
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.findings import Finding
 from trainroom.core.keeper.evaltree import move_out, tree_state
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.evaluate import better, evaluate, implausible
-from trainroom.core.settings import RunSettings
+from trainroom.core.wire import protocol as p
 
 
 class EvalGate:

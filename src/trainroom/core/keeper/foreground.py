@@ -20,16 +20,16 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions, RunSettings
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.rest import Quiet
 from trainroom.core.keeper.timeleft import TimeLeftWatch
 from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.state import RunState
 from trainroom.core.sdk.requests import current_request, write_request
-from trainroom.core.settings import LaunchOptions, RunSettings
 from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
+from trainroom.core.wire import protocol as p
 
 # Between the kill plan's SIGTERM and SIGKILL: below Slurm's KillWait (30 s by default), which
 # SIGKILLs the whole step after it, keeper included.

@@ -27,9 +27,9 @@ import re
 import time
 from pathlib import Path
 
-from trainroom.core import protocol as p
-from trainroom.core.logformats import LogHints, LogStep, Recognition, recognition
-from trainroom.core.loglines import PARSE_CHARS
+from trainroom.core.logs.logformats import LogHints, LogStep, Recognition, recognition
+from trainroom.core.logs.loglines import PARSE_CHARS
+from trainroom.core.wire import protocol as p
 
 READ_CHUNK = 1 << 20
 KEEP_LINES = 400

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import psutil
 
-from trainroom.core import protocol as p
-from trainroom.core import settings as settings_mod
-from trainroom.core.config import Config, load_config
+from trainroom.core.configuration import settings as settings_mod
+from trainroom.core.configuration.config import Config, load_config
+from trainroom.core.configuration.sections import ConfigError
 from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.journal.writer import JournalWriter, hold_from_env
 from trainroom.core.keeper import adopt, requeue, takeup
@@ -46,7 +46,7 @@ from trainroom.core.keeper.tick import Ticking
 from trainroom.core.notify.alerts import Alerts
 from trainroom.core.probes import procs
 from trainroom.core.run import store as runs
-from trainroom.core.sections import ConfigError
+from trainroom.core.wire import protocol as p
 
 
 def _load_config(rec: runs.RunRecord) -> tuple[Config, str | None]:

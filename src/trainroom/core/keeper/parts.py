@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.health.guard import Fault
 from trainroom.core.health.statedisk import StateDisk
 from trainroom.core.journal.writer import JournalWriter
@@ -30,7 +30,7 @@ from trainroom.core.notify.alerts import Alerts
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
-from trainroom.core.settings import RunSettings
+from trainroom.core.wire import protocol as p
 
 
 class KeeperParts:

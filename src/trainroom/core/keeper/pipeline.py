@@ -29,13 +29,13 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt import watch as watch
 from trainroom.core.ckpt.layout import QUARANTINE, Quarantine, latest_checkpoint
 from trainroom.core.ckpt.promote import expected_for, keep_verified_copy, settle
 from trainroom.core.ckpt.report import Expected, VerifyReport, journal_report
 from trainroom.core.ckpt.rules import findings_for_report
 from trainroom.core.ckpt.verifier import WarmVerifier
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.findings import Finding
 from trainroom.core.health import diskguard as diskguard
 from trainroom.core.health.host import host_ram_low
@@ -43,8 +43,8 @@ from trainroom.core.keeper.evalgate import EvalGate
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.prune import plan as prune_plan
 from trainroom.core.samples import DiskSample
-from trainroom.core.settings import RunSettings
 from trainroom.core.vocab import CkptState
+from trainroom.core.wire import protocol as p
 
 # A deferred verdict (verifier timed out or died, host RAM short) is tried again this much later,
 # at most MAX_TRIES times in all; a leftover is tried again at the next keeper start.

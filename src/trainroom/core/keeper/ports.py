@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import RunSettings
+from trainroom.core.wire import protocol as p
 
 
 class Recorder(Protocol):

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.actions.resume import sick_gpu
 from trainroom.core.ckpt.layout import QUARANTINE, CheckpointError
 from trainroom.core.ckpt.promote import restore_copy, set_aside
 from trainroom.core.ckpt.report import Expected
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.health.crash import repeat_death
 from trainroom.core.keeper.pipeline import CheckpointPipeline
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.ops.resume import ResumeInputs, ResumePlan, WatchedTarget, fall_back, plan_resume
 from trainroom.core.ops.vram import read_vram, run_vram_probe
 from trainroom.core.probes.gpu import GpuProbe
+from trainroom.core.wire import protocol as p
 
 Progress = Callable[[str], None]
 

@@ -24,8 +24,8 @@ from typing import Protocol
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.ckpt.layout import read_manifest
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.keeper import takeup
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.adopt import AdoptHost
@@ -33,7 +33,7 @@ from trainroom.core.keeper.recovery import Resumer
 from trainroom.core.ops.resume import WatchedTarget
 from trainroom.core.run import store as runs
 from trainroom.core.run.state import RunState
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 TRIES = 3  # a resume the death criteria refuse is asked again this many times in all
 RETRY_S = 5.0

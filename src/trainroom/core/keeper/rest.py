@@ -19,10 +19,10 @@ from typing import Protocol
 
 import msgspec
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.keeper.lingering import DeadLingerers
-from trainroom.core.settings import RunSettings
 from trainroom.core.vocab import CATALOGUE, FindingCode
+from trainroom.core.wire import protocol as p
 
 # Findings about the machine (GPU memory still held, a stale lock, a full disk) can clear by
 # themselves after the run ended: while one is open the probes keep their full cadence.

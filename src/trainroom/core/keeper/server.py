@@ -21,11 +21,11 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder
 from trainroom.core.probes.procs import pid_alive
 from trainroom.core.probes.runof import Unreadable, run_of_checked
-from trainroom.core.salvage import RefusedField
+from trainroom.core.wire import protocol as p
+from trainroom.core.wire.salvage import RefusedField
 
 CLIENT_BUFFER_LIMIT = 8 << 20  # a client this far behind is dropped; it can reconnect
 READ_CHUNK = 1 << 16

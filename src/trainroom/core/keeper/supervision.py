@@ -8,7 +8,7 @@ thread once a second (NVML and /proc reads block) on targets read on the loop th
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import RunSettings
 from trainroom.core.findings import Finding
 from trainroom.core.health.guard import FaultSink, Guard
 from trainroom.core.health.progress import Judgement
@@ -22,7 +22,7 @@ from trainroom.core.probes.gpuevents import GpuEventWatch
 from trainroom.core.probes.sweep import ProbeSweep, ProbeTargets
 from trainroom.core.run.state import RunState
 from trainroom.core.run.vitals import VitalsClock
-from trainroom.core.settings import RunSettings
+from trainroom.core.wire import protocol as p
 
 
 def targets_of(run: RunState) -> ProbeTargets:

@@ -14,12 +14,12 @@ import asyncio
 import time
 from pathlib import Path
 
-from trainroom.core import protocol as p
 from trainroom.core.keeper.adopt import Adopted, AdoptHost, watch
 from trainroom.core.probes.adopt import Adoptee, still_runs
 from trainroom.core.run import store as runs
 from trainroom.core.run.parts import AttemptView
 from trainroom.core.run.view import RunView
+from trainroom.core.wire import protocol as p
 
 UNWATCHED = "ended while no keeper watched it: exit status unknown"
 

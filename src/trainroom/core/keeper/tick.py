@@ -7,11 +7,11 @@ import asyncio
 import contextlib
 import time
 
-from trainroom.core import protocol as p
 from trainroom.core.health.statedisk import observe as observe_state_disk
 from trainroom.core.keeper.attempts import Attempts
 from trainroom.core.keeper.rest import AWAKE_NOTE, REST_NOTE, Quiet, linger_verdict, rest_wait, why_awake
 from trainroom.core.samples import HostSample
+from trainroom.core.wire import protocol as p
 
 TICK_S = 0.1  # watchdog cadence: DEAD is raised by the child's exit, the rest within a tick
 PROBE_S = 1.0

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from trainroom.core import config as cfg
-from trainroom.core import protocol as p
+from trainroom.core.configuration import config as cfg
 from trainroom.core.run.state import RunState
 from trainroom.core.slurm import timeleft as tl
 from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
+from trainroom.core.wire import protocol as p
 
 POLL_S = 0.5
 MAX_MEASURED = 16

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.health.rules import KeeperFacts
 from trainroom.core.keeper.parts import KeeperParts
 from trainroom.core.probes.procs import pid_alive
 from trainroom.core.vocab import StateName
+from trainroom.core.wire import protocol as p
 
 FINDING_REJOURNAL_S = 10.0
 FINDING_REFRESH_S = 1.0

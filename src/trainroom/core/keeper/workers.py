@@ -20,7 +20,6 @@ import asyncio
 import os
 import time
 
-from trainroom.core import protocol as p
 from trainroom.core.keeper.ports import Recorder, RunContext
 from trainroom.core.probes.procs import PROC, read_stat
 from trainroom.core.probes.workers import (
@@ -34,6 +33,7 @@ from trainroom.core.run.parts import AttemptView, WorkerView
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import GONE_STATES, Worker
 from trainroom.core.vocab import WorkerEndSource
+from trainroom.core.wire import protocol as p
 
 LOG_TAIL_BYTES = 256 << 10  # torchrun's summary is the last thing it writes
 # A launcher (torchrun) gets this long after its start for a probe cycle to find its ranks before

@@ -26,14 +26,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core import sections
+from trainroom.core.configuration import sections
 from trainroom.core.findings import SEVERITY_RANK
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.alert import Alert
 from trainroom.core.notify.channels import Channel, channels_from
 from trainroom.core.notify.dispatch import Dispatcher
 from trainroom.core.run.state import RunState
+from trainroom.core.wire import protocol as p
 
 CLOSE_S = 10.0  # how long a closing keeper waits for queued alerts to go out
 Reply = Callable[[p.Reply], None]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from trainroom.core import sections
+from trainroom.core.configuration import sections
 from trainroom.core.notify import alert as shapes
 from trainroom.core.notify.alert import Alert
 from trainroom.core.units import fmt_duration, redact_command, redact_url

@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core import sections
+from trainroom.core.configuration import sections
 from trainroom.core.notify import alert as alerts
 from trainroom.core.notify.alert import Alert
 from trainroom.core.notify.channels import Channel, DeliveryError
 from trainroom.core.vocab import NotifyOutcome
+from trainroom.core.wire import protocol as p
 
 Report = Callable[[p.NotifyResult], None]
 

@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from trainroom.core.config import Config
+from trainroom.core.configuration.config import Config
+from trainroom.core.configuration.settings import HostRoots, LaunchOptions, checkpoint_root
 from trainroom.core.ops import host_checks as hc
 from trainroom.core.ops.gpu_checks import check_gpu_health
 from trainroom.core.ops.host_checks import Check, Fact, absent
@@ -32,7 +33,6 @@ from trainroom.core.probes import fake_nvml
 from trainroom.core.probes.gpu import PROCESS_FUNCTIONS, GpuProbe
 from trainroom.core.probes.host import is_wsl
 from trainroom.core.samples import GpuSample
-from trainroom.core.settings import HostRoots, LaunchOptions, checkpoint_root
 from trainroom.core.units import fmt_bytes
 
 GpuChoice = Literal["auto", "gpu", "cpu"]

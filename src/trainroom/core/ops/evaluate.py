@@ -22,11 +22,11 @@ from collections.abc import Mapping
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core.config import Eval
+from trainroom.core.configuration.config import Eval
 from trainroom.core.ops.figures import find_figure
 from trainroom.core.ops.resume import resume_argv
 from trainroom.core.run.ended import returncode_ended
+from trainroom.core.wire import protocol as p
 
 TAIL_BYTES = 64 * 1024
 NICE = 19

@@ -22,13 +22,13 @@ from typing import Literal
 
 import msgspec
 
-from trainroom.core.config import Config, Thresholds, load_config
+from trainroom.core.configuration.config import Config, Thresholds, load_config
+from trainroom.core.configuration.sections import ConfigError
 from trainroom.core.health import diskguard
 from trainroom.core.ops.reclaim import ReclaimPlan, plan_reclaim
 from trainroom.core.ops.stacks import ptrace_access
 from trainroom.core.probes.host import HostProbe, is_wsl
 from trainroom.core.run import store
-from trainroom.core.sections import ConfigError
 from trainroom.core.units import fmt_bytes
 
 Status = Literal["ok", "degraded", "missing"]

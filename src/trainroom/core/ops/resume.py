@@ -21,9 +21,9 @@ from trainroom.core.ckpt.layout import latest_checkpoint, read_manifest, tree_by
 from trainroom.core.ckpt.promote import intact
 from trainroom.core.ckpt.targets import BEFORE_RESUME_SUFFIX
 from trainroom.core.ckpt.verify import load_need_bytes
-from trainroom.core.config import fill_template
+from trainroom.core.configuration.config import fill_template
 from trainroom.core.health.host import host_ram_low
-from trainroom.core.loglines import NOT_STEPS
+from trainroom.core.logs.loglines import NOT_STEPS
 from trainroom.core.ops.members import Lifetime, live_members
 from trainroom.core.probes.host import read_meminfo
 from trainroom.core.probes.locks import lock_holders

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from trainroom.core import failpoints
-from trainroom.core import protocol as p
 from trainroom.core.probes.gpu import GpuProbe, Nvml
 from trainroom.core.probes.gpuevents import GpuEventWatch
 from trainroom.core.probes.host import HostProbe
@@ -41,6 +40,7 @@ from trainroom.core.samples import (
     ProcsSample,
     Worker,
 )
+from trainroom.core.wire import protocol as p
 
 
 class ProbeTargets(msgspec.Struct, kw_only=True, frozen=True):

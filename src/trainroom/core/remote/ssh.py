@@ -16,9 +16,9 @@ import socket
 import subprocess
 import threading
 
-from trainroom.core import protocol as p
 from trainroom.core.remote.target import SshTarget
 from trainroom.core.remote.wire import BridgeHello, read_hello
+from trainroom.core.wire import protocol as p
 
 ENV_SSH_COMMAND = "TRAINROOM_SSH_COMMAND"
 ENV_REMOTE_COMMAND = "TRAINROOM_REMOTE_COMMAND"

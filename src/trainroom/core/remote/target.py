@@ -13,8 +13,8 @@ from urllib.parse import unquote
 
 import msgspec
 
-from trainroom.core import config as cfg
-from trainroom.core import sections
+from trainroom.core.configuration import config as cfg
+from trainroom.core.configuration import sections
 from trainroom.core.run.address import SCHEME
 
 # A host is a DNS name, an IPv4 address, or an IPv6 address in brackets; no shell metacharacters

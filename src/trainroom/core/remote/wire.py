@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.vocab import KeeperWord
+from trainroom.core.wire import protocol as p
 
 BRIDGE_VERSION = 1
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import msgspec
 
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.probes.adopt import Adoptee
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import KEEPER_WAIT_S, check_config, check_options, start_keeper
 from trainroom.core.run.store import RunError, RunInfo
-from trainroom.core.settings import LaunchOptions
 
 
 def watch_globs(ckpt_dir: str) -> list[str]:

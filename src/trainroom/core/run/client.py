@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from trainroom.core import protocol as p
 from trainroom.core.probes.procs import process_state
 from trainroom.core.run import store, summary
 from trainroom.core.run.address import is_remote
@@ -18,6 +17,7 @@ from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
 from trainroom.core.run.view import RunView
 from trainroom.core.vocab import KeeperWord
+from trainroom.core.wire import protocol as p
 
 
 class KeeperGone(Exception):

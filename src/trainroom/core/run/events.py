@@ -12,11 +12,11 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core import units
 from trainroom.core.run.ended import how_ended
 from trainroom.core.units import signal_name
 from trainroom.core.vocab import AlertKind, EventKind, FindingCode, NotifyOutcome, Severity, StateName
+from trainroom.core.wire import protocol as p
 
 # The records that can make an event (what `trainroom events --follow` must not count twice).
 EVENT_RECORDS = (

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.run.parts import RankView, StepRow
 from trainroom.core.run.state import RunState
 from trainroom.core.samples import GpuSample

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import msgspec
 
-from trainroom.core.argtypes import log_pattern_problem
-from trainroom.core.config import load_config
+from trainroom.core.configuration.argtypes import log_pattern_problem
+from trainroom.core.configuration.config import load_config
+from trainroom.core.configuration.sections import ConfigError
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.run import store as runs
 from trainroom.core.run.store import RunError, RunInfo
-from trainroom.core.sections import ConfigError
-from trainroom.core.settings import LaunchOptions
 
 KEEPER_WAIT_S = 10.0
 

@@ -9,10 +9,10 @@ import statistics
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.samples import VramFloor
 from trainroom.core.vocab import CkptState
+from trainroom.core.wire import protocol as p
 
 
 class StepRow(msgspec.Struct, array_like=True):

@@ -3,7 +3,7 @@ trainer itself says."""
 
 from __future__ import annotations
 
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 
 
 def merge_requested(base: p.RequestedConfig, new: p.RequestedConfig) -> p.RequestedConfig:

@@ -21,11 +21,11 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.run.figures import ln_v
 from trainroom.core.run.vitals import VitalsHistory
 from trainroom.core.samples import VitalsSample
 from trainroom.core.vocab import MarkKind
+from trainroom.core.wire import protocol as p
 
 METRICS = ("loss", "lr", "grad_norm", "step_time")
 XUnit = Literal["tokens", "steps"]

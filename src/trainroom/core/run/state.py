@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.findings import Finding, order
 from trainroom.core.run.handlers import attempts as on_attempts
 from trainroom.core.run.handlers import checkpoints as on_checkpoints
@@ -32,8 +32,8 @@ from trainroom.core.run.parts import (
     StepRow,
     WorkerView,
 )
-from trainroom.core.settings import LaunchOptions
 from trainroom.core.vocab import StateName
+from trainroom.core.wire import protocol as p
 
 
 class RunState(msgspec.Struct, kw_only=True):

@@ -9,8 +9,7 @@ from typing import Any
 
 import msgspec
 
-from trainroom.core import protocol as p
-from trainroom.core.loglines import unread_words
+from trainroom.core.logs.loglines import unread_words
 from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
 from trainroom.core.run.figures import driver_view, run_loss, step_age, steps_per_s, vram
@@ -20,6 +19,7 @@ from trainroom.core.run.state import RunState
 from trainroom.core.samples import GpuSample
 from trainroom.core.units import signal_name
 from trainroom.core.vocab import ShownState
+from trainroom.core.wire import protocol as p
 
 NOTIFY_RECENT = 20
 

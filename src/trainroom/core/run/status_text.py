@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trainroom.core.loglines import NOT_STEPS
+from trainroom.core.logs.loglines import NOT_STEPS
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes, fmt_duration

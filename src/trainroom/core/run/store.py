@@ -13,7 +13,7 @@ from typing import Protocol
 import msgspec
 import psutil
 
-from trainroom.core import protocol as p
+from trainroom.core.configuration.settings import LaunchOptions
 from trainroom.core.journal import file as journal
 from trainroom.core.journal import replay, segments
 from trainroom.core.probes.adopt import Adoptee
@@ -23,7 +23,7 @@ from trainroom.core.run.address import is_remote
 from trainroom.core.run.fold import RunFold
 from trainroom.core.run.state import RunState
 from trainroom.core.run.view import RunView
-from trainroom.core.settings import LaunchOptions
+from trainroom.core.wire import protocol as p
 
 SOCKET_NAME = "keeper.sock"
 RECORD_NAME = "run.msgpack"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from trainroom.core import protocol as p
 from trainroom.core.run.series import Series, SeriesSnapshot
 from trainroom.core.run.state import RunState, from_snapshot
+from trainroom.core.wire import protocol as p
 
 
 class RunView:

@@ -26,13 +26,13 @@ if TYPE_CHECKING:
         latest_checkpoint,
         verified_checkpoints,
     )
-    from trainroom.core.protocol import error_chain
     from trainroom.core.sdk.lr import LrChange, reimpose_lr, requested_from_argv
     from trainroom.core.sdk.replay import ReplayRequest, replay_request, replay_result
     from trainroom.core.sdk.reporter import NullReporter, Reporter, connect, current
     from trainroom.core.sdk.requests import checkpoint_requested
     from trainroom.core.sdk.save import CheckpointWontFit, Saved, save_checkpoint
     from trainroom.core.sdk.tracer import NonFiniteTracer
+    from trainroom.core.wire.protocol import error_chain
 
 # Each public name and the module that holds it; `__all__` lists the same names, written out for the
 # type checker (tests/unit/test_public_names.py checks they agree).
@@ -49,7 +49,7 @@ WHERE: dict[str, str] = {
     "connect": "trainroom.core.sdk.reporter",
     "checkpoint_requested": "trainroom.core.sdk.requests",
     "current": "trainroom.core.sdk.reporter",
-    "error_chain": "trainroom.core.protocol",
+    "error_chain": "trainroom.core.wire.protocol",
     "latest_checkpoint": "trainroom.core.ckpt.layout",
     "reimpose_lr": "trainroom.core.sdk.lr",
     "replay_request": "trainroom.core.sdk.replay",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, TypeAlias
 
 import msgspec
 
-from trainroom.core.protocol import RequestedConfig
+from trainroom.core.wire.protocol import RequestedConfig
 
 if TYPE_CHECKING:
     import torch

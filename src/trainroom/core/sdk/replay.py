@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from trainroom.core import protocol as p
+from trainroom.core.wire import protocol as p
 
 ENV_STEP = "TRAINROOM_REPLAY_STEP"
 ENV_BATCH = "TRAINROOM_REPLAY_BATCH"

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
-from trainroom.core import framing
-from trainroom.core import protocol as p
-from trainroom.core.protocol import error_chain
 from trainroom.core.vocab import PhaseName
+from trainroom.core.wire import framing
+from trainroom.core.wire import protocol as p
+from trainroom.core.wire.protocol import error_chain
 
 if TYPE_CHECKING:
     import torch

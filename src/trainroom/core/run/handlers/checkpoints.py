@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from trainroom.core import protocol as p
 from trainroom.core.run.parts import CheckpointView
+from trainroom.core.wire import protocol as p
 
 
 class Run(Protocol):

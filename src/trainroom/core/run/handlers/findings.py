@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from trainroom.core import protocol as p
 from trainroom.core.findings import Finding
 from trainroom.core.run.parts import ResolvedFinding
+from trainroom.core.wire import protocol as p
 
 ACTIONS = 50
 NOTIFICATIONS = 50

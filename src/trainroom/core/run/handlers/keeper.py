@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from trainroom.core import protocol as p
-from trainroom.core.config import Thresholds
+from trainroom.core.configuration.config import Thresholds
 from trainroom.core.run.parts import JournalDamage
 from trainroom.core.vocab import StateName
+from trainroom.core.wire import protocol as p
 
 NOTES = 200
 

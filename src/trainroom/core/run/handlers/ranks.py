@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from trainroom.core import protocol as p
 from trainroom.core.run.handlers import attempts, checkpoints, keeper
 from trainroom.core.run.handlers.attempts import _attempt_n
 from trainroom.core.run.handlers.checkpoints import _checkpoint
 from trainroom.core.run.handlers.keeper import _note
 from trainroom.core.run.parts import AttemptView, RankView, StepRow, WorkerView
 from trainroom.core.run.requested import merge_requested
+from trainroom.core.wire import protocol as p
 
 RECENT_STEPS = 512  # raw steps kept in memory and in the snapshot (the journal has them all)
 INTERVALS = 64  # step intervals kept per rank for the cadence statistics

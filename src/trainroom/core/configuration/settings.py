@@ -17,10 +17,10 @@ from typing import Annotated
 
 import msgspec
 
-from trainroom.core import config as cfg
-from trainroom.core import sections
-from trainroom.core.frameworks import Recognised, recognise
-from trainroom.core.loglines import LogHints
+from trainroom.core.configuration import config as cfg
+from trainroom.core.configuration import sections
+from trainroom.core.logs.frameworks import Recognised, recognise
+from trainroom.core.logs.loglines import LogHints
 from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.units import redact_command, redact_url
 

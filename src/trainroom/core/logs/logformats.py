@@ -35,7 +35,7 @@ import re
 
 import msgspec
 
-from trainroom.core.loglines import (
+from trainroom.core.logs.loglines import (
     _EPOCH,
     BAR_COUNT,
     BATCHES,
@@ -53,7 +53,7 @@ from trainroom.core.loglines import (
     pick,
     tqdm_bar,
 )
-from trainroom.core.logshapes import PlainLoop
+from trainroom.core.logs.logshapes import PlainLoop
 
 # The primitives live in core/loglines; the rest of trainroom reads them from here too.
 __all__ = [

@@ -29,7 +29,7 @@ import shlex
 
 import msgspec
 
-from trainroom.core.loglines import LogHints
+from trainroom.core.logs.loglines import LogHints
 
 MAX_SOURCE_BYTES = 512 << 10
 _PYTHON = re.compile(r"^python[\d.]*$")

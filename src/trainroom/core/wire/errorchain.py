@@ -9,7 +9,7 @@ from typing import Annotated
 
 import msgspec
 
-from trainroom.core.loglines import worker_original
+from trainroom.core.logs.loglines import worker_original
 
 Name = Annotated[str, msgspec.Meta(max_length=256)]
 Text = Annotated[str, msgspec.Meta(max_length=16384)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from trainroom.core.loglines import (
+from trainroom.core.logs.loglines import (
     _EPOCH,
     BAR_COUNT,
     LOG_LINES,

@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from trainroom.core.salvage import NotAMessage, RefusedField, salvage
+from trainroom.core.wire.salvage import NotAMessage, RefusedField, salvage
 
 HEADER = struct.Struct(">I")
 # Trainer and client frames are small; a snapshot to a client can carry a long history.

@@ -66,8 +66,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from trainroom.core.logformats import NANOGPT_PATTERN
-from trainroom.core.sections import (
+from trainroom.core.configuration.sections import (
     ConfigError,
     Host,
     JournalPolicy,
@@ -77,6 +76,7 @@ from trainroom.core.sections import (
     check_keys,
     check_notify,
 )
+from trainroom.core.logs.logformats import NANOGPT_PATTERN
 from trainroom.core.units import GIB, MIB
 
 CONFIG_NAME = "trainroom.toml"
