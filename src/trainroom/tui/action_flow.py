@@ -34,8 +34,7 @@ from trainroom.core.protocol import Reply
 
 from .evidence import ActionOutcome
 from .link import KeeperLink
-from .screens.confirm import ConfirmAction
-from .screens.result import ActionResult
+from .screens import lazy as screens  # loaded when first opened, after the first frame
 from .verdict import FindingRow
 from .widgets.actionstrip import ActionStrip
 
@@ -204,7 +203,7 @@ class ActionFlow:
         elif action in DESTRUCTIVE:
             self._progress(f"{action}: waiting for your confirmation")
             self.app.push_screen(
-                ConfirmAction(action, plan.plan, plan.message, question),
+                screens.confirm()(action, plan.plan, plan.message, question),
                 partial(self._confirmed, action, args, plan),
             )
         else:
@@ -298,6 +297,8 @@ class ActionFlow:
 
     def _finish(self, outcome: ActionOutcome) -> None:
         self._release()
+        from .screens.result import ActionResult
+
         self.app.push_screen(ActionResult(outcome))
 
     def worker_changed(self, event: Worker.StateChanged) -> None:

@@ -45,9 +45,7 @@ from .overview import RunRow
 from .panels import Panels
 from .processes import ProcessesKey
 from .reader import series_for
-from .screens.finding import FindingDetail
-from .screens.help import HelpScreen
-from .screens.runs import RunsScreen
+from .screens import lazy as screens  # each screen loads when first opened, after the first frame
 from .verdict import FindingRow, FindingsView, Situation
 from .watch import RunWatch
 from .widgets.actionstrip import ActionStrip
@@ -237,7 +235,7 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
 
     def _pick_run(self, rows: list[RunRow], live: int) -> None:
         title = f"{live} runs training (of {len(rows)}): pick one"
-        screen = RunsScreen(rows, self.clock(), None, title)
+        screen = screens.runs()(rows, self.clock(), None, title)
         self.push_screen(screen, partial(self._picked, rows))
         self.nav.refresh_overview(screen)  # live figures, as the overview's
 
@@ -558,14 +556,14 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]
             )
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen({a: self.why_not(a) for a in KEEPER_ACTIONS}, self.keys_in_use))
+        self.push_screen(screens.help()({a: self.why_not(a) for a in KEEPER_ACTIONS}, self.keys_in_use))
 
     # ------------------------------------------------------------------ the findings
 
     @on(FindingsPanel.Open)
     def _open_finding(self, event: FindingsPanel.Open) -> None:
         row = event.row
-        self.push_screen(FindingDetail(row, self.clock()), partial(self._finding_closed, row))
+        self.push_screen(screens.finding()(row, self.clock()), partial(self._finding_closed, row))
 
     def _finding_closed(self, row: FindingRow, act: bool | None) -> None:
         if act and row.action:

@@ -1,0 +1,211 @@
+"""How soon the control room shows a live run, against what a user would otherwise start.
+
+A real demo run (`trainroom demo --detach --forever`: the bundled CPU trainer under a real keeper)
+trains in a temporary TRAINROOM_HOME. Each case is then typed, in turn, into a fresh window of
+one tmux server (its own socket; the server is up before the first case, so its start is no one's
+cost), and the wall time from `tmux new-window` to the first capture of the pane that meets the
+case's condition is taken (the pane is read every `--poll` seconds):
+
+    trainroom watch RUN   the header shows the run's id, RUNNING and its step
+    trainroom             (the newest live run, found by itself) the same
+    top                   its summary line ("load average") — a terminal monitor's start
+    textual hello         a minimal Textual app drawing one word: the least any Textual app costs
+
+The cases take turns (a round runs each once), so the machine's load falls on all alike; each
+line gives the median and the worst wall seconds, and the median over the rounds of each round's
+ratio to `top` and to the minimal Textual app. Goal: the control room's first frame with the
+run's state within 1 s (1.5 s on a loaded machine).
+
+    python scripts/bench_first_frame.py [--rounds 7] [--size 160x48] [--src OTHER/src]
+
+`--src` measures another checkout's sources (the code before a change) the same way. Every
+process gets its bytecode as an installed package has it (pip compiles at install; a source tree
+writes `__pycache__` on first import): written to a cache under the temporary home by an untimed
+warm-up round, even where PYTHONDONTWRITEBYTECODE is set (`--no-bytecode` keeps that setting, and
+then every start compiles the sources again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+CONSOLE = "import sys; from trainroom.cli import main; sys.exit(main())"
+HELLO = (
+    "from textual.app import App\n"
+    "from textual.widgets import Static\n"
+    "class Hello(App[None]):\n"
+    "    def compose(self):\n"
+    "        yield Static('hello-frame')\n"
+    "Hello().run()\n"
+)
+
+
+def _tmux(sock: str, *args: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(
+        ["tmux", "-S", sock, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"tmux {' '.join(args)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def _console(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", CONSOLE, *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def start_demo(env: dict[str, str]) -> str:
+    """A live demo run with steps flowing; its id."""
+    out = _console(env, "demo", "--detach", "--forever", "--step-delay", "0.2", "--linger", "0")
+    if out.returncode != 0:
+        raise SystemExit(f"trainroom demo failed: {out.stderr.strip()[-500:]}")
+    run_id = out.stdout.split()[0]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        st = _console(env, "status", run_id)
+        if st.returncode == 0 and "RUNNING" in st.stdout and re.search(r"step [1-9]\d", st.stdout):
+            return run_id
+        time.sleep(0.5)
+    raise SystemExit(f"the demo run {run_id} did not report steps within 180 s")
+
+
+def stop_demo(env: dict[str, str], run_id: str) -> bool:
+    """Kill the demo's trainer; its keeper (no linger) ends after it. True once both are gone."""
+    out = _console(env, "kill", run_id, "--yes", "--grace", "5")
+    if out.returncode != 0:
+        print(f"bench_first_frame: could not stop {run_id}: {out.stderr.strip()}", file=sys.stderr)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        st = _console(env, "status", run_id, "--json")
+        if st.returncode == 0 and json.loads(st.stdout)["keeper"] == "gone":
+            return True
+        time.sleep(0.5)
+    print(
+        f"bench_first_frame: the keeper of {run_id} is still up; {env['TRAINROOM_HOME']} kept",
+        file=sys.stderr,
+    )
+    return False
+
+
+def shows_run(run_id: str) -> Callable[[str], bool]:
+    def ok(text: str) -> bool:
+        head = text.lstrip("\n").partition("\n")[0]
+        return run_id in head and "RUNNING" in head and re.search(r"\bstep \d+", head) is not None
+
+    return ok
+
+
+def one(sock: str, command: str, ready: Callable[[str], bool], poll: float, limit: float) -> float:
+    """Wall seconds from typing `command` (a new tmux window) to a pane that meets `ready`."""
+    t0 = time.monotonic()
+    pane = _tmux(sock, "new-window", "-P", "-F", "#{pane_id}", "-t", "bench", command).strip()
+    try:
+        while True:
+            text = _tmux(sock, "capture-pane", "-p", "-t", pane)
+            t = time.monotonic() - t0
+            if ready(text):
+                return t
+            if t > limit:
+                raise SystemExit(f"`{command}` showed nothing ready within {limit:g} s:\n{text}")
+            time.sleep(poll)
+    finally:
+        pid = _tmux(sock, "display-message", "-p", "-t", pane, "#{pane_pid}").strip()
+        _tmux(sock, "kill-pane", "-t", pane)
+        _wait_gone(int(pid))
+
+
+def _wait_gone(pid: int, limit: float = 30.0) -> None:
+    """The case's process is gone before the next starts (a dying one still takes a core)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--size", default="160x48", help="the tmux window, COLSxROWS")
+    ap.add_argument("--poll", type=float, default=0.01, help="seconds between reads of the pane")
+    ap.add_argument("--src", help="another checkout's src/ to measure instead of this one's")
+    ap.add_argument(
+        "--no-bytecode", action="store_true", help="keep PYTHONDONTWRITEBYTECODE (compile at every start)"
+    )
+    args = ap.parse_args()
+    if shutil.which("tmux") is None:
+        print("bench_first_frame: tmux is not installed", file=sys.stderr)
+        return 2
+    src = os.path.abspath(args.src or str(Path(__file__).resolve().parents[1] / "src"))
+    cols, rows = (int(x) for x in args.size.lower().split("x"))
+    home = tempfile.mkdtemp(prefix="bff", dir="/tmp")
+    os.chmod(home, 0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINROOM_")}
+    env |= {"PYTHONPATH": src, "TRAINROOM_HOME": home}
+    if not args.no_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = os.path.join(home, "pycache")
+    sock = os.path.join(home, "tmux.sock")
+    run_id = start_demo(env)
+    py = shlex.quote(sys.executable)
+    ready = shows_run(run_id)
+    cases: dict[str, tuple[str, Callable[[str], bool]]] = {
+        "trainroom watch RUN": (f"{py} -c {shlex.quote(CONSOLE)} watch {run_id}", ready),
+        "trainroom": (f"{py} -c {shlex.quote(CONSOLE)}", ready),
+        "top": ("top", lambda text: "load average" in text),
+        "textual hello": (f"{py} -c {shlex.quote(HELLO)}", lambda text: "hello-frame" in text),
+    }
+    walls: dict[str, list[float]] = {k: [] for k in cases}
+    try:
+        _tmux(sock, "new-session", "-d", "-s", "bench", "-x", str(cols), "-y", str(rows), "cat", env=env)
+        for name in ("PYTHONPATH", "TRAINROOM_HOME", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"):
+            if name in env:
+                _tmux(sock, "set-environment", "-g", name, env[name])
+            else:
+                _tmux(sock, "set-environment", "-g", "-u", name)
+        for round in range(args.rounds + 1):  # the first: the warm-up (the bytecode written)
+            for name, (command, ok) in cases.items():
+                wall = one(sock, command, ok, args.poll, 60.0)
+                if round > 0:
+                    walls[name].append(wall)
+    finally:
+        subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True, stdin=subprocess.DEVNULL)
+        stopped = stop_demo(env, run_id)
+    print(
+        f"sources: {src}; {args.rounds} rounds; a {cols}x{rows} tmux window; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    print(f"{'command':22s} {'wall s (median)':>16s} {'max':>6s} {'x top':>7s} {'x textual hello':>16s}")
+    for name, values in walls.items():
+        x_top = statistics.median(a / b for a, b in zip(values, walls["top"], strict=True))
+        x_hello = statistics.median(a / b for a, b in zip(values, walls["textual hello"], strict=True))
+        print(
+            f"{name:22s} {statistics.median(values):16.2f} {max(values):6.2f} {x_top:6.2f}x {x_hello:15.2f}x"
+        )
+    if stopped:
+        shutil.rmtree(home, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
