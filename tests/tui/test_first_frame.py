@@ -7,6 +7,7 @@ measured by `scripts/bench_first_frame.py` in a real tmux pane."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from tests.support.waiting import wait_for
+from trainroom.cli import loading_quietly
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
@@ -108,3 +110,23 @@ def test_the_first_frame_of_a_live_run_loads_no_screen_and_nothing_heavy(trhome:
     # The probe sees a screen once its key opens it: the help, loaded then and not before.
     assert out["screen"] == "HelpScreen"
     assert "trainroom.tui.screens.help" in out["help"]
+
+
+def test_the_room_loads_with_no_collection_then_freezes_what_it_loaded() -> None:
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        gc.unfreeze()
+        with loading_quietly():
+            assert not gc.isenabled()
+            loaded = [object() for _ in range(10)]
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert len(loaded) == 10
+        gc.disable()  # one who turned collection off keeps it off
+        with loading_quietly():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.unfreeze()
+        if was:
+            gc.enable()
