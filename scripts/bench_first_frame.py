@@ -13,12 +13,14 @@ case's condition is taken (the pane is read every `--poll` seconds):
 
 The cases take turns (a round runs each once), so the machine's load falls on all alike; each
 line gives the median and the worst wall seconds, and the median over the rounds of each round's
-ratio to `top` and to the minimal Textual app. Goal: the control room's first frame with the
+ratio to `top` and to the minimal Textual app, and the CPU (user + sys) the case's process had
+used when its pane first met the condition (what a loaded machine stretches the wall time by). Goal: the control room's first frame with the
 run's state within 1 s (1.5 s on a loaded machine).
 
-    python scripts/bench_first_frame.py [--rounds 7] [--size 160x48] [--src OTHER/src]
+    python scripts/bench_first_frame.py [--rounds 7] [--size 160x48] [--src OTHER/src] [--before OLD/src]
 
-`--src` measures another checkout's sources (the code before a change) the same way. Every
+`--src` measures another checkout's sources the same way; `--before OLD/src` adds the code before
+a change as one more case (`before: watch RUN`), taking its turn in each round. Every
 process gets its bytecode as an installed package has it (pip compiles at install; a source tree
 writes `__pycache__` on first import): written to a cache under the temporary home by an untimed
 warm-up round, even where PYTHONDONTWRITEBYTECODE is set (`--no-bytecode` keeps that setting, and
@@ -40,6 +42,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 CONSOLE = "import sys; from trainroom.cli import main; sys.exit(main())"
 HELLO = (
@@ -113,23 +117,40 @@ def shows_run(run_id: str) -> Callable[[str], bool]:
     return ok
 
 
-def one(sock: str, command: str, ready: Callable[[str], bool], poll: float, limit: float) -> float:
-    """Wall seconds from typing `command` (a new tmux window) to a pane that meets `ready`."""
+def one(
+    sock: str, command: str, ready: Callable[[str], bool], poll: float, limit: float, src: str | None = None
+) -> tuple[float, float]:
+    """Wall seconds from typing `command` (a new tmux window) to a pane that meets `ready`, and
+    the CPU seconds (user + sys) its process had used by then."""
     t0 = time.monotonic()
-    pane = _tmux(sock, "new-window", "-P", "-F", "#{pane_id}", "-t", "bench", command).strip()
+    pane, pid = _tmux(
+        sock, "new-window", "-P", "-F", "#{pane_id} #{pane_pid}", "-t", "bench", command
+    ).split()
     try:
         while True:
             text = _tmux(sock, "capture-pane", "-p", "-t", pane)
             t = time.monotonic() - t0
             if ready(text):
-                return t
+                return t, _cpu(int(pid))
             if t > limit:
                 raise SystemExit(f"`{command}` showed nothing ready within {limit:g} s:\n{text}")
             time.sleep(poll)
     finally:
-        pid = _tmux(sock, "display-message", "-p", "-t", pane, "#{pane_pid}").strip()
         _tmux(sock, "kill-pane", "-t", pane)
         _wait_gone(int(pid))
+
+
+def _cpu(pid: int) -> float:
+    """User + sys seconds of the pane's process and those under it (tmux may start a shell)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def _wait_gone(pid: int, limit: float = 30.0) -> None:
@@ -150,6 +171,9 @@ def main() -> int:
     ap.add_argument("--poll", type=float, default=0.01, help="seconds between reads of the pane")
     ap.add_argument("--src", help="another checkout's src/ to measure instead of this one's")
     ap.add_argument(
+        "--before", help="another checkout's src/ (the code before a change): its `watch RUN` takes turns too"
+    )
+    ap.add_argument(
         "--no-bytecode", action="store_true", help="keep PYTHONDONTWRITEBYTECODE (compile at every start)"
     )
     args = ap.parse_args()
@@ -169,13 +193,17 @@ def main() -> int:
     run_id = start_demo(env)
     py = shlex.quote(sys.executable)
     ready = shows_run(run_id)
-    cases: dict[str, tuple[str, Callable[[str], bool]]] = {
-        "trainroom watch RUN": (f"{py} -c {shlex.quote(CONSOLE)} watch {run_id}", ready),
-        "trainroom": (f"{py} -c {shlex.quote(CONSOLE)}", ready),
-        "top": ("top", lambda text: "load average" in text),
-        "textual hello": (f"{py} -c {shlex.quote(HELLO)}", lambda text: "hello-frame" in text),
+    watch = f"{py} -c {shlex.quote(CONSOLE)} watch {run_id}"
+    cases: dict[str, tuple[str, Callable[[str], bool], str | None]] = {
+        "trainroom watch RUN": (watch, ready, None),
+        "trainroom": (f"{py} -c {shlex.quote(CONSOLE)}", ready, None),
+        "top": ("top", lambda text: "load average" in text, None),
+        "textual hello": (f"{py} -c {shlex.quote(HELLO)}", lambda text: "hello-frame" in text, None),
     }
+    if args.before:
+        cases["before: watch RUN"] = (watch, ready, os.path.abspath(args.before))
     walls: dict[str, list[float]] = {k: [] for k in cases}
+    cpus: dict[str, list[float]] = {k: [] for k in cases}
     try:
         _tmux(sock, "new-session", "-d", "-s", "bench", "-x", str(cols), "-y", str(rows), "cat", env=env)
         for name in ("PYTHONPATH", "TRAINROOM_HOME", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"):
@@ -184,10 +212,11 @@ def main() -> int:
             else:
                 _tmux(sock, "set-environment", "-g", "-u", name)
         for round in range(args.rounds + 1):  # the first: the warm-up (the bytecode written)
-            for name, (command, ok) in cases.items():
-                wall = one(sock, command, ok, args.poll, 60.0)
+            for name, (command, ok, other_src) in cases.items():
+                wall, cpu = one(sock, command, ok, args.poll, 60.0, other_src)
                 if round > 0:
                     walls[name].append(wall)
+                    cpus[name].append(cpu)
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True, stdin=subprocess.DEVNULL)
         stopped = stop_demo(env, run_id)
@@ -195,12 +224,18 @@ def main() -> int:
         f"sources: {src}; {args.rounds} rounds; a {cols}x{rows} tmux window; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
-    print(f"{'command':22s} {'wall s (median)':>16s} {'max':>6s} {'x top':>7s} {'x textual hello':>16s}")
+    print(
+        f"{'command':22s} {'wall s (median)':>16s} {'max':>6s} {'x top':>7s} {'x textual hello':>16s} "
+        f"{'its CPU s (median)':>19s} {'CPU x textual hello':>20s}"
+    )
+    hello = "textual hello"
     for name, values in walls.items():
         x_top = statistics.median(a / b for a, b in zip(values, walls["top"], strict=True))
-        x_hello = statistics.median(a / b for a, b in zip(values, walls["textual hello"], strict=True))
+        x_hello = statistics.median(a / b for a, b in zip(values, walls[hello], strict=True))
+        cpu_x = statistics.median(a / max(b, 1e-3) for a, b in zip(cpus[name], cpus[hello], strict=True))
         print(
-            f"{name:22s} {statistics.median(values):16.2f} {max(values):6.2f} {x_top:6.2f}x {x_hello:15.2f}x"
+            f"{name:22s} {statistics.median(values):16.2f} {max(values):6.2f} {x_top:6.2f}x {x_hello:15.2f}x "
+            f"{statistics.median(cpus[name]):19.2f} {cpu_x:19.2f}x"
         )
     if stopped:
         shutil.rmtree(home, ignore_errors=True)
