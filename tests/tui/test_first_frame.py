@@ -15,11 +15,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from textual.screen import Screen
+
+from tests.support.tui_fakes import dead_run_records, in_loop, make_app, settle
 from tests.support.waiting import wait_for
 from trainroom.cli import loading_quietly
 from trainroom.core.run import store as runs
 from trainroom.core.run.launch import launch
 from trainroom.core.settings import LaunchOptions
+from trainroom.tui.app import ControlRoom
 
 HEAVY = (
     "torch",
@@ -130,3 +135,40 @@ def test_the_room_loads_with_no_collection_then_freezes_what_it_loaded() -> None
         gc.unfreeze()
         if was:
             gc.enable()
+
+
+def _looks(app: ControlRoom) -> tuple[object, ...]:
+    """The screen's classes, each widget's colours, borders and place, and the text on screen."""
+    widgets = [
+        (w.id, sorted(w.classes), str(w.styles.background), str(w.styles.border), tuple(w.region))
+        for w in app.screen.walk_children(with_self=True)
+    ]
+    return sorted(app.screen.classes), widgets
+
+
+@pytest.mark.parametrize("size", [(80, 24), (119, 35), (120, 36), (160, 48)])
+@in_loop
+async def test_the_first_screen_opens_with_the_classes_its_size_gives(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    # Set before the panels are styled, so that Textual's first Resize changes none and styles
+    # nothing again; the room then looks as one whose classes that Resize set.
+    opened, _, _ = make_app(str(tmp_path), dead_run_records())
+    first: list[set[str]] = []
+    made = opened.get_default_screen
+
+    def remember() -> Screen[object]:
+        screen = made()
+        first.append(set(screen.classes))
+        return screen
+
+    opened.get_default_screen = remember  # type: ignore[method-assign]
+    async with opened.run_test(size=size) as pilot:
+        await settle(opened, pilot)
+        assert first == [set(opened.screen.classes)] and first[0]
+        want = _looks(opened)
+    plain, _, _ = make_app(str(tmp_path), dead_run_records())
+    plain.get_default_screen = lambda: Screen(id="_default")  # type: ignore[method-assign]
+    async with plain.run_test(size=size) as pilot:
+        await settle(plain, pilot)
+        assert _looks(plain) == want

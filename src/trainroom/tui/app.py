@@ -37,6 +37,7 @@ from . import figures, theming, verdict
 from .action_flow import ActionFlow, CancelKey
 from .bindings import COMMANDS, KEEPER_ACTIONS, bindings, held_by_a_box, key_label, key_of
 from .cmdline import CommandLineKey
+from .firstscreen import SizedFirstScreen
 from .graphs import HistoryKeys
 from .link import KeeperLink, LocalRuns, OverviewReader, RunSource
 from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
@@ -74,7 +75,7 @@ TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arriv
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 
 
-class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]):
+class ControlRoom(SizedFirstScreen, CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, App[int]):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
