@@ -29,7 +29,8 @@ def open_control_room(args: argparse.Namespace) -> int:
 def loading_quietly() -> Iterator[None]:
     """No garbage collection while the control room's ~500 modules load (what they make is
     nothing to collect: classes, functions, tables), then those objects frozen out of every
-    later collection. Together 8 % of its CPU to the first frame (`scripts/bench_first_frame.py`)."""
+    later collection: in a headless start, about 8 % less CPU to the first frame with the run's
+    state (docs/benchmarks.md)."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -1,7 +1,7 @@
 """The room's first screen opens with the breakpoint classes its size gives (`-wide`, `-tall`...),
 so the first Resize finds them already set: otherwise Textual sets them after every panel has
-been styled, and styles the whole room again (a full style pass of ~80 widgets, a large share of
-the CPU to the first frame: `scripts/bench_first_frame.py`)."""
+been styled, and styles the whole room again: a full style pass of ~80 widgets, a third of the
+style work before the first frame (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The control room's screens, each loaded when first opened: none is on the first frame, and
-together with the widgets only they use (DataTable, Input, Button, OptionList) they cost the
-start as much as the room's own panels (`scripts/bench_first_frame.py`). `tests/tui/
-test_first_frame.py` keeps them out of the startup path by `sys.modules`."""
+with the widgets only they use (DataTable) they are 17 modules the start need not load.
+`tests/tui/test_first_frame.py` keeps them out of the startup path by `sys.modules`."""
 
 from __future__ import annotations
 
