@@ -138,9 +138,9 @@ def test_the_room_loads_with_no_collection_then_freezes_what_it_loaded() -> None
 
 
 def _looks(app: ControlRoom) -> tuple[object, ...]:
-    """The screen's classes, each widget's colours, borders and place, and the text on screen."""
+    """The screen's classes, each widget's colours, borders and place (scroll aside)."""
     widgets = [
-        (w.id, sorted(w.classes), str(w.styles.background), str(w.styles.border), tuple(w.region))
+        (w.id, sorted(w.classes), str(w.styles.background), str(w.styles.border), tuple(w.virtual_region))
         for w in app.screen.walk_children(with_self=True)
     ]
     return sorted(app.screen.classes), widgets
