@@ -14,7 +14,8 @@ case's condition is taken (the pane is read every `--poll` seconds):
 The cases take turns (a round runs each once), so the machine's load falls on all alike; each
 line gives the median and the worst wall seconds, and the median over the rounds of each round's
 ratio to `top` and to the minimal Textual app, and the CPU (user + sys) the case's process had
-used when its pane first met the condition (what a loaded machine stretches the wall time by). Goal: the control room's first frame with the
+used when its pane first met the condition (what a loaded machine stretches the wall time by) and
+`--settle` seconds later (the whole start, with what it does just after its first frame). Goal: the control room's first frame with the
 run's state within 1 s (1.5 s on a loaded machine).
 
     python scripts/bench_first_frame.py [--rounds 7] [--size 160x48] [--src OTHER/src] [--before OLD/src]
@@ -118,10 +119,16 @@ def shows_run(run_id: str) -> Callable[[str], bool]:
 
 
 def one(
-    sock: str, command: str, ready: Callable[[str], bool], poll: float, limit: float, src: str | None = None
-) -> tuple[float, float]:
-    """Wall seconds from typing `command` (a new tmux window) to a pane that meets `ready`, and
-    the CPU seconds (user + sys) its process had used by then."""
+    sock: str,
+    command: str,
+    ready: Callable[[str], bool],
+    poll: float,
+    limit: float,
+    settle: float,
+    src: str | None = None,
+) -> tuple[float, float, float]:
+    """Wall seconds from typing `command` (a new tmux window) to a pane that meets `ready`, the
+    CPU seconds (user + sys) its process had used by then, and by `settle` seconds later."""
     t0 = time.monotonic()
     pane, pid = _tmux(
         sock, "new-window", "-P", "-F", "#{pane_id} #{pane_pid}", "-t", "bench", command
@@ -131,7 +138,9 @@ def one(
             text = _tmux(sock, "capture-pane", "-p", "-t", pane)
             t = time.monotonic() - t0
             if ready(text):
-                return t, _cpu(int(pid))
+                at = _cpu(int(pid))
+                time.sleep(settle)
+                return t, at, _cpu(int(pid))
             if t > limit:
                 raise SystemExit(f"`{command}` showed nothing ready within {limit:g} s:\n{text}")
             time.sleep(poll)
@@ -169,6 +178,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--size", default="160x48", help="the tmux window, COLSxROWS")
     ap.add_argument("--poll", type=float, default=0.01, help="seconds between reads of the pane")
+    ap.add_argument(
+        "--settle", type=float, default=2.0, help="seconds after the frame to read the CPU again (default 2)"
+    )
     ap.add_argument("--src", help="another checkout's src/ to measure instead of this one's")
     ap.add_argument(
         "--before", help="another checkout's src/ (the code before a change): its `watch RUN` takes turns too"
@@ -204,6 +216,7 @@ def main() -> int:
         cases["before: watch RUN"] = (watch, ready, os.path.abspath(args.before))
     walls: dict[str, list[float]] = {k: [] for k in cases}
     cpus: dict[str, list[float]] = {k: [] for k in cases}
+    settled: dict[str, list[float]] = {k: [] for k in cases}
     try:
         _tmux(sock, "new-session", "-d", "-s", "bench", "-x", str(cols), "-y", str(rows), "cat", env=env)
         for name in ("PYTHONPATH", "TRAINROOM_HOME", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"):
@@ -213,10 +226,11 @@ def main() -> int:
                 _tmux(sock, "set-environment", "-g", "-u", name)
         for round in range(args.rounds + 1):  # the first: the warm-up (the bytecode written)
             for name, (command, ok, other_src) in cases.items():
-                wall, cpu = one(sock, command, ok, args.poll, 60.0, other_src)
+                wall, cpu, later = one(sock, command, ok, args.poll, 60.0, args.settle, other_src)
                 if round > 0:
                     walls[name].append(wall)
                     cpus[name].append(cpu)
+                    settled[name].append(later)
     finally:
         subprocess.run(["tmux", "-S", sock, "kill-server"], capture_output=True, stdin=subprocess.DEVNULL)
         stopped = stop_demo(env, run_id)
@@ -226,7 +240,7 @@ def main() -> int:
     )
     print(
         f"{'command':22s} {'wall s (median)':>16s} {'max':>6s} {'x top':>7s} {'x textual hello':>16s} "
-        f"{'its CPU s (median)':>19s} {'CPU x textual hello':>20s}"
+        f"{'its CPU s (median)':>19s} {'CPU x textual hello':>20s} {f'CPU s {args.settle:g} s later':>18s}"
     )
     hello = "textual hello"
     for name, values in walls.items():
@@ -235,7 +249,7 @@ def main() -> int:
         cpu_x = statistics.median(a / max(b, 1e-3) for a, b in zip(cpus[name], cpus[hello], strict=True))
         print(
             f"{name:22s} {statistics.median(values):16.2f} {max(values):6.2f} {x_top:6.2f}x {x_hello:15.2f}x "
-            f"{statistics.median(cpus[name]):19.2f} {cpu_x:19.2f}x"
+            f"{statistics.median(cpus[name]):19.2f} {cpu_x:19.2f}x {statistics.median(settled[name]):18.2f}"
         )
     if stopped:
         shutil.rmtree(home, ignore_errors=True)
