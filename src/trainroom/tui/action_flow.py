@@ -35,9 +35,7 @@ from trainroom.core.wire.protocol import Reply, confirming
 
 from .evidence import ActionOutcome
 from .link import KeeperLink
-from .screens.ask import AskArgs
-from .screens.confirm import ConfirmAction
-from .screens.result import ActionResult
+from .screens import lazy as screens  # loaded when first opened, after the first frame
 from .verdict import FindingRow
 from .widgets.actionstrip import ActionStrip
 
@@ -181,7 +179,9 @@ class ActionFlow:
         if lacking:
             self.current = action
             self.app.refresh_bindings()
-            self.app.push_screen(AskArgs(action, lacking, args), partial(self._asked, action, args, question))
+            self.app.push_screen(
+                screens.ask()(action, lacking, args), partial(self._asked, action, args, question)
+            )
             return
         self.current = action
         self._progress(f"{action}: asking the keeper for the plan…")
@@ -222,7 +222,7 @@ class ActionFlow:
         elif REGISTRY[action].spec.destructive:
             self._progress(f"{action}: waiting for your confirmation")
             self.app.push_screen(
-                ConfirmAction(action, plan.plan, plan.message, question),
+                screens.confirm()(action, plan.plan, plan.message, question),
                 partial(self._confirmed, action, args, plan),
             )
         else:
@@ -316,6 +316,8 @@ class ActionFlow:
 
     def _finish(self, outcome: ActionOutcome) -> None:
         self._release()
+        from .screens.result import ActionResult
+
         self.app.push_screen(ActionResult(outcome))
 
     def worker_changed(self, event: Worker.StateChanged) -> None:

@@ -32,13 +32,14 @@ from . import theming, verdict
 from .action_flow import ActionFlow, CancelKey
 from .bindings import KEEPER_ACTIONS, bindings, held_by_a_box
 from .cmdline import CommandLineKey
+from .firstscreen import SizedFirstScreen
 from .following import Following
 from .graphs import HistoryKeys
 from .link import LocalRuns, OverviewReader, RunSource
 from .navigation import Navigation
 from .panels import Panels
 from .processes import ProcessesKey
-from .screens.finding import FindingDetail
+from .screens import lazy as screens  # each screen loads when first opened, after the first frame
 from .verdict import FindingRow, FindingsView
 from .watch import RunWatch
 from .widgets.actionstrip import ActionStrip
@@ -67,7 +68,7 @@ TICK_INTERVAL_S = 1.0  # ages ("last step 4 s ago") move even when nothing arriv
 RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 
 
-class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, Following):
+class ControlRoom(SizedFirstScreen, CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, Following):
     """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
@@ -206,7 +207,7 @@ class ControlRoom(CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, Followin
     @on(FindingsPanel.Open)
     def _open_finding(self, event: FindingsPanel.Open) -> None:
         row = event.row
-        self.push_screen(FindingDetail(row, self.clock()), partial(self._finding_closed, row))
+        self.push_screen(screens.finding()(row, self.clock()), partial(self._finding_closed, row))
 
     def _finding_closed(self, row: FindingRow, act: bool | None) -> None:
         if act and row.action:

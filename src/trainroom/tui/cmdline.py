@@ -19,7 +19,6 @@ from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 
 from .bindings import COMMANDS
-from .screens.cmdline import CommandLine
 from .theming import LoadedThemes, remember, short_name
 
 OWN_VERBS = ("job", "theme")
@@ -89,6 +88,8 @@ class CommandLineKey:
         panel = f" › {focused.id}" if focused is not None and focused.id else ""
         themes = [f"theme {n}" for n in self.loaded_themes.short_names()]
         suggestions = [*verbs(), "prune keep 3", "resume", *themes]
+        from .screens.cmdline import CommandLine  # loaded when first opened
+
         app.push_screen(CommandLine(f"runs › {run}{panel}", verbs(), suggestions), self.command_entered)
 
     def command_entered(self, line: str | None) -> None:

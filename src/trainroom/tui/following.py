@@ -20,7 +20,7 @@ from .messages import Attached, KeeperLost, LogTailChanged, RunChanged
 from .overview import RunRow
 from .reader import series_for
 from .refresh import Refreshing
-from .screens.runs import RunsScreen
+from .screens import lazy as screens  # each screen loads when first opened, after the first frame
 from .widgets.banner import DisconnectBanner
 from .widgets.header import RunHeader
 
@@ -50,7 +50,7 @@ class Following(Refreshing):
 
     def _pick_run(self, rows: list[RunRow], live: int) -> None:
         title = f"{live} runs training (of {len(rows)}): pick one"
-        screen = RunsScreen(rows, self.clock(), None, title)
+        screen = screens.runs()(rows, self.clock(), None, title)
         self.push_screen(screen, partial(self._picked, rows))
         self.nav.refresh_overview(screen)  # live figures, as the overview's
 

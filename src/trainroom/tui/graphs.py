@@ -5,6 +5,7 @@ screens read the samples the reader folds (under its lock) and the options the p
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from textual.app import App
 
@@ -12,10 +13,11 @@ from trainroom.core.run.series import Series
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 
-from .history import HistLine, history_lines
-from .screens.history import HistoryScreen
-from .screens.options import OptionsScreen
+from .screens import lazy as screens
 from .theming import RoomSettings, keep_settings, room_settings
+
+if TYPE_CHECKING:  # the graphs and their screens load when first opened, not before the first frame
+    from .history import HistLine
 
 
 class HistoryKeys:
@@ -45,7 +47,7 @@ class HistoryKeys:
         assert isinstance(self, App)
         run = self.run_info.run_id if self.run_info is not None else "no run"
         self.push_screen(
-            HistoryScreen(self.history_now, lambda: self.room_options.refresh_s, f"runs › {run}")
+            screens.history()(self.history_now, lambda: self.room_options.refresh_s, f"runs › {run}")
         )
 
     def history_now(self, window: int, cols: int, rows: int) -> tuple[int, tuple[HistLine, ...]]:
@@ -56,11 +58,15 @@ class HistoryKeys:
             gpu = self.state.probe.gpu if self.state is not None and self.state.probe is not None else None
         note = gpu.reason if gpu is not None and not gpu.available else None
         o = self.room_options
+        from .history import history_lines
+
         lines = history_lines(samples, window, cols, rows, units=o.units, style=o.graph, gpu_note=note)
         return version, lines
 
     def action_options(self) -> None:
         assert isinstance(self, App)
+        from .screens.options import OptionsScreen
+
         self.push_screen(OptionsScreen(self.room_options), self._options_chosen)
 
     def _options_chosen(self, chosen: RoomSettings | None) -> None:
@@ -76,5 +82,5 @@ class HistoryKeys:
             timeout=3,
         )
         for screen in self.screen_stack:
-            if isinstance(screen, HistoryScreen):
+            if isinstance(screen, screens.history()):
                 screen.redraw(force=True)

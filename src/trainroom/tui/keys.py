@@ -17,7 +17,7 @@ from . import verdict
 from .bindings import COMMANDS, KEEPER_ACTIONS, key_label, key_of
 from .link import KeeperLink
 from .room import Room
-from .screens.help import HelpScreen
+from .screens import lazy as screens  # each screen loads when first opened, after the first frame
 from .verdict import FindingRow, Situation
 from .widgets.findings import FindingsPanel
 from .widgets.trainer import TrainerPanel
@@ -121,4 +121,4 @@ class RoomKeys(Room):
             )
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen({a: self.why_not(a) for a in KEEPER_ACTIONS}, self.keys_in_use))
+        self.push_screen(screens.help()({a: self.why_not(a) for a in KEEPER_ACTIONS}, self.keys_in_use))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from textual.app import App
 from textual.widget import Widget
@@ -16,10 +16,11 @@ from trainroom.core.run.store import RunInfo
 
 from .link import OverviewReader
 from .overview import RunRow, row_of
-from .screens.runs import RunsScreen
-from .screens.search import SearchPrompt
 from .widgets.logtail import LogTailPanel
 from .widgets.loss import LossPanel
+
+if TYPE_CHECKING:  # the screens load when first opened, not before the first frame
+    from .screens.runs import RunsScreen
 
 
 class PanelSet(Protocol):
@@ -161,6 +162,8 @@ class Navigation:
         if not log.view:
             self.app.notify("search: the trainer log is empty so far", severity="warning", timeout=3)
             return
+        from .screens.search import SearchPrompt
+
         self.app.push_screen(SearchPrompt(log.pattern), self._search_for)
 
     def _search_for(self, pattern: str | None) -> None:
@@ -192,6 +195,8 @@ class Navigation:
 
     def runs(self, filter_text: str | None = None) -> None:
         """The runs overview, with the filter and order it had when last closed (or `filter_text`)."""
+        from .screens.runs import RunsScreen
+
         host = self.host
         screen = RunsScreen([], host.clock(), host.run_info.run_id if host.run_info else None)
         screen.filter, screen.sort_by, screen.reverse = self._runs_view

@@ -5,15 +5,15 @@ confirms, as for every kill). A mixin, so the app stays the size it is."""
 from __future__ import annotations
 
 import threading
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from textual.app import App
 
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 
-from .proctable import ProcLine, ProcsView, procs_view
-from .screens.processes import ProcessesScreen
+if TYPE_CHECKING:  # the table and its screen load when first opened, not before the first frame
+    from .proctable import ProcLine, ProcsView
 
 
 class StartsActions(Protocol):
@@ -30,9 +30,13 @@ class ProcessesKey:
     def action_processes(self) -> None:
         assert isinstance(self, App)
         run = self.run_info.run_id if self.run_info is not None else "no run"
+        from .screens.processes import ProcessesScreen
+
         self.push_screen(ProcessesScreen(self.procs_now, self.signal_process, f"runs › {run}"))
 
     def procs_now(self, sort: str, reverse: bool) -> ProcsView:
+        from .proctable import procs_view
+
         with self.lock:
             return procs_view(self.state, sort, reverse)
 
