@@ -1,5 +1,5 @@
 """Time every log pattern on hostile lines: each compiled pattern of the log recognisers
-(core/loglines, logshapes, logformats, health/crash, probes/workers, the nanoGPT pattern), the
+(core/logs/loglines, logshapes, logformats, health/crash, probes/workers, the nanoGPT pattern), the
 recognisers' own entry points (`tqdm_bar`, `metrics`, `pairs`, `Recognition.feed`,
 `crash_from_log`), and, when it is present, the evaluation figure pattern (ops/evaluate `_FIGURE`),
 on lines of 1 KiB to 1 MiB of digits, slashes, underscores and spaces (and a 20 KB URL).

@@ -26,7 +26,7 @@ def test_no_file_gives_the_defaults(tmp_path: Path) -> None:
     assert config.thresholds.host_ram_low_bytes == 3 << 30
     assert config.kill.vram_tolerance_bytes == 512 << 20
     assert config.kill.vram_timeout_s == 50.0
-    assert config.log.pattern is None  # the built-in recognisers (core/logformats)
+    assert config.log.pattern is None  # the built-in recognisers (core/logs/logformats)
 
 
 def test_project_dir_wins_over_state_dir(tmp_path: Path) -> None:

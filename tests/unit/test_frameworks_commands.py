@@ -1,4 +1,4 @@
-"""`launch` recognises the framework a command's script is built on (core/frameworks) and offers
+"""`launch` recognises the framework a command's script is built on (core/logs/frameworks) and offers
 the resume template that fits; --resume-template and trainroom.toml still win (settings)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trainer output is hostile data: every log pattern (core/loglines, logshapes, logformats,
+"""Trainer output is hostile data: every log pattern (core/logs/loglines, logshapes, logformats,
 health/crash, probes/workers) is given 1 MiB lines of digits, slashes, underscores, spaces and a
 long URL, and still gives the right answer (the time each takes is scripts/bench_patterns.py's
 table, never asserted here); the keeper's reader (keeper/logtail) reads a bounded prefix of each

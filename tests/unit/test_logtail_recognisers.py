@@ -1,4 +1,4 @@
-"""The built-in log recognisers (core/logformats) on what real trainers wrote (captured in
+"""The built-in log recognisers (core/logs/logformats) on what real trainers wrote (captured in
 tests/support/trainers/captured/, see its README), checked against each framework's own record:
 HF's trainer_state.json log history, Lightning's CSVLogger metrics."""
 

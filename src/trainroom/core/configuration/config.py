@@ -93,7 +93,7 @@ NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 
 # nanoGPT's training line: `iter 100: loss 2.3456, time 123.45ms, mfu 12.34%` (one of the built-in
-# log recognisers, core/logformats).
+# log recognisers, core/logs/logformats).
 DEFAULT_LOG_PATTERN = NANOGPT_PATTERN
 # Placeholders a resume command template may use. Only these are filled; every other brace is
 # kept as written (`python -c "print({})"`, JSON such as `--opts '{"a": {"b": 1}}'`).
@@ -336,7 +336,7 @@ class KeeperTimes(_Section):
 class Log(_Section):
     # Log-line telemetry for uninstrumented trainers: a regex with named groups `step`, `loss`,
     # `lr`, `grad_norm` (without `step`, each matching line is a step). Unset: the built-in
-    # recognisers (Hugging Face Trainer, Lightning, nanoGPT; core/logformats).
+    # recognisers (Hugging Face Trainer, Lightning, nanoGPT; core/logs/logformats).
     pattern: str | None = None
 
 

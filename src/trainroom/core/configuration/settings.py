@@ -183,7 +183,7 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     disk_budget_bytes: int | None
     watch_globs: tuple[str, ...]
     keep_verified_copies: bool
-    # The run's own log pattern; None: the built-in recognisers (core/logformats).
+    # The run's own log pattern; None: the built-in recognisers (core/logs/logformats).
     log_pattern: str | None
     linger_s: float
     # The linger of a run whose trainer died (DEAD): its resume is the next step, often later.
@@ -196,7 +196,7 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     auto_resume_policy: cfg.AutoResume
     resume_template: str | None
     # Where the template came from: "--resume-template", "trainroom.toml", or "recognised: ..."
-    # (core/frameworks, from the command's script); None without a template.
+    # (core/logs/frameworks, from the command's script); None without a template.
     resume_template_from: str | None
     lock_files: tuple[str, ...]
     host_processes: tuple[str, ...]
@@ -214,7 +214,7 @@ class RunSettings(msgspec.Struct, kw_only=True, frozen=True):
     config_note: str | None = None
     # The alert channels: trainroom.toml's [notify] with the launch flags' targets added.
     notify: sections.Notify = msgspec.field(default_factory=sections.Notify)
-    # The framework the command's script is built on (core/frameworks), when recognised.
+    # The framework the command's script is built on (core/logs/frameworks), when recognised.
     recognised: Recognised | None = None
 
     @property
@@ -241,7 +241,7 @@ def resolve(
 ) -> RunSettings:
     """Merge the launch flags over the project's config (already `resolved(cwd)`: its relative
     paths made absolute) into the settings a keeper runs by. `argv`: the trainer's command, whose
-    script may offer a resume template (core/frameworks) when neither names one."""
+    script may offer a resume template (core/logs/frameworks) when neither names one."""
     lock_files = list(options.lock_files)
     lock_files += [f for f in config.lock_files if f not in lock_files]
     linger = options.linger_s if options.linger_s is not None else config.keeper.linger_s

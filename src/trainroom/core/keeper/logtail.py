@@ -1,5 +1,5 @@
 """What the trainer appended to trainer.log: log-line telemetry (steps, loss, lr, grad norm, read
-by core/logformats' recognisers) and the last lines (a traceback there is the cause of a death).
+by core/logs/logformats' recognisers) and the last lines (a traceback there is the cause of a death).
 
 Lines end at `\\n` or `\\r` (a progress bar redraws itself with `\\r`). Trainer output is hostile
 data, so what the tick does with it is bounded whatever the trainer prints:

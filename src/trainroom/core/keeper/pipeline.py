@@ -72,7 +72,7 @@ def expecting_checkpoints(settings: RunSettings, run_dir: Path) -> str | None:
         return f"a checkpoint root is configured ({settings.ckpt_root})"
     if settings.resume_template:
         return "a resume template is set"
-    # The framework `launch` recognised from the command (core/frameworks), where it is known.
+    # The framework `launch` recognised from the command (core/logs/frameworks), where it is known.
     recognised = getattr(settings, "recognised", None)
     if recognised is not None:
         return f"the command was recognised ({getattr(recognised, 'framework', 'a framework')})"

@@ -45,7 +45,7 @@ class Recognised(msgspec.Struct, kw_only=True, frozen=True):
     resume_template: str | None = None
     # Why there is no template, or how the trainer must take the checkpoint.
     note: str | None = None
-    # How its log counts steps, where the command or script says (core/logformats).
+    # How its log counts steps, where the command or script says (core/logs/logformats).
     log_hints: LogHints = msgspec.field(default_factory=LogHints)
 
 

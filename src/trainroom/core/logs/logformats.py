@@ -18,7 +18,7 @@ tried in order until one reads a step, and that one is kept for the run. Built i
   (`Epoch 1/9 ━━━ 18/40 0:00:01 • ... train_loss: 2.3`) bars. The bar counts batches: with
   `accumulate_grad_batches` known (LogHints) they become optimizer steps, else the unit is batches.
 - `nanogpt`: `iter 100: loss 2.3456, time ...` (optimizer steps).
-- `tqdm` and `lines`: plain loops (core/logshapes): tqdm bars with or without a description or a
+- `tqdm` and `lines`: plain loops (core/logs/logshapes): tqdm bars with or without a description or a
   postfix, and printed or logged lines of `step`/`iter` with a loss or LR.
 
 Until the recogniser kept has read a loss, the others go on reading: one that reads a loss takes
@@ -55,7 +55,7 @@ from trainroom.core.logs.loglines import (
 )
 from trainroom.core.logs.logshapes import PlainLoop
 
-# The primitives live in core/loglines; the rest of trainroom reads them from here too.
+# The primitives live in core/logs/loglines; the rest of trainroom reads them from here too.
 __all__ = [
     "ANSI",
     "NANOGPT_PATTERN",

@@ -1,4 +1,4 @@
-"""What the log recognisers (core/logformats, core/logshapes) share: the step they read, the
+"""What the log recognisers (core/logs/logformats, core/logs/logshapes) share: the step they read, the
 parsers of tqdm bars and `name=value` metrics, the units a step may count, and the hints a
 command gives about them.
 
@@ -128,7 +128,7 @@ def worker_original(message: str) -> tuple[str, str, str] | None:
 
 
 class LogHints(msgspec.Struct, frozen=True, kw_only=True):
-    """What the command or its script says about how its log counts (core/frameworks): None is
+    """What the command or its script says about how its log counts (core/logs/frameworks): None is
     not known."""
 
     logging_steps: int | None = None  # HF Trainer: a dict every N optimizer steps

@@ -1,5 +1,5 @@
 """Log-line telemetry for plain training loops: what a hand-written loop prints, read with no
-configuration (core/logformats tries it after the framework recognisers).
+configuration (core/logs/logformats tries it after the framework recognisers).
 
 - tqdm bars, with or without a description, with a postfix (`loss=2.31, lr=3e-4`) or without; a
   bar over one epoch's batches is followed across epochs (its count restarts, the step goes on).

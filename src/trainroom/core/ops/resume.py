@@ -60,7 +60,7 @@ class ResumePlan(msgspec.Struct, kw_only=True):
     # TRAINROOM_RESUME, and the trainer decides where it starts).
     templated: bool = False
     # Where the template came from: --resume-template, trainroom.toml, or "recognised: ..." (the
-    # command's script, core/frameworks).
+    # command's script, core/logs/frameworks).
     template_from: str | None = None
     note: str = ""  # what the user should know before saying yes (shown with the plan)
     # What the checkpoint lacks of a faithful resume, as what the run loses or resets (a line each).

@@ -410,7 +410,7 @@ class KeeperStarted(msgspec.Struct, tag="keeper-started", kw_only=True, omit_def
 
 
 class LogRecognised(msgspec.Struct, tag="log-recognised", kw_only=True, omit_defaults=True):
-    """Which log recogniser (core/logformats) read an uninstrumented attempt's steps: `hf`,
+    """Which log recogniser (core/logs/logformats) read an uninstrumented attempt's steps: `hf`,
     `lightning`, `nanogpt`, `tqdm`, `lines`, or `pattern` (the run's own), and what its steps
     count (`unit`: optimizer steps, batches, logged dicts...). Name `none`: nothing was recognised
     in the attempt's first `lines` lines."""
