@@ -141,6 +141,10 @@ class LogStep(msgspec.Struct, frozen=True):
     loss: float | None = None
     lr: float | None = None
     grad_norm: float | None = None
+    # The trainer's own pace at this step where its line says it (core/logtiming): steps a
+    # second, and what it was read from ("iteration times", "bar rate", "timestamps").
+    rate: float | None = None
+    rate_from: str | None = None
 
 
 def number(value: object) -> float | None:
@@ -219,3 +223,7 @@ class Recogniser:
 
     def restart(self) -> None:
         return None
+
+    def rate_scale(self) -> float:
+        """Steps per unit of the rate its bar draws (Lightning's bar counts batches)."""
+        return 1.0

@@ -36,6 +36,8 @@ class StepRow(msgspec.Struct, array_like=True):
     t: float
     loss: float | None
     tokens: int | None
+    rate: float | None = None  # a log step's pace by the trainer's own timing, and from what
+    rate_from: str | None = None
 
 
 class AttemptView(msgspec.Struct, kw_only=True):
@@ -374,7 +376,9 @@ class RunState(msgspec.Struct, kw_only=True):
         a.last_step = s.step if a.last_step is None else max(a.last_step, s.step)
         a.last_step_t = r.t
         self.steps_total += 1
-        self.recent_steps.append(StepRow(r.attempt, r.rank, s.step, r.t, s.loss, s.tokens))
+        self.recent_steps.append(
+            StepRow(r.attempt, r.rank, s.step, r.t, s.loss, s.tokens, s.rate, s.rate_from)
+        )
         if len(self.recent_steps) > 2 * RECENT_STEPS:
             del self.recent_steps[:-RECENT_STEPS]
 

@@ -1,0 +1,143 @@
+"""steps/s of an uninstrumented run from the trainer's own timing on its log lines (core/logtiming):
+nanoGPT's iteration times, a tqdm or Lightning bar's rate, a leading timestamp; else the steps
+between records over the times they were read, each read time counted once (a block-buffered
+stdout brings many lines at one read). Real lines: the captured HF and Lightning logs, nanoGPT's
+and tqdm's formats as their sources print them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.run_builder import RunBuilder
+from trainroom.core import protocol as p
+from trainroom.core.journal import stepbatch
+from trainroom.core.keeper.logtail import LogTail
+from trainroom.core.logformats import LogHints, LogStep
+from trainroom.core.logtiming import bar_rate, iteration_ms, leading_stamp
+from trainroom.core.run import figures as fig
+from trainroom.core.run.status import status_dict
+from trainroom.core.run.status_text import status_lines
+from trainroom.tui import figures as views
+
+CAPTURED = Path(__file__).resolve().parents[1] / "support" / "trainers" / "captured"
+
+
+def test_the_figures_on_real_lines() -> None:
+    # nanoGPT's train.py: f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%"
+    assert iteration_ms("iter 100: loss 2.3456, time 129.87ms, mfu 12.34%") == 129.87
+    assert iteration_ms("iter 0: loss 4.2874, time 35312.50ms, mfu -100.00%") == 35312.5
+    assert iteration_ms("iter 100: loss 2.3456") is None
+    # tqdm: `n/total [elapsed<left, rate]`, the rate `s/it` under one a second.
+    assert bar_rate(" 45%|████▌     | 45/100 [00:05<00:06,  8.20it/s, loss=2.31, lr=3e-4]") == 8.2
+    assert bar_rate(" 45%|████▌     | 45/100 [01:05<01:06,  1.25s/it]") == 0.8
+    assert bar_rate("  0%|          | 0/60 [00:00<?, ?it/s]") is None
+    assert bar_rate("Epoch 0/-2 ━━━━━━━━ 1/40 0:00:00 • -:--:-- 0.00it/s v_num: 0.000") is None
+    assert bar_rate("Epoch 0/-2 ━━━━━━━━ 2/40 0:00:00 • 0:00:01 47.10it/s v_num: 0.000") == 47.1
+    # `logging`'s asctime and ISO 8601; only differences are used.
+    a = leading_stamp("2026-12-04 10:00:00,123 INFO train: step=10, loss=2.3100")
+    b = leading_stamp("[2026-12-04T10:00:01.623Z] step 20 loss 2.1")
+    assert a is not None and b is not None and b - a == pytest.approx(1.5)
+    assert leading_stamp("step 10 loss 2.31 at 2026-12-04 10:00:00") is None
+    assert leading_stamp("2026-13-45 10:00:00 step 1") is None  # no such date: no time
+
+
+def test_the_figures_stay_linear_on_hostile_lines() -> None:
+    """A megabyte of digits or of `it/s` is read in one pass (a timed check is scripts/bench_patterns.py)."""
+    for line in ("9" * (1 << 20), "1it/s" * (1 << 18), ", time " + "9" * (1 << 20) + "ms", "2026-" * 300_000):
+        bar_rate(line), iteration_ms(line), leading_stamp(line)
+    assert bar_rate("9" * 40 + "it/s") is None  # a number longer than the window is no rate
+
+
+def read(tmp_path: Path, text: str, hints: LogHints | None = None) -> list[LogStep]:
+    log = tmp_path / f"trainer-{len(list(tmp_path.iterdir()))}.log"
+    tail = LogTail(log, None, hints)  # made before the file: reads it from its start
+    log.write_text(text)
+    return tail.read() + tail.read(final=True)
+
+
+def test_a_nanogpt_line_times_its_step_by_its_iteration_time(tmp_path: Path) -> None:
+    lines = "".join(
+        f"iter {i}: loss {3 - i / 1000:.4f}, time {125.0 if i else 9000.0:.2f}ms, mfu 1.00%\n"
+        for i in range(0, 100, 10)
+    )
+    steps = read(tmp_path, lines)
+    assert [s.step for s in steps] == list(range(0, 100, 10))
+    assert steps[0].rate == pytest.approx(1000 / 9000) and steps[-1].rate == pytest.approx(8.0)
+    assert {s.rate_from for s in steps} == {"iteration times"}
+
+
+def test_the_bars_rate_times_hf_and_lightning_steps(tmp_path: Path) -> None:
+    hf = read(tmp_path, (CAPTURED / "hf_trainer.log").read_text())
+    timed = [s for s in hf if s.rate is not None]
+    assert len(timed) > len(hf) // 2 and {s.rate_from for s in timed} == {"bar rate"}
+    assert all(100 < (s.rate or 0) < 400 for s in timed)  # the captured run's 168-192 it/s
+    # Lightning counts batches: under accumulate_grad_batches=4 a step is 4 of them.
+    light = read(tmp_path, (CAPTURED / "lightning_tqdm.log").read_text())
+    light4 = read(tmp_path, (CAPTURED / "lightning_tqdm.log").read_text(), LogHints(accumulate=4))
+    r1 = [s.rate for s in light if s.rate is not None]
+    r4 = [s.rate for s in light4 if s.rate is not None]
+    assert r1 and r4 and fig.statistics.median(r4) == pytest.approx(fig.statistics.median(r1) / 4, rel=0.2)
+
+
+def test_timestamps_time_the_steps_between_records(tmp_path: Path) -> None:
+    lines = "".join(
+        f"2026-12-04 10:00:{i // 10:02d},{(i % 10) * 100:03d} INFO train: step={i * 5}, loss=2.3\n"
+        for i in range(1, 30)
+    )
+    steps = read(tmp_path, lines)
+    timed = [s for s in steps if s.rate is not None]
+    assert len(timed) == len(steps) - 1 and all(s.rate == pytest.approx(50.0, rel=1e-3) for s in timed)
+    assert {s.rate_from for s in timed} == {"timestamps"}
+
+
+def log_run(
+    rates: list[float | None], interval: float, every: int, t_reads: list[float] | None = None
+) -> RunBuilder:
+    b = RunBuilder()
+    b.start(instrumented=False)
+    for i, r in enumerate(rates):
+        b.now = t_reads[i] if t_reads else b.now + interval
+        step = (i + 1) * every
+        b.rx(p.Step(step=step, t=b.now, loss=2.0, source="log", rate=r, rate_from="bar rate" if r else None))
+    return b
+
+
+def test_the_pace_is_the_trainers_own_where_it_says_it_with_its_source() -> None:
+    # Records read 0.9 s apart (a log poll's pace) while the trainer says 11 steps/s.
+    b = log_run([11.0, 10.8, 11.3, 40.0, 11.1], interval=0.9, every=10)
+    assert fig.pace(b.run) == (pytest.approx(11.1), "bar rate")
+    d = status_dict(b.run, now=b.now)
+    assert d["steps_per_s"] == pytest.approx(11.1) and d["steps_per_s_from"] == "bar rate"
+    assert "11.1 steps/s (from the log: the progress bar's rate)" in status_lines(d)[1]
+    view = views.cadence_view(b.run, b.now)
+    assert view.rate_from == "bar rate" and view.interval_s == pytest.approx(1 / 11.1)
+
+
+def test_without_timing_each_read_time_counts_once() -> None:
+    """A block-buffered stdout: 100 records (a step each) arrive at each of five reads 10 s apart.
+    The pace is 100 steps per 10 s, not "?" (every record in the last 32 read at one time)."""
+    reads = [1_000_100.0 + 10 * (i // 100) for i in range(500)]
+    b = log_run([None] * 500, interval=0, every=1, t_reads=reads)
+    assert fig.pace(b.run) == (pytest.approx(10.0), "read times")
+    assert (
+        "10.0 steps/s (from the log: when its lines were read)" in status_lines(status_dict(b.run, b.now))[1]
+    )
+    # The reporter's steps say so.
+    r = RunBuilder()
+    r.start()
+    r.steps(40, interval=0.25)
+    assert fig.pace(r.run) == (pytest.approx(4.0), "reporter")
+
+
+def test_a_step_s_rate_survives_the_journal_s_batches() -> None:
+    recs = [
+        p.Received(
+            attempt=1, rank=0, t=100.0 + i, msg=p.Step(step=i, t=100.0 + i, source="log", rate=r, rate_from=f)
+        )
+        for i, (r, f) in enumerate(
+            [(None, None), (8.25, "bar rate"), (0.125, "iteration times"), (3.0, "timestamps")]
+        )
+    ]
+    assert stepbatch.decode(stepbatch.encode(1, recs)) == recs
