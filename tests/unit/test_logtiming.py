@@ -57,15 +57,36 @@ def read(tmp_path: Path, text: str, hints: LogHints | None = None) -> list[LogSt
     return tail.read() + tail.read(final=True)
 
 
-def test_a_nanogpt_line_times_its_step_by_its_iteration_time(tmp_path: Path) -> None:
-    lines = "".join(
-        f"iter {i}: loss {3 - i / 1000:.4f}, time {125.0 if i else 9000.0:.2f}ms, mfu 1.00%\n"
-        for i in range(0, 100, 10)
-    )
+def test_a_nanogpt_line_times_its_steps_by_its_iteration_times(tmp_path: Path) -> None:
+    """Every 10th iteration's duration: the steps covered over their sampled time, without the
+    first line's (the warm-up) and an outlier's (an eval inside one sampled iteration)."""
+    ms = [9000.0] + [125.0] * 20 + [5000.0] + [125.0] * 10
+    lines = "".join(f"iter {i * 10}: loss 2.5, time {t:.2f}ms, mfu 1.00%\n" for i, t in enumerate(ms))
     steps = read(tmp_path, lines)
-    assert [s.step for s in steps] == list(range(0, 100, 10))
-    assert steps[0].rate == pytest.approx(1000 / 9000) and steps[-1].rate == pytest.approx(8.0)
-    assert {s.rate_from for s in steps} == {"iteration times"}
+    assert [s.step for s in steps] == [i * 10 for i in range(len(ms))]
+    assert steps[0].rate is None  # iter 0: imports, compile, the first eval
+    assert all(s.rate == pytest.approx(8.0) for s in steps[1:])
+    assert {s.rate_from for s in steps[1:]} == {"iteration times"}
+    # Varying step times: the steps over the time they took, not a median or a mean of rates.
+    varied = read(
+        tmp_path, "".join(f"iter {i}: loss 2.5, time {t}ms\n" for i, t in enumerate([1, 100, 300] * 8))
+    )
+    assert varied[-1].rate == pytest.approx(1000 / ((7 * 1 + 8 * 100 + 8 * 300) / 23))
+
+
+def test_a_bars_pace_is_its_count_over_its_elapsed_time_once_that_spans_10_s(tmp_path: Path) -> None:
+    """tqdm's `it/s` is an average of rates (9.85 shown for a true 8.2 when step times vary): its
+    count over its elapsed time is the pace, once the records span enough whole seconds."""
+    rates = [f"{40 if n % 20 else 2}.00it/s" for n in range(300)]
+    bar = "".join(
+        f" 50%|#####     | {n}/300 [00:{n // 10:02d}<00:10, {rates[n]}, loss=2.5]\r" for n in range(1, 300)
+    )
+    steps = read(tmp_path, bar)
+    early = [s for s in steps if s.step < 100]
+    late = [s for s in steps if s.step > 150]
+    assert early and all(s.rate in (40.0, 2.0) for s in early)  # under 10 s: the bar's own figure
+    assert late and all(s.rate == pytest.approx(10.0, rel=0.1) for s in late)
+    assert {s.rate_from for s in steps} == {"bar rate"}
 
 
 def test_the_bars_rate_times_hf_and_lightning_steps(tmp_path: Path) -> None:
@@ -110,7 +131,7 @@ def test_the_pace_is_the_trainers_own_where_it_says_it_with_its_source() -> None
     assert fig.pace(b.run) == (pytest.approx(11.1), "bar rate")
     d = status_dict(b.run, now=b.now)
     assert d["steps_per_s"] == pytest.approx(11.1) and d["steps_per_s_from"] == "bar rate"
-    assert "11.1 steps/s (from the log: the progress bar's rate)" in status_lines(d)[1]
+    assert "11.1 steps/s (from the log: the progress bar's count and time)" in status_lines(d)[1]
     view = views.cadence_view(b.run, b.now)
     assert view.rate_from == "bar rate" and view.interval_s == pytest.approx(1 / 11.1)
 

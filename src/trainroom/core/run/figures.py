@@ -151,6 +151,8 @@ def step_age(run: RunState, now: float) -> float | None:
 
 # The records a rank's steps/s is read over (the newest of this attempt's recent steps).
 RATE_RECORDS = 32
+# The trainer's own pace is taken from one of a rank's newest records this many.
+TIMED_RECENT = 4
 
 
 class Pace(NamedTuple):
@@ -163,16 +165,17 @@ class Pace(NamedTuple):
 
 
 def _rank_pace(rows: list[StepRow], instrumented: bool) -> Pace | None:
-    """One rank's pace over its newest records since the step last went back (a restart): the
-    median of the trainer's own rates where its newest record has one; else the steps between its
+    """One rank's pace since the step last went back (a restart): the trainer's own pace over its
+    last records (core/logtiming) where one of its newest records has it (the last step of an
+    attempt may come from no line: HF's dict given out at the end); else the steps between its
     first and last record over the time between them, each arrival time counted once with the
     highest step it brought (a block-buffered stdout brings a hundred lines at one read time)."""
     rows = sorted(rows, key=lambda s: s.t)
     start = max((i for i in range(1, len(rows)) if rows[i].step < rows[i - 1].step), default=0)
     rows = rows[start:]
-    timed = [s for s in rows[-RATE_RECORDS:] if s.rate is not None]
-    if rows and rows[-1].rate is not None and rows[-1].rate_from:
-        return Pace(statistics.median(s.rate for s in timed if s.rate is not None), rows[-1].rate_from)
+    timed = next((s for s in reversed(rows[-TIMED_RECENT:]) if s.rate is not None and s.rate_from), None)
+    if timed is not None and timed.rate is not None:
+        return Pace(timed.rate, timed.rate_from)
     arrivals: dict[float, int] = {}
     for s in rows:
         arrivals[s.t] = max(arrivals.get(s.t, s.step), s.step)
