@@ -102,6 +102,9 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=0.0, help="seconds slept after each iteration")
     ap.add_argument("--log-interval", type=int, default=1, help="print every Nth iteration (nanoGPT's is 10)")
     ap.add_argument("--record", default=None, help="each iteration's end time, JSON lines: the true pace")
+    ap.add_argument(
+        "--no-flush", action="store_true", help="print as nanoGPT does: stdout to a file is block-buffered"
+    )
     ap.add_argument("--nan-from", type=int, default=None, help="the loss turns NaN from this iteration on")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -161,7 +164,8 @@ def main() -> int:
             record.write(json.dumps({"iter": it, "t": t1}) + "\n")
             record.flush()
         if it % args.log_interval == 0:
-            print(f"iter {it}: loss {loss.item():.4f}, time {dt * 1000:.2f}ms, mfu 0.01%", flush=True)
+            line = f"iter {it}: loss {loss.item():.4f}, time {dt * 1000:.2f}ms, mfu 0.01%"
+            print(line, flush=not args.no_flush)
         if it % args.save_every == 0:
             best_val_loss = torch.minimum(best_val_loss, loss.detach())
             checkpoint = {
