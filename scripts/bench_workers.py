@@ -156,14 +156,17 @@ def detection(trials: int, lightning: bool = False) -> None:
                 argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
                 argv += [str(trainer), "--step-delay", "0.05"]
             info = launch(argv, LaunchOptions(linger_s=30), cwd=cwd)
+            # Lightning's Rich bar draws nothing to a file before the end: its ranks' marks say
+            # they train.
+            up = [Path(cwd) / "out" / f"rank{r}.up" for r in (0, 1)]
             d = wait_for(
-                lambda info=info: (
+                lambda info=info, up=up: (
                     (x := status(info))
                     and len([r for r in x["ranks"] if r["pid"]]) == 2
-                    and (x["step"] or 0) > 5
+                    and (all(p.exists() for p in up) if lightning else (x["step"] or 0) > 5)
                     and x
                 ),
-                timeout=300,
+                timeout=600,
             )
             pid1 = next(r["pid"] for r in d["ranks"] if r["rank"] == 1)
             t0 = time.time()
