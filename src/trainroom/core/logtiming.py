@@ -36,6 +36,14 @@ RATE_WORDS: Final[dict[str, str]] = {
     "read times": "from the log: when its lines were read",
     "reporter": "from the reporter",
 }
+# The same, short, for the control room's cadence panel (beside the figure).
+RATE_SHORT: Final[dict[str, str]] = {
+    "iteration times": "log: iteration times",
+    "bar rate": "log: bar count/time",
+    "timestamps": "log: timestamps",
+    "read times": "log: read times",
+    "reporter": "reporter",
+}
 # A rate past this is no training loop's (a garbled figure); one under it is kept.
 MAX_RATE = 1e7
 # The records a pace is read over, and the most time they may span.

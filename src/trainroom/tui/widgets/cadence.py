@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Sparkline
 
-from trainroom.core.logtiming import RATE_WORDS
+from trainroom.core.logtiming import RATE_SHORT
 from trainroom.tui import fmt
 from trainroom.tui.figures import CadenceView
 
@@ -28,7 +28,8 @@ class CadenceFigures(Panel[CadenceView], can_focus=False):
             t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))
             t.append("  " + fmt.rate(view.interval_s, "s/step"), style=self.style("value"))
         if view.rate_from is not None and view.steps_per_s is not None:
-            t.append("\n" + RATE_WORDS.get(view.rate_from, view.rate_from), style=self.style("dim"))
+            # Where steps/s came from, on its line (a narrow panel cuts this first, never the bound).
+            t.append("  " + RATE_SHORT.get(view.rate_from, view.rate_from), style=self.style("dim"))
         t.append("\n")
         age = view.last_step_age_s
         if view.stopped:
