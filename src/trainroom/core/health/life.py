@@ -39,8 +39,8 @@ def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
     (Lightning's rank 0, the process started) restarts none and fails at its next collective
     (about 3 s here): either way the attempt is over, said at once."""
     w = run.worker_death(a)
-    if w is None:
-        return None
+    if w is None or (a.stop_until is not None and (w.ended_at or 0.0) <= a.stop_until):
+        return None  # none failed, or a user's kill is under way: the rank's end is the kill's
     return w if w.restarts_left == 0 or (w.restarts_left is None and self_launched(run, a)) else None
 
 
