@@ -218,6 +218,24 @@ def test_steps_per_s_of_nanogpt_is_read_from_its_iteration_times(trhome: Path, t
     assert d["steps_per_s_last"] == pytest.approx(true, rel=0.25), (d["steps_per_s_last"], true)
 
 
+def test_steps_per_s_of_lightning_accumulating_4_batches_is_its_bars_pace_in_optimizer_steps(
+    trhome: Path, tmp_path: Path
+) -> None:
+    """Lightning's TQDM bar counts batches: under accumulate_grad_batches=4 its pace is a quarter
+    of them in optimizer steps, within 25 % of the trainer's own step times."""
+    pytest.importorskip("lightning")
+    rec = tmp_path / "batches.jsonl"
+    argv = [sys.executable, str(TRAINERS / "lightning_train.py"), "--out", str(tmp_path / "out"), "--tqdm"]
+    argv += ["--max-steps", "100", "--batches", "400", "--every", "100000", "--accumulate_grad_batches", "4"]
+    info = launch([*argv, "--step-delay", "0.02", "--record", str(rec)], cwd=str(tmp_path))
+    d = wait_for(lambda: ended(s := status(info)) and s, timeout=START_S, what="the trainer ended")
+    assert d["state"] == "exited" and d["step"] == 100, d["state_reason"]
+    assert d["log"]["recogniser"] == "lightning" and d["log"]["unit"] == "optimizer steps"
+    true = true_pace(rec, seconds=WINDOW_S)
+    assert d["steps_per_s_from"] == "bar rate"
+    assert d["steps_per_s_last"] == pytest.approx(true, rel=0.25), (d["steps_per_s_last"], true)
+
+
 def test_steps_per_s_of_an_hf_trainer_is_its_bars_rate(trhome: Path, tmp_path: Path) -> None:
     """HF's training bar (`45/80 [00:05<00:04, 8.20it/s]`): its rate, within 25 % of the Trainer's
     own step times (9.85 for a true 8.2 when it was 1 / the gap between records)."""
