@@ -131,7 +131,7 @@ def test_the_pace_is_the_trainers_own_where_it_says_it_with_its_source() -> None
     assert fig.pace(b.run) == (pytest.approx(11.1), "bar rate")
     d = status_dict(b.run, now=b.now)
     assert d["steps_per_s"] == pytest.approx(11.1) and d["steps_per_s_from"] == "bar rate"
-    assert "11.1 steps/s (from the log: the progress bar's count and time)" in status_lines(d)[1]
+    assert "11.1 steps/s (from the log: its progress bar)" in status_lines(d)[1]
     view = views.cadence_view(b.run, b.now)
     assert view.rate_from == "bar rate" and view.interval_s == pytest.approx(1 / 11.1)
 

@@ -31,7 +31,7 @@ RateFrom = Literal["iteration times", "bar rate", "timestamps"]
 # Words for where a run's steps/s came from (status, the control room's cadence panel).
 RATE_WORDS: Final[dict[str, str]] = {
     "iteration times": "from the log: the trainer's iteration times",
-    "bar rate": "from the log: the progress bar's count and time",
+    "bar rate": "from the log: its progress bar",
     "timestamps": "from the log: its timestamps",
     "read times": "from the log: when its lines were read",
     "reporter": "from the reporter",
@@ -39,7 +39,7 @@ RATE_WORDS: Final[dict[str, str]] = {
 # The same, short, for the control room's cadence panel (beside the figure).
 RATE_SHORT: Final[dict[str, str]] = {
     "iteration times": "log: iteration times",
-    "bar rate": "log: bar count/time",
+    "bar rate": "log: progress bar",
     "timestamps": "log: timestamps",
     "read times": "log: read times",
     "reporter": "reporter",
