@@ -150,6 +150,10 @@ def test_without_timing_each_read_time_counts_once() -> None:
     r.start()
     r.steps(40, interval=0.25)
     assert fig.pace(r.run) == (pytest.approx(4.0), "reporter")
+    # A reporter's step claiming a log's timing is still the reporter's pace.
+    r.now += 0.25
+    r.rx(p.Step(step=41, t=r.now, rate=99.0, rate_from="bar rate"))
+    assert fig.pace(r.run) == (pytest.approx(4.0), "reporter")
 
 
 def test_a_step_s_rate_survives_the_journal_s_batches() -> None:

@@ -173,7 +173,9 @@ def _rank_pace(rows: list[StepRow], instrumented: bool) -> Pace | None:
     rows = sorted(rows, key=lambda s: s.t)
     start = max((i for i in range(1, len(rows)) if rows[i].step < rows[i - 1].step), default=0)
     rows = rows[start:]
-    timed = next((s for s in reversed(rows[-TIMED_RECENT:]) if s.rate is not None and s.rate_from), None)
+    # Only a log step's (an instrumented attempt's steps are its reporter's, whatever they say).
+    recent = [] if instrumented else rows[-TIMED_RECENT:]
+    timed = next((s for s in reversed(recent) if s.rate is not None and s.rate_from), None)
     if timed is not None and timed.rate is not None:
         return Pace(timed.rate, timed.rate_from)
     arrivals: dict[float, int] = {}
