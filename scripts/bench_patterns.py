@@ -1,5 +1,5 @@
 """Time every log pattern on hostile lines: each compiled pattern of the log recognisers
-(core/logs/loglines, logshapes, logformats, health/crash, probes/workers, the nanoGPT pattern), the
+(core/logs/loglines, logshapes, logformats, logtiming, health/crash, probes/workers, the nanoGPT pattern), the
 recognisers' own entry points (`tqdm_bar`, `metrics`, `pairs`, `Recognition.feed`,
 `crash_from_log`), and, when it is present, the evaluation figure pattern (ops/evaluate `_FIGURE`),
 on lines of 1 KiB to 1 MiB of digits, slashes, underscores and spaces (and a 20 KB URL).
@@ -31,6 +31,7 @@ MODULES = [
     "trainroom.core.logs.loglines",
     "trainroom.core.logs.logshapes",
     "trainroom.core.logs.logformats",
+    "trainroom.core.logs.logtiming",
     "trainroom.core.health.crash",
     "trainroom.core.probes.workers",
     "trainroom.core.ops.evaluate",
@@ -75,6 +76,14 @@ def runners() -> dict[str, Callable[[str], Any]]:
         return r.feed(s), r.feed(" 50%|" + s + "| 1/2 [00:01<00:01, 1.0it/s, loss=1.5]")
 
     out["Recognition.feed() (all built-in)"] = feed
+    try:
+        timing = importlib.import_module("trainroom.core.logs.logtiming")
+    except ImportError:
+        timing = None  # a tree from before the trainer's own timing was read
+    if timing is not None:
+        out["logtiming.bar_rate()"] = lambda s: timing.bar_rate(s + "it/s")
+        out["logtiming.iteration_ms()"] = lambda s: timing.iteration_ms(", time " + s + "ms")
+        out["logtiming.leading_stamp()"] = lambda s: timing.leading_stamp("2026-12-04 10:00:00," + s)
     out["crash_from_log()"] = lambda s: crash.crash_from_log("Traceback (most recent call last):\n" + s)
     return out
 

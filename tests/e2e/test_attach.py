@@ -7,6 +7,7 @@ carry it (and that this test started), never anything found by name.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -212,6 +213,30 @@ def test_sigkill_is_dead_with_exit_status_unknown_and_a_nan_is_nonfinite(outside
     assert f["evidence"]["last_step"] is not None and f["evidence"]["last_step"] >= 40
     assert "kernel log" in f["message"]  # an OOM kill named, or none, or why it could not be read
     print(f"DEAD {took:.2f} s after SIGKILL")
+
+
+def test_an_attached_block_buffered_nanogpt_shows_its_pace(outside: Outside) -> None:
+    """nanoGPT prints without flushing: to a file, its lines come 8 KiB (some 150 iterations) at a
+    time, all read at one moment. steps/s is its iteration times' (within 25 % of its own record),
+    said to be, where it was "?" (the records' read times gave no pace)."""
+    rec = outside.cwd / "iters.jsonl"
+    pid, log = outside.start(
+        "--iters", "100000", "--delay", "0.03", "--save-every", "100000", "--no-flush", "--record", str(rec)
+    )
+    wait_for(stepping(log), timeout=START_S, what="the trainer's first 8 KiB of lines")
+    run = attach(pid)
+
+    def paced() -> dict[str, Any] | None:
+        d = status_json(run)
+        return d if d["steps_per_s"] is not None and (d["step"] or 0) > 64 else None
+
+    d = wait_for(paced, timeout=START_S, what="a pace for the attached run")
+    assert d["steps_per_s_from"] == "iteration times", d
+    step = d["step"]
+    rows = [r for r in map(json.loads, rec.read_text().splitlines()) if step - 32 <= r["iter"] <= step]
+    true = (rows[-1]["iter"] - rows[0]["iter"]) / (rows[-1]["t"] - rows[0]["t"])
+    assert d["steps_per_s"] == pytest.approx(true, rel=0.25), (d["steps_per_s"], true)
+    assert "steps/s (from the log: the trainer's iteration times)" in run_cli("status", run).stdout
 
 
 def test_attach_refuses_what_is_not_a_trainer_in_one_line(outside: Outside) -> None:

@@ -155,6 +155,15 @@ def test_lightning_ddp_a_stopped_then_killed_rank_1_is_named(
     assert f"rank 1 killed by SIGKILL (pid {pids[1]})" in f["message"], f["message"]
     assert "Connection reset" not in f["message"]  # what followed from it, not its cause
     assert f"rank 0 (pid {pids[0]}, the process started)" in f["message"]
+
+    def ended() -> dict[str, Any] | None:
+        s = status(info)
+        return s if s["exit"]["code"] is not None or s["exit"]["signal"] is not None else None
+
+    # DEAD came at rank 1's death (Lightning restarts no rank); rank 0 ends at its next collective.
+    s = wait_for(ended, timeout=120, what="rank 0, the process started, ended")
+    f = _finding(s, "DEAD")
+    assert f is not None and f"rank 1 killed by SIGKILL (pid {pids[1]})" in f["message"], f
     # Rank 0 is the process the keeper started: its exit is its own wait status, not "gone".
     rank0 = next(r for r in s["ranks"] if r["rank"] == 0)
     assert rank0["exit"] is not None and (rank0["exit"]["code"], rank0["exit"]["signal"]) == (

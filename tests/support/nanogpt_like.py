@@ -100,6 +100,11 @@ def main() -> int:
         "--drop-optimizer-from", type=int, default=None, help="save without the optimizer from this iteration"
     )
     ap.add_argument("--delay", type=float, default=0.0, help="seconds slept after each iteration")
+    ap.add_argument("--log-interval", type=int, default=1, help="print every Nth iteration (nanoGPT's is 10)")
+    ap.add_argument("--record", default=None, help="each iteration's end time, JSON lines: the true pace")
+    ap.add_argument(
+        "--no-flush", action="store_true", help="print as nanoGPT does: stdout to a file is block-buffered"
+    )
     ap.add_argument("--nan-from", type=int, default=None, help="the loss turns NaN from this iteration on")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -141,6 +146,8 @@ def main() -> int:
         start = int(ckpt["iter_num"]) + 1
         print(f"resuming from {out / 'ckpt.pt'} at iter {ckpt['iter_num']}", flush=True)
     print(f"nanogpt-like: ln(V) {math.log(65):.4f}", flush=True)
+    record = open(args.record, "a") if args.record else None  # noqa: SIM115 (held for the loop)
+    t0 = time.time()
     for it in range(start, args.iters + 1):
         x = torch.randint(65, (4, 16))
         loss = F.cross_entropy(model(x).view(-1, 65), torch.roll(x, -1, 1).view(-1))
@@ -149,7 +156,16 @@ def main() -> int:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        print(f"iter {it}: loss {loss.item():.4f}, time 1.00ms, mfu 0.01%", flush=True)
+        # As nanoGPT times it: the wall time since the previous iteration's end (the sleep and the
+        # save included), printed every log_interval iterations.
+        t1 = time.time()
+        dt, t0 = t1 - t0, t1
+        if record is not None:
+            record.write(json.dumps({"iter": it, "t": t1}) + "\n")
+            record.flush()
+        if it % args.log_interval == 0:
+            line = f"iter {it}: loss {loss.item():.4f}, time {dt * 1000:.2f}ms, mfu 0.01%"
+            print(line, flush=not args.no_flush)
         if it % args.save_every == 0:
             best_val_loss = torch.minimum(best_val_loss, loss.detach())
             checkpoint = {

@@ -256,6 +256,7 @@ async def test_a_halted_trainer_is_not_running_and_its_rate_is_the_last_one_seen
         trainer = app.query_one(TrainerPanel).render().plain  # type: ignore[union-attr]
         assert "running" not in trainer and f"{state}: last step 24 s ago" in trainer
         assert f"{state.upper()}  was 2 steps/s" in text and "0.5 s/step" not in text
+        assert "was 2 steps/s  reporter" in text  # where the figure came from, beside it
         header = text.splitlines()[0]
         assert "no step for 24 s (bound 10 s)" in header and "within 10 s" not in header
         # The age moves with the clock: the header and the trainer panel say it live.

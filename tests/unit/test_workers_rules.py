@@ -226,6 +226,44 @@ def test_a_failed_worker_with_no_restart_left_is_dead_before_torchrun_exits() ->
     assert f.evidence["exit_code"] is None and f.evidence["worker"]["signal"] == "SIGKILL"
 
 
+def _lightning_run() -> RunBuilder:
+    """Lightning DDP: the process started is rank 0 and re-runs the script for rank 1 (no torch
+    elastic: no restarts_left)."""
+    b = RunBuilder()
+    b.start(pid=W0, instrumented=False)
+    b.run.attempts[-1].argv = ["python", "train.py"]
+    for rank, pid in ((0, W0), (1, W1)):
+        b.apply(p.WorkerSeen(attempt=1, t=b.now, pid=pid, rank=rank, start_ticks=100 + rank, local_rank=rank))
+    b.steps(12)
+    return b
+
+
+def test_a_failed_rank_of_lightnings_own_launcher_is_dead_before_rank_0_fails() -> None:
+    """No one restarts a rank of Lightning's own launcher: rank 1's death ends the attempt at
+    once, not when rank 0 fails at its next collective (about 3 s later)."""
+    b = _lightning_run()
+    b.apply(p.WorkerEnded(attempt=1, t=b.now + 0.01, pid=W1, rank=1, exit_signal=9, source="wait-status"))
+    v = Watchdog().evaluate(b.run, _ctx({W0: "S"}), b.now + 0.1)
+    assert v.state == "dead"
+    lead = f"rank 0 (pid {W0}, the process started)"
+    assert (
+        v.reason
+        == f"rank 1 killed by SIGKILL (pid {W1}); {lead} launched it and restarts no rank: the attempt is over"
+    )
+    f = _finding(v, "DEAD")
+    assert f.message.startswith(f"attempt 1: rank 1 killed by SIGKILL (pid {W1}) at step 12")
+    assert f.message.endswith(f"; {lead} launched it and restarts no rank: the attempt is over")
+
+
+def test_a_rank_ended_by_a_users_kill_is_no_death() -> None:
+    """A user's kill under way: a rank that ends by it (before rank 0) is the kill's doing."""
+    b = _lightning_run()
+    b.apply(p.AttemptStopping(n=1, t=b.now, by="cli pid 1", until=b.now + 10))
+    b.apply(p.WorkerEnded(attempt=1, t=b.now + 0.01, pid=W1, rank=1, exit_signal=15, source="wait-status"))
+    v = Watchdog().evaluate(b.run, _ctx({W0: "S"}), b.now + 0.1)
+    assert v.state != "dead" and not [f for f in v.findings if f.code == "DEAD"]
+
+
 @pytest.mark.parametrize(
     ("restarts_left", "end"),
     [

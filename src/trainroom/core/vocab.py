@@ -48,6 +48,8 @@ KeeperWord = Literal["alive", "busy", "gone"]
 PhaseName = Literal["train", "eval", "checkpoint-save", "checkpoint-load", "data"]
 # Where a step's figures came from: the reporter, or the trainer's log lines.
 StepSource = Literal["reporter", "log"]
+# What a log step's pace was read from (the trainer's own timing on its lines: core/logs/logtiming).
+RateSource = Literal["iteration times", "bar rate", "timestamps"]
 # How a rank's end was learnt: its zombie's wait status, its launcher's word, or its pid gone.
 WorkerEndSource = Literal["wait-status", "launcher", "gone"]
 # What a mark on the loss plot stands for.

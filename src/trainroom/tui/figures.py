@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from trainroom.core.findings import SEVERITY_RANK, Finding
 from trainroom.core.run.ended import attempt_ended
-from trainroom.core.run.figures import driver_view, ln_v, run_loss, stall_bound, step_age, steps_per_s, vram
+from trainroom.core.run.figures import driver_view, ln_v, pace, run_loss, stall_bound, step_age, vram
 from trainroom.core.run.series import SeriesSnapshot
 from trainroom.core.run.state import RunState
 from trainroom.core.vocab import PANEL_CODES, CkptState, FindingCode, Level
@@ -247,6 +247,7 @@ class CadenceView:
     halted: str  # "stalled" or "hung" while alive but not stepping (the rates are the last seen), else ""
     intervals: tuple[float, ...]
     level: Level
+    rate_from: str | None = None  # where steps/s came from (core/run/figures.Pace's source)
 
 
 def cadence_view(state: RunState, now: float) -> CadenceView:
@@ -268,9 +269,13 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
         level = "dim"
     else:
         level = "ok"
+    rate, source = pace(state)
+    interval = state.step_interval()
+    if rate and source not in (None, "reporter"):
+        interval = 1.0 / rate  # a log record may cover many steps: its gap is not one step's
     return CadenceView(
-        steps_per_s=steps_per_s(state),
-        interval_s=state.step_interval(),
+        steps_per_s=rate,
+        interval_s=interval,
         tokens_per_s=sum(tps) if tps else None,
         last_step_age_s=age,
         bound_s=bound,
@@ -279,6 +284,7 @@ def cadence_view(state: RunState, now: float) -> CadenceView:
         halted=state.status if not stopped and state.status in HALTED else "",
         intervals=intervals,
         level=level,
+        rate_from=source if rate else None,
     )
 
 

@@ -8,6 +8,7 @@ downloaded, `report_to=[]`. `--adapter` adds trainroom's one line (the callback)
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ class Extra:
     step_delay: float = 0.0  # seconds slept after each step
     stop_at: int = 0  # SIGSTOP itself once this global step is done (and drawn): a test then kills it
     fail_after: int = 0  # the dataset raises KeyError('boom') after this many samples (in its worker)
+    record: str = ""  # each optimizer step's end time, JSON lines: the true pace a test compares with
 
 
 class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -54,10 +56,16 @@ class RandomTokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 class Pace(TrainerCallback):  # type: ignore[misc]
     """After the Trainer's own callbacks (the bar is drawn) and trainroom's: sleep, or stop."""
 
-    def __init__(self, delay: float, stop_at: int) -> None:
+    def __init__(self, delay: float, stop_at: int, record: str = "") -> None:
         self.delay, self.stop_at = delay, stop_at
+        self.record = open(record, "a") if record else None  # noqa: SIM115 (held for the run)
 
     def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        if self.record is not None:
+            self.record.write(
+                json.dumps({"step": getattr(state, "global_step", -1), "t": time.time()}) + "\n"
+            )
+            self.record.flush()
         if getattr(state, "global_step", -1) == self.stop_at:
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -76,8 +84,8 @@ def main() -> int:
         from trainroom.integrations.hf import TrainroomCallback
 
         callbacks.append(TrainroomCallback())
-    if extra.step_delay > 0 or extra.stop_at > 0:
-        callbacks.append(Pace(extra.step_delay, extra.stop_at))
+    if extra.step_delay > 0 or extra.stop_at > 0 or extra.record:
+        callbacks.append(Pace(extra.step_delay, extra.stop_at, extra.record))
     trainer = Trainer(
         model=model,
         args=args,

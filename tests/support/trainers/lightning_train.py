@@ -9,6 +9,7 @@ logged metrics), the progress bar Lightning picks (Rich; `--tqdm` for TQDM). `--
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -24,11 +25,15 @@ from lightning.pytorch.loggers import CSVLogger
 class Pace(L.Callback):
     """After the bar (drawn) and trainroom's callback: sleep, or stop at a global step."""
 
-    def __init__(self, delay: float, stop_at: int) -> None:
+    def __init__(self, delay: float, stop_at: int, record: str | None = None) -> None:
         self.delay, self.stop_at = delay, stop_at
+        self.record = open(record, "a") if record else None  # noqa: SIM115 (held for the run)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
-        if trainer.global_step == self.stop_at:
+        if self.record is not None:  # each batch's end, with the optimizer steps so far: the true pace
+            self.record.write(json.dumps({"step": trainer.global_step, "t": time.time()}) + "\n")
+            self.record.flush()
+        if self.stop_at and trainer.global_step == self.stop_at:  # 0: never (accumulating, step 0 lasts)
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -78,6 +83,7 @@ def main() -> int:
     ap.add_argument("--ckpt-path", default=None)
     ap.add_argument("--accumulate_grad_batches", type=int, default=1, help="batches per optimizer step")
     ap.add_argument("--iterable", action="store_true", help="an IterableDataset: the bar's total is `?`")
+    ap.add_argument("--record", default=None, help="each batch's end time and global step, JSON lines")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = torch.randint(0, 64, (args.batches * 4, 17), generator=torch.Generator().manual_seed(0))
@@ -97,8 +103,8 @@ def main() -> int:
         from trainroom.integrations.lightning import TrainroomCallback
 
         callbacks.append(TrainroomCallback())
-    if args.step_delay > 0 or args.stop_at > 0:
-        callbacks.append(Pace(args.step_delay, args.stop_at))
+    if args.step_delay > 0 or args.stop_at > 0 or args.record:
+        callbacks.append(Pace(args.step_delay, args.stop_at, args.record))
     trainer = L.Trainer(
         max_steps=args.max_steps,
         accelerator="cpu",

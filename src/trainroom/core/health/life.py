@@ -36,16 +36,33 @@ def ended_verdict(run: RunState, a: AttemptView, ctx: WatchContext) -> tuple[Wat
 
 def fatal_worker(run: RunState, a: AttemptView) -> WorkerView | None:
     """While the launcher still lives: a rank that failed with no restart left. torch elastic now
-    stops the other ranks and exits (about 2 s here): the attempt is over, said at once."""
+    stops the other ranks and exits (about 2 s here); a rank that launched the others itself
+    (Lightning's rank 0, the process started) restarts none and fails at its next collective
+    (about 3 s here): either way the attempt is over, said at once."""
     w = run.worker_death(a)
-    return w if w is not None and w.restarts_left == 0 else None
+    if w is None or (a.stop_until is not None and (w.ended_at or 0.0) <= a.stop_until):
+        return None  # none failed, or a user's kill is under way: the rank's end is the kill's
+    return w if w.restarts_left == 0 or (w.restarts_left is None and self_launched(run, a)) else None
+
+
+def self_launched(run: RunState, a: AttemptView) -> bool:
+    """The process started is a rank that launched the others itself (Lightning's launcher)."""
+    lead = run.workers.get(a.pid)
+    return lead is not None and lead.attempt == a.n
 
 
 def dying_verdict(
     run: RunState, a: AttemptView, w: WorkerView, ctx: WatchContext
 ) -> tuple[WatchState, str, list[Finding]]:
-    reason = f"{worker_cause(w)}; {launcher_name(a, run)} is stopping the other ranks"
+    reason = f"{worker_cause(w)}; {_stopping(run, a)}"
     return "dead", reason, [dead_finding(run, a, ctx)]
+
+
+def _stopping(run: RunState, a: AttemptView) -> str:
+    """What follows a fatal rank death while the launcher lives."""
+    if self_launched(run, a):
+        return f"{launcher_name(a, run)} launched it and restarts no rank: the attempt is over"
+    return f"{launcher_name(a, run)} is stopping the other ranks"
 
 
 def worker_cause(w: WorkerView) -> str:
@@ -175,7 +192,7 @@ def dead_finding(run: RunState, a: AttemptView, ctx: WatchContext) -> Finding:
         then = (
             f"; then {launcher_name(a, run)} {death_cause(a)}"
             if a.ended_at is not None
-            else f"; {launcher_name(a, run)} is stopping the other ranks (no restart left)"
+            else f"; {_stopping(run, a)}" + ("" if self_launched(run, a) else " (no restart left)")
         )
     left = [x for x in run.workers.values() if x.attempt == a.n and x.alive] if a.ended_at is not None else []
     if left:

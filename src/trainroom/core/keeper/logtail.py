@@ -27,8 +27,9 @@ import re
 import time
 from pathlib import Path
 
-from trainroom.core.logs.logformats import LogHints, LogStep, Recognition, recognition
+from trainroom.core.logs.logformats import ANSI, LogHints, LogStep, Recognition, recognition
 from trainroom.core.logs.loglines import PARSE_CHARS
+from trainroom.core.logs.logtiming import Pace
 from trainroom.core.wire import protocol as p
 
 READ_CHUNK = 1 << 20
@@ -65,6 +66,7 @@ class LogTail:
         self.notices: list[str] = []
         self._open(at_end=True)
         self.recognition: Recognition = recognition(pattern, hints)
+        self.pace = Pace()  # the trainer's own timing on the lines steps are read from
         self._rest = b""
         self._skipping = False  # inside an over-long line, past its first MAX_LINE_BYTES
         self._buf = b""  # what was taken from the file and not yet cut into lines
@@ -281,10 +283,12 @@ class LogTail:
                 out += self._line(self._rest, recognise)
             self._rest, self._skipping, self._peeked = b"", False, False
             out += self.recognition.end()
+            self.pace.restart()
             self.unread, self._unread_told = 0, False  # the next attempt is counted afresh
         elif self._rest and recognise and not self._peeked:
             self._peeked = True  # once per change: a bar's last redraw is not read again each tick
-            out += self.recognition.peek(self._rest.decode("utf-8", "replace"))
+            rest = self._rest.decode("utf-8", "replace")
+            out += self._timed(rest, self.recognition.peek(rest))
         self._trim(KEEP_LINES)
         return out
 
@@ -335,7 +339,7 @@ class LogTail:
             return []
         if self.recognition.chosen is None:
             self.unread += 1
-        got = self.recognition.feed(line)
+        got = self._timed(line, self.recognition.feed(line))
         top = max((s.step for s in got), default=None)
         if top is not None and top != self._mark_step:
             # A bar's redraw of the step just read (tqdm's last one, at exit, after the
@@ -343,6 +347,12 @@ class LogTail:
             self._before_at = self._step_at
             self._step_at, self._mark_step = self._seen - 1, top
         return got
+
+    def _timed(self, line: str, got: list[LogStep]) -> list[LogStep]:
+        """The steps a line gave, with the trainer's own pace where the line says it."""
+        if not got:
+            return got
+        return self.pace.time(ANSI.sub("", line) if "\x1b" in line else line, got, self.recognition.chosen)
 
 
 class Jumps:
@@ -396,4 +406,6 @@ def log_step(s: LogStep, t: float) -> p.Step:
         grad_norm=s.grad_norm,
         lr=[s.lr] if s.lr is not None else [],
         source="log",
+        rate=s.rate,
+        rate_from=s.rate_from,
     )

@@ -232,6 +232,9 @@ class LightningBar(Recogniser):
         self.unit = OPTIMIZER_STEPS if self.accumulate else BATCHES
         self.restart()
 
+    def rate_scale(self) -> float:
+        return 1.0 / self.accumulate if self.accumulate else 1.0
+
     def restart(self) -> None:
         self.epoch: int | None = None  # the epoch the last bar drew
         self.epoch_end = 0  # its length so far: the largest count drawn

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import msgspec
 
+from trainroom.core.vocab import RateSource
+
 # What of one line a recogniser reads: the rest of a longer line is skipped (and counted).
 PARSE_CHARS = 4096
 # A number's digits are capped: a count or a figure with more is not one a trainer means (and
@@ -141,6 +143,10 @@ class LogStep(msgspec.Struct, frozen=True):
     loss: float | None = None
     lr: float | None = None
     grad_norm: float | None = None
+    # The trainer's own pace at this step where its line says it (core/logs/logtiming): steps a
+    # second, and what it was read from ("iteration times", "bar rate", "timestamps").
+    rate: float | None = None
+    rate_from: RateSource | None = None
 
 
 def number(value: object) -> float | None:
@@ -219,3 +225,7 @@ class Recogniser:
 
     def restart(self) -> None:
         return None
+
+    def rate_scale(self) -> float:
+        """Steps per unit of the rate its bar draws (Lightning's bar counts batches)."""
+        return 1.0

@@ -153,25 +153,65 @@ def step_age(run: RunState, now: float) -> float | None:
 
 # The records a rank's steps/s is read over (the newest of this attempt's recent steps).
 RATE_RECORDS = 32
+# The trainer's own pace is taken from one of a rank's newest records this many.
+TIMED_RECENT = 4
+
+
+class Pace(NamedTuple):
+    """Steps a second and where the figure came from: `reporter` (an instrumented run's step
+    times), the trainer's own timing on its log lines (`iteration times`, `bar rate`,
+    `timestamps`: core/logs/logtiming), or `read times` (when the keeper read the log's lines)."""
+
+    steps_per_s: float | None
+    source: str | None
+
+
+def _rank_pace(rows: list[StepRow], instrumented: bool) -> Pace | None:
+    """One rank's pace since the step last went back (a restart): the trainer's own pace over its
+    last records (core/logs/logtiming) where one of its newest records has it (the last step of an
+    attempt may come from no line: HF's dict given out at the end); else the steps between its
+    first and last record over the time between them, each arrival time counted once with the
+    highest step it brought (a block-buffered stdout brings a hundred lines at one read time)."""
+    rows = sorted(rows, key=lambda s: s.t)
+    start = max((i for i in range(1, len(rows)) if rows[i].step < rows[i - 1].step), default=0)
+    rows = rows[start:]
+    # Only a log step's (an instrumented attempt's steps are its reporter's, whatever they say).
+    recent = [] if instrumented else rows[-TIMED_RECENT:]
+    timed = next((s for s in reversed(recent) if s.rate is not None and s.rate_from), None)
+    if timed is not None and timed.rate is not None:
+        return Pace(timed.rate, timed.rate_from)
+    arrivals: dict[float, int] = {}
+    for s in rows:
+        arrivals[s.t] = max(arrivals.get(s.t, s.step), s.step)
+    points = sorted(arrivals.items())[-RATE_RECORDS:]
+    if len(points) >= 3 and points[-1][0] > points[0][0] and points[-1][1] > points[0][1]:
+        rate = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+        return Pace(rate, "reporter" if instrumented else "read times")
+    return None
+
+
+def pace(run: RunState) -> Pace:
+    """Steps a second at the pace of the slowest rank of this attempt (a log that prints every 10th
+    step covers 10 steps a record), with its source; else 1 / the median record interval."""
+    a = run.attempt
+    if a is None:
+        return Pace(None, None)
+    by_rank: dict[int, list[StepRow]] = {}
+    for s in run.recent_steps:
+        if s.attempt == a.n:
+            by_rank.setdefault(s.rank, []).append(s)
+    paces = [p for rows in by_rank.values() if (p := _rank_pace(rows, a.instrumented)) is not None]
+    if paces:
+        return min(paces, key=lambda p: p.steps_per_s or 0.0)
+    interval = run.step_interval()
+    if not interval:
+        return Pace(None, None)
+    return Pace(1.0 / interval, "reporter" if a.instrumented else "read times")
 
 
 def steps_per_s(run: RunState) -> float | None:
-    """Steps a second at the pace of the slowest rank: the steps between its first and last recent
-    record over the time between them (a log that prints every 10th step covers 10 steps a
-    record; many records smooth a log poll's rounding). Else 1 / its median record interval."""
-    a = run.attempt
-    rates: list[float] = []
-    for rank in {s.rank for s in run.recent_steps if a is not None and s.attempt == a.n}:
-        rows = [s for s in run.recent_steps if a is not None and s.attempt == a.n and s.rank == rank]
-        rows.sort(key=lambda s: s.t)
-        start = max((i for i in range(1, len(rows)) if rows[i].step < rows[i - 1].step), default=0)
-        rows = rows[start:][-RATE_RECORDS:]  # since the step last went back (a restart)
-        if len(rows) >= 3 and rows[-1].t > rows[0].t and rows[-1].step > rows[0].step:
-            rates.append((rows[-1].step - rows[0].step) / (rows[-1].t - rows[0].t))
-    if rates:
-        return min(rates)
-    interval = run.step_interval()
-    return 1.0 / interval if interval else None
+    """Steps a second (`pace`'s figure)."""
+    return pace(run).steps_per_s
 
 
 # --------------------------------------------------------------------------- VRAM

@@ -11,7 +11,7 @@ import msgspec
 
 from trainroom.core.findings import Finding
 from trainroom.core.samples import VramFloor
-from trainroom.core.vocab import CkptState
+from trainroom.core.vocab import CkptState, RateSource
 from trainroom.core.wire import protocol as p
 
 
@@ -22,6 +22,8 @@ class StepRow(msgspec.Struct, array_like=True):
     t: float
     loss: float | None
     tokens: int | None
+    rate: float | None = None  # a log step's pace by the trainer's own timing, and from what
+    rate_from: RateSource | None = None
 
 
 class AttemptView(msgspec.Struct, kw_only=True):

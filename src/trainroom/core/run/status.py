@@ -12,7 +12,7 @@ import msgspec
 from trainroom.core.logs.loglines import unread_words
 from trainroom.core.probes.procs import state_name
 from trainroom.core.run.causes import Kind, Row, fold
-from trainroom.core.run.figures import driver_view, run_loss, step_age, steps_per_s, vram
+from trainroom.core.run.figures import driver_view, pace, run_loss, step_age, vram
 from trainroom.core.run.nowwords import now_findings
 from trainroom.core.run.parts import WorkerView
 from trainroom.core.run.state import RunState
@@ -163,7 +163,7 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
     now = time.time() if now is None else now
     a = st.attempt
     age = step_age(st, now)
-    rate = steps_per_s(st)
+    rate, rate_source = pace(st)
     loss, worst_rank, worst_loss = run_loss(st)
     rank0 = st.ranks.get(0) or (next(iter(st.ranks.values())) if st.ranks else None)
     effective = rank0.lr if rank0 and rank0.lr else None
@@ -208,6 +208,9 @@ def status_dict(st: RunState, now: float | None = None, keeper_alive: bool = Tru
         # `steps_per_s_last` is the pace last seen, whatever the state.
         "steps_per_s": round(rate, 4) if rate and stepping else None,
         "steps_per_s_last": round(rate, 4) if rate else None,
+        # Where the pace came from: `reporter`, the trainer's own timing on its log lines
+        # (`iteration times`, `bar rate`, `timestamps`) or `read times` (when the lines were read).
+        "steps_per_s_from": rate_source if rate else None,
         "loss": _finite(loss),
         "loss_worst": {"rank": worst_rank, "loss": _finite(worst_loss)} if worst_rank is not None else None,
         "lr": {"effective": effective, "requested": a.requested.lr if a else None},

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from trainroom.core.logs.loglines import NOT_STEPS
+from trainroom.core.logs.logtiming import RATE_WORDS
 from trainroom.core.run.ended import how_ended
 from trainroom.core.run.status import damage_words
 from trainroom.core.units import fmt_bytes, fmt_duration
@@ -106,13 +107,22 @@ def _pace(d: dict[str, Any]) -> str:
     that ended, its last step's distance from the end and how long ago the end was."""
     last = d.get("steps_per_s_last", d["steps_per_s"])
     ended = d.get("ended_s_ago")
+    source = RATE_WORDS.get(d.get("steps_per_s_from") or "")
+    of = f" ({source})" if source and last is not None else ""
     if isinstance(ended, (int, float)):
         age = d["step_age_s"]
         before = f"last step {_fig(age, '.1f')} s before the end" if age is not None else "no step"
-        return f"ended {fmt_duration(ended)} ago, {before}  was {_fig(last, '.1f')} steps/s"
+        return f"ended {fmt_duration(ended)} ago, {before}  was {_rate(last)} steps/s{of}"
     if d["steps_per_s"] is None and last is not None:
-        return f"age {_fig(d['step_age_s'], '.1f')} s  was {_fig(last, '.1f')} steps/s"
-    return f"age {_fig(d['step_age_s'], '.1f')} s  {_fig(d['steps_per_s'], '.1f')} steps/s"
+        return f"age {_fig(d['step_age_s'], '.1f')} s  was {_rate(last)} steps/s{of}"
+    return f"age {_fig(d['step_age_s'], '.1f')} s  {_rate(d['steps_per_s'])} steps/s{of}"
+
+
+def _rate(x: Any) -> str:
+    """Steps a second to a tenth (7.7, 11.0), two figures under one (0.74); "?" when unknown."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return "?"
+    return f"{x:.1f}" if x >= 1 else f"{x:.2g}"
 
 
 def _fig(x: Any, spec: str) -> str:

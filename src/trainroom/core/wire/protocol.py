@@ -27,6 +27,7 @@ from trainroom.core.vocab import (
     FindingCode,
     NotifyOutcome,
     PhaseName,
+    RateSource,
     ReplyStage,
     Severity,
     StateName,
@@ -108,6 +109,10 @@ class Step(msgspec.Struct, tag="step", kw_only=True, omit_defaults=True):
     alloc_reserved: Count | None = None
     alloc_peak: Count | None = None
     source: StepSource = "reporter"
+    # A log step's pace by the trainer's own timing where its line says it (core/logs/logtiming):
+    # steps a second, and what it was read from.
+    rate: Annotated[float, msgspec.Meta(gt=0, lt=1e7)] | None = None
+    rate_from: RateSource | None = None
     # The batch this step trained on (the keeper keeps a window of them in memory, and journals
     # the window when a loss spike, a divergence or a non-finite value opens: see BatchLog).
     batch: BatchRef | None = None

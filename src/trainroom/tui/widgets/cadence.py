@@ -9,6 +9,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Sparkline
 
+from trainroom.core.logs.logtiming import RATE_SHORT
 from trainroom.tui import fmt
 from trainroom.tui.figures import CadenceView
 
@@ -26,6 +27,9 @@ class CadenceFigures(Panel[CadenceView], can_focus=False):
         else:
             t.append(fmt.rate(view.steps_per_s, "steps/s"), style=self.style("value"))
             t.append("  " + fmt.rate(view.interval_s, "s/step"), style=self.style("value"))
+        if view.rate_from is not None and view.steps_per_s is not None:
+            # Where steps/s came from, on its line (a narrow panel cuts this first, never the bound).
+            t.append("  " + RATE_SHORT.get(view.rate_from, view.rate_from), style=self.style("dim"))
         t.append("\n")
         age = view.last_step_age_s
         if view.stopped:

@@ -124,7 +124,7 @@ def _step(st: Run, a: AttemptView, rank: RankView, r: p.Received, s: p.Step) -> 
     a.last_step = s.step if a.last_step is None else max(a.last_step, s.step)
     a.last_step_t = r.t
     st.steps_total += 1
-    st.recent_steps.append(StepRow(r.attempt, r.rank, s.step, r.t, s.loss, s.tokens))
+    st.recent_steps.append(StepRow(r.attempt, r.rank, s.step, r.t, s.loss, s.tokens, s.rate, s.rate_from))
     if len(st.recent_steps) > 2 * RECENT_STEPS:
         del st.recent_steps[:-RECENT_STEPS]
 
