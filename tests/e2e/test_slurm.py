@@ -314,9 +314,17 @@ def requeued_step(job: Job, first: dict[int, RunInfo]) -> int:
         done = [n for n in notes if "requeued; its next attempt resumes" in n]
         return done[0] if done else None
 
-    said = wait_for(
-        requeued, END_S, 0.5, f"rank 0's keeper requeueing after a verified checkpoint; {job.out[-500:]}"
-    )
+    try:
+        said = wait_for(requeued, END_S, 0.5, "rank 0's keeper requeueing after a verified checkpoint")
+    except AssertionError as exc:  # what each keeper said, and how far each trainer got, then
+        said_by = {
+            r: [f"{type(x).__name__}: {getattr(x, 'message', '')}"[:200] for x in _journal(i)][-12:]
+            for r, i in first.items()
+        }
+        log = (Path(first[0].run_dir) / "trainer.log").read_text(errors="replace")[-600:]
+        raise AssertionError(
+            f"{exc}\nkeepers: {said_by}\nrank 0's log: {log}\njob out: {job.out[-600:]}"
+        ) from None
     step = int(said.split("checkpoint at step ")[1].split()[0])
     v = job.state(0).last_verified()
     assert v is not None and v.step == step

@@ -232,14 +232,18 @@ def test_status_says_the_budget_and_the_disk_apart() -> None:
     assert _disk({"used_fraction": 0.26, "budget_bytes": None}) == "disk 26% used"
 
 
-def test_files_saved_together_are_one_checkpoint_never_a_cadence_of_milliseconds() -> None:
-    # A resumed run's keeper keeps copies of three old checkpoints within 40 ms, then the trainer
-    # saves two 4-rank shards every 10 min: the cadence is 10 min and a checkpoint all 4 shards.
-    saves = [(100.0, GB), (100.02, GB), (100.04, GB)]
-    saves += [(700.0 + 600 * i + 0.01 * r, GB) for i in range(2) for r in range(4)]
+def test_a_checkpoint_s_files_are_one_save_and_a_copy_keeps_its_trainer_s_time() -> None:
+    # A 4-rank sharded save every 10 min (each rank's file reported a moment apart): one save of
+    # all 4 shards; the cadence is 10 min, never the milliseconds between shards.
+    saves: list[tuple[float, int, int]] = []
+    for i in range(3):
+        for r in range(4):
+            dg.record_save(saves, 100.0 + 600 * i + 0.01 * r, GB, step=100 * (i + 1))
+    assert [(t, s) for t, s, _ in saves] == [(100.0, 4 * GB), (700.0, 4 * GB), (1300.0, 4 * GB)]
     u = usage(1000 * GB, 100 * GB)
-    proj = dg.project(u, saves, 1400.0)
-    assert (
-        proj is not None and proj.cadence_s == pytest.approx(600, abs=1) and proj.checkpoint_bytes == 4 * GB
-    )
-    assert "every 10m00s" in dg.disk_full_soon(u, saves, 1400.0).message  # 24 more fit: 4 h away
+    proj = dg.project(u, [(t, s) for t, s, _ in saves], 1400.0)
+    assert proj is not None and proj.cadence_s == pytest.approx(600) and proj.checkpoint_bytes == 4 * GB
+    assert "every 10m00s" in dg.disk_full_soon(u, [(t, s) for t, s, _ in saves], 1400.0).message
+    # A new step starts a new entry, even within a second of the last (a trainer saving every step).
+    dg.record_save(saves, 1300.2, GB, step=400)
+    assert len(saves) == 4 and saves[-1] == (1300.2, GB, 400)

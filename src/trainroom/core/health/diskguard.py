@@ -239,35 +239,32 @@ def reserve_for(usage: DiskUsage, reserve_bytes: int | None = None) -> int:
     return min(DEFAULT_RESERVE_BYTES, int(usage.total_bytes * RESERVE_FRACTION))
 
 
-# Files saved closer together than this are one checkpoint (a sharded save, each rank's file, the
-# verified copies a resumed run's keeper makes of what is already there): their sizes add up.
-BURST_S = 1.0
-
-
-def _bursts(saves: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
-    out: list[tuple[float, int]] = []
-    last = None
-    for t, size in saves:
-        if last is not None and t - last < BURST_S:
-            out[-1] = (out[-1][0], out[-1][1] + size)
-        else:
-            out.append((t, size))
-        last = t
-    return out
+def record_save(saves: list[tuple[float, int, int]], t: float, size: int, step: int, keep: int = 64) -> None:
+    """Note a save `(t, size, step)` for the projection: files of the step just noted are that one
+    checkpoint (a sharded save, each rank's file), their sizes added up. `t` is when the trainer
+    wrote it (a verified copy the keeper makes later passes the original's mtime: a resumed run's
+    keeper copying what is already there is no cadence of milliseconds)."""
+    if saves and saves[-1][2] == step:
+        saves[-1] = (saves[-1][0], saves[-1][1] + size, step)
+    else:
+        saves.append((t, size, step))
+    del saves[:-keep]
 
 
 def project(
     usage: DiskUsage, saves: Sequence[tuple[float, int]], now: float, reserve_bytes: int | None = None
 ) -> Projection | None:
     """Time to full from the recent saves, each `(t, size_bytes)` of a checkpoint that added a new
-    file (an overwrite in place adds nothing and should not be passed); files within BURST_S of
-    each other are one checkpoint. None with under 2 saves.
+    file (an overwrite in place adds nothing and should not be passed; `record_save` makes one
+    entry of a checkpoint's files). None with under 2 saves.
     The next save is due one cadence after the last (at once when that is past: a save that is
     late, or refused for want of space, moves the projection on rather than into the past)."""
-    recent = _bursts(sorted(saves))[-11:]
+    recent = sorted(saves)[-11:]
     if len(recent) < 2:
         return None
-    intervals = [b[0] - a[0] for a, b in itertools.pairwise(recent)]
+    intervals = [b[0] - a[0] for a, b in itertools.pairwise(recent) if b[0] > a[0]]
+    if not intervals:
+        return None
     cadence = statistics.median(intervals)
     # The largest of the last few: checkpoints grow (optimizer state appears after step 1).
     size = max(s for _, s in recent[-3:])

@@ -149,7 +149,7 @@ class CheckpointPipeline:
         self.mounts_path = os.path.join(settings.roots.proc, "mounts")
         self.reports: dict[str, VerifyReport] = {}  # path -> the verdict of a rejected candidate
         self.deferred: dict[str, VerifyReport] = {}  # path -> a verdict that could not be reached yet
-        self.saves: list[tuple[float, int]] = []  # (t, bytes) of each checkpoint that added a file
+        self.saves: list[tuple[float, int, int]] = []  # (t, bytes, step) of each checkpoint that added a file
         # The steps whose saves the trainer skipped since its last save (`save_checkpoint` refused:
         # they would not fit), the newest SKIPPED_KEPT of them; with their count.
         self.skipped: list[int] = []
@@ -218,12 +218,8 @@ class CheckpointPipeline:
             self.skipped.clear()  # saved again: nothing skipped since
             self.expecting = self.expecting or "the trainer saved a checkpoint"
             if msg.size_bytes:
-                self._saved(rec.t, int(msg.size_bytes))
+                diskguard.record_save(self.saves, rec.t, int(msg.size_bytes), msg.step)
             self._schedule(msg.path)
-
-    def _saved(self, t: float, size: int) -> None:
-        self.saves.append((t, size))
-        del self.saves[:-64]
 
     def _schedule(self, path: str, request: watch.VerifyRequest | None = None, tries: int = 0) -> None:
         key = path if request is None else f"{path}#{request.version}"
@@ -404,7 +400,13 @@ class CheckpointPipeline:
         copy = target / Path(path).name
         size = copy.stat().st_size if copy.exists() else None
         if size:
-            self._saved(time.time(), size)
+            # When the trainer wrote it (a copy is made later, and a resumed run's keeper copies
+            # what was there in a burst): the cadence is the trainer's.
+            try:
+                written = Path(path).stat().st_mtime
+            except OSError:  # gone since (HF's save_total_limit): the copy's time
+                written = time.time()
+            diskguard.record_save(self.saves, written, size, report.step or 0)
         self.recorder.emit(
             p.CheckpointState(
                 path=str(copy),
@@ -471,7 +473,7 @@ class CheckpointPipeline:
             self.sightings = watch.sight(self.globs, self.run.cwd)
             if self.sightings:
                 self.expecting = self.expecting or "the trainer saved a checkpoint"
-        proj = diskguard.project(usage, list(self.saves), time.time())
+        proj = diskguard.project(usage, [(t, size) for t, size, _ in self.saves], time.time())
         latest = None
         with contextlib.suppress(Exception):
             latest = str(latest_checkpoint(self.root) or "") or None
@@ -503,7 +505,7 @@ class CheckpointPipeline:
             out += diskguard.disk_findings(
                 self.usage,
                 self.mount,
-                list(self.saves),
+                [(t, size) for t, size, _ in self.saves],
                 now,
                 th=th,
                 prunable_bytes=self.prunable,
