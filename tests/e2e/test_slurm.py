@@ -34,6 +34,7 @@ from tests.support.waiting import kill_runs_under, wait_for
 from trainroom.core.journal.file import read_journal
 from trainroom.core.run import store
 from trainroom.core.run.store import JOURNAL_NAME, RunInfo
+from trainroom.core.sdk.requests import REQUEST_NAME
 from trainroom.core.wire import protocol as p
 
 TRAINER = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
@@ -332,12 +333,19 @@ def requeued_step(job: Job, first: dict[int, RunInfo]) -> int:
         said = wait_for(requeued, END_S, 0.5, "rank 0's keeper requeueing after a verified checkpoint")
     except AssertionError as exc:  # what each keeper said, and how far each trainer got, then
         said_by = {
-            r: [f"{type(x).__name__}: {getattr(x, 'message', '')}"[:200] for x in _journal(i)][-12:]
+            r: [
+                f"{type(x).__name__}: {getattr(x, 'message', '') or getattr(x, 'code', '')}"[:200]
+                for x in _journal(i)
+                if not isinstance(x, (p.Received, p.Vitals))
+            ][-12:]
             for r, i in first.items()
         }
-        log = (Path(first[0].run_dir) / "trainer.log").read_text(errors="replace")[-600:]
+        log = (Path(first[0].run_dir) / "trainer.log").read_text(errors="replace")
+        saves = [line for line in log.splitlines() if "saved a checkpoint" in line]
+        asked = (Path(first[0].run_dir) / REQUEST_NAME).exists()
         raise AssertionError(
-            f"{exc}\nkeepers: {said_by}\nrank 0's log: {log}\njob out: {job.out[-600:]}"
+            f"{exc}\nkeepers (but Received/Vitals): {said_by}\nrank 0's saves: {saves}; request file: {asked}"
+            f"\nrank 0's log: {log[-300:]}\njob out: {job.out[-300:]}"
         ) from None
     step = int(said.split("checkpoint at step ")[1].split()[0])
     v = job.state(0).last_verified()

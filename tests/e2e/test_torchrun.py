@@ -67,7 +67,13 @@ def _two_ranks(info: RunInfo, *, connected: bool = False) -> dict[str, Any]:
         )
         return d if ok else None
 
-    d: dict[str, Any] = wait_for(ready, timeout=START_S, what="two ranks with pids, stepping")
+    try:
+        d: dict[str, Any] = wait_for(ready, timeout=START_S, what="two ranks with pids, stepping")
+    except AssertionError as exc:  # what status said last, and what the trainer printed
+        last = status(info)
+        seen = {k: last.get(k) for k in ("state", "step", "pid", "ranks", "findings")}
+        log = (Path(info.run_dir) / "trainer.log").read_text(errors="replace")[-800:]
+        raise AssertionError(f"{exc}\nstatus: {seen}\ntrainer.log: {log}") from None
     return d
 
 

@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from trainroom.core.ckpt.layout import VerifiedCheckpoint, verified_checkpoints
 from trainroom.core.configuration.settings import LaunchOptions, RunSettings
 from trainroom.core.keeper.actions import Actions
 from trainroom.core.keeper.rest import Quiet
 from trainroom.core.keeper.timeleft import TimeLeftWatch
 from trainroom.core.run.ended import attempt_ended
 from trainroom.core.run.state import RunState
-from trainroom.core.sdk.requests import current_request, write_request
+from trainroom.core.sdk.requests import REQUEST_NAME, current_request, write_request
 from trainroom.core.slurm.place import SlurmPlace
 from trainroom.core.slurm.scontrol import SlurmError, SlurmReader
 from trainroom.core.wire import protocol as p
@@ -87,6 +88,28 @@ def slurm_words(place: SlurmPlace | None, reader: SlurmReader | None = None) -> 
     }.get(job.state, job.state)
     reason = f", reason {job.reason}" if job.reason else ""
     return f"Slurm job {place.job_id} is {job.state}: {why}{reason}"
+
+
+def request_written(run_dir: str | Path) -> float:
+    """When the current checkpoint request was written (its file's time, the kernel's clock, as
+    a checkpoint file's); now when it cannot be read."""
+    try:
+        return (Path(run_dir) / REQUEST_NAME).stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def newest_verified(
+    root: str | Path, *, since: float | None = None, until: float | None = None
+) -> VerifiedCheckpoint | None:
+    """The newest promoted checkpoint (by step, then write time) its trainer wrote at or after
+    `since`, or before `until`."""
+    found = [
+        v
+        for v in verified_checkpoints(root)
+        if (since is None or v.saved_at >= since) and (until is None or v.saved_at < until)
+    ]
+    return max(found, key=lambda v: (v.step, v.saved_at)) if found else None
 
 
 class Foreground:
@@ -189,11 +212,16 @@ class Foreground:
 
     async def _checkpoint_then_requeue(self, request: str) -> None:
         """The job's warning signal came (`launch` wrote the request the trainer reads): wait for a
-        verified checkpoint newer than the last one, then requeue the job (task 0 only: one
-        requeue per job). No newer verified checkpoint: say so and leave the job as it is."""
+        checkpoint the trainer wrote after the request, verified, then requeue the job (task 0
+        only: one requeue per job). None came: say so and leave the job as it is.
+
+        The request's time is its file's, and a checkpoint's is its trainer's write: the trainer
+        may answer (and the keeper verify) before this loop notices the request, so what the
+        keeper had seen by then is no baseline."""
         k, place = self.keeper, self.options.slurm
-        last = k.state.last_verified()
-        last_step = last.step if last is not None else None
+        asked_at = request_written(k.run_dir)
+        before = newest_verified(k.settings.ckpt_root, until=asked_at)
+        last_step = before.step if before is not None else None
         sig = self.options.checkpoint_signal or "USR2"
         why = self.reasons.get(request, f"SIG{sig.upper().removeprefix('SIG')} (the job's warning signal)")
         a = k.state.attempt
@@ -212,7 +240,7 @@ class Foreground:
             p.KeeperNote(
                 t=time.time(),
                 message=f"{why}: asked the trainer to checkpoint now "
-                f"(request {request}); the last verified checkpoint is "
+                f"(request {request}); the last verified checkpoint before it is "
                 + (f"step {last_step}" if last_step is not None else "none"),
                 kind="warning",
             )
@@ -223,18 +251,19 @@ class Foreground:
         deadline = time.monotonic() + CKPT_WAIT_S
         newer = None
         while time.monotonic() < deadline and not k.stop_event.is_set():
-            v = k.state.last_verified()
-            if v is not None and v.step is not None and (last_step is None or v.step > last_step):
-                newer = v
+            newer = newest_verified(k.settings.ckpt_root, since=asked_at)
+            journaled = {c.step for c in k.state.checkpoints if c.state == "verified"}
+            if newer is not None and newer.step in journaled:  # promoted, and its verdict journaled
                 break
+            newer = None
             await asyncio.sleep(0.5)
         if newer is None:
             k.emit(
                 p.KeeperNote(
                     t=time.time(),
-                    message="no verified checkpoint newer than "
-                    + (f"step {last_step}" if last_step is not None else "none")
-                    + f" came: Slurm job {place.job_id} is not requeued "
+                    message="no checkpoint written since the request was verified (the last verified "
+                    "before it: " + (f"step {last_step}" if last_step is not None else "none") + "): "
+                    f"Slurm job {place.job_id} is not requeued "
                     f"(`trainroom job slurm:{place.job_id} --resume` requeues it from the last verified step)",
                     kind="warning",
                 )
@@ -250,7 +279,7 @@ class Foreground:
         k.emit(
             p.KeeperNote(
                 t=time.time(),
-                message=f"checkpoint at step {newer.step} verified ({newer.path}): "
+                message=f"checkpoint at step {newer.step} verified ({Path(newer.dir) / newer.file}): "
                 + (
                     f"Slurm job {place.job_id} requeued; its next attempt resumes from it"
                     if ok
