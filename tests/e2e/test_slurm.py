@@ -280,6 +280,22 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
 
         d = wait_for(hung, END_S, 0.5, "job --json naming the SIGSTOPped rank 1 in its hang report")
         assert d["slurm"]["job"]["state"] == "RUNNING"  # Slurm sees nothing wrong
+        # Every rank's stacks, each through its own node's keeper (an srun step on that node):
+        # rank 0 waits in the gradient all-reduce; rank 1, stopped, is not there.
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--stacks", "--json"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        report = json.loads(out.stdout)
+        by_rank = {r["rank"]: r for r in report["ranks"]}
+        assert sorted(by_rank) == [0, 1], report
+        assert (by_rank[0]["host"], by_rank[1]["host"]) == ("n1", "n2")
+        assert by_rank[0]["ok"] and "train_ddp.py" in by_rank[0]["stacks"], by_rank[0]
+        assert [(m["rank"], m["stopped"]) for m in report["not_arrived"]] == [(1, True)], report
+        assert out.returncode == 1  # a rank did not arrive
         # One confirmed action stops every trainer still there (rank 0 waits in the all-reduce).
         out = subprocess.run(
             ["trainroom", "job", f"slurm:{job.id}", "--kill", "--yes", "--grace", "1"],

@@ -160,7 +160,12 @@ def stacks_lines(report: dict[str, Any]) -> list[str]:
         if fr:
             out.append(f"    flight recorder: {fr.get('detail')}")
     out += [
-        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): {m['parked_at'] or m['why']}"
+        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): "
+        + (
+            "stopped (it runs no code until SIGCONT)" + (f", at {m['parked_at']}" if m["parked_at"] else "")
+            if m.get("stopped")
+            else m["parked_at"] or m["why"]
+        )
         for m in report["not_arrived"]
     ]
     return out

@@ -54,6 +54,7 @@ class StackDump(msgspec.Struct, kw_only=True):
     text: str = ""
     method: DumpMethod | None = None  # None: nothing could be dumped
     message: str = ""
+    stopped: bool = False  # the process was stopped (SIGSTOP, a debugger): it runs no code
 
 
 class DumpTarget(msgspec.Struct, kw_only=True, frozen=True):
@@ -212,10 +213,11 @@ def _stopped(pid: int, state: str, spied: StackDump) -> StackDump:
     why = "being traced by a debugger" if state == psutil.STATUS_TRACING_STOP else "SIGSTOP"
     said = f"pid {pid} is stopped ({why}): it runs no code until SIGCONT; continue (U) lets it run on"
     if spied.ok:
-        return _result(
-            True, spied.text, spied.method, f"{said}; its stacks where it stopped, {spied.message}"
-        )
-    return _result(True, "", None, f"{said}; its stacks could not be read ({spied.message})")
+        out = _result(True, spied.text, spied.method, f"{said}; its stacks where it stopped, {spied.message}")
+    else:
+        out = _result(True, "", None, f"{said}; its stacks could not be read ({spied.message})")
+    out.stopped = True
+    return out
 
 
 def catches_signal(pid: int, sig: int, proc_root: str = "/proc") -> bool:
