@@ -167,6 +167,12 @@ def _cli(slurm: slurm_cluster.Slurm, *argv: str) -> str:
     return out.stdout
 
 
+def _cli_rc(slurm: slurm_cluster.Slurm, *argv: str) -> str:
+    """What `trainroom ARGV` printed, whatever its exit status."""
+    out = subprocess.run(["trainroom", *argv], env=slurm.env, capture_output=True, text=True, timeout=240)
+    return out.stdout + out.stderr
+
+
 def stepping(job: Job) -> dict[int, Any]:
     def both() -> dict[int, Any] | None:
         runs = job.runs()
@@ -294,8 +300,13 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
         assert sorted(by_rank) == [0, 1], report
         assert (by_rank[0]["host"], by_rank[1]["host"]) == ("n1", "n2")
         assert by_rank[0]["ok"] and "train_ddp.py" in by_rank[0]["stacks"], by_rank[0]
+        if by_rank[1]["stacks"]:  # py-spy read it (ptrace rights): where it stopped, in plain text
+            assert by_rank[1]["parked_at"] and "train_ddp.py" in by_rank[1]["parked_at"], by_rank[1]
         assert [(m["rank"], m["stopped"]) for m in report["not_arrived"]] == [(1, True)], report
         assert out.returncode == 1  # a rank did not arrive
+        said = _cli_rc(slurm, "job", f"slurm:{job.id}", "--stacks")
+        print(said)
+        assert "did not arrive: rank 1 (node 1, n2): stopped (it runs no code until SIGCONT)" in said
         # One confirmed action stops every trainer still there (rank 0 waits in the all-reduce).
         out = subprocess.run(
             ["trainroom", "job", f"slurm:{job.id}", "--kill", "--yes", "--grace", "1"],

@@ -200,6 +200,12 @@ def test_a_stopped_trainer_is_read_where_it_stopped(trainer) -> None:
         assert result.ok and result.method == "py-spy" and result.stopped, result.message
         assert result.message.startswith(f"pid {proc.pid} is stopped (SIGSTOP)"), result.message
         assert "its stacks where it stopped" in result.message and "inner" in result.text
+        # plain text (sh gives py-spy a terminal unless told not to: it then colours its lines),
+        # which the job's stack comparison reads
+        from trainroom.core.job.actions import main_thread_frames
+
+        assert "\x1b[" not in result.text, result.text[:300]
+        assert any(f.startswith("inner (") for f in main_thread_frames(result.text)), result.text
     finally:
         os.kill(proc.pid, signal.SIGCONT)
 

@@ -155,7 +155,8 @@ def stacks_lines(report: dict[str, Any]) -> list[str]:
     for d in report["ranks"]:
         fr = d.get("flight_recorder") or {}
         out.append(
-            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  [{d.get('method') or d['message']}]"
+            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  "
+            f"[{d.get('method') or d['message']}{', stopped' if d.get('stopped') else ''}]"
         )
         if fr:
             out.append(f"    flight recorder: {fr.get('detail')}")

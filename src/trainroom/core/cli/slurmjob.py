@@ -150,8 +150,9 @@ def dump_ranks(job_id: str) -> dict[str, Any]:
         }
         verb = ["dump", str(r.run), "--yes", "--json", *(["--rank", str(via)] if via is not None else [])]
         rc, stdout, stderr = srun_run(job_id, str(r.host), verb)
+        text = stdout[stdout.find("{") :] if "{" in stdout else ""  # the JSON reply, however indented
         try:
-            d = msgspec.json.decode(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+            d = msgspec.json.decode(text) if text else None
         except msgspec.DecodeError:
             d = None
         if not isinstance(d, dict):
