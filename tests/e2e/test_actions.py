@@ -174,7 +174,7 @@ def test_a_stopped_trainer_can_be_dumped_and_continued(trhome: Path) -> None:
     out = run_cli("dump", info.run_id, "--json", timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     r = json.loads(out.stdout)
-    assert r["after"]["method"] == "py-spy" and "without pausing" in r["message"]
+    assert r["after"]["method"] == "py-spy" and "without pausing" in r["message"] and r["after"]["stopped"]
     assert r["message"].startswith(f"pid {status(info)['pid']} is stopped (SIGSTOP)"), r["message"]
     assert "continue (U) lets it run on" in r["message"]
     assert "MainThread" in r["after"]["stacks"]

@@ -211,6 +211,8 @@ def test_sigkill_is_dead_with_exit_status_unknown_and_a_nan_is_nonfinite(outside
     assert f is not None, dead
     assert "exit status unknown (attached, not its parent)" in f["message"]
     assert f["evidence"]["last_step"] is not None and f["evidence"]["last_step"] >= 40
+    # no checkpoint: what it trained before the attach is lost too, and said so
+    assert "steps lost since trainroom attached (step " in f["message"], f["message"]
     assert "kernel log" in f["message"]  # an OOM kill named, or none, or why it could not be read
     print(f"DEAD {took:.2f} s after SIGKILL")
 

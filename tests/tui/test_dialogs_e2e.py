@@ -254,6 +254,7 @@ async def test_d_on_a_torchrun_run_dumps_each_worker_labelled_by_rank(
             ranks = result.outcome.after["ranks"]
             assert [r["pid"] for r in ranks] == [pids[1], pids[0]], ranks
             stopped = ranks[0]
+            assert stopped["stopped"] and not ranks[1]["stopped"]
             assert stopped["message"].startswith(f"pid {pids[1]} is stopped (SIGSTOP)"), stopped
             assert "continue (U) lets it run on" in stopped["message"]
             assert f"rank 1: pid {pids[1]} is stopped (SIGSTOP)" in result.outcome.message

@@ -546,3 +546,15 @@ def test_a_deaths_signal_is_one_row_with_its_name_and_number() -> None:
     console = Console(width=60, record=True, color_system=None)
     console.print(evidence_table((("signal", "SIGTERM"),)))
     assert " ".join(console.export_text().split()) == "signal SIGTERM"
+
+
+def test_an_attached_trainer_ran_since_its_process_began_not_since_the_attach() -> None:
+    import msgspec
+
+    st = build_state(dead_run_records())
+    a = st.attempts[-1]
+    ran = figures.trainer_view(st, T0 + 215).uptime_s
+    assert ran == round((a.ended_at or 0) - a.started_at)
+    # attached 600 s after the trainer's process began: it ran that much longer
+    st.attempts[-1] = msgspec.structs.replace(a, attached=True, start_time=a.started_at - 600)
+    assert figures.trainer_view(st, T0 + 215).uptime_s == ran + 600

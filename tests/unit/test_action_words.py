@@ -63,6 +63,16 @@ def test_a_kill_plan_says_the_signals_the_grace_and_the_steps_lost() -> None:
     assert lines[1] == "  then waits up to 50 s for the GPU memory to be released"
     assert lines[2] == "  loses 17 step(s): at step 137, last verified checkpoint at step 120"
     assert "    pid 40  python train.py" in lines and "  left alone: pid 50 (not the run's)" in lines
+    # No driver view (a CPU run, NVML missing): no wait for GPU memory is promised.
+    blind = render.plan_lines(
+        "kill",
+        plan
+        | {"vram_timeout_s": None, "vram_unseen": "driver view unavailable: NVML Shared Library Not Found"},
+    )
+    assert blind[1] == (
+        "  the GPU memory's release is not waited for (driver view unavailable: NVML Shared Library Not Found)"
+    )
+    assert not any("waits up to" in x for x in blind)
     none_yet = render.plan_lines("kill", plan | {"last_verified_step": None})
     assert "  loses all 137 step(s): no verified checkpoint yet (a resume starts from scratch)" in none_yet
     # An attempt that ended whole: nothing to signal, and no "refused" beside the result's verdict.

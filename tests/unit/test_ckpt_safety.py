@@ -10,6 +10,7 @@ import os
 import stat
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from trainroom.core.actions.resume import resume_lines
@@ -206,3 +207,30 @@ def test_the_resume_plan_shows_the_verified_copys_size_not_the_torn_files(tmp_pa
     assert "(64 B)" in resume_lines(plan)[0]
     new = fall_back(ResumePlan(attempt=2, checkpoint_bytes=2), state, inputs, set())
     assert new is not None and new.checkpoint_bytes == 64
+
+
+def test_with_no_checkpoint_the_refusal_says_what_would_give_one_and_how_to_start_again(
+    tmp_path: Path,
+) -> None:
+    state = RunState(run_id="r", argv=["python", "loop.py", "--lr", "3e-4"], cwd=str(tmp_path), created=0.0)
+    state.attempts.append(
+        AttemptView(
+            n=1,
+            pid=10,
+            pgid=4_000_000,
+            start_time=0.0,
+            started_at=0.0,
+            argv=["python", "loop.py", "--lr", "3e-4"],
+            cwd="/",
+            ended_at=5.0,
+            attached=True,
+        )
+    )
+    plan = plan_resume(state, _inputs(tmp_path / "root"), None)
+    (why,) = plan.refusals
+    assert why.startswith("no verified checkpoint: trainroom watched none of this attached trainer's saves")
+    assert "`trainroom attach PID --ckpt DIR`" in why
+    assert why.endswith("`trainroom launch -- python loop.py --lr 3e-4` starts it again from scratch")
+    state.attempts[0] = msgspec.structs.replace(state.attempts[0], attached=False)
+    (why,) = plan_resume(state, _inputs(tmp_path / "root"), None).refusals
+    assert why.startswith("no verified checkpoint: `latest` points nowhere; `trainroom launch -- python")

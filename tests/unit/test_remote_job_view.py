@@ -142,6 +142,25 @@ def test_compared_stacks_name_the_rank_that_is_elsewhere() -> None:
     assert [m["rank"] for m in report["not_arrived"]] == [1]
 
 
+def test_a_stopped_rank_did_not_arrive_though_it_stopped_where_the_others_wait() -> None:
+    # SIGSTOPped inside the all-reduce: its frames are the others', but it runs no code there.
+    base = {"node_rank": 0, "host": "h", "message": "ok"}
+    report = compare_stacks(
+        [
+            {**base, "rank": 0, "stacks": PYSPY},
+            {**base, "rank": 1, "node_rank": 1, "stacks": PYSPY, "stopped": True},
+        ]
+    )
+    assert report["waiting_at"] == "step (train.py:40) → allreduce"
+    (m,) = report["not_arrived"]
+    assert m["rank"] == 1 and m["stopped"] and m["parked_at"] == report["waiting_at"]
+    from trainroom.core.cli.job import stacks_lines
+
+    assert stacks_lines(report)[-1] == (
+        "did not arrive: rank 1 (node 1, h): stopped (it runs no code until SIGCONT), at step (train.py:40) → allreduce"
+    )
+
+
 def test_a_rank_whose_process_is_stopped_did_not_arrive_whatever_its_link_says() -> None:
     """A torchrun worker SIGSTOPped a moment ago: its heartbeat is still fresh, but its node's
     probe reads the process in state T. The job names it, not "no rank stands out"."""

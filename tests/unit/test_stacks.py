@@ -173,7 +173,7 @@ def test_stopped_trainer_is_not_signalled_and_the_reason_is_given(
     monkeypatch.setattr(stacks, "py_spy_path", lambda: None)
     result = dump_stacks(proc.pid, log, instrumented=True, timeout=1)
     # Said stopped, with the fix, not a failure: nothing could read it here (no py-spy).
-    assert result.ok is True and result.text == "", result.message
+    assert result.ok is True and result.text == "" and result.stopped, result.message
     assert result.message.startswith(
         f"pid {proc.pid} is stopped (SIGSTOP): it runs no code until SIGCONT; continue (U) lets it run on; "
         "its stacks could not be read (py-spy is not installed"
@@ -197,9 +197,15 @@ def test_a_stopped_trainer_is_read_where_it_stopped(trainer) -> None:
         reason = result.message.lower()
         if "could not be read" in reason and ("ptrace" in reason or "permission" in reason):
             pytest.skip(f"py-spy cannot read it here: {result.message}")
-        assert result.ok and result.method == "py-spy", result.message
+        assert result.ok and result.method == "py-spy" and result.stopped, result.message
         assert result.message.startswith(f"pid {proc.pid} is stopped (SIGSTOP)"), result.message
         assert "its stacks where it stopped" in result.message and "inner" in result.text
+        # plain text (sh gives py-spy a terminal unless told not to: it then colours its lines),
+        # which the job's stack comparison reads
+        from trainroom.core.job.actions import main_thread_frames
+
+        assert "\x1b[" not in result.text, result.text[:300]
+        assert any(f.startswith("inner (") for f in main_thread_frames(result.text)), result.text
     finally:
         os.kill(proc.pid, signal.SIGCONT)
 

@@ -317,3 +317,50 @@ def test_torchruns_summary_names_the_root_cause_with_rank_pid_and_signal() -> No
     ]
     assert reps[-1].status == ExitStatus(None, 9)
     assert launcher_reports("iter 3: loss 2.0\nexitcode  : 1 (pid: 5)\n") == []  # no rank line before it
+
+
+# torchrun's worker between fork and exec: for that moment /proc/<pid>/environ is torchrun's (no
+# RANK). The child here holds that moment open (it waits for a file before it execs with RANK).
+SLOW_EXEC = textwrap.dedent(
+    """
+    import os, sys, time
+    out, go = sys.argv[1], sys.argv[2]
+    pid = os.fork()
+    if pid == 0:
+        while not os.path.exists(go):
+            time.sleep(0.02)
+        env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)"], env)
+    open(out, "w").write(str(pid))
+    time.sleep(120)
+    """
+)
+
+
+def test_a_worker_caught_between_fork_and_exec_is_found_once_it_has_exec_d(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    out, go = tmp_path / "child.pid", tmp_path / "go"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_EXEC, str(out), str(go)], start_new_session=True, stdin=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: out.exists() and out.read_text(), timeout=60, what="the forked child's pid")
+        child = int(out.read_text())
+        finder = WorkerFinder()
+        assert finder.find(scan(), proc.pid) == []  # not exec'd: its parent's environment, no rank
+        st = read_stat(child)
+        assert st is not None and st.env_start == read_stat(proc.pid).env_start  # type: ignore[union-attr]
+        go.write_text("")
+        wait_for(
+            lambda: (s := read_stat(child)) is not None and s.env_start != read_stat(proc.pid).env_start,  # type: ignore[union-attr]
+            timeout=60,
+            what="the child's exec",
+        )
+        found = wait_for(lambda: finder.find(scan(), proc.pid), timeout=60, what="the exec'd child as rank 0")
+        assert [(w.rank, w.pid) for w in found] == [(0, child)]
+    finally:
+        _kill_group(proc.pid)
+        proc.wait(timeout=30)

@@ -69,7 +69,7 @@ RECONNECT_INTERVAL_S = 2.0  # while the keeper is gone, look for it coming back
 
 
 class ControlRoom(SizedFirstScreen, CancelKey, ProcessesKey, HistoryKeys, CommandLineKey, Following):
-    """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a run dir), or with no
+    """`ControlRoom(run_id, theme)`: watch RUN (an id, a unique prefix, a name, a run dir), or with no
     run the newest live one (the runs overview when several)."""
 
     CSS_PATH = "control_room.tcss"

@@ -77,15 +77,17 @@ def trainer_view(state: RunState, now: float) -> TrainerView:
             None, None, False, None, "no attempt yet", "dim", "none", " ".join(state.argv), None, None
         )
     level: Level
+    # An attached trainer ran before trainroom came: its life is its process's, not the watch's.
+    began = a.start_time if a.attached and a.start_time > 0 else a.started_at
     if a.alive and state.status in HALTED:
         # Alive but not stepping: never "running" beside a rate that stopped moving.
         age = step_age(state, now)
         since = f"last step {fmt.duration(age)} ago" if age is not None else "no step yet"
-        exit_text, level, uptime = f"{state.status}: {since}", "crit", now - a.started_at
+        exit_text, level, uptime = f"{state.status}: {since}", "crit", now - began
     elif a.alive:
-        exit_text, level, uptime = "running", "ok", now - a.started_at
+        exit_text, level, uptime = "running", "ok", now - began
     else:
-        uptime = (a.ended_at or now) - a.started_at
+        uptime = (a.ended_at or now) - began
         # In the words every reader uses (run.ended); a death, an error or a failed exit in red.
         exit_text = attempt_ended(a)
         failed = a.error or a.exit_signal is not None or a.exit_code

@@ -116,7 +116,14 @@ class Dump(Action[DumpArgs, DumpWork, DumpShown]):
             got = await asyncio.to_thread(dump_targets, list(work.ranks), log, call.say)
             ok = any(d.ok for _, d in got)
             blocks = [
-                {"rank": t.rank, "pid": t.pid, "method": d.method, "message": d.message, "stacks": d.text}
+                {
+                    "rank": t.rank,
+                    "pid": t.pid,
+                    "method": d.method,
+                    "message": d.message,
+                    "stacks": d.text,
+                    "stopped": d.stopped,
+                }
                 for t, d in got
             ]
             read = sum(1 for _, d in got if d.text)
@@ -130,7 +137,7 @@ class Dump(Action[DumpArgs, DumpWork, DumpShown]):
             after: dict[str, Any] = {"method": "/".join(methods) or None, "ranks": blocks}
             return Outcome(ok, message, after=after)  # the planned target: each rank and its pid
         out = await asyncio.to_thread(dump_stacks, work.pid, log, work.instrumented)
-        after = {"method": out.method, "stacks": out.text}
+        after = {"method": out.method, "stacks": out.text, "stopped": out.stopped}
         if args.rank is not None:
             after["flight_recorder"] = as_builtins(
                 await asyncio.to_thread(flight.trigger, work.pid, args.rank)

@@ -122,6 +122,8 @@ class KillTarget(msgspec.Struct, kw_only=True):
     finding: str | None = None  # a finding's target, not the trainer
     grace_s: float | None = None
     vram_timeout_s: float | None = None
+    # Why the GPU memory is not waited for (the last probe had no driver view): said in the plan.
+    vram_unseen: str | None = None
     step: int | None = None  # the attempt's last step: what the kill stops at
     last_verified_step: int | None = None
     step_unit: str | None = None  # the log counts batches or dicts, not steps
@@ -394,6 +396,10 @@ class Kill(Action[KillArgs, KillWork, KillTarget]):
 def _timing(k: Keeper, args: KillArgs) -> dict[str, Any]:
     cfg = k.run.settings.kill
     grace = float(args.grace_s if args.grace_s is not None else cfg.grace_s)
+    probe = k.run.state.probe
+    gpu = probe.gpu if probe is not None else None
+    if gpu is not None and not gpu.available:  # nothing to wait on: the wait returns at once
+        return {"grace_s": grace, "vram_unseen": gpu.reason or "driver view unavailable"}
     return {"grace_s": grace, "vram_timeout_s": float(cfg.vram_timeout_s)}
 
 
@@ -442,6 +448,8 @@ def kill_lines(plan: KillTarget, *, lost: bool = True) -> list[str]:
         out.append(f"  nothing of {who} is left to signal")
     if wait is not None:
         out.append(f"  then waits up to {wait:g} s for the GPU memory to be released")
+    elif plan.vram_unseen and members and not plan.signal:
+        out.append(f"  the GPU memory's release is not waited for ({plan.vram_unseen})")
     step, last, unit = plan.step, plan.last_verified_step, plan.step_unit
     if step is not None and members and lost:
         if unit is not None:  # no subtraction from a checkpoint's step holds

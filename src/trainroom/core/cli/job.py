@@ -155,12 +155,18 @@ def stacks_lines(report: dict[str, Any]) -> list[str]:
     for d in report["ranks"]:
         fr = d.get("flight_recorder") or {}
         out.append(
-            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  [{d.get('method') or d['message']}]"
+            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  "
+            f"[{d.get('method') or d['message']}{', stopped' if d.get('stopped') else ''}]"
         )
         if fr:
             out.append(f"    flight recorder: {fr.get('detail')}")
     out += [
-        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): {m['parked_at'] or m['why']}"
+        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): "
+        + (
+            "stopped (it runs no code until SIGCONT)" + (f", at {m['parked_at']}" if m["parked_at"] else "")
+            if m.get("stopped")
+            else m["parked_at"] or m["why"]
+        )
         for m in report["not_arrived"]
     ]
     return out

@@ -11,6 +11,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.job.discover import job_runs, newest_job
@@ -92,7 +94,11 @@ def cmd_slurm_job(
     open_tui: Callable[[argparse.Namespace], int],
 ) -> int:
     if args.stacks:
-        raise CliError("slurm:JOBID: --stacks is not available for Slurm jobs yet")
+        from trainroom.core.cli.job import stacks_lines
+
+        report = dump_ranks(job_id)
+        print(to_json(report) if args.json else "\n".join(stacks_lines(report)))
+        return 0 if report["ranks"] and not report["not_arrived"] else 1
     if args.resume:
         return resume_job(args, job_id)
     if args.kill:
@@ -107,6 +113,68 @@ def cmd_slurm_job(
     print(to_json(d) if args.json else "\n".join(slurm_lines(d["slurm"]) + job_lines(d, now)))
     bad = any(v["code"] == "NODE_LOST" for v in d["slurm"]["verdicts"])
     return 0 if d["state"] in healthy and not bad else 1
+
+
+def dump_ranks(job_id: str) -> dict[str, Any]:
+    """Every live rank's stacks, each through its own node's keeper (`srun --overlap -w NODE
+    trainroom dump RUN [--rank R] --yes --json`, one step a rank, all at once), compared: where
+    most ranks wait, and which did not arrive there. A rank whose reporter is connected is
+    dumped through it (`--rank`); a run that is one rank (a task per rank) is its trainer."""
+    from trainroom.core.job.actions import compare_stacks, each
+    from trainroom.core.job.slurm import srun_run
+
+    try:
+        job = read_slurm_job(job_id, SlurmReader())
+    except SlurmJobError as exc:
+        raise CliError(str(exc)) from None
+    todo: list[tuple[NodeReading, int | None, int | None]] = []  # reading, rank, --rank
+    for r in job.readings:
+        a = r.state.attempt if r.state is not None else None
+        if r.state is None or r.keeper != "alive" or not r.run or not r.host or a is None or not a.alive:
+            continue
+        ranks = [v for v in r.state.ranks.values() if v.attempt == a.n]
+        if len(ranks) <= 1:  # the trainer is the rank
+            rank = ranks[0].rank if ranks else r.node_rank
+            todo.append((r, rank, ranks[0].rank if ranks and ranks[0].connected else None))
+        else:
+            todo += [(r, v.rank, v.rank) for v in sorted(ranks, key=lambda v: v.rank) if v.connected]
+
+    def one(item: tuple[NodeReading, int | None, int | None]) -> list[dict[str, Any]]:
+        r, rank, via = item
+        out: dict[str, Any] = {
+            "rank": rank,
+            "node_rank": r.node_rank,
+            "host": r.host,
+            "node": r.host,
+            "run": r.run,
+        }
+        verb = ["dump", str(r.run), "--yes", "--json", *(["--rank", str(via)] if via is not None else [])]
+        rc, stdout, stderr = srun_run(job_id, str(r.host), verb)
+        text = stdout[stdout.find("{") :] if "{" in stdout else ""  # the JSON reply, however indented
+        try:
+            d = msgspec.json.decode(text) if text else None
+        except msgspec.DecodeError:
+            d = None
+        if not isinstance(d, dict):
+            why = (stderr.strip() or stdout.strip() or f"exit {rc}").splitlines()[-1:]
+            return [{**out, "ok": False, "message": f"srun on {r.host}: {' '.join(why)}", "stacks": ""}]
+        after = d.get("after") or {}
+        blocks = after.get("ranks") or [after]  # torchrun's node without --rank: a block a rank
+        return [
+            {
+                **out,
+                "rank": b.get("rank", rank),
+                "ok": bool(d.get("ok")) and bool(b.get("stacks")),
+                "message": str(b.get("message") or d.get("message", "")),
+                "method": b.get("method"),
+                "stopped": bool(b.get("stopped")),
+                "stacks": b.get("stacks") or "",
+                "flight_recorder": after.get("flight_recorder"),
+            }
+            for b in blocks
+        ]
+
+    return compare_stacks([d for got in each(one, todo) for d in got])
 
 
 def survivors(readings: list[NodeReading]) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
     sp = sub.add_parser(
         "stop-keeper", help="end the keeper of a run whose trainer has ended (never one whose trainer runs)"
     )
-    sp.add_argument("run", nargs="*", help="the runs (id, prefix or suffix)")
+    sp.add_argument("run", nargs="*", help="the runs (id, prefix or suffix, name)")
     sp.add_argument(
         "--ended", action="store_true", help="every run whose keeper stays after its trainer ended"
     )

@@ -108,6 +108,13 @@ def _lost(run: RunState, a: AttemptView) -> tuple[str, int | None]:
     start = a.first_step - 1 if a.first_step is not None else None
     lost_or_none = a.last_step - start if start is not None else None
     more = f", {lost_or_none} steps of this attempt lost" if lost_or_none is not None else ""
+    if a.attached and start is not None:
+        # It trained before trainroom attached: what it did then is lost too, unless it saved
+        # a checkpoint of its own that trainroom never saw.
+        more = (
+            f", {lost_or_none} steps lost since trainroom attached (step {a.first_step}), and what "
+            "it trained before that since a checkpoint of its own, if it saved one"
+        )
     return f"at step {a.last_step}; no verified checkpoint{more}", lost_or_none
 
 

@@ -79,7 +79,8 @@ class JobAction:
         }
 
 
-def _each(fn: Callable[[T], U], items: list[T]) -> list[U]:
+def each(fn: Callable[[T], U], items: list[T]) -> list[U]:
+    """`fn` over `items` at once (a thread each, 16 at most), in their order."""
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(items)))) as pool:
         return list(pool.map(fn, items))
 
@@ -106,7 +107,7 @@ def plan(
             if na.plan.stage != "plan":
                 na.error = na.plan.message
 
-    _each(lambda pair: ask(*pair), list(zip(job.nodes, readings, strict=True)))
+    each(lambda pair: ask(*pair), list(zip(job.nodes, readings, strict=True)))
     if action == "resume":
         job.refusal = _resume_refusal(job)
     return job
@@ -162,7 +163,7 @@ def carry_out(job: JobAction, args: dict[str, Any]) -> JobAction:
             na.error = f"{job.action}: {exc}"
 
     if job.refusal is None:
-        _each(run, job.nodes)
+        each(run, job.nodes)
     return job
 
 
@@ -221,9 +222,10 @@ def compare_stacks(dumps: list[dict[str, Any]]) -> dict[str, Any]:
     for d in dumps:
         d["frames"] = main_thread_frames(d.get("stacks") or "")[:16]
         d["parked_at"] = parked_at(d["frames"])
-    known = [d["parked_at"] for d in dumps if d["parked_at"]]
+    # A stopped rank (SIGSTOP, a debugger) arrived nowhere, wherever it stopped: it does not vote.
+    known = [d["parked_at"] for d in dumps if d["parked_at"] and not d.get("stopped")]
     common = Counter(known).most_common(1)[0][0] if known else None
-    odd = [d for d in dumps if d["parked_at"] != common]
+    odd = [d for d in dumps if d["parked_at"] != common or d.get("stopped")]
     return {
         "waiting_at": common,
         "ranks": dumps,
@@ -233,6 +235,7 @@ def compare_stacks(dumps: list[dict[str, Any]]) -> dict[str, Any]:
                 "node_rank": d["node_rank"],
                 "host": d["host"],
                 "parked_at": d["parked_at"],
+                "stopped": bool(d.get("stopped")),
                 "why": d["message"],
             }
             for d in odd
@@ -261,8 +264,9 @@ def dump_ranks(refs: list[NodeRef], readings: list[NodeReading]) -> dict[str, An
             "ok": reply.ok,
             "message": reply.message,
             "method": reply.after.get("method"),
+            "stopped": bool(reply.after.get("stopped")),
             "stacks": reply.after.get("stacks") or "",
             "flight_recorder": reply.after.get("flight_recorder"),
         }
 
-    return compare_stacks(_each(one, jobs))
+    return compare_stacks(each(one, jobs))

@@ -146,6 +146,13 @@ def slurmd_silent(ni: NodeInfo | None) -> str | None:
 
 def srun_act(job_id: str, node: str, verb_args: list[str]) -> tuple[int, str]:
     """`trainroom VERB_ARGS` on `node` inside the job (one srun step); its exit and last line."""
+    rc, stdout, stderr = srun_run(job_id, node, verb_args)
+    text = (stdout.strip() or stderr.strip()).splitlines()
+    return rc, " ".join(text[-1:]) if not stdout.strip().startswith("{") else _message(stdout)
+
+
+def srun_run(job_id: str, node: str, verb_args: list[str], timeout_s: float = 120.0) -> tuple[int, str, str]:
+    """`trainroom VERB_ARGS` on `node` inside the job (one srun step): exit, stdout, stderr."""
     remote = shlex.split(os.environ.get(ENV_REMOTE_COMMAND) or "trainroom")
     argv = [
         "srun",
@@ -160,13 +167,10 @@ def srun_act(job_id: str, node: str, verb_args: list[str]) -> tuple[int, str]:
         *verb_args,
     ]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_srun_env())
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=_srun_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return 1, str(exc)
-    text = (out.stdout.strip() or out.stderr.strip()).splitlines()
-    return out.returncode, " ".join(text[-1:]) if not out.stdout.strip().startswith("{") else _message(
-        out.stdout
-    )
+        return 1, "", str(exc)
+    return out.returncode, out.stdout, out.stderr
 
 
 def _message(text: str) -> str:

@@ -99,6 +99,18 @@ class ResumeInputs(msgspec.Struct, kw_only=True, frozen=True):
 DriverBytes = Callable[[list[int]], int | None]
 
 
+def _nothing_to_resume_from(state: RunState, a: AttemptView, inputs: ResumeInputs) -> str:
+    """Why there is no checkpoint to resume from, and what would give one or start it again."""
+    why = "no verified checkpoint: `latest` points nowhere"
+    if a.attached and inputs.watched is None and not state.checkpoints:
+        why = (
+            "no verified checkpoint: trainroom watched none of this attached trainer's saves "
+            "(`trainroom attach PID --ckpt DIR` names where it saves)"
+        )
+    again = shlex.join(["trainroom", "launch", "--", *(state.argv or a.argv)])
+    return f"{why}; `{again}` starts it again from scratch"
+
+
 def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes | None) -> ResumePlan:
     a = state.attempt
     plan = ResumePlan(attempt=(a.n + 1) if a else 1)
@@ -116,7 +128,7 @@ def plan_resume(state: RunState, inputs: ResumeInputs, driver_bytes: DriverBytes
         )
     _choose_checkpoint(plan, state, inputs)
     if plan.checkpoint is None:
-        plan.refusals.append("no verified checkpoint: `latest` points nowhere")
+        plan.refusals.append(_nothing_to_resume_from(state, a, inputs))
     else:
         _check_host_ram(plan, inputs.host_ram_floor_bytes)
         plan.templated = bool(inputs.template)

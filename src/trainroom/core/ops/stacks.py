@@ -54,6 +54,7 @@ class StackDump(msgspec.Struct, kw_only=True):
     text: str = ""
     method: DumpMethod | None = None  # None: nothing could be dumped
     message: str = ""
+    stopped: bool = False  # the process was stopped (SIGSTOP, a debugger): it runs no code
 
 
 class DumpTarget(msgspec.Struct, kw_only=True, frozen=True):
@@ -212,10 +213,11 @@ def _stopped(pid: int, state: str, spied: StackDump) -> StackDump:
     why = "being traced by a debugger" if state == psutil.STATUS_TRACING_STOP else "SIGSTOP"
     said = f"pid {pid} is stopped ({why}): it runs no code until SIGCONT; continue (U) lets it run on"
     if spied.ok:
-        return _result(
-            True, spied.text, spied.method, f"{said}; its stacks where it stopped, {spied.message}"
-        )
-    return _result(True, "", None, f"{said}; its stacks could not be read ({spied.message})")
+        out = _result(True, spied.text, spied.method, f"{said}; its stacks where it stopped, {spied.message}")
+    else:
+        out = _result(True, "", None, f"{said}; its stacks could not be read ({spied.message})")
+    out.stopped = True
+    return out
 
 
 def catches_signal(pid: int, sig: int, proc_root: str = "/proc") -> bool:
@@ -324,6 +326,9 @@ def _tgkill() -> Any:
     return fn
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}+[A-Za-z]")
+
+
 def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
     import sh  # external commands go through sh
 
@@ -336,13 +341,14 @@ def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
         return _result(False, "", None, PY_SPY_INSTALL)
     try:
         flags = ["--nonblocking"] if nonblocking else []
-        out = py_spy("dump", *flags, "--pid", str(pid), _timeout=timeout)
+        # sh gives a command a terminal for its stdout by default: py-spy then colours its lines.
+        out = py_spy("dump", *flags, "--pid", str(pid), _timeout=timeout, _tty_out=False)
     except sh.ErrorReturnCode as exc:
         err = exc.stderr.decode(errors="replace").strip().splitlines() or [f"exit code {exc.exit_code}"]
         return _result(False, "", None, f"py-spy dump --pid {pid} failed: {err[-1]}")
     except sh.TimeoutException:
         return _result(False, "", None, f"py-spy dump --pid {pid} gave no answer in {timeout:g} s")
-    text = str(out)
+    text = _ANSI.sub("", str(out))  # a CLICOLOR_FORCE in the keeper's environment colours it anyway
     how = " without pausing it (it is stopped)" if nonblocking else ""
     return _result(True, text, "py-spy", f"stacks of pid {pid} read by py-spy{how}")
 

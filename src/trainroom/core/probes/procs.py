@@ -55,6 +55,9 @@ class ProcStat(NamedTuple):
     utime: int = 0  # fields 14 and 15: CPU time in user and kernel mode, in clock ticks
     stime: int = 0
     rss_pages: int = 0  # field 24: resident set size, in pages
+    # field 50: where its environment lies in its memory. A forked child shares its parent's until
+    # it execs (then /proc/<pid>/environ is still the parent's); an exec moves it.
+    env_start: int = 0
 
 
 def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
@@ -82,6 +85,7 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
             utime=int(fields[11]),
             stime=int(fields[12]),
             rss_pages=int(fields[21]),
+            env_start=int(fields[47]) if len(fields) > 47 else 0,
         )
     except (IndexError, ValueError):
         return None
@@ -90,6 +94,15 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
 # psutil's create time is a boot time read from /proc/stat (which moves with wall-clock steps)
 # plus the clock ticks: two readers of one process agree only to about a second.
 START_TIME_TOLERANCE_S = 1.0
+
+
+def uptime_ticks(proc_root: str = PROC) -> float | None:
+    """Now, in clock ticks since boot (start_ticks' clock), or None when it cannot be read."""
+    try:
+        with open(f"{proc_root}/uptime", "rb") as f:
+            return float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def start_ticks(pid: int, proc_root: str = PROC) -> int | None:

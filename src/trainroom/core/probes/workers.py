@@ -16,7 +16,12 @@ whose children carry LOCAL_RANK > 0 without RANK, and who carries none itself, i
 local rank 0, and the ranks per node are it and those children.
 
 Cost: the walk is the one the group view already made; an environment is read once per new
-process (cached by pid and start tick), so a steady cycle reads nothing more than stat files.
+process (cached by pid and start tick), so a steady cycle reads nothing more than stat files. One
+exception: a young process that still shares its parent's environment address may not have
+exec'd yet (/proc/<pid>/environ is then its parent's: torchrun's, with no RANK): it is read again
+each cycle until it has exec'd or is EXEC_WINDOW_S old (a DataLoader worker, which never execs,
+costs a read a cycle for that long), so a worker caught between fork and exec is never taken for
+a process without a rank for the rest of its life.
 A zombie's wait status (stat field 52) says how a worker ended, if read before torchrun reaps it:
 `exit_handle` gives a pidfd that becomes readable the moment the worker exits, for a reader that
 wakes within a millisecond, well inside torchrun's 0.1 s monitor interval.
@@ -29,12 +34,15 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from trainroom.core.probes.procs import PROC, ProcStat, read_stat
+from trainroom.core.probes.procs import PROC, ProcStat, read_stat, uptime_ticks
 from trainroom.core.probes.runof import RunOf, run_of
 from trainroom.core.samples import GONE_STATES, Worker
 
 # What a process's starting environment says of its rank: `runof.RunOf` with a rank.
 RankEnv = RunOf
+# How long after its start a process that shares its parent's environment may still be between
+# fork and exec (a loaded machine can hold a vforked child that long before it runs).
+EXEC_WINDOW_S = 10.0
 
 
 def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
@@ -119,11 +127,20 @@ class WorkerFinder:
         live = {(st.pid, st.start_ticks) for st in procs}
         self._env = {k: v for k, v in self._env.items() if k in live}
         envs: dict[int, RunOf | None] = {}
+        env_start = {st.pid: st.env_start for st in procs}
+        now: float | None = None
         for st in procs:
             key = (st.pid, st.start_ticks)
-            if key not in self._env:
-                self._env[key] = run_of(st.pid, self.proc_root)
-            envs[st.pid] = self._env[key]
+            if key in self._env:
+                envs[st.pid] = self._env[key]
+                continue
+            env = envs[st.pid] = run_of(st.pid, self.proc_root)
+            if env_start.get(st.ppid) == st.env_start:
+                now = uptime_ticks(self.proc_root) if now is None else now
+                window = EXEC_WINDOW_S * os.sysconf("SC_CLK_TCK")
+                if now is not None and now - st.start_ticks < window:
+                    continue  # maybe not exec'd yet: its parent's environment; read it again
+            self._env[key] = env
         launchers = node_launchers(procs, envs)
         rank_of: dict[int, int] = {}  # pid -> rank, for the ones found to be workers
         out: list[Worker] = []

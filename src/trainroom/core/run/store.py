@@ -179,6 +179,19 @@ def ensure_runs_dir() -> Path:
     return d
 
 
+_RUN_ID = re.compile(r"\d{8}-\d{6}-(.+)-[0-9a-f]{4}")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:24] or "run"
+
+
+def run_name(run_id: str) -> str | None:
+    """The name in a run's id (`20261206-124717-NAME-4ec9`), or None for an id of another shape."""
+    m = _RUN_ID.fullmatch(run_id)
+    return m.group(1) if m else None
+
+
 def new_run_id(argv: list[str], name: str | None = None) -> str:
     """A sortable id that names what runs: `name` when given, else the last `-m module` or
     script in the command."""
@@ -191,8 +204,7 @@ def new_run_id(argv: list[str], name: str | None = None) -> str:
     name = given or name
     if name == "run" and argv:
         name = os.path.basename(argv[0])
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")[:24] or "run"
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(2)}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(name)}-{secrets.token_hex(2)}"
 
 
 def create_run(
@@ -351,7 +363,8 @@ def remote_run(spec: str, *, job: str | None = None) -> RunInfo:
 
 
 def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
-    """RUN may be omitted (the newest), a full id, a unique prefix or suffix, a run dir path, or
+    """RUN may be omitted (the newest), a full id, a unique prefix or suffix, the name it was
+    given (`--name`, the id's middle: the newest run of that name), a run dir path, or
     `ssh://[user@]host[:port][/RUN]` (a run on another host, resolved there)."""
     if spec and is_remote(spec):
         return remote_run(spec)
@@ -380,6 +393,9 @@ def resolve_run(spec: str | None, live_only: bool = False) -> RunInfo:
     hits = [r for r in runs if r.run_id.startswith(spec) or r.run_id.endswith(spec)]
     if len(hits) == 1:
         return hits[0]
+    named = [r for r in runs if run_name(r.run_id) in (spec, _slug(spec))]
+    if not hits and named:
+        return named[-1]  # list_runs is oldest first
     if not hits:
         raise RunError(f"unknown run {spec!r} (see `trainroom runs`)")
     raise RunError(f"run {spec!r} is ambiguous: {', '.join(h.run_id for h in hits[:5])}")

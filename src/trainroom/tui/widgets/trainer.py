@@ -35,4 +35,12 @@ class TrainerPanel(Panel[TrainerView]):
         if view.telemetry == "unrecognised":  # lines of their own: the panel is narrow
             t.append("log read, no step or loss in it:\npass --log-pattern\n", style=self.style("warn"))
         t.append(fmt.shorten(view.command, self.inner_width * 2), style=self.style("dim"))
+        if view.alive and self.inner_height > 6:  # zoomed: room to say where the rest is
+            t.append("\n\n")
+            t.append("p", style=self.style("label"))
+            t.append(
+                "  every process of the run as a tree: ranks, workers, CPU %, RSS, GPU memory;",
+                style=self.style("dim"),
+            )
+            t.append("\n   a signal of your choice to one of them", style=self.style("dim"))
         return t
