@@ -66,6 +66,8 @@ def cmd_job(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], i
     if args.kill or args.resume:
         return _act("kill" if args.kill else "resume", args, refs, readings)
     if args.stacks:
+        from trainroom.core.cli.slurmjob import stacks_lines
+
         report = actions.dump_ranks(refs, readings)
         print(to_json(report) if args.json else "\n".join(stacks_lines(report)))
         return 0 if not report["not_arrived"] else 1
@@ -148,25 +150,3 @@ def _rank_line(r: dict[str, Any]) -> str:
     return (
         f"  rank {r['rank']:<3} node {node:<3} pid {r['pid'] or '?':<8} {r['state']:12} step {step:<8} {hb}"
     )
-
-
-def stacks_lines(report: dict[str, Any]) -> list[str]:
-    out = [f"most ranks wait at: {report['waiting_at'] or 'no common frame'}"]
-    for d in report["ranks"]:
-        fr = d.get("flight_recorder") or {}
-        out.append(
-            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  "
-            f"[{d.get('method') or d['message']}{', stopped' if d.get('stopped') else ''}]"
-        )
-        if fr:
-            out.append(f"    flight recorder: {fr.get('detail')}")
-    out += [
-        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): "
-        + (
-            "stopped (it runs no code until SIGCONT)" + (f", at {m['parked_at']}" if m["parked_at"] else "")
-            if m.get("stopped")
-            else m["parked_at"] or m["why"]
-        )
-        for m in report["not_arrived"]
-    ]
-    return out

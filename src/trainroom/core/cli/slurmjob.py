@@ -94,8 +94,6 @@ def cmd_slurm_job(
     open_tui: Callable[[argparse.Namespace], int],
 ) -> int:
     if args.stacks:
-        from trainroom.core.cli.job import stacks_lines
-
         report = dump_ranks(job_id)
         print(to_json(report) if args.json else "\n".join(stacks_lines(report)))
         return 0 if report["ranks"] and not report["not_arrived"] else 1
@@ -113,6 +111,28 @@ def cmd_slurm_job(
     print(to_json(d) if args.json else "\n".join(slurm_lines(d["slurm"]) + job_lines(d, now)))
     bad = any(v["code"] == "NODE_LOST" for v in d["slurm"]["verdicts"])
     return 0 if d["state"] in healthy and not bad else 1
+
+
+def stacks_lines(report: dict[str, Any]) -> list[str]:
+    out = [f"most ranks wait at: {report['waiting_at'] or 'no common frame'}"]
+    for d in report["ranks"]:
+        fr = d.get("flight_recorder") or {}
+        out.append(
+            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  "
+            f"[{d.get('method') or d['message']}{', stopped' if d.get('stopped') else ''}]"
+        )
+        if fr:
+            out.append(f"    flight recorder: {fr.get('detail')}")
+    out += [
+        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): "
+        + (
+            "stopped (it runs no code until SIGCONT)" + (f", at {m['parked_at']}" if m["parked_at"] else "")
+            if m.get("stopped")
+            else m["parked_at"] or m["why"]
+        )
+        for m in report["not_arrived"]
+    ]
+    return out
 
 
 def dump_ranks(job_id: str) -> dict[str, Any]:
