@@ -618,7 +618,7 @@ def test_a_real_time_limit_s_warning_signal_checkpoints_verifies_requeues_and_re
 ) -> None:
     """`--time=1 --signal=B:USR2@50`: slurmctld itself sends USR2, "up to 60 seconds earlier than
     specified" (sbatch(1)): about 10 s after the start, or at once, before srun's tasks can take it
-    (srun drops it, or `launch` still ignores it). Then the time-left trigger asks instead, 35 s
+    (srun drops it before it has launched the tasks). Then the time-left trigger asks instead, 35 s
     after the start: either way the job is checkpointed, verified and requeued before its limit,
     and the journal says which asked."""
     (home / "trainroom.toml").write_text("[slurm]\ncheckpoint_time_s = 5\nmargin_s = 20\n")
