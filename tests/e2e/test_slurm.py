@@ -255,6 +255,13 @@ def test_torchrun_per_node_a_killed_worker_is_named_with_its_node(
         worker = view.pid
         assert worker is not None and worker != states[1].attempt.pid
         assert psutil.Process(worker).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        # Each node's torchrun worker dumped through its own node's keeper, both training.
+        said = json.loads(_cli_rc(slurm, "job", f"slurm:{job.id}", "--stacks", "--json"))
+        dumped = sorted((d["rank"], d["host"], d["ok"]) for d in said["ranks"])
+        assert [(rk, ok) for rk, _, ok in dumped] == [(0, True), (1, True)], said
+        assert {h for _, h, _ in dumped} == {"n1", "n2"} and all(
+            "train_ddp.py" in d["stacks"] for d in said["ranks"]
+        )
         os.kill(worker, signal.SIGKILL)
 
         def named() -> dict[str, Any] | None:
