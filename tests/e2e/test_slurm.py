@@ -256,7 +256,14 @@ def test_torchrun_per_node_a_killed_worker_is_named_with_its_node(
         assert worker is not None and worker != states[1].attempt.pid
         assert psutil.Process(worker).environ().get("TRAINROOM_RUN") == runs[1].run_id
         # Each node's torchrun worker dumped through its own node's keeper, both training.
-        said = json.loads(_cli_rc(slurm, "job", f"slurm:{job.id}", "--stacks", "--json"))
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--stacks", "--json"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        said = json.loads(out.stdout)
         dumped = sorted((d["rank"], d["host"], d["ok"]) for d in said["ranks"])
         assert [(rk, ok) for rk, _, ok in dumped] == [(0, True), (1, True)], said
         assert {h for _, h, _ in dumped} == {"n1", "n2"} and all(
