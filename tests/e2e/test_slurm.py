@@ -255,6 +255,20 @@ def test_torchrun_per_node_a_killed_worker_is_named_with_its_node(
         worker = view.pid
         assert worker is not None and worker != states[1].attempt.pid
         assert psutil.Process(worker).environ().get("TRAINROOM_RUN") == runs[1].run_id
+        # Each node's torchrun worker dumped through its own node's keeper, both training.
+        out = subprocess.run(
+            ["trainroom", "job", f"slurm:{job.id}", "--stacks", "--json"],
+            env=slurm.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        said = json.loads(out.stdout)
+        dumped = sorted((d["rank"], d["host"], d["ok"]) for d in said["ranks"])
+        assert [(rk, ok) for rk, _, ok in dumped] == [(0, True), (1, True)], said
+        assert {h for _, h, _ in dumped} == {"n1", "n2"} and all(
+            "train_ddp.py" in d["stacks"] for d in said["ranks"]
+        )
         os.kill(worker, signal.SIGKILL)
 
         def named() -> dict[str, Any] | None:
@@ -618,7 +632,7 @@ def test_a_real_time_limit_s_warning_signal_checkpoints_verifies_requeues_and_re
 ) -> None:
     """`--time=1 --signal=B:USR2@50`: slurmctld itself sends USR2, "up to 60 seconds earlier than
     specified" (sbatch(1)): about 10 s after the start, or at once, before srun's tasks can take it
-    (srun drops it, or `launch` still ignores it). Then the time-left trigger asks instead, 35 s
+    (srun drops it before it has launched the tasks). Then the time-left trigger asks instead, 35 s
     after the start: either way the job is checkpointed, verified and requeued before its limit,
     and the journal says which asked."""
     (home / "trainroom.toml").write_text("[slurm]\ncheckpoint_time_s = 5\nmargin_s = 20\n")

@@ -23,6 +23,7 @@ from tests.support.tui_fakes import (
 )
 from trainroom.core.run.state import RunState
 from trainroom.core.wire import protocol as p
+from trainroom.tui import fmt
 from trainroom.tui.app import ControlRoom
 from trainroom.tui.overview import row_of, short_command
 from trainroom.tui.screens.runs import RunsScreen
@@ -56,7 +57,20 @@ def test_a_hung_run_shows_no_rate_and_the_command_is_its_script() -> None:
     running = build_state(recs)
     info = run_info(running.run_id, "/tmp/nowhere")
     info.argv = ARGV
-    assert row_of(info, running, True).steps_per_s is not None
+    row = row_of(info, running, True)
+    assert row.steps_per_s is not None and row.rate_from == "reporter"  # the healthy fake reports
+    from trainroom.tui.screens.runs import rate_cell
+
+    assert rate_cell(row.steps_per_s, row.rate_from) == fmt.rate(row.steps_per_s, "")
+    assert rate_cell(9.94, "read times") == "≈" + fmt.rate(9.94, "")  # an estimate is said so
+    assert rate_cell(None, None) == "—"
+    # The overview's title says what "≈" means while a row shows one, and not otherwise.
+    import dataclasses
+
+    said = RunsScreen([row], T0, None)._title()
+    assert "≈" not in said
+    guessed = dataclasses.replace(row, rate_from="read times")
+    assert RunsScreen([guessed], T0, None)._title().endswith(" · ≈ steps/s: when its log lines were read")
     hung: RunState = build_state([*recs, p.RunStatus(t=T0 + 400, state="hung", reason="no step for 300 s")])
     row = row_of(info, hung, True)
     assert row.state == "hung" and row.steps_per_s is None

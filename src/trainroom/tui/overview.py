@@ -11,7 +11,7 @@ from typing import Any
 
 from trainroom.core.findings import SEVERITY_RANK
 from trainroom.core.run.causes import fold
-from trainroom.core.run.figures import run_loss, steps_per_s
+from trainroom.core.run.figures import pace, run_loss
 from trainroom.core.run.state import RunState
 from trainroom.core.run.store import RunInfo
 from trainroom.core.run.summary import RunSummary
@@ -69,6 +69,9 @@ class RunRow:
     nodes: int = 1  # a job's row stands for this many runs (its nodes here)
     training: bool = False  # a trainer runs: what "live" means (a keeper staying after the end is not)
     attached: bool = False  # its attempt is a process `trainroom attach` adopted
+    # Where steps/s came from (core/run/figures.Pace): `read times` is only when the log's lines
+    # were read, an estimate; the others are the trainer's own timing.
+    rate_from: str | None = None
 
     @property
     def name(self) -> str:
@@ -90,7 +93,8 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
     loss = run_loss(state).median
     # A rate only while steps flow: a HUNG, STALLED or dead run shows none (the last one measured
     # would say it still trains).
-    rate = steps_per_s(state) if a is not None and a.alive and status in MOVING else None
+    moving = pace(state) if a is not None and a.alive and status in MOVING else None
+    rate = moving.steps_per_s if moving is not None else None
     return RunRow(
         run_id=info.run_id,
         state=status,
@@ -100,6 +104,7 @@ def row_of(info: RunInfo, state: RunState, keeper_alive: bool) -> RunRow:
         step=state.current_step() if state.ranks else (a.last_step if a else None),
         loss=loss,
         steps_per_s=rate,
+        rate_from=moving.source if moving is not None and rate is not None else None,
         worst_code=worst.code if worst else None,
         worst_severity=worst.severity if worst else None,
         findings=len(found),
@@ -151,12 +156,15 @@ def _job_row(nodes: list[RunRow]) -> RunRow:
     worst = max(nodes, key=lambda r: (_LEVEL_RANK.get(r.level, 2), _worst_rank(r)))
     steps = [r.step for r in nodes if r.step is not None]
     losses = [r.loss for r in nodes if r.loss is not None and math.isfinite(r.loss)]
-    rates = [r.steps_per_s for r in nodes if r.steps_per_s is not None]
+    slowest = min(
+        (r for r in nodes if r.steps_per_s is not None), key=lambda r: r.steps_per_s or 0.0, default=None
+    )
     return dataclasses.replace(
         worst,
         step=min(steps) if steps else None,
         loss=max(losses) if losses else worst.loss,
-        steps_per_s=min(rates) if rates else None,
+        steps_per_s=slowest.steps_per_s if slowest is not None else None,
+        rate_from=slowest.rate_from if slowest is not None else None,
         findings=sum(r.findings for r in nodes),
         keeper=any(r.keeper for r in nodes),
         training=any(r.training for r in nodes),

@@ -80,9 +80,12 @@ def checkpoint_signal(name: str | None) -> signal.Signals:
 
 def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str]) -> int:
     ask = checkpoint_signal(options.checkpoint_signal)
-    # Ignored before the keeper starts, so the keeper and the trainer inherit it ignored: srun
-    # delivers the job's warning signal to every process of the step, and by default it would
-    # end them. This process answers it (below) by asking the trainer to checkpoint.
+    # Blocked, then ignored, before the keeper starts. Ignored: the keeper and the trainer inherit
+    # it ignored (srun delivers the job's warning signal to every process of the step, and by
+    # default it would end them). Blocked: one that comes while the keeper starts (a second or
+    # two) waits, pending, for the handler below instead of being lost; the keeper clears the
+    # mask it inherits (keeper/__main__.py), so the trainer starts with none.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {ask})
     for sig in {signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, ask}:
         signal.signal(sig, signal.SIG_IGN)
     from trainroom.core.cli import requeue
@@ -103,6 +106,7 @@ def run_foreground(argv: list[str], options: LaunchOptions, env: dict[str, str])
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     signal.signal(ask, checkpoint_now)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {ask})  # one that came meanwhile is answered now
     rc = keeper.wait()
     copy.done.set()
     copy.join(timeout=5.0)

@@ -153,11 +153,13 @@ def dump_ranks(job_id: str) -> dict[str, Any]:
         if r.state is None or r.keeper != "alive" or not r.run or not r.host or a is None or not a.alive:
             continue
         ranks = [v for v in r.state.ranks.values() if v.attempt == a.n]
-        if len(ranks) <= 1:  # the trainer is the rank
-            rank = ranks[0].rank if ranks else r.node_rank
-            todo.append((r, rank, ranks[0].rank if ranks and ranks[0].connected else None))
-        else:
-            todo += [(r, v.rank, v.rank) for v in sorted(ranks, key=lambda v: v.rank) if v.connected]
+        heard = sorted((v for v in ranks if v.connected), key=lambda v: v.rank)
+        if len(ranks) > 1 and heard:  # each rank through its reporter
+            todo += [(r, v.rank, v.rank) for v in heard]
+        else:  # the trainer (a task per rank), or each torchrun worker of the node by py-spy
+            todo.append(
+                (r, ranks[0].rank if len(ranks) == 1 else r.node_rank, heard[0].rank if heard else None)
+            )
 
     def one(item: tuple[NodeReading, int | None, int | None]) -> list[dict[str, Any]]:
         r, rank, via = item

@@ -1,6 +1,7 @@
 """`python -m trainroom.core.keeper RUN_DIR`: what `launch` (and `attach`) starts, detached, for one run."""
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 
@@ -8,6 +9,9 @@ from trainroom.core.keeper.loop import Keeper
 
 
 def run_keeper(run_dir: str) -> int:
+    # A foreground `launch` starts us with its checkpoint signal blocked (and ignored): cleared
+    # here, so the trainer we start inherits no blocked signal (an ignored one stays ignored).
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     keeper = Keeper(Path(run_dir))
     return asyncio.run(keeper.main())
 

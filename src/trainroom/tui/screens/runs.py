@@ -28,6 +28,14 @@ NARROW_COLUMNS = ("run", "state", "worst", "step", "steps/s", "loss", "age", "co
 NARROW_BELOW = 120
 
 
+def rate_cell(rate: float | None, source: str | None) -> str:
+    """steps/s in the overview: "≈" before one read from when the log's lines were read (an
+    estimate: the trainer's own timing is not in its lines), the figure alone otherwise."""
+    if not rate:
+        return "—"
+    return ("≈" if source == "read times" else "") + fmt.rate(rate, "")
+
+
 class RunsScreen(Screen[str | None]):
     """Dismissed with the run id to open, or None (back, or no run picked)."""
 
@@ -93,6 +101,8 @@ class RunsScreen(Screen[str | None]):
         shown = self.shown()
         if self.filter:
             base += f" · {len(shown)} match {self.filter!r} (esc: all)"
+        if any(r.rate_from == "read times" and r.steps_per_s for r in shown):
+            base += " · ≈ steps/s: when its log lines were read"
         return base
 
     def shown(self) -> list[RunRow]:
@@ -161,7 +171,7 @@ class RunsScreen(Screen[str | None]):
             Text(state, style=self._style.get(level, "")),
             Text(str(r.step) if r.step is not None else "—", justify="right"),
             Text(fmt.loss(r.loss), justify="right"),
-            Text(fmt.rate(r.steps_per_s, "") if r.steps_per_s else "—", justify="right"),
+            Text(rate_cell(r.steps_per_s, r.rate_from), justify="right"),
             worst,
             Text(fmt.duration(max(self.now - r.created, 0.0)), justify="right"),
             Text(fmt.shorten(r.error or r.command, 80), style="dim"),
