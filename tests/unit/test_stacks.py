@@ -205,7 +205,9 @@ def test_a_stopped_trainer_is_read_where_it_stopped(trainer) -> None:
         from trainroom.core.job.actions import main_thread_frames
 
         assert "\x1b[" not in result.text, result.text[:300]
-        assert any(f.startswith("inner (") for f in main_thread_frames(result.text)), result.text
+        frames = main_thread_frames(result.text)
+        assert any(f.startswith("inner (") for f in frames), result.text
+        assert all(f.split(" (", 1)[1].startswith(("/", "<")) for f in frames), frames
     finally:
         os.kill(proc.pid, signal.SIGCONT)
 
@@ -232,3 +234,48 @@ def test_extract_dump_skips_log_lines_around_the_block() -> None:
     assert text.splitlines()[0].startswith("Thread 0x") and text.splitlines()[-1].endswith("in inner")
     assert "iter" not in text
     assert extract_dump("iter 1: loss 2.5\n") == ("", False)
+
+
+PARKED_IN_LIB = r"""
+import threading
+print("ready", flush=True)
+def parked():
+    threading.Event().wait()
+parked()
+"""
+
+
+@pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy is not installed (pip install py-spy)")
+def test_py_spy_frames_carry_full_file_names_so_the_trainers_own_frame_is_told_apart(tmp_path: Path) -> None:
+    """Parked in the standard library (threading.Event.wait): with py-spy's default short names
+    (`threading.py`) the library frame read as the trainer's own; full names, as faulthandler's,
+    put the place where it waits in the trainer's code."""
+    from trainroom.core.job.actions import main_thread_frames, parked_at
+
+    log = tmp_path / "parked.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", PARKED_IN_LIB], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while b"ready" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+        result = wait_parked(proc.pid, log)
+        if not result.ok and ("ptrace" in result.message.lower() or "permission" in result.message.lower()):
+            pytest.skip(f"py-spy cannot read it here: {result.message}")
+        frames = main_thread_frames(result.text)
+        assert any("/threading.py:" in f for f in frames), frames  # the library's frame, full path
+        assert parked_at(frames) == f"parked (<string>:5) → {frames[0].split(' (', 1)[0]}", frames
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def wait_parked(pid: int, log: Path) -> StackDump:
+    """py-spy's dump once the main thread sits in the wait (its first frames may be its start)."""
+    deadline = time.monotonic() + 30
+    while True:
+        result = dump_stacks(pid, log, instrumented=False)
+        if not result.ok or "parked" in result.text or time.monotonic() > deadline:
+            return result
+        time.sleep(0.1)

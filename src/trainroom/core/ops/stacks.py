@@ -340,7 +340,10 @@ def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
     except sh.CommandNotFound:
         return _result(False, "", None, PY_SPY_INSTALL)
     try:
-        flags = ["--nonblocking"] if nonblocking else []
+        # Full file names, as faulthandler writes them: a frame in an installed package is told
+        # from the trainer's own by its path (py-spy shortens `…/site-packages/torch/x.py` to
+        # `torch/x.py` by default), so both dumps of one place read alike.
+        flags = ["--full-filenames", *(["--nonblocking"] if nonblocking else [])]
         # sh gives a command a terminal for its stdout by default: py-spy then colours its lines.
         out = py_spy("dump", *flags, "--pid", str(pid), _timeout=timeout, _tty_out=False)
     except sh.ErrorReturnCode as exc:
