@@ -161,6 +161,18 @@ def job_json(job: Job) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+def stacks_json(job: Job) -> tuple[dict[str, Any], int]:
+    """`trainroom job slurm:JOBID --stacks --json`: its report (stdout alone) and exit status."""
+    out = subprocess.run(
+        ["trainroom", "job", f"slurm:{job.id}", "--stacks", "--json"],
+        env=job.slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return dict(json.loads(out.stdout)), out.returncode
+
+
 def _cli(slurm: slurm_cluster.Slurm, *argv: str) -> str:
     out = subprocess.run(["trainroom", *argv], env=slurm.env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -256,14 +268,7 @@ def test_torchrun_per_node_a_killed_worker_is_named_with_its_node(
         assert worker is not None and worker != states[1].attempt.pid
         assert psutil.Process(worker).environ().get("TRAINROOM_RUN") == runs[1].run_id
         # Each node's torchrun worker dumped through its own node's keeper, both training.
-        out = subprocess.run(
-            ["trainroom", "job", f"slurm:{job.id}", "--stacks", "--json"],
-            env=slurm.env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        said = json.loads(out.stdout)
+        said, _rc = stacks_json(job)
         dumped = sorted((d["rank"], d["host"], d["ok"]) for d in said["ranks"])
         assert [(rk, ok) for rk, _, ok in dumped] == [(0, True), (1, True)], said
         assert {h for _, h, _ in dumped} == {"n1", "n2"} and all(
@@ -302,14 +307,7 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
         assert d["slurm"]["job"]["state"] == "RUNNING"  # Slurm sees nothing wrong
         # Every rank's stacks, each through its own node's keeper (an srun step on that node):
         # rank 0 waits in the gradient all-reduce; rank 1, stopped, is not there.
-        out = subprocess.run(
-            ["trainroom", "job", f"slurm:{job.id}", "--stacks", "--json"],
-            env=slurm.env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        report = json.loads(out.stdout)
+        report, rc = stacks_json(job)
         by_rank = {r["rank"]: r for r in report["ranks"]}
         assert sorted(by_rank) == [0, 1], report
         assert (by_rank[0]["host"], by_rank[1]["host"]) == ("n1", "n2")
@@ -318,7 +316,7 @@ def test_a_stopped_rank_is_named_and_one_confirmed_action_stops_the_job_s_traine
             # backward, anywhere), in plain text that the comparison parses
             assert by_rank[1]["parked_at"] and "\x1b[" not in by_rank[1]["stacks"], by_rank[1]
         assert [(m["rank"], m["stopped"]) for m in report["not_arrived"]] == [(1, True)], report
-        assert out.returncode == 1  # a rank did not arrive
+        assert rc == 1  # a rank did not arrive
         said = _cli_rc(slurm, "job", f"slurm:{job.id}", "--stacks")
         print(said)
         assert "did not arrive: rank 1 (node 1, n2): stopped (it runs no code until SIGCONT)" in said

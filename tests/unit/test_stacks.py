@@ -36,19 +36,25 @@ inner()
 """
 
 
+def _started(code_and_args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`python -c CODE ARGS...` writing to `log`, once it has printed "ready"."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", *code_and_args], stdout=out, stderr=out)
+    deadline = time.monotonic() + 30
+    while b"ready" not in log.read_bytes():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    return proc
+
+
 @pytest.fixture
 def trainer(tmp_path: Path) -> Iterator:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(kind: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = tmp_path / f"{kind}.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-c", TRAINER, kind], stdout=out, stderr=out)
+        proc = _started([TRAINER, kind], log)  # the handler is registered before "ready"
         started.append(proc)
-        deadline = time.monotonic() + 30
-        while b"ready" not in log.read_bytes():  # the handler is registered before "ready"
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
         return proc, log
 
     yield start
@@ -95,13 +101,8 @@ def test_the_dump_does_not_wake_a_parked_main_thread(tmp_path: Path) -> None:
     # sleeps again: the watchdog's activity view would then call a hang a stall. The dump goes to
     # another thread, so the main thread never runs.
     log = tmp_path / "parked.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", PARKED], stdout=out, stderr=out)
+    proc = _started([PARKED], log)
     try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in log.read_bytes():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
         while Path(f"/proc/{proc.pid}/task/{proc.pid}/stat").read_text().split(")")[1].split()[0] != "S":
             time.sleep(0.02)  # until the second acquire has put it to sleep
         before = _main_thread_switches(proc.pid)
@@ -253,13 +254,8 @@ def test_py_spy_frames_carry_full_file_names_so_the_trainers_own_frame_is_told_a
     from trainroom.core.job.actions import main_thread_frames, parked_at
 
     log = tmp_path / "parked.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", PARKED_IN_LIB], stdout=out, stderr=out)
+    proc = _started([PARKED_IN_LIB], log)
     try:
-        deadline = time.monotonic() + 30
-        while b"ready" not in log.read_bytes():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
         result = wait_parked(proc.pid, log)
         if not result.ok and ("ptrace" in result.message.lower() or "permission" in result.message.lower()):
             pytest.skip(f"py-spy cannot read it here: {result.message}")
