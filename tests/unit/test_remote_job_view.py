@@ -154,7 +154,7 @@ def test_a_stopped_rank_did_not_arrive_though_it_stopped_where_the_others_wait()
     assert report["waiting_at"] == "step (train.py:40) → allreduce"
     (m,) = report["not_arrived"]
     assert m["rank"] == 1 and m["stopped"] and m["parked_at"] == report["waiting_at"]
-    from trainroom.core.cli.slurmjob import stacks_lines
+    from trainroom.core.job.actions import stacks_lines
 
     assert stacks_lines(report)[-1] == (
         "did not arrive: rank 1 (node 1, h): stopped (it runs no code until SIGCONT), at step (train.py:40) → allreduce"

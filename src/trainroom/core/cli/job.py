@@ -66,10 +66,8 @@ def cmd_job(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], i
     if args.kill or args.resume:
         return _act("kill" if args.kill else "resume", args, refs, readings)
     if args.stacks:
-        from trainroom.core.cli.slurmjob import stacks_lines
-
         report = actions.dump_ranks(refs, readings)
-        print(to_json(report) if args.json else "\n".join(stacks_lines(report)))
+        print(to_json(report) if args.json else "\n".join(actions.stacks_lines(report)))
         return 0 if not report["not_arrived"] else 1
     d = job_dict(name, readings, time.time())
     print(to_json(d) if args.json else "\n".join(job_lines(d, time.time())))

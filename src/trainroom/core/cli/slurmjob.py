@@ -94,6 +94,8 @@ def cmd_slurm_job(
     open_tui: Callable[[argparse.Namespace], int],
 ) -> int:
     if args.stacks:
+        from trainroom.core.job.actions import stacks_lines
+
         report = dump_ranks(job_id)
         print(to_json(report) if args.json else "\n".join(stacks_lines(report)))
         return 0 if report["ranks"] and not report["not_arrived"] else 1
@@ -113,34 +115,12 @@ def cmd_slurm_job(
     return 0 if d["state"] in healthy and not bad else 1
 
 
-def stacks_lines(report: dict[str, Any]) -> list[str]:
-    out = [f"most ranks wait at: {report['waiting_at'] or 'no common frame'}"]
-    for d in report["ranks"]:
-        fr = d.get("flight_recorder") or {}
-        out.append(
-            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  "
-            f"[{d.get('method') or d['message']}{', stopped' if d.get('stopped') else ''}]"
-        )
-        if fr:
-            out.append(f"    flight recorder: {fr.get('detail')}")
-    out += [
-        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): "
-        + (
-            "stopped (it runs no code until SIGCONT)" + (f", at {m['parked_at']}" if m["parked_at"] else "")
-            if m.get("stopped")
-            else m["parked_at"] or m["why"]
-        )
-        for m in report["not_arrived"]
-    ]
-    return out
-
-
 def dump_ranks(job_id: str) -> dict[str, Any]:
     """Every live rank's stacks, each through its own node's keeper (`srun --overlap -w NODE
     trainroom dump RUN [--rank R] --yes --json`, one step a rank, all at once), compared: where
     most ranks wait, and which did not arrive there. A rank whose reporter is connected is
     dumped through it (`--rank`); a run that is one rank (a task per rank) is its trainer."""
-    from trainroom.core.job.actions import compare_stacks, each
+    from trainroom.core.job.actions import compare_stacks, dump_entries, each
     from trainroom.core.job.slurm import srun_run
 
     try:
@@ -180,21 +160,7 @@ def dump_ranks(job_id: str) -> dict[str, Any]:
         if not isinstance(d, dict):
             why = (stderr.strip() or stdout.strip() or f"exit {rc}").splitlines()[-1:]
             return [{**out, "ok": False, "message": f"srun on {r.host}: {' '.join(why)}", "stacks": ""}]
-        after = d.get("after") or {}
-        blocks = after.get("ranks") or [after]  # torchrun's node without --rank: a block a rank
-        return [
-            {
-                **out,
-                "rank": b.get("rank", rank),
-                "ok": bool(d.get("ok")) and bool(b.get("stacks")),
-                "message": str(b.get("message") or d.get("message", "")),
-                "method": b.get("method"),
-                "stopped": bool(b.get("stopped")),
-                "stacks": b.get("stacks") or "",
-                "flight_recorder": after.get("flight_recorder"),
-            }
-            for b in blocks
-        ]
+        return dump_entries(out, bool(d.get("ok")), str(d.get("message", "")), d.get("after") or {})
 
     return compare_stacks([d for got in each(one, todo) for d in got])
 

@@ -259,14 +259,48 @@ def dump_ranks(refs: list[NodeRef], readings: list[NodeReading]) -> dict[str, An
             reply = KeeperClient(address, timeout_s=30.0).confirmed("dump", {"rank": rank}, timeout_s=60.0)
         except KeeperGone as exc:
             return {**out, "ok": False, "message": str(exc), "stacks": ""}
-        return {
-            **out,
-            "ok": reply.ok,
-            "message": reply.message,
-            "method": reply.after.get("method"),
-            "stopped": bool(reply.after.get("stopped")),
-            "stacks": reply.after.get("stacks") or "",
-            "flight_recorder": reply.after.get("flight_recorder"),
-        }
+        return dump_entries(out, reply.ok, reply.message, reply.after)[0]
 
     return compare_stacks(each(one, jobs))
+
+
+def dump_entries(base: dict[str, Any], ok: bool, message: str, after: dict[str, Any]) -> list[dict[str, Any]]:
+    """A dump action's result as `compare_stacks` entries, each on top of `base` (rank, node,
+    host): one, or one per rank where the keeper dumped each of a torchrun node's workers."""
+    blocks = after.get("ranks") or [after]
+    return [
+        {
+            **base,
+            "rank": b.get("rank", base.get("rank")),
+            "ok": ok,
+            "message": str(b.get("message") or message),
+            "method": b.get("method"),
+            "stopped": bool(b.get("stopped")),
+            "stacks": b.get("stacks") or "",
+            "flight_recorder": after.get("flight_recorder"),
+        }
+        for b in blocks
+    ]
+
+
+def stacks_lines(report: dict[str, Any]) -> list[str]:
+    """`compare_stacks`' report for a person: where most ranks wait, each rank, who did not arrive."""
+    out = [f"most ranks wait at: {report['waiting_at'] or 'no common frame'}"]
+    for d in report["ranks"]:
+        fr = d.get("flight_recorder") or {}
+        out.append(
+            f"rank {d['rank']} (node {d['node_rank']}, {d['host']}): {d['parked_at'] or '?'}  "
+            f"[{d.get('method') or d['message']}{', stopped' if d.get('stopped') else ''}]"
+        )
+        if fr:
+            out.append(f"    flight recorder: {fr.get('detail')}")
+    out += [
+        f"did not arrive: rank {m['rank']} (node {m['node_rank']}, {m['host']}): "
+        + (
+            "stopped (it runs no code until SIGCONT)" + (f", at {m['parked_at']}" if m["parked_at"] else "")
+            if m.get("stopped")
+            else m["parked_at"] or m["why"]
+        )
+        for m in report["not_arrived"]
+    ]
+    return out

@@ -249,13 +249,15 @@ class Foreground:
         if place is None or place.procid != 0:
             return
         deadline = time.monotonic() + CKPT_WAIT_S
-        newer = None
+        newer, looked = None, None
         while time.monotonic() < deadline and not k.stop_event.is_set():
-            newer = newest_verified(k.settings.ckpt_root, since=asked_at)
             journaled = {c.step for c in k.state.checkpoints if c.state == "verified"}
-            if newer is not None and newer.step in journaled:  # promoted, and its verdict journaled
-                break
-            newer = None
+            if journaled != looked:  # the promoted copies are read only when a verdict came
+                looked = journaled
+                newer = newest_verified(k.settings.ckpt_root, since=asked_at)
+                if newer is not None and newer.step in journaled:  # promoted, its verdict journaled
+                    break
+                newer = None
             await asyncio.sleep(0.5)
         if newer is None:
             k.emit(

@@ -326,11 +326,10 @@ def _tgkill() -> Any:
     return fn
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}+[A-Za-z]")
-
-
 def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
     import sh  # external commands go through sh
+
+    from trainroom.core.logs.logformats import ANSI  # the log reader's pattern, here only
 
     path = py_spy_path()
     if path is None:
@@ -351,7 +350,7 @@ def _py_spy(pid: int, timeout: float, nonblocking: bool = False) -> StackDump:
         return _result(False, "", None, f"py-spy dump --pid {pid} failed: {err[-1]}")
     except sh.TimeoutException:
         return _result(False, "", None, f"py-spy dump --pid {pid} gave no answer in {timeout:g} s")
-    text = _ANSI.sub("", str(out))  # a CLICOLOR_FORCE in the keeper's environment colours it anyway
+    text = ANSI.sub("", str(out))  # a CLICOLOR_FORCE in the keeper's environment colours it anyway
     how = " without pausing it (it is stopped)" if nonblocking else ""
     return _result(True, text, "py-spy", f"stacks of pid {pid} read by py-spy{how}")
 

@@ -96,11 +96,11 @@ def read_stat(pid: int, proc_root: str = PROC) -> ProcStat | None:
 START_TIME_TOLERANCE_S = 1.0
 
 
-def uptime_ticks(proc_root: str = PROC) -> float | None:
-    """Now, in clock ticks since boot (start_ticks' clock), or None when it cannot be read."""
+def uptime_s(proc_root: str = PROC) -> float | None:
+    """Seconds since boot (start_ticks' clock, in seconds), or None when it cannot be read."""
     try:
-        with open(f"{proc_root}/uptime", "rb") as f:
-            return float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+        with open(f"{proc_root}/uptime") as f:
+            return float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 

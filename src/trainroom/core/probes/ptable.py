@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from msgspec.structs import replace
 
-from trainroom.core.probes.procs import PROC, ProcStat
+from trainroom.core.probes.procs import PROC, ProcStat, uptime_s
 from trainroom.core.probes.workers import descendants
 from trainroom.core.samples import GpuSample, ProcRow, Worker
 
@@ -54,14 +54,6 @@ def written_bytes(pid: int, proc_root: str = PROC) -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-def uptime_s(proc_root: str = PROC) -> float | None:
-    try:
-        with open(f"{proc_root}/uptime") as f:
-            return float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def tree_order(table: Iterable[ProcStat], members: set[int]) -> list[ProcStat]:

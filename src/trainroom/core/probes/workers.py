@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from trainroom.core.probes.procs import PROC, ProcStat, read_stat, uptime_ticks
+from trainroom.core.probes.procs import PROC, ProcStat, read_stat, uptime_s
 from trainroom.core.probes.runof import RunOf, run_of
 from trainroom.core.samples import GONE_STATES, Worker
 
@@ -43,6 +43,7 @@ RankEnv = RunOf
 # How long after its start a process that shares its parent's environment may still be between
 # fork and exec (a loaded machine can hold a vforked child that long before it runs).
 EXEC_WINDOW_S = 10.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def rank_env(pid: int, proc_root: str = PROC) -> RankEnv | None:
@@ -128,7 +129,7 @@ class WorkerFinder:
         self._env = {k: v for k, v in self._env.items() if k in live}
         envs: dict[int, RunOf | None] = {}
         env_start = {st.pid: st.env_start for st in procs}
-        now: float | None = None
+        now: float | None = None  # seconds since boot, read once a cycle when a young fork asks
         for st in procs:
             key = (st.pid, st.start_ticks)
             if key in self._env:
@@ -136,9 +137,8 @@ class WorkerFinder:
                 continue
             env = envs[st.pid] = run_of(st.pid, self.proc_root)
             if env_start.get(st.ppid) == st.env_start:
-                now = uptime_ticks(self.proc_root) if now is None else now
-                window = EXEC_WINDOW_S * os.sysconf("SC_CLK_TCK")
-                if now is not None and now - st.start_ticks < window:
+                now = uptime_s(self.proc_root) if now is None else now
+                if now is not None and now - st.start_ticks / _CLK_TCK < EXEC_WINDOW_S:
                     continue  # maybe not exec'd yet: its parent's environment; read it again
             self._env[key] = env
         launchers = node_launchers(procs, envs)
