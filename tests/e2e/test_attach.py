@@ -27,6 +27,7 @@ import pytest
 from tests.support.helpers import run_cli, status_json
 from tests.support.waiting import wait_for
 from trainroom.core.run import store as runs
+from trainroom.core.run.client import KeeperClient
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "nanogpt_like.py"
 DDP = Path(__file__).resolve().parents[1] / "support" / "trainers_ddp" / "train_ddp.py"
@@ -160,6 +161,21 @@ def test_attached_trainer_is_watched_hung_killed_alone_and_taken_over(outside: O
     out = run_cli("resume", run, "--yes")
     assert out.returncode != 0 and "still running" in (out.stdout + out.stderr), out
 
+    # The kill's plan promises a wait for GPU memory only where the driver is seen (else says why).
+    c = KeeperClient(runs.resolve_run(run).sock)
+    try:
+        planned = c.call("kill", {}, confirm=False).plan or {}
+    finally:
+        c.close()
+    print(f"kill plan: GPU wait {planned.get('vram_timeout_s')}, unseen: {planned.get('vram_unseen')}")
+    if planned.get("vram_unseen"):  # no GPU here: its reason, and no wait
+        assert (
+            planned["vram_unseen"].startswith("driver view unavailable")
+            and planned.get("vram_timeout_s") is None
+        )
+    else:
+        assert planned.get("vram_timeout_s") is not None, planned
+
     # kill: the run's group, nothing else (a sibling of the test survives).
     sibling = subprocess.Popen(["sleep", "600"], env=outside.env())
     try:
@@ -213,6 +229,11 @@ def test_sigkill_is_dead_with_exit_status_unknown_and_a_nan_is_nonfinite(outside
     assert f["evidence"]["last_step"] is not None and f["evidence"]["last_step"] >= 40
     # no checkpoint: what it trained before the attach is lost too, and said so
     assert "steps lost since trainroom attached (step " in f["message"], f["message"]
+    # and a takeover, refused, says how the run starts again
+    out = run_cli("resume", run, "--yes")
+    said = out.stdout + out.stderr
+    assert out.returncode == 1 and "no verified checkpoint" in said, said
+    assert "`trainroom launch -- " in said and "starts it again from scratch" in said, said
     assert "kernel log" in f["message"]  # an OOM kill named, or none, or why it could not be read
     print(f"DEAD {took:.2f} s after SIGKILL")
 

@@ -20,6 +20,7 @@ from trainroom.core.cli.errors import CliError
 from trainroom.core.cli.output import to_json
 from trainroom.core.configuration import argtypes
 from trainroom.core.job import actions
+from trainroom.core.job.actions import stacks_lines  # its home before; still importable here
 from trainroom.core.job.nodes import job_name, node_refs, read_nodes
 from trainroom.core.job.view import job_dict
 from trainroom.core.units import fmt_clock, fmt_duration
@@ -67,7 +68,7 @@ def cmd_job(args: argparse.Namespace, open_tui: Callable[[argparse.Namespace], i
         return _act("kill" if args.kill else "resume", args, refs, readings)
     if args.stacks:
         report = actions.dump_ranks(refs, readings)
-        print(to_json(report) if args.json else "\n".join(actions.stacks_lines(report)))
+        print(to_json(report) if args.json else "\n".join(stacks_lines(report)))
         return 0 if not report["not_arrived"] else 1
     d = job_dict(name, readings, time.time())
     print(to_json(d) if args.json else "\n".join(job_lines(d, time.time())))
